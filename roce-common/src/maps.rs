@@ -1,0 +1,45 @@
+//! Names of the maps, programs and load-time globals of `roce_xdp`, and the types stored in its maps.
+//!
+//! User space looks everything up by these constants, so a rename is a compile error on both sides.
+
+/// The XDP program.
+pub const PROG_ROCE_XDP: &str = "roce_xdp";
+
+/// Per-CPU array with one [`crate::counters::XdpStats`] entry.
+pub const MAP_XDP_STATS: &str = "ROCE_XDP_STATS";
+/// XSKMAP indexed by RX queue: the AF_XDP socket that serves each queue.
+pub const MAP_XSKS: &str = "ROCE_XSKS";
+/// Hash map from destination QPN to [`QpEntry`]: the QPs that are ours.
+pub const MAP_QPS: &str = "ROCE_QPS";
+
+/// Global (u32): the UDP destination port taken to be RoCE v2, 4791 by default.
+pub const GLOBAL_UDP_PORT: &str = "ROCE_UDP_PORT";
+/// Global (u32): a bit set of `FLAG_*` values.
+pub const GLOBAL_FLAGS: &str = "ROCE_FLAGS";
+
+/// Flag: drop RoCE packets for QPs that are not in [`MAP_QPS`] instead of passing them.
+pub const FLAG_DROP_FOREIGN: u32 = 1 << 0;
+
+/// Capacity of [`MAP_XSKS`]: RX queues served.
+pub const MAX_QUEUES: u32 = 64;
+/// Capacity of [`MAP_QPS`].
+pub const MAX_QPS: u32 = 65536;
+
+/// Value of [`MAP_QPS`]: who owns the QP. `owner` is the PID of the process that registered it,
+/// so that several processes on one interface can tell their QPs apart.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpEntry {
+    /// PID of the owning process.
+    pub owner: u32,
+    /// Reserved, zero.
+    pub flags: u32,
+}
+
+#[cfg(feature = "user")]
+mod pod {
+    // SAFETY: QpEntry is #[repr(C)], Copy, and made of u32s with no padding.
+    unsafe impl aya::Pod for super::QpEntry {}
+    // SAFETY: XdpStats is #[repr(C)], Copy, and made of u64s with no padding.
+    unsafe impl aya::Pod for crate::counters::XdpStats {}
+}

@@ -1,0 +1,275 @@
+//! `roce_xdp`: the XDP ingress classifier of roce-xdp.
+//!
+//! It parses Ethernet (up to two VLAN tags), IPv4 (options allowed, fragments never RoCE) or IPv6
+//! (a bounded chain of extension headers), UDP to the RoCE v2 port and the BTH. RoCE packets for
+//! the QPs in `ROCE_QPS` go to the AF_XDP socket of their RX queue; malformed RoCE is dropped and
+//! counted under a stable reason; everything else goes on to the kernel untouched.
+//!
+//! Every frame is counted once in `rx_packets` and once under exactly one verdict counter of
+//! `ROCE_XDP_STATS` (see `roce_common::counters::XdpStats`).
+#![no_std]
+#![no_main]
+
+use aya_ebpf::{
+    Global,
+    bindings::xdp_action,
+    btf_maps::{HashMap, PerCpuArray, XskMap},
+    macros::{btf_map, xdp},
+    programs::XdpContext,
+};
+use roce_common::{
+    ROCE_V2_UDP_PORT,
+    counters::{DropReason, XdpStats},
+    hdr::{
+        Bth, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IPV4, ETH_P_IPV6, EthHdr, ICRC_LEN, IPPROTO_UDP,
+        Ipv4Hdr, Ipv6ExtHdr, Ipv6FragHdr, Ipv6Hdr, MAX_IPV6_EXT_HDRS, MAX_VLAN_TAGS, UdpHdr,
+        VlanHdr,
+    },
+    maps::{FLAG_DROP_FOREIGN, MAX_QPS, MAX_QUEUES, QpEntry},
+    opcode::{EXT_LEN_TABLE, EXT_LEN_UNKNOWN, Opcode},
+};
+
+#[btf_map]
+static ROCE_XDP_STATS: PerCpuArray<XdpStats, 1> = PerCpuArray::new();
+
+#[btf_map]
+static ROCE_XSKS: XskMap<{ MAX_QUEUES as usize }> = XskMap::new();
+
+#[btf_map]
+static ROCE_QPS: HashMap<u32, QpEntry, { MAX_QPS as usize }> = HashMap::new();
+
+/// UDP destination port taken to be RoCE v2; set at load time (`roce load --port`).
+#[unsafe(no_mangle)]
+static ROCE_UDP_PORT: Global<u32> = Global::new(ROCE_V2_UDP_PORT as u32);
+
+/// `roce_common::maps::FLAG_*` bits; set at load time.
+#[unsafe(no_mangle)]
+static ROCE_FLAGS: Global<u32> = Global::new(0);
+
+/// What the parser made of a frame.
+enum Class {
+    /// Not RoCE: not IP, not UDP, another port, or past the IPv6 extension-header bound.
+    NotRoce,
+    /// An IP fragment: never RoCE.
+    Fragment,
+    /// UDP to the RoCE port, but malformed.
+    Malformed(DropReason),
+    /// A well-formed RoCE v2 packet.
+    Roce { dest_qp: u32, ce: bool, cnp: bool },
+}
+
+/// A bounds-checked pointer to a `T` at `off` bytes into the frame.
+#[inline(always)]
+fn ptr_at<T>(ctx: &XdpContext, off: usize) -> Option<*const T> {
+    let start = ctx.data();
+    let end = ctx.data_end();
+    if start + off + core::mem::size_of::<T>() > end {
+        return None;
+    }
+    Some((start + off) as *const T)
+}
+
+/// Reads a `T` at `off`. `T` is one of the `roce_common::hdr` structs, which have alignment 1.
+#[inline(always)]
+fn read_at<T: Copy>(ctx: &XdpContext, off: usize) -> Option<T> {
+    let p = ptr_at::<T>(ctx, off)?;
+    // SAFETY: `ptr_at` checked that `size_of::<T>()` bytes at `p` lie inside the frame, and `T`
+    // has alignment 1 (byte-array fields), so an unaligned read of a plain-old-data value is sound.
+    Some(unsafe { core::ptr::read_unaligned(p) })
+}
+
+#[inline(always)]
+fn classify(ctx: &XdpContext) -> Class {
+    let frame_len = ctx.data_end() - ctx.data();
+
+    // Ethernet and up to MAX_VLAN_TAGS tags.
+    let Some(eth) = read_at::<EthHdr>(ctx, 0) else {
+        return Class::NotRoce;
+    };
+    let mut off = EthHdr::LEN;
+    let mut ether_type = eth.ether_type();
+    for _ in 0..MAX_VLAN_TAGS {
+        if ether_type != ETH_P_8021Q && ether_type != ETH_P_8021AD {
+            break;
+        }
+        let Some(vlan) = read_at::<VlanHdr>(ctx, off) else {
+            return Class::NotRoce;
+        };
+        ether_type = vlan.ether_type();
+        off += VlanHdr::LEN;
+    }
+
+    // IP.
+    let ce;
+    if ether_type == ETH_P_IPV4 {
+        let Some(ip) = read_at::<Ipv4Hdr>(ctx, off) else {
+            return Class::NotRoce;
+        };
+        let ihl = ip.header_len();
+        if ip.version() != 4 || ihl < Ipv4Hdr::LEN {
+            return Class::NotRoce;
+        }
+        let frag = ip.frag_off();
+        if frag & (Ipv4Hdr::MF | Ipv4Hdr::OFFSET_MASK) != 0 {
+            return Class::Fragment;
+        }
+        if ip.proto != IPPROTO_UDP {
+            return Class::NotRoce;
+        }
+        ce = ip.tos & 0x3 == 0x3;
+        off += ihl;
+    } else if ether_type == ETH_P_IPV6 {
+        let Some(ip) = read_at::<Ipv6Hdr>(ctx, off) else {
+            return Class::NotRoce;
+        };
+        if ip.version() != 6 {
+            return Class::NotRoce;
+        }
+        ce = ip.traffic_class() & 0x3 == 0x3;
+        off += Ipv6Hdr::LEN;
+        let mut next = ip.next_hdr;
+        let mut found_udp = next == IPPROTO_UDP;
+        for _ in 0..MAX_IPV6_EXT_HDRS {
+            if found_udp {
+                break;
+            }
+            let Some(ext) = read_at::<Ipv6ExtHdr>(ctx, off) else {
+                return Class::NotRoce;
+            };
+            let len = match next {
+                Ipv6ExtHdr::HOP_BY_HOP | Ipv6ExtHdr::ROUTING | Ipv6ExtHdr::DEST_OPTS => {
+                    (ext.hdr_len as usize + 1) * 8
+                }
+                Ipv6ExtHdr::AUTH => (ext.hdr_len as usize + 2) * 4,
+                Ipv6ExtHdr::FRAGMENT => {
+                    let Some(frag) = read_at::<Ipv6FragHdr>(ctx, off) else {
+                        return Class::NotRoce;
+                    };
+                    // Offset (13 bits) and the M flag; an atomic fragment (both zero) is whole.
+                    if u16::from_be_bytes(frag.frag_off) & 0xfff9 != 0 {
+                        return Class::Fragment;
+                    }
+                    8
+                }
+                _ => return Class::NotRoce,
+            };
+            next = ext.next_hdr;
+            found_udp = next == IPPROTO_UDP;
+            off += len;
+        }
+        if !found_udp {
+            return Class::NotRoce;
+        }
+    } else {
+        return Class::NotRoce;
+    }
+
+    // UDP.
+    let Some(udp) = read_at::<UdpHdr>(ctx, off) else {
+        return Class::NotRoce;
+    };
+    if udp.dst_port() as u32 != ROCE_UDP_PORT.load() {
+        return Class::NotRoce;
+    }
+    let udp_len = udp.len() as usize;
+    if udp_len < UdpHdr::LEN || off + udp_len > frame_len {
+        return Class::Malformed(DropReason::UdpLength);
+    }
+    let payload_len = udp_len - UdpHdr::LEN;
+    off += UdpHdr::LEN;
+
+    // BTH.
+    if payload_len < Bth::LEN + ICRC_LEN {
+        return Class::Malformed(DropReason::BthTruncated);
+    }
+    let Some(bth) = read_at::<Bth>(ctx, off) else {
+        return Class::Malformed(DropReason::BthTruncated);
+    };
+    if bth.tver() != 0 {
+        return Class::Malformed(DropReason::BadTver);
+    }
+    let ext_len = EXT_LEN_TABLE[bth.opcode as usize];
+    if ext_len == EXT_LEN_UNKNOWN {
+        return Class::Malformed(DropReason::UnknownOpcode);
+    }
+    if payload_len < Bth::LEN + ext_len as usize + bth.pad_count() as usize + ICRC_LEN {
+        return Class::Malformed(DropReason::HdrTruncated);
+    }
+    let dest_qp = bth.dest_qp();
+    if dest_qp == 0 {
+        return Class::Malformed(DropReason::ReservedQpn);
+    }
+    Class::Roce {
+        dest_qp,
+        ce,
+        cnp: bth.opcode == Opcode::CNP.0,
+    }
+}
+
+/// The XDP entry point: classify, count once, act.
+#[xdp]
+pub fn roce_xdp(ctx: XdpContext) -> u32 {
+    let Some(stats) = ROCE_XDP_STATS.get_ptr_mut(0) else {
+        return xdp_action::XDP_PASS;
+    };
+    // SAFETY: the pointer is this CPU's slot of a per-CPU array; XDP programs are not preempted
+    // on their CPU, so nothing else writes this slot while we hold the reference.
+    let stats = unsafe { &mut *stats };
+    let len = (ctx.data_end() - ctx.data()) as u64;
+    stats.rx_packets += 1;
+    stats.rx_bytes += len;
+
+    match classify(&ctx) {
+        Class::NotRoce => {
+            stats.pass_not_roce += 1;
+            xdp_action::XDP_PASS
+        }
+        Class::Fragment => {
+            stats.pass_fragment += 1;
+            xdp_action::XDP_PASS
+        }
+        Class::Malformed(reason) => {
+            stats.count_drop(reason);
+            xdp_action::XDP_DROP
+        }
+        Class::Roce { dest_qp, ce, cnp } => {
+            stats.roce_packets += 1;
+            stats.roce_bytes += len;
+            if ce {
+                stats.ecn_ce += 1;
+            }
+            if cnp {
+                stats.cnp += 1;
+            }
+            if ROCE_QPS.get_ptr(dest_qp).is_some() {
+                let queue = ctx.rx_queue_index();
+                match ROCE_XSKS.redirect(queue, u64::from(xdp_action::XDP_PASS)) {
+                    Ok(action) if action == xdp_action::XDP_REDIRECT => {
+                        stats.redirected += 1;
+                        action
+                    }
+                    _ => {
+                        stats.redirect_fallback_pass += 1;
+                        xdp_action::XDP_PASS
+                    }
+                }
+            } else if ROCE_FLAGS.load() & FLAG_DROP_FOREIGN != 0 {
+                stats.drop_foreign_qp += 1;
+                xdp_action::XDP_DROP
+            } else {
+                stats.pass_foreign_qp += 1;
+                xdp_action::XDP_PASS
+            }
+        }
+    }
+}
+
+#[cfg(not(test))]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

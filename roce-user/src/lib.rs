@@ -1,0 +1,9 @@
+//! roce-xdp user space: a RoCE v2 endpoint whose data path is the `roce_xdp` XDP program and
+//! whose transport runs here, over AF_XDP.
+//!
+//! Layering (see ARCHITECTURE.md): `wire`, `transport`, `cc` and `stats` are sans-I/O: they
+//! import no tokio, aya, libc or clock, and take time as an argument, so they are deterministic
+//! and testable without root. `xsk` (AF_XDP) and `loader` (aya) are the I/O edges.
+
+pub mod loader;
+pub mod stats;

@@ -1,0 +1,3 @@
+fn main() {
+    println!("{}", roce::loader::EBPF_OBJECT.len());
+}

@@ -1,0 +1,1 @@
+//! Counter snapshots and their rendering.
