@@ -12,6 +12,9 @@ pub const MAP_XSKS: &str = "ROCE_XSKS";
 /// Hash map from destination QPN to [`QpEntry`]: the QPs that are ours.
 pub const MAP_QPS: &str = "ROCE_QPS";
 
+/// Array with one [`LoadInfo`]: how and where the program was loaded, written by `roce load`.
+pub const MAP_INFO: &str = "ROCE_INFO";
+
 /// Global (u32): the UDP destination port taken to be RoCE v2, 4791 by default.
 pub const GLOBAL_UDP_PORT: &str = "ROCE_UDP_PORT";
 /// Global (u32): a bit set of `FLAG_*` values.
@@ -36,10 +39,44 @@ pub struct QpEntry {
     pub flags: u32,
 }
 
+/// [`LoadInfo::mode`]: native (driver) XDP.
+pub const MODE_NATIVE: u32 = 1;
+/// [`LoadInfo::mode`]: generic (skb) XDP.
+pub const MODE_SKB: u32 = 2;
+
+/// Value of [`MAP_INFO`]: a record of the load, so that `roce status` and bpftool can tell how
+/// the program was attached without asking netlink.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadInfo {
+    /// Interface index the program is attached to (in its network namespace).
+    pub ifindex: u32,
+    /// [`MODE_NATIVE`] or [`MODE_SKB`].
+    pub mode: u32,
+    /// UDP port taken to be RoCE v2.
+    pub port: u32,
+    /// `FLAG_*` bits the program was loaded with.
+    pub flags: u32,
+    /// PID of the `roce load` that attached it.
+    pub loader_pid: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// Load time, seconds since the Unix epoch.
+    pub loaded_at: u64,
+    /// Interface name, NUL-padded.
+    pub ifname: [u8; 16],
+    /// Network namespace name given to `roce load --netns`, NUL-padded; empty for the current one.
+    pub netns: [u8; 32],
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: QpEntry is #[repr(C)], Copy, and made of u32s with no padding.
     unsafe impl aya::Pod for super::QpEntry {}
     // SAFETY: XdpStats is #[repr(C)], Copy, and made of u64s with no padding.
     unsafe impl aya::Pod for crate::counters::XdpStats {}
+    // SAFETY: LoadInfo is #[repr(C)], Copy, u32s then a u64 at offset 24 and byte arrays: no padding.
+    unsafe impl aya::Pod for super::LoadInfo {}
 }
+
+const _: () = assert!(core::mem::size_of::<LoadInfo>() == 80);

@@ -7,13 +7,16 @@
 //!
 //! Every frame is counted once in `rx_packets` and once under exactly one verdict counter of
 //! `ROCE_XDP_STATS` (see `roce_common::counters::XdpStats`).
-#![no_std]
-#![no_main]
+// The object is built for bpfel-unknown-none; on the host (clippy --workspace) it is an empty
+// program so that the same sources are linted everywhere.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+#![cfg_attr(not(target_arch = "bpf"), allow(dead_code, reason = "only built for BPF"))]
 
 use aya_ebpf::{
     Global,
     bindings::xdp_action,
-    btf_maps::{HashMap, PerCpuArray, XskMap},
+    btf_maps::{Array, HashMap, PerCpuArray, XskMap},
     macros::{btf_map, xdp},
     programs::XdpContext,
 };
@@ -25,7 +28,7 @@ use roce_common::{
         Ipv4Hdr, Ipv6ExtHdr, Ipv6FragHdr, Ipv6Hdr, MAX_IPV6_EXT_HDRS, MAX_VLAN_TAGS, UdpHdr,
         VlanHdr,
     },
-    maps::{FLAG_DROP_FOREIGN, MAX_QPS, MAX_QUEUES, QpEntry},
+    maps::{FLAG_DROP_FOREIGN, LoadInfo, MAX_QPS, MAX_QUEUES, QpEntry},
     opcode::{EXT_LEN_TABLE, EXT_LEN_UNKNOWN, Opcode},
 };
 
@@ -37,6 +40,10 @@ static ROCE_XSKS: XskMap<{ MAX_QUEUES as usize }> = XskMap::new();
 
 #[btf_map]
 static ROCE_QPS: HashMap<u32, QpEntry, { MAX_QPS as usize }> = HashMap::new();
+
+/// Written by user space at load time; never read here. It makes the load visible to bpftool.
+#[btf_map]
+static ROCE_INFO: Array<LoadInfo, 1> = Array::new();
 
 /// UDP destination port taken to be RoCE v2; set at load time (`roce load --port`).
 #[unsafe(no_mangle)]
@@ -171,7 +178,7 @@ fn classify(ctx: &XdpContext) -> Class {
     if udp.dst_port() as u32 != ROCE_UDP_PORT.load() {
         return Class::NotRoce;
     }
-    let udp_len = udp.len() as usize;
+    let udp_len = udp.length() as usize;
     if udp_len < UdpHdr::LEN || off + udp_len > frame_len {
         return Class::Malformed(DropReason::UdpLength);
     }
@@ -264,7 +271,10 @@ pub fn roce_xdp(ctx: XdpContext) -> u32 {
     }
 }
 
-#[cfg(not(test))]
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}
+
+#[cfg(target_arch = "bpf")]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
     loop {}
