@@ -9,7 +9,8 @@ pub const PROG_ROCE_XDP: &str = "roce_xdp";
 pub const MAP_XDP_STATS: &str = "ROCE_XDP_STATS";
 /// XSKMAP indexed by RX queue: the AF_XDP socket that serves each queue.
 pub const MAP_XSKS: &str = "ROCE_XSKS";
-/// Hash map from destination QPN to [`QpEntry`]: the QPs that are ours.
+/// Array indexed by destination QPN of [`QpEntry`]: the QPs that are ours (`owner != 0`).
+/// roce-xdp allocates its QPNs in `[FIRST_QPN, MAX_QPS)`, so the lookup needs no hashing.
 pub const MAP_QPS: &str = "ROCE_QPS";
 
 /// Array with one [`LoadInfo`]: how and where the program was loaded, written by `roce load`.
@@ -25,11 +26,13 @@ pub const FLAG_DROP_FOREIGN: u32 = 1 << 0;
 
 /// Capacity of [`MAP_XSKS`]: RX queues served.
 pub const MAX_QUEUES: u32 = 64;
-/// Capacity of [`MAP_QPS`].
+/// Capacity of [`MAP_QPS`]: QPNs at or above this are never ours.
 pub const MAX_QPS: u32 = 65536;
+/// The lowest QPN roce-xdp allocates (below are QP0/QP1 and the range rxe also skips).
+pub const FIRST_QPN: u32 = 17;
 
-/// Value of [`MAP_QPS`]: who owns the QP. `owner` is the PID of the process that registered it,
-/// so that several processes on one interface can tell their QPs apart.
+/// Value of [`MAP_QPS`]: who owns the QP. `owner` is the PID of the process that registered it
+/// (0: the slot is free), so that several processes on one interface can tell their QPs apart.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QpEntry {

@@ -15,7 +15,7 @@ use std::{
 
 use aya::{
     EbpfLoader,
-    maps::{Array, HashMap, MapData, PerCpuArray, XskMap},
+    maps::{Array, MapData, PerCpuArray, XskMap},
     programs::{
         Xdp, XdpMode,
         links::{FdLink, PinnedLink},
@@ -32,6 +32,11 @@ use roce_common::{
 
 /// The eBPF object built by build.rs (empty when built with `AYA_BUILD_SKIP=1`).
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/roce-ebpf"));
+
+/// A trivial XDP_PASS program (empty with `AYA_BUILD_SKIP=1`): the baseline that
+/// `cargo xtask bench xdp` measures roce_xdp against.
+pub static XDP_PASS_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp-pass"));
 
 /// Where all roce-xdp pins live.
 pub const PIN_ROOT: &str = "/sys/fs/bpf/roce";
@@ -257,9 +262,8 @@ pub fn ifindex(ifname: &str) -> Result<u32, LoadError> {
 /// Makes sure a BPF filesystem is mounted at /sys/fs/bpf. Mounts one only in the initial mount
 /// namespace; in a private one (such as `ip netns exec` makes) pins would vanish with the process.
 fn ensure_bpffs() -> Result<(), LoadError> {
-    let is_bpffs = |p: &str| {
-        nix::sys::statfs::statfs(p).is_ok_and(|s| s.filesystem_type().0 == BPF_FS_MAGIC)
-    };
+    let is_bpffs =
+        |p: &str| nix::sys::statfs::statfs(p).is_ok_and(|s| s.filesystem_type().0 == BPF_FS_MAGIC);
     if is_bpffs("/sys/fs/bpf") {
         return Ok(());
     }
@@ -566,10 +570,7 @@ pub fn status() -> Result<Vec<Status>, LoadError> {
             Err(_) => (None, None),
         };
         // Dropping an FdLink opened from a pin only closes our fd; the pin keeps it attached.
-        let qps = Pins::new(&ifname)
-            .qps()
-            .map(|m| m.keys().count())
-            .unwrap_or(0);
+        let qps = Pins::new(&ifname).our_qps().map_or(0, |q| q.len());
         let netns = name_from_bytes(&info.netns);
         out.push(Status {
             ifname,
@@ -644,13 +645,45 @@ impl Pins {
         Ok(arr.get(&0, 0)?.iter().copied().collect())
     }
 
-    /// The QP map: which destination QPNs are ours.
+    /// The QP map: which destination QPNs are ours (`owner != 0`), indexed by QPN.
     ///
     /// # Errors
     /// Not loaded, or the map cannot be opened.
-    pub fn qps(&self) -> Result<HashMap<MapData, u32, QpEntry>, LoadError> {
+    pub fn qps(&self) -> Result<Array<MapData, QpEntry>, LoadError> {
         let map = aya::maps::Map::from_map_data(self.open(MAP_QPS)?)?;
-        Ok(HashMap::try_from(map)?)
+        Ok(Array::try_from(map)?)
+    }
+
+    /// Marks `qpn` as ours, owned by process `owner` (a PID, not 0).
+    ///
+    /// # Errors
+    /// Not loaded, a QPN outside the map, or the map update failed.
+    pub fn add_qp(&self, qpn: u32, owner: u32) -> Result<(), LoadError> {
+        Ok(self.qps()?.set(qpn, QpEntry { owner, flags: 0 }, 0)?)
+    }
+
+    /// Marks `qpn` as not ours.
+    ///
+    /// # Errors
+    /// Not loaded, a QPN outside the map, or the map update failed.
+    pub fn remove_qp(&self, qpn: u32) -> Result<(), LoadError> {
+        Ok(self.qps()?.set(qpn, QpEntry::default(), 0)?)
+    }
+
+    /// The QPNs marked ours, with their owners.
+    ///
+    /// # Errors
+    /// Not loaded, or the map cannot be read.
+    pub fn our_qps(&self) -> Result<Vec<(u32, u32)>, LoadError> {
+        let qps = self.qps()?;
+        let mut out = Vec::new();
+        for (qpn, e) in (0u32..).zip(qps.iter()) {
+            let e = e?;
+            if e.owner != 0 {
+                out.push((qpn, e.owner));
+            }
+        }
+        Ok(out)
     }
 
     /// The XSK map: which AF_XDP socket serves each RX queue.

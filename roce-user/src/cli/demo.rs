@@ -15,7 +15,6 @@ use roce::{
 use roce_common::{
     ROCE_V2_UDP_PORT,
     counters::XdpStats,
-    maps::QpEntry,
     opcode::{Hdrs, Opcode},
 };
 use serde_json::json;
@@ -94,14 +93,7 @@ pub(crate) fn run(out: Output, count: u32, mode: AttachMode) -> anyhow::Result<(
         );
     }
     let pins = Pins::new(&b.ifname);
-    pins.qps()?.insert(
-        OUR_QPN,
-        QpEntry {
-            owner: std::process::id(),
-            flags: 0,
-        },
-        0,
-    )?;
+    pins.add_qp(OUR_QPN, std::process::id())?;
     let before = pins.xdp_stats()?;
 
     // A kernel UDP socket in B, to show that traffic that is not RoCE still gets there.
