@@ -7,3 +7,4 @@
 
 pub mod loader;
 pub mod stats;
+pub mod wire;
