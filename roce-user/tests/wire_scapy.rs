@@ -12,17 +12,11 @@ mod wire_support;
 
 use std::{
     io::Write,
-    net::{Ipv4Addr, Ipv6Addr},
     path::PathBuf,
     process::{Command, Stdio},
 };
 
-use roce::wire::{
-    AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, CnpRepr, CreditCode,
-    DethRepr, Ecn, EthernetAddress, FethRepr, IethRepr, ImmDtRepr, IpPath, IpRepr, Msn, NakCode,
-    Opcode, PKey, PathRepr, Psn, QKey, Qpn, RKey, RethRepr, RnrTimer, RoceRepr, VlanTag,
-    emit_frame, parse_frame,
-};
+use roce::wire::{IpPath, IpRepr, PathRepr, RoceRepr, emit_frame, parse_frame};
 use serde_json::{Map, Value, json};
 
 fn script() -> PathBuf {
@@ -235,156 +229,9 @@ fn we_parse_what_scapy_builds() {
     }
 }
 
-fn mac(last: u8) -> EthernetAddress {
-    EthernetAddress([0x02, 0, 0, 0, 0, last])
-}
-
-/// A repr for `op` with every extended header its opcode needs, values varied by `i`.
-fn repr_for(op: Opcode, i: u32) -> RoceRepr {
-    let info = op.info().unwrap();
-    let mut bth = BthRepr::new(
-        op,
-        Qpn::new(0x10 + i * 0x1_0101),
-        Psn::new(0xff_fff0u32.wrapping_add(i * 5)),
-    );
-    bth.solicited = i.is_multiple_of(3);
-    bth.ack_req = i.is_multiple_of(2);
-    bth.fecn = i % 5 == 1;
-    bth.becn = op == Opcode::CNP || i % 7 == 2;
-    bth.mig_req = i % 11 == 4;
-    bth.pkey = if i.is_multiple_of(4) {
-        PKey::new(0x8001)
-    } else {
-        PKey::DEFAULT
-    };
-    let mut r = RoceRepr::new(bth);
-    use roce_common::opcode::Hdrs;
-    let h = info.hdrs;
-    let syndromes = [
-        AethSyndrome::ACK_UNLIMITED,
-        AethSyndrome::Ack {
-            credits: CreditCode::new(7),
-        },
-        AethSyndrome::RnrNak {
-            timer: RnrTimer::new(14),
-        },
-        AethSyndrome::Nak(NakCode::PsnSequenceError),
-        AethSyndrome::Nak(NakCode::InvalidRequest),
-        AethSyndrome::Nak(NakCode::RemoteAccessError),
-        AethSyndrome::Nak(NakCode::RemoteOperationalError),
-        AethSyndrome::Nak(NakCode::InvalidRdRequest),
-    ];
-    if h.contains(Hdrs::DETH) {
-        r.deth = Some(DethRepr {
-            qkey: if i.is_multiple_of(2) {
-                QKey::GSI
-            } else {
-                QKey::new(0x1234_5678 + i)
-            },
-            src_qp: Qpn::new(0xab_0000 + i),
-        });
-    }
-    if h.contains(Hdrs::FETH) {
-        r.feth = Some(FethRepr { raw: 0x11 });
-    }
-    if h.contains(Hdrs::RETH) {
-        r.reth = Some(RethRepr {
-            va: 0x7f00_0000_0000 + u64::from(i) * 0x1000,
-            rkey: RKey::new(0x100 + i),
-            dma_len: 4096 * (i + 1),
-        });
-    }
-    if h.contains(Hdrs::ATOMIC_ETH) {
-        r.atomic_eth = Some(AtomicEthRepr {
-            va: 0x1_0000 + u64::from(i) * 8,
-            rkey: RKey::new(0xdead_0000 + i),
-            swap_add: 0x0102_0304_0506_0708,
-            compare: u64::from(i),
-        });
-    }
-    if h.contains(Hdrs::AETH) {
-        r.aeth = Some(AethRepr {
-            syndrome: syndromes[i as usize % syndromes.len()],
-            msn: Msn::new(0xff_fff0 + i),
-        });
-    }
-    if h.contains(Hdrs::ATOMIC_ACK_ETH) {
-        r.atomic_ack_eth = Some(AtomicAckEthRepr {
-            orig: u64::MAX - u64::from(i),
-        });
-    }
-    if h.contains(Hdrs::IMMDT) {
-        r.immdt = Some(ImmDtRepr {
-            imm: 0xc0de_0000 + i,
-        });
-    }
-    if h.contains(Hdrs::IETH) {
-        r.ieth = Some(IethRepr {
-            rkey: RKey::new(0xbeef + i),
-        });
-    }
-    if h.contains(Hdrs::CNP) {
-        r.cnp = Some(CnpRepr);
-    }
-    r
-}
-
-/// The frames we emit: every opcode of the table, over IPv4 and IPv6, with several payload
-/// lengths (all four pad counts), VLAN and QinQ, all ECN codepoints.
-fn our_table() -> Vec<(String, PathRepr, RoceRepr, Vec<u8>)> {
-    let mut out = Vec::new();
-    for (k, v6) in [false, true].into_iter().enumerate() {
-        for (i, &op) in Opcode::ALL.iter().enumerate() {
-            let i = i as u32 + k as u32 * 3;
-            let ip = if v6 {
-                IpPath::V6 {
-                    src: Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0, 0x0a),
-                    dst: "fe80::5054:ff:fe4e:1".parse().unwrap(),
-                    flow_label: (0x1_2345 * (i + 1)) & 0xf_ffff,
-                }
-            } else {
-                IpPath::V4 {
-                    src: Ipv4Addr::new(10, 77, 0, 1),
-                    dst: Ipv4Addr::new(10, 77, 0, 2 + i as u8),
-                }
-            };
-            let mut p = PathRepr::new(mac(0x0a), mac(0x0b), ip);
-            p.dscp = [0, 26, 46, 48][i as usize % 4];
-            p.ecn = [Ecn::NotEct, Ecn::Ect0, Ecn::Ect1, Ecn::Ce][(i as usize / 4) % 4];
-            p.ttl = 1u8.wrapping_add((i as u8).wrapping_mul(13));
-            p.ipv4_ident = 0x4000 + i as u16;
-            p.udp_src_port = roce::wire::frame::udp_src_port(Qpn::new(i + 1), Qpn::new(0x11));
-            match i % 6 {
-                2 => p.vlan[0] = Some(VlanTag::dot1q((i % 8) as u8, 100 + i as u16)),
-                5 => {
-                    p.vlan[0] = Some(VlanTag {
-                        tpid: 0x88a8,
-                        tci: 0x0200 + i as u16,
-                    });
-                    p.vlan[1] = Some(VlanTag::dot1q(5, 7));
-                }
-                _ => {}
-            }
-            let payload: Vec<u8> = if op.info().unwrap().payload {
-                let len = [0usize, 1, 2, 3, 4, 7, 256, 1024][i as usize % 8];
-                (0..len).map(|j| (j as u32 * 31 + i) as u8).collect()
-            } else {
-                Vec::new()
-            };
-            out.push((
-                format!("v{}_{op:?}", if v6 { 6 } else { 4 }),
-                p,
-                repr_for(op, i),
-                payload,
-            ));
-        }
-    }
-    out
-}
-
 #[test]
 fn scapy_dissects_what_we_emit() {
-    let table = our_table();
+    let table = wire_support::our_table();
     let mut items = Vec::new();
     for (name, path, roce, payload) in &table {
         let mut buf = vec![0u8; 2048];
