@@ -50,11 +50,12 @@ fn tshark_dissects_our_frames_as_infiniband() {
     let mut disable = Vec::new();
     for l in String::from_utf8_lossy(&heur.stdout).lines() {
         let mut it = l.split('\t');
-        if let (Some("infiniband.payload"), Some(proto)) = (it.next(), it.next()) {
-            if proto != "ethertype" {
+        match (it.next(), it.next()) {
+            (Some("infiniband.payload"), Some(proto)) if proto != "ethertype" => {
                 disable.push("--disable-protocol".to_string());
                 disable.push(proto.to_string());
             }
+            _ => {}
         }
     }
     let out = Command::new(&tshark)
