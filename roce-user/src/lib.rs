@@ -9,3 +9,4 @@
 pub mod loader;
 pub mod netns;
 pub mod stats;
+pub mod wire;
