@@ -8,6 +8,7 @@
 
 pub mod cm;
 pub mod loader;
+pub mod netinfo;
 pub mod netns;
 pub mod stats;
 pub mod wire;
