@@ -5,5 +5,7 @@
 //! import no tokio, aya, libc or clock, and take time as an argument, so they are deterministic
 //! and testable without root. `xsk` (AF_XDP) and `loader` (aya) are the I/O edges.
 
+pub mod engine;
 pub mod loader;
 pub mod stats;
+pub mod xsk;
