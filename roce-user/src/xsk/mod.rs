@@ -93,7 +93,7 @@ pub struct XskConfig {
     pub comp_size: u32,
     /// RX ring entries.
     pub rx_size: u32,
-    /// TX ring entries; also the capacity of the transmit backlog.
+    /// TX ring entries.
     pub tx_size: u32,
     /// Bind mode policy.
     pub bind: BindRequest,

@@ -372,9 +372,12 @@ impl XskQueue {
             fill_target: cfg.fill_size,
             batch: 64,
             stats: XskStats::default(),
+            // Every queued frame is an application frame, so the backlog never needs to hold
+            // more than all of them: forwarding never drops for lack of backlog room, and
+            // backpressure shows as a shrinking pool and then an empty fill ring instead.
             backlog: Backlog {
-                q: VecDeque::with_capacity(cfg.tx_size as usize),
-                cap: cfg.tx_size as usize,
+                q: VecDeque::with_capacity(cfg.frame_count as usize),
+                cap: cfg.frame_count as usize,
             },
             book: FrameBook::new(area, cfg.frame_size, cfg.frame_count),
         };
