@@ -38,10 +38,7 @@ fn each_queue_has_its_own_socket_and_engine() {
             prog.set_xsk(&q);
             queues.push(q);
         }
-        let fds: Vec<i32> = queues
-            .iter()
-            .map(std::os::fd::AsRawFd::as_raw_fd)
-            .collect();
+        let fds: Vec<i32> = queues.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
         let threads = spawn_engines(
             queues,
             |_| EchoHandler::default(),
@@ -114,7 +111,11 @@ fn each_queue_has_its_own_socket_and_engine() {
         assert_eq!(echo.echoed, PER_QUEUE, "queue {}", ra.queue_id);
         // And the echoes came back to B's socket q, intact.
         assert_eq!(tally.ok, PER_QUEUE, "queue {}: {tally:?}", rb.queue_id);
-        assert_eq!(tally.corrupt + tally.duplicate + tally.foreign, 0, "{tally:?}");
+        assert_eq!(
+            tally.corrupt + tally.duplicate + tally.foreign,
+            0,
+            "{tally:?}"
+        );
         assert_eq!(ra.accounting.app + ra.accounting.kernel_tx, 0);
     }
     assert_eq!(a_xdp.redirected, u64::from(QUEUES) * PER_QUEUE);

@@ -26,7 +26,7 @@ use roce::{
 };
 use roce_common::{
     counters::XdpStats,
-    maps::{MAP_QPS, MAP_XDP_STATS, MAP_XSKS, PROG_ROCE_XDP, QpEntry},
+    maps::{GLOBAL_FLAGS, MAP_QPS, MAP_XDP_STATS, MAP_XSKS, PROG_ROCE_XDP, QpEntry},
 };
 
 /// The QP both ends register in `ROCE_QPS`.
@@ -186,12 +186,19 @@ pub struct XdpProg {
 impl XdpProg {
     #[track_caller]
     pub fn attach(ifname: &str, qpns: &[u32]) -> Self {
+        Self::attach_with_flags(ifname, qpns, 0)
+    }
+
+    /// Like [`XdpProg::attach`], with `ROCE_FLAGS` set (e.g. `FLAG_DROP_FOREIGN`).
+    #[track_caller]
+    pub fn attach_with_flags(ifname: &str, qpns: &[u32], flags: u32) -> Self {
         assert!(
             !roce::loader::EBPF_OBJECT.is_empty(),
             "roce-user was built with AYA_BUILD_SKIP=1: the eBPF object is a stub; \
              build without it to run the AF_XDP suites"
         );
         let mut ebpf = EbpfLoader::new()
+            .override_global(GLOBAL_FLAGS, &flags, true)
             .load(roce::loader::EBPF_OBJECT)
             .expect("load roce_xdp");
         let prog: &mut Xdp = ebpf
