@@ -10,7 +10,7 @@
 /// `Default`, `Clone`, `Copy`, `Debug`, and has:
 /// - `NAMES: [&str; N]` and `HELP: [&str; N]` in field order;
 /// - `values(&self) -> [u64; N]` in field order;
-/// - `get(&self, name) -> Option<u64>`;
+/// - `get(&self, name) -> Option<u64>` and `get_mut`;
 /// - `add(&mut self, &Self)` and `saturating_sub(&self, &Self) -> Self` for sums and deltas.
 #[macro_export]
 macro_rules! counter_struct {
@@ -46,6 +46,14 @@ macro_rules! counter_struct {
             pub fn get(&self, name: &str) -> Option<u64> {
                 match name {
                     $( stringify!($field) => Some(self.$field), )*
+                    _ => None,
+                }
+            }
+
+            /// The counter called `name`, for writing.
+            pub fn get_mut(&mut self, name: &str) -> Option<&mut u64> {
+                match name {
+                    $( stringify!($field) => Some(&mut self.$field), )*
                     _ => None,
                 }
             }
