@@ -27,14 +27,15 @@ const SEQ_SPACE: u64 = 1 << 40;
 #[test]
 fn each_queue_has_its_own_socket_and_engine() {
     let pair = Pair::new(QUEUES);
+    let (a_if, b_if) = (pair.a().ifname.clone(), pair.b().ifname.clone());
     let stop = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = mpsc::channel();
     let a_stop = Arc::clone(&stop);
-    let a = pair.a.spawn(move || {
-        let mut prog = XdpProg::attach(A_IF, &[QPN]);
+    let a = pair.in_a(move || {
+        let mut prog = XdpProg::attach(&a_if, &[QPN]);
         let mut queues = Vec::new();
         for q in 0..QUEUES {
-            let q = XskQueue::open(A_IF, q, &XskConfig::default()).expect("open A queue");
+            let q = XskQueue::open(&a_if, q, &XskConfig::default()).expect("open A queue");
             prog.set_xsk(&q);
             queues.push(q);
         }
@@ -62,11 +63,12 @@ fn each_queue_has_its_own_socket_and_engine() {
     assert_eq!(fds.len(), QUEUES as usize);
     assert!(fds[0] != fds[1], "one socket per queue");
 
-    let b = pair.b.spawn(move || {
-        let mut prog = XdpProg::attach(B_IF, &[QPN]);
+    let gen_cfg = pair.b_to_a(128);
+    let b = pair.in_b(move || {
+        let mut prog = XdpProg::attach(&b_if, &[QPN]);
         let mut queues = Vec::new();
         for q in 0..QUEUES {
-            let q = XskQueue::open(B_IF, q, &XskConfig::default()).expect("open B queue");
+            let q = XskQueue::open(&b_if, q, &XskConfig::default()).expect("open B queue");
             prog.set_xsk(&q);
             queues.push(q);
         }
@@ -75,10 +77,10 @@ fn each_queue_has_its_own_socket_and_engine() {
             queues,
             |q| {
                 // Each queue its own flow (source port) and sequence space.
-                let mut g = b_to_a(128);
+                let mut g = gen_cfg.clone();
                 g.src_port = 0xc000 + q as u16;
                 let tmpl = RoceTemplate::new(&g);
-                WindowSender::new(tmpl, u64::from(q) * SEQ_SPACE, PER_QUEUE, Some(512))
+                WindowSender::new(tmpl, u64::from(q) * SEQ_SPACE, PER_QUEUE, Some(256))
             },
             EngineConfig::default(),
             &never,

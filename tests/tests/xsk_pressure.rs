@@ -44,11 +44,12 @@ const CALM: u64 = 50_000;
 #[test]
 fn pressure_raises_counters_without_corruption_and_recovers() {
     let pair = Pair::new(1);
+    let (a_if, b_if) = (pair.a().ifname.clone(), pair.b().ifname.clone());
     let stop = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = mpsc::channel();
     let a_stop = Arc::clone(&stop);
-    let a = pair.a.spawn(move || {
-        let mut prog = XdpProg::attach(A_IF, &[QPN]);
+    let a = pair.in_a(move || {
+        let mut prog = XdpProg::attach(&a_if, &[QPN]);
         let cfg = XskConfig {
             frame_size: 2048,
             frame_count: 1024,
@@ -58,7 +59,7 @@ fn pressure_raises_counters_without_corruption_and_recovers() {
             tx_size: 16,
             ..XskConfig::default()
         };
-        let q = XskQueue::open(A_IF, 0, &cfg).expect("open A queue 0");
+        let q = XskQueue::open(&a_if, 0, &cfg).expect("open A queue 0");
         let start = q.accounting();
         prog.set_xsk(&q);
         ready_tx.send(()).expect("ready");
@@ -76,12 +77,13 @@ fn pressure_raises_counters_without_corruption_and_recovers() {
         .recv_timeout(Duration::from_secs(20))
         .expect("engine A did not come up");
 
-    let b = pair.b.spawn(move || {
-        let mut prog = XdpProg::attach(B_IF, &[QPN]);
-        let q = XskQueue::open(B_IF, 0, &XskConfig::default()).expect("open B queue 0");
+    let gen_cfg = pair.b_to_a(256);
+    let b = pair.in_b(move || {
+        let mut prog = XdpProg::attach(&b_if, &[QPN]);
+        let q = XskQueue::open(&b_if, 0, &XskConfig::default()).expect("open B queue 0");
         let start = q.accounting();
         prog.set_xsk(&q);
-        let tmpl = RoceTemplate::new(&b_to_a(256));
+        let tmpl = RoceTemplate::new(&gen_cfg);
         let never = AtomicBool::new(false);
 
         // Flood: no window, stop one second after the last echo.

@@ -5,265 +5,155 @@
 #![allow(dead_code, reason = "each test binary uses a different subset")]
 
 use std::{
-    fs::File,
-    net::Ipv4Addr,
     os::fd::AsRawFd,
-    process::Command,
     sync::atomic::{AtomicU32, Ordering},
     thread::JoinHandle,
     time::Duration,
 };
 
-use aya::{
-    Ebpf, EbpfLoader,
-    maps::{HashMap, PerCpuArray, XskMap},
-    programs::{Xdp, XdpMode},
-};
-use nix::sched::{CloneFlags, setns};
 use roce::{
     engine::{Handler, Nanos, RxVerdict, TxSink, swap_addresses},
+    loader::{self, AttachMode, LoadOptions, Pins},
+    netns::{self, VethEnd, VethOptions, VethPair},
     xsk::{GenConfig, RoceTemplate, XskQueue},
 };
-use roce_common::{
-    counters::XdpStats,
-    maps::{GLOBAL_FLAGS, MAP_QPS, MAP_XDP_STATS, MAP_XSKS, PROG_ROCE_XDP, QpEntry},
-};
+use roce_common::counters::XdpStats;
 
-/// The QP both ends register in `ROCE_QPS`.
-pub const QPN: u32 = 0x11;
-pub const A_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0x00, 0x00, 0x0a];
-pub const B_MAC: [u8; 6] = [0x02, 0x00, 0x00, 0x00, 0x00, 0x0b];
-pub const A_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 1);
-pub const B_IP: Ipv4Addr = Ipv4Addr::new(10, 77, 0, 2);
-/// veth end in namespace A (the engine under test) and in B (the traffic source).
-pub const A_IF: &str = "xa";
-pub const B_IF: &str = "xb";
+/// The QP both ends register in `ROCE_QPS` (roce-xdp's first QPN).
+pub const QPN: u32 = roce_common::maps::FIRST_QPN;
 
-/// Runs a command and panics with its output if it fails.
+/// Fails (never skips) when not root.
 #[track_caller]
-pub fn sh(args: &[&str]) -> String {
-    let out = Command::new(args[0])
-        .args(&args[1..])
-        .output()
-        .unwrap_or_else(|e| panic!("cannot run {args:?}: {e}"));
+pub fn require_root() {
     assert!(
-        out.status.success(),
-        "{args:?} failed ({}): {}{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
+        nix::unistd::geteuid().is_root(),
+        "the AF_XDP suites need root (netns, XDP, AF_XDP); run them through `cargo xtask test`"
     );
-    String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// A network namespace created for this test, deleted on drop (also when the test panics).
-pub struct Netns {
-    pub name: String,
-}
-
-impl Netns {
-    #[track_caller]
-    pub fn new(tag: &str) -> Self {
-        static N: AtomicU32 = AtomicU32::new(0);
-        let name = format!(
-            "roce-xsk-{}-{}-{tag}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::Relaxed)
-        );
-        sh(&["ip", "netns", "add", &name]);
-        Self { name }
-    }
-
-    /// Runs `cmd` inside the namespace.
-    #[track_caller]
-    pub fn run(&self, cmd: &[&str]) -> String {
-        let mut v = vec!["ip", "netns", "exec", &self.name];
-        v.extend_from_slice(cmd);
-        sh(&v)
-    }
-
-    /// Moves the calling thread into the namespace.
-    pub fn enter(name: &str) {
-        let f = File::open(format!("/run/netns/{name}"))
-            .unwrap_or_else(|e| panic!("open netns {name}: {e}"));
-        setns(&f, CloneFlags::CLONE_NEWNET).unwrap_or_else(|e| panic!("setns {name}: {e}"));
-    }
-
-    /// Spawns a thread that runs `f` inside the namespace.
-    pub fn spawn<T: Send + 'static>(
-        &self,
-        f: impl FnOnce() -> T + Send + 'static,
-    ) -> JoinHandle<T> {
-        let name = self.name.clone();
-        std::thread::spawn(move || {
-            Self::enter(&name);
-            f()
-        })
-    }
-}
-
-impl Drop for Netns {
-    fn drop(&mut self) {
-        let _ = Command::new("ip")
-            .args(["netns", "del", &self.name])
-            .status();
-    }
-}
-
-/// Two namespaces, A and B, joined by a veth pair with `queues` RX and TX queues per end.
+/// Two namespaces, A (the engine under test) and B (the traffic source), joined by a veth pair
+/// with `queues` RX and TX queues per end. Dropping it deletes both namespaces (also when the
+/// test panics).
 pub struct Pair {
-    pub a: Netns,
-    pub b: Netns,
+    pub veth: VethPair,
 }
 
 impl Pair {
     #[track_caller]
     pub fn new(queues: u32) -> Self {
-        let a = Netns::new("a");
-        let b = Netns::new("b");
-        let q = queues.to_string();
-        a.run(&[
-            "ip",
-            "link",
-            "add",
-            A_IF,
-            "numrxqueues",
-            &q,
-            "numtxqueues",
-            &q,
-            "type",
-            "veth",
-            "peer",
-            "name",
-            B_IF,
-            "netns",
-            &b.name,
-            "numrxqueues",
-            &q,
-            "numtxqueues",
-            &q,
-        ]);
-        for (ns, ifname, mac, ip, peer_ip, peer_mac) in [
-            (&a, A_IF, A_MAC, A_IP, B_IP, B_MAC),
-            (&b, B_IF, B_MAC, B_IP, A_IP, A_MAC),
-        ] {
-            let mac = fmt_mac(mac);
-            let peer_mac = fmt_mac(peer_mac);
-            ns.run(&["ip", "link", "set", ifname, "address", &mac]);
-            ns.run(&["ip", "addr", "add", &format!("{ip}/24"), "dev", ifname]);
-            ns.run(&["ip", "link", "set", ifname, "up"]);
-            ns.run(&["ip", "link", "set", "lo", "up"]);
-            ns.run(&[
-                "ip",
-                "neigh",
-                "replace",
-                &peer_ip.to_string(),
-                "lladdr",
-                &peer_mac,
-                "dev",
-                ifname,
-                "nud",
-                "permanent",
-            ]);
-        }
-        Self { a, b }
+        require_root();
+        static N: AtomicU32 = AtomicU32::new(0);
+        // Unique per process and pair, at most 14 characters (interface names add one).
+        let prefix = format!(
+            "xk{}n{}",
+            std::process::id() % 1_000_000,
+            N.fetch_add(1, Ordering::Relaxed)
+        );
+        let veth = VethPair::new(
+            &prefix,
+            &VethOptions {
+                queues,
+                ..VethOptions::default()
+            },
+        )
+        .unwrap_or_else(|e| panic!("veth pair {prefix}: {e}"));
+        Self { veth }
+    }
+
+    pub fn a(&self) -> &VethEnd {
+        &self.veth.a
+    }
+
+    pub fn b(&self) -> &VethEnd {
+        &self.veth.b
+    }
+
+    /// Spawns a thread that runs `f` inside A's namespace.
+    pub fn in_a<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> JoinHandle<T> {
+        spawn_in(&self.veth.a.netns, f)
+    }
+
+    /// Spawns a thread that runs `f` inside B's namespace.
+    pub fn in_b<T: Send + 'static>(&self, f: impl FnOnce() -> T + Send + 'static) -> JoinHandle<T> {
+        spawn_in(&self.veth.b.netns, f)
+    }
+
+    /// A [`GenConfig`] for frames from B to A, on B's interface.
+    pub fn b_to_a(&self, size: usize) -> GenConfig {
+        let (a, b) = (self.a(), self.b());
+        let mut g = GenConfig::new(&b.ifname);
+        g.src_mac = b.mac;
+        g.dst_mac = a.mac;
+        g.src_ip = b.ipv4;
+        g.dst_ip = a.ipv4;
+        g.dest_qp = QPN;
+        g.size = size;
+        g
     }
 }
 
-pub fn fmt_mac(m: [u8; 6]) -> String {
-    m.iter()
-        .map(|b| format!("{b:02x}"))
-        .collect::<Vec<_>>()
-        .join(":")
+fn spawn_in<T: Send + 'static>(ns: &str, f: impl FnOnce() -> T + Send + 'static) -> JoinHandle<T> {
+    let ns = ns.to_owned();
+    std::thread::spawn(move || {
+        netns::enter(&ns).unwrap_or_else(|e| panic!("enter {ns}: {e}"));
+        f()
+    })
 }
 
-/// `roce_xdp` loaded and attached (native mode) on one interface, with [`QPN`] registered.
-/// Create and drop it in a thread inside the interface's namespace.
+/// `roce_xdp` loaded by `roce::loader` (native mode) on one interface, with the given QPs
+/// registered; unloaded on drop. Create it in a thread inside the interface's namespace.
 pub struct XdpProg {
-    ebpf: Ebpf,
+    ifname: String,
+    pins: Pins,
 }
 
 impl XdpProg {
     #[track_caller]
     pub fn attach(ifname: &str, qpns: &[u32]) -> Self {
-        Self::attach_with_flags(ifname, qpns, 0)
+        Self::attach_with(ifname, qpns, false)
     }
 
-    /// Like [`XdpProg::attach`], with `ROCE_FLAGS` set (e.g. `FLAG_DROP_FOREIGN`).
+    /// Like [`XdpProg::attach`]; `drop_foreign` drops RoCE for QPs that are not registered.
     #[track_caller]
-    pub fn attach_with_flags(ifname: &str, qpns: &[u32], flags: u32) -> Self {
-        assert!(
-            !roce::loader::EBPF_OBJECT.is_empty(),
-            "roce-user was built with AYA_BUILD_SKIP=1: the eBPF object is a stub; \
-             build without it to run the AF_XDP suites"
-        );
-        let mut ebpf = EbpfLoader::new()
-            .override_global(GLOBAL_FLAGS, &flags, true)
-            .load(roce::loader::EBPF_OBJECT)
-            .expect("load roce_xdp");
-        let prog: &mut Xdp = ebpf
-            .program_mut(PROG_ROCE_XDP)
-            .expect("program roce_xdp")
-            .try_into()
-            .expect("an XDP program");
-        prog.load().expect("verifier accepts roce_xdp");
-        prog.attach(ifname, XdpMode::Driver)
-            .unwrap_or_else(|e| panic!("attach roce_xdp to {ifname}: {e}"));
-        let mut qps: HashMap<_, u32, QpEntry> =
-            HashMap::try_from(ebpf.map_mut(MAP_QPS).expect("ROCE_QPS")).expect("hash map");
+    pub fn attach_with(ifname: &str, qpns: &[u32], drop_foreign: bool) -> Self {
+        let opts = LoadOptions {
+            mode: AttachMode::Native,
+            drop_foreign,
+            ..LoadOptions::default()
+        };
+        loader::load(ifname, &opts).unwrap_or_else(|e| panic!("load roce_xdp on {ifname}: {e}"));
+        let prog = Self {
+            ifname: ifname.to_owned(),
+            pins: Pins::new(ifname),
+        };
         for &q in qpns {
-            qps.insert(
-                q,
-                QpEntry {
-                    owner: std::process::id(),
-                    flags: 0,
-                },
-                0,
-            )
-            .expect("insert QP");
+            prog.pins
+                .add_qp(q, std::process::id())
+                .unwrap_or_else(|e| panic!("register QP {q}: {e}"));
         }
-        Self { ebpf }
+        prog
     }
 
     /// Points `ROCE_XSKS[queue]` at the socket.
     #[track_caller]
     pub fn set_xsk(&mut self, q: &XskQueue) {
-        let mut xsks =
-            XskMap::try_from(self.ebpf.map_mut(MAP_XSKS).expect("ROCE_XSKS")).expect("xskmap");
+        let mut xsks = self.pins.xsks().expect("ROCE_XSKS");
         xsks.set(q.queue_id(), q.as_raw_fd(), 0)
             .expect("set XSKS entry");
     }
 
-    /// Removes the QPs so that RoCE traffic to them goes to the kernel.
-    pub fn remove_qp(&mut self, qpn: u32) {
-        let mut qps: HashMap<_, u32, QpEntry> =
-            HashMap::try_from(self.ebpf.map_mut(MAP_QPS).expect("ROCE_QPS")).expect("hash map");
-        let _ = qps.remove(&qpn);
-    }
-
     /// `ROCE_XDP_STATS` summed over CPUs.
     pub fn stats(&self) -> XdpStats {
-        let m: PerCpuArray<_, XdpStats> =
-            PerCpuArray::try_from(self.ebpf.map(MAP_XDP_STATS).expect("stats map"))
-                .expect("per-cpu array");
-        let mut sum = XdpStats::default();
-        for v in m.get(&0, 0).expect("stats entry").iter() {
-            sum.add(v);
-        }
-        sum
+        self.pins.xdp_stats().expect("ROCE_XDP_STATS")
     }
 }
 
-/// A [`GenConfig`] for frames from B to A.
-pub fn b_to_a(size: usize) -> GenConfig {
-    let mut g = GenConfig::new(B_IF);
-    g.src_mac = B_MAC;
-    g.dst_mac = A_MAC;
-    g.src_ip = B_IP;
-    g.dst_ip = A_IP;
-    g.dest_qp = QPN;
-    g.size = size;
-    g
+impl Drop for XdpProg {
+    fn drop(&mut self) {
+        if let Err(e) = loader::unload(&self.ifname) {
+            eprintln!("unload roce_xdp from {}: {e}", self.ifname);
+        }
+    }
 }
 
 /// What a [`WindowSender`] saw.
