@@ -36,7 +36,7 @@ use roce::{
     engine::{EchoHandler, Engine, EngineConfig, Handler, Nanos, RxVerdict, TxSink},
     xsk::{GenConfig, Rate, RoceTemplate, XskConfig, XskQueue, run_gen},
 };
-use roce_common::{ROCE_V2_UDP_PORT, maps::FLAG_DROP_FOREIGN};
+use roce_common::ROCE_V2_UDP_PORT;
 use xsk_support::*;
 
 const REPS: usize = 5;
@@ -57,8 +57,8 @@ impl Handler for DropCounter {
     }
 }
 
-fn gen_cfg() -> GenConfig {
-    let mut g = b_to_a(SIZE);
+fn gen_cfg(pair: &Pair) -> GenConfig {
+    let mut g = pair.b_to_a(SIZE);
     g.rate = Rate::FlatOut;
     g.duration = Some(RUN);
     g
@@ -66,11 +66,10 @@ fn gen_cfg() -> GenConfig {
 
 /// Runs the AF_XDP generator in B for `RUN`; returns (completed frames, elapsed).
 fn gen_in_b(pair: &Pair, icrc: bool) -> (u64, Duration) {
-    let mut cfg = gen_cfg();
+    let mut cfg = gen_cfg(pair);
     cfg.icrc = icrc;
     let r = pair
-        .b
-        .spawn(move || {
+        .in_b(move || {
             run_gen(
                 &cfg,
                 &XskConfig::default(),
@@ -95,7 +94,7 @@ where
     let count = Arc::new(AtomicU64::new(0));
     let (tx, rx) = mpsc::channel();
     let (s, c) = (Arc::clone(&stop), Arc::clone(&count));
-    let t = pair.a.spawn(move || body(s, c, tx));
+    let t = pair.in_a(move || body(s, c, tx));
     rx.recv_timeout(Duration::from_secs(20))
         .expect("receiver did not come up");
     (stop, count, t)
@@ -110,9 +109,10 @@ fn measure_rx(pair: &Pair, count: &AtomicU64) -> f64 {
 }
 
 fn rx_engine(pair: &Pair) -> f64 {
-    let (stop, count, t) = receiver_in_a(pair, |stop, count, ready| {
-        let mut prog = XdpProg::attach(A_IF, &[QPN]);
-        let q = XskQueue::open(A_IF, 0, &XskConfig::default()).expect("open A");
+    let a_if = pair.a().ifname.clone();
+    let (stop, count, t) = receiver_in_a(pair, move |stop, count, ready| {
+        let mut prog = XdpProg::attach(&a_if, &[QPN]);
+        let q = XskQueue::open(&a_if, 0, &XskConfig::default()).expect("open A");
         prog.set_xsk(&q);
         ready.send(()).expect("ready");
         Engine::new(q, DropCounter(count), EngineConfig::default())
@@ -126,8 +126,9 @@ fn rx_engine(pair: &Pair) -> f64 {
 }
 
 fn rx_udp(pair: &Pair) -> f64 {
-    let (stop, count, t) = receiver_in_a(pair, |stop, count, ready| {
-        let sock = UdpSocket::bind(SocketAddrV4::new(A_IP, ROCE_V2_UDP_PORT)).expect("bind UDP");
+    let a_ip = pair.a().ipv4;
+    let (stop, count, t) = receiver_in_a(pair, move |stop, count, ready| {
+        let sock = UdpSocket::bind(SocketAddrV4::new(a_ip, ROCE_V2_UDP_PORT)).expect("bind UDP");
         sock.set_read_timeout(Some(Duration::from_millis(20)))
             .expect("timeout");
         let _ = setsockopt(&sock, sockopt::RcvBuf, &(8 << 20));
@@ -156,8 +157,9 @@ fn rx_udp(pair: &Pair) -> f64 {
 
 /// A's roce_xdp dropping every RoCE frame (no QP registered, drop-foreign), until stopped.
 fn drop_all_in_a(pair: &Pair) -> (Arc<AtomicBool>, std::thread::JoinHandle<()>) {
-    let (stop, _count, t) = receiver_in_a(pair, |stop, _count, ready| {
-        let _prog = XdpProg::attach_with_flags(A_IF, &[], FLAG_DROP_FOREIGN);
+    let a_if = pair.a().ifname.clone();
+    let (stop, _count, t) = receiver_in_a(pair, move |stop, _count, ready| {
+        let _prog = XdpProg::attach_with(&a_if, &[], true);
         ready.send(()).expect("ready");
         while !stop.load(Ordering::Relaxed) {
             std::thread::sleep(Duration::from_millis(10));
@@ -172,46 +174,47 @@ fn tx_gen(pair: &Pair) -> f64 {
 }
 
 fn tx_sendmmsg(pair: &Pair) -> f64 {
-    let tmpl = RoceTemplate::new(&gen_cfg());
+    let tmpl = RoceTemplate::new(&gen_cfg(pair));
+    let (a_ip, b_ip) = (pair.a().ipv4, pair.b().ipv4);
     let mut frame = vec![0u8; tmpl.len()];
     tmpl.write(&mut frame, 0);
     // The UDP payload: BTH, payload, ICRC (the kernel adds Ethernet, IPv4 and UDP).
     let payload = frame[14 + 20 + 8..].to_vec();
-    pair.b
-        .spawn(move || {
-            let sock = UdpSocket::bind(SocketAddrV4::new(B_IP, 0xc000)).expect("bind");
-            sock.connect(SocketAddrV4::new(A_IP, ROCE_V2_UDP_PORT))
-                .expect("connect");
-            let _ = setsockopt(&sock, sockopt::SndBuf, &(8 << 20));
-            let iovs: Vec<[IoSlice<'_>; 1]> =
-                (0..BATCH).map(|_| [IoSlice::new(&payload)]).collect();
-            let addrs = vec![None::<SockaddrIn>; BATCH];
-            let mut headers = MultiHeaders::<SockaddrIn>::preallocate(BATCH, None);
-            let start = Instant::now();
-            let mut sent = 0u64;
-            while start.elapsed() < RUN {
-                if let Ok(r) = sendmmsg(
-                    sock.as_raw_fd(),
-                    &mut headers,
-                    iovs.iter(),
-                    &addrs,
-                    [],
-                    MsgFlags::empty(),
-                ) {
-                    sent += r.count() as u64;
-                }
+    pair.in_b(move || {
+        let sock = UdpSocket::bind(SocketAddrV4::new(b_ip, 0xc000)).expect("bind");
+        sock.connect(SocketAddrV4::new(a_ip, ROCE_V2_UDP_PORT))
+            .expect("connect");
+        let _ = setsockopt(&sock, sockopt::SndBuf, &(8 << 20));
+        let iovs: Vec<[IoSlice<'_>; 1]> = (0..BATCH).map(|_| [IoSlice::new(&payload)]).collect();
+        let addrs = vec![None::<SockaddrIn>; BATCH];
+        let mut headers = MultiHeaders::<SockaddrIn>::preallocate(BATCH, None);
+        let start = Instant::now();
+        let mut sent = 0u64;
+        while start.elapsed() < RUN {
+            if let Ok(r) = sendmmsg(
+                sock.as_raw_fd(),
+                &mut headers,
+                iovs.iter(),
+                &addrs,
+                [],
+                MsgFlags::empty(),
+            ) {
+                sent += r.count() as u64;
             }
-            sent as f64 / start.elapsed().as_secs_f64()
-        })
-        .join()
-        .expect("sendmmsg thread")
+        }
+        sent as f64 / start.elapsed().as_secs_f64()
+    })
+    .join()
+    .expect("sendmmsg thread")
 }
 
 fn echo(pair: &Pair) -> f64 {
     const FRAMES: u64 = 300_000;
-    let (stop, _count, t) = receiver_in_a(pair, |stop, _count, ready| {
-        let mut prog = XdpProg::attach(A_IF, &[QPN]);
-        let q = XskQueue::open(A_IF, 0, &XskConfig::default()).expect("open A");
+    let (a_if, b_if) = (pair.a().ifname.clone(), pair.b().ifname.clone());
+    let gen_cfg = pair.b_to_a(ECHO_SIZE);
+    let (stop, _count, t) = receiver_in_a(pair, move |stop, _count, ready| {
+        let mut prog = XdpProg::attach(&a_if, &[QPN]);
+        let q = XskQueue::open(&a_if, 0, &XskConfig::default()).expect("open A");
         prog.set_xsk(&q);
         ready.send(()).expect("ready");
         Engine::new(q, EchoHandler::default(), EngineConfig::default())
@@ -219,15 +222,14 @@ fn echo(pair: &Pair) -> f64 {
             .expect("engine");
     });
     let (ok, elapsed) = pair
-        .b
-        .spawn(|| {
-            let mut prog = XdpProg::attach(B_IF, &[QPN]);
-            let q = XskQueue::open(B_IF, 0, &XskConfig::default()).expect("open B");
+        .in_b(move || {
+            let mut prog = XdpProg::attach(&b_if, &[QPN]);
+            let q = XskQueue::open(&b_if, 0, &XskConfig::default()).expect("open B");
             prog.set_xsk(&q);
-            let tmpl = RoceTemplate::new(&b_to_a(ECHO_SIZE));
+            let tmpl = RoceTemplate::new(&gen_cfg);
             let mut e = Engine::new(
                 q,
-                WindowSender::new(tmpl, 0, FRAMES, Some(1024)),
+                WindowSender::new(tmpl, 0, FRAMES, Some(256)),
                 EngineConfig::default(),
             );
             let r = e.run(&AtomicBool::new(false)).expect("sender");
