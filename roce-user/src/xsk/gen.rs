@@ -18,7 +18,7 @@ use roce_common::{
     opcode::Opcode,
 };
 
-use super::{XskConfig, XskError, XskQueue, XskStats};
+use super::{BindMode, XskConfig, XskError, XskQueue, XskStats};
 use crate::engine::{Engine, EngineConfig, Handler, Nanos, RxVerdict, TxSink};
 
 /// Offsets into the IPv4 template.
@@ -347,8 +347,19 @@ pub struct GenReport {
     pub frame_len: usize,
     /// Longest engine run.
     pub elapsed: Duration,
-    /// Per-queue counters.
-    pub per_queue: Vec<(u32, XskStats)>,
+    /// Per-queue bind mode and counters.
+    pub per_queue: Vec<GenQueueReport>,
+}
+
+/// One queue of a [`GenReport`].
+#[derive(Clone, Debug)]
+pub struct GenQueueReport {
+    /// Queue id.
+    pub queue: u32,
+    /// How its socket was bound.
+    pub mode: BindMode,
+    /// Its counters at the end.
+    pub stats: XskStats,
 }
 
 impl GenReport {
@@ -390,9 +401,10 @@ pub fn run_gen(
         let t = std::thread::Builder::new()
             .name(format!("roce-gen-q{}", q.queue_id()))
             .spawn(move || {
+                let mode = q.bind_mode();
                 let mut e = Engine::new(q, h, EngineConfig::default());
                 let r = e.run(&stop)?;
-                Ok::<_, XskError>((r, e.handler().sent))
+                Ok::<_, XskError>((r, e.handler().sent, mode))
             })
             .map_err(|e| XskError::Setup {
                 step: "spawn the generator thread",
@@ -410,13 +422,17 @@ pub fn run_gen(
         per_queue: Vec::new(),
     };
     for t in threads {
-        let (r, sent) = t
+        let (r, sent, mode) = t
             .join()
             .map_err(|_| XskError::Config("generator thread panicked"))??;
         report.sent += sent;
         report.completed += r.stats.tx_completed;
         report.elapsed = report.elapsed.max(r.elapsed);
-        report.per_queue.push((r.queue_id, r.stats));
+        report.per_queue.push(GenQueueReport {
+            queue: r.queue_id,
+            mode,
+            stats: r.stats,
+        });
     }
     Ok(report)
 }
