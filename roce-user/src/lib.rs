@@ -7,8 +7,10 @@
 //! I/O edges. The command line lives in the binary (src/cli/).
 
 pub mod cm;
+pub mod engine;
 pub mod loader;
 pub mod netinfo;
 pub mod netns;
 pub mod stats;
 pub mod wire;
+pub mod xsk;

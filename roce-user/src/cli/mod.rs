@@ -4,6 +4,7 @@
 //! 2 usage error).
 
 mod demo;
+mod r#gen;
 mod xdp;
 
 use clap::{Parser, Subcommand};
@@ -91,6 +92,8 @@ pub enum Command {
         #[arg(short = 'e', long)]
         per_cpu: bool,
     },
+    /// Send RoCE-shaped UDP 4791 frames on the AF_XDP TX path, at a set rate or flat out.
+    Gen(r#gen::GenArgs),
     /// Run the demo: two namespaces joined by a veth pair, roce_xdp on one end, RoCE and other
     /// traffic from the other, counters printed, everything cleaned up.
     Demo {
@@ -163,5 +166,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             per_cpu,
         } => xdp::stats(out, &iface, watch, count, nonzero, prometheus, per_cpu),
         Command::Demo { count, mode } => demo::run(out, count, mode),
+        Command::Gen(args) => r#gen::run(out, &args),
     }
 }
