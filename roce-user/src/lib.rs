@@ -7,4 +7,5 @@
 
 pub mod loader;
 pub mod stats;
+pub mod transport;
 pub mod wire;
