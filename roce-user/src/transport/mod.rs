@@ -33,7 +33,6 @@ pub mod ids;
 pub mod mr;
 pub mod pkt;
 pub mod qp;
-#[cfg(any(test, feature = "sim"))]
 pub mod sim;
 pub mod state;
 #[cfg(test)]

@@ -1071,8 +1071,16 @@ impl Qp {
                 if nn > scratch.len() {
                     return None;
                 }
-                match ctx.mrs.remote_mut(rkey, va, n, Access::REMOTE_READ) {
-                    Ok(src) => scratch[..nn].copy_from_slice(src),
+                // A zero-length READ touches no memory and needs no R_Key.
+                let read = if n == 0 {
+                    Ok(())
+                } else {
+                    ctx.mrs
+                        .remote_mut(rkey, va, n, Access::REMOTE_READ)
+                        .map(|src| scratch[..nn].copy_from_slice(src))
+                };
+                match read {
+                    Ok(()) => {}
                     Err(_) => {
                         // The region went away mid-response: NAK remote access, class C.
                         self.counters.resp_remote_access_errors += 1;

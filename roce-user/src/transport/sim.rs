@@ -3,7 +3,7 @@
 //! corruption and ECN CE marks, all drawn from one seeded RNG, in simulated time. Sans-I/O:
 //! frames are byte vectors moved between the devices' `poll_transmit` and `handle_packet`.
 //!
-//! Built for unit tests and, with the `sim` cargo feature, for `roce-user/tests/`.
+//! Always built (it is small and pure) so unit tests, `roce-user/tests/` and benches share it.
 
 use core::time::Duration;
 use std::{cmp::Reverse, collections::BinaryHeap, net::Ipv4Addr};
@@ -397,58 +397,70 @@ pub fn connect_rc(pair: &mut Pair, cfg: &RcConfig) -> (Endpoint, Endpoint) {
     let eb = mk(&mut pair.b);
     let psn_a = Psn::new(cfg.psn_a);
     let psn_b = psn_a.wrapping_add(0x1000);
-    for (side, me, peer, sq, rq) in [
-        (Side::A, ea, eb, psn_a, psn_b),
-        (Side::B, eb, ea, psn_b, psn_a),
-    ] {
-        let mut attr: QpAttr<Path> = QpAttr {
-            qp_state: QpState::Init,
-            qp_access_flags: cfg.access,
-            ..QpAttr::default()
-        };
-        let d = pair.dev(side);
-        d.modify_qp(
-            me.qpn,
-            &attr,
-            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-        )
-        .expect("INIT");
-        attr.qp_state = QpState::Rtr;
-        attr.ah_attr = Some(path(side));
-        attr.path_mtu = cfg.mtu;
-        attr.dest_qp_num = peer.qpn;
-        attr.rq_psn = rq;
-        attr.max_dest_rd_atomic = cfg.rd_atomic;
-        attr.min_rnr_timer = cfg.min_rnr_timer;
-        d.modify_qp(
-            me.qpn,
-            &attr,
-            AttrMask::STATE
-                | AttrMask::AV
-                | AttrMask::PATH_MTU
-                | AttrMask::DEST_QPN
-                | AttrMask::RQ_PSN
-                | AttrMask::MAX_DEST_RD_ATOMIC
-                | AttrMask::MIN_RNR_TIMER,
-        )
-        .expect("RTR");
-        attr.qp_state = QpState::Rts;
-        attr.timeout = cfg.timeout;
-        attr.retry_cnt = cfg.retry_cnt;
-        attr.rnr_retry = cfg.rnr_retry;
-        attr.sq_psn = sq;
-        attr.max_rd_atomic = cfg.rd_atomic;
-        d.modify_qp(
-            me.qpn,
-            &attr,
-            AttrMask::STATE
-                | AttrMask::TIMEOUT
-                | AttrMask::RETRY_CNT
-                | AttrMask::RNR_RETRY
-                | AttrMask::SQ_PSN
-                | AttrMask::MAX_QP_RD_ATOMIC,
-        )
-        .expect("RTS");
-    }
+    bring_up(&mut pair.a, ea.qpn, Side::A, eb.qpn, psn_a, psn_b, cfg);
+    bring_up(&mut pair.b, eb.qpn, Side::B, ea.qpn, psn_b, psn_a, cfg);
     (ea, eb)
+}
+
+/// Moves RC QP `qpn` of `d` (on endpoint `side`) from RESET to RTS, connected to `peer`, with
+/// the exact required masks of each transition.
+///
+/// # Panics
+/// If the device refuses a transition.
+pub fn bring_up(
+    d: &mut Device,
+    qpn: Qpn,
+    side: Side,
+    peer: Qpn,
+    sq_psn: Psn,
+    rq_psn: Psn,
+    cfg: &RcConfig,
+) {
+    let mut attr: QpAttr<Path> = QpAttr {
+        qp_state: QpState::Init,
+        qp_access_flags: cfg.access,
+        ..QpAttr::default()
+    };
+    d.modify_qp(
+        qpn,
+        &attr,
+        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+    )
+    .expect("INIT");
+    attr.qp_state = QpState::Rtr;
+    attr.ah_attr = Some(path(side));
+    attr.path_mtu = cfg.mtu;
+    attr.dest_qp_num = peer;
+    attr.rq_psn = rq_psn;
+    attr.max_dest_rd_atomic = cfg.rd_atomic;
+    attr.min_rnr_timer = cfg.min_rnr_timer;
+    d.modify_qp(
+        qpn,
+        &attr,
+        AttrMask::STATE
+            | AttrMask::AV
+            | AttrMask::PATH_MTU
+            | AttrMask::DEST_QPN
+            | AttrMask::RQ_PSN
+            | AttrMask::MAX_DEST_RD_ATOMIC
+            | AttrMask::MIN_RNR_TIMER,
+    )
+    .expect("RTR");
+    attr.qp_state = QpState::Rts;
+    attr.timeout = cfg.timeout;
+    attr.retry_cnt = cfg.retry_cnt;
+    attr.rnr_retry = cfg.rnr_retry;
+    attr.sq_psn = sq_psn;
+    attr.max_rd_atomic = cfg.rd_atomic;
+    d.modify_qp(
+        qpn,
+        &attr,
+        AttrMask::STATE
+            | AttrMask::TIMEOUT
+            | AttrMask::RETRY_CNT
+            | AttrMask::RNR_RETRY
+            | AttrMask::SQ_PSN
+            | AttrMask::MAX_QP_RD_ATOMIC,
+    )
+    .expect("RTS");
 }
