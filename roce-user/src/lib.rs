@@ -12,5 +12,6 @@ pub mod loader;
 pub mod netinfo;
 pub mod netns;
 pub mod stats;
+pub mod transport;
 pub mod wire;
 pub mod xsk;
