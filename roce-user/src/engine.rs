@@ -90,6 +90,12 @@ pub trait Handler {
         let _ = now;
     }
 
+    /// A file descriptor that other threads make readable to wake the engine early (for
+    /// example an eventfd signalled after posting work); polled next to the socket.
+    fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+
     /// True when the handler has finished its work and the engine should drain and stop.
     fn is_done(&self, now: Nanos) -> bool {
         let _ = now;
@@ -212,7 +218,7 @@ impl<H: Handler> Engine<H> {
                 }
                 if !wait.is_zero() {
                     self.waits += 1;
-                    self.queue.wait(Some(wait))?;
+                    self.queue.wait_with(Some(wait), self.handler.wake_fd())?;
                 }
             }
         }
