@@ -5,6 +5,7 @@
 
 mod demo;
 mod r#gen;
+mod perf;
 mod pingpong;
 mod xdp;
 
@@ -104,6 +105,9 @@ pub enum Command {
     /// ibv_rc_pingpong's test: SEND/RECV ping-pong over an RC QP (server without a host,
     /// client with one); either side can be the real ibv_rc_pingpong.
     Pingpong(pingpong::PingpongArgs),
+    /// Bandwidth of WRITE, READ, SEND or atomics over one or more RC QPs, set up with
+    /// perftest's exchange (either side can be ib_write_bw, ib_read_bw, ib_send_bw, ib_atomic_bw).
+    Perf(perf::PerfArgs),
     /// List an interface's RoCE v2 GID table (the index is `-g` of pingpong and perf).
     Gids {
         /// Interface.
@@ -217,6 +221,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Demo { count, mode } => demo::run(out, count, mode),
         Command::Gen(args) => r#gen::run(out, &args),
         Command::Pingpong(args) => pingpong::run(out, &args, cli.netns),
+        Command::Perf(args) => perf::run(out, &args, cli.netns),
         Command::Gids { iface } => gids(out, &iface),
     }
 }
