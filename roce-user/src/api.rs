@@ -30,7 +30,9 @@ use std::{
 };
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use roce_common::maps::{MAX_QPS, QpEntry};
+use roce_common::maps::{
+    BIND_COPY, BIND_ZEROCOPY, MAX_QPS, QpEntry, QpStatsRecord, XskQueueRecord,
+};
 
 pub use crate::transport::{
     Access, AttrMask, CqId, DeviceConfig, DeviceCounters, LKey, MrInfo, Mtu, Path, PostError,
@@ -43,7 +45,7 @@ use crate::{
     netinfo::{self, Gid, IfInfo, NetInfoError},
     transport::{self, Instant},
     wire::{EthernetAddress, IpPath, PathRepr, frame::udp_src_port},
-    xsk::{BindMode, XskConfig, XskError, XskQueue},
+    xsk::{BindMode, XskConfig, XskError, XskQueue, XskStats},
 };
 
 /// Why a device call failed.
@@ -151,6 +153,8 @@ struct Shared {
     wakers: Mutex<Vec<Waker>>,
     /// Makes the engines' poll(2) return, after a post.
     wake: EventFd,
+    /// The latest AF_XDP counters of each queue, as the engines report them.
+    xsk: Mutex<std::collections::BTreeMap<u32, XskStats>>,
 }
 
 impl Shared {
@@ -236,11 +240,125 @@ impl Handler for TransportHandler {
     fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         Some(self.shared.wake.as_fd())
     }
+
+    fn on_queue_stats(&mut self, queue_id: u32, stats: &XskStats) {
+        self.shared
+            .xsk
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(queue_id, *stats);
+    }
+}
+
+/// Writes the device's counters into the pinned stats maps, where `roce stats` and bpftool
+/// read them. Runs every [`PUBLISH_EVERY`] on its own thread, and once more at close.
+#[derive(Clone)]
+struct Publisher {
+    shared: Arc<Shared>,
+    pins: Pins,
+    bind_modes: Vec<(u32, BindMode)>,
+}
+
+/// How often the counters are published.
+pub const PUBLISH_EVERY: Duration = Duration::from_millis(250);
+
+const fn state_code(s: QpState) -> u32 {
+    match s {
+        QpState::Reset => 0,
+        QpState::Init => 1,
+        QpState::Rtr => 2,
+        QpState::Rts => 3,
+        QpState::Sqd => 4,
+        QpState::Sqe => 5,
+        QpState::Err => 6,
+    }
+}
+
+impl Publisher {
+    fn publish(&self) -> Result<(), ApiError> {
+        let pid = std::process::id();
+        let (devc, qps) = {
+            let dev = self.shared.lock();
+            let qps: Vec<_> = dev
+                .qps()
+                .map(|q| (q.qpn(), q.state(), *q.counters()))
+                .collect();
+            (*dev.device_counters(), qps)
+        };
+        let mut qmap = self.pins.qp_stats()?;
+        for (qpn, state, counters) in qps {
+            let rec = QpStatsRecord {
+                owner: pid,
+                state: state_code(state),
+                counters,
+            };
+            qmap.insert(qpn.value(), rec, 0).map_err(LoadError::from)?;
+        }
+        self.pins
+            .dev_stats()?
+            .insert(pid, devc, 0)
+            .map_err(LoadError::from)?;
+        let xsk = self
+            .shared
+            .xsk
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let mut xmap = self.pins.xsk_stats()?;
+        for (q, stats) in xsk {
+            let bind = self
+                .bind_modes
+                .iter()
+                .find(|(n, _)| *n == q)
+                .map_or(BIND_COPY, |(_, m)| match m {
+                    BindMode::ZeroCopy => BIND_ZEROCOPY,
+                    BindMode::Copy => BIND_COPY,
+                });
+            xmap.insert(
+                q,
+                XskQueueRecord {
+                    owner: pid,
+                    bind_mode: bind,
+                    stats,
+                },
+                0,
+            )
+            .map_err(LoadError::from)?;
+        }
+        Ok(())
+    }
+
+    /// Removes the records of processes that no longer exist (left by an earlier run).
+    fn collect_dead(&self) {
+        if let Ok(mut m) = self.pins.qp_stats() {
+            let dead: Vec<u32> = m
+                .iter()
+                .filter_map(Result::ok)
+                .filter(|(_, r)| !process_alive(r.owner))
+                .map(|(k, _)| k)
+                .collect();
+            for k in dead {
+                let _ = m.remove(&k);
+            }
+        }
+        if let Ok(mut m) = self.pins.dev_stats() {
+            let dead: Vec<u32> = m
+                .keys()
+                .filter_map(Result::ok)
+                .filter(|pid| !process_alive(*pid))
+                .collect();
+            for k in dead {
+                let _ = m.remove(&k);
+            }
+        }
+    }
 }
 
 /// A RoCE v2 device on a Linux interface. Dropping it stops the engines, releases its QPNs and,
 /// if it loaded roce_xdp, unloads it.
 pub struct Device {
+    publisher: Publisher,
+    stats_thread: Option<std::thread::JoinHandle<()>>,
     shared: Arc<Shared>,
     info: IfInfo,
     pins: Pins,
@@ -321,6 +439,7 @@ impl Device {
             progress: Condvar::new(),
             wakers: Mutex::new(Vec::new()),
             wake,
+            xsk: Mutex::new(std::collections::BTreeMap::new()),
         });
         let mut queues = Vec::new();
         let mut bind_modes = Vec::new();
@@ -343,7 +462,27 @@ impl Device {
             &stop,
         )
         .map_err(os("starting engine threads"))?;
+        let publisher = Publisher {
+            shared: Arc::clone(&shared),
+            pins: pins.clone(),
+            bind_modes: bind_modes.clone(),
+        };
+        publisher.collect_dead();
+        let (p, st) = (publisher.clone(), Arc::clone(&stop));
+        let stats_thread = std::thread::Builder::new()
+            .name("roce-stats".into())
+            .spawn(move || {
+                while !st.load(Ordering::Relaxed) {
+                    if let Err(e) = p.publish() {
+                        log::warn!("publishing counters: {e}");
+                    }
+                    std::thread::sleep(PUBLISH_EVERY);
+                }
+            })
+            .map_err(os("starting the stats thread"))?;
         Ok(Self {
+            publisher,
+            stats_thread: Some(stats_thread),
             shared,
             pins,
             stop,
@@ -698,6 +837,12 @@ impl Device {
         for e in self.engines.drain(..) {
             let _ = e.join();
         }
+        if let Some(t) = self.stats_thread.take() {
+            let _ = t.join();
+        }
+        // The last counters stay in the maps after we are gone (until the next device on this
+        // interface collects them, or `roce unload`), so they can be read after a run.
+        let _ = self.publisher.publish();
         if let Ok(mut xsks) = self.pins.xsks() {
             for (q, _) in &self.bind_modes {
                 let _ = xsks.unset(*q);

@@ -96,6 +96,12 @@ pub trait Handler {
         None
     }
 
+    /// Called with the queue's counters before the engine sleeps, every 4096 busy turns, and at
+    /// the end, so the handler can publish them while the engine runs.
+    fn on_queue_stats(&mut self, queue_id: u32, stats: &XskStats) {
+        let _ = (queue_id, stats);
+    }
+
     /// True when the handler has finished its work and the engine should drain and stop.
     fn is_done(&self, now: Nanos) -> bool {
         let _ = now;
@@ -211,7 +217,12 @@ impl<H: Handler> Engine<H> {
             if stop.load(Ordering::Relaxed) || self.handler.is_done(now) {
                 break;
             }
-            if self.turn(now) == 0 {
+            let moved = self.turn(now);
+            if moved == 0 || self.turns % 4096 == 0 {
+                self.handler
+                    .on_queue_stats(self.queue.queue_id(), &self.queue.stats());
+            }
+            if moved == 0 {
                 let mut wait = self.cfg.max_wait;
                 if let Some(t) = self.handler.next_timeout() {
                     wait = wait.min(t.duration_since(now));
@@ -223,6 +234,8 @@ impl<H: Handler> Engine<H> {
             }
         }
         self.drain()?;
+        self.handler
+            .on_queue_stats(self.queue.queue_id(), &self.queue.stats());
         let end = self.clock.now();
         Ok(EngineReport {
             queue_id: self.queue.queue_id(),

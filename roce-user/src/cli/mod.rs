@@ -99,6 +99,9 @@ pub enum Command {
         /// Also show per-CPU XDP counters.
         #[arg(short = 'e', long)]
         per_cpu: bool,
+        /// Also show each QP's counters and state.
+        #[arg(short = 's', long = "qps")]
+        per_qp: bool,
     },
     /// Send RoCE-shaped UDP 4791 frames on the AF_XDP TX path, at a set rate or flat out.
     Gen(r#gen::GenArgs),
@@ -217,7 +220,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             nonzero,
             prometheus,
             per_cpu,
-        } => xdp::stats(out, &iface, watch, count, nonzero, prometheus, per_cpu),
+            per_qp,
+        } => xdp::stats(
+            out, &iface, watch, count, nonzero, prometheus, per_cpu, per_qp,
+        ),
         Command::Demo { count, mode } => demo::run(out, count, mode),
         Command::Gen(args) => r#gen::run(out, &args),
         Command::Pingpong(args) => pingpong::run(out, &args, cli.netns),
