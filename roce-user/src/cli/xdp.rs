@@ -175,16 +175,51 @@ fn snapshot(pins: &Pins, iface: &str, per_cpu: bool, per_qp: bool) -> anyhow::Re
     })
 }
 
-pub(crate) fn stats(
-    out: Output,
-    iface: &str,
-    watch: Option<f64>,
-    count: Option<u64>,
-    nonzero: bool,
-    prometheus: bool,
-    per_cpu: bool,
-    per_qp: bool,
-) -> anyhow::Result<()> {
+/// Flags of `roce stats`.
+#[derive(Debug, clap::Args)]
+pub struct StatsArgs {
+    /// Interface.
+    #[arg(short, long)]
+    pub iface: String,
+    /// Repeat every SECS seconds, printing the change and the rate since the last report.
+    #[arg(short, long, value_name = "SECS")]
+    pub watch: Option<f64>,
+    /// With --watch, stop after COUNT reports (default: until interrupted).
+    #[arg(short, long, requires = "watch")]
+    pub count: Option<u64>,
+    /// Show only counters that are not zero.
+    #[arg(short = 'z', long)]
+    pub nonzero: bool,
+    /// Print Prometheus exposition text.
+    #[arg(long, conflicts_with_all = ["json", "pretty"])]
+    pub prometheus: bool,
+    /// Also show per-CPU XDP counters.
+    #[arg(short = 'e', long)]
+    pub per_cpu: bool,
+    /// Also show each QP's counters and state.
+    #[arg(short = 's', long = "qps")]
+    pub per_qp: bool,
+}
+
+pub(crate) fn stats(out: Output, a: &StatsArgs) -> anyhow::Result<()> {
+    let StatsArgs {
+        iface,
+        watch,
+        count,
+        nonzero,
+        prometheus,
+        per_cpu,
+        per_qp,
+    } = a;
+    let (iface, watch, count, nonzero, prometheus, per_cpu, per_qp) = (
+        iface.as_str(),
+        *watch,
+        *count,
+        *nonzero,
+        *prometheus,
+        *per_cpu,
+        *per_qp,
+    );
     loader::require_root()?;
     loader::check_ifname(iface)?;
     let pins = Pins::new(iface);
