@@ -155,7 +155,7 @@ fn snapshot(pins: &Pins, iface: &str, per_cpu: bool, per_qp: bool) -> anyhow::Re
         );
     }
     if per_qp {
-        for (q, r) in &qps {
+        for (q, r) in qps.iter().filter(|(q, _)| *q != 0) {
             let state = QP_STATES.get(r.state as usize).copied().unwrap_or("?");
             sections.push(
                 Section::from_names(
