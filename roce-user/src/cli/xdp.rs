@@ -102,7 +102,12 @@ const QP_STATES: [&str; 7] = ["RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"
 
 /// The counters of one interface: XDP (summed over CPUs), transport (summed over QPs), device
 /// (summed over endpoint processes), AF_XDP per queue, and with `per_qp` each QP.
-fn snapshot(pins: &Pins, iface: &str, per_cpu: bool, per_qp: bool) -> anyhow::Result<Snapshot> {
+pub(crate) fn snapshot(
+    pins: &Pins,
+    iface: &str,
+    per_cpu: bool,
+    per_qp: bool,
+) -> anyhow::Result<Snapshot> {
     let cpus = pins.xdp_stats_per_cpu()?;
     let total = loader::sum_per_cpu(&cpus);
     let mut sections = vec![Section::from_names(
