@@ -10,7 +10,7 @@ use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use roce_common::{
     ROCE_V2_UDP_PORT,
-    hdr::{ETH_P_IPV4, ETH_P_IPV6, IPPROTO_UDP, Ipv6ExtHdr, MAX_VLAN_TAGS},
+    hdr::{ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP, Ipv6ExtHdr, MAX_VLAN_TAGS},
 };
 
 use super::{
@@ -257,6 +257,50 @@ pub fn parse_frame(buf: &[u8]) -> Result<Frame<'_>> {
 /// [`Frame::icrc_ok`]. The UDP checksum is not verified (rxe sends 0 over IPv4; the ICRC
 /// covers the same bytes).
 pub fn parse_frame_with_port(buf: &[u8], port: u16) -> Result<Frame<'_>> {
+    parse_inner(buf, port, true).map(|(f, _)| f)
+}
+
+/// Like [`parse_frame`], but verifies the ICRC by masking the header fields in place and
+/// restoring them (one pass, no copy; [`icrc::compute_in_place`]). Use it where the frame is
+/// writable, as the engine's received UMEM frames are. The buffer is unchanged afterwards.
+pub fn parse_frame_in_place(buf: &mut [u8]) -> Result<Frame<'_>> {
+    parse_frame_in_place_with_port(buf, ROCE_V2_UDP_PORT)
+}
+
+/// [`parse_frame_in_place`] for UDP port `port`.
+pub fn parse_frame_in_place_with_port(buf: &mut [u8], port: u16) -> Result<Frame<'_>> {
+    let (head, icrc_range, payload_range) = {
+        let (f, icrc_range) = parse_inner(buf, port, false)?;
+        let end = icrc_range.end - ICRC_LEN - usize::from(f.roce.bth.pad_count);
+        let head = Frame {
+            eth: f.eth,
+            ip: f.ip,
+            udp: f.udp,
+            roce: f.roce,
+            payload: &[],
+            icrc: f.icrc,
+            icrc_ok: false,
+            len: f.len,
+        };
+        (head, icrc_range, end - f.payload.len()..end)
+    };
+    let icrc_ok = icrc::verify_in_place(&mut buf[icrc_range]);
+    let buf = &*buf;
+    Ok(Frame {
+        payload: &buf[payload_range],
+        icrc_ok,
+        ..head
+    })
+}
+
+/// Parses the headers; verifies the ICRC (copying the masked headers) if `verify`. Also
+/// returns the range of `buf` the ICRC covers plus the ICRC itself (IP header to the end of
+/// the UDP datagram).
+fn parse_inner(
+    buf: &[u8],
+    port: u16,
+    verify: bool,
+) -> Result<(Frame<'_>, core::ops::Range<usize>)> {
     let (eth, l3) = EthernetRepr::parse(buf)?;
     let rest = &buf[l3..];
     let (ip, ip_hdr, ip_payload) = match eth.ethertype {
@@ -303,9 +347,10 @@ pub fn parse_frame_with_port(buf: &[u8], port: u16) -> Result<Frame<'_>> {
     let udp_payload = &ip_payload[udp::HEADER_LEN..usize::from(udp.length)];
     let pkt = RocePacket::new_checked(udp_payload)?;
     let roce = RoceRepr::parse(&pkt)?;
-    let icrc_ok = icrc::verify(ip_hdr, udp_hdr, udp_payload);
+    let icrc_ok = verify && icrc::verify(ip_hdr, udp_hdr, udp_payload);
     let len = l3 + ip_hdr.len() + ip_payload.len();
-    Ok(Frame {
+    let covered = l3..l3 + ip_hdr.len() + usize::from(udp.length);
+    let f = Frame {
         eth,
         ip,
         udp,
@@ -314,7 +359,8 @@ pub fn parse_frame_with_port(buf: &[u8], port: u16) -> Result<Frame<'_>> {
         payload: pkt.into_payload(),
         icrc_ok,
         len,
-    })
+    };
+    Ok((f, covered))
 }
 
 /// The length of the frame [`emit_frame`] would write (no Ethernet minimum-size padding:
@@ -394,11 +440,9 @@ pub fn emit_frame(
     }
     .emit(&mut udp::Packet::new_unchecked(&mut *udp_buf));
     roce.emit(roce_buf, payload)?;
-    let crc = icrc::compute(
-        ip_buf,
-        udp_buf,
-        &roce_buf[..roce_len - roce_common::hdr::ICRC_LEN],
-    )?;
+    // One pass over the whole datagram, masking in place (no copy at all).
+    let crc = icrc::compute_in_place(&mut buf[l3..total - ICRC_LEN])?;
+    let (udp_buf, roce_buf) = buf[l3 + ip_len..].split_at_mut(udp::HEADER_LEN);
     RocePacket::new_unchecked(&mut *roce_buf).set_icrc(crc);
     if let IpPath::V6 { src, dst, .. } = path.ip {
         let c = udp6_checksum(&src, &dst, udp_buf, roce_buf);
@@ -569,6 +613,22 @@ mod tests {
         // Corruption does not.
         buf[n - 10] ^= 0xff;
         assert!(!parse_frame(&buf[..n]).unwrap().icrc_ok);
+    }
+
+    #[test]
+    fn in_place_parse_agrees() {
+        let mut f = golden_frame();
+        let orig = f;
+        let a = parse_frame(&orig).unwrap();
+        let b = parse_frame_in_place(&mut f).unwrap();
+        assert_eq!(a, b);
+        assert!(b.icrc_ok);
+        assert_eq!(f, orig);
+        f[60] ^= 1; // a CNP reserved byte
+        assert!(!parse_frame_in_place(&mut f).unwrap().icrc_ok);
+        f[60] ^= 1;
+        f[40] ^= 1; // the UDP checksum: masked
+        assert!(parse_frame_in_place(&mut f).unwrap().icrc_ok);
     }
 
     #[test]

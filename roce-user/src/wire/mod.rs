@@ -45,7 +45,9 @@ pub use cnp::CnpRepr;
 pub use deth::DethRepr;
 pub use ethernet::{EthernetAddress, EthernetRepr, VlanTag};
 pub use feth::FethRepr;
-pub use frame::{Ecn, Frame, IpPath, IpRepr, PathRepr, emit_frame, frame_len, parse_frame};
+pub use frame::{
+    Ecn, Frame, IpPath, IpRepr, PathRepr, emit_frame, frame_len, parse_frame, parse_frame_in_place,
+};
 pub use ieth::IethRepr;
 pub use immdt::ImmDtRepr;
 pub use ipv4::Ipv4Repr;
