@@ -369,12 +369,17 @@ pub fn frame_len(path: &PathRepr, roce: &RoceRepr, payload_len: usize) -> usize 
     path.eth().buffer_len() + path.ip_header_len() + udp::HEADER_LEN + roce.buffer_len(payload_len)
 }
 
-/// Writes a whole frame into `buf` and returns its length.
+/// Writes a whole frame into `buf` and returns its length. Call it for every packet the
+/// transport sends, with the QP's path.
 ///
-/// Lengths, the IPv4 header checksum (DF set, as rxe), and the ICRC are computed here. The UDP
-/// checksum is 0 over IPv4, as rxe writes it (rxe_net.c `prepare_udp_hdr`). Over IPv6 a zero
-/// UDP checksum is not allowed (RFC 8200 §8.1) and Linux drops such datagrams unless the socket
-/// opts in, so it is computed; receivers that ignore it (as we do on parse) lose nothing.
+/// Lengths, the IPv4 header checksum (DF set, as rxe) and the ICRC are computed here; the ICRC
+/// in one pass over the written bytes, masking in place ([`icrc::compute_in_place`]). The UDP
+/// checksum is 0 over IPv4, as rxe writes it (rxe_net.c `prepare_udp_hdr`). Over IPv6 it is
+/// computed: rxe also writes 0 there (the same `prepare_udp_hdr`) and accepts 0 because its
+/// tunnel socket is created without `use_udp6_rx_checksums` (so `no_check6_rx` is set), but
+/// RFC 8200 §8.1 forbids a zero UDP checksum over IPv6 and ordinary receivers drop it; a
+/// correct non-zero checksum is accepted by rxe's UDP stack and by everyone else.
+/// No Ethernet minimum-size padding is added (NICs pad short frames on transmit).
 pub fn emit_frame(
     path: &PathRepr,
     roce: &RoceRepr,
