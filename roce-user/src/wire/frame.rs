@@ -239,6 +239,32 @@ impl Frame<'_> {
     pub fn dst_ip(&self) -> IpAddr {
         self.ip.dst_addr()
     }
+
+    /// A path back to the sender of this frame: MACs and IPs swapped, same VLAN tags, DSCP,
+    /// UDP ports swapped back (the peer's source port is the flow's port, since both ends
+    /// derive it from the same QP pair) and destination port the one this frame was sent to.
+    /// ECN is Not-ECT and the TTL 64. A connected QP should use its own configured path; this is
+    /// for answering before one exists (or for tests).
+    #[must_use]
+    pub fn reply_path(&self) -> PathRepr {
+        let ip = match self.ip {
+            IpRepr::V4(r) => IpPath::V4 {
+                src: r.dst_addr,
+                dst: r.src_addr,
+            },
+            IpRepr::V6(r) => IpPath::V6 {
+                src: r.dst_addr,
+                dst: r.src_addr,
+                flow_label: r.flow_label,
+            },
+        };
+        let mut p = PathRepr::new(self.eth.dst_addr, self.eth.src_addr, ip);
+        p.vlan = self.eth.vlan;
+        p.dscp = self.ip.dscp();
+        p.udp_src_port = self.udp.src_port;
+        p.udp_dst_port = self.udp.dst_port;
+        p
+    }
 }
 
 /// Parses a RoCE v2 frame sent to UDP port 4791. Call it on every frame the AF_XDP socket
@@ -661,6 +687,25 @@ mod tests {
         assert!(fr.icrc_ok);
         assert_eq!(fr.len, n);
         assert_eq!(fr.roce, roce);
+    }
+
+    #[test]
+    fn reply_path_swaps_ends() {
+        let f = golden_frame();
+        let fr = parse_frame(&f).unwrap();
+        let p = fr.reply_path();
+        assert_eq!(p.src_mac, MAC_B);
+        assert_eq!(p.dst_mac, MAC_A);
+        assert_eq!(
+            p.ip,
+            IpPath::V4 {
+                src: Ipv4Addr::new(22, 22, 22, 7),
+                dst: Ipv4Addr::new(22, 22, 22, 8)
+            }
+        );
+        assert_eq!(p.dscp, 34);
+        assert_eq!(p.ecn, Ecn::NotEct);
+        assert_eq!((p.udp_src_port, p.udp_dst_port), (56238, ROCE_V2_UDP_PORT));
     }
 
     #[test]
