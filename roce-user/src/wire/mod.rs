@@ -25,6 +25,7 @@ pub mod atomic;
 pub mod bth;
 pub mod cnp;
 pub mod deth;
+pub mod drops;
 pub mod ethernet;
 pub mod feth;
 pub mod frame;
@@ -43,6 +44,7 @@ pub use atomic::{AtomicAckEthRepr, AtomicEthRepr};
 pub use bth::BthRepr;
 pub use cnp::CnpRepr;
 pub use deth::DethRepr;
+pub use drops::WireDrops;
 pub use ethernet::{EthernetAddress, EthernetRepr, VlanTag};
 pub use feth::FethRepr;
 pub use frame::{
