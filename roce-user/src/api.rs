@@ -564,6 +564,24 @@ impl Device {
         by_link.min(by_frame)
     }
 
+    /// Fails unless a path MTU of `mtu` bytes fits this device (see [`Device::max_path_mtu`]).
+    /// Tools call it before their connection setup, so a bad `-m` is reported at once.
+    ///
+    /// # Errors
+    /// [`ApiError::Mtu`], saying what the limit is and why.
+    pub fn check_path_mtu(&self, mtu: u32, ipv6: bool) -> Result<(), ApiError> {
+        let max = self.max_path_mtu(ipv6);
+        if mtu > max {
+            return Err(ApiError::Mtu {
+                asked: mtu,
+                max,
+                frame: self.frame_size,
+                link: self.info.mtu,
+            });
+        }
+        Ok(())
+    }
+
     /// The address vector from local GID `gid_index` to `remote_gid`: MACs (the peer's from the
     /// neighbour table, resolved if needed), IPs, and the RoCE v2 UDP source port of the QP pair.
     ///

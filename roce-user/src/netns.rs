@@ -368,13 +368,32 @@ impl Lan {
         for i in 0..n {
             let ns = NetNs::new(&format!("{prefix}-h{i}"))?;
             let (host_if, port_if) = (format!("{prefix}h{i}"), format!("{prefix}p{i}"));
-            ns.ip(&["link", "add", &host_if, "type", "veth", "peer", "name", &port_if, "netns", switch.name()])?;
+            ns.ip(&[
+                "link",
+                "add",
+                &host_if,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                &port_if,
+                "netns",
+                switch.name(),
+            ])?;
             switch.ip(&["link", "set", &port_if, "mtu", &mtu, "master", "br0", "up"])?;
             let v4 = format!("10.{sub}.0.{}", i + 1);
             let v6 = format!("fd00:{sub}::{}", i + 1);
             ns.ip(&["link", "set", "dev", &host_if, "mtu", &mtu])?;
             ns.ip(&["addr", "add", &format!("{v4}/24"), "dev", &host_if])?;
-            ns.ip(&["-6", "addr", "add", &format!("{v6}/64"), "dev", &host_if, "nodad"])?;
+            ns.ip(&[
+                "-6",
+                "addr",
+                "add",
+                &format!("{v6}/64"),
+                "dev",
+                &host_if,
+                "nodad",
+            ])?;
             ns.ip(&["link", "set", "dev", &host_if, "up"])?;
             let mac = mac_of(ns.name(), &host_if)?;
             hosts.push(VethEnd {
@@ -391,11 +410,25 @@ impl Lan {
                 for ip in [IpAddr::V4(to.ipv4), IpAddr::V6(to.ipv6)] {
                     ip_in(
                         &from.netns,
-                        &["neigh", "replace", &ip.to_string(), "lladdr", &fmt_mac(&to.mac), "dev", &from.ifname, "nud", "permanent"],
+                        &[
+                            "neigh",
+                            "replace",
+                            &ip.to_string(),
+                            "lladdr",
+                            &fmt_mac(&to.mac),
+                            "dev",
+                            &from.ifname,
+                            "nud",
+                            "permanent",
+                        ],
                     )?;
                 }
             }
         }
-        Ok(Self { hosts, _hosts_ns: nss, _switch: switch })
+        Ok(Self {
+            hosts,
+            _hosts_ns: nss,
+            _switch: switch,
+        })
     }
 }

@@ -20,7 +20,7 @@ use roce::{
         Access, AttrMask, CqId, Device, DeviceOptions, MrInfo, Mtu, QpAttr, QpCap, QpInit, QpState,
         QpType, Qpn, RecvWr, SendOp, SendWr, Sge, WcStatus,
     },
-    cm::perftest::{self, BwReport, Comm, KeyMsg},
+    cm::perftest::{self, BwReport, Comm, KeyMsg, pattern},
     wire::types::{Psn, RKey},
 };
 use serde_json::json;
@@ -78,18 +78,6 @@ pub struct PerfArgs {
     /// Atomics: compare-and-swap instead of fetch-and-add.
     #[arg(long)]
     pub cmp_swap: bool,
-}
-
-/// Pattern byte `i` of QP `q`'s buffer.
-fn pattern_byte(q: u32, i: usize) -> u8 {
-    (i as u32)
-        .wrapping_mul(2_654_435_761)
-        .wrapping_add(q.wrapping_mul(97))
-        .rotate_left(7) as u8
-}
-
-fn pattern(q: u32, len: usize) -> Vec<u8> {
-    (0..len).map(|i| pattern_byte(q, i)).collect()
 }
 
 fn mtu_enum(bytes: u32) -> Option<u8> {
@@ -155,6 +143,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         .gid_idx
         .unwrap_or_else(|| dev.info().default_gid_index(true));
     let gid = dev.gid(gid_idx)?;
+    dev.check_path_mtu(a.mtu, gid.ip.is_ipv6())?;
     let depth = a.tx_depth.max(1);
     let cq = dev.create_cq(((depth as usize) * 2 + 16) * a.qps as usize)?;
     let remote_access =

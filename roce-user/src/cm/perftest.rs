@@ -36,6 +36,22 @@ pub const VERSION_LEN: usize = 16;
 /// Length of a key message with a GID (`KEY_MSG_SIZE_GID`), NUL included.
 pub const KEY_MSG_LEN: usize = 108;
 
+/// Byte `i` of the data `roce perf` puts in QP `q`'s buffer (the QP's index in the test, from
+/// 0). Both sides know it, so each can verify what it received, read, or had written into it.
+#[must_use]
+pub fn pattern_byte(q: u32, i: usize) -> u8 {
+    (i as u32)
+        .wrapping_mul(2_654_435_761)
+        .wrapping_add(q.wrapping_mul(97))
+        .rotate_left(7) as u8
+}
+
+/// The first `len` bytes of QP `q`'s pattern (see [`pattern_byte`]).
+#[must_use]
+pub fn pattern(q: u32, len: usize) -> Vec<u8> {
+    (0..len).map(|i| pattern_byte(q, i)).collect()
+}
+
 /// One side of an exchange.
 #[derive(Debug)]
 pub struct Comm {
