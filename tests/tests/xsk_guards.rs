@@ -38,7 +38,7 @@ fn tx_rollback_and_rx_unread_stay_put() {
     // A: the frames wait on the RX ring; a batch dropped unread leaves them there.
     let receiver = pair.in_a(move || {
         let mut prog = XdpProg::attach(&a_if, &[QPN]);
-        let mut q = XskQueue::open(&a_if, 0, &XskConfig::default()).expect("open A");
+        let q = XskQueue::open(&a_if, 0, &XskConfig::default()).expect("open A");
         let start: FrameAccounting = q.accounting();
         prog.set_xsk(&q);
         (prog, q, start)

@@ -29,6 +29,9 @@ const PAYLOAD_OFF: usize = BTH_OFF + Bth::LEN;
 /// The shortest frame: headers, an empty payload and the ICRC.
 pub const MIN_FRAME: usize = PAYLOAD_OFF + ICRC_LEN;
 
+/// Most frames a rate-limited generator queues per engine turn.
+pub const RATE_BURST: u64 = 64;
+
 /// How fast to send.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Rate {
@@ -281,6 +284,9 @@ impl GenHandler {
         }
     }
 
+    /// Frames to queue now. With a rate, at most [`RATE_BURST`] per turn, so that a thread
+    /// that was descheduled catches up in ring-sized steps instead of one burst that would
+    /// overflow the receiver's queue (veth's XDP ring holds 256 frames).
     fn budget(&self, now: Nanos) -> u64 {
         let left = self.count.map_or(u64::MAX, |c| c.saturating_sub(self.sent));
         match (self.pps, self.start) {
@@ -288,7 +294,7 @@ impl GenHandler {
                 let due = (u128::from(now.duration_since(start).as_nanos() as u64)
                     * u128::from(pps)
                     / 1_000_000_000) as u64;
-                due.saturating_sub(self.sent).min(left)
+                due.saturating_sub(self.sent).min(left).min(RATE_BURST)
             }
             _ => left,
         }
@@ -491,5 +497,7 @@ mod tests {
         assert_eq!(h.budget(Nanos(5_000_000)), 0);
         assert_eq!(h.next_timeout(), Some(Nanos(6_000_000)));
         assert_eq!(h.budget(Nanos(1_000_000_000)), 5);
+        h.count = None;
+        assert_eq!(h.budget(Nanos(1_000_000_000)), RATE_BURST);
     }
 }

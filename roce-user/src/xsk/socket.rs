@@ -385,6 +385,23 @@ impl XskQueue {
         Ok(q)
     }
 
+    /// Opens one queue per RX queue of `ifname` (see [`rx_queue_count`]), for one engine each.
+    pub fn open_all(ifname: &str, cfg: &XskConfig) -> Result<Vec<Self>, XskError> {
+        (0..rx_queue_count(ifname)?)
+            .map(|q| Self::open(ifname, q, cfg))
+            .collect()
+    }
+
+    /// Points `ROCE_XSKS[queue]` of the program loaded on this queue's interface (found by its
+    /// pins) at this socket, so that `roce_xdp` redirects the queue's RoCE packets here. Call
+    /// after [`XskQueue::open`] and before traffic is expected; the entry goes away when the
+    /// socket is closed.
+    pub fn register(&self, pins: &crate::loader::Pins) -> Result<(), crate::loader::LoadError> {
+        let mut xsks = pins.xsks()?;
+        xsks.set(self.queue_id, self.as_raw_fd(), 0)?;
+        Ok(())
+    }
+
     /// The interface name.
     #[must_use]
     pub fn ifname(&self) -> &str {
@@ -618,6 +635,31 @@ impl XskQueue {
     pub fn app_frame_mut(&mut self, idx: FrameIdx, off: u32, len: u32) -> Option<&mut [u8]> {
         self.book.bytes_mut(idx, off, len)
     }
+}
+
+/// The number of RX queues of `ifname` in the current network namespace (`num_rx_queues` of
+/// `ip -d -j link show`; sysfs would show the namespace it was mounted in, not ours).
+pub fn rx_queue_count(ifname: &str) -> Result<u32, XskError> {
+    let fail = |e: io::Error| XskError::Interface {
+        name: ifname.to_owned(),
+        source: e,
+    };
+    let out = std::process::Command::new("ip")
+        .args(["-d", "-j", "link", "show", "dev", ifname])
+        .output()
+        .map_err(fail)?;
+    if !out.status.success() {
+        return Err(fail(io::Error::other(
+            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        )));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| fail(io::Error::new(io::ErrorKind::InvalidData, e)))?;
+    v[0]["num_rx_queues"]
+        .as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|n| *n > 0)
+        .ok_or_else(|| fail(io::Error::other("no num_rx_queues in `ip -d -j link show`")))
 }
 
 impl AsRawFd for XskQueue {
