@@ -6,8 +6,12 @@
 //! and testable without root. `xsk` (AF_XDP), `loader` (aya) and `netns` (iproute2) are the
 //! I/O edges. The command line lives in the binary (src/cli/).
 
+pub mod cm;
 pub mod engine;
 pub mod loader;
+pub mod netinfo;
 pub mod netns;
 pub mod stats;
+pub mod transport;
+pub mod wire;
 pub mod xsk;

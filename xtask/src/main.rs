@@ -71,6 +71,53 @@ pub(crate) fn run(cmd: &mut Command) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// Totals of `cargo test` runs, for the closing line of `cargo xtask test`.
+#[derive(Default)]
+pub(crate) struct Tally {
+    pub(crate) passed: u64,
+    pub(crate) failed: u64,
+    pub(crate) ignored: u64,
+}
+
+/// Runs a `cargo test` command like [`run`], echoing its output and adding its
+/// `test result:` lines to `tally`.
+pub(crate) fn run_tests(cmd: &mut Command, tally: &mut Tally) -> anyhow::Result<()> {
+    use std::io::{BufRead as _, BufReader};
+    let shown = format!("{cmd:?}").replace('"', "");
+    eprintln!("xtask: $ {shown}");
+    let mut child = cmd
+        .current_dir(root())
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .with_context(|| format!("failed to spawn {shown}"))?;
+    if let Some(out) = child.stdout.take() {
+        for line in BufReader::new(out).lines() {
+            let line = line?;
+            println!("{line}");
+            if let Some(rest) = line.strip_prefix("test result: ") {
+                for part in rest.split(['.', ';']) {
+                    let mut words = part.split_whitespace();
+                    if let (Some(n), Some(what)) = (words.next(), words.next())
+                        && let Ok(n) = n.parse::<u64>()
+                    {
+                        match what {
+                            "passed" => tally.passed += n,
+                            "failed" => tally.failed += n,
+                            "ignored" => tally.ignored += n,
+                            _ => {}
+                        }
+                    }
+                }
+            }
+        }
+    }
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("`{shown}` failed ({status})");
+    }
+    Ok(())
+}
+
 /// `cargo` with the PATH that setup relies on (~/.cargo/bin first).
 pub(crate) fn cargo() -> Command {
     let mut c = Command::new("cargo");

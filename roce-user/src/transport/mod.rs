@@ -1,0 +1,587 @@
+//! The RC (and UD) transport, sans-I/O.
+//!
+//! A [`Device`] owns memory regions, completion queues and queue pairs. It reads no clock and
+//! opens no socket: time is an argument and packets are whole Ethernet frames in caller-owned
+//! buffers, parsed and emitted by [`crate::wire`]. The API is quinn-proto's triad:
+//!
+//! - inputs: [`Device::handle_packet`] (a received frame), [`Device::post_send`],
+//!   [`Device::post_recv`], [`Device::modify_qp`], [`Device::handle_timeout`];
+//! - outputs: [`Device::poll_transmit`] (writes the next frame into the caller's buffer),
+//!   [`Device::poll_timeout`] (when to call `handle_timeout` next), [`Device::poll_cq`] and
+//!   [`Device::poll_event`].
+//!
+//! The engine loop is: feed received frames, drain `poll_transmit` until `None`, sleep until
+//! `poll_timeout` or the next frame, call `handle_timeout`, repeat.
+//!
+//! The RC rules are those of Linux rxe (reference/roce-v2.md §2): responder PSN checks with one
+//! NAK per gap, duplicate handling (re-ACK, READ replay, saved atomic results), opcode-sequence,
+//! access, length and R_Key checks with rxe's NAK codes; requester segmentation by path MTU,
+//! AckReq on the last packet and every [`qp::MAX_PKT_PER_ACK`] packets, a window of
+//! [`qp::MAX_UNACKED_PSNS`] PSNs, `max_rd_atomic`, go-back-N retransmission on NAK and timeout,
+//! implied NAKs for READ/ATOMIC and mid-message READ resumption.
+//!
+//! # Memory bound
+//! Everything is bounded by configuration, never by what a peer sends: at most
+//! [`DeviceConfig::max_qp`] QPs (see [`Qp`] for the per-QP bound, ~120 KiB with defaults),
+//! [`DeviceConfig::max_mr`] regions, [`DeviceConfig::max_cq`] CQs of at most
+//! [`DeviceConfig::max_cqe`] entries (48 B each), [`DeviceConfig::max_events`] async events,
+//! and one 4 KiB scratch buffer.
+
+pub mod counters;
+pub mod cq;
+pub mod ids;
+pub mod mr;
+pub mod pkt;
+pub mod qp;
+pub mod sim;
+pub mod state;
+#[cfg(test)]
+mod tests;
+pub mod timer;
+pub mod wr;
+
+use std::collections::{BTreeMap, VecDeque};
+
+use roce_common::opcode::{Opcode, Transport};
+
+pub use self::counters::{DeviceCounters, QpCounters};
+pub use self::cq::{Cq, CqId, CqOverflow, Wc, WcFlags, WcOpcode, WcStatus};
+pub use self::ids::{LKey, Msn, PKey, Psn, QKey, Qpn, RKey};
+pub use self::mr::{Access, AccessError, MrError, MrInfo, MrTable, Sge};
+pub use self::pkt::{PktHdr, RxPkt};
+pub use self::qp::{PostError, Qp, QpCap, QpInit};
+pub use self::state::{AttrMask, ModifyError, Mtu, QpAttr, QpState, QpType};
+pub use self::timer::{Instant, Timer};
+pub use self::wr::{RecvWr, SendFlags, SendOp, SendWr, UdDest};
+use crate::wire::{Ecn, IpPath, emit_frame, parse_frame};
+
+/// The path a QP's frames take (its address vector): MACs, IPs, UDP ports, DSCP/ECN, TTL.
+pub type Path = crate::wire::PathRepr;
+
+/// Buffers handed to [`Device::poll_transmit`] must hold this many bytes: the largest frame
+/// (Ethernet + 2 VLAN tags + IPv6 + UDP + BTH + the largest extended headers + 4096 B + ICRC).
+pub const MAX_FRAME_LEN: usize = 14 + 8 + 40 + 8 + 12 + 28 + 4096 + 4;
+
+/// Limits of a device (`struct ibv_device_attr`, the part roce-xdp enforces).
+#[derive(Clone, Debug)]
+pub struct DeviceConfig {
+    /// QPs.
+    pub max_qp: usize,
+    /// Memory regions (at most 65535).
+    pub max_mr: usize,
+    /// CQs.
+    pub max_cq: usize,
+    /// Entries per CQ.
+    pub max_cqe: usize,
+    /// Send or receive WRs per QP.
+    pub max_qp_wr: u32,
+    /// Scatter/gather entries per WR.
+    pub max_sge: u32,
+    /// `max_rd_atomic` / `max_dest_rd_atomic` per QP (rxe: 128).
+    pub max_qp_rd_atom: u8,
+    /// Async events queued before new ones are counted as lost.
+    pub max_events: usize,
+    /// Seed of the CSPRNG that draws the key bits of memory regions. Inject real entropy in
+    /// production; tests inject a constant to be reproducible.
+    pub key_seed: [u8; 32],
+    /// The first QP number handed out (rxe: `RXE_MIN_QP_INDEX` 16).
+    pub first_qpn: u32,
+}
+
+impl Default for DeviceConfig {
+    fn default() -> Self {
+        Self {
+            max_qp: 1024,
+            max_mr: 4096,
+            max_cq: 1024,
+            max_cqe: 1 << 16,
+            max_qp_wr: 0x4000,
+            max_sge: 32,
+            max_qp_rd_atom: 16,
+            max_events: 256,
+            key_seed: [0; 32],
+            first_qpn: 16,
+        }
+    }
+}
+
+/// An asynchronous event (`struct ibv_async_event`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Event {
+    /// `IBV_EVENT_QP_FATAL`: the QP moved to ERR on its own (from `from`).
+    QpFatal {
+        /// The QP.
+        qpn: Qpn,
+        /// Its state before.
+        from: QpState,
+    },
+    /// `IBV_EVENT_SQ_DRAINED`: in SQD, every started send WR has completed.
+    SqDrained {
+        /// The QP.
+        qpn: Qpn,
+    },
+    /// `IBV_EVENT_CQ_ERR`: a completion did not fit in the CQ.
+    CqOverflow {
+        /// The CQ.
+        cq: CqId,
+    },
+}
+
+/// Why a device call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum DeviceError {
+    /// `max_qp` QPs exist.
+    #[error("too many queue pairs (max {0})")]
+    TooManyQps(usize),
+    /// `max_cq` CQs exist.
+    #[error("too many completion queues (max {0})")]
+    TooManyCqs(usize),
+    /// No such QP.
+    #[error("no queue pair {0:?}")]
+    NoSuchQp(Qpn),
+    /// No such CQ.
+    #[error("no completion queue {0:?}")]
+    NoSuchCq(CqId),
+    /// A queue size beyond the device limits.
+    #[error("requested size {0} exceeds the device limit {1}")]
+    TooLarge(u64, u64),
+    /// `modify_qp` refused.
+    #[error("failed to modify QP: {0}")]
+    Modify(#[from] ModifyError),
+    /// A memory region call failed.
+    #[error("memory region: {0}")]
+    Mr(#[from] MrError),
+}
+
+/// What [`Device::poll_transmit`] wrote.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Transmit {
+    /// Bytes of the frame at the start of the buffer.
+    pub size: usize,
+    /// The QP that sent it.
+    pub qpn: Qpn,
+}
+
+/// The CQs of a device.
+#[derive(Debug, Default)]
+pub(crate) struct CqTable {
+    cqs: Vec<Cq>,
+}
+
+/// What a QP may touch while it runs: the device's regions, CQs, events and counters.
+pub(crate) struct Ctx<'a> {
+    pub mrs: &'a mut MrTable,
+    pub cqs: &'a mut CqTable,
+    pub events: &'a mut VecDeque<Event>,
+    pub max_events: usize,
+    pub counters: &'a mut DeviceCounters,
+}
+
+impl Ctx<'_> {
+    pub(crate) fn event(&mut self, e: Event) {
+        if self.events.len() >= self.max_events {
+            self.counters.events_lost += 1;
+        } else {
+            self.events.push_back(e);
+        }
+    }
+
+    /// Queues a completion; on overflow raises [`Event::CqOverflow`] once and returns false.
+    pub(crate) fn push_wc(&mut self, cq: CqId, wc: Wc) -> bool {
+        let Some(c) = self.cqs.cqs.get_mut(cq.0 as usize) else {
+            return false;
+        };
+        let was = c.overflowed();
+        match c.push(wc) {
+            Ok(()) => true,
+            Err(CqOverflow) => {
+                if !was {
+                    self.event(Event::CqOverflow { cq });
+                }
+                false
+            }
+        }
+    }
+}
+
+/// A RoCE device: memory regions, CQs and QPs, driven sans-I/O.
+#[derive(Debug)]
+pub struct Device {
+    config: DeviceConfig,
+    mrs: MrTable,
+    cqs: CqTable,
+    qps: BTreeMap<u32, Qp>,
+    next_qpn: u32,
+    events: VecDeque<Event>,
+    counters: DeviceCounters,
+    scratch: Vec<u8>,
+    rr: u32,
+}
+
+impl Device {
+    /// A device with the limits of `config`.
+    #[must_use]
+    pub fn new(config: DeviceConfig) -> Self {
+        Self {
+            mrs: MrTable::new(config.max_mr, config.key_seed),
+            cqs: CqTable::default(),
+            qps: BTreeMap::new(),
+            next_qpn: config.first_qpn.max(2),
+            events: VecDeque::new(),
+            counters: DeviceCounters::default(),
+            scratch: vec![0; 4096],
+            rr: 0,
+            config,
+        }
+    }
+
+    // -------------------------------------------------------------- resources
+
+    /// Registers `buf` at iova `iova` (`ibv_reg_mr`). The device owns the memory until
+    /// [`Device::dereg_mr`] gives it back.
+    ///
+    /// # Errors
+    /// [`MrError`] if the table is full or the range or rights are invalid.
+    pub fn reg_mr(&mut self, buf: Vec<u8>, iova: u64, access: Access) -> Result<MrInfo, MrError> {
+        self.mrs.register(buf, iova, access)
+    }
+
+    /// Deregisters a region (`ibv_dereg_mr`); safe while operations using it are in flight.
+    ///
+    /// # Errors
+    /// [`MrError::UnknownKey`].
+    pub fn dereg_mr(&mut self, lkey: LKey) -> Result<Vec<u8>, MrError> {
+        self.mrs.deregister(lkey)
+    }
+
+    /// The memory regions.
+    #[must_use]
+    pub const fn mrs(&self) -> &MrTable {
+        &self.mrs
+    }
+
+    /// The memory regions, to write application data into them.
+    pub const fn mrs_mut(&mut self) -> &mut MrTable {
+        &mut self.mrs
+    }
+
+    /// Creates a CQ of `depth` entries (`ibv_create_cq`).
+    ///
+    /// # Errors
+    /// [`DeviceError`] if too many CQs exist or `depth` exceeds `max_cqe`.
+    pub fn create_cq(&mut self, depth: usize) -> Result<CqId, DeviceError> {
+        if self.cqs.cqs.len() >= self.config.max_cq {
+            return Err(DeviceError::TooManyCqs(self.config.max_cq));
+        }
+        if depth > self.config.max_cqe || depth == 0 {
+            return Err(DeviceError::TooLarge(
+                depth as u64,
+                self.config.max_cqe as u64,
+            ));
+        }
+        self.cqs.cqs.push(Cq::new(depth));
+        Ok(CqId((self.cqs.cqs.len() - 1) as u32))
+    }
+
+    /// The oldest completion of `cq` (`ibv_poll_cq`).
+    pub fn poll_cq(&mut self, cq: CqId) -> Option<Wc> {
+        self.cqs.cqs.get_mut(cq.0 as usize)?.pop()
+    }
+
+    /// A CQ, to inspect its length or overflow state.
+    #[must_use]
+    pub fn cq(&self, cq: CqId) -> Option<&Cq> {
+        self.cqs.cqs.get(cq.0 as usize)
+    }
+
+    /// Creates a QP in RESET (`ibv_create_qp`).
+    ///
+    /// # Errors
+    /// [`DeviceError`] if too many QPs exist, a CQ does not exist or a size is too large.
+    pub fn create_qp(&mut self, init: QpInit) -> Result<Qpn, DeviceError> {
+        if self.qps.len() >= self.config.max_qp {
+            return Err(DeviceError::TooManyQps(self.config.max_qp));
+        }
+        for cq in [init.send_cq, init.recv_cq] {
+            if self.cq(cq).is_none() {
+                return Err(DeviceError::NoSuchCq(cq));
+            }
+        }
+        let c = init.cap;
+        let most = c.max_send_wr.max(c.max_recv_wr);
+        if most > self.config.max_qp_wr {
+            return Err(DeviceError::TooLarge(
+                u64::from(most),
+                u64::from(self.config.max_qp_wr),
+            ));
+        }
+        if c.max_sge > self.config.max_sge {
+            return Err(DeviceError::TooLarge(
+                u64::from(c.max_sge),
+                u64::from(self.config.max_sge),
+            ));
+        }
+        let mut n = self.next_qpn;
+        while self.qps.contains_key(&n) || n < 2 {
+            n = (n + 1) & 0x00ff_ffff;
+        }
+        self.next_qpn = (n + 1) & 0x00ff_ffff;
+        let qpn = Qpn::new(n);
+        self.qps.insert(n, Qp::new(qpn, init));
+        Ok(qpn)
+    }
+
+    /// Destroys a QP (`ibv_destroy_qp`): its WRs disappear without completions.
+    ///
+    /// # Errors
+    /// [`DeviceError::NoSuchQp`].
+    pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), DeviceError> {
+        self.qps
+            .remove(&qpn.value())
+            .map(|_| ())
+            .ok_or(DeviceError::NoSuchQp(qpn))
+    }
+
+    /// A QP, to query its state, attributes and counters.
+    #[must_use]
+    pub fn qp(&self, qpn: Qpn) -> Option<&Qp> {
+        self.qps.get(&qpn.value())
+    }
+
+    fn split(&mut self) -> (&mut BTreeMap<u32, Qp>, Ctx<'_>, &mut Vec<u8>) {
+        let Self {
+            qps,
+            mrs,
+            cqs,
+            events,
+            counters,
+            scratch,
+            config,
+            ..
+        } = self;
+        (
+            qps,
+            Ctx {
+                mrs,
+                cqs,
+                events,
+                max_events: config.max_events,
+                counters,
+            },
+            scratch,
+        )
+    }
+
+    /// Changes a QP's state and attributes (`ibv_modify_qp`), following the verbs state table
+    /// ([`state::transition_masks`]). Moving to ERR flushes every outstanding WR; RESET drops them.
+    ///
+    /// # Errors
+    /// [`DeviceError::Modify`] naming the illegal transition or the wrong mask bits.
+    pub fn modify_qp(
+        &mut self,
+        qpn: Qpn,
+        attr: &QpAttr<Path>,
+        mask: AttrMask,
+    ) -> Result<(), DeviceError> {
+        let max = self.config.max_qp_rd_atom;
+        let (qps, mut ctx, _) = self.split();
+        let qp = qps
+            .get_mut(&qpn.value())
+            .ok_or(DeviceError::NoSuchQp(qpn))?;
+        let to = state::check_modify(qp.qp_type, qp.state, attr, mask, max)?;
+        qp.apply_modify(to, attr, mask, &mut ctx);
+        Ok(())
+    }
+
+    /// Posts a send WR (`ibv_post_send`). In ERR it completes at once with a flush error.
+    ///
+    /// # Errors
+    /// [`PostError`] if the QP state, queue depth, SG list or request is wrong.
+    pub fn post_send(&mut self, qpn: Qpn, wr: SendWr<Path>) -> Result<(), PostError> {
+        let max_sge = self.config.max_sge as usize;
+        let (qps, mut ctx, _) = self.split();
+        let qp = qps.get_mut(&qpn.value()).ok_or(PostError::NoSuchQp(qpn))?;
+        let max_sge = max_sge.min(qp.init.cap.max_sge as usize);
+        qp.post_send(wr, max_sge, &mut ctx)
+    }
+
+    /// Posts a receive WR (`ibv_post_recv`). In ERR it completes at once with a flush error.
+    ///
+    /// # Errors
+    /// [`PostError`] if the QP state, queue depth or SG list is wrong.
+    pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), PostError> {
+        let max_sge = self.config.max_sge as usize;
+        let (qps, mut ctx, _) = self.split();
+        let qp = qps.get_mut(&qpn.value()).ok_or(PostError::NoSuchQp(qpn))?;
+        let max_sge = max_sge.min(qp.init.cap.max_sge as usize);
+        qp.post_recv(wr, max_sge, &mut ctx)
+    }
+
+    // -------------------------------------------------------------- packets
+
+    /// Handles one received Ethernet frame. Call for every frame the engine receives for this
+    /// device; bad frames (truncated, bad ICRC, not RoCE, unknown QP, wrong P_Key) are counted
+    /// in [`DeviceCounters`] and dropped, never a panic.
+    pub fn handle_packet(&mut self, now: Instant, frame: &[u8]) {
+        self.counters.rcvd_pkts += 1;
+        let f = match parse_frame(frame) {
+            Ok(f) if f.icrc_ok => f,
+            _ => {
+                self.counters.rx_malformed += 1;
+                return;
+            }
+        };
+        let hdr = PktHdr::from_repr(&f.roce);
+        let (src, dst) = (f.src_ip(), f.dst_ip());
+        let pkt = RxPkt {
+            hdr,
+            payload: f.payload,
+            ce: f.ecn() == Ecn::Ce,
+        };
+        self.handle_decoded(now, &pkt, Some((src, dst)));
+    }
+
+    /// Handles one received packet that is already decoded (the frame path calls this after
+    /// [`crate::wire::parse_frame`]; the fuzz target and unit tests call it directly).
+    /// `addrs` are the frame's (source, destination) IPs, checked against an RC QP's path.
+    pub fn handle_decoded(
+        &mut self,
+        now: Instant,
+        pkt: &RxPkt<'_>,
+        addrs: Option<(core::net::IpAddr, core::net::IpAddr)>,
+    ) {
+        let hdr = &pkt.hdr;
+        if hdr.opcode == Opcode::CNP {
+            // Congestion notifications belong to the cc module; the transport ignores them.
+            return;
+        }
+        let Some(info) = hdr.opcode.info() else {
+            self.counters.rx_malformed += 1;
+            return;
+        };
+        if !hdr.headers_match_opcode() || (!info.payload && !pkt.payload.is_empty()) {
+            self.counters.rx_malformed += 1;
+            return;
+        }
+        // P_Key: match the low 15 bits against our one-entry table (rxe pkey_match).
+        if hdr.pkey.value() & 0x7fff != state::PKEY_TABLE[0].value() & 0x7fff {
+            self.counters.bad_pkey_cntr += 1;
+            return;
+        }
+        let (qps, mut ctx, _) = self.split();
+        let Some(qp) = qps.get_mut(&hdr.dest_qp.value()) else {
+            ctx.counters.rx_unknown_qp += 1;
+            return;
+        };
+        // RC: the frame must come from the QP's peer (rxe_recv.c check_addr).
+        if qp.qp_type == QpType::Rc
+            && hdr.opcode.transport() == Transport::Rc
+            && let (Some((src, dst)), Some(av)) = (addrs, qp.attr.ah_attr.as_ref())
+        {
+            let (want_src, want_dst) = match av.ip {
+                IpPath::V4 { src, dst } => (core::net::IpAddr::V4(dst), core::net::IpAddr::V4(src)),
+                IpPath::V6 { src, dst, .. } => {
+                    (core::net::IpAddr::V6(dst), core::net::IpAddr::V6(src))
+                }
+            };
+            if src != want_src || dst != want_dst {
+                qp.counters.rx_dropped += 1;
+                return;
+            }
+        }
+        qp.counters.rcvd_pkts += 1;
+        if pkt.ce {
+            qp.counters.np_ecn_marked_roce_packets += 1;
+        }
+        if info.is_response() {
+            qp.handle_response(now, pkt, &mut ctx);
+        } else {
+            qp.handle_request(pkt, &mut ctx);
+        }
+    }
+
+    /// Writes the next frame to send into `buf` (which must hold [`MAX_FRAME_LEN`] bytes) and
+    /// says how long it is, or `None` when nothing is ready. Call after every input until it
+    /// returns `None`. QPs are served round-robin; on each, responses (ACK/NAK, READ
+    /// responses, atomic ACKs) go before new requests.
+    #[must_use]
+    pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        if buf.len() < MAX_FRAME_LEN {
+            return None;
+        }
+        let start = self.rr;
+        let keys: Vec<u32> = self
+            .qps
+            .range(start.saturating_add(1)..)
+            .chain(self.qps.range(..=start))
+            .map(|(k, _)| *k)
+            .collect();
+        let (qps, mut ctx, scratch) = self.split();
+        for k in keys {
+            let Some(qp) = qps.get_mut(&k) else { continue };
+            while let Some(out) = qp.poll_transmit(now, &mut ctx, scratch) {
+                let path = match out.ud_path.or(qp.attr.ah_attr) {
+                    Some(p) => p,
+                    None => {
+                        qp.counters.send_err += 1;
+                        continue;
+                    }
+                };
+                let repr = out.hdr.to_repr();
+                match emit_frame(&path, &repr, &scratch[..out.payload_len], buf) {
+                    Ok(size) => {
+                        ctx.counters.sent_pkts += 1;
+                        self.rr = k;
+                        return Some(Transmit {
+                            size,
+                            qpn: Qpn::new(k),
+                        });
+                    }
+                    Err(_) => qp.counters.send_err += 1,
+                }
+            }
+        }
+        None
+    }
+
+    /// The next time [`Device::handle_timeout`] must be called, if any timer is armed. May
+    /// change after any input.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.qps
+            .values()
+            .filter_map(|q| q.timers.next_timeout())
+            .min()
+    }
+
+    /// Runs the timers due at `now` (retransmission, RNR back-off). Spurious calls are no-ops.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let (qps, mut ctx, _) = self.split();
+        for qp in qps.values_mut() {
+            if qp.timers.next_timeout().is_some_and(|t| t <= now) {
+                qp.handle_timeout(now, &mut ctx);
+            }
+        }
+    }
+
+    /// The next asynchronous event (`ibv_get_async_event`).
+    pub fn poll_event(&mut self) -> Option<Event> {
+        self.events.pop_front()
+    }
+
+    /// The device's own counters.
+    #[must_use]
+    pub const fn device_counters(&self) -> &DeviceCounters {
+        &self.counters
+    }
+
+    /// The sum of every QP's counters.
+    #[must_use]
+    pub fn qp_counters(&self) -> QpCounters {
+        let mut sum = QpCounters::default();
+        for q in self.qps.values() {
+            sum.add(&q.counters);
+        }
+        sum
+    }
+}

@@ -1,0 +1,587 @@
+//! Memory regions: the transport owns registered memory, so every access, local or remote, is
+//! bounds-checked against the region it names. There are no raw pointers: an address is an
+//! I/O virtual address (`iova`) chosen at registration, translated through the table.
+//!
+//! Keys follow rxe's layout idea (index bits plus key bits): `key = (slot + 1) << 16 | random16`,
+//! with fresh random bits from the injected, seeded CSPRNG at every registration and every
+//! invalidation, and never the previous bits of the slot, so a stale key does not reach the new
+//! region. Deregistration is safe at any time: work requests and responder resources hold keys,
+//! not references, and every packet looks its key up again; an access after deregistration
+//! fails with a protection error (local) or a remote access error NAK (remote).
+
+use core::fmt;
+
+use rand::{Rng, SeedableRng, rngs::StdRng};
+
+use super::ids::{LKey, RKey};
+
+/// Memory access rights (`enum ibv_access_flags`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Access(pub u32);
+
+impl Access {
+    /// `IBV_ACCESS_LOCAL_WRITE`: the HCA may write the region (receives, READ responses, atomics).
+    pub const LOCAL_WRITE: Self = Self(1);
+    /// `IBV_ACCESS_REMOTE_WRITE`.
+    pub const REMOTE_WRITE: Self = Self(2);
+    /// `IBV_ACCESS_REMOTE_READ`.
+    pub const REMOTE_READ: Self = Self(4);
+    /// `IBV_ACCESS_REMOTE_ATOMIC`.
+    pub const REMOTE_ATOMIC: Self = Self(8);
+
+    /// No right.
+    #[must_use]
+    pub const fn empty() -> Self {
+        Self(0)
+    }
+
+    /// Every right.
+    #[must_use]
+    pub const fn all() -> Self {
+        Self(0xf)
+    }
+
+    /// Whether every right of `o` is granted.
+    #[must_use]
+    pub const fn contains(self, o: Self) -> bool {
+        self.0 & o.0 == o.0
+    }
+}
+
+impl core::ops::BitOr for Access {
+    type Output = Self;
+    fn bitor(self, o: Self) -> Self {
+        Self(self.0 | o.0)
+    }
+}
+
+impl fmt::Debug for Access {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Access({:#x})", self.0)
+    }
+}
+
+/// What a registration returns: the keys and the address range of the region.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct MrInfo {
+    /// Key for scatter/gather entries of local work requests.
+    pub lkey: LKey,
+    /// Key the peer puts in RETH/AtomicETH (valid only if a remote right was granted).
+    pub rkey: RKey,
+    /// First I/O virtual address of the region.
+    pub iova: u64,
+    /// Length in bytes.
+    pub len: u64,
+    /// The rights granted.
+    pub access: Access,
+}
+
+/// Why a registration or a deregistration failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MrError {
+    /// Every slot of the MR table is in use.
+    #[error("memory region table full ({0} regions)")]
+    TableFull(usize),
+    /// `iova + len` overflows.
+    #[error("iova {iova:#x} + length {len} overflows")]
+    RangeOverflow {
+        /// Requested iova.
+        iova: u64,
+        /// Buffer length.
+        len: u64,
+    },
+    /// Remote write or remote atomic without local write (IBA 10.6.3.1; verbs returns EINVAL).
+    #[error("remote write/atomic access requires local write")]
+    NeedsLocalWrite,
+    /// No region has this key.
+    #[error("no memory region with key {0:#x}")]
+    UnknownKey(u32),
+}
+
+/// Why an access to registered memory was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AccessError {
+    /// No region with that key (never registered, deregistered, or rkey invalidated).
+    #[error("invalid key")]
+    BadKey,
+    /// The region does not grant the right.
+    #[error("access right not granted")]
+    NoRight,
+    /// The range is not inside the region (overflow-safe check).
+    #[error("range outside the region")]
+    OutOfBounds,
+}
+
+struct Mr {
+    iova: u64,
+    buf: Box<[u8]>,
+    access: Access,
+    lkey: LKey,
+    rkey: RKey,
+    rkey_valid: bool,
+}
+
+/// The table of registered memory regions of a device.
+pub struct MrTable {
+    slots: Vec<Option<Mr>>,
+    /// Key bits last used by each slot, so a new registration never reuses them.
+    last_bits: Vec<(u16, u16)>,
+    rng: StdRng,
+}
+
+impl fmt::Debug for MrTable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MrTable")
+            .field("capacity", &self.slots.len())
+            .field("in_use", &self.slots.iter().flatten().count())
+            .finish()
+    }
+}
+
+fn slot_of(key: u32) -> Option<usize> {
+    (key >> 16).checked_sub(1).map(|s| s as usize)
+}
+
+impl MrTable {
+    /// A table of `capacity` regions (at most 65535) whose key bits come from a ChaCha CSPRNG
+    /// seeded with `seed` (the caller injects its entropy; tests inject a constant).
+    #[must_use]
+    pub fn new(capacity: usize, seed: [u8; 32]) -> Self {
+        let capacity = capacity.min(0xffff);
+        Self {
+            slots: (0..capacity).map(|_| None).collect(),
+            last_bits: vec![(0, 0); capacity],
+            rng: StdRng::from_seed(seed),
+        }
+    }
+
+    fn fresh_bits(&mut self, old: u16) -> u16 {
+        loop {
+            let b = (self.rng.next_u32() & 0xffff) as u16;
+            if b != old {
+                return b;
+            }
+        }
+    }
+
+    /// Registers `buf` at I/O virtual address `iova` with rights `access` (`ibv_reg_mr`).
+    ///
+    /// # Errors
+    /// [`MrError`] if the table is full, the range overflows, or the rights are inconsistent.
+    pub fn register(&mut self, buf: Vec<u8>, iova: u64, access: Access) -> Result<MrInfo, MrError> {
+        let len = buf.len() as u64;
+        if iova.checked_add(len).is_none() {
+            return Err(MrError::RangeOverflow { iova, len });
+        }
+        if (access.contains(Access::REMOTE_WRITE) || access.contains(Access::REMOTE_ATOMIC))
+            && !access.contains(Access::LOCAL_WRITE)
+        {
+            return Err(MrError::NeedsLocalWrite);
+        }
+        let slot = self
+            .slots
+            .iter()
+            .position(Option::is_none)
+            .ok_or(MrError::TableFull(self.slots.len()))?;
+        let (ol, or) = self.last_bits[slot];
+        let (lb, rb) = (self.fresh_bits(ol), self.fresh_bits(or));
+        self.last_bits[slot] = (lb, rb);
+        let hi = ((slot as u32) + 1) << 16;
+        let mr = Mr {
+            iova,
+            buf: buf.into_boxed_slice(),
+            access,
+            lkey: LKey::new(hi | u32::from(lb)),
+            rkey: RKey::new(hi | u32::from(rb)),
+            rkey_valid: true,
+        };
+        let info = MrInfo {
+            lkey: mr.lkey,
+            rkey: mr.rkey,
+            iova,
+            len,
+            access,
+        };
+        self.slots[slot] = Some(mr);
+        Ok(info)
+    }
+
+    /// Deregisters the region of `lkey` and gives its memory back (`ibv_dereg_mr`).
+    ///
+    /// Safe while operations are in flight: later accesses with its keys fail cleanly.
+    ///
+    /// # Errors
+    /// [`MrError::UnknownKey`] if no region has this key.
+    pub fn deregister(&mut self, lkey: LKey) -> Result<Vec<u8>, MrError> {
+        let slot = slot_of(lkey.value())
+            .filter(|&s| {
+                self.slots
+                    .get(s)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|m| m.lkey == lkey)
+            })
+            .ok_or(MrError::UnknownKey(lkey.value()))?;
+        let mr = self.slots[slot]
+            .take()
+            .ok_or(MrError::UnknownKey(lkey.value()))?;
+        Ok(mr.buf.into_vec())
+    }
+
+    /// The registration info of `lkey`.
+    #[must_use]
+    pub fn info(&self, lkey: LKey) -> Option<MrInfo> {
+        self.by_lkey(lkey).map(|m| MrInfo {
+            lkey: m.lkey,
+            rkey: m.rkey,
+            iova: m.iova,
+            len: m.buf.len() as u64,
+            access: m.access,
+        })
+    }
+
+    /// The memory of the region of `lkey`, for the application to read.
+    #[must_use]
+    pub fn bytes(&self, lkey: LKey) -> Option<&[u8]> {
+        self.by_lkey(lkey).map(|m| &m.buf[..])
+    }
+
+    /// The memory of the region of `lkey`, for the application to write.
+    pub fn bytes_mut(&mut self, lkey: LKey) -> Option<&mut [u8]> {
+        self.by_lkey_mut(lkey).map(|m| &mut m.buf[..])
+    }
+
+    /// Invalidates the R_Key `rkey` (SEND with invalidate, IBA 10.6.5): remote accesses with it
+    /// fail from now on. Returns whether a region had that valid R_Key.
+    pub fn invalidate_rkey(&mut self, rkey: RKey) -> bool {
+        let Some(slot) = slot_of(rkey.value()) else {
+            return false;
+        };
+        match self.slots.get_mut(slot).and_then(Option::as_mut) {
+            Some(m) if m.rkey == rkey && m.rkey_valid => {
+                m.rkey_valid = false;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Gives the region of `lkey` a fresh, valid R_Key (the local re-validation after a remote
+    /// invalidation, like a fast-register WR). Returns the new key.
+    pub fn revalidate_rkey(&mut self, lkey: LKey) -> Option<RKey> {
+        let slot = slot_of(lkey.value())?;
+        let old = self.last_bits.get(slot)?.1;
+        let bits = self.fresh_bits(old);
+        let m = self
+            .slots
+            .get_mut(slot)?
+            .as_mut()
+            .filter(|m| m.lkey == lkey)?;
+        m.rkey = RKey::new((m.rkey.value() & 0xffff_0000) | u32::from(bits));
+        m.rkey_valid = true;
+        self.last_bits[slot].1 = bits;
+        Some(m.rkey)
+    }
+
+    fn by_lkey(&self, lkey: LKey) -> Option<&Mr> {
+        self.slots
+            .get(slot_of(lkey.value())?)?
+            .as_ref()
+            .filter(|m| m.lkey == lkey)
+    }
+
+    fn by_lkey_mut(&mut self, lkey: LKey) -> Option<&mut Mr> {
+        self.slots
+            .get_mut(slot_of(lkey.value())?)?
+            .as_mut()
+            .filter(|m| m.lkey == lkey)
+    }
+
+    fn by_rkey_mut(&mut self, rkey: RKey) -> Option<&mut Mr> {
+        self.slots
+            .get_mut(slot_of(rkey.value())?)?
+            .as_mut()
+            .filter(|m| m.rkey == rkey && m.rkey_valid)
+    }
+
+    fn range(m: &Mr, addr: u64, len: u64) -> Result<core::ops::Range<usize>, AccessError> {
+        let off = addr.checked_sub(m.iova).ok_or(AccessError::OutOfBounds)?;
+        let end = off.checked_add(len).ok_or(AccessError::OutOfBounds)?;
+        if end > m.buf.len() as u64 {
+            return Err(AccessError::OutOfBounds);
+        }
+        // Both fit in usize: they are at most buf.len().
+        Ok(off as usize..end as usize)
+    }
+
+    /// Checks a remote access of `len` bytes at `va` with `rkey` needing `need`, without doing it
+    /// (rxe `check_rkey`).
+    ///
+    /// # Errors
+    /// [`AccessError`] saying why the responder must NAK with a remote access error.
+    pub fn check_remote(
+        &mut self,
+        rkey: RKey,
+        va: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<(), AccessError> {
+        let m = self.by_rkey_mut(rkey).ok_or(AccessError::BadKey)?;
+        if !m.access.contains(need) {
+            return Err(AccessError::NoRight);
+        }
+        Self::range(m, va, len).map(|_| ())
+    }
+
+    /// The remote-accessible bytes `[va, va+len)` of the region of `rkey`, checked for `need`.
+    ///
+    /// # Errors
+    /// [`AccessError`] if the key, the right or the range is wrong.
+    pub fn remote_mut(
+        &mut self,
+        rkey: RKey,
+        va: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<&mut [u8], AccessError> {
+        let m = self.by_rkey_mut(rkey).ok_or(AccessError::BadKey)?;
+        if !m.access.contains(need) {
+            return Err(AccessError::NoRight);
+        }
+        let r = Self::range(m, va, len)?;
+        Ok(&mut m.buf[r])
+    }
+
+    /// The local bytes `[addr, addr+len)` of the region of `lkey`; `write` requires LOCAL_WRITE.
+    ///
+    /// # Errors
+    /// [`AccessError`] if the key, the right or the range is wrong.
+    pub fn local_mut(
+        &mut self,
+        lkey: LKey,
+        addr: u64,
+        len: u64,
+        write: bool,
+    ) -> Result<&mut [u8], AccessError> {
+        let m = self.by_lkey_mut(lkey).ok_or(AccessError::BadKey)?;
+        if write && !m.access.contains(Access::LOCAL_WRITE) {
+            return Err(AccessError::NoRight);
+        }
+        let r = Self::range(m, addr, len)?;
+        Ok(&mut m.buf[r])
+    }
+}
+
+/// A scatter/gather entry of a work request (`struct ibv_sge`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct Sge {
+    /// First I/O virtual address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Key of the region that holds the range.
+    pub lkey: LKey,
+}
+
+/// Total length of a scatter/gather list.
+#[must_use]
+pub fn sg_len(sges: &[Sge]) -> u64 {
+    sges.iter().map(|s| u64::from(s.length)).sum()
+}
+
+/// Visits the pieces of `sges` covering `[offset, offset + len)` as `(sge, offset in sge, piece length)`.
+fn sg_walk(
+    sges: &[Sge],
+    mut offset: u64,
+    len: usize,
+    mut f: impl FnMut(&Sge, u64, usize, usize) -> Result<(), AccessError>,
+) -> Result<(), AccessError> {
+    let mut done = 0usize;
+    for s in sges {
+        if done == len {
+            break;
+        }
+        let sl = u64::from(s.length);
+        if offset >= sl {
+            offset -= sl;
+            continue;
+        }
+        let take = usize::try_from(sl - offset)
+            .unwrap_or(usize::MAX)
+            .min(len - done);
+        f(s, offset, take, done)?;
+        done += take;
+        offset = 0;
+    }
+    if done == len {
+        Ok(())
+    } else {
+        Err(AccessError::OutOfBounds)
+    }
+}
+
+/// Gathers `out.len()` bytes from `sges` starting `offset` bytes into the list.
+///
+/// # Errors
+/// [`AccessError`] if an entry names a bad key or range, or the list is too short.
+pub fn sg_gather(
+    mrs: &mut MrTable,
+    sges: &[Sge],
+    offset: u64,
+    out: &mut [u8],
+) -> Result<(), AccessError> {
+    let len = out.len();
+    sg_walk(sges, offset, len, |s, off, take, done| {
+        let addr = s.addr.checked_add(off).ok_or(AccessError::OutOfBounds)?;
+        let src = mrs.local_mut(s.lkey, addr, take as u64, false)?;
+        out[done..done + take].copy_from_slice(src);
+        Ok(())
+    })
+}
+
+/// Scatters `data` into `sges` starting `offset` bytes into the list (needs LOCAL_WRITE).
+///
+/// # Errors
+/// [`AccessError`] if an entry names a bad key, right or range, or the list is too short.
+pub fn sg_scatter(
+    mrs: &mut MrTable,
+    sges: &[Sge],
+    offset: u64,
+    data: &[u8],
+) -> Result<(), AccessError> {
+    sg_walk(sges, offset, data.len(), |s, off, take, done| {
+        let addr = s.addr.checked_add(off).ok_or(AccessError::OutOfBounds)?;
+        let dst = mrs.local_mut(s.lkey, addr, take as u64, true)?;
+        dst.copy_from_slice(&data[done..done + take]);
+        Ok(())
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn table() -> MrTable {
+        MrTable::new(4, [7; 32])
+    }
+
+    #[test]
+    fn keys_are_distinct_and_stale_keys_fail_after_reregistration() {
+        let mut t = table();
+        let a = t.register(vec![0; 64], 0x1000, Access::all()).unwrap();
+        assert_ne!(a.lkey.value(), a.rkey.value());
+        t.deregister(a.lkey).unwrap();
+        let b = t.register(vec![0; 64], 0x1000, Access::all()).unwrap();
+        assert_ne!(a.rkey, b.rkey);
+        assert_ne!(a.lkey, b.lkey);
+        assert_eq!(
+            t.check_remote(a.rkey, 0x1000, 8, Access::REMOTE_READ),
+            Err(AccessError::BadKey)
+        );
+        assert!(
+            t.check_remote(b.rkey, 0x1000, 8, Access::REMOTE_READ)
+                .is_ok()
+        );
+    }
+
+    #[test]
+    fn bounds_checks_are_overflow_safe() {
+        let mut t = table();
+        let a = t
+            .register(vec![0; 64], u64::MAX - 64, Access::all())
+            .unwrap();
+        assert!(
+            t.check_remote(a.rkey, u64::MAX - 64, 64, Access::REMOTE_WRITE)
+                .is_ok()
+        );
+        assert_eq!(
+            t.check_remote(a.rkey, u64::MAX - 1, 2, Access::REMOTE_WRITE),
+            Err(AccessError::OutOfBounds)
+        );
+        assert_eq!(
+            t.check_remote(a.rkey, u64::MAX, u64::MAX, Access::REMOTE_WRITE),
+            Err(AccessError::OutOfBounds)
+        );
+        assert_eq!(
+            t.check_remote(a.rkey, 0, 1, Access::REMOTE_WRITE),
+            Err(AccessError::OutOfBounds)
+        );
+        assert!(matches!(
+            t.register(vec![0; 2], u64::MAX, Access::all()),
+            Err(MrError::RangeOverflow { .. })
+        ));
+    }
+
+    #[test]
+    fn access_rights_are_enforced() {
+        let mut t = table();
+        assert_eq!(
+            t.register(vec![0; 8], 0, Access::REMOTE_WRITE),
+            Err(MrError::NeedsLocalWrite)
+        );
+        let a = t.register(vec![0; 8], 0, Access::REMOTE_READ).unwrap();
+        assert_eq!(
+            t.check_remote(a.rkey, 0, 8, Access::REMOTE_WRITE),
+            Err(AccessError::NoRight)
+        );
+        assert_eq!(
+            t.local_mut(a.lkey, 0, 8, true).err(),
+            Some(AccessError::NoRight)
+        );
+    }
+
+    #[test]
+    fn invalidate_then_revalidate() {
+        let mut t = table();
+        let a = t.register(vec![0; 8], 0, Access::all()).unwrap();
+        assert!(t.invalidate_rkey(a.rkey));
+        assert!(!t.invalidate_rkey(a.rkey));
+        assert_eq!(
+            t.check_remote(a.rkey, 0, 8, Access::REMOTE_READ),
+            Err(AccessError::BadKey)
+        );
+        let k = t.revalidate_rkey(a.lkey).unwrap();
+        assert_ne!(k, a.rkey);
+        assert!(t.check_remote(k, 0, 8, Access::REMOTE_READ).is_ok());
+    }
+
+    #[test]
+    fn table_is_bounded() {
+        let mut t = table();
+        for _ in 0..4 {
+            t.register(vec![0; 1], 0, Access::empty()).unwrap();
+        }
+        assert_eq!(
+            t.register(vec![0; 1], 0, Access::empty()),
+            Err(MrError::TableFull(4))
+        );
+    }
+
+    #[test]
+    fn scatter_gather_across_entries() {
+        let mut t = table();
+        let a = t.register(vec![0; 8], 100, Access::LOCAL_WRITE).unwrap();
+        let b = t.register(vec![0; 8], 200, Access::LOCAL_WRITE).unwrap();
+        let sges = [
+            Sge {
+                addr: 104,
+                length: 4,
+                lkey: a.lkey,
+            },
+            Sge {
+                addr: 200,
+                length: 8,
+                lkey: b.lkey,
+            },
+        ];
+        sg_scatter(&mut t, &sges, 2, &[1, 2, 3, 4, 5]).unwrap();
+        assert_eq!(t.bytes(a.lkey).unwrap(), &[0, 0, 0, 0, 0, 0, 1, 2]);
+        assert_eq!(&t.bytes(b.lkey).unwrap()[..3], &[3, 4, 5]);
+        let mut out = [0; 5];
+        sg_gather(&mut t, &sges, 2, &mut out).unwrap();
+        assert_eq!(out, [1, 2, 3, 4, 5]);
+        assert_eq!(
+            sg_scatter(&mut t, &sges, 10, &[0; 3]),
+            Err(AccessError::OutOfBounds)
+        );
+    }
+}

@@ -1,0 +1,1128 @@
+//! One queue pair: requester (builds request packets from the send queue), completer
+//! (processes ACKs, NAKs and responses, completes send WRs, retries) and responder (checks and
+//! executes requests, answers them). The split and the order of checks follow rxe
+//! (`rxe_req.c`, `rxe_comp.c`, `rxe_resp.c`); each rule cites its source in reference §2.
+
+use std::collections::VecDeque;
+
+use roce_common::opcode::{Opcode, Operation, Position, Transport};
+
+use super::counters::QpCounters;
+use super::cq::{CqId, Wc, WcFlags, WcOpcode, WcStatus};
+use super::ids::{Msn, Psn, Qpn, RKey};
+use super::mr::{Access, Sge, sg_gather, sg_len, sg_scatter};
+use super::pkt::{Aeth, AtomicEth, Deth, PktHdr, Reth, RxPkt, syndrome};
+use super::state::{AttrMask, Mtu, QpAttr, QpState, QpType};
+use super::timer::{Instant, Timer, TimerTable, local_ack_timeout, rnr_timer};
+use super::wr::{RecvWr, SendOp, SendWr};
+use super::{Ctx, Event, Path};
+
+mod completer;
+mod responder;
+
+/// rxe `RXE_MAX_UNACKED_PSNS`: the requester stalls when this many PSNs are unacknowledged.
+pub const MAX_UNACKED_PSNS: u32 = 128;
+/// rxe `RXE_MAX_PKT_PER_ACK`: AckReq is set at least every this many packets.
+pub const MAX_PKT_PER_ACK: u32 = 64;
+/// Control responses (ACK/NAK) a responder queues before coalescing or dropping.
+pub const MAX_PENDING_ACKS: usize = 16;
+/// The largest RDMA message (RETH DMA length, IBA: at most 2^31).
+pub const MAX_MSG_SIZE: u64 = 1 << 31;
+/// Bytes of GRH space at the start of every UD receive buffer (IBA 11.4.1.1).
+pub const GRH_LEN: u64 = 40;
+
+/// Why a post was refused (the WR was not queued).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PostError {
+    /// No QP with this number.
+    #[error("no queue pair {0:?}")]
+    NoSuchQp(Qpn),
+    /// The QP state does not accept this post (send before RTS, anything in RESET).
+    #[error("cannot post in state {0}")]
+    InvalidState(QpState),
+    /// The queue already holds its `max_*_wr` requests.
+    #[error("work queue full ({0} requests)")]
+    QueueFull(usize),
+    /// More scatter/gather entries than `max_sge`.
+    #[error("{0} scatter/gather entries, the QP allows {1}")]
+    TooManySge(usize, usize),
+    /// The request does not fit the QP type or its limits.
+    #[error("invalid work request: {0}")]
+    Invalid(&'static str),
+}
+
+/// Sizes of a QP's queues (`struct ibv_qp_cap`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct QpCap {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// Scatter/gather entries per WR.
+    pub max_sge: u32,
+}
+
+impl Default for QpCap {
+    fn default() -> Self {
+        Self {
+            max_send_wr: 256,
+            max_recv_wr: 256,
+            max_sge: 4,
+        }
+    }
+}
+
+/// What `create_qp` needs (`struct ibv_qp_init_attr`).
+#[derive(Clone, Copy, Debug)]
+pub struct QpInit {
+    /// RC or UD.
+    pub qp_type: QpType,
+    /// CQ for send completions.
+    pub send_cq: CqId,
+    /// CQ for receive completions.
+    pub recv_cq: CqId,
+    /// Queue sizes.
+    pub cap: QpCap,
+    /// Whether every send WR completes with a CQE (`sq_sig_all`).
+    pub sq_sig_all: bool,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum MsgKind {
+    Send,
+    Write,
+}
+
+#[derive(Debug)]
+struct SendWqe {
+    wr: SendWr<Path>,
+    len: u64,
+    /// Set when the first packet is sent.
+    first_psn: Option<Psn>,
+    npkts: u32,
+    /// READ: response packets received in order; atomics: 1 when the ACK arrived.
+    rcvd_pkts: u32,
+    done: Option<WcStatus>,
+}
+
+impl SendWqe {
+    fn last_psn(&self) -> Option<Psn> {
+        self.first_psn.map(|f| f.wrapping_add(self.npkts - 1))
+    }
+}
+
+#[derive(Debug)]
+enum Resource {
+    Read {
+        first_psn: Psn,
+        last_psn: Psn,
+        va: u64,
+        rkey: RKey,
+        len: u64,
+        /// Next response PSN to send, and whether responses remain to send.
+        cur_psn: Psn,
+        pending: bool,
+        /// The next packet starts a replay (sent as FIRST/ONLY).
+        restart: bool,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+        pending: bool,
+    },
+}
+
+impl Resource {
+    fn pending(&self) -> bool {
+        match self {
+            Self::Read { pending, .. } | Self::Atomic { pending, .. } => *pending,
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Ctrl {
+    syndrome: u8,
+    psn: Psn,
+    msn: Msn,
+}
+
+/// A packet the QP wants sent: its headers, how many payload bytes it wrote into the scratch
+/// buffer, and the path (UD WRs carry their own).
+#[derive(Debug)]
+pub(crate) struct OutPkt {
+    pub hdr: PktHdr,
+    pub payload_len: usize,
+    pub ud_path: Option<Path>,
+}
+
+/// One queue pair. Created by [`super::Device::create_qp`]; all methods are called through the
+/// device, which owns the memory regions and CQs the QP uses.
+///
+/// # Memory bound
+/// A QP holds, whatever a peer sends: its send queue (`max_send_wr` WQEs of ~120 B plus their
+/// SG lists of at most `max_sge` × 16 B), its receive queue (`max_recv_wr` WQEs of ~40 B plus SG
+/// lists), at most `max_dest_rd_atomic` responder resources (~64 B each), at most
+/// [`MAX_PENDING_ACKS`] control responses (12 B each) and ~600 B of fixed state. With the
+/// defaults (256/256/4 SGEs, 16 resources) that is about 120 KiB per QP, all allocated on
+/// demand by the local application's posts; nothing a peer sends adds an entry to any of them
+/// except the resource ring, which is fixed-size.
+#[derive(Debug)]
+pub struct Qp {
+    pub(crate) qpn: Qpn,
+    pub(crate) qp_type: QpType,
+    pub(crate) state: QpState,
+    pub(crate) attr: QpAttr<Path>,
+    pub(crate) init: QpInit,
+    sq: VecDeque<SendWqe>,
+    rq: VecDeque<RecvWr>,
+    // requester
+    req_idx: usize,
+    req_pkt: u32,
+    next_psn: Psn,
+    noack_pkts: u32,
+    rd_atomic_outstanding: u32,
+    // completer
+    comp_psn: Psn,
+    retry_left: u8,
+    rnr_left: u8,
+    rnr_wait: bool,
+    retry_guard: Option<Psn>,
+    drained_reported: bool,
+    // responder
+    resp_psn: Psn,
+    msn: Msn,
+    sent_psn_nak: bool,
+    in_msg: Option<MsgKind>,
+    send_off: u64,
+    write_va: u64,
+    write_rkey: RKey,
+    write_resid: u64,
+    write_len: u32,
+    resources: VecDeque<Resource>,
+    ctrl: VecDeque<Ctrl>,
+    pub(crate) timers: TimerTable,
+    pub(crate) counters: QpCounters,
+}
+
+fn opcode_for(kind: Operation, pos: Position, imm: bool, inv: bool) -> Opcode {
+    use Position::*;
+    match (kind, pos, imm, inv) {
+        (Operation::Send, First, ..) => Opcode::RC_SEND_FIRST,
+        (Operation::Send, Middle, ..) => Opcode::RC_SEND_MIDDLE,
+        (Operation::Send, Last, true, _) => Opcode::RC_SEND_LAST_WITH_IMMEDIATE,
+        (Operation::Send, Last, _, true) => Opcode::RC_SEND_LAST_WITH_INVALIDATE,
+        (Operation::Send, Last, ..) => Opcode::RC_SEND_LAST,
+        (Operation::Send, Only, true, _) => Opcode::RC_SEND_ONLY_WITH_IMMEDIATE,
+        (Operation::Send, Only, _, true) => Opcode::RC_SEND_ONLY_WITH_INVALIDATE,
+        (Operation::Send, Only, ..) => Opcode::RC_SEND_ONLY,
+        (Operation::Write, First, ..) => Opcode::RC_RDMA_WRITE_FIRST,
+        (Operation::Write, Middle, ..) => Opcode::RC_RDMA_WRITE_MIDDLE,
+        (Operation::Write, Last, true, _) => Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
+        (Operation::Write, Last, ..) => Opcode::RC_RDMA_WRITE_LAST,
+        (Operation::Write, Only, true, _) => Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+        (Operation::Write, Only, ..) => Opcode::RC_RDMA_WRITE_ONLY,
+        (Operation::ReadResponse, First, ..) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+        (Operation::ReadResponse, Middle, ..) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+        (Operation::ReadResponse, Last, ..) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+        (Operation::ReadResponse, Only, ..) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+        _ => Opcode::RC_SEND_ONLY,
+    }
+}
+
+/// The number of packets a message of `len` bytes takes at `mtu` (at least one).
+#[must_use]
+pub fn packets_for(len: u64, mtu: Mtu) -> u32 {
+    let m = u64::from(mtu.bytes());
+    u32::try_from(len.div_ceil(m).max(1)).unwrap_or(u32::MAX)
+}
+
+/// The position of packet `idx` (0-based) of a message of `npkts` packets.
+#[must_use]
+pub const fn position_of(idx: u32, npkts: u32) -> Position {
+    if npkts <= 1 {
+        Position::Only
+    } else if idx == 0 {
+        Position::First
+    } else if idx + 1 == npkts {
+        Position::Last
+    } else {
+        Position::Middle
+    }
+}
+
+impl Qp {
+    pub(crate) fn new(qpn: Qpn, init: QpInit) -> Self {
+        Self {
+            qpn,
+            qp_type: init.qp_type,
+            state: QpState::Reset,
+            attr: QpAttr::default(),
+            init,
+            sq: VecDeque::new(),
+            rq: VecDeque::new(),
+            req_idx: 0,
+            req_pkt: 0,
+            next_psn: Psn::new(0),
+            noack_pkts: 0,
+            rd_atomic_outstanding: 0,
+            comp_psn: Psn::new(0),
+            retry_left: 0,
+            rnr_left: 0,
+            rnr_wait: false,
+            retry_guard: None,
+            drained_reported: false,
+            resp_psn: Psn::new(0),
+            msn: Msn::new(0),
+            sent_psn_nak: false,
+            in_msg: None,
+            send_off: 0,
+            write_va: 0,
+            write_rkey: RKey::new(0),
+            write_resid: 0,
+            write_len: 0,
+            resources: VecDeque::new(),
+            ctrl: VecDeque::new(),
+            timers: TimerTable::default(),
+            counters: QpCounters::default(),
+        }
+    }
+
+    /// The QP number.
+    #[must_use]
+    pub const fn qpn(&self) -> Qpn {
+        self.qpn
+    }
+
+    /// The current state.
+    #[must_use]
+    pub const fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// The current attributes.
+    #[must_use]
+    pub const fn attr(&self) -> &QpAttr<Path> {
+        &self.attr
+    }
+
+    /// The counters.
+    #[must_use]
+    pub const fn counters(&self) -> &QpCounters {
+        &self.counters
+    }
+
+    /// Send WRs posted and not yet completed.
+    #[must_use]
+    pub fn send_queue_len(&self) -> usize {
+        self.sq.len()
+    }
+
+    /// Receive WRs posted and not yet consumed.
+    #[must_use]
+    pub fn recv_queue_len(&self) -> usize {
+        self.rq.len()
+    }
+
+    /// The PSN the responder expects next.
+    #[must_use]
+    pub const fn expected_psn(&self) -> Psn {
+        self.resp_psn
+    }
+
+    /// The PSN the requester sends next.
+    #[must_use]
+    pub const fn next_send_psn(&self) -> Psn {
+        self.next_psn
+    }
+
+    /// The oldest unacknowledged PSN.
+    #[must_use]
+    pub const fn oldest_unacked_psn(&self) -> Psn {
+        self.comp_psn
+    }
+
+    /// Responder resources held (at most `max_dest_rd_atomic`).
+    #[must_use]
+    pub fn responder_resources(&self) -> usize {
+        self.resources.len()
+    }
+
+    /// Control responses waiting to be sent (at most [`MAX_PENDING_ACKS`]).
+    #[must_use]
+    pub fn pending_acks(&self) -> usize {
+        self.ctrl.len()
+    }
+
+    fn mtu(&self) -> Mtu {
+        self.attr.path_mtu
+    }
+
+    // ---------------------------------------------------------------- modify
+
+    /// Applies an already validated modify (see [`super::state::check_modify`]).
+    pub(crate) fn apply_modify(
+        &mut self,
+        to: QpState,
+        attr: &QpAttr<Path>,
+        mask: AttrMask,
+        ctx: &mut Ctx<'_>,
+    ) {
+        let a = &mut self.attr;
+        if mask.contains(AttrMask::ACCESS_FLAGS) {
+            a.qp_access_flags = attr.qp_access_flags;
+        }
+        if mask.contains(AttrMask::PKEY_INDEX) {
+            a.pkey_index = attr.pkey_index;
+        }
+        if mask.contains(AttrMask::PORT) {
+            a.port_num = attr.port_num;
+        }
+        if mask.contains(AttrMask::QKEY) {
+            a.qkey = attr.qkey;
+        }
+        if mask.contains(AttrMask::AV) {
+            a.ah_attr.clone_from(&attr.ah_attr);
+        }
+        if mask.contains(AttrMask::PATH_MTU) {
+            a.path_mtu = attr.path_mtu;
+        }
+        if mask.contains(AttrMask::TIMEOUT) {
+            a.timeout = attr.timeout;
+        }
+        if mask.contains(AttrMask::RETRY_CNT) {
+            a.retry_cnt = attr.retry_cnt;
+            self.retry_left = attr.retry_cnt;
+        }
+        if mask.contains(AttrMask::RNR_RETRY) {
+            a.rnr_retry = attr.rnr_retry;
+            self.rnr_left = attr.rnr_retry;
+        }
+        if mask.contains(AttrMask::RQ_PSN) {
+            a.rq_psn = attr.rq_psn;
+            self.resp_psn = attr.rq_psn;
+        }
+        if mask.contains(AttrMask::SQ_PSN) {
+            a.sq_psn = attr.sq_psn;
+            self.next_psn = attr.sq_psn;
+            self.comp_psn = attr.sq_psn;
+        }
+        if mask.contains(AttrMask::MAX_QP_RD_ATOMIC) {
+            a.max_rd_atomic = attr.max_rd_atomic;
+        }
+        if mask.contains(AttrMask::MAX_DEST_RD_ATOMIC) {
+            a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+            while self.resources.len() > usize::from(a.max_dest_rd_atomic) {
+                self.resources.pop_front();
+            }
+        }
+        if mask.contains(AttrMask::MIN_RNR_TIMER) {
+            a.min_rnr_timer = attr.min_rnr_timer;
+        }
+        if mask.contains(AttrMask::DEST_QPN) {
+            a.dest_qp_num = attr.dest_qp_num;
+        }
+        match to {
+            QpState::Reset => self.reset(),
+            QpState::Err => {
+                self.state = QpState::Rts;
+                self.enter_error(ctx);
+            }
+            QpState::Sqd => {
+                self.state = to;
+                self.drained_reported = false;
+                self.check_drained(ctx);
+            }
+            _ => self.state = to,
+        }
+    }
+
+    fn reset(&mut self) {
+        let (qpn, init) = (self.qpn, self.init);
+        let counters = self.counters;
+        *self = Self::new(qpn, init);
+        self.counters = counters;
+    }
+
+    // ---------------------------------------------------------------- posting
+
+    pub(crate) fn post_send(
+        &mut self,
+        wr: SendWr<Path>,
+        max_sge: usize,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), PostError> {
+        match self.state {
+            QpState::Reset | QpState::Init | QpState::Rtr => {
+                return Err(PostError::InvalidState(self.state));
+            }
+            _ => {}
+        }
+        if wr.sg_list.len() > max_sge {
+            return Err(PostError::TooManySge(wr.sg_list.len(), max_sge));
+        }
+        if self.sq.len() >= self.init.cap.max_send_wr as usize {
+            return Err(PostError::QueueFull(self.sq.len()));
+        }
+        let len = sg_len(&wr.sg_list);
+        match self.qp_type {
+            QpType::Ud => {
+                if wr.ud.is_none() {
+                    return Err(PostError::Invalid("UD send needs a destination"));
+                }
+                if !matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }) {
+                    return Err(PostError::Invalid("UD supports SEND only"));
+                }
+                if len > u64::from(self.mtu().bytes()) {
+                    return Err(PostError::Invalid("UD message longer than the path MTU"));
+                }
+            }
+            QpType::Rc => {
+                if wr.ud.is_some() {
+                    return Err(PostError::Invalid("RC send with a UD destination"));
+                }
+                if len > MAX_MSG_SIZE {
+                    return Err(PostError::Invalid("message longer than 2^31 bytes"));
+                }
+                if wr.op.is_atomic() && len != 8 {
+                    return Err(PostError::Invalid("atomics need one 8-byte result buffer"));
+                }
+            }
+        }
+        let npkts = match wr.op {
+            SendOp::Read { .. } | SendOp::Send | SendOp::SendWithImm { .. } => {
+                packets_for(len, self.mtu())
+            }
+            SendOp::SendWithInv { .. } | SendOp::Write { .. } | SendOp::WriteWithImm { .. } => {
+                packets_for(len, self.mtu())
+            }
+            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 1,
+        };
+        let wqe = SendWqe {
+            wr,
+            len,
+            first_psn: None,
+            npkts,
+            rcvd_pkts: 0,
+            done: None,
+        };
+        self.sq.push_back(wqe);
+        if self.state == QpState::Err {
+            self.flush(ctx);
+        }
+        Ok(())
+    }
+
+    pub(crate) fn post_recv(
+        &mut self,
+        wr: RecvWr,
+        max_sge: usize,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), PostError> {
+        if self.state == QpState::Reset {
+            return Err(PostError::InvalidState(self.state));
+        }
+        if wr.sg_list.len() > max_sge {
+            return Err(PostError::TooManySge(wr.sg_list.len(), max_sge));
+        }
+        if self.rq.len() >= self.init.cap.max_recv_wr as usize {
+            return Err(PostError::QueueFull(self.rq.len()));
+        }
+        self.rq.push_back(wr);
+        if self.state == QpState::Err {
+            self.flush(ctx);
+        }
+        Ok(())
+    }
+
+    // ---------------------------------------------------------------- completions
+
+    fn push_wc(&mut self, cq: CqId, wc: Wc, ctx: &mut Ctx<'_>) -> bool {
+        if ctx.push_wc(cq, wc) {
+            true
+        } else {
+            self.counters.cq_overflow += 1;
+            false
+        }
+    }
+
+    fn send_wc(&self, wqe: &SendWqe, status: WcStatus) -> Wc {
+        let opcode = match wqe.wr.op {
+            SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. } => {
+                WcOpcode::Send
+            }
+            SendOp::Write { .. } | SendOp::WriteWithImm { .. } => WcOpcode::RdmaWrite,
+            SendOp::Read { .. } => WcOpcode::RdmaRead,
+            SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
+            SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+        };
+        Wc {
+            wr_id: wqe.wr.wr_id,
+            status,
+            opcode,
+            byte_len: u32::try_from(wqe.len).unwrap_or(u32::MAX),
+            imm: 0,
+            invalidated_rkey: 0,
+            qp_num: self.qpn,
+            src_qp: Qpn::new(0),
+            wc_flags: WcFlags::default(),
+        }
+    }
+
+    /// Completes the head of the send queue with `status` (WRs complete in order).
+    fn complete_head(&mut self, status: WcStatus, ctx: &mut Ctx<'_>) {
+        let Some(wqe) = self.sq.pop_front() else {
+            return;
+        };
+        if self.req_idx > 0 {
+            self.req_idx -= 1;
+        } else {
+            self.req_pkt = 0;
+        }
+        if wqe.wr.op.is_read_or_atomic() && wqe.first_psn.is_some() {
+            self.rd_atomic_outstanding = self.rd_atomic_outstanding.saturating_sub(1);
+        }
+        match status {
+            WcStatus::Success => {}
+            WcStatus::WrFlushErr => self.counters.req_cqe_flush_error += 1,
+            _ => self.counters.req_cqe_error += 1,
+        }
+        let signaled = self.init.sq_sig_all
+            || wqe.wr.flags.contains(super::wr::SendFlags::SIGNALED)
+            || status != WcStatus::Success;
+        if signaled {
+            let wc = self.send_wc(&wqe, status);
+            if !self.push_wc(self.init.send_cq, wc, ctx) && self.state != QpState::Err {
+                self.enter_error(ctx);
+            }
+        }
+    }
+
+    /// Moves the QP to ERR and flushes every outstanding WR (rxe `rxe_qp_error`).
+    pub(crate) fn enter_error(&mut self, ctx: &mut Ctx<'_>) {
+        if self.state == QpState::Err {
+            return;
+        }
+        let from = self.state;
+        self.state = QpState::Err;
+        self.timers.stop_all();
+        self.resources.clear();
+        self.rnr_wait = false;
+        ctx.event(Event::QpFatal {
+            qpn: self.qpn,
+            from,
+        });
+        self.flush(ctx);
+    }
+
+    fn flush(&mut self, ctx: &mut Ctx<'_>) {
+        while !self.sq.is_empty() {
+            self.complete_head(WcStatus::WrFlushErr, ctx);
+        }
+        while let Some(r) = self.rq.pop_front() {
+            self.counters.resp_cqe_flush_error += 1;
+            let wc = Wc {
+                wr_id: r.wr_id,
+                status: WcStatus::WrFlushErr,
+                opcode: WcOpcode::Recv,
+                byte_len: 0,
+                imm: 0,
+                invalidated_rkey: 0,
+                qp_num: self.qpn,
+                src_qp: Qpn::new(0),
+                wc_flags: WcFlags::default(),
+            };
+            self.push_wc(self.init.recv_cq, wc, ctx);
+        }
+        self.req_idx = 0;
+        self.req_pkt = 0;
+    }
+
+    fn check_drained(&mut self, ctx: &mut Ctx<'_>) {
+        if self.state == QpState::Sqd
+            && !self.drained_reported
+            && self.sq.iter().all(|w| w.first_psn.is_none())
+        {
+            self.drained_reported = true;
+            ctx.event(Event::SqDrained { qpn: self.qpn });
+        }
+    }
+
+    // ---------------------------------------------------------------- timers
+
+    fn arm_retransmit(&mut self, now: Instant, restart: bool) {
+        if self.comp_psn == self.next_psn {
+            self.timers.stop(Timer::Retransmit);
+            return;
+        }
+        if (restart || self.timers.get(Timer::Retransmit).is_none())
+            && let Some(d) = local_ack_timeout(self.attr.timeout)
+        {
+            self.timers.set(Timer::Retransmit, now + d);
+        }
+    }
+
+    pub(crate) fn handle_timeout(&mut self, now: Instant, ctx: &mut Ctx<'_>) {
+        for t in Timer::VALUES {
+            if !self.timers.is_expired(t, now) {
+                continue;
+            }
+            self.timers.stop(t);
+            match t {
+                Timer::Retransmit => {
+                    if self.comp_psn == self.next_psn || !self.state.requester_ready() {
+                        continue;
+                    }
+                    self.counters.local_ack_timeout_err += 1;
+                    self.retry_guard = None;
+                    self.retry(now, ctx, false);
+                }
+                Timer::RnrRetry => {
+                    if self.rnr_wait {
+                        self.rnr_wait = false;
+                        self.go_back(self.comp_psn);
+                        self.arm_retransmit(now, true);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Starts a retry from `comp_psn` if retries remain, else fails the head WR with
+    /// RETRY_EXC_ERR (rxe_comp.c `COMPST_ERROR_RETRY`; retry_cnt 7 retries forever as in rxe).
+    fn retry(&mut self, now: Instant, ctx: &mut Ctx<'_>, implied: bool) {
+        if self.comp_psn == self.next_psn {
+            return;
+        }
+        if implied {
+            if self.retry_guard == Some(self.comp_psn) {
+                return;
+            }
+            self.retry_guard = Some(self.comp_psn);
+        }
+        if self.retry_left == 0 {
+            self.counters.retry_exceeded_err += 1;
+            self.counters.req_transport_retries_exceeded += 1;
+            self.complete_head(WcStatus::RetryExcErr, ctx);
+            self.enter_error(ctx);
+            return;
+        }
+        if self.retry_left != 7 {
+            self.retry_left -= 1;
+        }
+        self.counters.completer_retry_err += 1;
+        self.go_back(self.comp_psn);
+        self.arm_retransmit(now, true);
+    }
+
+    /// Rewinds the requester to resend from `psn` (go back N; rxe `req_retry`).
+    fn go_back(&mut self, psn: Psn) {
+        for (i, w) in self.sq.iter().enumerate() {
+            let (Some(f), Some(l)) = (w.first_psn, w.last_psn()) else {
+                break;
+            };
+            if psn.distance(f) >= 0 && psn.distance(l) <= 0 {
+                self.req_idx = i;
+                self.req_pkt = psn.distance(f) as u32;
+                self.next_psn = psn;
+                self.noack_pkts = 0;
+                return;
+            }
+        }
+    }
+
+    // ---------------------------------------------------------------- requester output
+
+    pub(crate) fn poll_transmit(
+        &mut self,
+        now: Instant,
+        ctx: &mut Ctx<'_>,
+        scratch: &mut [u8],
+    ) -> Option<OutPkt> {
+        if let Some(c) = self.ctrl.pop_front() {
+            return Some(self.ctrl_pkt(c));
+        }
+        if self.state == QpState::Err || self.state == QpState::Reset {
+            return None;
+        }
+        if self.state.responder_ready()
+            && let Some(p) = self.next_response(ctx, scratch)
+        {
+            return Some(p);
+        }
+        if !self.state.requester_ready() && self.state != QpState::Sqe {
+            return None;
+        }
+        if self.state == QpState::Sqe {
+            return None;
+        }
+        match self.qp_type {
+            QpType::Ud => self.next_ud_request(ctx, scratch),
+            QpType::Rc => self.next_rc_request(now, ctx, scratch),
+        }
+    }
+
+    fn ctrl_pkt(&mut self, c: Ctrl) -> OutPkt {
+        let mut hdr = PktHdr::new(Opcode::RC_ACKNOWLEDGE, self.attr.dest_qp_num, c.psn);
+        hdr.aeth = Some(Aeth {
+            syndrome: c.syndrome,
+            msn: c.msn,
+        });
+        self.counters.sent_pkts += 1;
+        OutPkt {
+            hdr,
+            payload_len: 0,
+            ud_path: None,
+        }
+    }
+
+    fn queue_ctrl(&mut self, syndrome: u8, psn: Psn) {
+        let c = Ctrl {
+            syndrome,
+            psn,
+            msn: self.msn,
+        };
+        if self.ctrl.len() >= MAX_PENDING_ACKS {
+            // ACKs are cumulative: a newer ACK replaces an older one at the tail.
+            if let Some(last) = self.ctrl.back_mut()
+                && last.syndrome & syndrome::TYPE_MASK == syndrome::ACK
+                && syndrome & syndrome::TYPE_MASK == syndrome::ACK
+            {
+                *last = c;
+                return;
+            }
+            self.counters.ack_queue_full += 1;
+            return;
+        }
+        self.ctrl.push_back(c);
+    }
+
+    fn next_ud_request(&mut self, ctx: &mut Ctx<'_>, scratch: &mut [u8]) -> Option<OutPkt> {
+        if self.state == QpState::Sqd {
+            self.check_drained(ctx);
+            return None;
+        }
+        let wqe = self.sq.front()?;
+        let ud = wqe.wr.ud.clone()?;
+        let len = usize::try_from(wqe.len).ok()?;
+        let (op, imm) = match wqe.wr.op {
+            SendOp::SendWithImm { imm } => (Opcode::UD_SEND_ONLY_WITH_IMMEDIATE, Some(imm)),
+            _ => (Opcode::UD_SEND_ONLY, None),
+        };
+        let sges = wqe.wr.sg_list.clone();
+        let se = wqe.wr.flags.contains(super::wr::SendFlags::SOLICITED);
+        if len > scratch.len() || sg_gather(ctx.mrs, &sges, 0, &mut scratch[..len]).is_err() {
+            self.counters.send_err += 1;
+            self.complete_head(WcStatus::LocProtErr, ctx);
+            self.state = QpState::Sqe;
+            return None;
+        }
+        // A Q_Key with the high bit set means "use the QP's own Q_Key" (IBA 10.2.5).
+        let qkey = if ud.remote_qkey.value() & 0x8000_0000 != 0 {
+            self.attr.qkey
+        } else {
+            ud.remote_qkey
+        };
+        let mut hdr = PktHdr::new(op, ud.remote_qpn, self.next_psn);
+        hdr.se = se;
+        hdr.imm = imm;
+        hdr.deth = Some(Deth {
+            qkey,
+            src_qp: self.qpn,
+        });
+        self.next_psn = self.next_psn.next();
+        self.comp_psn = self.next_psn;
+        self.counters.sent_pkts += 1;
+        self.complete_head(WcStatus::Success, ctx);
+        Some(OutPkt {
+            hdr,
+            payload_len: len,
+            ud_path: Some(ud.path),
+        })
+    }
+
+    fn next_rc_request(
+        &mut self,
+        now: Instant,
+        ctx: &mut Ctx<'_>,
+        scratch: &mut [u8],
+    ) -> Option<OutPkt> {
+        if self.rnr_wait {
+            return None;
+        }
+        if self.next_psn.distance(self.comp_psn) >= MAX_UNACKED_PSNS as i32 {
+            return None;
+        }
+        let mtu = self.mtu();
+        let max_rd = u32::from(self.attr.max_rd_atomic);
+        let idx = self.req_idx;
+        let wqe = self.sq.get(idx)?;
+        if wqe.done.is_some() {
+            return None;
+        }
+        if wqe.first_psn.is_none() {
+            // A new WQE: SQD starts none; READ/ATOMIC need an initiator-depth slot.
+            if self.state == QpState::Sqd {
+                self.check_drained(ctx);
+                return None;
+            }
+            if wqe.wr.op.is_read_or_atomic() && self.rd_atomic_outstanding >= max_rd {
+                return None;
+            }
+        }
+        let pkt_idx = self.req_pkt;
+        let npkts = wqe.npkts;
+        let psn = wqe
+            .first_psn
+            .map_or(self.next_psn, |f| f.wrapping_add(pkt_idx));
+        let m = u64::from(mtu.bytes());
+        let off = u64::from(pkt_idx) * m;
+        let dest = self.attr.dest_qp_num;
+        let solicited = wqe.wr.flags.contains(super::wr::SendFlags::SOLICITED);
+        let op = wqe.wr.op;
+        let wqe_len = wqe.len;
+        let sges = wqe.wr.sg_list.clone();
+        let mut hdr;
+        let mut payload_len = 0usize;
+        let last;
+        match op {
+            SendOp::Read { remote_addr, rkey } => {
+                // One request covers the rest of the READ; a retry resumes mid-way (rxe req_retry).
+                let done = u64::from(wqe.rcvd_pkts) * m;
+                hdr = PktHdr::new(Opcode::RC_RDMA_READ_REQUEST, dest, psn);
+                hdr.reth = Some(Reth {
+                    va: remote_addr.wrapping_add(done),
+                    rkey,
+                    len: u32::try_from(wqe_len - done.min(wqe_len)).unwrap_or(u32::MAX),
+                });
+                last = true;
+            }
+            SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => {
+                hdr = PktHdr::new(Opcode::RC_COMPARE_SWAP, dest, psn);
+                hdr.atomic = Some(AtomicEth {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: swap,
+                    compare,
+                });
+                last = true;
+            }
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => {
+                hdr = PktHdr::new(Opcode::RC_FETCH_ADD, dest, psn);
+                hdr.atomic = Some(AtomicEth {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: add,
+                    compare: 0,
+                });
+                last = true;
+            }
+            _ => {
+                let pos = position_of(pkt_idx, npkts);
+                let (kind, imm, inv) = match op {
+                    SendOp::Send => (Operation::Send, None, None),
+                    SendOp::SendWithImm { imm } => (Operation::Send, Some(imm), None),
+                    SendOp::SendWithInv { invalidate_rkey } => {
+                        (Operation::Send, None, Some(invalidate_rkey))
+                    }
+                    SendOp::Write { .. } => (Operation::Write, None, None),
+                    SendOp::WriteWithImm { imm, .. } => (Operation::Write, Some(imm), None),
+                    _ => (Operation::Send, None, None),
+                };
+                let ends = matches!(pos, Position::Last | Position::Only);
+                let opcode = opcode_for(kind, pos, imm.is_some(), inv.is_some());
+                hdr = PktHdr::new(opcode, dest, psn);
+                if ends {
+                    hdr.imm = imm;
+                    hdr.ieth = inv;
+                }
+                if let SendOp::Write { remote_addr, rkey }
+                | SendOp::WriteWithImm {
+                    remote_addr, rkey, ..
+                } = op
+                    && matches!(pos, Position::First | Position::Only)
+                {
+                    hdr.reth = Some(Reth {
+                        va: remote_addr,
+                        rkey,
+                        len: u32::try_from(wqe_len).unwrap_or(u32::MAX),
+                    });
+                }
+                payload_len = usize::try_from((wqe_len - off.min(wqe_len)).min(m)).unwrap_or(0);
+                if payload_len > scratch.len()
+                    || sg_gather(ctx.mrs, &sges, off, &mut scratch[..payload_len]).is_err()
+                {
+                    // rxe: a bad local SGE completes the WR with a local protection error.
+                    // Earlier WRs may still be in flight: the failure is reported in order, when
+                    // the completer reaches this WR (see `complete_acked`).
+                    self.counters.send_err += 1;
+                    if let Some(w) = self.sq.get_mut(idx) {
+                        w.done = Some(WcStatus::LocProtErr);
+                    }
+                    if idx == 0 {
+                        self.complete_head(WcStatus::LocProtErr, ctx);
+                        self.enter_error(ctx);
+                    }
+                    return None;
+                }
+                hdr.se = ends && solicited && !matches!(op, SendOp::Write { .. });
+                last = ends;
+            }
+        }
+        // Commit.
+        let wqe = self.sq.get_mut(idx)?;
+        if wqe.first_psn.is_none() {
+            wqe.first_psn = Some(self.next_psn);
+            if op.is_read_or_atomic() {
+                self.rd_atomic_outstanding += 1;
+            }
+            if !matches!(
+                op,
+                SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }
+            ) {
+                self.counters.rdma_sends += 1;
+            }
+        }
+        let consumed = match op {
+            SendOp::Read { .. } => npkts - wqe.rcvd_pkts.min(npkts),
+            _ => 1,
+        };
+        self.noack_pkts += 1;
+        hdr.ack_req = last || self.noack_pkts >= MAX_PKT_PER_ACK;
+        if hdr.ack_req {
+            self.noack_pkts = 0;
+        }
+        let next = psn.wrapping_add(consumed);
+        if next.distance(self.next_psn) > 0 {
+            self.next_psn = next;
+        }
+        if last {
+            self.req_idx += 1;
+            self.req_pkt = 0;
+        } else {
+            self.req_pkt += 1;
+        }
+        self.counters.sent_pkts += 1;
+        self.arm_retransmit(now, false);
+        Some(OutPkt {
+            hdr,
+            payload_len,
+            ud_path: None,
+        })
+    }
+
+    // ---------------------------------------------------------------- responder output
+
+    fn next_response(&mut self, ctx: &mut Ctx<'_>, scratch: &mut [u8]) -> Option<OutPkt> {
+        let mtu = u64::from(self.mtu().bytes());
+        let dest = self.attr.dest_qp_num;
+        let msn = self.msn;
+        let i = self.resources.iter().position(Resource::pending)?;
+        match &mut self.resources[i] {
+            Resource::Atomic { psn, orig, pending } => {
+                *pending = false;
+                let mut hdr = PktHdr::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest, *psn);
+                hdr.aeth = Some(Aeth {
+                    syndrome: syndrome::ACK_UNLIMITED,
+                    msn,
+                });
+                hdr.atomic_ack = Some(*orig);
+                self.counters.sent_pkts += 1;
+                Some(OutPkt {
+                    hdr,
+                    payload_len: 0,
+                    ud_path: None,
+                })
+            }
+            Resource::Read {
+                first_psn,
+                last_psn,
+                va,
+                rkey,
+                len,
+                cur_psn,
+                pending: _,
+                restart,
+            } => {
+                let idx = cur_psn.distance(*first_psn) as u64;
+                let off = idx * mtu;
+                let n = (*len - off.min(*len)).min(mtu);
+                let is_last = *cur_psn == *last_psn;
+                let psn = *cur_psn;
+                // The first packet of a (re)played response is FIRST/ONLY (a replay answers a
+                // new READ request from that PSN), the others MIDDLE/LAST.
+                let pos = match (idx == 0 || *restart, is_last) {
+                    (true, true) => Position::Only,
+                    (true, false) => Position::First,
+                    (false, true) => Position::Last,
+                    (false, false) => Position::Middle,
+                };
+                let (rkey, va) = (*rkey, va.wrapping_add(off));
+                let nn = usize::try_from(n).ok()?;
+                if nn > scratch.len() {
+                    return None;
+                }
+                // A zero-length READ touches no memory and needs no R_Key.
+                let read = if n == 0 {
+                    Ok(())
+                } else {
+                    ctx.mrs
+                        .remote_mut(rkey, va, n, Access::REMOTE_READ)
+                        .map(|src| scratch[..nn].copy_from_slice(src))
+                };
+                match read {
+                    Ok(()) => {}
+                    Err(_) => {
+                        // The region went away mid-response: NAK remote access, class C.
+                        self.counters.resp_remote_access_errors += 1;
+                        self.resources.clear();
+                        self.queue_ctrl(syndrome::NAK_REMOTE_ACCESS_ERROR, psn);
+                        self.enter_error(ctx);
+                        let c = self.ctrl.pop_front()?;
+                        return Some(self.ctrl_pkt(c));
+                    }
+                }
+                if let Resource::Read {
+                    cur_psn,
+                    pending,
+                    restart,
+                    ..
+                } = &mut self.resources[i]
+                {
+                    *restart = false;
+                    if is_last {
+                        *pending = false;
+                    } else {
+                        *cur_psn = cur_psn.next();
+                    }
+                }
+                let mut hdr = PktHdr::new(
+                    opcode_for(Operation::ReadResponse, pos, false, false),
+                    dest,
+                    psn,
+                );
+                if pos != Position::Middle {
+                    hdr.aeth = Some(Aeth {
+                        syndrome: syndrome::ACK_UNLIMITED,
+                        msn,
+                    });
+                }
+                self.counters.sent_pkts += 1;
+                Some(OutPkt {
+                    hdr,
+                    payload_len: nn,
+                    ud_path: None,
+                })
+            }
+        }
+    }
+}

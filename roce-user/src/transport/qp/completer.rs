@@ -1,0 +1,275 @@
+//! The completer: ACKs, NAKs, READ responses and atomic ACKs coming back to the requester
+//! (rxe_comp.c; reference §2 "Completer").
+
+use super::*;
+
+impl Qp {
+    /// Handles a response packet (ACK/NAK, READ response, atomic ACK) for this QP.
+    pub(crate) fn handle_response(&mut self, now: Instant, pkt: &RxPkt<'_>, ctx: &mut Ctx<'_>) {
+        if !self.state.requester_ready() || self.qp_type != QpType::Rc {
+            self.counters.rx_dropped += 1;
+            return;
+        }
+        let Some(info) = pkt.hdr.opcode.info() else {
+            self.counters.rx_dropped += 1;
+            return;
+        };
+        let psn = pkt.hdr.psn;
+        // A response for a PSN never sent is a ghost: drop it (rxe check_psn).
+        if psn.distance(self.next_psn) >= 0 {
+            self.counters.rx_dropped += 1;
+            return;
+        }
+        let d_comp = psn.distance(self.comp_psn);
+        match info.operation {
+            Operation::Acknowledge => {
+                let Some(aeth) = pkt.hdr.aeth else {
+                    self.counters.rx_dropped += 1;
+                    return;
+                };
+                match aeth.syndrome & syndrome::TYPE_MASK {
+                    syndrome::ACK => {
+                        if d_comp < -1 {
+                            // An old ACK (already covered): harmless, ignore.
+                            return;
+                        }
+                        self.ack_through(now, psn, ctx);
+                    }
+                    syndrome::RNR_NAK => {
+                        if d_comp < 0 {
+                            return;
+                        }
+                        if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
+                            return;
+                        }
+                        self.on_rnr_nak(now, aeth.syndrome, ctx);
+                    }
+                    syndrome::NAK => {
+                        if d_comp < 0 {
+                            return;
+                        }
+                        if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
+                            return;
+                        }
+                        self.on_nak(now, aeth.syndrome, ctx);
+                    }
+                    _ => self.counters.rx_dropped += 1,
+                }
+            }
+            Operation::ReadResponse => {
+                if d_comp < 0 {
+                    // A duplicate response (from before a retry): drop.
+                    self.counters.rx_dropped += 1;
+                    return;
+                }
+                if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
+                    return;
+                }
+                self.on_read_response(now, pkt, info.position, ctx);
+            }
+            Operation::AtomicAcknowledge => {
+                if d_comp < 0 {
+                    self.counters.rx_dropped += 1;
+                    return;
+                }
+                if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
+                    return;
+                }
+                self.on_atomic_ack(now, pkt, ctx);
+            }
+            _ => self.counters.rx_dropped += 1,
+        }
+    }
+
+    /// Applies an acknowledgement of every PSN up to and including `psn`: completes the SEND
+    /// and WRITE WRs it covers, in order (rxe: implicit completion of earlier WQEs). A covered
+    /// READ or atomic that has not got its response is an implied NAK: the requester goes back
+    /// to it. Returns false if that happened or the QP failed.
+    pub(super) fn ack_through(&mut self, now: Instant, psn: Psn, ctx: &mut Ctx<'_>) -> bool {
+        let mut progress = false;
+        let ok = loop {
+            let Some(w) = self.sq.front() else {
+                break true;
+            };
+            if let Some(st) = w.done {
+                self.complete_head(st, ctx);
+                self.enter_error(ctx);
+                break false;
+            }
+            let (Some(f), Some(l)) = (w.first_psn, w.last_psn()) else {
+                break true;
+            };
+            if psn.distance(l) >= 0 {
+                if w.wr.op.is_read_or_atomic() {
+                    // Implied NAK (rxe: READ/ATOMIC earlier than the ACK -> ERROR_RETRY).
+                    let resume = f.wrapping_add(w.rcvd_pkts);
+                    if resume.distance(self.comp_psn) > 0 {
+                        self.comp_psn = resume;
+                        progress = true;
+                    }
+                    self.counters.implied_nak_seq_err += 1;
+                    self.retry(now, ctx, true);
+                    break false;
+                }
+                self.comp_psn = l.next();
+                progress = true;
+                self.complete_head(WcStatus::Success, ctx);
+                if self.state == QpState::Err {
+                    break false;
+                }
+            } else {
+                if psn.distance(f) >= 0 && !w.wr.op.is_read_or_atomic() {
+                    let n = psn.next();
+                    if n.distance(self.comp_psn) > 0 {
+                        self.comp_psn = n;
+                        progress = true;
+                    }
+                }
+                break true;
+            }
+        };
+        if progress {
+            self.on_progress(now, ctx);
+        }
+        ok && self.state != QpState::Err
+    }
+
+    fn on_progress(&mut self, now: Instant, ctx: &mut Ctx<'_>) {
+        self.retry_left = self.attr.retry_cnt;
+        self.rnr_left = self.attr.rnr_retry;
+        self.retry_guard = None;
+        self.arm_retransmit(now, true);
+        // A WR that failed locally behind completed ones is reported now, in order.
+        if let Some(st) = self.sq.front().and_then(|w| w.done) {
+            self.complete_head(st, ctx);
+            self.enter_error(ctx);
+            return;
+        }
+        self.check_drained(ctx);
+    }
+
+    fn on_rnr_nak(&mut self, now: Instant, syn: u8, ctx: &mut Ctx<'_>) {
+        self.counters.rcvd_rnr_err += 1;
+        if self.rnr_left == 0 {
+            self.counters.retry_rnr_exceeded_err += 1;
+            self.counters.rnr_nak_retry_err += 1;
+            self.counters.req_rnr_retries_exceeded += 1;
+            self.complete_head(WcStatus::RnrRetryExcErr, ctx);
+            self.enter_error(ctx);
+            return;
+        }
+        // rnr_retry 7 means retry forever (IBA 9.7.5.2.8; rxe does not decrement it).
+        if self.rnr_left != 7 {
+            self.rnr_left -= 1;
+        }
+        self.rnr_wait = true;
+        self.timers.stop(Timer::Retransmit);
+        self.timers
+            .set(Timer::RnrRetry, now + rnr_timer(syn & 0x1f));
+    }
+
+    fn on_nak(&mut self, now: Instant, syn: u8, ctx: &mut Ctx<'_>) {
+        let status = match syn {
+            syndrome::NAK_PSN_SEQ_ERROR => {
+                // Go back N from the NAK's PSN (it implicitly acked everything before).
+                self.counters.rcvd_seq_err += 1;
+                self.counters.packet_seq_err += 1;
+                self.retry_guard = None;
+                self.retry(now, ctx, false);
+                return;
+            }
+            syndrome::NAK_INVALID_REQUEST => {
+                self.counters.req_remote_invalid_request += 1;
+                WcStatus::RemInvReqErr
+            }
+            syndrome::NAK_REMOTE_ACCESS_ERROR => {
+                self.counters.req_remote_access_errors += 1;
+                WcStatus::RemAccessErr
+            }
+            // Remote operational error, and unknown codes (rxe: REM_OP_ERR).
+            _ => WcStatus::RemOpErr,
+        };
+        self.complete_head(status, ctx);
+        self.enter_error(ctx);
+    }
+
+    fn on_read_response(
+        &mut self,
+        now: Instant,
+        pkt: &RxPkt<'_>,
+        pos: Position,
+        ctx: &mut Ctx<'_>,
+    ) {
+        let psn = pkt.hdr.psn;
+        let m = u64::from(self.mtu().bytes());
+        let Some(w) = self.sq.front() else {
+            self.counters.rx_dropped += 1;
+            return;
+        };
+        let (SendOp::Read { .. }, Some(f)) = (w.wr.op, w.first_psn) else {
+            self.counters.rx_dropped += 1;
+            return;
+        };
+        let expected = f.wrapping_add(w.rcvd_pkts);
+        if psn != expected {
+            // Earlier responses are missing: implied NAK, resume the READ mid-way.
+            self.counters.implied_nak_seq_err += 1;
+            self.retry(now, ctx, true);
+            return;
+        }
+        let off = u64::from(w.rcvd_pkts) * m;
+        let n = (w.len - off.min(w.len)).min(m);
+        let is_last = w.rcvd_pkts + 1 >= w.npkts;
+        let pos_ok = match pos {
+            Position::Last | Position::Only => is_last,
+            Position::First | Position::Middle => !is_last,
+        };
+        if !pos_ok || pkt.payload.len() as u64 != n {
+            self.counters.rx_dropped += 1;
+            return;
+        }
+        let sges: Vec<Sge> = w.wr.sg_list.clone();
+        if sg_scatter(ctx.mrs, &sges, off, pkt.payload).is_err() {
+            self.complete_head(WcStatus::LocProtErr, ctx);
+            self.enter_error(ctx);
+            return;
+        }
+        if let Some(w) = self.sq.front_mut() {
+            w.rcvd_pkts += 1;
+        }
+        self.comp_psn = psn.next();
+        if is_last {
+            self.complete_head(WcStatus::Success, ctx);
+        }
+        self.on_progress(now, ctx);
+    }
+
+    fn on_atomic_ack(&mut self, now: Instant, pkt: &RxPkt<'_>, ctx: &mut Ctx<'_>) {
+        let psn = pkt.hdr.psn;
+        let Some(w) = self.sq.front() else {
+            self.counters.rx_dropped += 1;
+            return;
+        };
+        if !w.wr.op.is_atomic() || w.first_psn != Some(psn) {
+            self.counters.rx_dropped += 1;
+            return;
+        }
+        let Some(orig) = pkt.hdr.atomic_ack else {
+            self.counters.rx_dropped += 1;
+            return;
+        };
+        let sges: Vec<Sge> = w.wr.sg_list.clone();
+        // The original value lands in host (little-endian) order, as rxe stores it.
+        if sg_scatter(ctx.mrs, &sges, 0, &orig.to_le_bytes()).is_err() {
+            self.complete_head(WcStatus::LocProtErr, ctx);
+            self.enter_error(ctx);
+            return;
+        }
+        if let Some(w) = self.sq.front_mut() {
+            w.rcvd_pkts = 1;
+        }
+        self.comp_psn = psn.next();
+        self.complete_head(WcStatus::Success, ctx);
+        self.on_progress(now, ctx);
+    }
+}

@@ -1,0 +1,542 @@
+//! The responder: checks and executes incoming requests and queues the answers (rxe_resp.c;
+//! reference §2). The checks run in rxe's order: PSN, opcode sequence, opcode validity,
+//! resources, length, R_Key, then execution and acknowledgement.
+
+use super::*;
+
+/// An error class C outcome (IBA 9.9.3.1.3): NAK, complete the receive WR in use with
+/// `status` if there is one, and move the QP to ERR.
+struct Fatal {
+    nak: u8,
+    status: Option<WcStatus>,
+}
+
+impl Qp {
+    /// Handles a request packet (SEND, WRITE, READ request, atomic) for this QP.
+    pub(crate) fn handle_request(&mut self, pkt: &RxPkt<'_>, ctx: &mut Ctx<'_>) {
+        if !self.state.responder_ready() {
+            self.counters.rx_dropped += 1;
+            return;
+        }
+        let Some(info) = pkt.hdr.opcode.info() else {
+            self.counters.rx_dropped += 1;
+            return;
+        };
+        match (self.qp_type, pkt.hdr.opcode.transport()) {
+            (QpType::Ud, Transport::Ud) => return self.handle_ud_request(pkt, ctx),
+            (QpType::Rc, Transport::Rc) => {}
+            // rxe_recv.c: the opcode's transport must match the QP type.
+            _ => {
+                self.counters.rx_dropped += 1;
+                return;
+            }
+        }
+        let psn = pkt.hdr.psn;
+        // check_psn (rxe): ahead -> one NAK per gap; behind -> duplicate.
+        let d = psn.distance(self.resp_psn);
+        if d > 0 {
+            self.counters.out_of_seq_request += 1;
+            self.counters.out_of_sequence += 1;
+            if !self.sent_psn_nak {
+                self.sent_psn_nak = true;
+                self.queue_ctrl(syndrome::NAK_PSN_SEQ_ERROR, self.resp_psn);
+            }
+            return;
+        }
+        if d < 0 {
+            self.counters.duplicate_request += 1;
+            self.duplicate_request(pkt, info.operation, ctx);
+            return;
+        }
+        self.sent_psn_nak = false;
+        match self.execute(pkt, ctx) {
+            Ok(()) => {}
+            Err(Fatal { nak, status }) => {
+                if let Some(status) = status {
+                    self.complete_recv_head(status, 0, None, ctx);
+                }
+                self.counters.resp_cqe_error += u64::from(status.is_some());
+                self.queue_ctrl(nak, psn);
+                self.enter_error(ctx);
+            }
+        }
+    }
+
+    fn complete_recv_head(
+        &mut self,
+        status: WcStatus,
+        byte_len: u64,
+        extra: Option<(WcOpcode, Option<u32>, Option<RKey>)>,
+        ctx: &mut Ctx<'_>,
+    ) {
+        let Some(r) = self.rq.pop_front() else {
+            return;
+        };
+        let (opcode, imm, inv) = extra.unwrap_or((WcOpcode::Recv, None, None));
+        let mut flags = WcFlags::default();
+        if imm.is_some() {
+            flags = flags | WcFlags::WITH_IMM;
+        }
+        if inv.is_some() {
+            flags = flags | WcFlags::WITH_INV;
+        }
+        let wc = Wc {
+            wr_id: r.wr_id,
+            status,
+            opcode,
+            byte_len: u32::try_from(byte_len).unwrap_or(u32::MAX),
+            imm: imm.unwrap_or(0),
+            invalidated_rkey: inv.map_or(0, RKey::value),
+            qp_num: self.qpn,
+            src_qp: self.attr.dest_qp_num,
+            wc_flags: flags,
+        };
+        if !self.push_wc(self.init.recv_cq, wc, ctx) {
+            self.enter_error(ctx);
+        }
+    }
+
+    fn execute(&mut self, pkt: &RxPkt<'_>, ctx: &mut Ctx<'_>) -> Result<(), Fatal> {
+        let hdr = &pkt.hdr;
+        let info = hdr.opcode.info().ok_or(Fatal {
+            nak: syndrome::NAK_INVALID_REQUEST,
+            status: None,
+        })?;
+        let inv = |status| Fatal {
+            nak: syndrome::NAK_INVALID_REQUEST,
+            status,
+        };
+        let psn = hdr.psn;
+        let mtu = u64::from(self.mtu().bytes());
+        let plen = pkt.payload.len() as u64;
+
+        // check_op_seq: after FIRST/MIDDLE only MIDDLE/LAST of the same kind.
+        let kind = match info.operation {
+            Operation::Send => Some(MsgKind::Send),
+            Operation::Write => Some(MsgKind::Write),
+            _ => None,
+        };
+        match (self.in_msg, info.position) {
+            (Some(cur), Position::Middle | Position::Last) if Some(cur) == kind => {}
+            (None, Position::First | Position::Only) => {}
+            _ => {
+                let st = (self.in_msg == Some(MsgKind::Send)).then_some(WcStatus::RemInvReqErr);
+                return Err(inv(st));
+            }
+        }
+
+        // check_op_valid: the QP's remote access flags, and opcodes roce-xdp executes.
+        let acc = self.attr.qp_access_flags;
+        match info.operation {
+            Operation::Send => {}
+            Operation::Write if acc.contains(Access::REMOTE_WRITE) => {}
+            Operation::ReadRequest if acc.contains(Access::REMOTE_READ) => {}
+            Operation::CompareSwap | Operation::FetchAdd if acc.contains(Access::REMOTE_ATOMIC) => {
+            }
+            _ => return Err(inv(None)),
+        }
+
+        // check_resource: READ/ATOMIC need responder resources; SEND and WRITE with immediate
+        // need a receive WQE, else RNR NAK (class B: no state change).
+        let needs_rwqe = matches!(
+            (info.operation, info.position),
+            (Operation::Send, Position::First | Position::Only)
+        ) || (info.operation == Operation::Write && info.immediate);
+        if needs_rwqe && self.rq.is_empty() {
+            self.counters.send_rnr_err += 1;
+            self.counters.out_of_buffer += 1;
+            self.queue_ctrl(syndrome::RNR_NAK | (self.attr.min_rnr_timer & 0x1f), psn);
+            return Ok(());
+        }
+        let rd_atomic = matches!(
+            info.operation,
+            Operation::ReadRequest | Operation::CompareSwap | Operation::FetchAdd
+        );
+        if rd_atomic && self.attr.max_dest_rd_atomic == 0 {
+            return Err(inv(None));
+        }
+
+        // check_length: ONLY <= mtu, FIRST/MIDDLE == mtu, LAST 1..=mtu; no payload where the
+        // opcode has none; RETH length <= 2^31.
+        let len_ok = match (info.payload, info.position) {
+            (false, _) => plen == 0,
+            (true, Position::Only) => plen <= mtu,
+            (true, Position::First | Position::Middle) => plen == mtu,
+            (true, Position::Last) => (1..=mtu).contains(&plen),
+        };
+        if !len_ok || hdr.reth.is_some_and(|r| u64::from(r.len) > MAX_MSG_SIZE) {
+            let st = (kind == Some(MsgKind::Send)).then_some(WcStatus::RemInvReqErr);
+            return Err(inv(st));
+        }
+
+        match info.operation {
+            Operation::Send => self.exec_send(pkt, info.position, ctx)?,
+            Operation::Write => self.exec_write(pkt, info.position, ctx)?,
+            Operation::ReadRequest => return self.exec_read(pkt, ctx),
+            _ => return self.exec_atomic(pkt, ctx),
+        }
+        self.resp_psn = psn.next();
+        if hdr.ack_req {
+            self.queue_ctrl(syndrome::ACK_UNLIMITED, psn);
+        }
+        Ok(())
+    }
+
+    fn exec_send(
+        &mut self,
+        pkt: &RxPkt<'_>,
+        pos: Position,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), Fatal> {
+        let Some(rwqe) = self.rq.front() else {
+            return Err(Fatal {
+                nak: syndrome::NAK_REMOTE_OPERATIONAL_ERROR,
+                status: None,
+            });
+        };
+        if matches!(pos, Position::First | Position::Only) {
+            self.send_off = 0;
+        }
+        let plen = pkt.payload.len() as u64;
+        let end = self.send_off + plen;
+        if end > sg_len(&rwqe.sg_list) {
+            // The message is longer than the receive buffer (rxe RESPST_ERR_LENGTH).
+            self.counters.resp_local_length_error += 1;
+            return Err(Fatal {
+                nak: syndrome::NAK_INVALID_REQUEST,
+                status: Some(WcStatus::LocLenErr),
+            });
+        }
+        let sges = rwqe.sg_list.clone();
+        if sg_scatter(ctx.mrs, &sges, self.send_off, pkt.payload).is_err() {
+            // A malformed receive WQE (bad local key/range): class A, remote operational error.
+            return Err(Fatal {
+                nak: syndrome::NAK_REMOTE_OPERATIONAL_ERROR,
+                status: Some(WcStatus::LocProtErr),
+            });
+        }
+        self.send_off = end;
+        if matches!(pos, Position::First) {
+            self.in_msg = Some(MsgKind::Send);
+        }
+        if matches!(pos, Position::Last | Position::Only) {
+            self.in_msg = None;
+            if let Some(rkey) = pkt.hdr.ieth
+                && !ctx.mrs.invalidate_rkey(rkey)
+            {
+                // rxe class J: the R_Key to invalidate is not valid.
+                return Err(Fatal {
+                    nak: syndrome::NAK_INVALID_REQUEST,
+                    status: Some(WcStatus::RemInvReqErr),
+                });
+            }
+            self.msn = self.msn.wrapping_add(1);
+            self.complete_recv_head(
+                WcStatus::Success,
+                end,
+                Some((WcOpcode::Recv, pkt.hdr.imm, pkt.hdr.ieth)),
+                ctx,
+            );
+        }
+        Ok(())
+    }
+
+    fn exec_write(
+        &mut self,
+        pkt: &RxPkt<'_>,
+        pos: Position,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), Fatal> {
+        let mtu = u64::from(self.mtu().bytes());
+        let access = |nak| Fatal { nak, status: None };
+        if matches!(pos, Position::First | Position::Only) {
+            let Some(reth) = pkt.hdr.reth else {
+                return Err(access(syndrome::NAK_INVALID_REQUEST));
+            };
+            let len = u64::from(reth.len);
+            // check_rkey: a zero-length WRITE needs no R_Key.
+            if len > 0
+                && ctx
+                    .mrs
+                    .check_remote(reth.rkey, reth.va, len, Access::REMOTE_WRITE)
+                    .is_err()
+            {
+                self.counters.resp_remote_access_errors += 1;
+                return Err(access(syndrome::NAK_REMOTE_ACCESS_ERROR));
+            }
+            self.write_va = reth.va;
+            self.write_rkey = reth.rkey;
+            self.write_resid = len;
+            self.write_len = reth.len;
+            self.counters.rx_write_requests += 1;
+            self.counters.rdma_recvs += 1;
+        }
+        // The payload must fill the MTU while more than an MTU remains, else be exactly the
+        // rest (rxe check_rkey "resid > mtu" rule).
+        let plen = pkt.payload.len() as u64;
+        let ends = matches!(pos, Position::Last | Position::Only);
+        let ok = if self.write_resid > mtu {
+            plen == mtu && !ends
+        } else {
+            plen == self.write_resid && ends
+        };
+        if !ok {
+            return Err(access(syndrome::NAK_INVALID_REQUEST));
+        }
+        if plen > 0 {
+            match ctx
+                .mrs
+                .remote_mut(self.write_rkey, self.write_va, plen, Access::REMOTE_WRITE)
+            {
+                Ok(dst) => dst.copy_from_slice(pkt.payload),
+                Err(_) => {
+                    self.counters.resp_remote_access_errors += 1;
+                    return Err(access(syndrome::NAK_REMOTE_ACCESS_ERROR));
+                }
+            }
+        }
+        self.write_va = self.write_va.wrapping_add(plen);
+        self.write_resid -= plen;
+        self.in_msg = if ends { None } else { Some(MsgKind::Write) };
+        if ends {
+            self.msn = self.msn.wrapping_add(1);
+            if let Some(imm) = pkt.hdr.imm {
+                self.complete_recv_head(
+                    WcStatus::Success,
+                    u64::from(self.write_len),
+                    Some((WcOpcode::RecvRdmaWithImm, Some(imm), None)),
+                    ctx,
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes a responder resource slot: the oldest finished one is reused; if every slot is
+    /// still answering, the peer exceeded max_dest_rd_atomic (NAK invalid request).
+    fn take_resource_slot(&mut self) -> Result<(), Fatal> {
+        if self.resources.len() < usize::from(self.attr.max_dest_rd_atomic) {
+            return Ok(());
+        }
+        match self.resources.iter().position(|r| !r.pending()) {
+            Some(i) => {
+                self.resources.remove(i);
+                Ok(())
+            }
+            None => Err(Fatal {
+                nak: syndrome::NAK_INVALID_REQUEST,
+                status: None,
+            }),
+        }
+    }
+
+    fn exec_read(&mut self, pkt: &RxPkt<'_>, ctx: &mut Ctx<'_>) -> Result<(), Fatal> {
+        let Some(reth) = pkt.hdr.reth else {
+            return Err(Fatal {
+                nak: syndrome::NAK_INVALID_REQUEST,
+                status: None,
+            });
+        };
+        let len = u64::from(reth.len);
+        if len > 0
+            && ctx
+                .mrs
+                .check_remote(reth.rkey, reth.va, len, Access::REMOTE_READ)
+                .is_err()
+        {
+            self.counters.resp_remote_access_errors += 1;
+            return Err(Fatal {
+                nak: syndrome::NAK_REMOTE_ACCESS_ERROR,
+                status: None,
+            });
+        }
+        self.take_resource_slot()?;
+        let psn = pkt.hdr.psn;
+        let npkts = packets_for(len, self.mtu());
+        self.resources.push_back(Resource::Read {
+            first_psn: psn,
+            last_psn: psn.wrapping_add(npkts - 1),
+            va: reth.va,
+            rkey: reth.rkey,
+            len,
+            cur_psn: psn,
+            pending: true,
+            restart: false,
+        });
+        // C9-148: the MSN counts the READ when the request is accepted.
+        self.msn = self.msn.wrapping_add(1);
+        self.resp_psn = psn.wrapping_add(npkts);
+        self.counters.rx_read_requests += 1;
+        self.counters.rdma_recvs += 1;
+        Ok(())
+    }
+
+    fn exec_atomic(&mut self, pkt: &RxPkt<'_>, ctx: &mut Ctx<'_>) -> Result<(), Fatal> {
+        let Some(a) = pkt.hdr.atomic else {
+            return Err(Fatal {
+                nak: syndrome::NAK_INVALID_REQUEST,
+                status: None,
+            });
+        };
+        if ctx
+            .mrs
+            .check_remote(a.rkey, a.va, 8, Access::REMOTE_ATOMIC)
+            .is_err()
+        {
+            self.counters.resp_remote_access_errors += 1;
+            return Err(Fatal {
+                nak: syndrome::NAK_REMOTE_ACCESS_ERROR,
+                status: None,
+            });
+        }
+        // Atomics need an 8-byte aligned address (rxe RESPST_ERR_MISALIGNED_ATOMIC).
+        if a.va & 7 != 0 {
+            return Err(Fatal {
+                nak: syndrome::NAK_INVALID_REQUEST,
+                status: None,
+            });
+        }
+        self.take_resource_slot()?;
+        let cas = pkt.hdr.opcode == Opcode::RC_COMPARE_SWAP;
+        let orig = match ctx.mrs.remote_mut(a.rkey, a.va, 8, Access::REMOTE_ATOMIC) {
+            Ok(dst) => {
+                let mut b = [0u8; 8];
+                b.copy_from_slice(dst);
+                let v = u64::from_le_bytes(b);
+                let new = if cas {
+                    if v == a.compare { a.swap_add } else { v }
+                } else {
+                    v.wrapping_add(a.swap_add)
+                };
+                dst.copy_from_slice(&new.to_le_bytes());
+                v
+            }
+            Err(_) => {
+                return Err(Fatal {
+                    nak: syndrome::NAK_REMOTE_ACCESS_ERROR,
+                    status: None,
+                });
+            }
+        };
+        let psn = pkt.hdr.psn;
+        self.resources.push_back(Resource::Atomic {
+            psn,
+            orig,
+            pending: true,
+        });
+        self.msn = self.msn.wrapping_add(1);
+        self.resp_psn = psn.next();
+        self.counters.rx_atomic_requests += 1;
+        self.counters.rdma_recvs += 1;
+        Ok(())
+    }
+
+    /// A request with a PSN before the expected one (rxe `duplicate_request`).
+    fn duplicate_request(&mut self, pkt: &RxPkt<'_>, op: Operation, ctx: &mut Ctx<'_>) {
+        let _ = ctx;
+        let psn = pkt.hdr.psn;
+        match op {
+            Operation::Send | Operation::Write => {
+                // C9-105: ACK again with the PSN before the expected one.
+                self.queue_ctrl(syndrome::ACK_UNLIMITED, self.resp_psn.wrapping_sub(1));
+            }
+            Operation::ReadRequest => {
+                let Some(reth) = pkt.hdr.reth else { return };
+                let mtu = u64::from(self.mtu().bytes());
+                for r in &mut self.resources {
+                    if let Resource::Read {
+                        first_psn,
+                        last_psn,
+                        va,
+                        rkey,
+                        len,
+                        cur_psn,
+                        pending,
+                        restart,
+                    } = r
+                    {
+                        if psn.distance(*first_psn) < 0 || psn.distance(*last_psn) > 0 {
+                            continue;
+                        }
+                        // The replayed request must name a tail of the original one.
+                        let off = psn.distance(*first_psn) as u64 * mtu;
+                        let same = reth.rkey == *rkey
+                            && Some(reth.va) == va.checked_add(off)
+                            && u64::from(reth.len) == *len - off.min(*len);
+                        if same {
+                            *cur_psn = psn;
+                            *pending = true;
+                            *restart = true;
+                        }
+                        return;
+                    }
+                }
+            }
+            Operation::CompareSwap | Operation::FetchAdd => {
+                for r in &mut self.resources {
+                    if let Resource::Atomic {
+                        psn: p, pending, ..
+                    } = r
+                        && *p == psn
+                    {
+                        // Replay the saved result; never execute twice.
+                        *pending = true;
+                        return;
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn handle_ud_request(&mut self, pkt: &RxPkt<'_>, ctx: &mut Ctx<'_>) {
+        let Some(deth) = pkt.hdr.deth else {
+            self.counters.rx_dropped += 1;
+            return;
+        };
+        if deth.qkey != self.attr.qkey {
+            ctx.counters.qkey_viol_cntr += 1;
+            return;
+        }
+        let plen = pkt.payload.len() as u64;
+        if plen > u64::from(self.mtu().bytes()) {
+            self.counters.rx_dropped += 1;
+            return;
+        }
+        let Some(rwqe) = self.rq.front() else {
+            // UD has no RNR: the datagram is dropped.
+            self.counters.out_of_buffer += 1;
+            return;
+        };
+        let sges = rwqe.sg_list.clone();
+        let mut status = WcStatus::Success;
+        if sg_len(&sges) < GRH_LEN + plen {
+            self.counters.resp_local_length_error += 1;
+            status = WcStatus::LocLenErr;
+        } else if sg_scatter(ctx.mrs, &sges, 0, &[0u8; GRH_LEN as usize]).is_err()
+            || sg_scatter(ctx.mrs, &sges, GRH_LEN, pkt.payload).is_err()
+        {
+            status = WcStatus::LocProtErr;
+        }
+        let Some(r) = self.rq.pop_front() else { return };
+        let mut flags = WcFlags::GRH;
+        if pkt.hdr.imm.is_some() {
+            flags = flags | WcFlags::WITH_IMM;
+        }
+        if status != WcStatus::Success {
+            self.counters.resp_cqe_error += 1;
+        }
+        let wc = Wc {
+            wr_id: r.wr_id,
+            status,
+            opcode: WcOpcode::Recv,
+            byte_len: u32::try_from(GRH_LEN + plen).unwrap_or(u32::MAX),
+            imm: pkt.hdr.imm.unwrap_or(0),
+            invalidated_rkey: 0,
+            qp_num: self.qpn,
+            src_qp: deth.src_qp,
+            wc_flags: flags,
+        };
+        self.push_wc(self.init.recv_cq, wc, ctx);
+    }
+}

@@ -1,0 +1,466 @@
+//! A deterministic two-endpoint simulator, modelled on quinn-proto's test `Pair`: two
+//! [`Device`]s joined by a simulated link with latency, loss, duplication, reordering,
+//! corruption and ECN CE marks, all drawn from one seeded RNG, in simulated time. Sans-I/O:
+//! frames are byte vectors moved between the devices' `poll_transmit` and `handle_packet`.
+//!
+//! Always built (it is small and pure) so unit tests, `roce-user/tests/` and benches share it.
+
+use core::time::Duration;
+use std::{cmp::Reverse, collections::BinaryHeap, net::Ipv4Addr};
+
+use rand::{RngExt, SeedableRng, rngs::StdRng};
+
+use super::{
+    Access, AttrMask, CqId, Device, DeviceConfig, Instant, MAX_FRAME_LEN, Mtu, Path, Psn, QpAttr,
+    QpCap, QpInit, QpState, QpType, Qpn,
+};
+use crate::wire::{EthernetAddress, IpPath, Opcode, PathRepr, ipv4, parse_frame};
+
+/// Which endpoint.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum Side {
+    /// Endpoint A.
+    A,
+    /// Endpoint B.
+    B,
+}
+
+/// The simulated link, the same in both directions. Probabilities are per frame.
+#[derive(Clone, Copy, Debug)]
+pub struct Link {
+    /// One-way latency.
+    pub latency: Duration,
+    /// Probability a frame is lost.
+    pub loss: f64,
+    /// Probability a frame is delivered twice.
+    pub dup: f64,
+    /// Probability a frame is delayed by up to `reorder_jitter` more (and so overtaken).
+    pub reorder: f64,
+    /// The extra delay of reordered frames.
+    pub reorder_jitter: Duration,
+    /// Probability one byte after the Ethernet header is flipped (the ICRC catches it).
+    pub corrupt: f64,
+    /// Probability an IPv4 frame is marked ECN CE (the IPv4 checksum is refreshed).
+    pub ce: f64,
+}
+
+impl Default for Link {
+    fn default() -> Self {
+        Self {
+            latency: Duration::from_micros(5),
+            loss: 0.0,
+            dup: 0.0,
+            reorder: 0.0,
+            reorder_jitter: Duration::from_micros(20),
+            corrupt: 0.0,
+            ce: 0.0,
+        }
+    }
+}
+
+/// What the link did.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LinkStats {
+    /// Frames handed to the link.
+    pub sent: u64,
+    /// Frames delivered (duplicates included).
+    pub delivered: u64,
+    /// Frames lost (random or by the filter).
+    pub lost: u64,
+    /// Frames duplicated.
+    pub duplicated: u64,
+    /// Frames delayed for reordering.
+    pub reordered: u64,
+    /// Frames corrupted.
+    pub corrupted: u64,
+    /// Frames marked CE.
+    pub ce_marked: u64,
+}
+
+#[derive(PartialEq, Eq, PartialOrd, Ord)]
+struct InFlight {
+    at: Instant,
+    seq: u64,
+    to: u8,
+    frame: Vec<u8>,
+}
+
+/// A test hook that sees every frame entering the link and returns false to drop it.
+pub type Filter = Box<dyn FnMut(Side, &[u8]) -> bool>;
+
+/// Two devices and the link between them.
+pub struct Pair {
+    /// Endpoint A.
+    pub a: Device,
+    /// Endpoint B.
+    pub b: Device,
+    /// Simulated now.
+    pub time: Instant,
+    /// The link.
+    pub link: Link,
+    /// Optional per-frame drop hook (the `Side` is the sender).
+    pub filter: Option<Filter>,
+    /// What the link did.
+    pub stats: LinkStats,
+    rng: StdRng,
+    queue: BinaryHeap<Reverse<InFlight>>,
+    seq: u64,
+    buf: Vec<u8>,
+}
+
+impl core::fmt::Debug for Pair {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("Pair")
+            .field("time", &self.time)
+            .field("link", &self.link)
+            .field("stats", &self.stats)
+            .finish_non_exhaustive()
+    }
+}
+
+/// MAC of endpoint A or B.
+#[must_use]
+pub const fn mac(side: Side) -> EthernetAddress {
+    match side {
+        Side::A => EthernetAddress([2, 0, 0, 0, 0, 1]),
+        Side::B => EthernetAddress([2, 0, 0, 0, 0, 2]),
+    }
+}
+
+/// IPv4 address of endpoint A or B.
+#[must_use]
+pub const fn ip(side: Side) -> Ipv4Addr {
+    match side {
+        Side::A => Ipv4Addr::new(10, 0, 0, 1),
+        Side::B => Ipv4Addr::new(10, 0, 0, 2),
+    }
+}
+
+/// The path from `from` to the other endpoint.
+#[must_use]
+pub const fn path(from: Side) -> Path {
+    let to = match from {
+        Side::A => Side::B,
+        Side::B => Side::A,
+    };
+    PathRepr::new(
+        mac(from),
+        mac(to),
+        IpPath::V4 {
+            src: ip(from),
+            dst: ip(to),
+        },
+    )
+}
+
+/// The opcode and PSN of a frame, for filters.
+#[must_use]
+pub fn frame_opcode_psn(frame: &[u8]) -> Option<(Opcode, Psn)> {
+    parse_frame(frame)
+        .ok()
+        .map(|f| (f.roce.bth.opcode, f.roce.bth.psn))
+}
+
+impl Pair {
+    /// Two devices with `config`, a link, and a seed for every random choice of the link.
+    #[must_use]
+    pub fn new(seed: u64, config: DeviceConfig, link: Link) -> Self {
+        let mut cb = config.clone();
+        cb.key_seed[0] ^= 0xb;
+        Self {
+            a: Device::new(config),
+            b: Device::new(cb),
+            time: Instant::ZERO,
+            link,
+            filter: None,
+            stats: LinkStats::default(),
+            rng: StdRng::seed_from_u64(seed),
+            queue: BinaryHeap::new(),
+            seq: 0,
+            buf: vec![0; MAX_FRAME_LEN],
+        }
+    }
+
+    /// The device of `side`.
+    pub fn dev(&mut self, side: Side) -> &mut Device {
+        match side {
+            Side::A => &mut self.a,
+            Side::B => &mut self.b,
+        }
+    }
+
+    fn enqueue(&mut self, from: Side, mut frame: Vec<u8>) {
+        self.stats.sent += 1;
+        if let Some(f) = self.filter.as_mut()
+            && !f(from, &frame)
+        {
+            self.stats.lost += 1;
+            return;
+        }
+        let l = self.link;
+        if self.rng.random_bool(l.loss) {
+            self.stats.lost += 1;
+            return;
+        }
+        if frame.len() > 34 && self.rng.random_bool(l.corrupt) {
+            let i = self.rng.random_range(14..frame.len());
+            frame[i] ^= 1 << self.rng.random_range(0..8u32);
+            self.stats.corrupted += 1;
+        }
+        if frame.len() > 34 && frame[12..14] == [0x08, 0x00] && self.rng.random_bool(l.ce) {
+            let mut p = ipv4::Packet::new_unchecked(&mut frame[14..34]);
+            let tos = p.tos();
+            p.set_tos(tos | 3);
+            p.fill_checksum();
+            self.stats.ce_marked += 1;
+        }
+        let copies = if self.rng.random_bool(l.dup) {
+            self.stats.duplicated += 1;
+            2
+        } else {
+            1
+        };
+        let to = u8::from(from == Side::A);
+        for _ in 0..copies {
+            let mut at = self.time + l.latency;
+            if self.rng.random_bool(l.reorder) {
+                let j = self
+                    .rng
+                    .random_range(0..=l.reorder_jitter.as_nanos() as u64);
+                at = at + Duration::from_nanos(j);
+                self.stats.reordered += 1;
+            }
+            self.seq += 1;
+            self.queue.push(Reverse(InFlight {
+                at,
+                seq: self.seq,
+                to,
+                frame: frame.clone(),
+            }));
+        }
+    }
+
+    fn transmit_all(&mut self) {
+        for side in [Side::A, Side::B] {
+            loop {
+                let now = self.time;
+                let mut buf = core::mem::take(&mut self.buf);
+                let t = self.dev(side).poll_transmit(now, &mut buf);
+                let frame = t.map(|t| buf[..t.size].to_vec());
+                self.buf = buf;
+                match frame {
+                    Some(f) => self.enqueue(side, f),
+                    None => break,
+                }
+            }
+        }
+    }
+
+    /// One step: send everything ready, then advance time to the next arrival or timer and
+    /// handle it. Returns false when nothing is in flight and no timer is armed.
+    pub fn step(&mut self) -> bool {
+        self.transmit_all();
+        let next_pkt = self.queue.peek().map(|r| r.0.at);
+        let next = [next_pkt, self.a.poll_timeout(), self.b.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min();
+        let Some(next) = next else {
+            return false;
+        };
+        if next > self.time {
+            self.time = next;
+        }
+        while self.queue.peek().is_some_and(|r| r.0.at <= self.time) {
+            let Some(Reverse(p)) = self.queue.pop() else {
+                break;
+            };
+            self.stats.delivered += 1;
+            let now = self.time;
+            let dev = if p.to == 1 { &mut self.b } else { &mut self.a };
+            dev.handle_packet(now, &p.frame);
+        }
+        let now = self.time;
+        for d in [&mut self.a, &mut self.b] {
+            if d.poll_timeout().is_some_and(|t| t <= now) {
+                d.handle_timeout(now);
+            }
+        }
+        true
+    }
+
+    /// Steps until idle or `max_steps`; returns true if it went idle.
+    pub fn drive(&mut self, max_steps: usize) -> bool {
+        for _ in 0..max_steps {
+            if !self.step() {
+                return true;
+            }
+        }
+        false
+    }
+
+    /// Steps until `done(self)` holds, the pair is idle, or `max_steps`; returns `done`.
+    pub fn drive_until(
+        &mut self,
+        max_steps: usize,
+        mut done: impl FnMut(&mut Self) -> bool,
+    ) -> bool {
+        for _ in 0..max_steps {
+            if done(self) {
+                return true;
+            }
+            if !self.step() {
+                return done(self);
+            }
+        }
+        done(self)
+    }
+
+    /// Frames in flight.
+    #[must_use]
+    pub fn in_flight(&self) -> usize {
+        self.queue.len()
+    }
+}
+
+/// Knobs of an RC connection made by [`connect_rc`].
+#[derive(Clone, Copy, Debug)]
+pub struct RcConfig {
+    /// Path MTU.
+    pub mtu: Mtu,
+    /// Local ACK timeout exponent.
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries.
+    pub rnr_retry: u8,
+    /// RNR timer code the responder advertises.
+    pub min_rnr_timer: u8,
+    /// READ/ATOMIC depth, both directions.
+    pub rd_atomic: u8,
+    /// Remote access the responders allow.
+    pub access: Access,
+    /// Queue sizes.
+    pub cap: QpCap,
+    /// CQ depth.
+    pub cq_depth: usize,
+    /// First PSN of A's send queue (B's is `psn_a + 0x1000`); near 2^24 to test wrap.
+    pub psn_a: u32,
+}
+
+impl Default for RcConfig {
+    fn default() -> Self {
+        Self {
+            mtu: Mtu::Mtu1024,
+            timeout: 8,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1,
+            rd_atomic: 4,
+            access: Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            cap: QpCap::default(),
+            cq_depth: 4096,
+            psn_a: 0xff_fff0,
+        }
+    }
+}
+
+/// One end of a connection: its QP and CQ.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Endpoint {
+    /// The QP.
+    pub qpn: Qpn,
+    /// Its (send and receive) CQ.
+    pub cq: CqId,
+}
+
+/// Creates an RC QP on each device and brings both to RTS, connected to each other, with the
+/// verbs sequence RESET -> INIT -> RTR -> RTS and the exact required masks.
+///
+/// # Panics
+/// If a device refuses (a bug in the transport or in `cfg`).
+pub fn connect_rc(pair: &mut Pair, cfg: &RcConfig) -> (Endpoint, Endpoint) {
+    let mk = |d: &mut Device| {
+        let cq = d.create_cq(cfg.cq_depth).expect("create cq");
+        let qpn = d
+            .create_qp(QpInit {
+                qp_type: QpType::Rc,
+                send_cq: cq,
+                recv_cq: cq,
+                cap: cfg.cap,
+                sq_sig_all: false,
+            })
+            .expect("create qp");
+        Endpoint { qpn, cq }
+    };
+    let ea = mk(&mut pair.a);
+    let eb = mk(&mut pair.b);
+    let psn_a = Psn::new(cfg.psn_a);
+    let psn_b = psn_a.wrapping_add(0x1000);
+    bring_up(&mut pair.a, ea.qpn, Side::A, eb.qpn, psn_a, psn_b, cfg);
+    bring_up(&mut pair.b, eb.qpn, Side::B, ea.qpn, psn_b, psn_a, cfg);
+    (ea, eb)
+}
+
+/// Moves RC QP `qpn` of `d` (on endpoint `side`) from RESET to RTS, connected to `peer`, with
+/// the exact required masks of each transition.
+///
+/// # Panics
+/// If the device refuses a transition.
+pub fn bring_up(
+    d: &mut Device,
+    qpn: Qpn,
+    side: Side,
+    peer: Qpn,
+    sq_psn: Psn,
+    rq_psn: Psn,
+    cfg: &RcConfig,
+) {
+    let mut attr: QpAttr<Path> = QpAttr {
+        qp_state: QpState::Init,
+        qp_access_flags: cfg.access,
+        ..QpAttr::default()
+    };
+    d.modify_qp(
+        qpn,
+        &attr,
+        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+    )
+    .expect("INIT");
+    attr.qp_state = QpState::Rtr;
+    attr.ah_attr = Some(path(side));
+    attr.path_mtu = cfg.mtu;
+    attr.dest_qp_num = peer;
+    attr.rq_psn = rq_psn;
+    attr.max_dest_rd_atomic = cfg.rd_atomic;
+    attr.min_rnr_timer = cfg.min_rnr_timer;
+    d.modify_qp(
+        qpn,
+        &attr,
+        AttrMask::STATE
+            | AttrMask::AV
+            | AttrMask::PATH_MTU
+            | AttrMask::DEST_QPN
+            | AttrMask::RQ_PSN
+            | AttrMask::MAX_DEST_RD_ATOMIC
+            | AttrMask::MIN_RNR_TIMER,
+    )
+    .expect("RTR");
+    attr.qp_state = QpState::Rts;
+    attr.timeout = cfg.timeout;
+    attr.retry_cnt = cfg.retry_cnt;
+    attr.rnr_retry = cfg.rnr_retry;
+    attr.sq_psn = sq_psn;
+    attr.max_rd_atomic = cfg.rd_atomic;
+    d.modify_qp(
+        qpn,
+        &attr,
+        AttrMask::STATE
+            | AttrMask::TIMEOUT
+            | AttrMask::RETRY_CNT
+            | AttrMask::RNR_RETRY
+            | AttrMask::SQ_PSN
+            | AttrMask::MAX_QP_RD_ATOMIC,
+    )
+    .expect("RTS");
+}

@@ -1,0 +1,496 @@
+//! QP states, attributes and the `modify_qp` rules.
+//!
+//! The transition table and the required/optional attribute masks are those of the kernel's
+//! `qp_state_table` (drivers/infiniband/core/verbs.c, `ib_modify_qp_is_ok`), for RC and UD; the
+//! mask bits are `enum ibv_qp_attr_mask` of rdma-core (libibverbs/verbs.h).
+
+use core::fmt;
+
+use super::ids::{PKey, Psn, QKey, Qpn};
+use super::mr::Access;
+
+/// A queue pair state (IBA 10.3.1; `enum ibv_qp_state`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum QpState {
+    /// Just created or reset: no packet is processed, no WR is accepted for sending.
+    Reset,
+    /// Initialised: receive WRs may be posted; packets are still ignored.
+    Init,
+    /// Ready to receive: the responder answers requests.
+    Rtr,
+    /// Ready to send: requester and responder both run.
+    Rts,
+    /// Send queue drain: no new send WR is started; those started finish.
+    Sqd,
+    /// Send queue error (UD only): a send WR failed locally; receives continue.
+    Sqe,
+    /// Error: every outstanding WR was flushed; new WRs complete with a flush error.
+    Err,
+}
+
+impl fmt::Display for QpState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Self::Reset => "RESET",
+            Self::Init => "INIT",
+            Self::Rtr => "RTR",
+            Self::Rts => "RTS",
+            Self::Sqd => "SQD",
+            Self::Sqe => "SQE",
+            Self::Err => "ERR",
+        })
+    }
+}
+
+impl QpState {
+    /// Whether the responder processes requests in this state (rxe: `resp.state == READY`).
+    #[must_use]
+    pub const fn responder_ready(self) -> bool {
+        matches!(self, Self::Rtr | Self::Rts | Self::Sqd | Self::Sqe)
+    }
+
+    /// Whether the completer processes responses in this state (rxe: `req.state` READY..DRAINED).
+    #[must_use]
+    pub const fn requester_ready(self) -> bool {
+        matches!(self, Self::Rts | Self::Sqd)
+    }
+}
+
+/// The transport service of a QP.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+pub enum QpType {
+    /// Reliable connection.
+    Rc,
+    /// Unreliable datagram.
+    Ud,
+}
+
+/// A path MTU (`enum ibv_mtu`): the largest payload of one packet.
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+pub enum Mtu {
+    /// 256 bytes.
+    Mtu256 = 1,
+    /// 512 bytes.
+    Mtu512 = 2,
+    /// 1024 bytes.
+    Mtu1024 = 3,
+    /// 2048 bytes.
+    Mtu2048 = 4,
+    /// 4096 bytes.
+    Mtu4096 = 5,
+}
+
+impl Mtu {
+    /// The payload size in bytes.
+    #[must_use]
+    pub const fn bytes(self) -> u32 {
+        128 << (self as u32)
+    }
+
+    /// The MTU of `bytes`, if it is one of 256, 512, 1024, 2048, 4096.
+    #[must_use]
+    pub const fn from_bytes(bytes: u32) -> Option<Self> {
+        Some(match bytes {
+            256 => Self::Mtu256,
+            512 => Self::Mtu512,
+            1024 => Self::Mtu1024,
+            2048 => Self::Mtu2048,
+            4096 => Self::Mtu4096,
+            _ => return None,
+        })
+    }
+}
+
+/// Which attributes of a [`QpAttr`] a `modify_qp` call sets (`enum ibv_qp_attr_mask`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct AttrMask(pub u32);
+
+macro_rules! attr_bits {
+    ($($name:ident = $bit:literal,)*) => {
+        impl AttrMask {
+            $(
+                #[doc = concat!("`IBV_QP_", stringify!($name), "` (1 << ", stringify!($bit), ").")]
+                pub const $name: Self = Self(1 << $bit);
+            )*
+            const NAMES: &'static [(Self, &'static str)] = &[$((Self::$name, stringify!($name))),*];
+        }
+    };
+}
+
+attr_bits! {
+    STATE = 0, CUR_STATE = 1, EN_SQD_ASYNC_NOTIFY = 2, ACCESS_FLAGS = 3, PKEY_INDEX = 4, PORT = 5,
+    QKEY = 6, AV = 7, PATH_MTU = 8, TIMEOUT = 9, RETRY_CNT = 10, RNR_RETRY = 11, RQ_PSN = 12,
+    MAX_QP_RD_ATOMIC = 13, ALT_PATH = 14, MIN_RNR_TIMER = 15, SQ_PSN = 16, MAX_DEST_RD_ATOMIC = 17,
+    PATH_MIG_STATE = 18, CAP = 19, DEST_QPN = 20, RATE_LIMIT = 25,
+}
+
+impl AttrMask {
+    /// No attribute.
+    pub const NONE: Self = Self(0);
+
+    /// The union.
+    #[must_use]
+    pub const fn with(self, o: Self) -> Self {
+        Self(self.0 | o.0)
+    }
+
+    /// Whether every bit of `o` is set.
+    #[must_use]
+    pub const fn contains(self, o: Self) -> bool {
+        self.0 & o.0 == o.0
+    }
+
+    /// The bits of `self` not in `o`.
+    #[must_use]
+    pub const fn minus(self, o: Self) -> Self {
+        Self(self.0 & !o.0)
+    }
+
+    /// Whether no bit is set.
+    #[must_use]
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+}
+
+impl core::ops::BitOr for AttrMask {
+    type Output = Self;
+    fn bitor(self, o: Self) -> Self {
+        self.with(o)
+    }
+}
+
+impl fmt::Debug for AttrMask {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut first = true;
+        let mut rest = self.0;
+        for (bit, name) in Self::NAMES {
+            if self.contains(*bit) {
+                if !first {
+                    f.write_str("|")?;
+                }
+                f.write_str(name)?;
+                first = false;
+                rest &= !bit.0;
+            }
+        }
+        if rest != 0 {
+            if !first {
+                f.write_str("|")?;
+            }
+            write!(f, "{rest:#x}")?;
+        } else if first {
+            f.write_str("NONE")?;
+        }
+        Ok(())
+    }
+}
+
+impl fmt::Display for AttrMask {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self, f)
+    }
+}
+
+/// The attributes of a QP (`struct ibv_qp_attr`, the fields roce-xdp uses). A `modify_qp` call
+/// reads only the fields its [`AttrMask`] names.
+#[derive(Clone, Debug)]
+pub struct QpAttr<P> {
+    /// Target state (`IBV_QP_STATE`).
+    pub qp_state: QpState,
+    /// Asserted current state (`IBV_QP_CUR_STATE`).
+    pub cur_qp_state: QpState,
+    /// Remote access the responder allows (`IBV_QP_ACCESS_FLAGS`: REMOTE_WRITE/READ/ATOMIC).
+    pub qp_access_flags: Access,
+    /// Index into the P_Key table (`IBV_QP_PKEY_INDEX`); roce-xdp's table has one entry, 0xffff.
+    pub pkey_index: u16,
+    /// Port number (`IBV_QP_PORT`), must be 1.
+    pub port_num: u8,
+    /// UD Q_Key (`IBV_QP_QKEY`).
+    pub qkey: QKey,
+    /// Address vector: the path frames to the peer take (`IBV_QP_AV`).
+    pub ah_attr: Option<P>,
+    /// Path MTU (`IBV_QP_PATH_MTU`).
+    pub path_mtu: Mtu,
+    /// Local ACK timeout exponent, 0..=31 (`IBV_QP_TIMEOUT`).
+    pub timeout: u8,
+    /// Transport retries, 0..=7 (`IBV_QP_RETRY_CNT`).
+    pub retry_cnt: u8,
+    /// RNR retries, 0..=7, 7 = forever (`IBV_QP_RNR_RETRY`).
+    pub rnr_retry: u8,
+    /// First expected request PSN (`IBV_QP_RQ_PSN`).
+    pub rq_psn: Psn,
+    /// First PSN the requester sends (`IBV_QP_SQ_PSN`).
+    pub sq_psn: Psn,
+    /// Outstanding READ/ATOMIC this QP may issue (`IBV_QP_MAX_QP_RD_ATOMIC`).
+    pub max_rd_atomic: u8,
+    /// READ/ATOMIC responder resources (`IBV_QP_MAX_DEST_RD_ATOMIC`).
+    pub max_dest_rd_atomic: u8,
+    /// RNR NAK timer code advertised to the peer, 0..=31 (`IBV_QP_MIN_RNR_TIMER`).
+    pub min_rnr_timer: u8,
+    /// The remote QP (`IBV_QP_DEST_QPN`).
+    pub dest_qp_num: Qpn,
+}
+
+impl<P> Default for QpAttr<P> {
+    fn default() -> Self {
+        Self {
+            qp_state: QpState::Reset,
+            cur_qp_state: QpState::Reset,
+            qp_access_flags: Access::empty(),
+            pkey_index: 0,
+            port_num: 1,
+            qkey: QKey::new(0),
+            ah_attr: None,
+            path_mtu: Mtu::Mtu1024,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            rq_psn: Psn::new(0),
+            sq_psn: Psn::new(0),
+            max_rd_atomic: 1,
+            max_dest_rd_atomic: 1,
+            min_rnr_timer: 12,
+            dest_qp_num: Qpn::new(0),
+        }
+    }
+}
+
+/// The P_Key table of a roce-xdp port: one full-membership default key.
+pub const PKEY_TABLE: [PKey; 1] = [PKey::DEFAULT];
+
+/// Why `modify_qp` refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum ModifyError {
+    /// The state table has no such transition for this QP type.
+    #[error("illegal QP transition {from} -> {to} for a {qp_type:?} QP")]
+    IllegalTransition {
+        /// Current state.
+        from: QpState,
+        /// Requested state.
+        to: QpState,
+        /// QP type.
+        qp_type: QpType,
+    },
+    /// The mask lacks attributes this transition requires.
+    #[error("modify {from} -> {to} requires {missing} in the attribute mask")]
+    MissingAttributes {
+        /// Current state.
+        from: QpState,
+        /// Requested state.
+        to: QpState,
+        /// The required attributes that were not given.
+        missing: AttrMask,
+    },
+    /// The mask has attributes this transition does not accept.
+    #[error("modify {from} -> {to} does not accept {extra} in the attribute mask")]
+    UnexpectedAttributes {
+        /// Current state.
+        from: QpState,
+        /// Requested state.
+        to: QpState,
+        /// The attributes that are neither required nor optional.
+        extra: AttrMask,
+    },
+    /// `IBV_QP_CUR_STATE` was given but does not match, or is not allowed from this state.
+    #[error("current state is {actual}, the caller asserted {asserted}")]
+    CurrentStateMismatch {
+        /// The QP's state.
+        actual: QpState,
+        /// The state in `cur_qp_state`.
+        asserted: QpState,
+    },
+    /// An attribute value is out of range.
+    #[error("invalid attribute {attr}: {reason}")]
+    InvalidValue {
+        /// The attribute.
+        attr: AttrMask,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+}
+
+/// The attributes a transition requires and accepts, or `None` if the transition is illegal.
+///
+/// This is the kernel's `qp_state_table` (verbs.c) restricted to RC and UD.
+#[must_use]
+pub fn transition_masks(
+    qp_type: QpType,
+    from: QpState,
+    to: QpState,
+) -> Option<(AttrMask, AttrMask)> {
+    use AttrMask as M;
+    use QpState::*;
+    let none = M::NONE;
+    let rc = qp_type == QpType::Rc;
+    Some(match (from, to) {
+        (_, Reset) | (_, Err) => (none, none),
+        (Reset, Init) => {
+            if rc {
+                (M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, none)
+            } else {
+                (M::PKEY_INDEX | M::PORT | M::QKEY, none)
+            }
+        }
+        (Init, Init) => {
+            if rc {
+                (none, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
+            } else {
+                (none, M::PKEY_INDEX | M::PORT | M::QKEY)
+            }
+        }
+        (Init, Rtr) => {
+            if rc {
+                (
+                    M::AV
+                        | M::PATH_MTU
+                        | M::DEST_QPN
+                        | M::RQ_PSN
+                        | M::MAX_DEST_RD_ATOMIC
+                        | M::MIN_RNR_TIMER,
+                    M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+                )
+            } else {
+                (none, M::PKEY_INDEX | M::QKEY)
+            }
+        }
+        (Rtr, Rts) => {
+            if rc {
+                (
+                    M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+                    M::CUR_STATE
+                        | M::ALT_PATH
+                        | M::ACCESS_FLAGS
+                        | M::MIN_RNR_TIMER
+                        | M::PATH_MIG_STATE,
+                )
+            } else {
+                (M::SQ_PSN, M::CUR_STATE | M::QKEY)
+            }
+        }
+        (Rts, Rts) | (Sqd, Rts) => {
+            if rc {
+                (
+                    none,
+                    M::CUR_STATE
+                        | M::ACCESS_FLAGS
+                        | M::ALT_PATH
+                        | M::PATH_MIG_STATE
+                        | M::MIN_RNR_TIMER,
+                )
+            } else {
+                (none, M::CUR_STATE | M::QKEY)
+            }
+        }
+        (Rts, Sqd) => (none, M::EN_SQD_ASYNC_NOTIFY),
+        (Sqd, Sqd) => {
+            if rc {
+                (
+                    none,
+                    M::PORT
+                        | M::AV
+                        | M::TIMEOUT
+                        | M::RETRY_CNT
+                        | M::RNR_RETRY
+                        | M::MAX_QP_RD_ATOMIC
+                        | M::MAX_DEST_RD_ATOMIC
+                        | M::ALT_PATH
+                        | M::ACCESS_FLAGS
+                        | M::PKEY_INDEX
+                        | M::MIN_RNR_TIMER
+                        | M::PATH_MIG_STATE,
+                )
+            } else {
+                (none, M::PKEY_INDEX | M::QKEY)
+            }
+        }
+        (Sqe, Rts) if !rc => (none, M::CUR_STATE | M::QKEY),
+        _ => return None,
+    })
+}
+
+/// Checks a `modify_qp` request against the state table and the attribute ranges
+/// (`ib_modify_qp_is_ok` plus rxe's `rxe_qp_chk_attr`). Returns the target state.
+///
+/// # Errors
+/// A [`ModifyError`] naming the illegal transition, the missing or unexpected attributes, or the
+/// out-of-range value.
+pub fn check_modify<P>(
+    qp_type: QpType,
+    cur: QpState,
+    attr: &QpAttr<P>,
+    mask: AttrMask,
+    max_rd_atomic: u8,
+) -> Result<QpState, ModifyError> {
+    let mut from = cur;
+    if mask.contains(AttrMask::CUR_STATE) {
+        let allowed = matches!(
+            attr.cur_qp_state,
+            QpState::Rtr | QpState::Rts | QpState::Sqd | QpState::Sqe
+        );
+        if !allowed || attr.cur_qp_state != cur {
+            return Err(ModifyError::CurrentStateMismatch {
+                actual: cur,
+                asserted: attr.cur_qp_state,
+            });
+        }
+        from = attr.cur_qp_state;
+    }
+    let to = if mask.contains(AttrMask::STATE) {
+        attr.qp_state
+    } else {
+        from
+    };
+    let (req, opt) = transition_masks(qp_type, from, to).ok_or(ModifyError::IllegalTransition {
+        from,
+        to,
+        qp_type,
+    })?;
+    let body = mask.minus(AttrMask::STATE);
+    let missing = req.minus(body);
+    if !missing.is_empty() {
+        return Err(ModifyError::MissingAttributes { from, to, missing });
+    }
+    let extra = body.minus(req.with(opt));
+    if !extra.is_empty() {
+        return Err(ModifyError::UnexpectedAttributes { from, to, extra });
+    }
+    let bad = |attr, reason| Err(ModifyError::InvalidValue { attr, reason });
+    if mask.contains(AttrMask::PORT) && attr.port_num != 1 {
+        return bad(AttrMask::PORT, "roce-xdp has one port, number 1");
+    }
+    if mask.contains(AttrMask::PKEY_INDEX) && usize::from(attr.pkey_index) >= PKEY_TABLE.len() {
+        return bad(AttrMask::PKEY_INDEX, "index beyond the P_Key table");
+    }
+    if mask.contains(AttrMask::AV) && attr.ah_attr.is_none() {
+        return bad(AttrMask::AV, "no address vector given");
+    }
+    if mask.contains(AttrMask::TIMEOUT) && attr.timeout > 31 {
+        return bad(AttrMask::TIMEOUT, "must be 0..=31");
+    }
+    if mask.contains(AttrMask::RETRY_CNT) && attr.retry_cnt > 7 {
+        return bad(AttrMask::RETRY_CNT, "must be 0..=7");
+    }
+    if mask.contains(AttrMask::RNR_RETRY) && attr.rnr_retry > 7 {
+        return bad(AttrMask::RNR_RETRY, "must be 0..=7");
+    }
+    if mask.contains(AttrMask::MIN_RNR_TIMER) && attr.min_rnr_timer > 31 {
+        return bad(AttrMask::MIN_RNR_TIMER, "must be 0..=31");
+    }
+    if mask.contains(AttrMask::MAX_QP_RD_ATOMIC) && attr.max_rd_atomic > max_rd_atomic {
+        return bad(
+            AttrMask::MAX_QP_RD_ATOMIC,
+            "above the device's max_qp_rd_atom",
+        );
+    }
+    if mask.contains(AttrMask::MAX_DEST_RD_ATOMIC) && attr.max_dest_rd_atomic > max_rd_atomic {
+        return bad(
+            AttrMask::MAX_DEST_RD_ATOMIC,
+            "above the device's max_qp_rd_atom",
+        );
+    }
+    if mask.contains(AttrMask::DEST_QPN) && attr.dest_qp_num.value() == 0 {
+        return bad(AttrMask::DEST_QPN, "QP 0 is not used on RoCE");
+    }
+    Ok(to)
+}

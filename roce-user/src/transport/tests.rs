@@ -1,0 +1,1691 @@
+//! One test per responder, completer and requester rule of reference/roce-v2.md §2.
+//!
+//! Responder and completer rules are tested on one device whose peer is played by the test:
+//! crafted packets go in through [`Device::handle_decoded`], and what comes out of
+//! [`Device::poll_transmit`] is parsed back with the wire module.
+
+use core::net::IpAddr;
+
+use super::pkt::{AtomicEth, Deth, Reth, syndrome};
+use super::sim::{Link, Pair, RcConfig, Side, bring_up, connect_rc, ip};
+use super::timer::local_ack_timeout;
+use super::*;
+use crate::wire::parse_frame;
+
+const PEER: u32 = 0x77;
+const RQ_PSN: u32 = 100;
+const SQ_PSN: u32 = 500;
+const BASE: u64 = 0x1000;
+
+struct H {
+    d: Device,
+    qpn: Qpn,
+    cq: CqId,
+    now: Instant,
+    mr: MrInfo,
+    mtu: u32,
+}
+
+fn h_with(cfg: &RcConfig) -> H {
+    let mut d = Device::new(DeviceConfig::default());
+    let cq = d.create_cq(cfg.cq_depth).unwrap();
+    let qpn = d
+        .create_qp(QpInit {
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: cfg.cap,
+            sq_sig_all: false,
+        })
+        .unwrap();
+    bring_up(
+        &mut d,
+        qpn,
+        Side::B,
+        Qpn::new(PEER),
+        Psn::new(SQ_PSN),
+        Psn::new(RQ_PSN),
+        cfg,
+    );
+    let mr = d.reg_mr(vec![0; 1 << 18], BASE, Access::all()).unwrap();
+    H {
+        d,
+        qpn,
+        cq,
+        now: Instant::ZERO,
+        mr,
+        mtu: cfg.mtu.bytes(),
+    }
+}
+
+fn h() -> H {
+    h_with(&RcConfig::default())
+}
+
+fn hdr(op: Opcode, psn: u32) -> PktHdr {
+    let mut h = PktHdr::new(op, Qpn::new(0), Psn::new(psn));
+    h.ack_req = op.info().unwrap().ends_message();
+    h
+}
+
+fn with_reth(mut h: PktHdr, va: u64, rkey: RKey, len: u32) -> PktHdr {
+    h.reth = Some(Reth { va, rkey, len });
+    h
+}
+
+fn with_atomic(mut h: PktHdr, va: u64, rkey: RKey, swap_add: u64, compare: u64) -> PktHdr {
+    h.atomic = Some(AtomicEth {
+        va,
+        rkey,
+        swap_add,
+        compare,
+    });
+    h
+}
+
+fn aeth_hdr(op: Opcode, psn: u32, syn: u8, msn: u32) -> PktHdr {
+    let mut h = PktHdr::new(op, Qpn::new(0), Psn::new(psn));
+    h.aeth = Some(pkt::Aeth {
+        syndrome: syn,
+        msn: Msn::new(msn),
+    });
+    h
+}
+
+impl H {
+    fn rx(&mut self, mut hdr: PktHdr, payload: &[u8]) {
+        hdr.dest_qp = self.qpn;
+        let pkt = RxPkt {
+            hdr,
+            payload,
+            ce: false,
+        };
+        let addrs = Some((IpAddr::V4(ip(Side::A)), IpAddr::V4(ip(Side::B))));
+        self.d.handle_decoded(self.now, &pkt, addrs);
+    }
+
+    fn tx(&mut self) -> Vec<(PktHdr, Vec<u8>)> {
+        let mut buf = vec![0; MAX_FRAME_LEN];
+        let mut out = Vec::new();
+        while let Some(t) = self.d.poll_transmit(self.now, &mut buf) {
+            let f = parse_frame(&buf[..t.size]).expect("own frames parse");
+            assert!(f.icrc_ok);
+            assert_eq!(f.roce.bth.dest_qp, Qpn::new(PEER));
+            out.push((PktHdr::from_repr(&f.roce), f.payload.to_vec()));
+        }
+        out
+    }
+
+    fn acks(&mut self) -> Vec<(u8, u32)> {
+        self.tx()
+            .into_iter()
+            .map(|(h, _)| (h.aeth.unwrap().syndrome, h.psn.value()))
+            .collect()
+    }
+
+    fn recv(&mut self, wr_id: u64, off: u64, len: u32) {
+        let sg = vec![Sge {
+            addr: BASE + off,
+            length: len,
+            lkey: self.mr.lkey,
+        }];
+        self.d
+            .post_recv(self.qpn, RecvWr { wr_id, sg_list: sg })
+            .unwrap();
+    }
+
+    fn sg(&self, off: u64, len: u32) -> Vec<Sge> {
+        vec![Sge {
+            addr: BASE + off,
+            length: len,
+            lkey: self.mr.lkey,
+        }]
+    }
+
+    fn wcs(&mut self) -> Vec<Wc> {
+        core::iter::from_fn(|| self.d.poll_cq(self.cq)).collect()
+    }
+
+    fn state(&self) -> QpState {
+        self.d.qp(self.qpn).unwrap().state()
+    }
+
+    fn c(&self) -> QpCounters {
+        *self.d.qp(self.qpn).unwrap().counters()
+    }
+
+    fn mem(&self, off: usize, len: usize) -> Vec<u8> {
+        self.d.mrs().bytes(self.mr.lkey).unwrap()[off..off + len].to_vec()
+    }
+
+    fn set_mem(&mut self, off: usize, data: &[u8]) {
+        self.d.mrs_mut().bytes_mut(self.mr.lkey).unwrap()[off..off + data.len()]
+            .copy_from_slice(data);
+    }
+
+    fn advance_to_timeout(&mut self) {
+        self.now = self.d.poll_timeout().expect("a timer is armed");
+        self.d.handle_timeout(self.now);
+    }
+}
+
+const ACK: u8 = syndrome::ACK_UNLIMITED;
+
+// ------------------------------------------------------------------ responder: check_psn
+
+#[test]
+fn resp_psn_ahead_naks_psn_sequence_error_once_per_gap() {
+    let mut h = h();
+    for i in 0..4 {
+        h.recv(i, 0, 64);
+    }
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 2), &[1; 8]);
+    assert_eq!(h.acks(), vec![(syndrome::NAK_PSN_SEQ_ERROR, RQ_PSN)]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 3), &[1; 8]);
+    assert_eq!(
+        h.acks(),
+        vec![],
+        "a second packet of the same gap is dropped silently"
+    );
+    assert_eq!(h.c().out_of_seq_request, 2);
+    assert_eq!(h.c().out_of_sequence, 2);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[1; 8]);
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN)]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 3), &[1; 8]);
+    assert_eq!(
+        h.acks(),
+        vec![(syndrome::NAK_PSN_SEQ_ERROR, RQ_PSN + 1)],
+        "a new gap gets its own NAK"
+    );
+    assert_eq!(h.state(), QpState::Rts, "class B: no state change");
+}
+
+#[test]
+fn resp_duplicate_send_is_reacked_with_previous_psn() {
+    let mut h = h();
+    h.recv(1, 0, 64);
+    h.recv(2, 64, 64);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[1; 8]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1), &[2; 8]);
+    assert_eq!(h.acks().len(), 2);
+    let mut dup = hdr(Opcode::RC_SEND_ONLY, RQ_PSN);
+    dup.ack_req = false;
+    h.rx(dup, &[9; 8]);
+    // C9-105: ACK again with the PSN before the expected one, even without AckReq.
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN + 1)]);
+    assert_eq!(h.c().duplicate_request, 1);
+    assert_eq!(h.wcs().len(), 2, "a duplicate never consumes a receive WR");
+    assert_eq!(h.mem(0, 8), vec![1; 8], "nor rewrites data");
+}
+
+#[test]
+fn resp_duplicate_write_is_reacked() {
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN), BASE, rkey, 4),
+        &[7; 4],
+    );
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN)]);
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN), BASE, rkey, 4),
+        &[8; 4],
+    );
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN)]);
+    assert_eq!(h.mem(0, 4), vec![7; 4]);
+}
+
+#[test]
+fn resp_duplicate_read_is_replayed_from_the_requested_psn() {
+    let mut h = h();
+    let data: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+    h.set_mem(0, &data);
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 3000),
+        &[],
+    );
+    let first = h.tx();
+    assert_eq!(first.len(), 3);
+    assert_eq!(h.d.qp(h.qpn).unwrap().expected_psn(), Psn::new(RQ_PSN + 3));
+    // The requester lost the first response and resumes at PSN+1, mid-way.
+    h.rx(
+        with_reth(
+            hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN + 1),
+            BASE + 1024,
+            rkey,
+            3000 - 1024,
+        ),
+        &[],
+    );
+    let replay = h.tx();
+    assert_eq!(replay.len(), 2);
+    assert_eq!(replay[0].0.opcode, Opcode::RC_RDMA_READ_RESPONSE_FIRST);
+    assert_eq!(replay[0].0.psn, Psn::new(RQ_PSN + 1));
+    assert_eq!(replay[0].1, data[1024..2048]);
+    assert_eq!(replay[1].0.opcode, Opcode::RC_RDMA_READ_RESPONSE_LAST);
+    assert_eq!(replay[1].1, data[2048..]);
+    assert_eq!(h.c().duplicate_request, 1);
+    assert_eq!(h.c().rx_read_requests, 1, "a replay is not a new READ");
+}
+
+#[test]
+fn resp_duplicate_read_with_another_range_is_dropped() {
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 3000),
+        &[],
+    );
+    let _ = h.tx();
+    h.rx(
+        with_reth(
+            hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN + 1),
+            BASE,
+            rkey,
+            100,
+        ),
+        &[],
+    );
+    assert!(h.tx().is_empty());
+    assert_eq!(h.state(), QpState::Rts);
+}
+
+#[test]
+fn resp_duplicate_atomic_returns_the_saved_result_without_reexecuting() {
+    let mut h = h();
+    h.set_mem(0, &5u64.to_le_bytes());
+    let rkey = h.mr.rkey;
+    let fa = with_atomic(hdr(Opcode::RC_FETCH_ADD, RQ_PSN), BASE, rkey, 3, 0);
+    h.rx(fa, &[]);
+    let out = h.tx();
+    assert_eq!(out[0].0.opcode, Opcode::RC_ATOMIC_ACKNOWLEDGE);
+    assert_eq!(out[0].0.atomic_ack, Some(5));
+    assert_eq!(h.mem(0, 8), 8u64.to_le_bytes());
+    h.rx(fa, &[]);
+    let out = h.tx();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0.atomic_ack, Some(5), "the saved original value");
+    assert_eq!(h.mem(0, 8), 8u64.to_le_bytes(), "executed exactly once");
+}
+
+// ------------------------------------------------------------------ responder: op sequence
+
+#[test]
+fn resp_op_seq_middle_without_first_is_invalid_request() {
+    let mut h = h();
+    h.recv(1, 0, 4096);
+    h.rx(hdr(Opcode::RC_SEND_MIDDLE, RQ_PSN), &[0; 1024]);
+    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN)]);
+    assert_eq!(h.state(), QpState::Err, "class C: the QP goes to ERR");
+    let w = h.wcs();
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0].status, WcStatus::WrFlushErr);
+}
+
+#[test]
+fn resp_op_seq_first_inside_a_message_is_invalid_request() {
+    let mut h = h();
+    h.recv(1, 0, 4096);
+    let mut f = hdr(Opcode::RC_SEND_FIRST, RQ_PSN);
+    f.ack_req = false;
+    h.rx(f, &[0; 1024]);
+    h.rx(hdr(Opcode::RC_SEND_FIRST, RQ_PSN + 1), &[0; 1024]);
+    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN + 1)]);
+    assert_eq!(h.wcs()[0].status, WcStatus::RemInvReqErr);
+}
+
+#[test]
+fn resp_op_seq_write_middle_inside_a_send_is_invalid_request() {
+    let mut h = h();
+    h.recv(1, 0, 4096);
+    let mut f = hdr(Opcode::RC_SEND_FIRST, RQ_PSN);
+    f.ack_req = false;
+    h.rx(f, &[0; 1024]);
+    h.rx(hdr(Opcode::RC_RDMA_WRITE_LAST, RQ_PSN + 1), &[0; 10]);
+    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN + 1)]);
+    assert_eq!(h.state(), QpState::Err);
+}
+
+// ------------------------------------------------------------------ responder: op valid
+
+#[test]
+fn resp_op_valid_needs_the_qp_access_flag_of_each_operation() {
+    for (allowed, op) in [
+        (
+            Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
+            Opcode::RC_RDMA_READ_REQUEST,
+        ),
+        (
+            Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            Opcode::RC_RDMA_WRITE_ONLY,
+        ),
+        (
+            Access::REMOTE_READ | Access::REMOTE_WRITE,
+            Opcode::RC_FETCH_ADD,
+        ),
+    ] {
+        let mut h = h_with(&RcConfig {
+            access: allowed,
+            ..RcConfig::default()
+        });
+        let rkey = h.mr.rkey;
+        let p = if op == Opcode::RC_FETCH_ADD {
+            with_atomic(hdr(op, RQ_PSN), BASE, rkey, 1, 0)
+        } else {
+            with_reth(hdr(op, RQ_PSN), BASE, rkey, 0)
+        };
+        h.rx(p, &[]);
+        assert_eq!(
+            h.acks(),
+            vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN)],
+            "{op:?}"
+        );
+        assert_eq!(h.state(), QpState::Err);
+    }
+}
+
+#[test]
+fn resp_op_valid_unsupported_opcode_is_invalid_request() {
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(hdr(Opcode::RC_ATOMIC_WRITE, RQ_PSN), BASE, rkey, 8),
+        &[0; 8],
+    );
+    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN)]);
+}
+
+// ------------------------------------------------------------------ responder: resources
+
+#[test]
+fn resp_resource_send_without_receive_wqe_sends_rnr_nak() {
+    let mut h = h_with(&RcConfig {
+        min_rnr_timer: 14,
+        ..RcConfig::default()
+    });
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[1; 8]);
+    assert_eq!(h.acks(), vec![(syndrome::RNR_NAK | 14, RQ_PSN)]);
+    assert_eq!(h.c().send_rnr_err, 1);
+    assert_eq!(h.c().out_of_buffer, 1);
+    assert_eq!(h.state(), QpState::Rts, "class B");
+    assert_eq!(h.d.qp(h.qpn).unwrap().expected_psn(), Psn::new(RQ_PSN));
+    h.recv(1, 0, 64);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[1; 8]);
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN)]);
+    assert_eq!(h.wcs()[0].byte_len, 8);
+}
+
+#[test]
+fn resp_resource_read_needs_max_dest_rd_atomic() {
+    let mut h = h_with(&RcConfig {
+        rd_atomic: 0,
+        ..RcConfig::default()
+    });
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 8),
+        &[],
+    );
+    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN)]);
+}
+
+#[test]
+fn resp_resource_too_many_outstanding_reads_is_invalid_request() {
+    let mut h = h_with(&RcConfig {
+        rd_atomic: 1,
+        ..RcConfig::default()
+    });
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 8),
+        &[],
+    );
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN + 1), BASE, rkey, 8),
+        &[],
+    );
+    let out = h.tx();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].0.opcode, Opcode::RC_ACKNOWLEDGE);
+    assert_eq!(
+        out[0].0.aeth.unwrap().syndrome,
+        syndrome::NAK_INVALID_REQUEST
+    );
+    assert_eq!(h.d.qp(h.qpn).unwrap().responder_resources(), 0);
+}
+
+// ------------------------------------------------------------------ responder: length
+
+#[test]
+fn resp_length_checks_against_path_mtu() {
+    let m = 1024usize;
+    for (name, first, op, len) in [
+        ("first short", None, Opcode::RC_SEND_FIRST, m - 4),
+        (
+            "middle short",
+            Some(Opcode::RC_SEND_FIRST),
+            Opcode::RC_SEND_MIDDLE,
+            m - 4,
+        ),
+        (
+            "last empty",
+            Some(Opcode::RC_SEND_FIRST),
+            Opcode::RC_SEND_LAST,
+            0,
+        ),
+        (
+            "last long",
+            Some(Opcode::RC_SEND_FIRST),
+            Opcode::RC_SEND_LAST,
+            m + 4,
+        ),
+        ("only long", None, Opcode::RC_SEND_ONLY, m + 4),
+    ] {
+        let mut h = h();
+        h.recv(1, 0, 8192);
+        let mut psn = RQ_PSN;
+        if let Some(f) = first {
+            let mut p = hdr(f, psn);
+            p.ack_req = false;
+            h.rx(p, &vec![0; m]);
+            psn += 1;
+        }
+        h.rx(hdr(op, psn), &vec![0; len]);
+        assert_eq!(
+            h.acks(),
+            vec![(syndrome::NAK_INVALID_REQUEST, psn)],
+            "{name}"
+        );
+        assert_eq!(h.state(), QpState::Err, "{name}");
+    }
+}
+
+#[test]
+fn resp_length_send_longer_than_the_receive_buffer_is_local_length_error() {
+    let mut h = h();
+    h.recv(1, 0, 100);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[0; 200]);
+    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN)]);
+    let w = h.wcs();
+    assert_eq!(w[0].status, WcStatus::LocLenErr);
+    assert_eq!(h.c().resp_local_length_error, 1);
+    assert_eq!(h.state(), QpState::Err);
+}
+
+#[test]
+fn resp_length_write_payload_must_match_the_reth_length() {
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN), BASE, rkey, 100),
+        &[0; 50],
+    );
+    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN)]);
+}
+
+// ------------------------------------------------------------------ responder: rkey
+
+#[test]
+fn resp_rkey_violations_nak_remote_access_error() {
+    let cases: [(&str, u64, i64, u32); 4] = [
+        ("unknown rkey", BASE, 1, 16),
+        ("beyond the region", BASE + (1 << 18) - 8, 0, 16),
+        ("va + len overflows", u64::MAX - 4, 0, 16),
+        ("below the region", BASE - 8, 0, 16),
+    ];
+    for (name, va, key_delta, len) in cases {
+        for op in [Opcode::RC_RDMA_WRITE_ONLY, Opcode::RC_RDMA_READ_REQUEST] {
+            let mut h = h();
+            let rkey = RKey::new(h.mr.rkey.value().wrapping_add(key_delta as u32));
+            let payload = if op == Opcode::RC_RDMA_WRITE_ONLY {
+                vec![0; len as usize]
+            } else {
+                vec![]
+            };
+            h.rx(with_reth(hdr(op, RQ_PSN), va, rkey, len), &payload);
+            assert_eq!(
+                h.acks(),
+                vec![(syndrome::NAK_REMOTE_ACCESS_ERROR, RQ_PSN)],
+                "{name} {op:?}"
+            );
+            assert_eq!(h.c().resp_remote_access_errors, 1);
+            assert_eq!(h.state(), QpState::Err);
+        }
+    }
+}
+
+#[test]
+fn resp_rkey_region_without_remote_write_right_is_remote_access_error() {
+    let mut h = h();
+    let ro =
+        h.d.reg_mr(vec![0; 64], 0x9000, Access::REMOTE_READ)
+            .unwrap();
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN), 0x9000, ro.rkey, 8),
+        &[0; 8],
+    );
+    assert_eq!(h.acks(), vec![(syndrome::NAK_REMOTE_ACCESS_ERROR, RQ_PSN)]);
+}
+
+#[test]
+fn resp_rkey_zero_length_write_needs_no_rkey() {
+    let mut h = h();
+    h.rx(
+        with_reth(
+            hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN),
+            0,
+            RKey::new(0xdead),
+            0,
+        ),
+        &[],
+    );
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN)]);
+}
+
+// ------------------------------------------------------------------ responder: execute
+
+#[test]
+fn resp_read_responses_are_segmented_with_aeth_on_first_and_last() {
+    let mut h = h();
+    let data: Vec<u8> = (0..2500u32).map(|i| i as u8).collect();
+    h.set_mem(0, &data);
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 2500),
+        &[],
+    );
+    let out = h.tx();
+    let ops: Vec<_> = out.iter().map(|(h, _)| h.opcode).collect();
+    assert_eq!(
+        ops,
+        [
+            Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+            Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+            Opcode::RC_RDMA_READ_RESPONSE_LAST
+        ]
+    );
+    assert!(out[1].0.aeth.is_none());
+    assert_eq!(out[0].0.aeth.unwrap().msn, Msn::new(1), "C9-148");
+    assert_eq!(out[2].0.aeth.unwrap().syndrome, ACK);
+    let psns: Vec<_> = out.iter().map(|(h, _)| h.psn.value()).collect();
+    assert_eq!(psns, [RQ_PSN, RQ_PSN + 1, RQ_PSN + 2]);
+    let got: Vec<u8> = out.iter().flat_map(|(_, p)| p.clone()).collect();
+    assert_eq!(got, data);
+    assert_eq!(h.d.qp(h.qpn).unwrap().expected_psn(), Psn::new(RQ_PSN + 3));
+}
+
+#[test]
+fn resp_zero_length_read_gets_one_empty_response_only() {
+    let mut h = h();
+    h.rx(
+        with_reth(
+            hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN),
+            0,
+            RKey::new(1),
+            0,
+        ),
+        &[],
+    );
+    let out = h.tx();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].0.opcode, Opcode::RC_RDMA_READ_RESPONSE_ONLY);
+    assert!(out[0].1.is_empty());
+}
+
+#[test]
+fn resp_atomic_requires_8_byte_alignment() {
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_atomic(hdr(Opcode::RC_COMPARE_SWAP, RQ_PSN), BASE + 4, rkey, 1, 0),
+        &[],
+    );
+    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN)]);
+}
+
+#[test]
+fn resp_atomic_compare_swap_swaps_only_on_equal() {
+    let mut h = h();
+    h.set_mem(8, &5u64.to_le_bytes());
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_atomic(hdr(Opcode::RC_COMPARE_SWAP, RQ_PSN), BASE + 8, rkey, 9, 5),
+        &[],
+    );
+    assert_eq!(h.tx()[0].0.atomic_ack, Some(5));
+    h.rx(
+        with_atomic(
+            hdr(Opcode::RC_COMPARE_SWAP, RQ_PSN + 1),
+            BASE + 8,
+            rkey,
+            1,
+            5,
+        ),
+        &[],
+    );
+    assert_eq!(h.tx()[0].0.atomic_ack, Some(9));
+    assert_eq!(h.mem(8, 8), 9u64.to_le_bytes());
+    assert_eq!(h.c().rx_atomic_requests, 2);
+}
+
+#[test]
+fn resp_ack_is_sent_only_when_ackreq_is_set() {
+    let mut h = h();
+    h.recv(1, 0, 64);
+    h.recv(2, 64, 64);
+    let mut p = hdr(Opcode::RC_SEND_ONLY, RQ_PSN);
+    p.ack_req = false;
+    h.rx(p, &[1; 4]);
+    assert!(h.tx().is_empty());
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1), &[1; 4]);
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN + 1)]);
+}
+
+#[test]
+fn resp_msn_counts_completed_messages() {
+    let mut h = h();
+    for i in 0..3 {
+        h.recv(i, 0, 4096);
+    }
+    let mut f = hdr(Opcode::RC_SEND_FIRST, RQ_PSN);
+    f.ack_req = true;
+    h.rx(f, &[0; 1024]);
+    h.rx(hdr(Opcode::RC_SEND_LAST, RQ_PSN + 1), &[0; 10]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 2), &[0; 10]);
+    let msns: Vec<u32> = h
+        .tx()
+        .iter()
+        .map(|(h, _)| h.aeth.unwrap().msn.value())
+        .collect();
+    assert_eq!(msns, [0, 1, 2]);
+}
+
+#[test]
+fn resp_send_with_invalidate_invalidates_the_rkey() {
+    let mut h = h();
+    h.recv(1, 0, 64);
+    let mut p = hdr(Opcode::RC_SEND_ONLY_WITH_INVALIDATE, RQ_PSN);
+    p.ieth = Some(h.mr.rkey);
+    h.rx(p, &[3; 4]);
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN)]);
+    let w = h.wcs();
+    assert!(w[0].wc_flags.contains(WcFlags::WITH_INV));
+    assert_eq!(w[0].invalidated_rkey, h.mr.rkey.value());
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN + 1), BASE, rkey, 4),
+        &[0; 4],
+    );
+    assert_eq!(
+        h.acks(),
+        vec![(syndrome::NAK_REMOTE_ACCESS_ERROR, RQ_PSN + 1)]
+    );
+}
+
+#[test]
+fn resp_send_with_invalidate_of_an_invalid_rkey_is_an_error() {
+    let mut h = h();
+    h.recv(1, 0, 64);
+    let mut p = hdr(Opcode::RC_SEND_ONLY_WITH_INVALIDATE, RQ_PSN);
+    p.ieth = Some(RKey::new(0x1234_5678));
+    h.rx(p, &[3; 4]);
+    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN)]);
+    assert_eq!(h.wcs()[0].status, WcStatus::RemInvReqErr);
+}
+
+#[test]
+fn resp_write_with_immediate_consumes_a_receive_wqe() {
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    let mut p = with_reth(
+        hdr(Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE, RQ_PSN),
+        BASE + 100,
+        rkey,
+        6,
+    );
+    p.imm = Some(0xabcd);
+    h.rx(p, &[5; 6]);
+    assert_eq!(
+        h.acks(),
+        vec![(syndrome::RNR_NAK | 1, RQ_PSN)],
+        "no receive WQE: RNR"
+    );
+    h.recv(9, 0, 0);
+    h.rx(p, &[5; 6]);
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN)]);
+    let w = h.wcs();
+    assert_eq!(w[0].opcode, WcOpcode::RecvRdmaWithImm);
+    assert_eq!(w[0].byte_len, 6);
+    assert_eq!(w[0].imm, 0xabcd);
+    assert_eq!(h.mem(100, 6), vec![5; 6]);
+}
+
+#[test]
+fn resp_multi_packet_write_lands_at_consecutive_addresses() {
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    let data: Vec<u8> = (0..2100u32).map(|i| (i % 251) as u8).collect();
+    let mut f = with_reth(hdr(Opcode::RC_RDMA_WRITE_FIRST, RQ_PSN), BASE, rkey, 2100);
+    f.ack_req = false;
+    h.rx(f, &data[..1024]);
+    let mut m = hdr(Opcode::RC_RDMA_WRITE_MIDDLE, RQ_PSN + 1);
+    m.ack_req = false;
+    h.rx(m, &data[1024..2048]);
+    h.rx(hdr(Opcode::RC_RDMA_WRITE_LAST, RQ_PSN + 2), &data[2048..]);
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN + 2)]);
+    assert_eq!(h.mem(0, 2100), data);
+    assert_eq!(h.c().rx_write_requests, 1);
+}
+
+// ------------------------------------------------------------------ receive checks
+
+#[test]
+fn recv_wrong_pkey_or_foreign_source_is_dropped() {
+    let mut h = h();
+    h.recv(1, 0, 64);
+    let mut p = hdr(Opcode::RC_SEND_ONLY, RQ_PSN);
+    p.pkey = PKey::new(0x1234);
+    h.rx(p, &[0; 4]);
+    assert_eq!(h.d.device_counters().bad_pkey_cntr, 1);
+    let mut p = hdr(Opcode::RC_SEND_ONLY, RQ_PSN);
+    p.dest_qp = h.qpn;
+    let pkt = RxPkt {
+        hdr: p,
+        payload: &[0; 4],
+        ce: false,
+    };
+    let stranger = IpAddr::V4(core::net::Ipv4Addr::new(10, 9, 9, 9));
+    h.d.handle_decoded(h.now, &pkt, Some((stranger, IpAddr::V4(ip(Side::B)))));
+    assert!(h.tx().is_empty());
+    assert_eq!(h.c().rx_dropped, 1);
+}
+
+#[test]
+fn recv_requests_before_rtr_are_dropped() {
+    let mut d = Device::new(DeviceConfig::default());
+    let cq = d.create_cq(16).unwrap();
+    let qpn = d
+        .create_qp(QpInit {
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        })
+        .unwrap();
+    let mut p = hdr(Opcode::RC_SEND_ONLY, 0);
+    p.dest_qp = qpn;
+    d.handle_decoded(
+        Instant::ZERO,
+        &RxPkt {
+            hdr: p,
+            payload: &[],
+            ce: false,
+        },
+        None,
+    );
+    assert_eq!(d.qp(qpn).unwrap().counters().rx_dropped, 1);
+    let mut buf = vec![0; MAX_FRAME_LEN];
+    assert!(d.poll_transmit(Instant::ZERO, &mut buf).is_none());
+}
+
+#[test]
+fn recv_unknown_qp_and_garbage_frames_are_counted() {
+    let mut h = h();
+    h.d.handle_packet(h.now, &[0u8; 60]);
+    assert_eq!(h.d.device_counters().rx_malformed, 1);
+    let mut p = hdr(Opcode::RC_SEND_ONLY, RQ_PSN);
+    p.dest_qp = Qpn::new(0x4242);
+    h.d.handle_decoded(
+        h.now,
+        &RxPkt {
+            hdr: p,
+            payload: &[],
+            ce: false,
+        },
+        None,
+    );
+    assert_eq!(h.d.device_counters().rx_unknown_qp, 1);
+}
+
+// ------------------------------------------------------------------ requester
+
+fn sends(h: &mut H, n: u64, len: u32) {
+    for i in 0..n {
+        let sg = h.sg(i * 64, len);
+        h.d.post_send(h.qpn, SendWr::send(i + 1, sg)).unwrap();
+    }
+}
+
+#[test]
+fn req_segments_messages_by_path_mtu() {
+    for mtu in [
+        Mtu::Mtu256,
+        Mtu::Mtu512,
+        Mtu::Mtu1024,
+        Mtu::Mtu2048,
+        Mtu::Mtu4096,
+    ] {
+        let mut h = h_with(&RcConfig {
+            mtu,
+            ..RcConfig::default()
+        });
+        let m = mtu.bytes();
+        let sg = h.sg(0, m * 2 + m / 2);
+        h.d.post_send(h.qpn, SendWr::send(1, sg)).unwrap();
+        h.d.post_send(h.qpn, SendWr::send(2, vec![])).unwrap();
+        let out = h.tx();
+        let got: Vec<_> = out
+            .iter()
+            .map(|(h, p)| (h.opcode, p.len() as u32, h.psn.value()))
+            .collect();
+        assert_eq!(
+            got,
+            [
+                (Opcode::RC_SEND_FIRST, m, SQ_PSN),
+                (Opcode::RC_SEND_MIDDLE, m, SQ_PSN + 1),
+                (Opcode::RC_SEND_LAST, m / 2, SQ_PSN + 2),
+                (Opcode::RC_SEND_ONLY, 0, SQ_PSN + 3),
+            ],
+            "{mtu:?}"
+        );
+    }
+}
+
+#[test]
+fn req_ackreq_on_the_last_packet_and_every_64_packets() {
+    let mut h = h();
+    let sg = h.sg(0, 100 * 1024);
+    let rkey = RKey::new(1);
+    h.d.post_send(
+        h.qpn,
+        SendWr::new(
+            1,
+            SendOp::Write {
+                remote_addr: 0,
+                rkey,
+            },
+            sg,
+        ),
+    )
+    .unwrap();
+    let out = h.tx();
+    assert_eq!(out.len(), 100);
+    let with: Vec<usize> = out
+        .iter()
+        .enumerate()
+        .filter(|(_, (h, _))| h.ack_req)
+        .map(|(i, _)| i)
+        .collect();
+    assert_eq!(with, [63, 99]);
+    assert!(out[0].0.reth.is_some() && out[1].0.reth.is_none());
+}
+
+#[test]
+fn req_window_stalls_at_128_unacked_psns() {
+    let mut h = h();
+    let sg = h.sg(0, 200 * 1024);
+    h.d.post_send(
+        h.qpn,
+        SendWr::new(
+            1,
+            SendOp::Write {
+                remote_addr: 0,
+                rkey: RKey::new(1),
+            },
+            sg,
+        ),
+    )
+    .unwrap();
+    assert_eq!(h.tx().len(), 128);
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 63, ACK, 0), &[]);
+    assert_eq!(h.tx().len(), 64);
+    assert!(h.wcs().is_empty(), "the WRITE is not complete yet");
+}
+
+#[test]
+fn req_max_rd_atomic_limits_outstanding_reads() {
+    let mut h = h_with(&RcConfig {
+        rd_atomic: 2,
+        ..RcConfig::default()
+    });
+    for i in 0..3 {
+        let sg = h.sg(i * 64, 8);
+        h.d.post_send(
+            h.qpn,
+            SendWr::new(
+                i,
+                SendOp::Read {
+                    remote_addr: 0,
+                    rkey: RKey::new(1),
+                },
+                sg,
+            ),
+        )
+        .unwrap();
+    }
+    assert_eq!(h.tx().len(), 2);
+    h.rx(
+        aeth_hdr(Opcode::RC_RDMA_READ_RESPONSE_ONLY, SQ_PSN, ACK, 1),
+        &[1; 8],
+    );
+    let out = h.tx();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0.psn, Psn::new(SQ_PSN + 2));
+    assert_eq!(h.wcs().len(), 1);
+}
+
+#[test]
+fn req_solicited_event_only_on_the_last_packet() {
+    let mut h = h();
+    let sg = h.sg(0, 2000);
+    let mut wr = SendWr::send(1, sg);
+    wr.op = SendOp::SendWithImm { imm: 0x55 };
+    wr.flags = SendFlags::SIGNALED | SendFlags::SOLICITED;
+    h.d.post_send(h.qpn, wr).unwrap();
+    let out = h.tx();
+    assert_eq!(out[0].0.opcode, Opcode::RC_SEND_FIRST);
+    assert!(!out[0].0.se && out[0].0.imm.is_none());
+    assert_eq!(out[1].0.opcode, Opcode::RC_SEND_LAST_WITH_IMMEDIATE);
+    assert!(out[1].0.se);
+    assert_eq!(out[1].0.imm, Some(0x55));
+}
+
+// ------------------------------------------------------------------ completer
+
+#[test]
+fn comp_ack_completes_every_covered_wr_in_order() {
+    let mut h = h();
+    sends(&mut h, 3, 8);
+    assert_eq!(h.tx().len(), 3);
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 2, ACK, 3), &[]);
+    let ids: Vec<u64> = h.wcs().iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, [1, 2, 3]);
+    assert_eq!(
+        h.d.poll_timeout(),
+        None,
+        "nothing outstanding: timer stopped"
+    );
+}
+
+#[test]
+fn comp_ack_covering_an_unanswered_read_is_an_implied_nak() {
+    let mut h = h();
+    let sg = h.sg(0, 8);
+    h.d.post_send(
+        h.qpn,
+        SendWr::new(
+            1,
+            SendOp::Read {
+                remote_addr: 0,
+                rkey: RKey::new(1),
+            },
+            sg,
+        ),
+    )
+    .unwrap();
+    sends(&mut h, 1, 8);
+    assert_eq!(h.tx().len(), 2);
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 1, ACK, 2), &[]);
+    assert!(h.wcs().is_empty());
+    assert_eq!(h.c().implied_nak_seq_err, 1);
+    let out = h.tx();
+    assert_eq!(out[0].0.opcode, Opcode::RC_RDMA_READ_REQUEST);
+    assert_eq!(out[0].0.psn, Psn::new(SQ_PSN));
+}
+
+#[test]
+fn comp_rnr_nak_waits_the_rnr_timer_then_retries() {
+    let mut h = h();
+    sends(&mut h, 1, 8);
+    let _ = h.tx();
+    h.rx(
+        aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, syndrome::RNR_NAK | 14, 0),
+        &[],
+    );
+    assert!(h.tx().is_empty(), "stalled during the RNR timer");
+    assert_eq!(
+        h.d.poll_timeout(),
+        Some(h.now + core::time::Duration::from_micros(1280))
+    );
+    h.advance_to_timeout();
+    let out = h.tx();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0.psn, Psn::new(SQ_PSN));
+    assert_eq!(h.c().rcvd_rnr_err, 1);
+}
+
+#[test]
+fn comp_rnr_retry_exhausted_completes_with_rnr_retry_exceeded() {
+    let mut h = h_with(&RcConfig {
+        rnr_retry: 1,
+        ..RcConfig::default()
+    });
+    sends(&mut h, 2, 8);
+    let _ = h.tx();
+    for _ in 0..2 {
+        h.rx(
+            aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, syndrome::RNR_NAK | 1, 0),
+            &[],
+        );
+        if h.state() == QpState::Rts {
+            h.advance_to_timeout();
+            let _ = h.tx();
+        }
+    }
+    let w = h.wcs();
+    assert_eq!(w[0].status, WcStatus::RnrRetryExcErr);
+    assert_eq!(w[1].status, WcStatus::WrFlushErr);
+    assert_eq!(h.state(), QpState::Err);
+    assert_eq!(h.c().retry_rnr_exceeded_err, 1);
+    assert_eq!(h.c().rnr_nak_retry_err, 1);
+}
+
+#[test]
+fn comp_rnr_retry_7_retries_forever() {
+    let mut h = h_with(&RcConfig {
+        rnr_retry: 7,
+        ..RcConfig::default()
+    });
+    sends(&mut h, 1, 8);
+    let _ = h.tx();
+    for _ in 0..50 {
+        h.rx(
+            aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, syndrome::RNR_NAK | 1, 0),
+            &[],
+        );
+        h.advance_to_timeout();
+        assert_eq!(h.tx().len(), 1);
+    }
+    assert_eq!(h.state(), QpState::Rts);
+    assert_eq!(h.c().rcvd_rnr_err, 50);
+}
+
+#[test]
+fn comp_nak_psn_sequence_error_goes_back_n_from_the_nak_psn() {
+    let mut h = h();
+    sends(&mut h, 4, 8);
+    assert_eq!(h.tx().len(), 4);
+    h.rx(
+        aeth_hdr(
+            Opcode::RC_ACKNOWLEDGE,
+            SQ_PSN + 2,
+            syndrome::NAK_PSN_SEQ_ERROR,
+            2,
+        ),
+        &[],
+    );
+    let ids: Vec<u64> = h.wcs().iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, [1, 2], "the NAK implicitly acks the earlier PSNs");
+    let psns: Vec<u32> = h.tx().iter().map(|(h, _)| h.psn.value()).collect();
+    assert_eq!(psns, [SQ_PSN + 2, SQ_PSN + 3]);
+    assert_eq!(h.c().rcvd_seq_err, 1);
+    assert_eq!(h.c().packet_seq_err, 1);
+}
+
+#[test]
+fn comp_nak_codes_map_to_work_completion_statuses() {
+    for (code, status) in [
+        (syndrome::NAK_INVALID_REQUEST, WcStatus::RemInvReqErr),
+        (syndrome::NAK_REMOTE_ACCESS_ERROR, WcStatus::RemAccessErr),
+        (syndrome::NAK_REMOTE_OPERATIONAL_ERROR, WcStatus::RemOpErr),
+        (0x6f, WcStatus::RemOpErr),
+    ] {
+        let mut h = h();
+        sends(&mut h, 2, 8);
+        let _ = h.tx();
+        h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, code, 0), &[]);
+        let w = h.wcs();
+        assert_eq!(w[0].status, status, "{code:#x}");
+        assert_eq!(w[1].status, WcStatus::WrFlushErr);
+        assert_eq!(h.state(), QpState::Err);
+        assert_eq!(
+            h.d.poll_event(),
+            Some(Event::QpFatal {
+                qpn: h.qpn,
+                from: QpState::Rts
+            })
+        );
+    }
+}
+
+#[test]
+fn comp_local_ack_timeout_retries_then_fails_with_retry_exceeded() {
+    let mut h = h_with(&RcConfig {
+        retry_cnt: 2,
+        timeout: 10,
+        ..RcConfig::default()
+    });
+    sends(&mut h, 1, 8);
+    let _ = h.tx();
+    assert_eq!(
+        h.d.poll_timeout(),
+        Some(h.now + local_ack_timeout(10).unwrap())
+    );
+    assert_eq!(local_ack_timeout(10).unwrap().as_nanos(), 4096 << 10);
+    for n in 1..=2 {
+        h.advance_to_timeout();
+        assert_eq!(h.tx().len(), 1, "retry {n}");
+    }
+    h.advance_to_timeout();
+    assert_eq!(h.wcs()[0].status, WcStatus::RetryExcErr);
+    assert_eq!(h.state(), QpState::Err);
+    assert_eq!(h.c().local_ack_timeout_err, 3);
+    assert_eq!(h.c().retry_exceeded_err, 1);
+    assert_eq!(h.c().req_transport_retries_exceeded, 1);
+}
+
+#[test]
+fn comp_read_resumes_mid_way_after_a_lost_response() {
+    let mut h = h();
+    let sg = h.sg(0, 3000);
+    h.d.post_send(
+        h.qpn,
+        SendWr::new(
+            1,
+            SendOp::Read {
+                remote_addr: 0x5000,
+                rkey: RKey::new(9),
+            },
+            sg,
+        ),
+    )
+    .unwrap();
+    let _ = h.tx();
+    let data: Vec<u8> = (0..3000u32).map(|i| (i * 3) as u8).collect();
+    h.rx(
+        aeth_hdr(Opcode::RC_RDMA_READ_RESPONSE_FIRST, SQ_PSN, ACK, 1),
+        &data[..1024],
+    );
+    // PSN+1 is lost; LAST arrives.
+    h.rx(
+        aeth_hdr(Opcode::RC_RDMA_READ_RESPONSE_LAST, SQ_PSN + 2, ACK, 1),
+        &data[2048..],
+    );
+    assert_eq!(h.c().implied_nak_seq_err, 1);
+    let out = h.tx();
+    assert_eq!(out.len(), 1);
+    let r = out[0].0.reth.unwrap();
+    assert_eq!(out[0].0.psn, Psn::new(SQ_PSN + 1));
+    assert_eq!((r.va, r.len), (0x5000 + 1024, 3000 - 1024));
+    h.rx(
+        aeth_hdr(Opcode::RC_RDMA_READ_RESPONSE_FIRST, SQ_PSN + 1, ACK, 1),
+        &data[1024..2048],
+    );
+    h.rx(
+        aeth_hdr(Opcode::RC_RDMA_READ_RESPONSE_LAST, SQ_PSN + 2, ACK, 1),
+        &data[2048..],
+    );
+    let w = h.wcs();
+    assert_eq!(w[0].status, WcStatus::Success);
+    assert_eq!(w[0].opcode, WcOpcode::RdmaRead);
+    assert_eq!(h.mem(0, 3000), data);
+}
+
+#[test]
+fn comp_response_for_an_unsent_psn_is_a_dropped_ghost() {
+    let mut h = h();
+    sends(&mut h, 1, 8);
+    let _ = h.tx();
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 5, ACK, 0), &[]);
+    assert!(h.wcs().is_empty());
+    assert_eq!(h.c().rx_dropped, 1);
+}
+
+#[test]
+fn comp_duplicate_read_response_is_dropped() {
+    let mut h = h();
+    let sg = h.sg(0, 8);
+    h.d.post_send(
+        h.qpn,
+        SendWr::new(
+            1,
+            SendOp::Read {
+                remote_addr: 0,
+                rkey: RKey::new(1),
+            },
+            sg,
+        ),
+    )
+    .unwrap();
+    let _ = h.tx();
+    let resp = aeth_hdr(Opcode::RC_RDMA_READ_RESPONSE_ONLY, SQ_PSN, ACK, 1);
+    h.rx(resp, &[4; 8]);
+    h.rx(resp, &[5; 8]);
+    assert_eq!(h.wcs().len(), 1);
+    assert_eq!(h.mem(0, 8), vec![4; 8]);
+}
+
+#[test]
+fn comp_atomic_ack_delivers_the_original_value() {
+    let mut h = h();
+    let sg = h.sg(0, 8);
+    h.d.post_send(
+        h.qpn,
+        SendWr::new(
+            1,
+            SendOp::FetchAdd {
+                remote_addr: 0x8,
+                rkey: RKey::new(1),
+                add: 2,
+            },
+            sg,
+        ),
+    )
+    .unwrap();
+    let out = h.tx();
+    assert_eq!(out[0].0.opcode, Opcode::RC_FETCH_ADD);
+    let mut ack = aeth_hdr(Opcode::RC_ATOMIC_ACKNOWLEDGE, SQ_PSN, ACK, 1);
+    ack.atomic_ack = Some(42);
+    h.rx(ack, &[]);
+    let w = h.wcs();
+    assert_eq!(w[0].opcode, WcOpcode::FetchAdd);
+    assert_eq!(h.mem(0, 8), 42u64.to_le_bytes());
+}
+
+// ------------------------------------------------------------------ QP state and modify
+
+#[test]
+fn modify_enforces_the_state_table_and_masks() {
+    let mut h = h();
+    let qpn = h.d.create_qp(QpInit {
+        qp_type: QpType::Rc,
+        send_cq: h.cq,
+        recv_cq: h.cq,
+        cap: QpCap::default(),
+        sq_sig_all: false,
+    });
+    let qpn = qpn.unwrap();
+    let mut a: QpAttr<Path> = QpAttr {
+        qp_state: QpState::Init,
+        ..QpAttr::default()
+    };
+    let e = h.d.modify_qp(
+        qpn,
+        &a,
+        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT,
+    );
+    assert!(matches!(
+        e,
+        Err(DeviceError::Modify(ModifyError::MissingAttributes { missing, .. })) if missing == AttrMask::ACCESS_FLAGS
+    ));
+    let all = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
+    let e = h.d.modify_qp(qpn, &a, all | AttrMask::TIMEOUT);
+    assert!(matches!(
+        e,
+        Err(DeviceError::Modify(ModifyError::UnexpectedAttributes { extra, .. })) if extra == AttrMask::TIMEOUT
+    ));
+    a.qp_state = QpState::Rts;
+    assert!(matches!(
+        h.d.modify_qp(qpn, &a, AttrMask::STATE),
+        Err(DeviceError::Modify(ModifyError::IllegalTransition { .. }))
+    ));
+    a.qp_state = QpState::Sqe;
+    assert!(matches!(
+        h.d.modify_qp(qpn, &a, AttrMask::STATE),
+        Err(DeviceError::Modify(ModifyError::IllegalTransition { .. }))
+    ));
+    a.qp_state = QpState::Init;
+    a.port_num = 2;
+    assert!(matches!(
+        h.d.modify_qp(qpn, &a, all),
+        Err(DeviceError::Modify(ModifyError::InvalidValue { .. }))
+    ));
+    a.port_num = 1;
+    h.d.modify_qp(qpn, &a, all).unwrap();
+    a.qp_state = QpState::Rtr;
+    assert!(matches!(
+        h.d.modify_qp(qpn, &a, AttrMask::STATE | AttrMask::PATH_MTU),
+        Err(DeviceError::Modify(ModifyError::MissingAttributes { .. }))
+    ));
+    a.qp_state = QpState::Rts;
+    a.cur_qp_state = QpState::Rts;
+    assert!(
+        matches!(
+            h.d.modify_qp(h.qpn, &a, AttrMask::STATE | AttrMask::CUR_STATE),
+            Ok(())
+        ),
+        "RTS->RTS with CUR_STATE"
+    );
+    a.qp_state = QpState::Rts;
+    a.cur_qp_state = QpState::Rtr;
+    assert!(matches!(
+        h.d.modify_qp(h.qpn, &a, AttrMask::STATE | AttrMask::CUR_STATE),
+        Err(DeviceError::Modify(
+            ModifyError::CurrentStateMismatch { .. }
+        ))
+    ));
+    assert!(matches!(
+        h.d.modify_qp(h.qpn, &a, AttrMask::STATE | AttrMask::TIMEOUT),
+        Err(DeviceError::Modify(
+            ModifyError::UnexpectedAttributes { .. }
+        ))
+    ));
+    let _ = h.mtu;
+}
+
+#[test]
+fn modify_ud_reset_to_init_requires_qkey() {
+    let mut d = Device::new(DeviceConfig::default());
+    let cq = d.create_cq(16).unwrap();
+    let qpn = d
+        .create_qp(QpInit {
+            qp_type: QpType::Ud,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: QpCap::default(),
+            sq_sig_all: true,
+        })
+        .unwrap();
+    let a: QpAttr<Path> = QpAttr {
+        qp_state: QpState::Init,
+        ..QpAttr::default()
+    };
+    let e = d.modify_qp(
+        qpn,
+        &a,
+        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT,
+    );
+    assert!(matches!(
+        e,
+        Err(DeviceError::Modify(ModifyError::MissingAttributes { missing, .. })) if missing == AttrMask::QKEY
+    ));
+}
+
+#[test]
+fn err_flushes_every_outstanding_wr_in_order() {
+    let mut h = h();
+    sends(&mut h, 3, 8);
+    h.recv(10, 0, 8);
+    h.recv(11, 8, 8);
+    let _ = h.tx();
+    let a: QpAttr<Path> = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    h.d.modify_qp(h.qpn, &a, AttrMask::STATE).unwrap();
+    let w = h.wcs();
+    let got: Vec<(u64, WcStatus)> = w.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        got,
+        [
+            (1, WcStatus::WrFlushErr),
+            (2, WcStatus::WrFlushErr),
+            (3, WcStatus::WrFlushErr),
+            (10, WcStatus::WrFlushErr),
+            (11, WcStatus::WrFlushErr)
+        ]
+    );
+    sends(&mut h, 1, 8);
+    assert_eq!(
+        h.wcs()[0].status,
+        WcStatus::WrFlushErr,
+        "posting in ERR flushes"
+    );
+    assert!(h.tx().is_empty());
+    assert_eq!(h.c().req_cqe_flush_error, 4);
+    assert_eq!(h.c().resp_cqe_flush_error, 2);
+}
+
+#[test]
+fn reset_discards_queues_and_restarts() {
+    let mut h = h();
+    sends(&mut h, 2, 8);
+    let a: QpAttr<Path> = QpAttr::default();
+    h.d.modify_qp(h.qpn, &a, AttrMask::STATE).unwrap();
+    assert_eq!(h.state(), QpState::Reset);
+    assert!(h.wcs().is_empty());
+    assert_eq!(h.d.qp(h.qpn).unwrap().send_queue_len(), 0);
+    assert!(matches!(
+        h.d.post_send(h.qpn, SendWr::send(1, vec![])),
+        Err(PostError::InvalidState(QpState::Reset))
+    ));
+}
+
+#[test]
+fn sqd_finishes_started_wrs_and_reports_drained() {
+    let mut h = h();
+    sends(&mut h, 1, 8);
+    let _ = h.tx();
+    sends(&mut h, 1, 8);
+    let a: QpAttr<Path> = QpAttr {
+        qp_state: QpState::Sqd,
+        ..QpAttr::default()
+    };
+    h.d.modify_qp(h.qpn, &a, AttrMask::STATE).unwrap();
+    assert!(h.tx().is_empty(), "SQD starts no new WR");
+    assert_eq!(h.d.poll_event(), None);
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, ACK, 1), &[]);
+    assert_eq!(h.d.poll_event(), Some(Event::SqDrained { qpn: h.qpn }));
+    let a: QpAttr<Path> = QpAttr {
+        qp_state: QpState::Rts,
+        ..QpAttr::default()
+    };
+    h.d.modify_qp(h.qpn, &a, AttrMask::STATE).unwrap();
+    assert_eq!(h.tx().len(), 1);
+}
+
+#[test]
+fn cq_overflow_is_reported_and_moves_the_qp_to_err() {
+    let mut h = h_with(&RcConfig {
+        cq_depth: 2,
+        ..RcConfig::default()
+    });
+    sends(&mut h, 3, 8);
+    let _ = h.tx();
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 2, ACK, 3), &[]);
+    assert_eq!(h.d.poll_event(), Some(Event::CqOverflow { cq: h.cq }));
+    assert!(h.d.cq(h.cq).unwrap().overflowed());
+    assert_eq!(h.state(), QpState::Err);
+    assert!(h.c().cq_overflow >= 1);
+}
+
+#[test]
+fn dereg_mr_while_a_send_is_in_flight_fails_cleanly() {
+    let mut h = h();
+    let sg = h.sg(0, 3000);
+    h.d.post_send(h.qpn, SendWr::send(1, sg)).unwrap();
+    let mut buf = vec![0; MAX_FRAME_LEN];
+    assert!(h.d.poll_transmit(h.now, &mut buf).is_some());
+    let lkey = h.mr.lkey;
+    let mem = h.d.dereg_mr(lkey).unwrap();
+    assert_eq!(mem.len(), 1 << 18);
+    assert!(h.tx().is_empty());
+    let w = h.wcs();
+    assert_eq!(w[0].status, WcStatus::LocProtErr);
+    assert_eq!(h.state(), QpState::Err);
+}
+
+#[test]
+fn dereg_mr_during_a_remote_write_naks_remote_access() {
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    let mut f = with_reth(hdr(Opcode::RC_RDMA_WRITE_FIRST, RQ_PSN), BASE, rkey, 2048);
+    f.ack_req = false;
+    h.rx(f, &[1; 1024]);
+    let lkey = h.mr.lkey;
+    h.d.dereg_mr(lkey).unwrap();
+    h.rx(hdr(Opcode::RC_RDMA_WRITE_LAST, RQ_PSN + 1), &[1; 1024]);
+    assert_eq!(
+        h.acks(),
+        vec![(syndrome::NAK_REMOTE_ACCESS_ERROR, RQ_PSN + 1)]
+    );
+}
+
+// ------------------------------------------------------------------ UD
+
+#[test]
+fn ud_send_carries_deth_and_qkey_and_the_receiver_gets_a_grh() {
+    let mut p = Pair::new(3, DeviceConfig::default(), Link::default());
+    let mut qps = Vec::new();
+    for side in [Side::A, Side::B] {
+        let d = p.dev(side);
+        let cq = d.create_cq(16).unwrap();
+        let qpn = d
+            .create_qp(QpInit {
+                qp_type: QpType::Ud,
+                send_cq: cq,
+                recv_cq: cq,
+                cap: QpCap::default(),
+                sq_sig_all: true,
+            })
+            .unwrap();
+        let mut a: QpAttr<Path> = QpAttr {
+            qp_state: QpState::Init,
+            qkey: QKey::new(0x1111_1111),
+            ..QpAttr::default()
+        };
+        d.modify_qp(
+            qpn,
+            &a,
+            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY,
+        )
+        .unwrap();
+        a.qp_state = QpState::Rtr;
+        d.modify_qp(qpn, &a, AttrMask::STATE).unwrap();
+        a.qp_state = QpState::Rts;
+        d.modify_qp(qpn, &a, AttrMask::STATE | AttrMask::SQ_PSN)
+            .unwrap();
+        let m = d.reg_mr(vec![0x33; 256], 0x1000, Access::all()).unwrap();
+        qps.push((qpn, cq, m));
+    }
+    let (qa, ca, ma) = qps[0];
+    let (qb, cb, mb) = qps[1];
+    for (i, qkey) in [(1u64, 0x1111_1111u32), (2, 0x2222_2222)] {
+        p.b.post_recv(
+            qb,
+            RecvWr {
+                wr_id: i,
+                sg_list: vec![Sge {
+                    addr: 0x1000,
+                    length: 200,
+                    lkey: mb.lkey,
+                }],
+            },
+        )
+        .unwrap();
+        let mut wr = SendWr::send(
+            i,
+            vec![Sge {
+                addr: 0x1000,
+                length: 100,
+                lkey: ma.lkey,
+            }],
+        );
+        wr.ud = Some(UdDest {
+            path: sim::path(Side::A),
+            remote_qpn: qb,
+            remote_qkey: QKey::new(qkey),
+        });
+        p.a.post_send(qa, wr).unwrap();
+        assert!(p.drive(100));
+    }
+    let wa: Vec<_> = core::iter::from_fn(|| p.a.poll_cq(ca)).collect();
+    assert_eq!(wa.len(), 2);
+    assert!(wa.iter().all(|w| w.status == WcStatus::Success));
+    let wb: Vec<_> = core::iter::from_fn(|| p.b.poll_cq(cb)).collect();
+    assert_eq!(wb.len(), 1, "the wrong Q_Key is dropped");
+    assert_eq!(wb[0].byte_len, 140);
+    assert_eq!(wb[0].src_qp, qa);
+    assert!(wb[0].wc_flags.contains(WcFlags::GRH));
+    assert_eq!(p.b.device_counters().qkey_viol_cntr, 1);
+    assert_eq!(&p.b.mrs().bytes(mb.lkey).unwrap()[40..140], &[0x33; 100]);
+    let _ = Deth::default();
+}
+
+// ------------------------------------------------------------------ end to end
+
+#[test]
+fn pair_send_write_read_atomic_end_to_end() {
+    let mut p = Pair::new(1, DeviceConfig::default(), Link::default());
+    let (a, b) = connect_rc(&mut p, &RcConfig::default());
+    let src: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+    let ma =
+        p.a.reg_mr(src.clone(), 0x1000, Access::LOCAL_WRITE)
+            .unwrap();
+    let mb = p.b.reg_mr(vec![0; 8192], 0x1000, Access::all()).unwrap();
+    p.b.post_recv(
+        b.qpn,
+        RecvWr {
+            wr_id: 7,
+            sg_list: vec![Sge {
+                addr: 0x1000,
+                length: 8192,
+                lkey: mb.lkey,
+            }],
+        },
+    )
+    .unwrap();
+    let sg = |off: u64, len: u32| {
+        vec![Sge {
+            addr: 0x1000 + off,
+            length: len,
+            lkey: ma.lkey,
+        }]
+    };
+    p.a.post_send(a.qpn, SendWr::send(1, sg(0, 5000))).unwrap();
+    p.a.post_send(
+        a.qpn,
+        SendWr::new(
+            2,
+            SendOp::Write {
+                remote_addr: 0x1000 + 6000,
+                rkey: mb.rkey,
+            },
+            sg(0, 2000),
+        ),
+    )
+    .unwrap();
+    p.a.post_send(
+        a.qpn,
+        SendWr::new(
+            3,
+            SendOp::Read {
+                remote_addr: 0x1000 + 6000,
+                rkey: mb.rkey,
+            },
+            sg(3000, 2000),
+        ),
+    )
+    .unwrap();
+    p.a.post_send(
+        a.qpn,
+        SendWr::new(
+            4,
+            SendOp::CompareSwap {
+                remote_addr: 0x1000 + 8,
+                rkey: mb.rkey,
+                compare: u64::from_le_bytes(src[8..16].try_into().unwrap()),
+                swap: 77,
+            },
+            sg(4992, 8),
+        ),
+    )
+    .unwrap();
+    assert!(p.drive(10_000));
+    let wa: Vec<_> = core::iter::from_fn(|| p.a.poll_cq(a.cq)).collect();
+    let got: Vec<(u64, WcStatus)> = wa.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        got,
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success),
+            (4, WcStatus::Success)
+        ]
+    );
+    let mbytes = p.b.mrs().bytes(mb.lkey).unwrap();
+    assert_eq!(&mbytes[8..16], &77u64.to_le_bytes());
+    assert_eq!(&mbytes[6000..8000], &src[..2000]);
+    let abytes = p.a.mrs().bytes(ma.lkey).unwrap();
+    assert_eq!(&abytes[3000..4992], &src[..1992]);
+    assert_eq!(
+        &abytes[4992..5000],
+        &src[8..16],
+        "CAS returned the original"
+    );
+    let wb: Vec<_> = core::iter::from_fn(|| p.b.poll_cq(b.cq)).collect();
+    assert_eq!(wb.len(), 1);
+    assert_eq!(wb[0].byte_len, 5000);
+}

@@ -1,0 +1,167 @@
+//! Work requests (`struct ibv_send_wr`, `struct ibv_recv_wr`).
+
+use super::ids::{QKey, Qpn, RKey};
+use super::mr::Sge;
+
+/// What a send work request does (`enum ibv_wr_opcode` with its operands).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum SendOp {
+    /// `IBV_WR_SEND`.
+    Send,
+    /// `IBV_WR_SEND_WITH_IMM`.
+    SendWithImm {
+        /// Immediate data (host order; sent big-endian).
+        imm: u32,
+    },
+    /// `IBV_WR_SEND_WITH_INV`: the responder invalidates `invalidate_rkey`.
+    SendWithInv {
+        /// The peer's R_Key to invalidate.
+        invalidate_rkey: RKey,
+    },
+    /// `IBV_WR_RDMA_WRITE`.
+    Write {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: RKey,
+    },
+    /// `IBV_WR_RDMA_WRITE_WITH_IMM`.
+    WriteWithImm {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: RKey,
+        /// Immediate data.
+        imm: u32,
+    },
+    /// `IBV_WR_RDMA_READ`: the SG list is where the data lands.
+    Read {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: RKey,
+    },
+    /// `IBV_WR_ATOMIC_CMP_AND_SWP`: the 8-byte SG list receives the original value.
+    CompareSwap {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: RKey,
+        /// Compared with the remote value.
+        compare: u64,
+        /// Stored if equal.
+        swap: u64,
+    },
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD`.
+    FetchAdd {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: RKey,
+        /// Added to the remote value.
+        add: u64,
+    },
+}
+
+impl SendOp {
+    /// Whether this is an RDMA READ or an atomic (needs an initiator-depth slot, rxe
+    /// `check_init_depth`).
+    #[must_use]
+    pub const fn is_read_or_atomic(&self) -> bool {
+        matches!(
+            self,
+            Self::Read { .. } | Self::CompareSwap { .. } | Self::FetchAdd { .. }
+        )
+    }
+
+    /// Whether this is an atomic.
+    #[must_use]
+    pub const fn is_atomic(&self) -> bool {
+        matches!(self, Self::CompareSwap { .. } | Self::FetchAdd { .. })
+    }
+}
+
+/// Send flags (`enum ibv_send_flags`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
+pub struct SendFlags(pub u32);
+
+impl SendFlags {
+    /// `IBV_SEND_SIGNALED`: post a completion on success too.
+    pub const SIGNALED: Self = Self(2);
+    /// `IBV_SEND_SOLICITED`: set BTH.SE on the last packet.
+    pub const SOLICITED: Self = Self(4);
+
+    /// Whether every flag of `o` is set.
+    #[must_use]
+    pub const fn contains(self, o: Self) -> bool {
+        self.0 & o.0 == o.0
+    }
+}
+
+impl core::ops::BitOr for SendFlags {
+    type Output = Self;
+    fn bitor(self, o: Self) -> Self {
+        Self(self.0 | o.0)
+    }
+}
+
+/// Where a UD send goes (`wr.ud`): the address handle, the remote QP and its Q_Key.
+#[derive(Clone, Debug)]
+pub struct UdDest<P> {
+    /// The path to the destination (an address handle).
+    pub path: P,
+    /// The remote QP number.
+    pub remote_qpn: Qpn,
+    /// The remote Q_Key.
+    pub remote_qkey: QKey,
+}
+
+/// A send work request.
+#[derive(Clone, Debug)]
+pub struct SendWr<P> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: SendOp,
+    /// Local buffers (gathered for SEND/WRITE, scattered for READ and atomics).
+    pub sg_list: Vec<Sge>,
+    /// Flags.
+    pub flags: SendFlags,
+    /// UD destination (UD QPs only).
+    pub ud: Option<UdDest<P>>,
+}
+
+impl<P> SendWr<P> {
+    /// A signaled SEND of `sg_list`.
+    #[must_use]
+    pub fn send(wr_id: u64, sg_list: Vec<Sge>) -> Self {
+        Self {
+            wr_id,
+            op: SendOp::Send,
+            sg_list,
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        }
+    }
+
+    /// A signaled work request of `op`.
+    #[must_use]
+    pub fn new(wr_id: u64, op: SendOp, sg_list: Vec<Sge>) -> Self {
+        Self {
+            wr_id,
+            op,
+            sg_list,
+            flags: SendFlags::SIGNALED,
+            ud: None,
+        }
+    }
+}
+
+/// A receive work request.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RecvWr {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Where a received message is scattered.
+    pub sg_list: Vec<Sge>,
+}

@@ -1,0 +1,629 @@
+//! Whole Ethernet frames: the layer the transport uses.
+//!
+//! [`parse_frame`] takes a received frame (Ethernet, up to two VLAN tags, IPv4 or IPv6, UDP,
+//! RoCE) and returns a [`Frame`]: the L2/L3/L4 fields the transport needs (addresses, ECN),
+//! the RoCE repr, the payload slice and whether the ICRC is right. [`emit_frame`] builds a
+//! frame from a [`PathRepr`] (what a QP's address vector says), a [`RoceRepr`] and a payload,
+//! computing every length, the IPv4 header checksum, the IPv6 UDP checksum and the ICRC.
+
+use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+
+use roce_common::{
+    ROCE_V2_UDP_PORT,
+    hdr::{ETH_P_IPV4, ETH_P_IPV6, IPPROTO_UDP, Ipv6ExtHdr, MAX_VLAN_TAGS},
+};
+
+use super::{
+    EthernetAddress, EthernetRepr, Ipv4Repr, Ipv6Repr, Qpn, Result, RocePacket, RoceRepr, UdpRepr,
+    VlanTag, WireError, icrc, ipv4, ipv6, udp,
+};
+
+/// The ECN codepoint: the low two bits of the IPv4 TOS / IPv6 traffic class (RFC 3168).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Ecn {
+    /// 00: not ECN-capable.
+    #[default]
+    NotEct,
+    /// 01: ECN-capable, ECT(1).
+    Ect1,
+    /// 10: ECN-capable, ECT(0).
+    Ect0,
+    /// 11: congestion experienced.
+    Ce,
+}
+
+impl Ecn {
+    /// From the low two bits of a TOS / traffic-class byte.
+    #[must_use]
+    pub const fn from_tos(tos: u8) -> Self {
+        match tos & 3 {
+            0 => Self::NotEct,
+            1 => Self::Ect1,
+            2 => Self::Ect0,
+            _ => Self::Ce,
+        }
+    }
+    /// The two-bit value.
+    #[must_use]
+    pub const fn bits(self) -> u8 {
+        match self {
+            Self::NotEct => 0,
+            Self::Ect1 => 1,
+            Self::Ect0 => 2,
+            Self::Ce => 3,
+        }
+    }
+}
+
+/// The IP addresses of a path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpPath {
+    /// RoCE v2 over IPv4.
+    V4 {
+        /// Source address.
+        src: Ipv4Addr,
+        /// Destination address.
+        dst: Ipv4Addr,
+    },
+    /// RoCE v2 over IPv6.
+    V6 {
+        /// Source address.
+        src: Ipv6Addr,
+        /// Destination address.
+        dst: Ipv6Addr,
+        /// Flow label (20 bits; rxe puts the address vector's flow label here).
+        flow_label: u32,
+    },
+}
+
+/// Everything below the BTH that a sender chooses: a QP's address vector in wire terms.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PathRepr {
+    /// Source MAC.
+    pub src_mac: EthernetAddress,
+    /// Destination MAC.
+    pub dst_mac: EthernetAddress,
+    /// VLAN tags, outermost first.
+    pub vlan: [Option<VlanTag>; MAX_VLAN_TAGS],
+    /// IP addresses.
+    pub ip: IpPath,
+    /// DSCP (6 bits).
+    pub dscp: u8,
+    /// ECN codepoint (ECT(0) or ECT(1) to take part in DCQCN).
+    pub ecn: Ecn,
+    /// IPv4 TTL or IPv6 hop limit.
+    pub ttl: u8,
+    /// IPv4 identification (any value: DF is set, RFC 6864). Ignored for IPv6.
+    pub ipv4_ident: u16,
+    /// UDP source port (see [`udp_src_port`]).
+    pub udp_src_port: u16,
+    /// UDP destination port, normally [`ROCE_V2_UDP_PORT`].
+    pub udp_dst_port: u16,
+}
+
+impl PathRepr {
+    /// A path without VLAN, DSCP 0, Not-ECT, TTL 64, UDP ports 0xc000 → 4791.
+    #[must_use]
+    pub const fn new(src_mac: EthernetAddress, dst_mac: EthernetAddress, ip: IpPath) -> Self {
+        Self {
+            src_mac,
+            dst_mac,
+            vlan: [None; MAX_VLAN_TAGS],
+            ip,
+            dscp: 0,
+            ecn: Ecn::NotEct,
+            ttl: 64,
+            ipv4_ident: 0,
+            udp_src_port: 0xc000,
+            udp_dst_port: ROCE_V2_UDP_PORT,
+        }
+    }
+
+    /// The TOS / traffic-class byte.
+    #[must_use]
+    pub const fn tos(&self) -> u8 {
+        (self.dscp << 2) | self.ecn.bits()
+    }
+
+    fn eth(&self) -> EthernetRepr {
+        EthernetRepr {
+            dst_addr: self.dst_mac,
+            src_addr: self.src_mac,
+            vlan: self.vlan,
+            ethertype: match self.ip {
+                IpPath::V4 { .. } => ETH_P_IPV4,
+                IpPath::V6 { .. } => ETH_P_IPV6,
+            },
+        }
+    }
+
+    const fn ip_header_len(&self) -> usize {
+        match self.ip {
+            IpPath::V4 { .. } => ipv4::HEADER_LEN,
+            IpPath::V6 { .. } => ipv6::HEADER_LEN,
+        }
+    }
+}
+
+/// The IP header of a received frame.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpRepr {
+    /// IPv4.
+    V4(Ipv4Repr),
+    /// IPv6.
+    V6(Ipv6Repr),
+}
+
+impl IpRepr {
+    /// Source address.
+    #[must_use]
+    pub fn src_addr(&self) -> IpAddr {
+        match self {
+            Self::V4(r) => IpAddr::V4(r.src_addr),
+            Self::V6(r) => IpAddr::V6(r.src_addr),
+        }
+    }
+    /// Destination address.
+    #[must_use]
+    pub fn dst_addr(&self) -> IpAddr {
+        match self {
+            Self::V4(r) => IpAddr::V4(r.dst_addr),
+            Self::V6(r) => IpAddr::V6(r.dst_addr),
+        }
+    }
+    /// TOS / traffic-class byte.
+    #[must_use]
+    pub const fn tos(&self) -> u8 {
+        match self {
+            Self::V4(r) => r.tos,
+            Self::V6(r) => r.traffic_class,
+        }
+    }
+    /// DSCP.
+    #[must_use]
+    pub const fn dscp(&self) -> u8 {
+        self.tos() >> 2
+    }
+    /// ECN codepoint.
+    #[must_use]
+    pub const fn ecn(&self) -> Ecn {
+        Ecn::from_tos(self.tos())
+    }
+    /// TTL or hop limit.
+    #[must_use]
+    pub const fn ttl(&self) -> u8 {
+        match self {
+            Self::V4(r) => r.ttl,
+            Self::V6(r) => r.hop_limit,
+        }
+    }
+}
+
+/// A parsed RoCE v2 frame; borrows the payload from the received buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Frame<'a> {
+    /// Ethernet header and VLAN tags.
+    pub eth: EthernetRepr,
+    /// IP header.
+    pub ip: IpRepr,
+    /// UDP header.
+    pub udp: UdpRepr,
+    /// BTH and extended headers.
+    pub roce: RoceRepr,
+    /// The payload, without pad and ICRC.
+    pub payload: &'a [u8],
+    /// The ICRC as received.
+    pub icrc: u32,
+    /// Whether the ICRC is right. rxe drops packets where it is not (rxe_recv.c); so should
+    /// the caller, counting the drop.
+    pub icrc_ok: bool,
+    /// Bytes of the buffer the frame occupies (Ethernet padding excluded).
+    pub len: usize,
+}
+
+impl Frame<'_> {
+    /// ECN codepoint of the IP header (the DCQCN notification point looks for `Ce`).
+    #[must_use]
+    pub const fn ecn(&self) -> Ecn {
+        self.ip.ecn()
+    }
+    /// Source IP.
+    #[must_use]
+    pub fn src_ip(&self) -> IpAddr {
+        self.ip.src_addr()
+    }
+    /// Destination IP.
+    #[must_use]
+    pub fn dst_ip(&self) -> IpAddr {
+        self.ip.dst_addr()
+    }
+}
+
+/// Parses a RoCE v2 frame sent to UDP port 4791. Call it on every frame the AF_XDP socket
+/// delivers. See [`parse_frame_with_port`].
+pub fn parse_frame(buf: &[u8]) -> Result<Frame<'_>> {
+    parse_frame_with_port(buf, ROCE_V2_UDP_PORT)
+}
+
+/// Parses a RoCE v2 frame sent to UDP port `port`.
+///
+/// Errors: not IPv4/IPv6, not UDP, not `port` → [`WireError::NotRoce`]; IP fragments, IPv4
+/// options, IPv6 extension headers, more than two VLAN tags → [`WireError::Unsupported`];
+/// short or inconsistent lengths, a bad IPv4 header checksum, BTH TVer ≠ 0 →
+/// [`WireError::Truncated`]/[`WireError::Malformed`]; an opcode not in the table →
+/// [`WireError::UnknownOpcode`]. A bad ICRC is not an error: it is reported in
+/// [`Frame::icrc_ok`]. The UDP checksum is not verified (rxe sends 0 over IPv4; the ICRC
+/// covers the same bytes).
+pub fn parse_frame_with_port(buf: &[u8], port: u16) -> Result<Frame<'_>> {
+    let (eth, l3) = EthernetRepr::parse(buf)?;
+    let rest = &buf[l3..];
+    let (ip, ip_hdr, ip_payload) = match eth.ethertype {
+        ETH_P_IPV4 => {
+            let r = Ipv4Repr::parse(rest)?;
+            if r.protocol != IPPROTO_UDP {
+                return Err(WireError::NotRoce("IPv4 protocol is not UDP"));
+            }
+            let end = ipv4::HEADER_LEN + usize::from(r.payload_len);
+            (
+                IpRepr::V4(r),
+                &rest[..ipv4::HEADER_LEN],
+                &rest[ipv4::HEADER_LEN..end],
+            )
+        }
+        ETH_P_IPV6 => {
+            let r = Ipv6Repr::parse(rest)?;
+            match r.next_header {
+                IPPROTO_UDP => {}
+                Ipv6ExtHdr::HOP_BY_HOP
+                | Ipv6ExtHdr::ROUTING
+                | Ipv6ExtHdr::FRAGMENT
+                | Ipv6ExtHdr::AUTH
+                | Ipv6ExtHdr::DEST_OPTS => {
+                    return Err(WireError::Unsupported("IPv6 extension header"));
+                }
+                _ => return Err(WireError::NotRoce("IPv6 next header is not UDP")),
+            }
+            let end = ipv6::HEADER_LEN + usize::from(r.payload_len);
+            (
+                IpRepr::V6(r),
+                &rest[..ipv6::HEADER_LEN],
+                &rest[ipv6::HEADER_LEN..end],
+            )
+        }
+        _ => return Err(WireError::NotRoce("EtherType is not IPv4 or IPv6")),
+    };
+    let udp_p = udp::Packet::new_checked(ip_payload)?;
+    let udp = UdpRepr::parse(&udp_p, ip_payload.len())?;
+    if udp.dst_port != port {
+        return Err(WireError::NotRoce("UDP destination port"));
+    }
+    let udp_hdr = &ip_payload[..udp::HEADER_LEN];
+    let udp_payload = &ip_payload[udp::HEADER_LEN..usize::from(udp.length)];
+    let pkt = RocePacket::new_checked(udp_payload)?;
+    let roce = RoceRepr::parse(&pkt)?;
+    let icrc_ok = icrc::verify(ip_hdr, udp_hdr, udp_payload);
+    let len = l3 + ip_hdr.len() + usize::from(udp.length);
+    Ok(Frame {
+        eth,
+        ip,
+        udp,
+        roce,
+        icrc: pkt.icrc(),
+        payload: pkt.into_payload(),
+        icrc_ok,
+        len,
+    })
+}
+
+/// The length of the frame [`emit_frame`] would write (no Ethernet minimum-size padding:
+/// NICs pad short frames on transmit).
+pub fn frame_len(path: &PathRepr, roce: &RoceRepr, payload_len: usize) -> usize {
+    path.eth().buffer_len() + path.ip_header_len() + udp::HEADER_LEN + roce.buffer_len(payload_len)
+}
+
+/// Writes a whole frame into `buf` and returns its length.
+///
+/// Lengths, the IPv4 header checksum (DF set, as rxe), and the ICRC are computed here. The UDP
+/// checksum is 0 over IPv4, as rxe writes it (rxe_net.c `prepare_udp_hdr`). Over IPv6 a zero
+/// UDP checksum is not allowed (RFC 8200 §8.1) and Linux drops such datagrams unless the socket
+/// opts in, so it is computed; receivers that ignore it (as we do on parse) lose nothing.
+pub fn emit_frame(
+    path: &PathRepr,
+    roce: &RoceRepr,
+    payload: &[u8],
+    buf: &mut [u8],
+) -> Result<usize> {
+    roce.validate(payload.len())?;
+    let roce_len = roce.buffer_len(payload.len());
+    let udp_len = udp::HEADER_LEN + roce_len;
+    let udp_len16 = u16::try_from(udp_len)
+        .map_err(|_| WireError::InvalidRepr("UDP datagram over 65535 bytes"))?;
+    let eth = path.eth();
+    let l3 = eth.buffer_len();
+    let ip_len = path.ip_header_len();
+    let total = l3 + ip_len + udp_len;
+    let have = buf.len();
+    let buf = buf.get_mut(..total).ok_or(WireError::BufferTooSmall {
+        needed: total,
+        have,
+    })?;
+    eth.emit(buf)?;
+    let (ip_buf, l4) = buf[l3..].split_at_mut(ip_len);
+    match path.ip {
+        IpPath::V4 { src, dst } => {
+            let payload_len = u16::try_from(udp_len + ipv4::HEADER_LEN)
+                .map(|_| udp_len16)
+                .map_err(|_| WireError::InvalidRepr("IPv4 packet over 65535 bytes"))?;
+            Ipv4Repr {
+                src_addr: src,
+                dst_addr: dst,
+                tos: path.tos(),
+                ident: path.ipv4_ident,
+                dont_frag: true,
+                ttl: path.ttl,
+                protocol: IPPROTO_UDP,
+                payload_len,
+            }
+            .emit(&mut ipv4::Packet::new_unchecked(&mut *ip_buf))?;
+        }
+        IpPath::V6 {
+            src,
+            dst,
+            flow_label,
+        } => {
+            Ipv6Repr {
+                src_addr: src,
+                dst_addr: dst,
+                traffic_class: path.tos(),
+                flow_label,
+                next_header: IPPROTO_UDP,
+                hop_limit: path.ttl,
+                payload_len: udp_len16,
+            }
+            .emit(&mut ipv6::Packet::new_unchecked(&mut *ip_buf));
+        }
+    }
+    let (udp_buf, roce_buf) = l4.split_at_mut(udp::HEADER_LEN);
+    UdpRepr {
+        src_port: path.udp_src_port,
+        dst_port: path.udp_dst_port,
+        length: udp_len16,
+        checksum: 0,
+    }
+    .emit(&mut udp::Packet::new_unchecked(&mut *udp_buf));
+    roce.emit(roce_buf, payload)?;
+    let crc = icrc::compute(
+        ip_buf,
+        udp_buf,
+        &roce_buf[..roce_len - roce_common::hdr::ICRC_LEN],
+    )?;
+    RocePacket::new_unchecked(&mut *roce_buf).set_icrc(crc);
+    if let IpPath::V6 { src, dst, .. } = path.ip {
+        let c = udp6_checksum(&src, &dst, udp_buf, roce_buf);
+        udp::Packet::new_unchecked(&mut *udp_buf).set_checksum(c);
+    }
+    Ok(total)
+}
+
+/// The UDP checksum over IPv6 (RFC 8200 §8.1): pseudo header (addresses, length, next header
+/// 17) plus the UDP header (checksum field zero) and payload; 0 is sent as 0xffff.
+#[must_use]
+pub fn udp6_checksum(src: &Ipv6Addr, dst: &Ipv6Addr, udp_hdr: &[u8], udp_payload: &[u8]) -> u16 {
+    let len = (udp_hdr.len() + udp_payload.len()) as u64;
+    let mut acc = ipv4::sum(&src.octets(), 0);
+    acc = ipv4::sum(&dst.octets(), acc);
+    acc += (len >> 16) + (len & 0xffff) + u64::from(IPPROTO_UDP);
+    // The checksum field is covered as zero.
+    let mut h = [0u8; udp::HEADER_LEN];
+    let n = udp_hdr.len().min(udp::HEADER_LEN);
+    h[..n].copy_from_slice(&udp_hdr[..n]);
+    h[udp::CHECKSUM_OFFSET] = 0;
+    h[udp::CHECKSUM_OFFSET + 1] = 0;
+    acc = ipv4::sum(&h, acc);
+    acc = ipv4::sum(udp_payload, acc);
+    match !ipv4::fold(acc) {
+        0 => 0xffff,
+        c => c,
+    }
+}
+
+/// The flow label every RoCE v2 driver should derive from a QP pair
+/// (`rdma_calc_flow_label` in include/rdma/ib_verbs.h): `v = lqpn * rqpn; v ^= v >> 20;
+/// v ^= v >> 40; v & 0xfffff`.
+#[must_use]
+pub const fn rdma_calc_flow_label(lqpn: Qpn, rqpn: Qpn) -> u32 {
+    let mut v = lqpn.value() as u64 * rqpn.value() as u64;
+    v ^= v >> 20;
+    v ^= v >> 40;
+    (v & 0xf_ffff) as u32
+}
+
+/// The UDP source port for a flow label (`rdma_flow_label_to_udp_sport` in ib_verbs.h):
+/// `((fl & 0x3fff) ^ ((fl & 0xfc000) >> 14)) | 0xc000`, always in 0xc000..=0xffff.
+#[must_use]
+pub const fn rdma_flow_label_to_udp_sport(flow_label: u32) -> u16 {
+    let fl_low = flow_label & 0x3fff;
+    let fl_high = (flow_label & 0xf_c000) >> 14;
+    ((fl_low ^ fl_high) | 0xc000) as u16
+}
+
+/// The UDP source port for a connection between `lqpn` and `rqpn` under the kernel's common
+/// convention (flow label from the QP pair, then port from the flow label). Use it when the
+/// address vector has no flow label.
+#[must_use]
+pub const fn udp_src_port(lqpn: Qpn, rqpn: Qpn) -> u16 {
+    rdma_flow_label_to_udp_sport(rdma_calc_flow_label(lqpn, rqpn))
+}
+
+/// The UDP source port rxe picks for a QP (rxe_qp.c: `RXE_ROCE_V2_SPORT + (hash_32(qpn, 14)
+/// & 0x3fff)`, with the kernel's `hash_32` = `(qpn * 0x61c88647) >> (32 - 14)`).
+#[must_use]
+pub const fn rxe_udp_src_port(qpn: Qpn) -> u16 {
+    let h = qpn.value().wrapping_mul(0x61c8_8647) >> (32 - 14);
+    0xc000 + (h & 0x3fff) as u16
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::wire::{AethRepr, AethSyndrome, BthRepr, Msn, Opcode, Psn, RKey, RethRepr};
+
+    const MAC_A: EthernetAddress = EthernetAddress([0x02, 0, 0, 0, 0, 0x0a]);
+    const MAC_B: EthernetAddress = EthernetAddress([0x02, 0, 0, 0, 0, 0x0b]);
+
+    fn golden_frame() -> [u8; 74] {
+        let mut f = [0u8; 74];
+        f[..6].copy_from_slice(&MAC_B.0);
+        f[6..12].copy_from_slice(&MAC_A.0);
+        f[12..14].copy_from_slice(&ETH_P_IPV4.to_be_bytes());
+        f[14..].copy_from_slice(&icrc::MELLANOX_CNP);
+        f
+    }
+
+    #[test]
+    fn parse_golden_cnp_frame() {
+        let f = golden_frame();
+        let fr = parse_frame(&f).unwrap();
+        assert!(fr.icrc_ok);
+        assert_eq!(fr.icrc, 0xef1b_fcda);
+        assert_eq!(fr.roce, RoceRepr::cnp(Qpn::new(0xd2)));
+        assert_eq!(fr.ecn(), Ecn::Ect1);
+        assert_eq!(fr.ip.dscp(), 34);
+        assert_eq!(fr.udp.src_port, 56238);
+        assert_eq!(fr.src_ip(), IpAddr::V4(Ipv4Addr::new(22, 22, 22, 8)));
+        assert_eq!(fr.len, 74);
+        assert!(fr.payload.is_empty());
+    }
+
+    #[test]
+    fn emit_golden_cnp_frame() {
+        let mut path = PathRepr::new(
+            MAC_A,
+            MAC_B,
+            IpPath::V4 {
+                src: Ipv4Addr::new(22, 22, 22, 8),
+                dst: Ipv4Addr::new(22, 22, 22, 7),
+            },
+        );
+        path.dscp = 34;
+        path.ecn = Ecn::Ect1;
+        path.ttl = 0x20;
+        path.ipv4_ident = 0x98c6;
+        path.udp_src_port = 56238;
+        let roce = RoceRepr::cnp(Qpn::new(0xd2));
+        let mut buf = [0xa5u8; 128];
+        let n = emit_frame(&path, &roce, &[], &mut buf).unwrap();
+        assert_eq!(n, frame_len(&path, &roce, 0));
+        assert_eq!(&buf[..n], &golden_frame()[..]);
+    }
+
+    #[test]
+    fn ipv6_vlan_round_trip() {
+        let mut path = PathRepr::new(
+            MAC_A,
+            MAC_B,
+            IpPath::V6 {
+                src: "fd00::a".parse().unwrap(),
+                dst: "fd00::b".parse().unwrap(),
+                flow_label: 0x12345,
+            },
+        );
+        path.vlan[0] = Some(VlanTag::dot1q(3, 100));
+        path.ecn = Ecn::Ect0;
+        path.dscp = 26;
+        let mut roce = RoceRepr::new(BthRepr::new(
+            Opcode::RC_RDMA_WRITE_FIRST,
+            Qpn::new(0x42),
+            Psn::new(0xff_ffff),
+        ));
+        roce.reth = Some(RethRepr {
+            va: 0x7000,
+            rkey: RKey::new(9),
+            dma_len: 4096,
+        });
+        let payload = [7u8; 1024];
+        let mut buf = [0u8; 1200];
+        let n = emit_frame(&path, &roce, &payload, &mut buf).unwrap();
+        let fr = parse_frame(&buf[..n]).unwrap();
+        assert!(fr.icrc_ok);
+        assert_eq!(fr.payload, &payload[..]);
+        assert_eq!(fr.roce, roce);
+        assert_eq!(fr.eth.vlan[0], Some(VlanTag::dot1q(3, 100)));
+        assert_eq!(fr.ecn(), Ecn::Ect0);
+        assert_eq!(fr.ip.dscp(), 26);
+        // The UDP checksum verifies: summing the pseudo header and datagram gives 0xffff.
+        let IpRepr::V6(ip) = fr.ip else {
+            panic!("not v6")
+        };
+        let l4 = &buf[18 + 40..n];
+        assert_ne!(fr.udp.checksum, 0);
+        assert_eq!(
+            udp6_checksum(&ip.src_addr, &ip.dst_addr, &l4[..8], &l4[8..]),
+            fr.udp.checksum
+        );
+        // A CE mark by a switch keeps the ICRC valid.
+        buf[18 + 1] |= 0x30;
+        assert!(parse_frame(&buf[..n]).unwrap().icrc_ok);
+        // Corruption does not.
+        buf[n - 10] ^= 0xff;
+        assert!(!parse_frame(&buf[..n]).unwrap().icrc_ok);
+    }
+
+    #[test]
+    fn ack_with_ethernet_padding() {
+        let path = PathRepr::new(
+            MAC_A,
+            MAC_B,
+            IpPath::V4 {
+                src: Ipv4Addr::new(10, 0, 0, 1),
+                dst: Ipv4Addr::new(10, 0, 0, 2),
+            },
+        );
+        let roce = RoceRepr::ack(
+            Qpn::new(0x11),
+            Psn::new(5),
+            AethRepr {
+                syndrome: AethSyndrome::ACK_UNLIMITED,
+                msn: Msn::new(1),
+            },
+        );
+        let mut buf = [0u8; 80];
+        let n = emit_frame(&path, &roce, &[], &mut buf).unwrap();
+        assert_eq!(n, 14 + 20 + 8 + 16 + 4);
+        let fr = parse_frame(&buf[..n + 6]).unwrap();
+        assert!(fr.icrc_ok);
+        assert_eq!(fr.len, n);
+        assert_eq!(fr.roce, roce);
+    }
+
+    #[test]
+    fn not_roce() {
+        let mut f = golden_frame();
+        f[14 + 23] = 0x12; // dst port 0x1212
+        assert!(matches!(parse_frame(&f), Err(WireError::NotRoce(_))));
+        let mut f = golden_frame();
+        f[12] = 0x08;
+        f[13] = 0x06;
+        assert!(matches!(parse_frame(&f), Err(WireError::NotRoce(_))));
+    }
+
+    #[test]
+    fn udp_source_ports() {
+        // rdma_flow_label_to_udp_sport keeps the dynamic range.
+        for fl in [0u32, 1, 0x3fff, 0x4000, 0xf_ffff, 0x1234] {
+            assert!(rdma_flow_label_to_udp_sport(fl) >= 0xc000);
+        }
+        assert_eq!(rdma_flow_label_to_udp_sport(0x4001), 0xc000);
+        assert_eq!(
+            rdma_calc_flow_label(Qpn::new(0x11), Qpn::new(0x12)),
+            0x11 * 0x12
+        );
+        let big = rdma_calc_flow_label(Qpn::new(0xff_ffff), Qpn::new(0xff_ffff));
+        let v = 0xff_ffffu64 * 0xff_ffff;
+        let v = v ^ (v >> 20);
+        let v = v ^ (v >> 40);
+        assert_eq!(u64::from(big), v & 0xf_ffff);
+        assert_eq!(rxe_udp_src_port(Qpn::new(0)), 0xc000);
+        assert!(rxe_udp_src_port(Qpn::new(0x11)) >= 0xc000);
+    }
+}
