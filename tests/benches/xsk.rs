@@ -229,7 +229,7 @@ fn echo(pair: &Pair) -> f64 {
             let tmpl = RoceTemplate::new(&gen_cfg);
             let mut e = Engine::new(
                 q,
-                WindowSender::new(tmpl, 0, FRAMES, Some(256)),
+                WindowSender::new(tmpl, 0, FRAMES, Some(128)),
                 EngineConfig::default(),
             );
             let r = e.run(&AtomicBool::new(false)).expect("sender");

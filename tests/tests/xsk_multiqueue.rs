@@ -82,7 +82,7 @@ fn each_queue_has_its_own_socket_and_engine() {
                 let mut g = gen_cfg.clone();
                 g.src_port = 0xc000 + q as u16;
                 let tmpl = RoceTemplate::new(&g);
-                WindowSender::new(tmpl, u64::from(q) * SEQ_SPACE, PER_QUEUE, Some(256))
+                WindowSender::new(tmpl, u64::from(q) * SEQ_SPACE, PER_QUEUE, Some(128))
             },
             EngineConfig::default(),
             &never,

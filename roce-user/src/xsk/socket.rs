@@ -474,15 +474,26 @@ impl XskQueue {
         if avail == 0 {
             return 0;
         }
-        let mut w = self.fill.fill(avail);
-        let cap = w.capacity();
-        let book = &mut self.book;
-        let n = w.insert((0..cap).map_while(|_| {
-            let idx = book.alloc()?;
-            Some(book.lend(idx, FrameLoc::KernelRx))
-        }));
-        w.commit();
-        drop(w);
+        // xdpilone serves a reservation from its cached view of the kernel's consumer head and
+        // refreshes it only when that view shows no room, so a short reservation is retried
+        // once: the second one sees the kernel's real progress.
+        let mut n = 0;
+        for _ in 0..2 {
+            if n == avail {
+                break;
+            }
+            let mut w = self.fill.fill(avail - n);
+            let cap = w.capacity();
+            if cap == 0 {
+                break;
+            }
+            let book = &mut self.book;
+            n += w.insert((0..cap).map_while(|_| {
+                let idx = book.alloc()?;
+                Some(book.lend(idx, FrameLoc::KernelRx))
+            }));
+            w.commit();
+        }
         if n > 0 && self.fill.needs_wakeup() {
             self.stats.fill_kicks += 1;
             self.fill.wake();
@@ -561,16 +572,23 @@ impl XskQueue {
     pub fn flush_tx(&mut self) -> usize {
         let want = self.backlog.q.len();
         let mut sent = 0;
-        if want > 0 {
-            let mut b = self.tx_batch(want as u32);
+        // As in `refill`: a short reservation (stale cached consumer head) is retried once.
+        for _ in 0..2 {
+            if sent == want {
+                break;
+            }
+            let mut b = self.tx_batch((want - sent) as u32);
+            if b.capacity() == 0 {
+                break;
+            }
             b.stage_backlog();
             let (n, bytes) = b.commit();
-            sent = n;
+            sent += n;
             self.stats.tx_packets += n as u64;
             self.stats.tx_bytes += bytes;
-            if n < want {
-                self.stats.tx_ring_full += 1;
-            }
+        }
+        if sent < want {
+            self.stats.tx_ring_full += 1;
         }
         self.kick_tx();
         sent
