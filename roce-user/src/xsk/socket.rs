@@ -609,12 +609,13 @@ impl XskQueue {
         }
     }
 
-    /// Waits in poll(2) until the RX ring has frames or the TX ring has room (when frames are
-    /// waiting to be sent or completed), or `timeout` passes (`None`: forever). Returns whether
-    /// the socket is ready; an interrupted wait returns `Ok(false)`.
+    /// Waits in poll(2) until the RX ring has frames or, when frames wait in the backlog, the
+    /// TX ring has room, or `timeout` passes (`None`: forever). In copy mode the poll also
+    /// drives pending transmits. Returns whether the socket is ready; an interrupted wait
+    /// returns `Ok(false)`.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<bool, XskError> {
         let mut events = libc::POLLIN;
-        if !self.tx_idle() {
+        if !self.backlog.q.is_empty() {
             events |= libc::POLLOUT;
         }
         let mut pfd = libc::pollfd {
