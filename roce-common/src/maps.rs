@@ -16,6 +16,19 @@ pub const MAP_QPS: &str = "ROCE_QPS";
 /// Array with one [`LoadInfo`]: how and where the program was loaded, written by `roce load`.
 pub const MAP_INFO: &str = "ROCE_INFO";
 
+/// Hash map from QPN to [`QpStatsRecord`]: transport counters of every QP, written by the
+/// endpoint that owns it (never read by the XDP program).
+pub const MAP_QP_STATS: &str = "ROCE_QP_STATS";
+/// Hash map from PID to [`crate::counters::DeviceCounters`]: device counters per endpoint process.
+pub const MAP_DEV_STATS: &str = "ROCE_DEV_STATS";
+/// Hash map from RX queue to [`XskQueueRecord`]: AF_XDP counters and bind mode per queue.
+pub const MAP_XSK_STATS: &str = "ROCE_XSK_STATS";
+
+/// Capacity of [`MAP_QP_STATS`].
+pub const MAX_STAT_QPS: u32 = 4096;
+/// Capacity of [`MAP_DEV_STATS`].
+pub const MAX_STAT_PROCS: u32 = 64;
+
 /// Global (u32): the UDP destination port taken to be RoCE v2, 4791 by default.
 pub const GLOBAL_UDP_PORT: &str = "ROCE_UDP_PORT";
 /// Global (u32): a bit set of `FLAG_*` values.
@@ -72,6 +85,35 @@ pub struct LoadInfo {
     pub netns: [u8; 32],
 }
 
+/// Value of [`MAP_QP_STATS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpStatsRecord {
+    /// PID of the process that owns the QP.
+    pub owner: u32,
+    /// QP state: 0 RESET, 1 INIT, 2 RTR, 3 RTS, 4 SQD, 5 SQE, 6 ERR (`enum ibv_qp_state`).
+    pub state: u32,
+    /// The counters.
+    pub counters: crate::counters::QpCounters,
+}
+
+/// [`XskQueueRecord::bind_mode`]: copy mode.
+pub const BIND_COPY: u32 = 1;
+/// [`XskQueueRecord::bind_mode`]: zero-copy mode.
+pub const BIND_ZEROCOPY: u32 = 2;
+
+/// Value of [`MAP_XSK_STATS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct XskQueueRecord {
+    /// PID of the process whose socket serves the queue.
+    pub owner: u32,
+    /// [`BIND_COPY`] or [`BIND_ZEROCOPY`].
+    pub bind_mode: u32,
+    /// The counters.
+    pub stats: crate::counters::XskStats,
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: QpEntry is #[repr(C)], Copy, and made of u32s with no padding.
@@ -80,6 +122,12 @@ mod pod {
     unsafe impl aya::Pod for crate::counters::XdpStats {}
     // SAFETY: LoadInfo is #[repr(C)], Copy, u32s then a u64 at offset 24 and byte arrays: no padding.
     unsafe impl aya::Pod for super::LoadInfo {}
+    // SAFETY: #[repr(C)], two u32s then u64 counters: no padding.
+    unsafe impl aya::Pod for super::QpStatsRecord {}
+    // SAFETY: #[repr(C)], two u32s then u64 counters: no padding.
+    unsafe impl aya::Pod for super::XskQueueRecord {}
+    // SAFETY: #[repr(C)] u64 counters.
+    unsafe impl aya::Pod for crate::counters::DeviceCounters {}
 }
 
 const _: () = assert!(core::mem::size_of::<LoadInfo>() == 80);

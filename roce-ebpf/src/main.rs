@@ -19,19 +19,23 @@
 use aya_ebpf::{
     Global,
     bindings::xdp_action,
-    btf_maps::{Array, PerCpuArray, XskMap},
+    btf_maps::{Array, HashMap, PerCpuArray, XskMap},
     macros::{btf_map, xdp},
     programs::XdpContext,
 };
 use roce_common::{
     ROCE_V2_UDP_PORT,
+    counters::DeviceCounters,
     counters::{DropReason, XdpStats},
     hdr::{
         Bth, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IPV4, ETH_P_IPV6, EthHdr, ICRC_LEN, IPPROTO_UDP,
         Ipv4Hdr, Ipv6ExtHdr, Ipv6FragHdr, Ipv6Hdr, MAX_IPV6_EXT_HDRS, MAX_VLAN_TAGS, UdpHdr,
         VlanHdr,
     },
-    maps::{FLAG_DROP_FOREIGN, LoadInfo, MAX_QPS, MAX_QUEUES, QpEntry},
+    maps::{
+        FLAG_DROP_FOREIGN, LoadInfo, MAX_QPS, MAX_QUEUES, MAX_STAT_PROCS, MAX_STAT_QPS, QpEntry,
+        QpStatsRecord, XskQueueRecord,
+    },
     opcode::{EXT_LEN_TABLE, EXT_LEN_UNKNOWN, Opcode},
 };
 
@@ -49,6 +53,18 @@ static ROCE_QPS: Array<QpEntry, { MAX_QPS as usize }> = Array::new();
 /// Written by user space at load time; never read here. It makes the load visible to bpftool.
 #[btf_map]
 static ROCE_INFO: Array<LoadInfo, 1> = Array::new();
+
+/// Transport counters per QP, written by the endpoint; here for their BTF (bpftool field names).
+#[btf_map]
+static ROCE_QP_STATS: HashMap<u32, QpStatsRecord, { MAX_STAT_QPS as usize }> = HashMap::new();
+
+/// Device counters per endpoint process, written by the endpoint.
+#[btf_map]
+static ROCE_DEV_STATS: HashMap<u32, DeviceCounters, { MAX_STAT_PROCS as usize }> = HashMap::new();
+
+/// AF_XDP counters and bind mode per RX queue, written by the endpoint.
+#[btf_map]
+static ROCE_XSK_STATS: HashMap<u32, XskQueueRecord, { MAX_QUEUES as usize }> = HashMap::new();
 
 /// UDP destination port taken to be RoCE v2; set at load time (`roce load --port`).
 #[unsafe(no_mangle)]

@@ -90,6 +90,18 @@ pub trait Handler {
         let _ = now;
     }
 
+    /// A file descriptor that other threads make readable to wake the engine early (for
+    /// example an eventfd signalled after posting work); polled next to the socket.
+    fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+
+    /// Called with the queue's counters before the engine sleeps, every 4096 busy turns, and at
+    /// the end, so the handler can publish them while the engine runs.
+    fn on_queue_stats(&mut self, queue_id: u32, stats: &XskStats) {
+        let _ = (queue_id, stats);
+    }
+
     /// True when the handler has finished its work and the engine should drain and stop.
     fn is_done(&self, now: Nanos) -> bool {
         let _ = now;
@@ -207,18 +219,25 @@ impl<H: Handler> Engine<H> {
             if stop.load(Ordering::Relaxed) || self.handler.is_done(now) {
                 break;
             }
-            if self.turn(now) == 0 {
+            let moved = self.turn(now);
+            if moved == 0 || self.turns % 4096 == 0 {
+                self.handler
+                    .on_queue_stats(self.queue.queue_id(), &self.queue.stats());
+            }
+            if moved == 0 {
                 let mut wait = self.cfg.max_wait;
                 if let Some(t) = self.handler.next_timeout() {
                     wait = wait.min(t.duration_since(now));
                 }
                 if !wait.is_zero() {
                     self.waits += 1;
-                    self.queue.wait(Some(wait))?;
+                    self.queue.wait_with(Some(wait), self.handler.wake_fd())?;
                 }
             }
         }
         self.drain()?;
+        self.handler
+            .on_queue_stats(self.queue.queue_id(), &self.queue.stats());
         let end = self.clock.now();
         Ok(EngineReport {
             queue_id: self.queue.queue_id(),

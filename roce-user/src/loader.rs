@@ -25,8 +25,9 @@ use roce_common::{
     ROCE_V2_UDP_PORT,
     counters::XdpStats,
     maps::{
-        FLAG_DROP_FOREIGN, GLOBAL_FLAGS, GLOBAL_UDP_PORT, LoadInfo, MAP_INFO, MAP_QPS,
-        MAP_XDP_STATS, MAP_XSKS, MODE_NATIVE, MODE_SKB, PROG_ROCE_XDP, QpEntry,
+        FLAG_DROP_FOREIGN, GLOBAL_FLAGS, GLOBAL_UDP_PORT, LoadInfo, MAP_DEV_STATS, MAP_INFO,
+        MAP_QP_STATS, MAP_QPS, MAP_XDP_STATS, MAP_XSK_STATS, MAP_XSKS, MODE_NATIVE, MODE_SKB,
+        PROG_ROCE_XDP, QpEntry, QpStatsRecord, XskQueueRecord,
     },
 };
 
@@ -376,7 +377,15 @@ fn load_into(
         .override_global(GLOBAL_FLAGS, &flags, true)
         .load(EBPF_OBJECT)?;
 
-    for name in [MAP_XDP_STATS, MAP_XSKS, MAP_QPS, MAP_INFO] {
+    for name in [
+        MAP_XDP_STATS,
+        MAP_XSKS,
+        MAP_QPS,
+        MAP_INFO,
+        MAP_QP_STATS,
+        MAP_DEV_STATS,
+        MAP_XSK_STATS,
+    ] {
         let map = ebpf.map(name).ok_or(LoadError::Missing(name))?;
         map.pin(dir.join(name))?;
     }
@@ -693,6 +702,38 @@ impl Pins {
     pub fn xsks(&self) -> Result<XskMap<MapData>, LoadError> {
         let map = aya::maps::Map::from_map_data(self.open(MAP_XSKS)?)?;
         Ok(XskMap::try_from(map)?)
+    }
+}
+
+impl Pins {
+    /// Per-QP transport counters written by endpoints.
+    ///
+    /// # Errors
+    /// Not loaded, or the map cannot be opened.
+    pub fn qp_stats(&self) -> Result<aya::maps::HashMap<MapData, u32, QpStatsRecord>, LoadError> {
+        let map = aya::maps::Map::from_map_data(self.open(MAP_QP_STATS)?)?;
+        Ok(aya::maps::HashMap::try_from(map)?)
+    }
+
+    /// Device counters per endpoint process.
+    ///
+    /// # Errors
+    /// Not loaded, or the map cannot be opened.
+    pub fn dev_stats(
+        &self,
+    ) -> Result<aya::maps::HashMap<MapData, u32, roce_common::counters::DeviceCounters>, LoadError>
+    {
+        let map = aya::maps::Map::from_map_data(self.open(MAP_DEV_STATS)?)?;
+        Ok(aya::maps::HashMap::try_from(map)?)
+    }
+
+    /// AF_XDP counters and bind mode per RX queue.
+    ///
+    /// # Errors
+    /// Not loaded, or the map cannot be opened.
+    pub fn xsk_stats(&self) -> Result<aya::maps::HashMap<MapData, u32, XskQueueRecord>, LoadError> {
+        let map = aya::maps::Map::from_map_data(self.open(MAP_XSK_STATS)?)?;
+        Ok(aya::maps::HashMap::try_from(map)?)
     }
 }
 

@@ -147,6 +147,31 @@ pub fn format_mac(m: &[u8; 6]) -> String {
         .join(":")
 }
 
+/// The RX queues in use (`ethtool -l`: current RX plus combined channels). `ip` reports the
+/// allocated maximum, which a socket cannot bind beyond the active count.
+fn active_rx_queues(ifname: &str) -> Option<u32> {
+    let out = Command::new("ethtool").args(["-l", ifname]).output().ok()?;
+    if !out.status.success() {
+        return None;
+    }
+    parse_channels(&String::from_utf8_lossy(&out.stdout))
+}
+
+/// Parses `ethtool -l` text: the "Current hardware settings" RX and Combined counts, summed.
+#[must_use]
+pub fn parse_channels(text: &str) -> Option<u32> {
+    let current = text.split("Current hardware settings:").nth(1)?;
+    let field = |name: &str| {
+        current
+            .lines()
+            .find_map(|l| l.trim().strip_prefix(name))
+            .and_then(|v| v.trim().parse::<u32>().ok())
+            .unwrap_or(0)
+    };
+    let n = field("RX:") + field("Combined:");
+    (n > 0).then_some(n)
+}
+
 /// The GID table from `ip -j addr show` output (one interface object).
 #[must_use]
 pub fn gids_from_addr_info(link: &Value) -> Vec<Gid> {
@@ -184,7 +209,7 @@ impl IfInfo {
                 .and_then(parse_mac)
                 .unwrap_or([0; 6]),
             mtu: link["mtu"].as_u64().unwrap_or(1500) as u32,
-            rx_queues: link["num_rx_queues"].as_u64().unwrap_or(1) as u32,
+            rx_queues: active_rx_queues(ifname).unwrap_or(1),
             gids: gids_from_addr_info(link),
         })
     }
@@ -315,6 +340,15 @@ mod tests {
         assert_eq!(i.max_path_mtu(false), 4096);
         i.mtu = 4100;
         assert_eq!(i.max_path_mtu(false), 2048);
+    }
+
+    #[test]
+    fn channels_parse() {
+        let veth = "Channel parameters for ppa:\nPre-set maximums:\nRX:\t\t2\nTX:\t\t2\nOther:\t\tn/a\nCombined:\tn/a\nCurrent hardware settings:\nRX:\t\t1\nTX:\t\t1\nOther:\t\tn/a\nCombined:\tn/a\n";
+        assert_eq!(parse_channels(veth), Some(1));
+        let nic = "Pre-set maximums:\nRX:\t\tn/a\nCombined:\t63\nCurrent hardware settings:\nRX:\t\tn/a\nTX:\t\tn/a\nOther:\t\t1\nCombined:\t8\n";
+        assert_eq!(parse_channels(nic), Some(8));
+        assert_eq!(parse_channels("garbage"), None);
     }
 
     #[test]

@@ -5,7 +5,14 @@
 
 mod demo;
 mod r#gen;
+mod perf;
+mod pingpong;
 mod xdp;
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
 
 use clap::{Parser, Subcommand};
 
@@ -32,8 +39,9 @@ pub struct Cli {
     /// Print JSON (errors too, as {"error": "..."}).
     #[arg(short, long, global = true)]
     pub json: bool,
-    /// Print pretty JSON (implies --json).
-    #[arg(short, long, global = true)]
+    /// Print pretty JSON (implies --json). No short form: `-p` is the port of pingpong and perf,
+    /// as in ibv_rc_pingpong and perftest.
+    #[arg(long, global = true)]
     pub pretty: bool,
     /// Run in the network namespace NAME (from `ip netns add`) without leaving the mount
     /// namespace, so pins stay under the host's /sys/fs/bpf. Use this instead of `ip netns exec`.
@@ -91,9 +99,24 @@ pub enum Command {
         /// Also show per-CPU XDP counters.
         #[arg(short = 'e', long)]
         per_cpu: bool,
+        /// Also show each QP's counters and state.
+        #[arg(short = 's', long = "qps")]
+        per_qp: bool,
     },
     /// Send RoCE-shaped UDP 4791 frames on the AF_XDP TX path, at a set rate or flat out.
     Gen(r#gen::GenArgs),
+    /// ibv_rc_pingpong's test: SEND/RECV ping-pong over an RC QP (server without a host,
+    /// client with one); either side can be the real ibv_rc_pingpong.
+    Pingpong(pingpong::PingpongArgs),
+    /// Bandwidth of WRITE, READ, SEND or atomics over one or more RC QPs, set up with
+    /// perftest's exchange (either side can be ib_write_bw, ib_read_bw, ib_send_bw, ib_atomic_bw).
+    Perf(perf::PerfArgs),
+    /// List an interface's RoCE v2 GID table (the index is `-g` of pingpong and perf).
+    Gids {
+        /// Interface.
+        #[arg(short, long)]
+        iface: String,
+    },
     /// Run the demo: two namespaces joined by a veth pair, roce_xdp on one end, RoCE and other
     /// traffic from the other, counters printed, everything cleaned up.
     Demo {
@@ -136,6 +159,38 @@ impl Output {
     }
 }
 
+static INTERRUPTED: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
+
+/// Whether SIGINT or SIGTERM arrived: long-running commands check this, stop, and clean up
+/// (flush their QPs, detach what they attached, remove their pins) on the way out.
+pub(crate) fn interrupted() -> bool {
+    INTERRUPTED.get().is_some_and(|f| f.load(Ordering::Relaxed))
+}
+
+fn install_signal_flags() {
+    let flag = INTERRUPTED.get_or_init(|| Arc::new(AtomicBool::new(false)));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let _ = signal_hook::flag::register(sig, Arc::clone(flag));
+    }
+}
+
+fn gids(out: Output, iface: &str) -> anyhow::Result<()> {
+    let info = roce::netinfo::IfInfo::query(iface)?;
+    let mut text = format!("{:<5} {:<40} ADDRESS\n", "INDEX", "GID");
+    for (i, g) in info.gids.iter().enumerate() {
+        let gid = std::net::Ipv6Addr::from(g.raw);
+        text.push_str(&format!("{i:<5} {:<40} {}\n", gid.to_string(), g.ip));
+    }
+    let v: Vec<_> = info
+        .gids
+        .iter()
+        .enumerate()
+        .map(|(i, g)| serde_json::json!({"index": i, "gid": std::net::Ipv6Addr::from(g.raw), "ip": g.ip}))
+        .collect();
+    out.emit(&serde_json::Value::Array(v), &text);
+    Ok(())
+}
+
 /// Runs a parsed command line.
 ///
 /// # Errors
@@ -148,6 +203,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     if let Some(ns) = &cli.netns {
         roce::netns::enter(ns)?;
     }
+    install_signal_flags();
     match cli.command {
         Command::Load {
             iface,
@@ -164,8 +220,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             nonzero,
             prometheus,
             per_cpu,
-        } => xdp::stats(out, &iface, watch, count, nonzero, prometheus, per_cpu),
+            per_qp,
+        } => xdp::stats(
+            out, &iface, watch, count, nonzero, prometheus, per_cpu, per_qp,
+        ),
         Command::Demo { count, mode } => demo::run(out, count, mode),
         Command::Gen(args) => r#gen::run(out, &args),
+        Command::Pingpong(args) => pingpong::run(out, &args, cli.netns),
+        Command::Perf(args) => perf::run(out, &args, cli.netns),
+        Command::Gids { iface } => gids(out, &iface),
     }
 }

@@ -10,7 +10,10 @@ use roce::{
     loader::{self, AttachMode, LoadOptions, Pins},
     stats::{Section, Snapshot},
 };
-use roce_common::counters::XdpStats;
+use roce_common::{
+    counters::{DeviceCounters, QpCounters, XdpStats, XskStats},
+    maps::{BIND_ZEROCOPY, QpStatsRecord, XskQueueRecord},
+};
 use serde_json::json;
 
 use super::Output;
@@ -95,7 +98,11 @@ pub(crate) fn status(out: Output) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn snapshot(pins: &Pins, iface: &str, per_cpu: bool) -> anyhow::Result<Snapshot> {
+const QP_STATES: [&str; 7] = ["RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"];
+
+/// The counters of one interface: XDP (summed over CPUs), transport (summed over QPs), device
+/// (summed over endpoint processes), AF_XDP per queue, and with `per_qp` each QP.
+fn snapshot(pins: &Pins, iface: &str, per_cpu: bool, per_qp: bool) -> anyhow::Result<Snapshot> {
     let cpus = pins.xdp_stats_per_cpu()?;
     let total = loader::sum_per_cpu(&cpus);
     let mut sections = vec![Section::from_names(
@@ -108,6 +115,57 @@ fn snapshot(pins: &Pins, iface: &str, per_cpu: bool) -> anyhow::Result<Snapshot>
             sections.push(
                 Section::from_names(&format!("xdp_cpu{i}"), &XdpStats::NAMES, &c.values())
                     .label("cpu", &i.to_string()),
+            );
+        }
+    }
+    let mut qps: Vec<(u32, QpStatsRecord)> =
+        pins.qp_stats()?.iter().filter_map(Result::ok).collect();
+    qps.sort_by_key(|(q, _)| *q);
+    let mut transport = QpCounters::default();
+    for (_, r) in &qps {
+        transport.add(&r.counters);
+    }
+    sections.push(Section::from_names(
+        "transport",
+        &QpCounters::NAMES,
+        &transport.values(),
+    ));
+    let mut device = DeviceCounters::default();
+    for (_, d) in pins.dev_stats()?.iter().filter_map(Result::ok) {
+        device.add(&d);
+    }
+    sections.push(Section::from_names(
+        "device",
+        &DeviceCounters::NAMES,
+        &device.values(),
+    ));
+    let mut queues: Vec<(u32, XskQueueRecord)> =
+        pins.xsk_stats()?.iter().filter_map(Result::ok).collect();
+    queues.sort_by_key(|(q, _)| *q);
+    for (q, r) in &queues {
+        let mode = if r.bind_mode == BIND_ZEROCOPY {
+            "zerocopy"
+        } else {
+            "copy"
+        };
+        sections.push(
+            Section::from_names(&format!("xsk_q{q}"), &XskStats::NAMES, &r.stats.values())
+                .label("queue", &q.to_string())
+                .label("mode", mode),
+        );
+    }
+    if per_qp {
+        for (q, r) in &qps {
+            let state = QP_STATES.get(r.state as usize).copied().unwrap_or("?");
+            sections.push(
+                Section::from_names(
+                    &format!("qp_0x{q:06x}"),
+                    &QpCounters::NAMES,
+                    &r.counters.values(),
+                )
+                .label("qpn", &q.to_string())
+                .label("state", state)
+                .label("owner", &r.owner.to_string()),
             );
         }
     }
@@ -125,11 +183,12 @@ pub(crate) fn stats(
     nonzero: bool,
     prometheus: bool,
     per_cpu: bool,
+    per_qp: bool,
 ) -> anyhow::Result<()> {
     loader::require_root()?;
     loader::check_ifname(iface)?;
     let pins = Pins::new(iface);
-    let first = snapshot(&pins, iface, per_cpu)?;
+    let first = snapshot(&pins, iface, per_cpu, per_qp)?;
     let Some(secs) = watch else {
         if prometheus {
             print!("{}", first.to_prometheus());
@@ -146,7 +205,7 @@ pub(crate) fn stats(
     let mut n = 0u64;
     while count.is_none_or(|c| n < c) {
         std::thread::sleep(Duration::from_secs_f64(secs));
-        let now = snapshot(&pins, iface, per_cpu).context("reading counters")?;
+        let now = snapshot(&pins, iface, per_cpu, per_qp).context("reading counters")?;
         let dt = prev_t.elapsed().as_secs_f64();
         if prometheus {
             print!("{}", now.to_prometheus());

@@ -86,6 +86,9 @@ pub struct DeviceConfig {
     pub key_seed: [u8; 32],
     /// The first QP number handed out (rxe: `RXE_MIN_QP_INDEX` 16).
     pub first_qpn: u32,
+    /// Size of the buffers the caller hands to [`Device::poll_transmit`]: at most
+    /// [`MAX_FRAME_LEN`]; an AF_XDP frame of 4096 bytes holds path MTUs up to 2048.
+    pub max_frame_len: usize,
 }
 
 impl Default for DeviceConfig {
@@ -101,6 +104,7 @@ impl Default for DeviceConfig {
             max_events: 256,
             key_seed: [0; 32],
             first_qpn: 16,
+            max_frame_len: MAX_FRAME_LEN,
         }
     }
 }
@@ -500,13 +504,14 @@ impl Device {
         }
     }
 
-    /// Writes the next frame to send into `buf` (which must hold [`MAX_FRAME_LEN`] bytes) and
+    /// Writes the next frame to send into `buf` (which must hold [`DeviceConfig::max_frame_len`]
+    /// bytes) and
     /// says how long it is, or `None` when nothing is ready. Call after every input until it
     /// returns `None`. QPs are served round-robin; on each, responses (ACK/NAK, READ
     /// responses, atomic ACKs) go before new requests.
     #[must_use]
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
-        if buf.len() < MAX_FRAME_LEN {
+        if buf.len() < self.config.max_frame_len {
             return None;
         }
         let start = self.rr;
@@ -573,6 +578,11 @@ impl Device {
     #[must_use]
     pub const fn device_counters(&self) -> &DeviceCounters {
         &self.counters
+    }
+
+    /// Every QP, in QPN order.
+    pub fn qps(&self) -> impl Iterator<Item = &Qp> {
+        self.qps.values()
     }
 
     /// The sum of every QP's counters.

@@ -614,20 +614,40 @@ impl XskQueue {
     /// drives pending transmits. Returns whether the socket is ready; an interrupted wait
     /// returns `Ok(false)`.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<bool, XskError> {
+        self.wait_with(timeout, None)
+    }
+
+    /// Like [`XskQueue::wait`], but also returns when `wake` becomes readable (an eventfd that
+    /// another thread signals, for example after posting work).
+    pub fn wait_with(
+        &self,
+        timeout: Option<Duration>,
+        wake: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<bool, XskError> {
+        use std::os::fd::AsRawFd as _;
         let mut events = libc::POLLIN;
         if !self.backlog.q.is_empty() {
             events |= libc::POLLOUT;
         }
-        let mut pfd = libc::pollfd {
-            fd: self.as_raw_fd(),
-            events,
-            revents: 0,
-        };
+        let mut pfds = [
+            libc::pollfd {
+                fd: self.as_raw_fd(),
+                events,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: wake.map_or(-1, |w| w.as_raw_fd()),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let nfds: libc::nfds_t = if wake.is_some() { 2 } else { 1 };
         let ms = timeout.map_or(-1, |t| {
             i32::try_from(t.as_millis().max(u128::from(!t.is_zero()))).unwrap_or(i32::MAX)
         });
-        // SAFETY: `pfd` is a valid, initialised pollfd for the duration of the call and nfds is 1.
-        let rc = unsafe { libc::poll(&mut pfd, 1, ms) };
+        // SAFETY: `pfds` holds `nfds` valid, initialised pollfds for the duration of the call;
+        // the wake fd is borrowed for this call, so it stays open.
+        let rc = unsafe { libc::poll(pfds.as_mut_ptr(), nfds, ms) };
         if rc < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {
