@@ -220,7 +220,7 @@ impl<H: Handler> Engine<H> {
                 break;
             }
             let moved = self.turn(now);
-            if moved == 0 || self.turns % 4096 == 0 {
+            if moved == 0 || self.turns.is_multiple_of(4096) {
                 self.handler
                     .on_queue_stats(self.queue.queue_id(), &self.queue.stats());
             }
