@@ -193,6 +193,10 @@ impl Drop for RxBatch<'_> {
 }
 
 /// A reservation on the TX ring, filled from the backlog.
+///
+/// Dropped without [`TxBatch::commit`], it rolls back: xdpilone's inner guard cancels the
+/// reservation, and the staged frames, never lent to the kernel, stay at the head of the
+/// backlog, still held by the application.
 #[must_use = "a transmit batch sends nothing unless committed"]
 pub struct TxBatch<'q> {
     write: WriteTx<'q>,
@@ -245,14 +249,6 @@ impl TxBatch<'_> {
         let n = self.staged;
         self.staged = 0;
         (n, bytes)
-    }
-}
-
-impl Drop for TxBatch<'_> {
-    fn drop(&mut self) {
-        // Uncommitted: xdpilone's guard cancels the reservation; the frames were never lent and
-        // stay queued in the backlog, still held by the application.
-        self.staged = 0;
     }
 }
 
