@@ -328,27 +328,41 @@ impl Publisher {
         Ok(())
     }
 
-    /// Removes the records of processes that no longer exist (left by an earlier run).
-    fn collect_dead(&self) {
+    /// Folds the records of `owner` (or, with `None`, of every process that no longer exists)
+    /// into the retired records (QPN 0 and PID 0), so per-interface totals stay cumulative like
+    /// a NIC's while the maps stay bounded. Call with the QPN lock held.
+    fn retire(&self, owner: Option<u32>) {
+        let gone = |o: u32| o != 0 && owner.map_or(!process_alive(o), |me| o == me);
         if let Ok(mut m) = self.pins.qp_stats() {
-            let dead: Vec<u32> = m
+            let mut retired = m.get(&0, 0).unwrap_or_default();
+            let old: Vec<(u32, QpStatsRecord)> = m
                 .iter()
                 .filter_map(Result::ok)
-                .filter(|(_, r)| !process_alive(r.owner))
-                .map(|(k, _)| k)
+                .filter(|(k, r)| *k != 0 && gone(r.owner))
                 .collect();
-            for k in dead {
-                let _ = m.remove(&k);
+            if !old.is_empty() {
+                for (k, r) in &old {
+                    retired.counters.add(&r.counters);
+                    let _ = m.remove(k);
+                }
+                retired.owner = 0;
+                retired.state = 0;
+                let _ = m.insert(0, retired, 0);
             }
         }
         if let Ok(mut m) = self.pins.dev_stats() {
-            let dead: Vec<u32> = m
-                .keys()
+            let mut retired = m.get(&0, 0).unwrap_or_default();
+            let old: Vec<(u32, DeviceCounters)> = m
+                .iter()
                 .filter_map(Result::ok)
-                .filter(|pid| !process_alive(*pid))
+                .filter(|(pid, _)| gone(*pid))
                 .collect();
-            for k in dead {
-                let _ = m.remove(&k);
+            if !old.is_empty() {
+                for (pid, d) in &old {
+                    retired.add(d);
+                    let _ = m.remove(pid);
+                }
+                let _ = m.insert(0, retired, 0);
             }
         }
     }
@@ -386,6 +400,23 @@ fn random_seed() -> Result<[u8; 32], ApiError> {
         .and_then(|mut f| f.read_exact(&mut seed))
         .map_err(os("reading /dev/urandom"))?;
     Ok(seed)
+}
+
+/// Takes the per-interface lock (`/run/roce/<ifname>.lock`) that serialises QPN claims and the
+/// folding of counters between processes.
+fn lock_file(ifname: &str) -> Result<nix::fcntl::Flock<File>, ApiError> {
+    fs::create_dir_all("/run/roce").map_err(os("creating /run/roce"))?;
+    let path = format!("/run/roce/{ifname}.lock");
+    let f = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(os("opening the QPN lock file"))?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| ApiError::Os {
+        what: "locking the QPN lock file",
+        source: e.into(),
+    })
 }
 
 fn process_alive(pid: u32) -> bool {
@@ -467,7 +498,9 @@ impl Device {
             pins: pins.clone(),
             bind_modes: bind_modes.clone(),
         };
-        publisher.collect_dead();
+        if let Ok(_lock) = lock_file(&info.ifname) {
+            publisher.retire(None);
+        }
         let (p, st) = (publisher.clone(), Arc::clone(&stop));
         let stats_thread = std::thread::Builder::new()
             .name("roce-stats".into())
@@ -659,30 +692,13 @@ impl Device {
         Ok(self.shared.lock().create_cq(depth)?)
     }
 
-    fn lock_file(&self) -> Result<nix::fcntl::Flock<File>, ApiError> {
-        fs::create_dir_all("/run/roce").map_err(os("creating /run/roce"))?;
-        let path = format!("/run/roce/{}.lock", self.info.ifname);
-        let f = File::options()
-            .create(true)
-            .truncate(false)
-            .write(true)
-            .open(&path)
-            .map_err(os("opening the QPN lock file"))?;
-        nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| {
-            ApiError::Os {
-                what: "locking the QPN lock file",
-                source: e.into(),
-            }
-        })
-    }
-
     /// Creates a QP in RESET (`ibv_create_qp`) and claims its QPN in the XDP QP map, so that
     /// roce_xdp steers its packets here.
     ///
     /// # Errors
     /// Limits, or no free QPN.
     pub fn create_qp(&self, init: QpInit) -> Result<Qpn, ApiError> {
-        let _lock = self.lock_file()?;
+        let _lock = lock_file(&self.info.ifname)?;
         let qps = self.pins.qps()?;
         let me = std::process::id();
         for _ in 0..MAX_QPS {
@@ -840,9 +856,11 @@ impl Device {
         if let Some(t) = self.stats_thread.take() {
             let _ = t.join();
         }
-        // The last counters stay in the maps after we are gone (until the next device on this
-        // interface collects them, or `roce unload`), so they can be read after a run.
+        // The last counters go into the interface's cumulative totals (QPN 0 / PID 0).
         let _ = self.publisher.publish();
+        if let Ok(_lock) = lock_file(&self.info.ifname) {
+            self.publisher.retire(Some(std::process::id()));
+        }
         if let Ok(mut xsks) = self.pins.xsks() {
             for (q, _) in &self.bind_modes {
                 let _ = xsks.unset(*q);

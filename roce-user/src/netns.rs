@@ -339,3 +339,63 @@ impl VethPair {
         })
     }
 }
+
+/// Hosts on one L2 segment: a switch namespace `<prefix>-s` holding a bridge, and one namespace
+/// `<prefix>-h<i>` per host with interface `<prefix>h<i>` (addressed 10.<subnet>.0.<i+1>/24),
+/// joined to the bridge by a veth, with static neighbour entries between all hosts. Dropping it
+/// deletes every namespace. `prefix` must be at most 11 characters.
+#[derive(Debug)]
+pub struct Lan {
+    /// The hosts.
+    pub hosts: Vec<VethEnd>,
+    _hosts_ns: Vec<NetNs>,
+    _switch: NetNs,
+}
+
+impl Lan {
+    /// Creates `n` hosts on one bridge.
+    ///
+    /// # Errors
+    /// If any `ip` command fails; what was made so far is removed.
+    pub fn new(prefix: &str, n: usize, opts: &VethOptions) -> Result<Self, NetnsError> {
+        let switch = NetNs::new(&format!("{prefix}-s"))?;
+        switch.ip(&["link", "add", "br0", "type", "bridge"])?;
+        switch.ip(&["link", "set", "br0", "up"])?;
+        let mtu = opts.mtu.to_string();
+        let sub = opts.subnet;
+        let mut hosts = Vec::new();
+        let mut nss = Vec::new();
+        for i in 0..n {
+            let ns = NetNs::new(&format!("{prefix}-h{i}"))?;
+            let (host_if, port_if) = (format!("{prefix}h{i}"), format!("{prefix}p{i}"));
+            ns.ip(&["link", "add", &host_if, "type", "veth", "peer", "name", &port_if, "netns", switch.name()])?;
+            switch.ip(&["link", "set", &port_if, "mtu", &mtu, "master", "br0", "up"])?;
+            let v4 = format!("10.{sub}.0.{}", i + 1);
+            let v6 = format!("fd00:{sub}::{}", i + 1);
+            ns.ip(&["link", "set", "dev", &host_if, "mtu", &mtu])?;
+            ns.ip(&["addr", "add", &format!("{v4}/24"), "dev", &host_if])?;
+            ns.ip(&["-6", "addr", "add", &format!("{v6}/64"), "dev", &host_if, "nodad"])?;
+            ns.ip(&["link", "set", "dev", &host_if, "up"])?;
+            let mac = mac_of(ns.name(), &host_if)?;
+            hosts.push(VethEnd {
+                ifname: host_if,
+                netns: ns.name().to_owned(),
+                mac,
+                ipv4: v4.parse().unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
+                ipv6: v6.parse().unwrap_or(std::net::Ipv6Addr::UNSPECIFIED),
+            });
+            nss.push(ns);
+        }
+        for from in &hosts {
+            for to in hosts.iter().filter(|h| h.ifname != from.ifname) {
+                for ip in [IpAddr::V4(to.ipv4), IpAddr::V6(to.ipv6)] {
+                    ip_in(
+                        &from.netns,
+                        &["neigh", "replace", &ip.to_string(), "lladdr", &fmt_mac(&to.mac), "dev", &from.ifname, "nud", "permanent"],
+                    )?;
+                }
+            }
+        }
+        Ok(Self { hosts, _hosts_ns: nss, _switch: switch })
+    }
+}

@@ -21,7 +21,7 @@ const APT_PACKAGES: &[&str] = &[
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
-const SCAPY_VERSION: &str = "2.6.1";
+const SCAPY_VERSION: &str = "2.8.0";
 
 /// PATH with ~/.cargo/bin in front, where cargo installs bpf-linker and cargo-fuzz.
 pub(crate) fn path_with_cargo_bin() -> String {

@@ -1,9 +1,12 @@
-//! `roce demo`: two namespaces joined by a veth pair, roce_xdp on one end, traffic of every kind
-//! from the other, the counters printed, everything removed again.
+//! `roce demo`: two namespaces joined by a veth pair, an endpoint in each, real RC traffic between
+//! them (ping-pong, WRITE, READ and SEND bandwidth, atomics), then the XDP classifier at work on
+//! traffic of every kind, the counters of both ends, and everything removed again.
 
 use std::{
     net::{SocketAddr, UdpSocket},
-    time::Duration,
+    path::Path,
+    process::{Command, Stdio},
+    time::{Duration, Instant},
 };
 
 use anyhow::{Context as _, bail};
@@ -61,37 +64,170 @@ fn roce_payload(opcode: Opcode, tver: u8, dest_qp: u32, psn: u32, payload: usize
     p
 }
 
+/// One step of the demo: the same `roce` subcommand as server on B and client on A.
+struct Step {
+    name: &'static str,
+    args: &'static str,
+}
+
+const STEPS: [Step; 5] = [
+    Step {
+        name: "ping-pong 4 KiB x1000, checked",
+        args: "pingpong -s 4096 -n 1000 -m 2048 -c",
+    },
+    Step {
+        name: "WRITE 64 KiB x1000 on 2 QPs",
+        args: "perf write -s 65536 -n 1000 -q 2 -m 2048",
+    },
+    Step {
+        name: "READ 64 KiB x1000 on 2 QPs",
+        args: "perf read -s 65536 -n 1000 -q 2 -m 2048",
+    },
+    Step {
+        name: "SEND 64 KiB x1000 on 2 QPs",
+        args: "perf send -s 65536 -n 1000 -q 2 -m 2048",
+    },
+    Step {
+        name: "fetch-and-add x10000 on 2 QPs",
+        args: "perf atomic -n 10000 -q 2",
+    },
+];
+
+fn run_step(exe: &Path, pair: &VethPair, step: &Step) -> anyhow::Result<serde_json::Value> {
+    let args: Vec<&str> = step.args.split(' ').collect();
+    let server = Command::new(exe)
+        .args(["-j", "--netns", &pair.b.netns])
+        .args(&args)
+        .args(["-d", &pair.b.ifname])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .context("starting the server")?;
+    let client = Command::new(exe)
+        .args(["-j", "--netns", &pair.a.netns])
+        .args(&args)
+        .args(["-d", &pair.a.ifname, &pair.b.ipv4.to_string()])
+        .output()
+        .context("running the client")?;
+    let server = server
+        .wait_with_output()
+        .context("waiting for the server")?;
+    for (who, o) in [("client", &client), ("server", &server)] {
+        if !o.status.success() {
+            bail!(
+                "{}: the {who} failed: {}{}",
+                step.name,
+                String::from_utf8_lossy(&o.stdout).trim(),
+                String::from_utf8_lossy(&o.stderr).trim()
+            );
+        }
+    }
+    let c: serde_json::Value = serde_json::from_slice(&client.stdout).context("client JSON")?;
+    let s: serde_json::Value = serde_json::from_slice(&server.stdout).context("server JSON")?;
+    Ok(json!({ "step": step.name, "client": c, "server": s }))
+}
+
+fn step_line(r: &serde_json::Value) -> String {
+    let c = &r["client"];
+    let f = |v: &serde_json::Value| v.as_f64().unwrap_or(0.0);
+    if c.get("usec_per_iter").is_some() {
+        format!(
+            "  {:<32} {:>9.1} Mbit/s  {:>8.1} usec/iter  data checked",
+            r["step"].as_str().unwrap_or(""),
+            f(&c["mbit_per_sec"]),
+            f(&c["usec_per_iter"])
+        )
+    } else {
+        format!(
+            "  {:<32} {:>9.1} MB/s  {:>8.4} Mpps  verified: client {}, server {}",
+            r["step"].as_str().unwrap_or(""),
+            f(&c["bw_mb_per_sec"]),
+            f(&c["msg_rate_mpps"]),
+            c["verified"],
+            r["server"]["verified"]
+        )
+    }
+}
+
 pub(crate) fn run(out: Output, count: u32, mode: AttachMode) -> anyhow::Result<()> {
     loader::require_root()?;
     if EBPF_OBJECT.is_empty() {
         bail!(loader::LoadError::StubObject);
     }
+    let started = Instant::now();
+    let exe = std::env::current_exe().context("finding the roce binary")?;
     let prefix = format!("rdemo{}", std::process::id() % 100_000);
-    let pair = VethPair::new(&prefix, &VethOptions::default()).context("creating the veth pair")?;
-    let (a, b) = (pair.a.clone(), pair.b.clone());
-    if !out.json {
-        println!(
-            "demo: namespaces {} and {}, veth {} ({}) <-> {} ({})",
-            a.netns, b.netns, a.ifname, a.ipv4, b.ifname, b.ipv4
-        );
+    let pair = VethPair::new(
+        &prefix,
+        &VethOptions {
+            mtu: 3000,
+            ..VethOptions::default()
+        },
+    )
+    .context("creating the veth pair")?;
+    let say = |s: &str| {
+        if !out.json {
+            println!("{s}");
+        }
+    };
+    say(&format!(
+        "demo: namespaces {} and {}, veth {} ({}) <-> {} ({}), MTU 3000",
+        pair.a.netns, pair.b.netns, pair.a.ifname, pair.a.ipv4, pair.b.ifname, pair.b.ipv4
+    ));
+    let mut unloaders = Vec::new();
+    for end in [&pair.a, &pair.b] {
+        let opts = LoadOptions {
+            mode,
+            netns: Some(end.netns.clone()),
+            ..LoadOptions::default()
+        };
+        let ifname = end.ifname.clone();
+        let r = netns::in_netns(&end.netns, move || loader::load(&ifname, &opts))??;
+        unloaders.push(Unloader(end.ifname.clone()));
+        say(&format!(
+            "demo: roce_xdp attached to {} ({} mode, prog id {})",
+            r.ifname,
+            r.mode.as_str(),
+            r.prog_id
+        ));
     }
 
-    let opts = LoadOptions {
-        mode,
-        netns: Some(b.netns.clone()),
-        ..LoadOptions::default()
-    };
-    let ifname = b.ifname.clone();
-    let report = netns::in_netns(&b.netns, move || loader::load(&ifname, &opts))??;
-    let _unload = Unloader(b.ifname.clone());
-    if !out.json {
-        println!(
-            "demo: roce_xdp attached to {} ({} mode, prog id {})",
-            report.ifname,
-            report.mode.as_str(),
-            report.prog_id
-        );
+    say("demo: RDMA between the endpoints (path MTU 2048, the largest an AF_XDP frame carries):");
+    let mut rdma = Vec::new();
+    for step in &STEPS {
+        let r = run_step(&exe, &pair, step)?;
+        say(&step_line(&r));
+        rdma.push(r);
     }
+
+    let classifier = classifier_mix(out, &pair, count)?;
+
+    let mut counters = Vec::new();
+    for end in [&pair.a, &pair.b] {
+        let snap = super::xdp::snapshot(&Pins::new(&end.ifname), &end.ifname, false, false)?;
+        say(&snap.to_text(true));
+        counters.push(snap.to_json());
+    }
+    say(&format!(
+        "demo: while an endpoint runs, `bpftool map dump pinned /sys/fs/bpf/roce/{}/ROCE_QP_STATS` shows its QPs",
+        pair.a.ifname
+    ));
+    let secs = started.elapsed().as_secs_f64();
+    say(&format!(
+        "demo: done in {secs:.1} s; removing the programs, pins and namespaces"
+    ));
+    drop(unloaders);
+    drop(pair);
+    if out.json {
+        out.emit(&json!({ "rdma": rdma, "classifier": classifier, "counters": counters, "seconds": secs }), "");
+    }
+    Ok(())
+}
+
+/// The XDP classifier at work: traffic of every kind from A to B, and what roce_xdp on B made
+/// of it.
+fn classifier_mix(out: Output, pair: &VethPair, count: u32) -> anyhow::Result<serde_json::Value> {
+    let (a, b) = (pair.a.clone(), pair.b.clone());
     let pins = Pins::new(&b.ifname);
     pins.add_qp(OUR_QPN, std::process::id())?;
     let before = pins.xdp_stats()?;
@@ -183,37 +319,32 @@ pub(crate) fn run(out: Output, count: u32, mode: AttachMode) -> anyhow::Result<(
 
     let delta = pins.xdp_stats()?.saturating_sub(&before);
     let snap = Snapshot {
-        ifname: report.ifname.clone(),
+        ifname: b.ifname.clone(),
         sections: vec![Section::from_names(
             "xdp",
             &XdpStats::NAMES,
             &delta.values(),
         )],
     };
-    let mut text = String::from("demo: sent from the peer namespace, each kind x");
-    text.push_str(&format!("{count}:\n"));
+    let mut text = format!(
+        "demo: the XDP classifier, {count} of each kind from {} to {}:\n",
+        a.ifname, b.ifname
+    );
     for s in &sent {
         text.push_str(&format!("  - {s}\n"));
     }
     text.push_str(&format!(
         "demo: the kernel UDP socket on port {PLAIN_PORT} received {plain_received} of {count}\n"
     ));
-    text.push_str("demo: roce_xdp counters (non-zero, this run):\n");
+    text.push_str("demo: roce_xdp's counters on the receiving end for this traffic (non-zero):\n");
     text.push_str(&snap.to_text(true));
-    text.push_str(&format!(
-        "demo: while loaded, `bpftool map dump pinned {}/ROCE_XDP_STATS` shows the same counters\n",
-        report.pin_dir
-    ));
-    let v = json!({
-        "veth": { "a": a.ifname, "b": report.ifname },
-        "sent_each": count,
-        "kinds": sent,
-        "plain_udp_received": plain_received,
-        "xdp": snap.to_json()["xdp"],
-    });
-    out.emit(&v, &text);
+    if !out.json {
+        print!("{text}");
+    }
     if plain_received != count {
         bail!("the kernel socket received {plain_received} of {count} plain UDP datagrams");
     }
-    Ok(())
+    Ok(
+        json!({ "sent_each": count, "kinds": sent, "plain_udp_received": plain_received, "xdp": snap.to_json()["xdp"] }),
+    )
 }

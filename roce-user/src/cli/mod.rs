@@ -79,30 +79,9 @@ pub enum Command {
     },
     /// Show where roce_xdp is attached: mode, program and link ids, port, QPs, pins.
     Status,
-    /// Show counters, summed over all possible CPUs (ethtool -S style, or JSON).
-    Stats {
-        /// Interface.
-        #[arg(short, long)]
-        iface: String,
-        /// Repeat every SECS seconds, printing the change and the rate since the last report.
-        #[arg(short, long, value_name = "SECS")]
-        watch: Option<f64>,
-        /// With --watch, stop after COUNT reports (default: until interrupted).
-        #[arg(short, long, requires = "watch")]
-        count: Option<u64>,
-        /// Show only counters that are not zero.
-        #[arg(short = 'z', long)]
-        nonzero: bool,
-        /// Print Prometheus exposition text.
-        #[arg(long, conflicts_with_all = ["json", "pretty"])]
-        prometheus: bool,
-        /// Also show per-CPU XDP counters.
-        #[arg(short = 'e', long)]
-        per_cpu: bool,
-        /// Also show each QP's counters and state.
-        #[arg(short = 's', long = "qps")]
-        per_qp: bool,
-    },
+    /// Show counters: XDP (summed over all possible CPUs), transport, device and AF_XDP
+    /// (ethtool -S style, JSON, or Prometheus).
+    Stats(xdp::StatsArgs),
     /// Send RoCE-shaped UDP 4791 frames on the AF_XDP TX path, at a set rate or flat out.
     Gen(r#gen::GenArgs),
     /// ibv_rc_pingpong's test: SEND/RECV ping-pong over an RC QP (server without a host,
@@ -213,17 +192,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         } => xdp::load(out, &iface, mode, port, drop_foreign, cli.netns),
         Command::Unload { iface } => xdp::unload(out, &iface),
         Command::Status => xdp::status(out),
-        Command::Stats {
-            iface,
-            watch,
-            count,
-            nonzero,
-            prometheus,
-            per_cpu,
-            per_qp,
-        } => xdp::stats(
-            out, &iface, watch, count, nonzero, prometheus, per_cpu, per_qp,
-        ),
+        Command::Stats(args) => xdp::stats(out, &args),
         Command::Demo { count, mode } => demo::run(out, count, mode),
         Command::Gen(args) => r#gen::run(out, &args),
         Command::Pingpong(args) => pingpong::run(out, &args, cli.netns),

@@ -102,7 +102,12 @@ const QP_STATES: [&str; 7] = ["RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"
 
 /// The counters of one interface: XDP (summed over CPUs), transport (summed over QPs), device
 /// (summed over endpoint processes), AF_XDP per queue, and with `per_qp` each QP.
-fn snapshot(pins: &Pins, iface: &str, per_cpu: bool, per_qp: bool) -> anyhow::Result<Snapshot> {
+pub(crate) fn snapshot(
+    pins: &Pins,
+    iface: &str,
+    per_cpu: bool,
+    per_qp: bool,
+) -> anyhow::Result<Snapshot> {
     let cpus = pins.xdp_stats_per_cpu()?;
     let total = loader::sum_per_cpu(&cpus);
     let mut sections = vec![Section::from_names(
@@ -155,7 +160,7 @@ fn snapshot(pins: &Pins, iface: &str, per_cpu: bool, per_qp: bool) -> anyhow::Re
         );
     }
     if per_qp {
-        for (q, r) in &qps {
+        for (q, r) in qps.iter().filter(|(q, _)| *q != 0) {
             let state = QP_STATES.get(r.state as usize).copied().unwrap_or("?");
             sections.push(
                 Section::from_names(
@@ -175,16 +180,51 @@ fn snapshot(pins: &Pins, iface: &str, per_cpu: bool, per_qp: bool) -> anyhow::Re
     })
 }
 
-pub(crate) fn stats(
-    out: Output,
-    iface: &str,
-    watch: Option<f64>,
-    count: Option<u64>,
-    nonzero: bool,
-    prometheus: bool,
-    per_cpu: bool,
-    per_qp: bool,
-) -> anyhow::Result<()> {
+/// Flags of `roce stats`.
+#[derive(Debug, clap::Args)]
+pub struct StatsArgs {
+    /// Interface.
+    #[arg(short, long)]
+    pub iface: String,
+    /// Repeat every SECS seconds, printing the change and the rate since the last report.
+    #[arg(short, long, value_name = "SECS")]
+    pub watch: Option<f64>,
+    /// With --watch, stop after COUNT reports (default: until interrupted).
+    #[arg(short, long, requires = "watch")]
+    pub count: Option<u64>,
+    /// Show only counters that are not zero.
+    #[arg(short = 'z', long)]
+    pub nonzero: bool,
+    /// Print Prometheus exposition text.
+    #[arg(long, conflicts_with_all = ["json", "pretty"])]
+    pub prometheus: bool,
+    /// Also show per-CPU XDP counters.
+    #[arg(short = 'e', long)]
+    pub per_cpu: bool,
+    /// Also show each QP's counters and state.
+    #[arg(short = 's', long = "qps")]
+    pub per_qp: bool,
+}
+
+pub(crate) fn stats(out: Output, a: &StatsArgs) -> anyhow::Result<()> {
+    let StatsArgs {
+        iface,
+        watch,
+        count,
+        nonzero,
+        prometheus,
+        per_cpu,
+        per_qp,
+    } = a;
+    let (iface, watch, count, nonzero, prometheus, per_cpu, per_qp) = (
+        iface.as_str(),
+        *watch,
+        *count,
+        *nonzero,
+        *prometheus,
+        *per_cpu,
+        *per_qp,
+    );
     loader::require_root()?;
     loader::check_ifname(iface)?;
     let pins = Pins::new(iface);
