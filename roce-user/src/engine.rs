@@ -13,7 +13,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use crate::xsk::{FrameAccounting, XskError, XskQueue, XskStats};
+use crate::xsk::{BindMode, FrameAccounting, XskError, XskQueue, XskStats};
 pub use crate::xsk::{RxVerdict, TxError, TxSink};
 
 /// Monotonic time in nanoseconds since the engine's clock started. The transport takes time as
@@ -135,6 +135,8 @@ impl Default for EngineConfig {
 pub struct EngineReport {
     /// Queue served.
     pub queue_id: u32,
+    /// How its socket is bound.
+    pub mode: BindMode,
     /// Loop turns.
     pub turns: u64,
     /// poll(2) waits.
@@ -239,6 +241,7 @@ impl<H: Handler> Engine<H> {
         let end = self.clock.now();
         Ok(EngineReport {
             queue_id: self.queue.queue_id(),
+            mode: self.queue.bind_mode(),
             turns: self.turns,
             waits: self.waits,
             stats: self.queue.stats(),

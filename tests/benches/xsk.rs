@@ -100,15 +100,17 @@ where
     (stop, count, t)
 }
 
-fn measure_rx(pair: &Pair, count: &AtomicU64) -> f64 {
+/// Floods A for `RUN`; returns (received pps, offered pps).
+fn measure_rx(pair: &Pair, count: &AtomicU64) -> (f64, f64) {
     let c0 = count.load(Ordering::Relaxed);
-    let (_, elapsed) = gen_in_b(pair, false);
+    let (sent, elapsed) = gen_in_b(pair, false);
     std::thread::sleep(Duration::from_millis(50));
     let n = count.load(Ordering::Relaxed) - c0;
-    n as f64 / elapsed.as_secs_f64()
+    let secs = elapsed.as_secs_f64();
+    (n as f64 / secs, sent as f64 / secs)
 }
 
-fn rx_engine(pair: &Pair) -> f64 {
+fn rx_engine(pair: &Pair) -> (f64, f64) {
     let a_if = pair.a().ifname.clone();
     let (stop, count, t) = receiver_in_a(pair, move |stop, count, ready| {
         let mut prog = XdpProg::attach(&a_if, &[QPN]);
@@ -125,7 +127,7 @@ fn rx_engine(pair: &Pair) -> f64 {
     pps
 }
 
-fn rx_udp(pair: &Pair) -> f64 {
+fn rx_udp(pair: &Pair) -> (f64, f64) {
     let a_ip = pair.a().ipv4;
     let (stop, count, t) = receiver_in_a(pair, move |stop, count, ready| {
         let sock = UdpSocket::bind(SocketAddrV4::new(a_ip, ROCE_V2_UDP_PORT)).expect("bind UDP");
@@ -229,7 +231,7 @@ fn echo(pair: &Pair) -> f64 {
             let tmpl = RoceTemplate::new(&gen_cfg);
             let mut e = Engine::new(
                 q,
-                WindowSender::new(tmpl, 0, FRAMES, Some(256)),
+                WindowSender::new(tmpl, 0, FRAMES, Some(128)),
                 EngineConfig::default(),
             );
             let r = e.run(&AtomicBool::new(false)).expect("sender");
@@ -265,9 +267,14 @@ fn main() {
 
     let (mut rx_e, mut rx_u, mut tx_g, mut tx_m, mut ech) =
         (vec![], vec![], vec![], vec![], vec![]);
+    let (mut off_e, mut off_u) = (vec![], vec![]);
     for _ in 0..REPS {
-        rx_e.push(rx_engine(&pair));
-        rx_u.push(rx_udp(&pair));
+        let (got, offered) = rx_engine(&pair);
+        rx_e.push(got);
+        off_e.push(offered);
+        let (got, offered) = rx_udp(&pair);
+        rx_u.push(got);
+        off_u.push(offered);
     }
     let (stop, t) = drop_all_in_a(&pair);
     for _ in 0..REPS {
@@ -317,6 +324,12 @@ fn main() {
             "max": s.max,
         }));
     }
+    let (off_e, off_u) = (stat(off_e), stat(off_u));
+    println!(
+        "offered by the AF_XDP generator during the rx runs (median pps): {:.0} to the engine, \
+         {:.0} to the UDP socket",
+        off_e.median, off_u.median
+    );
     if let Some(dir) = std::env::var_os("ROCE_BENCH_OUT") {
         let path = std::path::Path::new(&dir).join("xsk.json");
         std::fs::create_dir_all(&dir).expect("create ROCE_BENCH_OUT");

@@ -16,7 +16,8 @@ use std::{
 
 use roce::{
     engine::{EchoHandler, EngineConfig, spawn_engines},
-    xsk::{RoceTemplate, XskConfig, XskQueue},
+    loader::Pins,
+    xsk::{RoceTemplate, XskConfig, XskQueue, rx_queue_count},
 };
 use xsk_support::*;
 
@@ -32,12 +33,13 @@ fn each_queue_has_its_own_socket_and_engine() {
     let (ready_tx, ready_rx) = mpsc::channel();
     let a_stop = Arc::clone(&stop);
     let a = pair.in_a(move || {
-        let mut prog = XdpProg::attach(&a_if, &[QPN]);
-        let mut queues = Vec::new();
-        for q in 0..QUEUES {
-            let q = XskQueue::open(&a_if, q, &XskConfig::default()).expect("open A queue");
-            prog.set_xsk(&q);
-            queues.push(q);
+        let prog = XdpProg::attach(&a_if, &[QPN]);
+        // One socket per RX queue the interface has.
+        assert_eq!(rx_queue_count(&a_if).expect("queue count"), QUEUES);
+        let queues = XskQueue::open_all(&a_if, &XskConfig::default()).expect("open A queues");
+        let pins = Pins::new(&a_if);
+        for q in &queues {
+            q.register(&pins).expect("register in ROCE_XSKS");
         }
         let fds: Vec<i32> = queues.iter().map(std::os::fd::AsRawFd::as_raw_fd).collect();
         let threads = spawn_engines(
@@ -80,7 +82,7 @@ fn each_queue_has_its_own_socket_and_engine() {
                 let mut g = gen_cfg.clone();
                 g.src_port = 0xc000 + q as u16;
                 let tmpl = RoceTemplate::new(&g);
-                WindowSender::new(tmpl, u64::from(q) * SEQ_SPACE, PER_QUEUE, Some(256))
+                WindowSender::new(tmpl, u64::from(q) * SEQ_SPACE, PER_QUEUE, Some(128))
             },
             EngineConfig::default(),
             &never,

@@ -1,10 +1,9 @@
 //! `roce gen`: a packet generator on the AF_XDP TX path. It sends RoCE-shaped frames
 //! (Ethernet / IPv4 / UDP to 4791 / BTH RC_SEND_ONLY / payload / ICRC) at a set rate or flat out.
 //!
-//! The frames are built from a local byte template until the `wire` module lands; the ICRC
-//! follows the rxe recipe (roce-v2.md "ICRC": CRC-32 over eight 0xff bytes, the IPv4 header
-//! with TOS, TTL and checksum masked to ones, the UDP header with its checksum masked, the BTH
-//! with byte 4 masked, and the payload; stored little-endian).
+//! The template frame is emitted once by [`crate::wire::emit_frame`]; each frame is a copy with
+//! its PSN, UDP source port and sequence number stamped in and its ICRC recomputed by
+//! [`crate::wire::icrc::compute`] (rxe recipe), so no per-frame header building is needed.
 
 use std::{
     net::Ipv4Addr,
@@ -14,12 +13,16 @@ use std::{
 
 use roce_common::{
     ROCE_V2_UDP_PORT,
-    hdr::{Bth, ETH_P_IPV4, EthHdr, ICRC_LEN, IPPROTO_UDP, Ipv4Hdr, UdpHdr},
-    opcode::Opcode,
+    hdr::{Bth, EthHdr, ICRC_LEN, Ipv4Hdr, UdpHdr},
 };
 
 use super::{BindMode, XskConfig, XskError, XskQueue, XskStats};
-use crate::engine::{Engine, EngineConfig, Handler, Nanos, RxVerdict, TxSink};
+use crate::{
+    engine::{Engine, EngineConfig, Handler, Nanos, RxVerdict, TxSink},
+    wire::{
+        BthRepr, EthernetAddress, IpPath, Opcode, PathRepr, Psn, Qpn, RoceRepr, emit_frame, icrc,
+    },
+};
 
 /// Offsets into the IPv4 template.
 const IP_OFF: usize = EthHdr::LEN;
@@ -28,6 +31,9 @@ const BTH_OFF: usize = UDP_OFF + UdpHdr::LEN;
 const PAYLOAD_OFF: usize = BTH_OFF + Bth::LEN;
 /// The shortest frame: headers, an empty payload and the ICRC.
 pub const MIN_FRAME: usize = PAYLOAD_OFF + ICRC_LEN;
+
+/// Most frames a rate-limited generator queues per engine turn.
+pub const RATE_BURST: u64 = 64;
 
 /// How fast to send.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -110,41 +116,37 @@ pub struct RoceTemplate {
 
 impl RoceTemplate {
     /// Builds the template for `cfg` (frame length: `cfg.size` rounded down so that the payload
-    /// is a multiple of 4, at least [`MIN_FRAME`]).
+    /// is a multiple of 4, at least [`MIN_FRAME`]): an RC SEND_ONLY to `cfg.dest_qp`, PSN 0,
+    /// IPv4 with DF and TTL 64, UDP checksum 0 as rxe sends it.
     #[must_use]
     pub fn new(cfg: &GenConfig) -> Self {
-        let payload = cfg.size.max(MIN_FRAME).saturating_sub(MIN_FRAME) & !3;
-        let len = MIN_FRAME + payload;
-        let mut b = vec![0u8; len];
-        b[0..6].copy_from_slice(&cfg.dst_mac);
-        b[6..12].copy_from_slice(&cfg.src_mac);
-        b[12..14].copy_from_slice(&ETH_P_IPV4.to_be_bytes());
-        let ip_len = (len - IP_OFF) as u16;
-        let ip = &mut b[IP_OFF..UDP_OFF];
-        ip[0] = 0x45;
-        ip[2..4].copy_from_slice(&ip_len.to_be_bytes());
-        ip[6..8].copy_from_slice(&Ipv4Hdr::DF.to_be_bytes());
-        ip[8] = 64;
-        ip[9] = IPPROTO_UDP;
-        ip[12..16].copy_from_slice(&cfg.src_ip.octets());
-        ip[16..20].copy_from_slice(&cfg.dst_ip.octets());
-        let csum = ipv4_checksum(ip);
-        ip[10..12].copy_from_slice(&csum.to_be_bytes());
-        let udp = &mut b[UDP_OFF..BTH_OFF];
-        udp[0..2].copy_from_slice(&cfg.src_port.to_be_bytes());
-        udp[2..4].copy_from_slice(&cfg.dst_port.to_be_bytes());
-        udp[4..6].copy_from_slice(&((len - UDP_OFF) as u16).to_be_bytes());
-        // UDP checksum 0, as rxe writes it (valid for IPv4).
-        let bth = &mut b[BTH_OFF..PAYLOAD_OFF];
-        bth[0] = Opcode::RC_SEND_ONLY.0;
-        bth[1] = 0; // SE 0, MigReq 0, PadCnt 0, TVer 0
-        bth[2..4].copy_from_slice(&0xffffu16.to_be_bytes()); // default P_Key
-        bth[5..8].copy_from_slice(&cfg.dest_qp.to_be_bytes()[1..]);
-        for (i, p) in b[PAYLOAD_OFF..len - ICRC_LEN].iter_mut().enumerate() {
-            *p = i as u8;
-        }
+        let payload_len = cfg.size.max(MIN_FRAME).saturating_sub(MIN_FRAME) & !3;
+        let payload: Vec<u8> = (0..payload_len).map(|i| i as u8).collect();
+        let mut path = PathRepr::new(
+            EthernetAddress(cfg.src_mac),
+            EthernetAddress(cfg.dst_mac),
+            IpPath::V4 {
+                src: cfg.src_ip,
+                dst: cfg.dst_ip,
+            },
+        );
+        path.udp_src_port = cfg.src_port;
+        path.udp_dst_port = cfg.dst_port;
+        let roce = RoceRepr::new(BthRepr::new(
+            Opcode::RC_SEND_ONLY,
+            Qpn::new(cfg.dest_qp & 0x00ff_ffff),
+            Psn::new(0),
+        ));
+        let mut bytes = vec![0u8; MIN_FRAME + payload_len];
+        let len = emit_frame(&path, &roce, &payload, &mut bytes).unwrap_or(0);
+        debug_assert_eq!(
+            len,
+            bytes.len(),
+            "an SEND_ONLY of a small payload always fits"
+        );
+        bytes.truncate(len);
         Self {
-            bytes: b,
+            bytes,
             src_port: cfg.src_port,
             flows: cfg.flows.max(1),
             icrc: cfg.icrc,
@@ -187,8 +189,15 @@ impl RoceTemplate {
             out[PAYLOAD_OFF..PAYLOAD_OFF + 8].copy_from_slice(&seq.to_be_bytes());
         }
         if self.icrc {
-            let crc = icrc_ipv4(&out[IP_OFF..len - ICRC_LEN]);
+            let crc = icrc::compute(
+                &out[IP_OFF..UDP_OFF],
+                &out[UDP_OFF..BTH_OFF],
+                &out[BTH_OFF..len - ICRC_LEN],
+            )
+            .unwrap_or(0);
             out[len - ICRC_LEN..].copy_from_slice(&crc.to_le_bytes());
+        } else {
+            out[len - ICRC_LEN..].fill(0);
         }
         len
     }
@@ -199,43 +208,6 @@ impl RoceTemplate {
         let b = frame.get(PAYLOAD_OFF..PAYLOAD_OFF + 8)?;
         Some(u64::from_be_bytes(b.try_into().ok()?))
     }
-}
-
-/// The IPv4 header checksum (RFC 791) of `hdr` with its checksum field taken as zero.
-fn ipv4_checksum(hdr: &[u8]) -> u16 {
-    let mut sum = 0u32;
-    for (i, w) in hdr.chunks(2).enumerate() {
-        if i == 5 {
-            continue;
-        }
-        sum += u32::from(u16::from_be_bytes([w[0], *w.get(1).unwrap_or(&0)]));
-    }
-    while sum > 0xffff {
-        sum = (sum & 0xffff) + (sum >> 16);
-    }
-    !(sum as u16)
-}
-
-/// ICRC of an IPv4 RoCE v2 packet, `ip_to_payload` = IPv4 header through the last payload/pad
-/// byte (the ICRC itself excluded). rxe recipe, see the module docs.
-fn icrc_ipv4(ip_to_payload: &[u8]) -> u32 {
-    let mut h = crc32fast::Hasher::new();
-    h.update(&[0xff; 8]);
-    let mut ip = [0u8; Ipv4Hdr::LEN];
-    ip.copy_from_slice(&ip_to_payload[..Ipv4Hdr::LEN]);
-    ip[1] = 0xff; // TOS
-    ip[8] = 0xff; // TTL
-    ip[10] = 0xff; // header checksum
-    ip[11] = 0xff;
-    h.update(&ip);
-    let mut udp_bth = [0u8; UdpHdr::LEN + Bth::LEN];
-    udp_bth.copy_from_slice(&ip_to_payload[Ipv4Hdr::LEN..Ipv4Hdr::LEN + UdpHdr::LEN + Bth::LEN]);
-    udp_bth[6] = 0xff; // UDP checksum
-    udp_bth[7] = 0xff;
-    udp_bth[UdpHdr::LEN + 4] = 0xff; // FECN/BECN/reserved
-    h.update(&udp_bth);
-    h.update(&ip_to_payload[Ipv4Hdr::LEN + UdpHdr::LEN + Bth::LEN..]);
-    h.finalize()
 }
 
 /// The generator as an engine [`Handler`]: sends template frames with increasing sequence
@@ -281,6 +253,9 @@ impl GenHandler {
         }
     }
 
+    /// Frames to queue now. With a rate, at most [`RATE_BURST`] per turn, so that a thread
+    /// that was descheduled catches up in ring-sized steps instead of one burst that would
+    /// overflow the receiver's queue (veth's XDP ring holds 256 frames).
     fn budget(&self, now: Nanos) -> u64 {
         let left = self.count.map_or(u64::MAX, |c| c.saturating_sub(self.sent));
         match (self.pps, self.start) {
@@ -288,7 +263,7 @@ impl GenHandler {
                 let due = (u128::from(now.duration_since(start).as_nanos() as u64)
                     * u128::from(pps)
                     / 1_000_000_000) as u64;
-                due.saturating_sub(self.sent).min(left)
+                due.saturating_sub(self.sent).min(left).min(RATE_BURST)
             }
             _ => left,
         }
@@ -440,20 +415,28 @@ pub fn run_gen(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::wire::parse_frame;
 
     #[test]
-    fn icrc_matches_golden_cnp_vector() {
-        // roce-v2.md "ICRC": the Mellanox CNP example, IPv4 header through the CNP padding.
-        let hex = "4589003C98C640002011692716161608\
-                   16161607DBAE12B7002800008100FFFF\
-                   400000D2000000000000000000000000\
-                   0000000000000000";
-        let bytes: Vec<u8> = (0..hex.len())
-            .step_by(2)
-            .map(|i| u8::from_str_radix(&hex[i..i + 2], 16).expect("hex"))
-            .collect();
-        assert_eq!(icrc_ipv4(&bytes).to_le_bytes(), [0xda, 0xfc, 0x1b, 0xef]);
-        assert_eq!(ipv4_checksum(&bytes[..20]), 0x6927);
+    fn frames_parse_as_roce_with_a_good_icrc() {
+        let mut cfg = GenConfig::new("x");
+        cfg.size = 200;
+        cfg.dest_qp = 0x1234;
+        let t = RoceTemplate::new(&cfg);
+        let mut buf = [0u8; 256];
+        for seq in [0u64, 1, 0xff_ffff, 0x100_0005] {
+            let n = t.write(&mut buf, seq);
+            let f = parse_frame(&buf[..n]).expect("the generator emits RoCE v2");
+            assert!(f.icrc_ok, "bad ICRC for seq {seq}");
+            assert_eq!(f.roce.bth.opcode, Opcode::RC_SEND_ONLY);
+            assert_eq!(f.roce.bth.dest_qp.value(), 0x1234);
+            assert_eq!(f.roce.bth.psn.value(), (seq & 0xff_ffff) as u32);
+            assert_eq!(
+                u64::from_be_bytes(f.payload[..8].try_into().expect("8")),
+                seq
+            );
+            assert_eq!(f.len, n);
+        }
     }
 
     #[test]
@@ -473,10 +456,10 @@ mod tests {
             u16::from_be_bytes([f[UDP_OFF + 4], f[UDP_OFF + 5]]),
             98 - 34
         );
-        assert_eq!(
-            ipv4_checksum(&f[IP_OFF..UDP_OFF]),
-            u16::from_be_bytes([f[24], f[25]])
-        );
+        // Also a valid RoCE frame with the flow's port (parse_frame checks the IPv4 checksum).
+        let p = parse_frame(f).expect("RoCE");
+        assert!(p.icrc_ok);
+        assert_eq!(p.udp.src_port, 0xc000 + 2);
         assert_eq!(t.write(&mut buf[..50], 1), 0);
     }
 
@@ -491,5 +474,7 @@ mod tests {
         assert_eq!(h.budget(Nanos(5_000_000)), 0);
         assert_eq!(h.next_timeout(), Some(Nanos(6_000_000)));
         assert_eq!(h.budget(Nanos(1_000_000_000)), 5);
+        h.count = None;
+        assert_eq!(h.budget(Nanos(1_000_000_000)), RATE_BURST);
     }
 }

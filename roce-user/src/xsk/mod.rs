@@ -24,6 +24,27 @@
 //! descriptors it has handed out (their frames belong to the application then) and rolls back
 //! the ones it has not read, which stay on the RX ring for the next batch.
 //!
+//! # Use
+//! Load `roce_xdp` on the interface ([`crate::loader::load`]), open one [`XskQueue`] per RX
+//! queue, register each in `ROCE_XSKS`, and run one [`crate::engine::Engine`] per queue with
+//! the transport as its [`crate::engine::Handler`]:
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! use std::sync::{Arc, atomic::AtomicBool};
+//! use roce::{engine::{EchoHandler, EngineConfig, spawn_engines}, loader::Pins, xsk::*};
+//!
+//! let queues = XskQueue::open_all("eth0", &XskConfig::default())?;
+//! let pins = Pins::new("eth0");
+//! for q in &queues {
+//!     q.register(&pins)?; // ROCE_XSKS[q] = this socket
+//!     println!("queue {} bound in {} mode", q.queue_id(), q.bind_mode());
+//! }
+//! let stop = Arc::new(AtomicBool::new(false));
+//! let threads = spawn_engines(queues, |_| EchoHandler::default(), EngineConfig::default(), &stop)?;
+//! # Ok(()) }
+//! ```
+//!
 //! # Wakeups
 //! Sockets are bound with `XDP_USE_NEED_WAKEUP`; the TX ring is kicked with `sendto()` only when
 //! the kernel sets the need-wakeup flag (copy mode always does; it then sends about 32 frames per
@@ -37,7 +58,7 @@ mod umem;
 use std::{io, num::NonZeroU32};
 
 pub use r#gen::{GenConfig, GenHandler, GenQueueReport, GenReport, Rate, RoceTemplate, run_gen};
-pub use socket::{RxBatch, RxVerdict, TxBatch, TxError, TxSink, XskQueue};
+pub use socket::{RxBatch, RxVerdict, TxBatch, TxError, TxSink, XskQueue, rx_queue_count};
 pub use stats::XskStats;
 pub use umem::{FrameAccounting, FrameIdx, FrameLoc};
 

@@ -193,6 +193,10 @@ impl Drop for RxBatch<'_> {
 }
 
 /// A reservation on the TX ring, filled from the backlog.
+///
+/// Dropped without [`TxBatch::commit`], it rolls back: xdpilone's inner guard cancels the
+/// reservation, and the staged frames, never lent to the kernel, stay at the head of the
+/// backlog, still held by the application.
 #[must_use = "a transmit batch sends nothing unless committed"]
 pub struct TxBatch<'q> {
     write: WriteTx<'q>,
@@ -245,14 +249,6 @@ impl TxBatch<'_> {
         let n = self.staged;
         self.staged = 0;
         (n, bytes)
-    }
-}
-
-impl Drop for TxBatch<'_> {
-    fn drop(&mut self) {
-        // Uncommitted: xdpilone's guard cancels the reservation; the frames were never lent and
-        // stay queued in the backlog, still held by the application.
-        self.staged = 0;
     }
 }
 
@@ -385,6 +381,23 @@ impl XskQueue {
         Ok(q)
     }
 
+    /// Opens one queue per RX queue of `ifname` (see [`rx_queue_count`]), for one engine each.
+    pub fn open_all(ifname: &str, cfg: &XskConfig) -> Result<Vec<Self>, XskError> {
+        (0..rx_queue_count(ifname)?)
+            .map(|q| Self::open(ifname, q, cfg))
+            .collect()
+    }
+
+    /// Points `ROCE_XSKS[queue]` of the program loaded on this queue's interface (found by its
+    /// pins) at this socket, so that `roce_xdp` redirects the queue's RoCE packets here. Call
+    /// after [`XskQueue::open`] and before traffic is expected; the entry goes away when the
+    /// socket is closed.
+    pub fn register(&self, pins: &crate::loader::Pins) -> Result<(), crate::loader::LoadError> {
+        let mut xsks = pins.xsks()?;
+        xsks.set(self.queue_id, self.as_raw_fd(), 0)?;
+        Ok(())
+    }
+
     /// The interface name.
     #[must_use]
     pub fn ifname(&self) -> &str {
@@ -457,15 +470,26 @@ impl XskQueue {
         if avail == 0 {
             return 0;
         }
-        let mut w = self.fill.fill(avail);
-        let cap = w.capacity();
-        let book = &mut self.book;
-        let n = w.insert((0..cap).map_while(|_| {
-            let idx = book.alloc()?;
-            Some(book.lend(idx, FrameLoc::KernelRx))
-        }));
-        w.commit();
-        drop(w);
+        // xdpilone serves a reservation from its cached view of the kernel's consumer head and
+        // refreshes it only when that view shows no room, so a short reservation is retried
+        // once: the second one sees the kernel's real progress.
+        let mut n = 0;
+        for _ in 0..2 {
+            if n == avail {
+                break;
+            }
+            let mut w = self.fill.fill(avail - n);
+            let cap = w.capacity();
+            if cap == 0 {
+                break;
+            }
+            let book = &mut self.book;
+            n += w.insert((0..cap).map_while(|_| {
+                let idx = book.alloc()?;
+                Some(book.lend(idx, FrameLoc::KernelRx))
+            }));
+            w.commit();
+        }
         if n > 0 && self.fill.needs_wakeup() {
             self.stats.fill_kicks += 1;
             self.fill.wake();
@@ -544,16 +568,23 @@ impl XskQueue {
     pub fn flush_tx(&mut self) -> usize {
         let want = self.backlog.q.len();
         let mut sent = 0;
-        if want > 0 {
-            let mut b = self.tx_batch(want as u32);
+        // As in `refill`: a short reservation (stale cached consumer head) is retried once.
+        for _ in 0..2 {
+            if sent == want {
+                break;
+            }
+            let mut b = self.tx_batch((want - sent) as u32);
+            if b.capacity() == 0 {
+                break;
+            }
             b.stage_backlog();
             let (n, bytes) = b.commit();
-            sent = n;
+            sent += n;
             self.stats.tx_packets += n as u64;
             self.stats.tx_bytes += bytes;
-            if n < want {
-                self.stats.tx_ring_full += 1;
-            }
+        }
+        if sent < want {
+            self.stats.tx_ring_full += 1;
         }
         self.kick_tx();
         sent
@@ -574,9 +605,10 @@ impl XskQueue {
         }
     }
 
-    /// Waits in poll(2) until the RX ring has frames or the TX ring has room (when frames are
-    /// waiting to be sent or completed), or `timeout` passes (`None`: forever). Returns whether
-    /// the socket is ready; an interrupted wait returns `Ok(false)`.
+    /// Waits in poll(2) until the RX ring has frames or, when frames wait in the backlog, the
+    /// TX ring has room, or `timeout` passes (`None`: forever). In copy mode the poll also
+    /// drives pending transmits. Returns whether the socket is ready; an interrupted wait
+    /// returns `Ok(false)`.
     pub fn wait(&self, timeout: Option<Duration>) -> Result<bool, XskError> {
         self.wait_with(timeout, None)
     }
@@ -590,7 +622,7 @@ impl XskQueue {
     ) -> Result<bool, XskError> {
         use std::os::fd::AsRawFd as _;
         let mut events = libc::POLLIN;
-        if !self.tx_idle() {
+        if !self.backlog.q.is_empty() {
             events |= libc::POLLOUT;
         }
         let mut pfds = [
@@ -638,6 +670,31 @@ impl XskQueue {
     pub fn app_frame_mut(&mut self, idx: FrameIdx, off: u32, len: u32) -> Option<&mut [u8]> {
         self.book.bytes_mut(idx, off, len)
     }
+}
+
+/// The number of RX queues of `ifname` in the current network namespace (`num_rx_queues` of
+/// `ip -d -j link show`; sysfs would show the namespace it was mounted in, not ours).
+pub fn rx_queue_count(ifname: &str) -> Result<u32, XskError> {
+    let fail = |e: io::Error| XskError::Interface {
+        name: ifname.to_owned(),
+        source: e,
+    };
+    let out = std::process::Command::new("ip")
+        .args(["-d", "-j", "link", "show", "dev", ifname])
+        .output()
+        .map_err(fail)?;
+    if !out.status.success() {
+        return Err(fail(io::Error::other(
+            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        )));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| fail(io::Error::new(io::ErrorKind::InvalidData, e)))?;
+    v[0]["num_rx_queues"]
+        .as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|n| *n > 0)
+        .ok_or_else(|| fail(io::Error::other("no num_rx_queues in `ip -d -j link show`")))
 }
 
 impl AsRawFd for XskQueue {
