@@ -6,6 +6,7 @@
 //! and testable without root. `xsk` (AF_XDP), `loader` (aya) and `netns` (iproute2) are the
 //! I/O edges. The command line lives in the binary (src/cli/).
 
+pub mod cc;
 pub mod loader;
 pub mod netns;
 pub mod stats;
