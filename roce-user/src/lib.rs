@@ -7,6 +7,7 @@
 //! I/O edges. The command line lives in the binary (src/cli/).
 
 pub mod cc;
+pub mod impair;
 pub mod loader;
 pub mod netns;
 pub mod stats;

@@ -4,6 +4,7 @@
 //! 2 usage error).
 
 mod demo;
+mod plot;
 mod xdp;
 
 use clap::{Parser, Subcommand};
@@ -101,6 +102,8 @@ pub enum Command {
         #[arg(short, long, value_enum, default_value_t = AttachMode::Native)]
         mode: AttachMode,
     },
+    /// Draw a congestion-control trace (CSV) as an SVG: rate, target, CNPs and alpha over time.
+    Plot(plot::PlotArgs),
 }
 
 /// How results are printed.
@@ -163,5 +166,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             per_cpu,
         } => xdp::stats(out, &iface, watch, count, nonzero, prometheus, per_cpu),
         Command::Demo { count, mode } => demo::run(out, count, mode),
+        Command::Plot(args) => plot::run(out, &args),
     }
 }
