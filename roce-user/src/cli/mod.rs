@@ -4,6 +4,7 @@
 //! 2 usage error).
 
 mod demo;
+mod impair;
 mod plot;
 mod xdp;
 
@@ -102,6 +103,9 @@ pub enum Command {
         #[arg(short, long, value_enum, default_value_t = AttachMode::Native)]
         mode: AttachMode,
     },
+    /// Inject faults and congestion into RoCE traffic leaving an interface (tc egress):
+    /// drop, duplicate, reorder, corrupt, CE-mark, or a RED-marking bottleneck.
+    Impair(impair::ImpairArgs),
     /// Draw a congestion-control trace (CSV) as an SVG: rate, target, CNPs and alpha over time.
     Plot(plot::PlotArgs),
 }
@@ -166,6 +170,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             per_cpu,
         } => xdp::stats(out, &iface, watch, count, nonzero, prometheus, per_cpu),
         Command::Demo { count, mode } => demo::run(out, count, mode),
+        Command::Impair(args) => impair::run(out, &args),
         Command::Plot(args) => plot::run(out, &args),
     }
 }
