@@ -18,18 +18,23 @@
 //! - [`DcqcnConfig`]: the knobs under their mlx5 names, with units, defaults and validation.
 //! - [`trace`]: rows of (time, qpn, rate, target, α, CNPs, bytes) written as CSV for `roce plot`.
 //!
-//! How the transport uses this (one `NotificationPoint` and one `ReactionPoint` per RC QP):
-//! - receive path: `if np.on_packet(now, frame.ecn()) { queue cnp_frame(...) }` for each data
-//!   packet; `rp.on_cnp(now)` for each CNP addressed to the QP;
-//! - send path: before emitting a packet of `n` bytes, wait until `rp.next_send_time(now, n)`;
-//!   after emitting it, `rp.on_sent(now, n)`; mark outgoing packets ECT(0)
-//!   ([`crate::wire::Ecn::Ect0`] in the path) so switches can mark them;
-//! - timers: include `rp.poll_timeout()` in the QP's next wake-up and call
-//!   `rp.handle_timeout(now)` when it passes (spurious calls are harmless).
+//! How the transport uses this: one [`QpCongestion`] (a `NotificationPoint` and a
+//! `ReactionPoint`) per RC QP:
+//! - receive path: `if let Some((path, cnp)) = cc.on_data_received(now, frame.ecn(), &path,
+//!   peer_qpn) { emit_frame(&path, &cnp, &[], buf) }` for each non-CNP packet;
+//!   `cc.on_cnp_received(now)` for each CNP addressed to the QP;
+//! - send path: before emitting a packet of `n` bytes, wait until `cc.next_send_time(now, n)`;
+//!   after emitting it, `cc.on_sent(now, n)`; send with `path.ecn = cc.data_ecn()` (ECT(0))
+//!   so switches can mark instead of dropping;
+//! - timers: include `cc.poll_timeout()` in the QP's next wake-up and call
+//!   `cc.handle_timeout(now)` when it passes (spurious calls are harmless);
+//! - `roce stats -s`: [`QpCongestion::snapshot`] (rate, target, α, stage) and
+//!   [`QpCongestion::stats`] ([`CcStats`], mlx5 counter names).
 
 mod config;
 mod np;
 mod pacing;
+mod qp;
 mod rp;
 pub mod sim;
 pub mod trace;
@@ -39,6 +44,7 @@ use core::{fmt, ops::Add, time::Duration};
 pub use config::{ConfigError, DcqcnConfig};
 pub use np::{NotificationPoint, cnp_frame};
 pub use pacing::Pacer;
+pub use qp::{CcSnapshot, QpCongestion};
 pub use rp::{Phase, ReactionPoint, Stage};
 pub use trace::{Trace, TraceError, TraceRow};
 
