@@ -113,6 +113,17 @@ fn xdp_stats(ifname: &str) -> XdpStats {
     s
 }
 
+/// `bpftool link show id ID` as JSON, `None` when there is no such link.
+fn bpftool_link(id: &str) -> Option<Value> {
+    let o = Command::new("bpftool")
+        .args(["-j", "link", "show", "id", id])
+        .output()
+        .expect("bpftool");
+    o.status
+        .success()
+        .then(|| serde_json::from_slice(&o.stdout).expect("bpftool JSON"))
+}
+
 fn pin_to_cpu0() {
     let mut set = nix::sched::CpuSet::new();
     set.set(0).unwrap();
@@ -191,8 +202,10 @@ fn drop_half_then_change_live_then_off() {
         );
     }
     let prog_id = r["prog_id"].as_u64().unwrap();
-    let net = netns::ip_in(&a.netns, &["link", "show", "dev", &a.ifname]).unwrap();
-    assert!(net.status.success());
+    let link_id = r["link_id"].as_u64().unwrap().to_string();
+    // The TCX link (bpftool 7.1 calls its type 11) runs our program.
+    let link = bpftool_link(&link_id).expect("the TCX link exists");
+    assert_eq!(link["prog_id"].as_u64(), Some(prog_id), "{link}");
 
     // Non-RoCE traffic to port 9000 must all arrive while RoCE is being dropped.
     let n = 2000usize;
@@ -284,6 +297,10 @@ fn drop_half_then_change_live_then_off() {
             .iter()
             .any(|p| p["id"].as_u64() == Some(prog_id)),
         "program {prog_id} still loaded"
+    );
+    assert!(
+        bpftool_link(&link_id).is_none(),
+        "TCX link {link_id} still there"
     );
     let o = roce(&["impair", "-i", &a.ifname, "--show"]);
     assert_eq!(o.status.code(), Some(1));
@@ -408,4 +425,118 @@ fn corrupt_flips_one_bit_and_bottleneck_marks_and_drops() {
     assert_eq!(d.ecn_ce, ds.bottleneck_marked);
     roce_ok(&["impair", "-i", &a.ifname, "--off"]);
     assert!(!impair_dir(&a.ifname).exists());
+}
+
+/// The topology for impairing traffic that AF_XDP sends: an AF_XDP socket transmits with
+/// `__dev_direct_xmit` (net/xdp/xsk.c), which skips the qdisc layer and with it the tc egress
+/// hook, so roce_impair on the sender's own interface never sees those frames. A router
+/// namespace in between forwards them through the normal stack, and roce_impair on the
+/// router's egress toward the receiver sees them all.
+#[test]
+fn impair_on_a_router_between_two_hosts() {
+    require_root();
+    let t = tag("rt");
+    let (na, nr, nb) = (
+        netns::NetNs::new(&format!("{t}-a")).unwrap(),
+        netns::NetNs::new(&format!("{t}-r")).unwrap(),
+        netns::NetNs::new(&format!("{t}-b")).unwrap(),
+    );
+    let (a0, r0, r1, b0) = (
+        format!("{t}a0"),
+        format!("{t}r0"),
+        format!("{t}r1"),
+        format!("{t}b0"),
+    );
+    na.ip(&[
+        "link",
+        "add",
+        &a0,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &r0,
+        "netns",
+        nr.name(),
+    ])
+    .unwrap();
+    nr.ip(&[
+        "link",
+        "add",
+        &r1,
+        "type",
+        "veth",
+        "peer",
+        "name",
+        &b0,
+        "netns",
+        nb.name(),
+    ])
+    .unwrap();
+    for (ns, ifname, addr) in [
+        (&na, &a0, "10.93.1.1/24"),
+        (&nr, &r0, "10.93.1.2/24"),
+        (&nr, &r1, "10.93.2.1/24"),
+        (&nb, &b0, "10.93.2.2/24"),
+    ] {
+        ns.ip(&["addr", "add", addr, "dev", ifname]).unwrap();
+        ns.ip(&["link", "set", "dev", ifname, "up"]).unwrap();
+    }
+    na.ip(&["route", "add", "default", "via", "10.93.1.2"])
+        .unwrap();
+    nb.ip(&["route", "add", "default", "via", "10.93.2.1"])
+        .unwrap();
+    netns::run(
+        "ip",
+        &[
+            "netns",
+            "exec",
+            nr.name(),
+            "sysctl",
+            "-qw",
+            "net.ipv4.ip_forward=1",
+        ],
+    )
+    .unwrap();
+    let _cleanup = Cleanup {
+        impaired: r1.clone(),
+        loaded: Some(b0.clone()),
+    };
+    roce_ok(&["--netns", nb.name(), "load", "-i", &b0]);
+    roce_ok(&[
+        "--netns",
+        nr.name(),
+        "impair",
+        "-i",
+        &r1,
+        "--ce",
+        "1",
+        "--drop",
+        "0.25",
+    ]);
+    let before = xdp_stats(&b0);
+    let n = 1000u32;
+    netns::in_netns(na.name(), move || {
+        pin_to_cpu0();
+        let s = UdpSocket::bind("10.93.1.1:0").unwrap();
+        // Let ARP settle on both hops first.
+        let _ = s.send_to(b"hello", "10.93.2.2:9");
+        thread::sleep(Duration::from_millis(300));
+        for i in 0..n {
+            s.send_to(&roce_packet(i, 64), "10.93.2.2:4791").unwrap();
+        }
+    })
+    .unwrap();
+    thread::sleep(Duration::from_millis(300));
+    let (s, _) = impair_stats(&r1);
+    assert_eq!(
+        s.seen,
+        u64::from(n),
+        "every forwarded RoCE packet passed the hook: {s:?}"
+    );
+    assert_eq!(s.dropped + s.passed, u64::from(n));
+    assert!((150..=350).contains(&s.dropped), "{s:?}");
+    let d = xdp_stats(&b0).saturating_sub(&before);
+    assert_eq!(d.roce_packets, s.passed, "{d:?}");
+    assert_eq!(d.ecn_ce, s.passed, "all marked: {d:?}");
 }
