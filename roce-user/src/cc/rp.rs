@@ -115,6 +115,9 @@ pub struct ReactionPoint {
     initial_alpha: u32,
 }
 
+/// Most byte-counter increase events one [`ReactionPoint::on_sent`] call applies.
+const MAX_BYTE_EVENTS: u64 = 64;
+
 /// Pacing bucket size when none is given: two 4096-byte MTU packets with headers.
 pub const DEFAULT_PACING_BURST: u32 = 2 * 4200;
 
@@ -271,10 +274,18 @@ impl ReactionPoint {
             return;
         }
         self.byte_count += u64::from(bytes);
-        while self.limited && self.byte_count >= self.byte_reset {
-            self.byte_count -= self.byte_reset;
-            self.byte_stage = self.byte_stage.saturating_add(1);
+        let events = self.byte_count / self.byte_reset;
+        self.byte_count %= self.byte_reset;
+        if events > 0 {
             self.pacer.advance(now, self.rate);
+        }
+        // A packet worth more than MAX_BYTE_EVENTS counters (a byte counter set absurdly low)
+        // counts as that many: the loop stays short whatever the configuration.
+        for _ in 0..events.min(MAX_BYTE_EVENTS) {
+            if !self.limited {
+                break;
+            }
+            self.byte_stage = self.byte_stage.saturating_add(1);
             self.increase();
         }
         if !self.limited {
@@ -580,6 +591,25 @@ mod tests {
         rp.on_sent(us(4), 5_000);
         assert_eq!(rp.rate_bps(), 9_687_805_176);
         assert_eq!(rp.bytes_sent(), 9_999 + 1 + 25_000 + 5_000);
+    }
+
+    #[test]
+    fn one_send_applies_at_most_64_byte_counter_events() {
+        let cfg = DcqcnConfig {
+            rpg_byte_reset: 1,
+            rpg_threshold: 1,
+            ..quiet()
+        };
+        let line = 400_000_000_000;
+        let mut rp = ReactionPoint::new(&cfg, line, us(0));
+        rp.on_cnp(us(0));
+        rp.on_cnp(us(10));
+        // target = 400e9 − ⌊400e9·1023/2048⌋ = 200_195_312_500 after the second cut.
+        assert_eq!(rp.target_bps(), 200_195_312_500);
+        rp.on_sent(us(11), 4096);
+        // 64 events: one fast recovery (BC = 1), then 63 additive increases of 5 Mb/s.
+        assert_eq!(rp.stage().bytes, 64);
+        assert_eq!(rp.target_bps(), 200_510_312_500);
     }
 
     #[test]
