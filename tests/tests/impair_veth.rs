@@ -302,9 +302,37 @@ fn drop_half_then_change_live_then_off() {
         bpftool_link(&link_id).is_none(),
         "TCX link {link_id} still there"
     );
-    let o = roce(&["impair", "-i", &a.ifname, "--show"]);
-    assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("not attached"));
+    for args in [["--show"], ["--off"]] {
+        let o = roce(&["impair", "-i", &a.ifname, args[0]]);
+        assert_eq!(o.status.code(), Some(1));
+        assert!(String::from_utf8_lossy(&o.stderr).contains("not attached"));
+    }
+    // Not root: a clear error, exit 1.
+    let nobody = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(roce_bin())
+        .args(["impair", "-i", &a.ifname, "--drop", "0.1"])
+        .output()
+        .expect("setpriv");
+    assert_eq!(nobody.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&nobody.stderr).contains("must be run as root"));
+    // Usage errors exit 2.
+    let o = roce(&["impair", "-i", &a.ifname, "--drop", "1.5"]);
+    assert_eq!(o.status.code(), Some(2));
+    let o = roce(&[
+        "impair",
+        "-i",
+        &a.ifname,
+        "--ce",
+        "0.1",
+        "--bottleneck",
+        "1gbit",
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "--ce and --bottleneck exclude each other"
+    );
     // Traffic flows unimpaired again.
     let before = xdp_stats(&b.ifname);
     send_from_a(
