@@ -537,3 +537,169 @@ fn bottleneck_marks_above_kmin_and_drops_past_the_buffer() {
     let (v, out, _) = p.run(&f);
     assert_eq!((v, out[ETH + 1] & 3), (TC_ACT_OK, 2));
 }
+
+/// What the bytes that left must look like, given the bytes that came in.
+type OutCheck = fn(&[u8], &[u8]) -> Result<(), String>;
+
+struct Case {
+    name: String,
+    cfg: ImpairConfig,
+    frame: Vec<u8>,
+    verdict: u32,
+    counters: Vec<(&'static str, u64)>,
+    check: OutCheck,
+}
+
+fn unchanged(i: &[u8], o: &[u8]) -> Result<(), String> {
+    if i == o {
+        Ok(())
+    } else {
+        Err(format!("changed: {:?}", differing_bits(i, o)))
+    }
+}
+
+fn ce_and_icrc_ok(_: &[u8], o: &[u8]) -> Result<(), String> {
+    let f = parse_frame(o).map_err(|e| e.to_string())?;
+    if f.ecn() != Ecn::Ce || !f.icrc_ok {
+        return Err(format!("ecn {:?}, icrc_ok {}", f.ecn(), f.icrc_ok));
+    }
+    if let roce::wire::IpRepr::V4(_) = f.ip
+        && !ipv4_checksum_ok(&o[ETH..ETH + 20])
+    {
+        return Err("bad IPv4 header checksum".into());
+    }
+    Ok(())
+}
+
+fn one_bit_and_bad_icrc(i: &[u8], o: &[u8]) -> Result<(), String> {
+    let d = differing_bits(i, o);
+    let f = parse_frame(o).map_err(|e| e.to_string())?;
+    if d.len() != 1 || d[0].1.count_ones() != 1 || f.icrc_ok {
+        return Err(format!("diff {d:?}, icrc_ok {}", f.icrc_ok));
+    }
+    Ok(())
+}
+
+#[test]
+fn one_packet_per_action_table() {
+    let mut p = Prog::new();
+    let v6 = {
+        let mut path = path_v4(Ecn::Ect0);
+        path.ip = IpPath::V6 {
+            src: "fd00::1".parse().unwrap(),
+            dst: "fd00::2".parse().unwrap(),
+            flow_label: 7,
+        };
+        path
+    };
+    let one = |f: fn(&mut ImpairConfig)| {
+        let mut c = ImpairConfig::default();
+        f(&mut c);
+        c
+    };
+    let mut cases = Vec::new();
+    for (ip, path) in [("IPv4", path_v4(Ecn::Ect0)), ("IPv6", v6)] {
+        let frame = send(&path, 40, 96);
+        let mk = |name: &str, cfg, verdict, counters: &[(&'static str, u64)], check| Case {
+            name: format!("{name} over {ip}"),
+            cfg,
+            frame: frame.clone(),
+            verdict,
+            counters: counters.to_vec(),
+            check,
+        };
+        cases.extend([
+            mk(
+                "nothing",
+                ImpairConfig::default(),
+                TC_ACT_OK,
+                &[("passed", 1)],
+                unchanged as OutCheck,
+            ),
+            mk(
+                "drop 1",
+                one(|c| c.drop = PROB_ONE),
+                TC_ACT_SHOT,
+                &[("dropped", 1)],
+                |_, _| Ok(()),
+            ),
+            mk(
+                "ce 1",
+                one(|c| c.ce = PROB_ONE),
+                TC_ACT_OK,
+                &[("ce_marked", 1), ("passed", 1)],
+                ce_and_icrc_ok,
+            ),
+            mk(
+                "corrupt 1",
+                one(|c| c.corrupt = PROB_ONE),
+                TC_ACT_OK,
+                &[("corrupted", 1), ("passed", 1)],
+                one_bit_and_bad_icrc,
+            ),
+            mk(
+                "dup 1",
+                one(|c| c.dup = PROB_ONE),
+                TC_ACT_OK,
+                &[("duplicated", 1), ("passed", 1)],
+                unchanged,
+            ),
+            mk(
+                "drop wins over everything after it",
+                one(|c| {
+                    c.drop = PROB_ONE;
+                    c.ce = PROB_ONE;
+                    c.dup = PROB_ONE;
+                    c.corrupt = PROB_ONE;
+                }),
+                TC_ACT_SHOT,
+                &[("dropped", 1)],
+                |_, _| Ok(()),
+            ),
+            mk(
+                "ce, corrupt and dup together",
+                one(|c| {
+                    c.ce = PROB_ONE;
+                    c.dup = PROB_ONE;
+                    c.corrupt = PROB_ONE;
+                }),
+                TC_ACT_OK,
+                &[
+                    ("ce_marked", 1),
+                    ("corrupted", 1),
+                    ("duplicated", 1),
+                    ("passed", 1),
+                ],
+                |_, o| {
+                    let f = parse_frame(o).map_err(|e| e.to_string())?;
+                    (f.ecn() == Ecn::Ce && !f.icrc_ok)
+                        .then_some(())
+                        .ok_or_else(|| "want CE and a bad ICRC".to_owned())
+                },
+            ),
+        ]);
+    }
+    let mut failures = Vec::new();
+    for c in &cases {
+        p.set(c.cfg);
+        let (v, out, delta) = p.run(&c.frame);
+        let want = roce(c.frame.len(), &c.counters);
+        if v != c.verdict || delta != want {
+            failures.push(format!(
+                "{}: verdict {v} (want {}), delta {delta:?} (want {want:?})",
+                c.name, c.verdict
+            ));
+        } else if v == TC_ACT_OK
+            && let Err(e) = (c.check)(&c.frame, &out)
+        {
+            failures.push(format!("{}: {e}", c.name));
+        }
+    }
+    assert!(
+        failures.is_empty(),
+        "{} of {} cases failed:\n{}",
+        failures.len(),
+        cases.len(),
+        failures.join("\n")
+    );
+}
