@@ -13,7 +13,7 @@ fn main() -> anyhow::Result<()> {
     println!("cargo:rerun-if-env-changed=AYA_BUILD_SKIP");
     let skip = env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
     if skip {
-        for name in ["roce-ebpf", "xdp-pass"] {
+        for name in ["roce-ebpf", "xdp-pass", "roce-impair"] {
             let object = out_dir.join(name);
             fs::write(&object, []).with_context(|| format!("writing stub {}", object.display()))?;
         }

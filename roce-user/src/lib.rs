@@ -7,8 +7,10 @@
 //! I/O edges. The command line lives in the binary (src/cli/).
 
 pub mod api;
+pub mod cc;
 pub mod cm;
 pub mod engine;
+pub mod impair;
 pub mod loader;
 pub mod netinfo;
 pub mod netns;

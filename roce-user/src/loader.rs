@@ -34,6 +34,10 @@ use roce_common::{
 /// The eBPF object built by build.rs (empty when built with `AYA_BUILD_SKIP=1`).
 pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/roce-ebpf"));
 
+/// The `roce_impair` tc program (empty with `AYA_BUILD_SKIP=1`), loaded by [`crate::impair`].
+pub static IMPAIR_OBJECT: &[u8] =
+    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/roce-impair"));
+
 /// A trivial XDP_PASS program (empty with `AYA_BUILD_SKIP=1`): the baseline that
 /// `cargo xtask bench xdp` measures roce_xdp against.
 pub static XDP_PASS_OBJECT: &[u8] =

@@ -7,6 +7,8 @@ mod demo;
 mod r#gen;
 mod perf;
 mod pingpong;
+mod impair;
+mod plot;
 mod xdp;
 
 use std::sync::{
@@ -106,6 +108,11 @@ pub enum Command {
         #[arg(short, long, value_enum, default_value_t = AttachMode::Native)]
         mode: AttachMode,
     },
+    /// Inject faults and congestion into RoCE traffic leaving an interface (tc egress):
+    /// drop, duplicate, reorder, corrupt, CE-mark, or a RED-marking bottleneck.
+    Impair(impair::ImpairArgs),
+    /// Draw a congestion-control trace (CSV) as an SVG: rate, target, CNPs and alpha over time.
+    Plot(plot::PlotArgs),
 }
 
 /// How results are printed.
@@ -198,5 +205,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Pingpong(args) => pingpong::run(out, &args, cli.netns),
         Command::Perf(args) => perf::run(out, &args, cli.netns),
         Command::Gids { iface } => gids(out, &iface),
+        Command::Impair(args) => impair::run(out, &args),
+        Command::Plot(args) => plot::run(out, &args),
     }
 }
