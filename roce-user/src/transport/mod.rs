@@ -509,35 +509,46 @@ impl Device {
         if buf.len() < MAX_FRAME_LEN {
             return None;
         }
-        let start = self.rr;
-        let keys: Vec<u32> = self
-            .qps
-            .range(start.saturating_add(1)..)
-            .chain(self.qps.range(..=start))
-            .map(|(k, _)| *k)
-            .collect();
-        let (qps, mut ctx, scratch) = self.split();
-        for k in keys {
-            let Some(qp) = qps.get_mut(&k) else { continue };
-            while let Some(out) = qp.poll_transmit(now, &mut ctx, scratch) {
-                let path = match out.ud_path.or(qp.attr.ah_attr) {
-                    Some(p) => p,
-                    None => {
+        use core::ops::Bound::{Excluded, Included, Unbounded};
+        let Self {
+            qps,
+            mrs,
+            cqs,
+            events,
+            counters,
+            scratch,
+            config,
+            rr,
+            ..
+        } = self;
+        let mut ctx = Ctx {
+            mrs,
+            cqs,
+            events,
+            max_events: config.max_events,
+            counters,
+        };
+        let start = *rr;
+        // Round-robin: the QPs after the last one served, then the rest.
+        for range in [(Excluded(start), Unbounded), (Unbounded, Included(start))] {
+            for (&k, qp) in qps.range_mut(range) {
+                while let Some(out) = qp.poll_transmit(now, &mut ctx, scratch) {
+                    let Some(path) = out.ud_path.or(qp.attr.ah_attr) else {
                         qp.counters.send_err += 1;
                         continue;
+                    };
+                    let repr = out.hdr.to_repr();
+                    match emit_frame(&path, &repr, &scratch[..out.payload_len], buf) {
+                        Ok(size) => {
+                            ctx.counters.sent_pkts += 1;
+                            *rr = k;
+                            return Some(Transmit {
+                                size,
+                                qpn: Qpn::new(k),
+                            });
+                        }
+                        Err(_) => qp.counters.send_err += 1,
                     }
-                };
-                let repr = out.hdr.to_repr();
-                match emit_frame(&path, &repr, &scratch[..out.payload_len], buf) {
-                    Ok(size) => {
-                        ctx.counters.sent_pkts += 1;
-                        self.rr = k;
-                        return Some(Transmit {
-                            size,
-                            qpn: Qpn::new(k),
-                        });
-                    }
-                    Err(_) => qp.counters.send_err += 1,
                 }
             }
         }

@@ -105,6 +105,9 @@ struct SendWqe {
     done: Option<WcStatus>,
 }
 
+/// Bytes of one send queue entry, without its SG list (documented in [`Qp`]).
+pub const SEND_WQE_SIZE: usize = core::mem::size_of::<SendWqe>();
+
 impl SendWqe {
     fn last_psn(&self) -> Option<Psn> {
         self.first_psn.map(|f| f.wrapping_add(self.npkts - 1))
@@ -147,6 +150,22 @@ struct Ctrl {
     msn: Msn,
 }
 
+/// Bytes of one responder resource (documented in [`Qp`]).
+pub const RESOURCE_SIZE: usize = core::mem::size_of::<Resource>();
+/// Bytes of one queued control response (documented in [`Qp`]).
+pub const CTRL_SIZE: usize = core::mem::size_of::<Ctrl>();
+
+// The memory bound documented on [`Qp`], checked at compile time (64-bit targets).
+#[cfg(target_pointer_width = "64")]
+const _: () = {
+    assert!(core::mem::size_of::<Qp>() <= 1024);
+    assert!(SEND_WQE_SIZE <= 184);
+    assert!(core::mem::size_of::<RecvWr>() <= 32);
+    assert!(core::mem::size_of::<Sge>() == 16);
+    assert!(RESOURCE_SIZE <= 64);
+    assert!(CTRL_SIZE <= 12);
+};
+
 /// A packet the QP wants sent: its headers, how many payload bytes it wrote into the scratch
 /// buffer, and the path (UD WRs carry their own).
 #[derive(Debug)]
@@ -160,13 +179,16 @@ pub(crate) struct OutPkt {
 /// device, which owns the memory regions and CQs the QP uses.
 ///
 /// # Memory bound
-/// A QP holds, whatever a peer sends: its send queue (`max_send_wr` WQEs of ~120 B plus their
-/// SG lists of at most `max_sge` × 16 B), its receive queue (`max_recv_wr` WQEs of ~40 B plus SG
-/// lists), at most `max_dest_rd_atomic` responder resources (~64 B each), at most
-/// [`MAX_PENDING_ACKS`] control responses (12 B each) and ~600 B of fixed state. With the
-/// defaults (256/256/4 SGEs, 16 resources) that is about 120 KiB per QP, all allocated on
-/// demand by the local application's posts; nothing a peer sends adds an entry to any of them
-/// except the resource ring, which is fixed-size.
+/// Measured on x86_64 (a `const` assertion below checks these limits at compile time):
+/// the fixed state is 672 B; a send WQE is 184 B plus 16 B per SGE; a receive WQE 32 B plus
+/// 16 B per SGE; a responder resource at most 64 B; a queued control response 12 B. The
+/// queues are bounded: at most `max_send_wr` send WQEs and `max_recv_wr` receive WQEs (both
+/// posted by the local application, never by a peer), at most `max_dest_rd_atomic` responder
+/// resources (a fixed ring; a peer asking for more gets NAK invalid request) and at most
+/// [`MAX_PENDING_ACKS`] control responses (newer ACKs replace older ones, NAKs beyond are
+/// counted in `ack_queue_full`). With the defaults (256 + 256 WRs of 4 SGEs, 16 resources) a
+/// QP holds at most 256 × 248 + 256 × 96 + 16 × 64 + 16 × 12 + 672 ≈ 88 KiB; nothing a peer
+/// sends can grow it.
 #[derive(Debug)]
 pub struct Qp {
     pub(crate) qpn: Qpn,
@@ -425,8 +447,10 @@ impl Qp {
         match to {
             QpState::Reset => self.reset(),
             QpState::Err => {
-                self.state = QpState::Rts;
-                self.enter_error(ctx);
+                if self.state != QpState::Err {
+                    // An explicit modify to ERR flushes but raises no QP_FATAL event.
+                    self.move_to_error(ctx, false);
+                }
             }
             QpState::Sqd => {
                 self.state = to;
@@ -600,18 +624,24 @@ impl Qp {
 
     /// Moves the QP to ERR and flushes every outstanding WR (rxe `rxe_qp_error`).
     pub(crate) fn enter_error(&mut self, ctx: &mut Ctx<'_>) {
-        if self.state == QpState::Err {
-            return;
+        if self.state != QpState::Err {
+            self.move_to_error(ctx, true);
         }
+    }
+
+    fn move_to_error(&mut self, ctx: &mut Ctx<'_>, fatal: bool) {
         let from = self.state;
         self.state = QpState::Err;
         self.timers.stop_all();
         self.resources.clear();
         self.rnr_wait = false;
-        ctx.event(Event::QpFatal {
-            qpn: self.qpn,
-            from,
-        });
+        self.in_msg = None;
+        if fatal {
+            ctx.event(Event::QpFatal {
+                qpn: self.qpn,
+                from,
+            });
+        }
         self.flush(ctx);
     }
 

@@ -1689,3 +1689,15 @@ fn pair_send_write_read_atomic_end_to_end() {
     assert_eq!(wb.len(), 1);
     assert_eq!(wb[0].byte_len, 5000);
 }
+
+#[test]
+fn explicit_modify_to_err_raises_no_fatal_event() {
+    let mut h = h();
+    let a: QpAttr<Path> = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    h.d.modify_qp(h.qpn, &a, AttrMask::STATE).unwrap();
+    assert_eq!(h.state(), QpState::Err);
+    assert_eq!(h.d.poll_event(), None);
+}
