@@ -217,7 +217,9 @@ pub struct Frame<'a> {
     /// Whether the ICRC is right. rxe drops packets where it is not (rxe_recv.c); so should
     /// the caller, counting the drop.
     pub icrc_ok: bool,
-    /// Bytes of the buffer the frame occupies (Ethernet padding excluded).
+    /// Bytes of the buffer the frame occupies: up to the end of the IP packet, so Ethernet
+    /// padding is excluded. (Bytes between the end of the UDP datagram and the end of the IP
+    /// packet are ignored, as Linux's UDP and rxe ignore them.)
     pub len: usize,
 }
 
@@ -302,7 +304,7 @@ pub fn parse_frame_with_port(buf: &[u8], port: u16) -> Result<Frame<'_>> {
     let pkt = RocePacket::new_checked(udp_payload)?;
     let roce = RoceRepr::parse(&pkt)?;
     let icrc_ok = icrc::verify(ip_hdr, udp_hdr, udp_payload);
-    let len = l3 + ip_hdr.len() + usize::from(udp.length);
+    let len = l3 + ip_hdr.len() + ip_payload.len();
     Ok(Frame {
         eth,
         ip,

@@ -49,7 +49,8 @@ impl<T: AsRef<[u8]>> RocePacket<T> {
     }
 
     /// Checks that the buffer holds a BTH with a known opcode, that opcode's extended
-    /// headers, a pad count consistent with the payload, and the ICRC. After this returns
+    /// headers, a payload only if the opcode carries one, a pad count no larger than the
+    /// payload and a payload-plus-pad length that is a multiple of 4, and the ICRC. After this returns
     /// `Ok`, no accessor panics.
     pub fn check_len(&self) -> Result<()> {
         let b = self.buffer.as_ref();
@@ -71,6 +72,12 @@ impl<T: AsRef<[u8]>> RocePacket<T> {
         }
         if pad > rest {
             return Err(WireError::Malformed("pad count larger than the payload"));
+        }
+        // IBA 9.2: the pad aligns the payload to 4 bytes; packets are whole 4-byte words.
+        if !rest.is_multiple_of(4) {
+            return Err(WireError::Malformed(
+                "payload plus pad is not a multiple of 4 bytes",
+            ));
         }
         Ok(())
     }
