@@ -819,6 +819,7 @@ impl Qp {
                 && syndrome & syndrome::TYPE_MASK == syndrome::ACK
             {
                 *last = c;
+                self.counters.ack_deferred += 1;
                 return;
             }
             self.counters.ack_queue_full += 1;

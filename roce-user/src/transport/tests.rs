@@ -1701,3 +1701,131 @@ fn explicit_modify_to_err_raises_no_fatal_event() {
     assert_eq!(h.state(), QpState::Err);
     assert_eq!(h.d.poll_event(), None);
 }
+
+#[test]
+fn sim_ce_marks_are_counted_by_the_receiving_qp() {
+    let link = Link {
+        ce: 1.0,
+        ..Link::default()
+    };
+    let mut p = Pair::new(9, DeviceConfig::default(), link);
+    let (a, b) = connect_rc(&mut p, &RcConfig::default());
+    let ma = p.a.reg_mr(vec![1; 4096], 0x1000, Access::empty()).unwrap();
+    let mb = p.b.reg_mr(vec![0; 4096], 0x1000, Access::all()).unwrap();
+    p.b.post_recv(
+        b.qpn,
+        RecvWr {
+            wr_id: 1,
+            sg_list: vec![Sge {
+                addr: 0x1000,
+                length: 4096,
+                lkey: mb.lkey,
+            }],
+        },
+    )
+    .unwrap();
+    let sg = vec![Sge {
+        addr: 0x1000,
+        length: 3000,
+        lkey: ma.lkey,
+    }];
+    p.a.post_send(a.qpn, SendWr::send(1, sg)).unwrap();
+    assert!(p.drive(1000));
+    let cb = *p.b.qp(b.qpn).unwrap().counters();
+    let ca = *p.a.qp(a.qpn).unwrap().counters();
+    assert_eq!(
+        cb.np_ecn_marked_roce_packets, 3,
+        "three SEND packets, all marked"
+    );
+    assert_eq!(ca.np_ecn_marked_roce_packets, 1, "one ACK back, marked");
+    assert_eq!(p.stats.ce_marked, 4);
+    assert_eq!(p.a.poll_cq(a.cq).unwrap().status, WcStatus::Success);
+}
+
+#[test]
+fn sim_corrupted_frames_fail_the_icrc_and_are_recovered_by_retransmission() {
+    let link = Link {
+        corrupt: 0.3,
+        ..Link::default()
+    };
+    let mut p = Pair::new(5, DeviceConfig::default(), link);
+    let (a, b) = connect_rc(&mut p, &RcConfig::default());
+    let src: Vec<u8> = (0..8192u32).map(|i| (i % 241) as u8).collect();
+    let ma = p.a.reg_mr(src.clone(), 0x1000, Access::empty()).unwrap();
+    let mb = p.b.reg_mr(vec![0; 8192], 0x1000, Access::all()).unwrap();
+    let sg = vec![Sge {
+        addr: 0x1000,
+        length: 8192,
+        lkey: ma.lkey,
+    }];
+    p.a.post_send(
+        a.qpn,
+        SendWr::new(
+            1,
+            SendOp::Write {
+                remote_addr: 0x1000,
+                rkey: mb.rkey,
+            },
+            sg,
+        ),
+    )
+    .unwrap();
+    assert!(p.drive(100_000));
+    assert_eq!(p.a.poll_cq(a.cq).unwrap().status, WcStatus::Success);
+    assert_eq!(p.b.mrs().bytes(mb.lkey).unwrap(), &src[..]);
+    let malformed = p.a.device_counters().rx_malformed + p.b.device_counters().rx_malformed;
+    assert!(p.stats.corrupted > 0 && malformed > 0);
+    let _ = b;
+}
+
+#[test]
+fn ud_local_error_moves_the_qp_to_sqe_and_rts_recovers_it() {
+    let mut d = Device::new(DeviceConfig::default());
+    let cq = d.create_cq(16).unwrap();
+    let qpn = d
+        .create_qp(QpInit {
+            qp_type: QpType::Ud,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: QpCap::default(),
+            sq_sig_all: true,
+        })
+        .unwrap();
+    let mut a: QpAttr<Path> = QpAttr {
+        qp_state: QpState::Init,
+        qkey: QKey::new(7),
+        ..QpAttr::default()
+    };
+    d.modify_qp(
+        qpn,
+        &a,
+        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY,
+    )
+    .unwrap();
+    a.qp_state = QpState::Rtr;
+    d.modify_qp(qpn, &a, AttrMask::STATE).unwrap();
+    a.qp_state = QpState::Rts;
+    d.modify_qp(qpn, &a, AttrMask::STATE | AttrMask::SQ_PSN)
+        .unwrap();
+    let mut wr = SendWr::send(
+        1,
+        vec![Sge {
+            addr: 0,
+            length: 8,
+            lkey: LKey::new(0xdead_beef),
+        }],
+    );
+    wr.ud = Some(UdDest {
+        path: sim::path(Side::A),
+        remote_qpn: Qpn::new(5),
+        remote_qkey: QKey::new(7),
+    });
+    d.post_send(qpn, wr).unwrap();
+    let mut buf = vec![0; MAX_FRAME_LEN];
+    assert!(d.poll_transmit(Instant::ZERO, &mut buf).is_none());
+    assert_eq!(d.poll_cq(cq).unwrap().status, WcStatus::LocProtErr);
+    assert_eq!(d.qp(qpn).unwrap().state(), QpState::Sqe);
+    a.qp_state = QpState::Rts;
+    d.modify_qp(qpn, &a, AttrMask::STATE).unwrap();
+    assert_eq!(d.qp(qpn).unwrap().state(), QpState::Rts);
+}
