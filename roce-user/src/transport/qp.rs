@@ -202,6 +202,8 @@ pub struct Qp {
     req_idx: usize,
     req_pkt: u32,
     next_psn: Psn,
+    /// One past the highest PSN ever sent: a go-back rewinds `next_psn`, not this.
+    sent_psn: Psn,
     noack_pkts: u32,
     rd_atomic_outstanding: u32,
     // completer
@@ -286,6 +288,7 @@ impl Qp {
             req_idx: 0,
             req_pkt: 0,
             next_psn: Psn::new(0),
+            sent_psn: Psn::new(0),
             noack_pkts: 0,
             rd_atomic_outstanding: 0,
             comp_psn: Psn::new(0),
@@ -427,6 +430,7 @@ impl Qp {
         if mask.contains(AttrMask::SQ_PSN) {
             a.sq_psn = attr.sq_psn;
             self.next_psn = attr.sq_psn;
+            self.sent_psn = attr.sq_psn;
             self.comp_psn = attr.sq_psn;
         }
         if mask.contains(AttrMask::MAX_QP_RD_ATOMIC) {
@@ -681,7 +685,7 @@ impl Qp {
     // ---------------------------------------------------------------- timers
 
     fn arm_retransmit(&mut self, now: Instant, restart: bool) {
-        if self.comp_psn == self.next_psn {
+        if self.comp_psn == self.sent_psn {
             self.timers.stop(Timer::Retransmit);
             return;
         }
@@ -700,7 +704,7 @@ impl Qp {
             self.timers.stop(t);
             match t {
                 Timer::Retransmit => {
-                    if self.comp_psn == self.next_psn || !self.state.requester_ready() {
+                    if self.comp_psn == self.sent_psn || !self.state.requester_ready() {
                         continue;
                     }
                     self.counters.local_ack_timeout_err += 1;
@@ -721,7 +725,7 @@ impl Qp {
     /// Starts a retry from `comp_psn` if retries remain, else fails the head WR with
     /// RETRY_EXC_ERR (rxe_comp.c `COMPST_ERROR_RETRY`; retry_cnt 7 retries forever as in rxe).
     fn retry(&mut self, now: Instant, ctx: &mut Ctx<'_>, implied: bool) {
-        if self.comp_psn == self.next_psn {
+        if self.comp_psn == self.sent_psn {
             return;
         }
         if implied {
@@ -729,6 +733,8 @@ impl Qp {
                 return;
             }
             self.retry_guard = Some(self.comp_psn);
+        } else {
+            self.retry_guard = None;
         }
         if self.retry_left == 0 {
             self.counters.retry_exceeded_err += 1;
@@ -758,6 +764,23 @@ impl Qp {
                 self.noack_pkts = 0;
                 return;
             }
+        }
+        // `psn` is past every started WQE: continue with the first one not started.
+        self.req_idx = self
+            .sq
+            .iter()
+            .position(|w| w.first_psn.is_none())
+            .unwrap_or(self.sq.len());
+        self.req_pkt = 0;
+        self.next_psn = psn;
+        self.noack_pkts = 0;
+    }
+
+    /// After an acknowledgement moved `comp_psn` past the requester (it had gone back and
+    /// the peer already had those packets), skip what is acknowledged instead of resending it.
+    fn skip_acked(&mut self) {
+        if self.comp_psn.distance(self.next_psn) > 0 {
+            self.go_back(self.comp_psn);
         }
     }
 
@@ -863,6 +886,7 @@ impl Qp {
         });
         self.next_psn = self.next_psn.next();
         self.comp_psn = self.next_psn;
+        self.sent_psn = self.next_psn;
         self.counters.sent_pkts += 1;
         self.complete_head(WcStatus::Success, ctx);
         Some(OutPkt {
@@ -1035,6 +1059,9 @@ impl Qp {
         let next = psn.wrapping_add(consumed);
         if next.distance(self.next_psn) > 0 {
             self.next_psn = next;
+        }
+        if next.distance(self.sent_psn) > 0 {
+            self.sent_psn = next;
         }
         if last {
             self.req_idx += 1;

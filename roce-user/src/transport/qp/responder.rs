@@ -145,6 +145,9 @@ impl Qp {
         if needs_rwqe && self.rq.is_empty() {
             self.counters.send_rnr_err += 1;
             self.counters.out_of_buffer += 1;
+            // The RNR NAK stands for the gap it opens: the packets behind it are dropped
+            // without a PSN NAK until the retried request arrives (one NAK per gap).
+            self.sent_psn_nak = true;
             self.queue_ctrl(syndrome::RNR_NAK | (self.attr.min_rnr_timer & 0x1f), psn);
             return Ok(());
         }
