@@ -120,6 +120,11 @@ pub enum Event {
         /// The QP.
         qpn: Qpn,
     },
+    /// A completion event on an armed CQ (what `ibv_get_cq_event` returns).
+    CqNotify {
+        /// The CQ.
+        cq: CqId,
+    },
     /// `IBV_EVENT_CQ_ERR`: a completion did not fit in the CQ.
     CqOverflow {
         /// The CQ.
@@ -187,13 +192,19 @@ impl Ctx<'_> {
     }
 
     /// Queues a completion; on overflow raises [`Event::CqOverflow`] once and returns false.
-    pub(crate) fn push_wc(&mut self, cq: CqId, wc: Wc) -> bool {
+    /// `solicited` says the completed receive carried BTH.SE.
+    pub(crate) fn push_wc(&mut self, cq: CqId, wc: Wc, solicited: bool) -> bool {
         let Some(c) = self.cqs.cqs.get_mut(cq.0 as usize) else {
             return false;
         };
         let was = c.overflowed();
         match c.push(wc) {
-            Ok(()) => true,
+            Ok(()) => {
+                if c.take_notify(solicited, wc.status != WcStatus::Success) {
+                    self.event(Event::CqNotify { cq });
+                }
+                true
+            }
             Err(CqOverflow) => {
                 if !was {
                     self.event(Event::CqOverflow { cq });
@@ -286,6 +297,19 @@ impl Device {
     /// The oldest completion of `cq` (`ibv_poll_cq`).
     pub fn poll_cq(&mut self, cq: CqId) -> Option<Wc> {
         self.cqs.cqs.get_mut(cq.0 as usize)?.pop()
+    }
+
+    /// Arms `cq` for one [`Event::CqNotify`] (`ibv_req_notify_cq`).
+    ///
+    /// # Errors
+    /// [`DeviceError::NoSuchCq`].
+    pub fn req_notify_cq(&mut self, cq: CqId, solicited_only: bool) -> Result<(), DeviceError> {
+        self.cqs
+            .cqs
+            .get_mut(cq.0 as usize)
+            .ok_or(DeviceError::NoSuchCq(cq))?
+            .req_notify(solicited_only);
+        Ok(())
     }
 
     /// A CQ, to inspect its length or overflow state.

@@ -565,8 +565,8 @@ impl Qp {
 
     // ---------------------------------------------------------------- completions
 
-    fn push_wc(&mut self, cq: CqId, wc: Wc, ctx: &mut Ctx<'_>) -> bool {
-        if ctx.push_wc(cq, wc) {
+    fn push_wc(&mut self, cq: CqId, wc: Wc, solicited: bool, ctx: &mut Ctx<'_>) -> bool {
+        if ctx.push_wc(cq, wc, solicited) {
             true
         } else {
             self.counters.cq_overflow += 1;
@@ -620,7 +620,7 @@ impl Qp {
             || status != WcStatus::Success;
         if signaled {
             let wc = self.send_wc(&wqe, status);
-            if !self.push_wc(self.init.send_cq, wc, ctx) && self.state != QpState::Err {
+            if !self.push_wc(self.init.send_cq, wc, false, ctx) && self.state != QpState::Err {
                 self.enter_error(ctx);
             }
         }
@@ -666,7 +666,7 @@ impl Qp {
                 src_qp: Qpn::new(0),
                 wc_flags: WcFlags::default(),
             };
-            self.push_wc(self.init.recv_cq, wc, ctx);
+            self.push_wc(self.init.recv_cq, wc, false, ctx);
         }
         self.req_idx = 0;
         self.req_pkt = 0;

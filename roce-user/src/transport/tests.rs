@@ -1829,3 +1829,21 @@ fn ud_local_error_moves_the_qp_to_sqe_and_rts_recovers_it() {
     d.modify_qp(qpn, &a, AttrMask::STATE).unwrap();
     assert_eq!(d.qp(qpn).unwrap().state(), QpState::Rts);
 }
+
+#[test]
+fn resp_solicited_event_fires_a_solicited_only_cq_notification() {
+    let mut h = h();
+    h.recv(1, 0, 64);
+    h.recv(2, 64, 64);
+    h.d.req_notify_cq(h.cq, true).unwrap();
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[1; 4]);
+    assert_eq!(h.d.poll_event(), None, "not solicited");
+    let mut p = hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1);
+    p.se = true;
+    h.rx(p, &[1; 4]);
+    assert_eq!(h.d.poll_event(), Some(Event::CqNotify { cq: h.cq }));
+    assert_eq!(h.wcs().len(), 2);
+    h.recv(3, 0, 64);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 2), &[1; 4]);
+    assert_eq!(h.d.poll_event(), None, "one-shot: disarmed after firing");
+}

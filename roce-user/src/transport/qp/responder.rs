@@ -53,7 +53,7 @@ impl Qp {
             Ok(()) => {}
             Err(Fatal { nak, status }) => {
                 if let Some(status) = status {
-                    self.complete_recv_head(status, 0, None, ctx);
+                    self.complete_recv_head(status, 0, None, false, ctx);
                 }
                 self.counters.resp_cqe_error += u64::from(status.is_some());
                 self.queue_ctrl(nak, psn);
@@ -67,6 +67,7 @@ impl Qp {
         status: WcStatus,
         byte_len: u64,
         extra: Option<(WcOpcode, Option<u32>, Option<RKey>)>,
+        solicited: bool,
         ctx: &mut Ctx<'_>,
     ) {
         let Some(r) = self.rq.pop_front() else {
@@ -91,7 +92,7 @@ impl Qp {
             src_qp: self.attr.dest_qp_num,
             wc_flags: flags,
         };
-        if !self.push_wc(self.init.recv_cq, wc, ctx) {
+        if !self.push_wc(self.init.recv_cq, wc, solicited, ctx) {
             self.enter_error(ctx);
         }
     }
@@ -238,6 +239,7 @@ impl Qp {
                 WcStatus::Success,
                 end,
                 Some((WcOpcode::Recv, pkt.hdr.imm, pkt.hdr.ieth)),
+                pkt.hdr.se,
                 ctx,
             );
         }
@@ -308,6 +310,7 @@ impl Qp {
                     WcStatus::Success,
                     u64::from(self.write_len),
                     Some((WcOpcode::RecvRdmaWithImm, Some(imm), None)),
+                    pkt.hdr.se,
                     ctx,
                 );
             }
@@ -540,6 +543,6 @@ impl Qp {
             src_qp: deth.src_qp,
             wc_flags: flags,
         };
-        self.push_wc(self.init.recv_cq, wc, ctx);
+        self.push_wc(self.init.recv_cq, wc, pkt.hdr.se, ctx);
     }
 }
