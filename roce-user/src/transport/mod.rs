@@ -58,9 +58,16 @@ use crate::wire::{Ecn, IpPath, emit_frame, parse_frame};
 /// The path a QP's frames take (its address vector): MACs, IPs, UDP ports, DSCP/ECN, TTL.
 pub type Path = crate::wire::PathRepr;
 
-/// Buffers handed to [`Device::poll_transmit`] must hold this many bytes: the largest frame
-/// (Ethernet + 2 VLAN tags + IPv6 + UDP + BTH + the largest extended headers + 4096 B + ICRC).
-pub const MAX_FRAME_LEN: usize = 14 + 8 + 40 + 8 + 12 + 28 + 4096 + 4;
+/// The largest frame a QP with path MTU `mtu` sends: Ethernet + 2 VLAN tags + IPv6 + UDP + BTH
+/// + the largest extended headers + `mtu` payload bytes + ICRC.
+#[must_use]
+pub const fn max_frame_len(mtu: Mtu) -> usize {
+    14 + 8 + 40 + 8 + 12 + 28 + mtu.bytes() as usize + 4
+}
+
+/// A buffer of this many bytes holds any frame the transport sends ([`max_frame_len`] at
+/// MTU 4096).
+pub const MAX_FRAME_LEN: usize = max_frame_len(Mtu::Mtu4096);
 
 /// Limits of a device (`struct ibv_device_attr`, the part roce-xdp enforces).
 #[derive(Clone, Debug)]
@@ -524,15 +531,14 @@ impl Device {
         }
     }
 
-    /// Writes the next frame to send into `buf` (which must hold [`MAX_FRAME_LEN`] bytes) and
-    /// says how long it is, or `None` when nothing is ready. Call after every input until it
-    /// returns `None`. QPs are served round-robin; on each, responses (ACK/NAK, READ
-    /// responses, atomic ACKs) go before new requests.
+    /// Writes the next frame to send into `buf` and says how long it is, or `None` when
+    /// nothing is ready. Call after every input until it returns `None`. Only QPs whose
+    /// largest frame ([`max_frame_len`] of their path MTU) fits in `buf` are served, so a
+    /// 4 KiB UMEM frame serves every QP with a path MTU up to 2048. QPs are served
+    /// round-robin; on each, responses (ACK/NAK, READ responses, atomic ACKs) go before new
+    /// requests.
     #[must_use]
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
-        if buf.len() < MAX_FRAME_LEN {
-            return None;
-        }
         use core::ops::Bound::{Excluded, Included, Unbounded};
         let Self {
             qps,
@@ -556,6 +562,9 @@ impl Device {
         // Round-robin: the QPs after the last one served, then the rest.
         for range in [(Excluded(start), Unbounded), (Unbounded, Included(start))] {
             for (&k, qp) in qps.range_mut(range) {
+                if max_frame_len(qp.attr.path_mtu) > buf.len() {
+                    continue;
+                }
                 while let Some(out) = qp.poll_transmit(now, &mut ctx, scratch) {
                     let Some(path) = out.ud_path.or(qp.attr.ah_attr) else {
                         qp.counters.send_err += 1;

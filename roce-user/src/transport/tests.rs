@@ -1847,3 +1847,16 @@ fn resp_solicited_event_fires_a_solicited_only_cq_notification() {
     h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 2), &[1; 4]);
     assert_eq!(h.d.poll_event(), None, "one-shot: disarmed after firing");
 }
+
+#[test]
+fn poll_transmit_serves_a_qp_only_if_its_largest_frame_fits() {
+    let mut h = h();
+    sends(&mut h, 1, 8);
+    let mut small = vec![0; max_frame_len(Mtu::Mtu512)];
+    assert!(
+        h.d.poll_transmit(h.now, &mut small).is_none(),
+        "MTU 1024 needs more"
+    );
+    let mut umem_frame = vec![0; 4096];
+    assert!(h.d.poll_transmit(h.now, &mut umem_frame).is_some());
+}
