@@ -1860,3 +1860,150 @@ fn poll_transmit_serves_a_qp_only_if_its_largest_frame_fits() {
     let mut umem_frame = vec![0; 4096];
     assert!(h.d.poll_transmit(h.now, &mut umem_frame).is_some());
 }
+
+#[test]
+fn comp_retry_resends_a_partially_acked_write_from_the_first_unacked_packet() {
+    let mut h = h();
+    let sg = h.sg(0, 5 * 1024);
+    h.d.post_send(
+        h.qpn,
+        SendWr::new(
+            1,
+            SendOp::Write {
+                remote_addr: 0x9000,
+                rkey: RKey::new(3),
+            },
+            sg,
+        ),
+    )
+    .unwrap();
+    assert_eq!(h.tx().len(), 5);
+    // The responder got PSN..PSN+1 and NAKs PSN+2 (rxe req_retry skips the acked packets).
+    h.rx(
+        aeth_hdr(
+            Opcode::RC_ACKNOWLEDGE,
+            SQ_PSN + 2,
+            syndrome::NAK_PSN_SEQ_ERROR,
+            0,
+        ),
+        &[],
+    );
+    let out = h.tx();
+    let got: Vec<(Opcode, u32)> = out.iter().map(|(h, _)| (h.opcode, h.psn.value())).collect();
+    assert_eq!(
+        got,
+        [
+            (Opcode::RC_RDMA_WRITE_MIDDLE, SQ_PSN + 2),
+            (Opcode::RC_RDMA_WRITE_MIDDLE, SQ_PSN + 3),
+            (Opcode::RC_RDMA_WRITE_LAST, SQ_PSN + 4)
+        ]
+    );
+    assert_eq!(
+        out[0].1,
+        h.mem(2048, 1024),
+        "the payload of the third packet"
+    );
+}
+
+#[test]
+fn comp_only_one_retry_sequence_at_a_time() {
+    let mut h = h_with(&RcConfig {
+        retry_cnt: 1,
+        ..RcConfig::default()
+    });
+    sends(&mut h, 3, 8);
+    let _ = h.tx();
+    let nak = aeth_hdr(
+        Opcode::RC_ACKNOWLEDGE,
+        SQ_PSN + 1,
+        syndrome::NAK_PSN_SEQ_ERROR,
+        1,
+    );
+    h.rx(nak, &[]);
+    assert_eq!(h.tx().len(), 2, "go back to PSN+1");
+    // A second NAK for the same gap (a duplicate) starts no second retry and costs none.
+    h.rx(nak, &[]);
+    assert!(h.tx().is_empty());
+    assert_eq!(h.state(), QpState::Rts);
+    assert_eq!(h.c().completer_retry_err, 1);
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 2, ACK, 3), &[]);
+    assert_eq!(h.wcs().len(), 3);
+}
+
+#[test]
+fn comp_local_ack_timeout_0_disables_the_timer() {
+    let mut h = h_with(&RcConfig {
+        timeout: 0,
+        ..RcConfig::default()
+    });
+    sends(&mut h, 1, 8);
+    let _ = h.tx();
+    assert_eq!(h.d.poll_timeout(), None);
+}
+
+#[test]
+fn comp_retry_cnt_7_retries_forever_as_rxe() {
+    let mut h = h_with(&RcConfig {
+        retry_cnt: 7,
+        timeout: 1,
+        ..RcConfig::default()
+    });
+    sends(&mut h, 1, 8);
+    let _ = h.tx();
+    for _ in 0..40 {
+        h.advance_to_timeout();
+        assert_eq!(h.tx().len(), 1);
+    }
+    assert_eq!(h.state(), QpState::Rts);
+    assert_eq!(h.c().local_ack_timeout_err, 40);
+}
+
+#[test]
+fn resp_length_reth_longer_than_2_31_is_invalid_request() {
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(
+            hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN),
+            BASE,
+            rkey,
+            (1 << 31) + 1,
+        ),
+        &[],
+    );
+    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN)]);
+}
+
+#[test]
+fn recv_opcode_of_another_transport_is_dropped() {
+    let mut h = h();
+    h.recv(1, 0, 64);
+    let mut p = hdr(Opcode::UD_SEND_ONLY, RQ_PSN);
+    p.deth = Some(Deth::default());
+    h.rx(p, &[0; 4]);
+    let mut p = hdr(Opcode::UC_SEND_ONLY, RQ_PSN);
+    p.ack_req = false;
+    h.rx(p, &[0; 4]);
+    assert!(h.tx().is_empty());
+    assert_eq!(h.c().rx_dropped, 2);
+    assert_eq!(h.d.qp(h.qpn).unwrap().expected_psn(), Psn::new(RQ_PSN));
+}
+
+#[test]
+fn resp_rnr_nak_stands_for_its_gap_until_the_retry() {
+    let mut h = h();
+    let mut f = hdr(Opcode::RC_SEND_ONLY, RQ_PSN);
+    f.ack_req = true;
+    h.rx(f, &[0; 8]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1), &[0; 8]);
+    assert_eq!(
+        h.acks(),
+        vec![(syndrome::RNR_NAK | 1, RQ_PSN)],
+        "no PSN NAK for the packet behind the RNR NAK"
+    );
+    h.recv(1, 0, 64);
+    h.recv(2, 64, 64);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[0; 8]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1), &[0; 8]);
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN), (ACK, RQ_PSN + 1)]);
+}
