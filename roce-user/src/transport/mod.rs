@@ -27,6 +27,25 @@
 //! [`DeviceConfig::max_cqe`] entries (48 B each), [`DeviceConfig::max_events`] async events,
 //! and one 4 KiB scratch buffer.
 
+//! # Deviations from rxe, on purpose
+//! - An RNR NAK also suppresses PSN NAKs for the packets behind it until the retried request
+//!   arrives (rxe would also send a PSN sequence NAK for the next packet of the same gap), and
+//!   it restarts the transport retry count (the RNR retry count goes on).
+//! - A NAK for the gap a retry already covers starts no second retry (rxe's `started_retry`
+//!   applied to NAKs as well as implied NAKs).
+//!
+//! # Testing
+//! - `transport::tests` (unit): one test per responder, completer and requester rule of
+//!   reference/roce-v2.md §2, named after the rule (`resp_*`, `comp_*`, `req_*`, `recv_*`).
+//! - [`sim`]: the deterministic two-endpoint simulator (quinn-proto's `Pair`), public so that
+//!   `roce-user/tests/` can use it.
+//! - `roce-user/tests/transport_sim.rs`: seeded random schedules; replay a seed with
+//!   `ROCE_SIM_SEED=<seed>`, set the count with `ROCE_SIM_MESSAGES=<n>`; the full 10,000-message
+//!   run is `cargo test --release -p roce-user --test transport_sim -- --ignored`.
+//! - `roce-user/tests/transport_props.rs`: property tests of the PSN window and segmentation.
+//! - `roce-user/fuzz/fuzz_targets/responder.rs`:
+//!   `cargo +nightly fuzz run --fuzz-dir roce-user/fuzz responder -- -max_total_time=20`.
+
 pub mod counters;
 pub mod cq;
 pub mod ids;
