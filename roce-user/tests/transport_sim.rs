@@ -81,14 +81,14 @@ impl Run {
     fn new(seed: u64, link: Link, cfg: &RcConfig, scale: u64) -> Self {
         let mut pair = Pair::new(seed, DeviceConfig::default(), link);
         let (a, b) = connect_rc(&mut pair, cfg);
-        let mr = |d: &mut Device| {
+        let mr = |d: &mut Device, pd| {
             let m = d
-                .reg_mr(vec![0; CAP as usize], 0x1_0000, Access::all())
+                .reg_mr(pd, vec![0; CAP as usize], 0x1_0000, Access::all())
                 .unwrap();
             (m.lkey, m.rkey)
         };
-        let ma = mr(&mut pair.a);
-        let mb = mr(&mut pair.b);
+        let ma = mr(&mut pair.a, a.pd);
+        let mb = mr(&mut pair.b, b.pd);
         Self {
             seed,
             pair,

@@ -59,14 +59,14 @@ mod tests;
 pub mod timer;
 pub mod wr;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use roce_common::opcode::{Opcode, Transport};
 
 pub use self::counters::{DeviceCounters, QpCounters};
 pub use self::cq::{Cq, CqId, CqOverflow, Wc, WcFlags, WcOpcode, WcStatus};
 pub use self::ids::{LKey, Msn, PKey, Psn, QKey, Qpn, RKey};
-pub use self::mr::{Access, AccessError, MrError, MrInfo, MrTable, Sge};
+pub use self::mr::{Access, AccessError, MrError, MrInfo, MrTable, PdId, Sge};
 pub use self::pkt::{PktHdr, RxPkt};
 pub use self::qp::{PostError, Qp, QpCap, QpInit};
 pub use self::state::{AttrMask, ModifyError, Mtu, QpAttr, QpState, QpType};
@@ -91,6 +91,8 @@ pub const MAX_FRAME_LEN: usize = max_frame_len(Mtu::Mtu4096);
 /// Limits of a device (`struct ibv_device_attr`, the part roce-xdp enforces).
 #[derive(Clone, Debug)]
 pub struct DeviceConfig {
+    /// Protection domains.
+    pub max_pd: usize,
     /// QPs.
     pub max_qp: usize,
     /// Memory regions (at most 65535).
@@ -117,6 +119,7 @@ pub struct DeviceConfig {
 impl Default for DeviceConfig {
     fn default() -> Self {
         Self {
+            max_pd: 1024,
             max_qp: 1024,
             max_mr: 4096,
             max_cq: 1024,
@@ -170,6 +173,15 @@ pub enum DeviceError {
     /// No such QP.
     #[error("no queue pair {0:?}")]
     NoSuchQp(Qpn),
+    /// No such protection domain.
+    #[error("no protection domain {0:?}")]
+    NoSuchPd(PdId),
+    /// `max_pd` PDs exist.
+    #[error("too many protection domains (max {0})")]
+    TooManyPds(usize),
+    /// The PD still has memory regions or QPs.
+    #[error("protection domain {0:?} is in use")]
+    PdInUse(PdId),
     /// No such CQ.
     #[error("no completion queue {0:?}")]
     NoSuchCq(CqId),
@@ -245,6 +257,8 @@ impl Ctx<'_> {
 #[derive(Debug)]
 pub struct Device {
     config: DeviceConfig,
+    pds: BTreeSet<u32>,
+    next_pd: u32,
     mrs: MrTable,
     cqs: CqTable,
     qps: BTreeMap<u32, Qp>,
@@ -260,6 +274,8 @@ impl Device {
     #[must_use]
     pub fn new(config: DeviceConfig) -> Self {
         Self {
+            pds: BTreeSet::new(),
+            next_pd: 1,
             mrs: MrTable::new(config.max_mr, config.key_seed),
             cqs: CqTable::default(),
             qps: BTreeMap::new(),
@@ -274,13 +290,55 @@ impl Device {
 
     // -------------------------------------------------------------- resources
 
-    /// Registers `buf` at iova `iova` (`ibv_reg_mr`). The device owns the memory until
-    /// [`Device::dereg_mr`] gives it back.
+    /// Allocates a protection domain (`ibv_alloc_pd`).
     ///
     /// # Errors
-    /// [`MrError`] if the table is full or the range or rights are invalid.
-    pub fn reg_mr(&mut self, buf: Vec<u8>, iova: u64, access: Access) -> Result<MrInfo, MrError> {
-        self.mrs.register(buf, iova, access)
+    /// [`DeviceError::TooManyPds`].
+    pub fn alloc_pd(&mut self) -> Result<PdId, DeviceError> {
+        if self.pds.len() >= self.config.max_pd {
+            return Err(DeviceError::TooManyPds(self.config.max_pd));
+        }
+        while self.pds.contains(&self.next_pd) || self.next_pd == 0 {
+            self.next_pd = self.next_pd.wrapping_add(1);
+        }
+        let pd = self.next_pd;
+        self.pds.insert(pd);
+        self.next_pd = self.next_pd.wrapping_add(1);
+        Ok(PdId(pd))
+    }
+
+    /// Frees a protection domain that no region or QP uses (`ibv_dealloc_pd`).
+    ///
+    /// # Errors
+    /// [`DeviceError::NoSuchPd`] or [`DeviceError::PdInUse`].
+    pub fn dealloc_pd(&mut self, pd: PdId) -> Result<(), DeviceError> {
+        if !self.pds.contains(&pd.0) {
+            return Err(DeviceError::NoSuchPd(pd));
+        }
+        if self.mrs.uses_pd(pd) || self.qps.values().any(|q| q.init.pd == pd) {
+            return Err(DeviceError::PdInUse(pd));
+        }
+        self.pds.remove(&pd.0);
+        Ok(())
+    }
+
+    /// Registers `buf` at iova `iova` in `pd` (`ibv_reg_mr`). The device owns the memory
+    /// until [`Device::dereg_mr`] gives it back.
+    ///
+    /// # Errors
+    /// [`DeviceError`] if the PD does not exist, the table is full, or the range or rights
+    /// are invalid.
+    pub fn reg_mr(
+        &mut self,
+        pd: PdId,
+        buf: Vec<u8>,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrInfo, DeviceError> {
+        if !self.pds.contains(&pd.0) {
+            return Err(DeviceError::NoSuchPd(pd));
+        }
+        Ok(self.mrs.register(pd, buf, iova, access)?)
     }
 
     /// Deregisters a region (`ibv_dereg_mr`); safe while operations using it are in flight.
@@ -351,6 +409,9 @@ impl Device {
     pub fn create_qp(&mut self, init: QpInit) -> Result<Qpn, DeviceError> {
         if self.qps.len() >= self.config.max_qp {
             return Err(DeviceError::TooManyQps(self.config.max_qp));
+        }
+        if !self.pds.contains(&init.pd.0) {
+            return Err(DeviceError::NoSuchPd(init.pd));
         }
         for cq in [init.send_cq, init.recv_cq] {
             if self.cq(cq).is_none() {

@@ -10,7 +10,7 @@ use roce_common::opcode::{Opcode, Operation, Position, Transport};
 use super::counters::QpCounters;
 use super::cq::{CqId, Wc, WcFlags, WcOpcode, WcStatus};
 use super::ids::{Msn, Psn, Qpn, RKey};
-use super::mr::{Access, Sge, sg_gather, sg_len, sg_scatter};
+use super::mr::{Access, PdId, Sge, sg_gather, sg_len, sg_scatter};
 use super::pkt::{Aeth, AtomicEth, Deth, PktHdr, Reth, RxPkt, syndrome};
 use super::state::{AttrMask, Mtu, QpAttr, QpState, QpType};
 use super::timer::{Instant, Timer, TimerTable, local_ack_timeout, rnr_timer};
@@ -75,6 +75,8 @@ impl Default for QpCap {
 /// What `create_qp` needs (`struct ibv_qp_init_attr`).
 #[derive(Clone, Copy, Debug)]
 pub struct QpInit {
+    /// The protection domain: the QP reaches only this PD's memory regions.
+    pub pd: PdId,
     /// RC or UD.
     pub qp_type: QpType,
     /// CQ for send completions.
@@ -865,7 +867,9 @@ impl Qp {
         };
         let sges = wqe.wr.sg_list.clone();
         let se = wqe.wr.flags.contains(super::wr::SendFlags::SOLICITED);
-        if len > scratch.len() || sg_gather(ctx.mrs, &sges, 0, &mut scratch[..len]).is_err() {
+        if len > scratch.len()
+            || sg_gather(ctx.mrs, self.init.pd, &sges, 0, &mut scratch[..len]).is_err()
+        {
             self.counters.send_err += 1;
             self.complete_head(WcStatus::LocProtErr, ctx);
             self.state = QpState::Sqe;
@@ -1014,7 +1018,14 @@ impl Qp {
                 }
                 payload_len = usize::try_from((wqe_len - off.min(wqe_len)).min(m)).unwrap_or(0);
                 if payload_len > scratch.len()
-                    || sg_gather(ctx.mrs, &sges, off, &mut scratch[..payload_len]).is_err()
+                    || sg_gather(
+                        ctx.mrs,
+                        self.init.pd,
+                        &sges,
+                        off,
+                        &mut scratch[..payload_len],
+                    )
+                    .is_err()
                 {
                     // rxe: a bad local SGE completes the WR with a local protection error.
                     // Earlier WRs may still be in flight: the failure is reported in order, when
@@ -1134,7 +1145,7 @@ impl Qp {
                     Ok(())
                 } else {
                     ctx.mrs
-                        .remote_mut(rkey, va, n, Access::REMOTE_READ)
+                        .remote_mut(self.init.pd, rkey, va, n, Access::REMOTE_READ)
                         .map(|src| scratch[..nn].copy_from_slice(src))
                 };
                 match read {

@@ -19,6 +19,7 @@ const BASE: u64 = 0x1000;
 
 struct H {
     d: Device,
+    pd: PdId,
     qpn: Qpn,
     cq: CqId,
     now: Instant,
@@ -28,9 +29,11 @@ struct H {
 
 fn h_with(cfg: &RcConfig) -> H {
     let mut d = Device::new(DeviceConfig::default());
+    let pd = d.alloc_pd().unwrap();
     let cq = d.create_cq(cfg.cq_depth).unwrap();
     let qpn = d
         .create_qp(QpInit {
+            pd,
             qp_type: QpType::Rc,
             send_cq: cq,
             recv_cq: cq,
@@ -47,9 +50,10 @@ fn h_with(cfg: &RcConfig) -> H {
         Psn::new(RQ_PSN),
         cfg,
     );
-    let mr = d.reg_mr(vec![0; 1 << 18], BASE, Access::all()).unwrap();
+    let mr = d.reg_mr(pd, vec![0; 1 << 18], BASE, Access::all()).unwrap();
     H {
         d,
+        pd,
         qpn,
         cq,
         now: Instant::ZERO,
@@ -559,7 +563,7 @@ fn resp_rkey_violations_nak_remote_access_error() {
 fn resp_rkey_region_without_remote_write_right_is_remote_access_error() {
     let mut h = h();
     let ro =
-        h.d.reg_mr(vec![0; 64], 0x9000, Access::REMOTE_READ)
+        h.d.reg_mr(h.pd, vec![0; 64], 0x9000, Access::REMOTE_READ)
             .unwrap();
     h.rx(
         with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN), 0x9000, ro.rkey, 8),
@@ -804,9 +808,11 @@ fn recv_wrong_pkey_or_foreign_source_is_dropped() {
 #[test]
 fn recv_requests_before_rtr_are_dropped() {
     let mut d = Device::new(DeviceConfig::default());
+    let pd = d.alloc_pd().unwrap();
     let cq = d.create_cq(16).unwrap();
     let qpn = d
         .create_qp(QpInit {
+            pd,
             qp_type: QpType::Rc,
             send_cq: cq,
             recv_cq: cq,
@@ -1290,6 +1296,7 @@ fn comp_atomic_ack_delivers_the_original_value() {
 fn modify_enforces_the_state_table_and_masks() {
     let mut h = h();
     let qpn = h.d.create_qp(QpInit {
+        pd: h.pd,
         qp_type: QpType::Rc,
         send_cq: h.cq,
         recv_cq: h.cq,
@@ -1368,9 +1375,11 @@ fn modify_enforces_the_state_table_and_masks() {
 #[test]
 fn modify_ud_reset_to_init_requires_qkey() {
     let mut d = Device::new(DeviceConfig::default());
+    let pd = d.alloc_pd().unwrap();
     let cq = d.create_cq(16).unwrap();
     let qpn = d
         .create_qp(QpInit {
+            pd,
             qp_type: QpType::Ud,
             send_cq: cq,
             recv_cq: cq,
@@ -1521,9 +1530,11 @@ fn ud_send_carries_deth_and_qkey_and_the_receiver_gets_a_grh() {
     let mut qps = Vec::new();
     for side in [Side::A, Side::B] {
         let d = p.dev(side);
+        let pd = d.alloc_pd().unwrap();
         let cq = d.create_cq(16).unwrap();
         let qpn = d
             .create_qp(QpInit {
+                pd,
                 qp_type: QpType::Ud,
                 send_cq: cq,
                 recv_cq: cq,
@@ -1547,7 +1558,9 @@ fn ud_send_carries_deth_and_qkey_and_the_receiver_gets_a_grh() {
         a.qp_state = QpState::Rts;
         d.modify_qp(qpn, &a, AttrMask::STATE | AttrMask::SQ_PSN)
             .unwrap();
-        let m = d.reg_mr(vec![0x33; 256], 0x1000, Access::all()).unwrap();
+        let m = d
+            .reg_mr(pd, vec![0x33; 256], 0x1000, Access::all())
+            .unwrap();
         qps.push((qpn, cq, m));
     }
     let (qa, ca, ma) = qps[0];
@@ -1602,9 +1615,11 @@ fn pair_send_write_read_atomic_end_to_end() {
     let (a, b) = connect_rc(&mut p, &RcConfig::default());
     let src: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
     let ma =
-        p.a.reg_mr(src.clone(), 0x1000, Access::LOCAL_WRITE)
+        p.a.reg_mr(a.pd, src.clone(), 0x1000, Access::LOCAL_WRITE)
             .unwrap();
-    let mb = p.b.reg_mr(vec![0; 8192], 0x1000, Access::all()).unwrap();
+    let mb =
+        p.b.reg_mr(b.pd, vec![0; 8192], 0x1000, Access::all())
+            .unwrap();
     p.b.post_recv(
         b.qpn,
         RecvWr {
@@ -1710,8 +1725,12 @@ fn sim_ce_marks_are_counted_by_the_receiving_qp() {
     };
     let mut p = Pair::new(9, DeviceConfig::default(), link);
     let (a, b) = connect_rc(&mut p, &RcConfig::default());
-    let ma = p.a.reg_mr(vec![1; 4096], 0x1000, Access::empty()).unwrap();
-    let mb = p.b.reg_mr(vec![0; 4096], 0x1000, Access::all()).unwrap();
+    let ma =
+        p.a.reg_mr(a.pd, vec![1; 4096], 0x1000, Access::empty())
+            .unwrap();
+    let mb =
+        p.b.reg_mr(b.pd, vec![0; 4096], 0x1000, Access::all())
+            .unwrap();
     p.b.post_recv(
         b.qpn,
         RecvWr {
@@ -1751,8 +1770,12 @@ fn sim_corrupted_frames_fail_the_icrc_and_are_recovered_by_retransmission() {
     let mut p = Pair::new(5, DeviceConfig::default(), link);
     let (a, b) = connect_rc(&mut p, &RcConfig::default());
     let src: Vec<u8> = (0..8192u32).map(|i| (i % 241) as u8).collect();
-    let ma = p.a.reg_mr(src.clone(), 0x1000, Access::empty()).unwrap();
-    let mb = p.b.reg_mr(vec![0; 8192], 0x1000, Access::all()).unwrap();
+    let ma =
+        p.a.reg_mr(a.pd, src.clone(), 0x1000, Access::empty())
+            .unwrap();
+    let mb =
+        p.b.reg_mr(b.pd, vec![0; 8192], 0x1000, Access::all())
+            .unwrap();
     let sg = vec![Sge {
         addr: 0x1000,
         length: 8192,
@@ -1781,9 +1804,11 @@ fn sim_corrupted_frames_fail_the_icrc_and_are_recovered_by_retransmission() {
 #[test]
 fn ud_local_error_moves_the_qp_to_sqe_and_rts_recovers_it() {
     let mut d = Device::new(DeviceConfig::default());
+    let pd = d.alloc_pd().unwrap();
     let cq = d.create_cq(16).unwrap();
     let qpn = d
         .create_qp(QpInit {
+            pd,
             qp_type: QpType::Ud,
             send_cq: cq,
             recv_cq: cq,
@@ -2006,4 +2031,28 @@ fn resp_rnr_nak_stands_for_its_gap_until_the_retry() {
     h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[0; 8]);
     h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1), &[0; 8]);
     assert_eq!(h.acks(), vec![(ACK, RQ_PSN), (ACK, RQ_PSN + 1)]);
+}
+
+#[test]
+fn resp_rkey_of_another_protection_domain_is_remote_access_error() {
+    let mut h = h();
+    let other = h.d.alloc_pd().unwrap();
+    let m =
+        h.d.reg_mr(other, vec![0; 64], 0x9000, Access::all())
+            .unwrap();
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN), 0x9000, m.rkey, 8),
+        &[0; 8],
+    );
+    assert_eq!(h.acks(), vec![(syndrome::NAK_REMOTE_ACCESS_ERROR, RQ_PSN)]);
+    assert!(matches!(
+        h.d.dealloc_pd(other),
+        Err(DeviceError::PdInUse(_))
+    ));
+    h.d.dereg_mr(m.lkey).unwrap();
+    h.d.dealloc_pd(other).unwrap();
+    assert!(matches!(
+        h.d.reg_mr(other, vec![], 0, Access::empty()),
+        Err(DeviceError::NoSuchPd(_))
+    ));
 }

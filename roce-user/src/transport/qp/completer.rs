@@ -236,7 +236,7 @@ impl Qp {
             return;
         }
         let sges: Vec<Sge> = w.wr.sg_list.clone();
-        if sg_scatter(ctx.mrs, &sges, off, pkt.payload).is_err() {
+        if sg_scatter(ctx.mrs, self.init.pd, &sges, off, pkt.payload).is_err() {
             self.complete_head(WcStatus::LocProtErr, ctx);
             self.enter_error(ctx);
             return;
@@ -267,7 +267,7 @@ impl Qp {
         };
         let sges: Vec<Sge> = w.wr.sg_list.clone();
         // The original value lands in host (little-endian) order, as rxe stores it.
-        if sg_scatter(ctx.mrs, &sges, 0, &orig.to_le_bytes()).is_err() {
+        if sg_scatter(ctx.mrs, self.init.pd, &sges, 0, &orig.to_le_bytes()).is_err() {
             self.complete_head(WcStatus::LocProtErr, ctx);
             self.enter_error(ctx);
             return;

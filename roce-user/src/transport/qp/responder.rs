@@ -212,7 +212,7 @@ impl Qp {
             });
         }
         let sges = rwqe.sg_list.clone();
-        if sg_scatter(ctx.mrs, &sges, self.send_off, pkt.payload).is_err() {
+        if sg_scatter(ctx.mrs, self.init.pd, &sges, self.send_off, pkt.payload).is_err() {
             // A malformed receive WQE (bad local key/range): class A, remote operational error.
             return Err(Fatal {
                 nak: syndrome::NAK_REMOTE_OPERATIONAL_ERROR,
@@ -226,7 +226,7 @@ impl Qp {
         if matches!(pos, Position::Last | Position::Only) {
             self.in_msg = None;
             if let Some(rkey) = pkt.hdr.ieth
-                && !ctx.mrs.invalidate_rkey(rkey)
+                && !ctx.mrs.invalidate_rkey(self.init.pd, rkey)
             {
                 // rxe class J: the R_Key to invalidate is not valid.
                 return Err(Fatal {
@@ -263,7 +263,7 @@ impl Qp {
             if len > 0
                 && ctx
                     .mrs
-                    .check_remote(reth.rkey, reth.va, len, Access::REMOTE_WRITE)
+                    .check_remote(self.init.pd, reth.rkey, reth.va, len, Access::REMOTE_WRITE)
                     .is_err()
             {
                 self.counters.resp_remote_access_errors += 1;
@@ -289,10 +289,13 @@ impl Qp {
             return Err(access(syndrome::NAK_INVALID_REQUEST));
         }
         if plen > 0 {
-            match ctx
-                .mrs
-                .remote_mut(self.write_rkey, self.write_va, plen, Access::REMOTE_WRITE)
-            {
+            match ctx.mrs.remote_mut(
+                self.init.pd,
+                self.write_rkey,
+                self.write_va,
+                plen,
+                Access::REMOTE_WRITE,
+            ) {
                 Ok(dst) => dst.copy_from_slice(pkt.payload),
                 Err(_) => {
                     self.counters.resp_remote_access_errors += 1;
@@ -347,7 +350,7 @@ impl Qp {
         if len > 0
             && ctx
                 .mrs
-                .check_remote(reth.rkey, reth.va, len, Access::REMOTE_READ)
+                .check_remote(self.init.pd, reth.rkey, reth.va, len, Access::REMOTE_READ)
                 .is_err()
         {
             self.counters.resp_remote_access_errors += 1;
@@ -386,7 +389,7 @@ impl Qp {
         };
         if ctx
             .mrs
-            .check_remote(a.rkey, a.va, 8, Access::REMOTE_ATOMIC)
+            .check_remote(self.init.pd, a.rkey, a.va, 8, Access::REMOTE_ATOMIC)
             .is_err()
         {
             self.counters.resp_remote_access_errors += 1;
@@ -404,7 +407,10 @@ impl Qp {
         }
         self.take_resource_slot()?;
         let cas = pkt.hdr.opcode == Opcode::RC_COMPARE_SWAP;
-        let orig = match ctx.mrs.remote_mut(a.rkey, a.va, 8, Access::REMOTE_ATOMIC) {
+        let orig = match ctx
+            .mrs
+            .remote_mut(self.init.pd, a.rkey, a.va, 8, Access::REMOTE_ATOMIC)
+        {
             Ok(dst) => {
                 let mut b = [0u8; 8];
                 b.copy_from_slice(dst);
@@ -519,8 +525,8 @@ impl Qp {
         if sg_len(&sges) < GRH_LEN + plen {
             self.counters.resp_local_length_error += 1;
             status = WcStatus::LocLenErr;
-        } else if sg_scatter(ctx.mrs, &sges, 0, &[0u8; GRH_LEN as usize]).is_err()
-            || sg_scatter(ctx.mrs, &sges, GRH_LEN, pkt.payload).is_err()
+        } else if sg_scatter(ctx.mrs, self.init.pd, &sges, 0, &[0u8; GRH_LEN as usize]).is_err()
+            || sg_scatter(ctx.mrs, self.init.pd, &sges, GRH_LEN, pkt.payload).is_err()
         {
             status = WcStatus::LocProtErr;
         }
