@@ -519,14 +519,11 @@ impl Qp {
                 }
             }
         }
-        let npkts = match wr.op {
-            SendOp::Read { .. } | SendOp::Send | SendOp::SendWithImm { .. } => {
-                packets_for(len, self.mtu())
-            }
-            SendOp::SendWithInv { .. } | SendOp::Write { .. } | SendOp::WriteWithImm { .. } => {
-                packets_for(len, self.mtu())
-            }
-            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 1,
+        // Atomics take one PSN; everything else one per path-MTU segment (at least one).
+        let npkts = if wr.op.is_atomic() {
+            1
+        } else {
+            packets_for(len, self.mtu())
         };
         let wqe = SendWqe {
             wr,
