@@ -19,7 +19,7 @@ try:
     from scapy.all import Ether, Dot1Q, Dot1AD, IP, IPv6, UDP, Raw, raw
     from scapy.packet import Packet
     from scapy.fields import XLongField, XIntField, XByteField, X3BytesField
-    from scapy.contrib.roce import BTH, AETH, CNPPadding
+    from scapy.contrib.roce import BTH, AETH, CNPPadding, cnp
 except ImportError as e:  # the Rust test turns this into a loud failure
     print(f"wire_scapy.py: cannot import scapy ({e}); run `pip install scapy`", file=sys.stderr)
     sys.exit(3)
@@ -215,6 +215,14 @@ def build_table():
             fields, ok = dissect(frame)
             assert ok, name
             out.append({"name": f"v{ipv}_{name}", "hex": frame.hex(), "fields": fields})
+    # The Mellanox CNP example (reference §1), built with scapy's own cnp() helper.
+    mellanox = Ether(src="02:00:00:00:00:0a", dst="02:00:00:00:00:0b") / IP(
+        src="22.22.22.8", dst="22.22.22.7", id=0x98c6, flags="DF", ttl=0x20, tos=0x89
+    ) / UDP(sport=56238, dport=4791, chksum=0) / cnp(0xd2)
+    frame = raw(mellanox)
+    fields, ok = dissect(frame)
+    assert ok, "mellanox_cnp"
+    out.append({"name": "mellanox_cnp", "hex": frame.hex(), "fields": fields})
     return out
 
 

@@ -211,7 +211,19 @@ fn our_fields(buf: &[u8]) -> (Map<String, Value>, bool) {
 fn we_parse_what_scapy_builds() {
     let table = scapy("gen", None);
     let rows = table.as_array().expect("a JSON list");
-    assert!(rows.len() >= 70, "scapy table too small: {}", rows.len());
+    assert!(rows.len() >= 71, "scapy table too small: {}", rows.len());
+    // scapy's cnp() reproduces the Mellanox golden vector of the reference byte for byte.
+    let mellanox = rows
+        .iter()
+        .find(|r| r["name"] == "mellanox_cnp")
+        .expect("mellanox_cnp row");
+    let golden = "4589003c98c6400020116927161616081616160\
+                  7dbae12b7002800008100ffff400000d20000000000000000000000000000000000000000dafc1bef";
+    assert_eq!(
+        &mellanox["hex"].as_str().unwrap()[28..],
+        golden,
+        "scapy's CNP is not the golden vector"
+    );
     for row in rows {
         let name = row["name"].as_str().unwrap();
         let frame = unhex(row["hex"].as_str().unwrap());

@@ -88,6 +88,7 @@ fn tshark_dissects_our_frames_as_infiniband() {
             "_ws.malformed",
         ])
         .args(["-e", "_ws.expert.severity", "-e", "_ws.expert.message"])
+        .args(["-e", "infiniband.invariant.crc"])
         .output()
         .unwrap_or_else(|e| panic!("cannot run {}: {e}", tshark.display()));
     let _ = std::fs::remove_dir_all(&dir);
@@ -107,7 +108,7 @@ fn tshark_dissects_our_frames_as_infiniband() {
     );
     for (line, (name, _, roce, _)) in lines.iter().zip(&table) {
         let cols: Vec<&str> = line.split('|').collect();
-        assert_eq!(cols.len(), 8, "{name}: {line}");
+        assert_eq!(cols.len(), 9, "{name}: {line}");
         assert!(
             cols[1].ends_with(":udp:infiniband") || cols[1].contains(":udp:infiniband:"),
             "{name}: protocols {}",
@@ -133,6 +134,21 @@ fn tshark_dissects_our_frames_as_infiniband() {
             cols[5].is_empty(),
             "{name}: tshark marks the frame malformed ({line})"
         );
+        // tshark finds our ICRC where we put it (it reads the four wire bytes big-endian).
+        let frame = &frames[lines.iter().position(|l| l == line).unwrap()];
+        let want = u32::from_be_bytes(frame[frame.len() - 4..].try_into().unwrap());
+        if cols[8].is_empty() {
+            // Wireshark 4.0 does not know the IBA 1.5 opcodes and the RoCE v2 CNP, and stops
+            // after their BTH.
+            let op = roce.bth.opcode;
+            assert!(
+                op == Opcode::RC_FLUSH || op == Opcode::RC_ATOMIC_WRITE || op == Opcode::CNP,
+                "{name}: no invariant CRC ({line})"
+            );
+        } else {
+            let got = u32::from_str_radix(cols[8].trim_start_matches("0x"), 16).ok();
+            assert_eq!(got, Some(want), "{name}: invariant CRC ({line})");
+        }
         // Any expert entry at all (error, warning, note, chat) fails: our frames must be clean.
         assert!(
             cols[6].is_empty() && cols[7].is_empty(),

@@ -10,7 +10,7 @@ use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use roce_common::{
     ROCE_V2_UDP_PORT,
-    hdr::{ETH_P_IPV4, ETH_P_IPV6, IPPROTO_UDP, Ipv6ExtHdr, MAX_VLAN_TAGS},
+    hdr::{ETH_P_IPV4, ETH_P_IPV6, ICRC_LEN, IPPROTO_UDP, Ipv6ExtHdr, MAX_VLAN_TAGS},
 };
 
 use super::{
@@ -239,6 +239,32 @@ impl Frame<'_> {
     pub fn dst_ip(&self) -> IpAddr {
         self.ip.dst_addr()
     }
+
+    /// A path back to the sender of this frame: MACs and IPs swapped, same VLAN tags, DSCP,
+    /// UDP ports swapped back (the peer's source port is the flow's port, since both ends
+    /// derive it from the same QP pair) and destination port the one this frame was sent to.
+    /// ECN is Not-ECT and the TTL 64. A connected QP should use its own configured path; this is
+    /// for answering before one exists (or for tests).
+    #[must_use]
+    pub fn reply_path(&self) -> PathRepr {
+        let ip = match self.ip {
+            IpRepr::V4(r) => IpPath::V4 {
+                src: r.dst_addr,
+                dst: r.src_addr,
+            },
+            IpRepr::V6(r) => IpPath::V6 {
+                src: r.dst_addr,
+                dst: r.src_addr,
+                flow_label: r.flow_label,
+            },
+        };
+        let mut p = PathRepr::new(self.eth.dst_addr, self.eth.src_addr, ip);
+        p.vlan = self.eth.vlan;
+        p.dscp = self.ip.dscp();
+        p.udp_src_port = self.udp.src_port;
+        p.udp_dst_port = self.udp.dst_port;
+        p
+    }
 }
 
 /// Parses a RoCE v2 frame sent to UDP port 4791. Call it on every frame the AF_XDP socket
@@ -257,6 +283,50 @@ pub fn parse_frame(buf: &[u8]) -> Result<Frame<'_>> {
 /// [`Frame::icrc_ok`]. The UDP checksum is not verified (rxe sends 0 over IPv4; the ICRC
 /// covers the same bytes).
 pub fn parse_frame_with_port(buf: &[u8], port: u16) -> Result<Frame<'_>> {
+    parse_inner(buf, port, true).map(|(f, _)| f)
+}
+
+/// Like [`parse_frame`], but verifies the ICRC by masking the header fields in place and
+/// restoring them (one pass, no copy; [`icrc::compute_in_place`]). Use it where the frame is
+/// writable, as the engine's received UMEM frames are. The buffer is unchanged afterwards.
+pub fn parse_frame_in_place(buf: &mut [u8]) -> Result<Frame<'_>> {
+    parse_frame_in_place_with_port(buf, ROCE_V2_UDP_PORT)
+}
+
+/// [`parse_frame_in_place`] for UDP port `port`.
+pub fn parse_frame_in_place_with_port(buf: &mut [u8], port: u16) -> Result<Frame<'_>> {
+    let (head, icrc_range, payload_range) = {
+        let (f, icrc_range) = parse_inner(buf, port, false)?;
+        let end = icrc_range.end - ICRC_LEN - usize::from(f.roce.bth.pad_count);
+        let head = Frame {
+            eth: f.eth,
+            ip: f.ip,
+            udp: f.udp,
+            roce: f.roce,
+            payload: &[],
+            icrc: f.icrc,
+            icrc_ok: false,
+            len: f.len,
+        };
+        (head, icrc_range, end - f.payload.len()..end)
+    };
+    let icrc_ok = icrc::verify_in_place(&mut buf[icrc_range]);
+    let buf = &*buf;
+    Ok(Frame {
+        payload: &buf[payload_range],
+        icrc_ok,
+        ..head
+    })
+}
+
+/// Parses the headers; verifies the ICRC (copying the masked headers) if `verify`. Also
+/// returns the range of `buf` the ICRC covers plus the ICRC itself (IP header to the end of
+/// the UDP datagram).
+fn parse_inner(
+    buf: &[u8],
+    port: u16,
+    verify: bool,
+) -> Result<(Frame<'_>, core::ops::Range<usize>)> {
     let (eth, l3) = EthernetRepr::parse(buf)?;
     let rest = &buf[l3..];
     let (ip, ip_hdr, ip_payload) = match eth.ethertype {
@@ -303,9 +373,10 @@ pub fn parse_frame_with_port(buf: &[u8], port: u16) -> Result<Frame<'_>> {
     let udp_payload = &ip_payload[udp::HEADER_LEN..usize::from(udp.length)];
     let pkt = RocePacket::new_checked(udp_payload)?;
     let roce = RoceRepr::parse(&pkt)?;
-    let icrc_ok = icrc::verify(ip_hdr, udp_hdr, udp_payload);
+    let icrc_ok = verify && icrc::verify(ip_hdr, udp_hdr, udp_payload);
     let len = l3 + ip_hdr.len() + ip_payload.len();
-    Ok(Frame {
+    let covered = l3..l3 + ip_hdr.len() + usize::from(udp.length);
+    let f = Frame {
         eth,
         ip,
         udp,
@@ -314,7 +385,8 @@ pub fn parse_frame_with_port(buf: &[u8], port: u16) -> Result<Frame<'_>> {
         payload: pkt.into_payload(),
         icrc_ok,
         len,
-    })
+    };
+    Ok((f, covered))
 }
 
 /// The length of the frame [`emit_frame`] would write (no Ethernet minimum-size padding:
@@ -323,12 +395,17 @@ pub fn frame_len(path: &PathRepr, roce: &RoceRepr, payload_len: usize) -> usize 
     path.eth().buffer_len() + path.ip_header_len() + udp::HEADER_LEN + roce.buffer_len(payload_len)
 }
 
-/// Writes a whole frame into `buf` and returns its length.
+/// Writes a whole frame into `buf` and returns its length. Call it for every packet the
+/// transport sends, with the QP's path.
 ///
-/// Lengths, the IPv4 header checksum (DF set, as rxe), and the ICRC are computed here. The UDP
-/// checksum is 0 over IPv4, as rxe writes it (rxe_net.c `prepare_udp_hdr`). Over IPv6 a zero
-/// UDP checksum is not allowed (RFC 8200 §8.1) and Linux drops such datagrams unless the socket
-/// opts in, so it is computed; receivers that ignore it (as we do on parse) lose nothing.
+/// Lengths, the IPv4 header checksum (DF set, as rxe) and the ICRC are computed here; the ICRC
+/// in one pass over the written bytes, masking in place ([`icrc::compute_in_place`]). The UDP
+/// checksum is 0 over IPv4, as rxe writes it (rxe_net.c `prepare_udp_hdr`). Over IPv6 it is
+/// computed: rxe also writes 0 there (the same `prepare_udp_hdr`) and accepts 0 because its
+/// tunnel socket is created without `use_udp6_rx_checksums` (so `no_check6_rx` is set), but
+/// RFC 8200 §8.1 forbids a zero UDP checksum over IPv6 and ordinary receivers drop it; a
+/// correct non-zero checksum is accepted by rxe's UDP stack and by everyone else.
+/// No Ethernet minimum-size padding is added (NICs pad short frames on transmit).
 pub fn emit_frame(
     path: &PathRepr,
     roce: &RoceRepr,
@@ -394,11 +471,9 @@ pub fn emit_frame(
     }
     .emit(&mut udp::Packet::new_unchecked(&mut *udp_buf));
     roce.emit(roce_buf, payload)?;
-    let crc = icrc::compute(
-        ip_buf,
-        udp_buf,
-        &roce_buf[..roce_len - roce_common::hdr::ICRC_LEN],
-    )?;
+    // One pass over the whole datagram, masking in place (no copy at all).
+    let crc = icrc::compute_in_place(&mut buf[l3..total - ICRC_LEN])?;
+    let (udp_buf, roce_buf) = buf[l3 + ip_len..].split_at_mut(udp::HEADER_LEN);
     RocePacket::new_unchecked(&mut *roce_buf).set_icrc(crc);
     if let IpPath::V6 { src, dst, .. } = path.ip {
         let c = udp6_checksum(&src, &dst, udp_buf, roce_buf);
@@ -572,6 +647,22 @@ mod tests {
     }
 
     #[test]
+    fn in_place_parse_agrees() {
+        let mut f = golden_frame();
+        let orig = f;
+        let a = parse_frame(&orig).unwrap();
+        let b = parse_frame_in_place(&mut f).unwrap();
+        assert_eq!(a, b);
+        assert!(b.icrc_ok);
+        assert_eq!(f, orig);
+        f[60] ^= 1; // a CNP reserved byte
+        assert!(!parse_frame_in_place(&mut f).unwrap().icrc_ok);
+        f[60] ^= 1;
+        f[40] ^= 1; // the UDP checksum: masked
+        assert!(parse_frame_in_place(&mut f).unwrap().icrc_ok);
+    }
+
+    #[test]
     fn ack_with_ethernet_padding() {
         let path = PathRepr::new(
             MAC_A,
@@ -596,6 +687,25 @@ mod tests {
         assert!(fr.icrc_ok);
         assert_eq!(fr.len, n);
         assert_eq!(fr.roce, roce);
+    }
+
+    #[test]
+    fn reply_path_swaps_ends() {
+        let f = golden_frame();
+        let fr = parse_frame(&f).unwrap();
+        let p = fr.reply_path();
+        assert_eq!(p.src_mac, MAC_B);
+        assert_eq!(p.dst_mac, MAC_A);
+        assert_eq!(
+            p.ip,
+            IpPath::V4 {
+                src: Ipv4Addr::new(22, 22, 22, 7),
+                dst: Ipv4Addr::new(22, 22, 22, 8)
+            }
+        );
+        assert_eq!(p.dscp, 34);
+        assert_eq!(p.ecn, Ecn::NotEct);
+        assert_eq!((p.udp_src_port, p.udp_dst_port), (56238, ROCE_V2_UDP_PORT));
     }
 
     #[test]

@@ -15,7 +15,28 @@
 //! The layers, bottom up: [`ethernet`] (with up to two VLAN tags), [`ipv4`], [`ipv6`], [`udp`],
 //! the InfiniBand transport headers ([`bth`], [`reth`], [`aeth`], [`atomic`], [`immdt`],
 //! [`ieth`], [`deth`], [`feth`], [`cnp`]), the RoCE packet from the BTH onward ([`roce`]), the
-//! invariant CRC ([`icrc`]) and the whole-frame layer the transport uses ([`frame`]).
+//! invariant CRC ([`icrc`]), the whole-frame layer the transport uses ([`frame`]:
+//! [`parse_frame`], [`parse_frame_in_place`], [`emit_frame`], the UDP source-port rule) and
+//! the drop counters for refused frames ([`drops`]).
+//!
+//! Typical use by the engine and transport:
+//!
+//! ```
+//! use roce::wire::{self, BthRepr, EthernetAddress, IpPath, Opcode, PathRepr, Psn, Qpn, RoceRepr};
+//! use std::net::Ipv4Addr;
+//!
+//! let ip = IpPath::V4 { src: Ipv4Addr::new(10, 0, 0, 1), dst: Ipv4Addr::new(10, 0, 0, 2) };
+//! let mut path = PathRepr::new(EthernetAddress([2, 0, 0, 0, 0, 1]), EthernetAddress([2, 0, 0, 0, 0, 2]), ip);
+//! path.udp_src_port = wire::frame::udp_src_port(Qpn::new(0x11), Qpn::new(0x12));
+//! let send = RoceRepr::new(BthRepr::new(Opcode::RC_SEND_ONLY, Qpn::new(0x12), Psn::new(7)));
+//! let mut buf = [0u8; 128];
+//! let n = wire::emit_frame(&path, &send, b"hello", &mut buf).unwrap();
+//!
+//! let mut drops = wire::WireDrops::default();
+//! let frame = drops.accept(wire::parse_frame(&buf[..n])).expect("valid frame");
+//! assert_eq!(frame.roce.bth.psn, Psn::new(7));
+//! assert_eq!(frame.payload, b"hello");
+//! ```
 //!
 //! Which headers follow the BTH comes from the opcode table in [`roce_common::opcode`]; lengths
 //! come from [`roce_common::hdr`]. Nothing here retypes them.
@@ -25,6 +46,7 @@ pub mod atomic;
 pub mod bth;
 pub mod cnp;
 pub mod deth;
+pub mod drops;
 pub mod ethernet;
 pub mod feth;
 pub mod frame;
@@ -43,9 +65,12 @@ pub use atomic::{AtomicAckEthRepr, AtomicEthRepr};
 pub use bth::BthRepr;
 pub use cnp::CnpRepr;
 pub use deth::DethRepr;
+pub use drops::WireDrops;
 pub use ethernet::{EthernetAddress, EthernetRepr, VlanTag};
 pub use feth::FethRepr;
-pub use frame::{Ecn, Frame, IpPath, IpRepr, PathRepr, emit_frame, frame_len, parse_frame};
+pub use frame::{
+    Ecn, Frame, IpPath, IpRepr, PathRepr, emit_frame, frame_len, parse_frame, parse_frame_in_place,
+};
 pub use ieth::IethRepr;
 pub use immdt::ImmDtRepr;
 pub use ipv4::Ipv4Repr;
