@@ -192,6 +192,8 @@ counter_struct! {
         out_of_seq_request,
         /// mlx5: same event as out_of_seq_request.
         out_of_sequence,
+        /// rxe: ACKs not sent on their own because a newer cumulative ACK replaced them.
+        ack_deferred,
         /// rxe: RNR NAKs received by the requester.
         rcvd_rnr_err,
         /// rxe: RNR NAKs sent by the responder (no receive WQE).

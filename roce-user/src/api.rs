@@ -35,7 +35,7 @@ use roce_common::maps::{
 };
 
 pub use crate::transport::{
-    Access, AttrMask, CqId, DeviceConfig, DeviceCounters, LKey, MrInfo, Mtu, Path, PostError,
+    Access, AttrMask, CqId, DeviceConfig, DeviceCounters, LKey, MrInfo, Mtu, Path, PdId, PostError,
     QpAttr, QpCap, QpCounters, QpInit, QpState, QpType, Qpn, RKey, RecvWr, SendFlags, SendOp,
     SendWr, Sge, Wc, WcFlags, WcOpcode, WcStatus,
 };
@@ -459,7 +459,6 @@ impl Device {
         let mut config = opts.transport.clone();
         config.key_seed = random_seed()?;
         config.first_qpn = roce_common::maps::FIRST_QPN;
-        config.max_frame_len = config.max_frame_len.min(opts.xsk.frame_size as usize);
         let wake = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
             .map_err(|e| ApiError::Os {
                 what: "eventfd",
@@ -619,11 +618,19 @@ impl Device {
         Ok(p)
     }
 
-    /// Registers a zeroed region of `len` bytes (`ibv_reg_mr`).
+    /// Allocates a protection domain (`ibv_alloc_pd`): QPs reach only the regions of their own.
     ///
     /// # Errors
-    /// Too many regions or bad access flags.
-    pub fn reg_mr(&self, len: usize, access: Access) -> Result<MrInfo, ApiError> {
+    /// Too many protection domains.
+    pub fn alloc_pd(&self) -> Result<PdId, ApiError> {
+        Ok(self.shared.lock().alloc_pd()?)
+    }
+
+    /// Registers a zeroed region of `len` bytes in `pd` (`ibv_reg_mr`).
+    ///
+    /// # Errors
+    /// Too many regions, an unknown PD, or bad access flags.
+    pub fn reg_mr(&self, pd: PdId, len: usize, access: Access) -> Result<MrInfo, ApiError> {
         let mut next = self
             .next_iova
             .lock()
@@ -631,7 +638,7 @@ impl Device {
         let iova = *next;
         *next = next.saturating_add((len as u64).div_ceil(4096).max(1) * 4096 + 4096);
         drop(next);
-        Ok(self.shared.lock().reg_mr(vec![0; len], iova, access)?)
+        Ok(self.shared.lock().reg_mr(pd, vec![0; len], iova, access)?)
     }
 
     /// Deregisters a region; in-flight operations on it fail with access errors, never touch freed memory.

@@ -26,9 +26,11 @@ struct Req {
 
 fn req(mtu: Mtu, sq_psn: u32) -> Req {
     let mut d = Device::new(DeviceConfig::default());
+    let pd = d.alloc_pd().unwrap();
     let cq = d.create_cq(1 << 14).unwrap();
     let qpn = d
         .create_qp(QpInit {
+            pd,
             qp_type: QpType::Rc,
             send_cq: cq,
             recv_cq: cq,
@@ -53,7 +55,7 @@ fn req(mtu: Mtu, sq_psn: u32) -> Req {
         &cfg,
     );
     let data: Vec<u8> = (0..(1 << 20) as u32).map(|i| (i % 253) as u8).collect();
-    let m = d.reg_mr(data, 0, Access::all()).unwrap();
+    let m = d.reg_mr(pd, data, 0, Access::all()).unwrap();
     Req {
         d,
         qpn,

@@ -60,6 +60,7 @@ struct Run {
     counter: u64,
     next_id: u64,
     scale: u64,
+    bidir: bool,
 }
 
 fn sge(mr: (LKey, RKey), off: u64, len: u64) -> Vec<Sge> {
@@ -80,14 +81,14 @@ impl Run {
     fn new(seed: u64, link: Link, cfg: &RcConfig, scale: u64) -> Self {
         let mut pair = Pair::new(seed, DeviceConfig::default(), link);
         let (a, b) = connect_rc(&mut pair, cfg);
-        let mr = |d: &mut Device| {
+        let mr = |d: &mut Device, pd| {
             let m = d
-                .reg_mr(vec![0; CAP as usize], 0x1_0000, Access::all())
+                .reg_mr(pd, vec![0; CAP as usize], 0x1_0000, Access::all())
                 .unwrap();
             (m.lkey, m.rkey)
         };
-        let ma = mr(&mut pair.a);
-        let mb = mr(&mut pair.b);
+        let ma = mr(&mut pair.a, a.pd);
+        let mb = mr(&mut pair.b, b.pd);
         Self {
             seed,
             pair,
@@ -99,6 +100,7 @@ impl Run {
             counter: 0,
             next_id: 1,
             scale,
+            bidir: false,
         }
     }
 
@@ -169,6 +171,7 @@ impl Run {
             b_off = (b_off + len + 7) & !7;
         }
         let seed = self.seed;
+        let mut recvs = Vec::new();
         for m in &msgs {
             let (la, lb) = (self.ma.0, self.mb.0);
             let (src_dev, src_lkey, src_off) = match m.op {
@@ -226,28 +229,14 @@ impl Run {
                 ),
             };
             match m.op {
-                Op::Send { .. } => self
-                    .pair
-                    .b
-                    .post_recv(
-                        self.b.qpn,
-                        RecvWr {
-                            wr_id: m.id,
-                            sg_list: sge(self.mb, m.b_off, m.len),
-                        },
-                    )
-                    .unwrap(),
-                Op::Write { imm: Some(_) } => self
-                    .pair
-                    .b
-                    .post_recv(
-                        self.b.qpn,
-                        RecvWr {
-                            wr_id: m.id,
-                            sg_list: vec![],
-                        },
-                    )
-                    .unwrap(),
+                Op::Send { .. } => recvs.push(RecvWr {
+                    wr_id: m.id,
+                    sg_list: sge(self.mb, m.b_off, m.len),
+                }),
+                Op::Write { imm: Some(_) } => recvs.push(RecvWr {
+                    wr_id: m.id,
+                    sg_list: vec![],
+                }),
                 _ => {}
             }
             self.pair
@@ -259,14 +248,80 @@ impl Run {
             .iter()
             .filter(|m| matches!(m.op, Op::Send { .. } | Op::Write { imm: Some(_) }))
             .count();
+        // Reverse traffic: B sends to A at the same time, so both QPs are requester and
+        // responder at once.
+        let mut rev = Vec::new();
+        if self.bidir {
+            for _ in 0..self.rng.random_range(0..4u32) {
+                let len = self.rng.random_range(0..=8192u64);
+                if a_off + len > CAP || b_off + len > CAP {
+                    break;
+                }
+                let id = (1 << 40) | self.next_id;
+                self.next_id += 1;
+                let mem = self.pair.b.mrs_mut().bytes_mut(self.mb.0).unwrap();
+                for i in 0..len {
+                    mem[(b_off + i) as usize] = pat(seed, id, i);
+                }
+                self.pair
+                    .a
+                    .post_recv(
+                        self.a.qpn,
+                        RecvWr {
+                            wr_id: id,
+                            sg_list: sge(self.ma, a_off, len),
+                        },
+                    )
+                    .unwrap();
+                self.pair
+                    .b
+                    .post_send(self.b.qpn, SendWr::send(id, sge(self.mb, b_off, len)))
+                    .unwrap();
+                rev.push((id, len, a_off));
+                a_off = (a_off + len + 7) & !7;
+                b_off = (b_off + len + 7) & !7;
+            }
+        }
+        // Late receives: the responder has no receive WQE at first, so SENDs meet RNR NAKs.
+        let late = self.rng.random_bool(0.25);
+        if !late {
+            for r in recvs.drain(..) {
+                self.pair.b.post_recv(self.b.qpn, r).unwrap();
+            }
+        }
         let (a, b) = (self.a, self.b);
         let mut wa = Vec::new();
         let mut wb = Vec::new();
+        let mut wa_recv = Vec::new();
+        let mut wb_send = Vec::new();
+        let mut steps = 0u64;
         let done = self.pair.drive_until(50_000_000, |p| {
-            wa.extend(core::iter::from_fn(|| p.a.poll_cq(a.cq)));
-            wb.extend(core::iter::from_fn(|| p.b.poll_cq(b.cq)));
+            steps += 1;
+            if steps == 300 {
+                for r in recvs.drain(..) {
+                    p.b.post_recv(b.qpn, r).unwrap();
+                }
+            }
+            for w in core::iter::from_fn(|| p.a.poll_cq(a.cq)) {
+                if w.opcode == WcOpcode::Recv {
+                    wa_recv.push(w)
+                } else {
+                    wa.push(w)
+                }
+            }
+            for w in core::iter::from_fn(|| p.b.poll_cq(b.cq)) {
+                if w.opcode == WcOpcode::Send {
+                    wb_send.push(w)
+                } else {
+                    wb.push(w)
+                }
+            }
             let a_err = p.a.qp(a.qpn).unwrap().state() == QpState::Err;
-            (wa.len() == msgs.len() && wb.len() == want_b) || (a_err && wa.len() == msgs.len())
+            (wa.len() == msgs.len()
+                && wb.len() == want_b
+                && wa_recv.len() == rev.len()
+                && wb_send.len() == rev.len())
+                || (a_err && wa.len() == msgs.len())
         });
         assert!(
             done,
@@ -278,6 +333,29 @@ impl Run {
             self.pair.stats,
             self.pair.a.qp(a.qpn).unwrap().counters()
         );
+        if self.pair.a.qp(a.qpn).unwrap().state() != QpState::Err {
+            // The reverse direction: exactly once, in order, byte-identical.
+            let ids: Vec<u64> = wb_send.iter().map(|w| w.wr_id).collect();
+            let want: Vec<u64> = rev.iter().map(|r| r.0).collect();
+            assert_eq!(ids, want, "seed {seed}: reverse sends");
+            assert!(
+                wb_send.iter().all(|w| w.status == WcStatus::Success),
+                "seed {seed}"
+            );
+            let ids: Vec<u64> = wa_recv.iter().map(|w| w.wr_id).collect();
+            assert_eq!(ids, want, "seed {seed}: reverse receives");
+            let mem = self.pair.a.mrs().bytes(self.ma.0).unwrap();
+            for (w, &(id, len, off)) in wa_recv.iter().zip(&rev) {
+                assert_eq!(u64::from(w.byte_len), len, "seed {seed}");
+                for i in 0..len {
+                    assert_eq!(
+                        mem[(off + i) as usize],
+                        pat(seed, id, i),
+                        "seed {seed}: reverse {id}"
+                    );
+                }
+            }
+        }
         assert_ne!(
             self.pair.b.qp(b.qpn).unwrap().state(),
             QpState::Err,
@@ -373,8 +451,13 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 /// Runs `messages` messages on `seed`; returns (completed, failure).
-fn run_seed(seed: u64, messages: u64, scale: u64, retry_cnt: u8) -> Outcome {
-    let link = link_for(seed);
+fn run_seed(seed: u64, messages: u64, scale: u64, retry_cnt: u8, reorder: bool) -> Outcome {
+    let mut link = link_for(seed);
+    if !reorder {
+        // Loss only: retries then run out on timeouts alone, deep into the run.
+        link.reorder = 0.0;
+        link.dup = 0.0;
+    }
     let cfg = RcConfig {
         retry_cnt,
         timeout: 8,
@@ -382,6 +465,8 @@ fn run_seed(seed: u64, messages: u64, scale: u64, retry_cnt: u8) -> Outcome {
     };
     println!("seed {seed}: link {link:?}, retry_cnt {retry_cnt}, {messages} messages");
     let mut run = Run::new(seed, link, &cfg, scale);
+    // Reverse traffic only where retries never run out: a failed A would stall B forever.
+    run.bidir = retry_cnt == 7;
     let mut total = Outcome::default();
     while total.completed < messages {
         let n = (messages - total.completed).min(24);
@@ -389,6 +474,10 @@ fn run_seed(seed: u64, messages: u64, scale: u64, retry_cnt: u8) -> Outcome {
         total.completed += o.completed;
         if o.failed_at.is_some() {
             total.failed_at = o.failed_at;
+            println!(
+                "seed {seed}: requester counters at the failure: {:?}",
+                run.pair.a.qp(run.a.qpn).unwrap().counters()
+            );
             let st = run.pair.a.qp(run.a.qpn).unwrap().state();
             assert_eq!(
                 st,
@@ -419,7 +508,7 @@ fn random_schedules_complete_exactly_once_in_order() {
     let messages = env_u64("ROCE_SIM_MESSAGES").unwrap_or(messages);
     for seed in seeds(&[1, 2, 3, 4]) {
         // retry_cnt 7 retries forever (rxe), so every WR must succeed.
-        let o = run_seed(seed, messages, scale, 7);
+        let o = run_seed(seed, messages, scale, 7, true);
         assert_eq!(o.failed_at, None, "seed {seed}");
         assert!(o.completed >= messages, "seed {seed}");
     }
@@ -431,8 +520,10 @@ fn random_schedules_with_few_retries_end_in_err_with_the_right_statuses() {
     for seed in seeds(&[11, 12, 13]) {
         // retry_cnt 2 over a lossy link: either all succeed or the QP fails cleanly; the
         // statuses are checked in `batch`.
-        let o = run_seed(seed, messages, 16, 2);
-        println!("seed {seed}: outcome {o:?}");
+        for reorder in [true, false] {
+            let o = run_seed(seed, messages, 16, 2, reorder);
+            println!("seed {seed}: reorder {reorder}, outcome {o:?}");
+        }
     }
 }
 
@@ -441,7 +532,7 @@ fn random_schedules_with_few_retries_end_in_err_with_the_right_statuses() {
 fn full_10k_messages_release() {
     let messages = env_u64("ROCE_SIM_MESSAGES").unwrap_or(10_000);
     for seed in seeds(&[101]) {
-        let o = run_seed(seed, messages, 1, 7);
+        let o = run_seed(seed, messages, 1, 7, true);
         assert_eq!(o.failed_at, None, "seed {seed}");
     }
 }

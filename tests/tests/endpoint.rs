@@ -358,8 +358,10 @@ fn qpns_are_not_stolen() {
     let ifname = pair.a.ifname.clone();
     let qpns = netns::in_netns(&ns, move || {
         let dev = Device::open(&ifname, &DeviceOptions::default()).unwrap();
+        let pd = dev.alloc_pd().unwrap();
         let cq = dev.create_cq(16).unwrap();
         let init = QpInit {
+            pd,
             qp_type: QpType::Rc,
             send_cq: cq,
             recv_cq: cq,
@@ -428,12 +430,14 @@ fn remote_loss_ends_in_retry_exceeded_and_others_keep_going() {
     let outcome = netns::in_netns(&a.netns, move || -> Result<Vec<String>, String> {
         let e = |e: &dyn std::fmt::Display| e.to_string();
         let dev = Device::open(&ifname, &DeviceOptions::default()).map_err(|x| e(&x))?;
+        let pd = dev.alloc_pd().map_err(|x| e(&x))?;
         let cq = dev.create_cq(1024).map_err(|x| e(&x))?;
         let gid = dev.info().default_gid_index(true);
         let local_gid = dev.gid(gid).map_err(|x| e(&x))?;
         let mut peers = Vec::new();
         for (ip, port) in [(b_ip, 18600u16), (c_ip, 18601)] {
             let init = QpInit {
+                pd,
                 qp_type: QpType::Rc,
                 send_cq: cq,
                 recv_cq: cq,
@@ -445,7 +449,9 @@ fn remote_loss_ends_in_retry_exceeded_and_others_keep_going() {
                 sq_sig_all: true,
             };
             let qpn = dev.create_qp(init).map_err(|x| e(&x))?;
-            let mr = dev.reg_mr(4096, Access::LOCAL_WRITE).map_err(|x| e(&x))?;
+            let mr = dev
+                .reg_mr(pd, 4096, Access::LOCAL_WRITE)
+                .map_err(|x| e(&x))?;
             dev.mr_write(mr.lkey, 0, &pattern(0, 4096))
                 .map_err(|x| e(&x))?;
             let init_attr = QpAttr {

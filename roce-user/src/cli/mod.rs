@@ -5,9 +5,9 @@
 
 mod demo;
 mod r#gen;
+mod impair;
 mod perf;
 mod pingpong;
-mod impair;
 mod plot;
 mod xdp;
 

@@ -139,6 +139,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
             ..DeviceOptions::default()
         },
     )?;
+    let pd = dev.alloc_pd()?;
     let gid_idx = a
         .gid_idx
         .unwrap_or_else(|| dev.info().default_gid_index(true));
@@ -151,6 +152,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     let mut qps = Vec::new();
     for q in 0..a.qps {
         let qpn = dev.create_qp(QpInit {
+            pd,
             qp_type: QpType::Rc,
             send_cq: cq,
             recv_cq: cq,
@@ -161,8 +163,8 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
             },
             sq_sig_all: true,
         })?;
-        let mr = dev.reg_mr(size as usize, remote_access)?;
-        let local = dev.reg_mr(size as usize, Access::LOCAL_WRITE)?;
+        let mr = dev.reg_mr(pd, size as usize, remote_access)?;
+        let local = dev.reg_mr(pd, size as usize, Access::LOCAL_WRITE)?;
         // The exposed buffer starts with the pattern (READ sources it, WRITE/SEND overwrite it
         // with the same pattern from the client's local buffer).
         if client || a.op == PerfOp::Read {

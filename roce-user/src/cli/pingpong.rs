@@ -126,15 +126,17 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
             ..DeviceOptions::default()
         },
     )?;
+    let pd = dev.alloc_pd()?;
     let gid_idx = a
         .gid_idx
         .unwrap_or_else(|| dev.info().default_gid_index(true));
     let local_gid = dev.gid(gid_idx)?;
     dev.check_path_mtu(a.mtu, local_gid.ip.is_ipv6())?;
     let size = a.size as usize;
-    let mr = dev.reg_mr(size, Access::LOCAL_WRITE)?;
+    let mr = dev.reg_mr(pd, size, Access::LOCAL_WRITE)?;
     let cq = dev.create_cq((a.rx_depth + 1) as usize)?;
     let qpn = dev.create_qp(QpInit {
+        pd,
         qp_type: QpType::Rc,
         send_cq: cq,
         recv_cq: cq,

@@ -3,6 +3,7 @@
 //!
 //! Some events have a name in both drivers (rxe `out_of_seq_request`, mlx5 `out_of_sequence`);
 //! both are kept so dashboards written for either keep working. The device struct holds the
-//! per-device events plus the sum of every QP's counters ([`crate::transport::Device::counters`]).
+//! per-device events ([`crate::transport::Device::device_counters`]); the sum of every QP's
+//! counters is [`crate::transport::Device::qp_counters`].
 
 pub use roce_common::counters::{DeviceCounters, QpCounters};

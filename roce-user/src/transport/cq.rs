@@ -115,6 +115,8 @@ pub struct Cq {
     depth: usize,
     overflowed: bool,
     lost: u64,
+    /// Armed by `ibv_req_notify_cq`: `Some(solicited_only)`.
+    notify: Option<bool>,
 }
 
 /// A completion could not be queued: the CQ is full.
@@ -131,6 +133,25 @@ impl Cq {
             depth,
             overflowed: false,
             lost: 0,
+            notify: None,
+        }
+    }
+
+    /// Arms a one-shot notification for the next completion (`ibv_req_notify_cq`); with
+    /// `solicited_only`, only for a receive of a solicited message or an error completion.
+    pub fn req_notify(&mut self, solicited_only: bool) {
+        self.notify = Some(solicited_only);
+    }
+
+    /// Disarms and reports whether a completion with these properties fires the armed
+    /// notification (IBA 11.4.2.2).
+    pub(crate) fn take_notify(&mut self, solicited: bool, error: bool) -> bool {
+        match self.notify {
+            Some(only) if !only || solicited || error => {
+                self.notify = None;
+                true
+            }
+            _ => false,
         }
     }
 

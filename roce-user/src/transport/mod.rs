@@ -27,6 +27,25 @@
 //! [`DeviceConfig::max_cqe`] entries (48 B each), [`DeviceConfig::max_events`] async events,
 //! and one 4 KiB scratch buffer.
 
+//! # Deviations from rxe, on purpose
+//! - An RNR NAK also suppresses PSN NAKs for the packets behind it until the retried request
+//!   arrives (rxe would also send a PSN sequence NAK for the next packet of the same gap), and
+//!   it restarts the transport retry count (the RNR retry count goes on).
+//! - A NAK for the gap a retry already covers starts no second retry (rxe's `started_retry`
+//!   applied to NAKs as well as implied NAKs).
+//!
+//! # Testing
+//! - `transport::tests` (unit): one test per responder, completer and requester rule of
+//!   reference/roce-v2.md §2, named after the rule (`resp_*`, `comp_*`, `req_*`, `recv_*`).
+//! - [`sim`]: the deterministic two-endpoint simulator (quinn-proto's `Pair`), public so that
+//!   `roce-user/tests/` can use it.
+//! - `roce-user/tests/transport_sim.rs`: seeded random schedules; replay a seed with
+//!   `ROCE_SIM_SEED=<seed>`, set the count with `ROCE_SIM_MESSAGES=<n>`; the full 10,000-message
+//!   run is `cargo test --release -p roce-user --test transport_sim -- --ignored`.
+//! - `roce-user/tests/transport_props.rs`: property tests of the PSN window and segmentation.
+//! - `roce-user/fuzz/fuzz_targets/responder.rs`:
+//!   `cargo +nightly fuzz run --fuzz-dir roce-user/fuzz responder -- -max_total_time=20`.
+
 pub mod counters;
 pub mod cq;
 pub mod ids;
@@ -40,14 +59,14 @@ mod tests;
 pub mod timer;
 pub mod wr;
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use roce_common::opcode::{Opcode, Transport};
 
 pub use self::counters::{DeviceCounters, QpCounters};
 pub use self::cq::{Cq, CqId, CqOverflow, Wc, WcFlags, WcOpcode, WcStatus};
 pub use self::ids::{LKey, Msn, PKey, Psn, QKey, Qpn, RKey};
-pub use self::mr::{Access, AccessError, MrError, MrInfo, MrTable, Sge};
+pub use self::mr::{Access, AccessError, MrError, MrInfo, MrTable, PdId, Sge};
 pub use self::pkt::{PktHdr, RxPkt};
 pub use self::qp::{PostError, Qp, QpCap, QpInit};
 pub use self::state::{AttrMask, ModifyError, Mtu, QpAttr, QpState, QpType};
@@ -58,13 +77,22 @@ use crate::wire::{Ecn, IpPath, emit_frame, parse_frame};
 /// The path a QP's frames take (its address vector): MACs, IPs, UDP ports, DSCP/ECN, TTL.
 pub type Path = crate::wire::PathRepr;
 
-/// Buffers handed to [`Device::poll_transmit`] must hold this many bytes: the largest frame
-/// (Ethernet + 2 VLAN tags + IPv6 + UDP + BTH + the largest extended headers + 4096 B + ICRC).
-pub const MAX_FRAME_LEN: usize = 14 + 8 + 40 + 8 + 12 + 28 + 4096 + 4;
+/// The largest frame a QP with path MTU `mtu` sends: Ethernet + 2 VLAN tags + IPv6 + UDP + BTH
+/// + the largest extended headers + `mtu` payload bytes + ICRC.
+#[must_use]
+pub const fn max_frame_len(mtu: Mtu) -> usize {
+    14 + 8 + 40 + 8 + 12 + 28 + mtu.bytes() as usize + 4
+}
+
+/// A buffer of this many bytes holds any frame the transport sends ([`max_frame_len`] at
+/// MTU 4096).
+pub const MAX_FRAME_LEN: usize = max_frame_len(Mtu::Mtu4096);
 
 /// Limits of a device (`struct ibv_device_attr`, the part roce-xdp enforces).
 #[derive(Clone, Debug)]
 pub struct DeviceConfig {
+    /// Protection domains.
+    pub max_pd: usize,
     /// QPs.
     pub max_qp: usize,
     /// Memory regions (at most 65535).
@@ -86,14 +114,12 @@ pub struct DeviceConfig {
     pub key_seed: [u8; 32],
     /// The first QP number handed out (rxe: `RXE_MIN_QP_INDEX` 16).
     pub first_qpn: u32,
-    /// Size of the buffers the caller hands to [`Device::poll_transmit`]: at most
-    /// [`MAX_FRAME_LEN`]; an AF_XDP frame of 4096 bytes holds path MTUs up to 2048.
-    pub max_frame_len: usize,
 }
 
 impl Default for DeviceConfig {
     fn default() -> Self {
         Self {
+            max_pd: 1024,
             max_qp: 1024,
             max_mr: 4096,
             max_cq: 1024,
@@ -104,7 +130,6 @@ impl Default for DeviceConfig {
             max_events: 256,
             key_seed: [0; 32],
             first_qpn: 16,
-            max_frame_len: MAX_FRAME_LEN,
         }
     }
 }
@@ -123,6 +148,11 @@ pub enum Event {
     SqDrained {
         /// The QP.
         qpn: Qpn,
+    },
+    /// A completion event on an armed CQ (what `ibv_get_cq_event` returns).
+    CqNotify {
+        /// The CQ.
+        cq: CqId,
     },
     /// `IBV_EVENT_CQ_ERR`: a completion did not fit in the CQ.
     CqOverflow {
@@ -143,6 +173,15 @@ pub enum DeviceError {
     /// No such QP.
     #[error("no queue pair {0:?}")]
     NoSuchQp(Qpn),
+    /// No such protection domain.
+    #[error("no protection domain {0:?}")]
+    NoSuchPd(PdId),
+    /// `max_pd` PDs exist.
+    #[error("too many protection domains (max {0})")]
+    TooManyPds(usize),
+    /// The PD still has memory regions or QPs.
+    #[error("protection domain {0:?} is in use")]
+    PdInUse(PdId),
     /// No such CQ.
     #[error("no completion queue {0:?}")]
     NoSuchCq(CqId),
@@ -191,13 +230,19 @@ impl Ctx<'_> {
     }
 
     /// Queues a completion; on overflow raises [`Event::CqOverflow`] once and returns false.
-    pub(crate) fn push_wc(&mut self, cq: CqId, wc: Wc) -> bool {
+    /// `solicited` says the completed receive carried BTH.SE.
+    pub(crate) fn push_wc(&mut self, cq: CqId, wc: Wc, solicited: bool) -> bool {
         let Some(c) = self.cqs.cqs.get_mut(cq.0 as usize) else {
             return false;
         };
         let was = c.overflowed();
         match c.push(wc) {
-            Ok(()) => true,
+            Ok(()) => {
+                if c.take_notify(solicited, wc.status != WcStatus::Success) {
+                    self.event(Event::CqNotify { cq });
+                }
+                true
+            }
             Err(CqOverflow) => {
                 if !was {
                     self.event(Event::CqOverflow { cq });
@@ -212,6 +257,8 @@ impl Ctx<'_> {
 #[derive(Debug)]
 pub struct Device {
     config: DeviceConfig,
+    pds: BTreeSet<u32>,
+    next_pd: u32,
     mrs: MrTable,
     cqs: CqTable,
     qps: BTreeMap<u32, Qp>,
@@ -227,6 +274,8 @@ impl Device {
     #[must_use]
     pub fn new(config: DeviceConfig) -> Self {
         Self {
+            pds: BTreeSet::new(),
+            next_pd: 1,
             mrs: MrTable::new(config.max_mr, config.key_seed),
             cqs: CqTable::default(),
             qps: BTreeMap::new(),
@@ -241,13 +290,55 @@ impl Device {
 
     // -------------------------------------------------------------- resources
 
-    /// Registers `buf` at iova `iova` (`ibv_reg_mr`). The device owns the memory until
-    /// [`Device::dereg_mr`] gives it back.
+    /// Allocates a protection domain (`ibv_alloc_pd`).
     ///
     /// # Errors
-    /// [`MrError`] if the table is full or the range or rights are invalid.
-    pub fn reg_mr(&mut self, buf: Vec<u8>, iova: u64, access: Access) -> Result<MrInfo, MrError> {
-        self.mrs.register(buf, iova, access)
+    /// [`DeviceError::TooManyPds`].
+    pub fn alloc_pd(&mut self) -> Result<PdId, DeviceError> {
+        if self.pds.len() >= self.config.max_pd {
+            return Err(DeviceError::TooManyPds(self.config.max_pd));
+        }
+        while self.pds.contains(&self.next_pd) || self.next_pd == 0 {
+            self.next_pd = self.next_pd.wrapping_add(1);
+        }
+        let pd = self.next_pd;
+        self.pds.insert(pd);
+        self.next_pd = self.next_pd.wrapping_add(1);
+        Ok(PdId(pd))
+    }
+
+    /// Frees a protection domain that no region or QP uses (`ibv_dealloc_pd`).
+    ///
+    /// # Errors
+    /// [`DeviceError::NoSuchPd`] or [`DeviceError::PdInUse`].
+    pub fn dealloc_pd(&mut self, pd: PdId) -> Result<(), DeviceError> {
+        if !self.pds.contains(&pd.0) {
+            return Err(DeviceError::NoSuchPd(pd));
+        }
+        if self.mrs.uses_pd(pd) || self.qps.values().any(|q| q.init.pd == pd) {
+            return Err(DeviceError::PdInUse(pd));
+        }
+        self.pds.remove(&pd.0);
+        Ok(())
+    }
+
+    /// Registers `buf` at iova `iova` in `pd` (`ibv_reg_mr`). The device owns the memory
+    /// until [`Device::dereg_mr`] gives it back.
+    ///
+    /// # Errors
+    /// [`DeviceError`] if the PD does not exist, the table is full, or the range or rights
+    /// are invalid.
+    pub fn reg_mr(
+        &mut self,
+        pd: PdId,
+        buf: Vec<u8>,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrInfo, DeviceError> {
+        if !self.pds.contains(&pd.0) {
+            return Err(DeviceError::NoSuchPd(pd));
+        }
+        Ok(self.mrs.register(pd, buf, iova, access)?)
     }
 
     /// Deregisters a region (`ibv_dereg_mr`); safe while operations using it are in flight.
@@ -292,6 +383,19 @@ impl Device {
         self.cqs.cqs.get_mut(cq.0 as usize)?.pop()
     }
 
+    /// Arms `cq` for one [`Event::CqNotify`] (`ibv_req_notify_cq`).
+    ///
+    /// # Errors
+    /// [`DeviceError::NoSuchCq`].
+    pub fn req_notify_cq(&mut self, cq: CqId, solicited_only: bool) -> Result<(), DeviceError> {
+        self.cqs
+            .cqs
+            .get_mut(cq.0 as usize)
+            .ok_or(DeviceError::NoSuchCq(cq))?
+            .req_notify(solicited_only);
+        Ok(())
+    }
+
     /// A CQ, to inspect its length or overflow state.
     #[must_use]
     pub fn cq(&self, cq: CqId) -> Option<&Cq> {
@@ -305,6 +409,9 @@ impl Device {
     pub fn create_qp(&mut self, init: QpInit) -> Result<Qpn, DeviceError> {
         if self.qps.len() >= self.config.max_qp {
             return Err(DeviceError::TooManyQps(self.config.max_qp));
+        }
+        if !self.pds.contains(&init.pd.0) {
+            return Err(DeviceError::NoSuchPd(init.pd));
         }
         for cq in [init.send_cq, init.recv_cq] {
             if self.cq(cq).is_none() {
@@ -504,45 +611,57 @@ impl Device {
         }
     }
 
-    /// Writes the next frame to send into `buf` (which must hold [`DeviceConfig::max_frame_len`]
-    /// bytes) and
-    /// says how long it is, or `None` when nothing is ready. Call after every input until it
-    /// returns `None`. QPs are served round-robin; on each, responses (ACK/NAK, READ
-    /// responses, atomic ACKs) go before new requests.
+    /// Writes the next frame to send into `buf` and says how long it is, or `None` when
+    /// nothing is ready. Call after every input until it returns `None`. Only QPs whose
+    /// largest frame ([`max_frame_len`] of their path MTU) fits in `buf` are served, so a
+    /// 4 KiB UMEM frame serves every QP with a path MTU up to 2048. QPs are served
+    /// round-robin; on each, responses (ACK/NAK, READ responses, atomic ACKs) go before new
+    /// requests.
     #[must_use]
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
-        if buf.len() < self.config.max_frame_len {
-            return None;
-        }
-        let start = self.rr;
-        let keys: Vec<u32> = self
-            .qps
-            .range(start.saturating_add(1)..)
-            .chain(self.qps.range(..=start))
-            .map(|(k, _)| *k)
-            .collect();
-        let (qps, mut ctx, scratch) = self.split();
-        for k in keys {
-            let Some(qp) = qps.get_mut(&k) else { continue };
-            while let Some(out) = qp.poll_transmit(now, &mut ctx, scratch) {
-                let path = match out.ud_path.or(qp.attr.ah_attr) {
-                    Some(p) => p,
-                    None => {
+        use core::ops::Bound::{Excluded, Included, Unbounded};
+        let Self {
+            qps,
+            mrs,
+            cqs,
+            events,
+            counters,
+            scratch,
+            config,
+            rr,
+            ..
+        } = self;
+        let mut ctx = Ctx {
+            mrs,
+            cqs,
+            events,
+            max_events: config.max_events,
+            counters,
+        };
+        let start = *rr;
+        // Round-robin: the QPs after the last one served, then the rest.
+        for range in [(Excluded(start), Unbounded), (Unbounded, Included(start))] {
+            for (&k, qp) in qps.range_mut(range) {
+                if max_frame_len(qp.attr.path_mtu) > buf.len() {
+                    continue;
+                }
+                while let Some(out) = qp.poll_transmit(now, &mut ctx, scratch) {
+                    let Some(path) = out.ud_path.or(qp.attr.ah_attr) else {
                         qp.counters.send_err += 1;
                         continue;
+                    };
+                    let repr = out.hdr.to_repr();
+                    match emit_frame(&path, &repr, &scratch[..out.payload_len], buf) {
+                        Ok(size) => {
+                            ctx.counters.sent_pkts += 1;
+                            *rr = k;
+                            return Some(Transmit {
+                                size,
+                                qpn: Qpn::new(k),
+                            });
+                        }
+                        Err(_) => qp.counters.send_err += 1,
                     }
-                };
-                let repr = out.hdr.to_repr();
-                match emit_frame(&path, &repr, &scratch[..out.payload_len], buf) {
-                    Ok(size) => {
-                        ctx.counters.sent_pkts += 1;
-                        self.rr = k;
-                        return Some(Transmit {
-                            size,
-                            qpn: Qpn::new(k),
-                        });
-                    }
-                    Err(_) => qp.counters.send_err += 1,
                 }
             }
         }

@@ -61,6 +61,11 @@ impl fmt::Debug for Access {
     }
 }
 
+/// A protection domain (`ibv_alloc_pd`): a QP reaches only the regions of its own PD, locally
+/// and remotely (IBA 10.2.3); a key of another PD behaves as an invalid key.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
+pub struct PdId(pub u32);
+
 /// What a registration returns: the keys and the address range of the region.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct MrInfo {
@@ -74,6 +79,8 @@ pub struct MrInfo {
     pub len: u64,
     /// The rights granted.
     pub access: Access,
+    /// The protection domain.
+    pub pd: PdId,
 }
 
 /// Why a registration or a deregistration failed.
@@ -113,6 +120,7 @@ pub enum AccessError {
 }
 
 struct Mr {
+    pd: PdId,
     iova: u64,
     buf: Box<[u8]>,
     access: Access,
@@ -168,7 +176,13 @@ impl MrTable {
     ///
     /// # Errors
     /// [`MrError`] if the table is full, the range overflows, or the rights are inconsistent.
-    pub fn register(&mut self, buf: Vec<u8>, iova: u64, access: Access) -> Result<MrInfo, MrError> {
+    pub fn register(
+        &mut self,
+        pd: PdId,
+        buf: Vec<u8>,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrInfo, MrError> {
         let len = buf.len() as u64;
         if iova.checked_add(len).is_none() {
             return Err(MrError::RangeOverflow { iova, len });
@@ -188,6 +202,7 @@ impl MrTable {
         self.last_bits[slot] = (lb, rb);
         let hi = ((slot as u32) + 1) << 16;
         let mr = Mr {
+            pd,
             iova,
             buf: buf.into_boxed_slice(),
             access,
@@ -201,6 +216,7 @@ impl MrTable {
             iova,
             len,
             access,
+            pd,
         };
         self.slots[slot] = Some(mr);
         Ok(info)
@@ -236,6 +252,7 @@ impl MrTable {
             iova: m.iova,
             len: m.buf.len() as u64,
             access: m.access,
+            pd: m.pd,
         })
     }
 
@@ -252,12 +269,12 @@ impl MrTable {
 
     /// Invalidates the R_Key `rkey` (SEND with invalidate, IBA 10.6.5): remote accesses with it
     /// fail from now on. Returns whether a region had that valid R_Key.
-    pub fn invalidate_rkey(&mut self, rkey: RKey) -> bool {
+    pub fn invalidate_rkey(&mut self, pd: PdId, rkey: RKey) -> bool {
         let Some(slot) = slot_of(rkey.value()) else {
             return false;
         };
         match self.slots.get_mut(slot).and_then(Option::as_mut) {
-            Some(m) if m.rkey == rkey && m.rkey_valid => {
+            Some(m) if m.rkey == rkey && m.rkey_valid && m.pd == pd => {
                 m.rkey_valid = false;
                 true
             }
@@ -296,11 +313,17 @@ impl MrTable {
             .filter(|m| m.lkey == lkey)
     }
 
-    fn by_rkey_mut(&mut self, rkey: RKey) -> Option<&mut Mr> {
+    fn by_rkey_mut(&mut self, pd: PdId, rkey: RKey) -> Option<&mut Mr> {
         self.slots
             .get_mut(slot_of(rkey.value())?)?
             .as_mut()
-            .filter(|m| m.rkey == rkey && m.rkey_valid)
+            .filter(|m| m.rkey == rkey && m.rkey_valid && m.pd == pd)
+    }
+
+    /// Whether any region belongs to `pd`.
+    #[must_use]
+    pub fn uses_pd(&self, pd: PdId) -> bool {
+        self.slots.iter().flatten().any(|m| m.pd == pd)
     }
 
     fn range(m: &Mr, addr: u64, len: u64) -> Result<core::ops::Range<usize>, AccessError> {
@@ -320,12 +343,13 @@ impl MrTable {
     /// [`AccessError`] saying why the responder must NAK with a remote access error.
     pub fn check_remote(
         &mut self,
+        pd: PdId,
         rkey: RKey,
         va: u64,
         len: u64,
         need: Access,
     ) -> Result<(), AccessError> {
-        let m = self.by_rkey_mut(rkey).ok_or(AccessError::BadKey)?;
+        let m = self.by_rkey_mut(pd, rkey).ok_or(AccessError::BadKey)?;
         if !m.access.contains(need) {
             return Err(AccessError::NoRight);
         }
@@ -338,12 +362,13 @@ impl MrTable {
     /// [`AccessError`] if the key, the right or the range is wrong.
     pub fn remote_mut(
         &mut self,
+        pd: PdId,
         rkey: RKey,
         va: u64,
         len: u64,
         need: Access,
     ) -> Result<&mut [u8], AccessError> {
-        let m = self.by_rkey_mut(rkey).ok_or(AccessError::BadKey)?;
+        let m = self.by_rkey_mut(pd, rkey).ok_or(AccessError::BadKey)?;
         if !m.access.contains(need) {
             return Err(AccessError::NoRight);
         }
@@ -357,12 +382,16 @@ impl MrTable {
     /// [`AccessError`] if the key, the right or the range is wrong.
     pub fn local_mut(
         &mut self,
+        pd: PdId,
         lkey: LKey,
         addr: u64,
         len: u64,
         write: bool,
     ) -> Result<&mut [u8], AccessError> {
-        let m = self.by_lkey_mut(lkey).ok_or(AccessError::BadKey)?;
+        let m = self
+            .by_lkey_mut(lkey)
+            .filter(|m| m.pd == pd)
+            .ok_or(AccessError::BadKey)?;
         if write && !m.access.contains(Access::LOCAL_WRITE) {
             return Err(AccessError::NoRight);
         }
@@ -425,6 +454,7 @@ fn sg_walk(
 /// [`AccessError`] if an entry names a bad key or range, or the list is too short.
 pub fn sg_gather(
     mrs: &mut MrTable,
+    pd: PdId,
     sges: &[Sge],
     offset: u64,
     out: &mut [u8],
@@ -432,7 +462,7 @@ pub fn sg_gather(
     let len = out.len();
     sg_walk(sges, offset, len, |s, off, take, done| {
         let addr = s.addr.checked_add(off).ok_or(AccessError::OutOfBounds)?;
-        let src = mrs.local_mut(s.lkey, addr, take as u64, false)?;
+        let src = mrs.local_mut(pd, s.lkey, addr, take as u64, false)?;
         out[done..done + take].copy_from_slice(src);
         Ok(())
     })
@@ -444,13 +474,14 @@ pub fn sg_gather(
 /// [`AccessError`] if an entry names a bad key, right or range, or the list is too short.
 pub fn sg_scatter(
     mrs: &mut MrTable,
+    pd: PdId,
     sges: &[Sge],
     offset: u64,
     data: &[u8],
 ) -> Result<(), AccessError> {
     sg_walk(sges, offset, data.len(), |s, off, take, done| {
         let addr = s.addr.checked_add(off).ok_or(AccessError::OutOfBounds)?;
-        let dst = mrs.local_mut(s.lkey, addr, take as u64, true)?;
+        let dst = mrs.local_mut(pd, s.lkey, addr, take as u64, true)?;
         dst.copy_from_slice(&data[done..done + take]);
         Ok(())
     })
@@ -460,6 +491,25 @@ pub fn sg_scatter(
 mod tests {
     use super::*;
 
+    const P: PdId = PdId(1);
+
+    #[test]
+    fn another_pd_sees_an_invalid_key() {
+        let mut t = table();
+        let a = t.register(P, vec![0; 8], 0, Access::all()).unwrap();
+        let other = PdId(2);
+        assert_eq!(
+            t.check_remote(other, a.rkey, 0, 8, Access::REMOTE_READ),
+            Err(AccessError::BadKey)
+        );
+        assert_eq!(
+            t.local_mut(other, a.lkey, 0, 8, false).err(),
+            Some(AccessError::BadKey)
+        );
+        assert!(!t.invalidate_rkey(other, a.rkey));
+        assert!(t.uses_pd(P) && !t.uses_pd(other));
+    }
+
     fn table() -> MrTable {
         MrTable::new(4, [7; 32])
     }
@@ -467,18 +517,18 @@ mod tests {
     #[test]
     fn keys_are_distinct_and_stale_keys_fail_after_reregistration() {
         let mut t = table();
-        let a = t.register(vec![0; 64], 0x1000, Access::all()).unwrap();
+        let a = t.register(P, vec![0; 64], 0x1000, Access::all()).unwrap();
         assert_ne!(a.lkey.value(), a.rkey.value());
         t.deregister(a.lkey).unwrap();
-        let b = t.register(vec![0; 64], 0x1000, Access::all()).unwrap();
+        let b = t.register(P, vec![0; 64], 0x1000, Access::all()).unwrap();
         assert_ne!(a.rkey, b.rkey);
         assert_ne!(a.lkey, b.lkey);
         assert_eq!(
-            t.check_remote(a.rkey, 0x1000, 8, Access::REMOTE_READ),
+            t.check_remote(P, a.rkey, 0x1000, 8, Access::REMOTE_READ),
             Err(AccessError::BadKey)
         );
         assert!(
-            t.check_remote(b.rkey, 0x1000, 8, Access::REMOTE_READ)
+            t.check_remote(P, b.rkey, 0x1000, 8, Access::REMOTE_READ)
                 .is_ok()
         );
     }
@@ -487,26 +537,26 @@ mod tests {
     fn bounds_checks_are_overflow_safe() {
         let mut t = table();
         let a = t
-            .register(vec![0; 64], u64::MAX - 64, Access::all())
+            .register(P, vec![0; 64], u64::MAX - 64, Access::all())
             .unwrap();
         assert!(
-            t.check_remote(a.rkey, u64::MAX - 64, 64, Access::REMOTE_WRITE)
+            t.check_remote(P, a.rkey, u64::MAX - 64, 64, Access::REMOTE_WRITE)
                 .is_ok()
         );
         assert_eq!(
-            t.check_remote(a.rkey, u64::MAX - 1, 2, Access::REMOTE_WRITE),
+            t.check_remote(P, a.rkey, u64::MAX - 1, 2, Access::REMOTE_WRITE),
             Err(AccessError::OutOfBounds)
         );
         assert_eq!(
-            t.check_remote(a.rkey, u64::MAX, u64::MAX, Access::REMOTE_WRITE),
+            t.check_remote(P, a.rkey, u64::MAX, u64::MAX, Access::REMOTE_WRITE),
             Err(AccessError::OutOfBounds)
         );
         assert_eq!(
-            t.check_remote(a.rkey, 0, 1, Access::REMOTE_WRITE),
+            t.check_remote(P, a.rkey, 0, 1, Access::REMOTE_WRITE),
             Err(AccessError::OutOfBounds)
         );
         assert!(matches!(
-            t.register(vec![0; 2], u64::MAX, Access::all()),
+            t.register(P, vec![0; 2], u64::MAX, Access::all()),
             Err(MrError::RangeOverflow { .. })
         ));
     }
@@ -515,16 +565,16 @@ mod tests {
     fn access_rights_are_enforced() {
         let mut t = table();
         assert_eq!(
-            t.register(vec![0; 8], 0, Access::REMOTE_WRITE),
+            t.register(P, vec![0; 8], 0, Access::REMOTE_WRITE),
             Err(MrError::NeedsLocalWrite)
         );
-        let a = t.register(vec![0; 8], 0, Access::REMOTE_READ).unwrap();
+        let a = t.register(P, vec![0; 8], 0, Access::REMOTE_READ).unwrap();
         assert_eq!(
-            t.check_remote(a.rkey, 0, 8, Access::REMOTE_WRITE),
+            t.check_remote(P, a.rkey, 0, 8, Access::REMOTE_WRITE),
             Err(AccessError::NoRight)
         );
         assert_eq!(
-            t.local_mut(a.lkey, 0, 8, true).err(),
+            t.local_mut(P, a.lkey, 0, 8, true).err(),
             Some(AccessError::NoRight)
         );
     }
@@ -532,26 +582,26 @@ mod tests {
     #[test]
     fn invalidate_then_revalidate() {
         let mut t = table();
-        let a = t.register(vec![0; 8], 0, Access::all()).unwrap();
-        assert!(t.invalidate_rkey(a.rkey));
-        assert!(!t.invalidate_rkey(a.rkey));
+        let a = t.register(P, vec![0; 8], 0, Access::all()).unwrap();
+        assert!(t.invalidate_rkey(P, a.rkey));
+        assert!(!t.invalidate_rkey(P, a.rkey));
         assert_eq!(
-            t.check_remote(a.rkey, 0, 8, Access::REMOTE_READ),
+            t.check_remote(P, a.rkey, 0, 8, Access::REMOTE_READ),
             Err(AccessError::BadKey)
         );
         let k = t.revalidate_rkey(a.lkey).unwrap();
         assert_ne!(k, a.rkey);
-        assert!(t.check_remote(k, 0, 8, Access::REMOTE_READ).is_ok());
+        assert!(t.check_remote(P, k, 0, 8, Access::REMOTE_READ).is_ok());
     }
 
     #[test]
     fn table_is_bounded() {
         let mut t = table();
         for _ in 0..4 {
-            t.register(vec![0; 1], 0, Access::empty()).unwrap();
+            t.register(P, vec![0; 1], 0, Access::empty()).unwrap();
         }
         assert_eq!(
-            t.register(vec![0; 1], 0, Access::empty()),
+            t.register(P, vec![0; 1], 0, Access::empty()),
             Err(MrError::TableFull(4))
         );
     }
@@ -559,8 +609,8 @@ mod tests {
     #[test]
     fn scatter_gather_across_entries() {
         let mut t = table();
-        let a = t.register(vec![0; 8], 100, Access::LOCAL_WRITE).unwrap();
-        let b = t.register(vec![0; 8], 200, Access::LOCAL_WRITE).unwrap();
+        let a = t.register(P, vec![0; 8], 100, Access::LOCAL_WRITE).unwrap();
+        let b = t.register(P, vec![0; 8], 200, Access::LOCAL_WRITE).unwrap();
         let sges = [
             Sge {
                 addr: 104,
@@ -573,14 +623,14 @@ mod tests {
                 lkey: b.lkey,
             },
         ];
-        sg_scatter(&mut t, &sges, 2, &[1, 2, 3, 4, 5]).unwrap();
+        sg_scatter(&mut t, P, &sges, 2, &[1, 2, 3, 4, 5]).unwrap();
         assert_eq!(t.bytes(a.lkey).unwrap(), &[0, 0, 0, 0, 0, 0, 1, 2]);
         assert_eq!(&t.bytes(b.lkey).unwrap()[..3], &[3, 4, 5]);
         let mut out = [0; 5];
-        sg_gather(&mut t, &sges, 2, &mut out).unwrap();
+        sg_gather(&mut t, P, &sges, 2, &mut out).unwrap();
         assert_eq!(out, [1, 2, 3, 4, 5]);
         assert_eq!(
-            sg_scatter(&mut t, &sges, 10, &[0; 3]),
+            sg_scatter(&mut t, P, &sges, 10, &[0; 3]),
             Err(AccessError::OutOfBounds)
         );
     }

@@ -10,7 +10,7 @@ use roce_common::opcode::{Opcode, Operation, Position, Transport};
 use super::counters::QpCounters;
 use super::cq::{CqId, Wc, WcFlags, WcOpcode, WcStatus};
 use super::ids::{Msn, Psn, Qpn, RKey};
-use super::mr::{Access, Sge, sg_gather, sg_len, sg_scatter};
+use super::mr::{Access, PdId, Sge, sg_gather, sg_len, sg_scatter};
 use super::pkt::{Aeth, AtomicEth, Deth, PktHdr, Reth, RxPkt, syndrome};
 use super::state::{AttrMask, Mtu, QpAttr, QpState, QpType};
 use super::timer::{Instant, Timer, TimerTable, local_ack_timeout, rnr_timer};
@@ -75,6 +75,8 @@ impl Default for QpCap {
 /// What `create_qp` needs (`struct ibv_qp_init_attr`).
 #[derive(Clone, Copy, Debug)]
 pub struct QpInit {
+    /// The protection domain: the QP reaches only this PD's memory regions.
+    pub pd: PdId,
     /// RC or UD.
     pub qp_type: QpType,
     /// CQ for send completions.
@@ -104,6 +106,9 @@ struct SendWqe {
     rcvd_pkts: u32,
     done: Option<WcStatus>,
 }
+
+/// Bytes of one send queue entry, without its SG list (documented in [`Qp`]).
+pub const SEND_WQE_SIZE: usize = core::mem::size_of::<SendWqe>();
 
 impl SendWqe {
     fn last_psn(&self) -> Option<Psn> {
@@ -147,6 +152,22 @@ struct Ctrl {
     msn: Msn,
 }
 
+/// Bytes of one responder resource (documented in [`Qp`]).
+pub const RESOURCE_SIZE: usize = core::mem::size_of::<Resource>();
+/// Bytes of one queued control response (documented in [`Qp`]).
+pub const CTRL_SIZE: usize = core::mem::size_of::<Ctrl>();
+
+// The memory bound documented on [`Qp`], checked at compile time (64-bit targets).
+#[cfg(target_pointer_width = "64")]
+const _: () = {
+    assert!(core::mem::size_of::<Qp>() <= 1024);
+    assert!(SEND_WQE_SIZE <= 184);
+    assert!(core::mem::size_of::<RecvWr>() <= 32);
+    assert!(core::mem::size_of::<Sge>() == 16);
+    assert!(RESOURCE_SIZE <= 64);
+    assert!(CTRL_SIZE <= 12);
+};
+
 /// A packet the QP wants sent: its headers, how many payload bytes it wrote into the scratch
 /// buffer, and the path (UD WRs carry their own).
 #[derive(Debug)]
@@ -160,13 +181,16 @@ pub(crate) struct OutPkt {
 /// device, which owns the memory regions and CQs the QP uses.
 ///
 /// # Memory bound
-/// A QP holds, whatever a peer sends: its send queue (`max_send_wr` WQEs of ~120 B plus their
-/// SG lists of at most `max_sge` × 16 B), its receive queue (`max_recv_wr` WQEs of ~40 B plus SG
-/// lists), at most `max_dest_rd_atomic` responder resources (~64 B each), at most
-/// [`MAX_PENDING_ACKS`] control responses (12 B each) and ~600 B of fixed state. With the
-/// defaults (256/256/4 SGEs, 16 resources) that is about 120 KiB per QP, all allocated on
-/// demand by the local application's posts; nothing a peer sends adds an entry to any of them
-/// except the resource ring, which is fixed-size.
+/// Measured on x86_64 (a `const` assertion below checks these limits at compile time):
+/// the fixed state is 672 B; a send WQE is 184 B plus 16 B per SGE; a receive WQE 32 B plus
+/// 16 B per SGE; a responder resource at most 64 B; a queued control response 12 B. The
+/// queues are bounded: at most `max_send_wr` send WQEs and `max_recv_wr` receive WQEs (both
+/// posted by the local application, never by a peer), at most `max_dest_rd_atomic` responder
+/// resources (a fixed ring; a peer asking for more gets NAK invalid request) and at most
+/// [`MAX_PENDING_ACKS`] control responses (newer ACKs replace older ones, NAKs beyond are
+/// counted in `ack_queue_full`). With the defaults (256 + 256 WRs of 4 SGEs, 16 resources) a
+/// QP holds at most 256 × 248 + 256 × 96 + 16 × 64 + 16 × 12 + 672 ≈ 88 KiB; nothing a peer
+/// sends can grow it.
 #[derive(Debug)]
 pub struct Qp {
     pub(crate) qpn: Qpn,
@@ -180,6 +204,8 @@ pub struct Qp {
     req_idx: usize,
     req_pkt: u32,
     next_psn: Psn,
+    /// One past the highest PSN ever sent: a go-back rewinds `next_psn`, not this.
+    sent_psn: Psn,
     noack_pkts: u32,
     rd_atomic_outstanding: u32,
     // completer
@@ -264,6 +290,7 @@ impl Qp {
             req_idx: 0,
             req_pkt: 0,
             next_psn: Psn::new(0),
+            sent_psn: Psn::new(0),
             noack_pkts: 0,
             rd_atomic_outstanding: 0,
             comp_psn: Psn::new(0),
@@ -405,6 +432,7 @@ impl Qp {
         if mask.contains(AttrMask::SQ_PSN) {
             a.sq_psn = attr.sq_psn;
             self.next_psn = attr.sq_psn;
+            self.sent_psn = attr.sq_psn;
             self.comp_psn = attr.sq_psn;
         }
         if mask.contains(AttrMask::MAX_QP_RD_ATOMIC) {
@@ -425,8 +453,10 @@ impl Qp {
         match to {
             QpState::Reset => self.reset(),
             QpState::Err => {
-                self.state = QpState::Rts;
-                self.enter_error(ctx);
+                if self.state != QpState::Err {
+                    // An explicit modify to ERR flushes but raises no QP_FATAL event.
+                    self.move_to_error(ctx, false);
+                }
             }
             QpState::Sqd => {
                 self.state = to;
@@ -489,14 +519,11 @@ impl Qp {
                 }
             }
         }
-        let npkts = match wr.op {
-            SendOp::Read { .. } | SendOp::Send | SendOp::SendWithImm { .. } => {
-                packets_for(len, self.mtu())
-            }
-            SendOp::SendWithInv { .. } | SendOp::Write { .. } | SendOp::WriteWithImm { .. } => {
-                packets_for(len, self.mtu())
-            }
-            SendOp::CompareSwap { .. } | SendOp::FetchAdd { .. } => 1,
+        // Atomics take one PSN; everything else one per path-MTU segment (at least one).
+        let npkts = if wr.op.is_atomic() {
+            1
+        } else {
+            packets_for(len, self.mtu())
         };
         let wqe = SendWqe {
             wr,
@@ -537,8 +564,8 @@ impl Qp {
 
     // ---------------------------------------------------------------- completions
 
-    fn push_wc(&mut self, cq: CqId, wc: Wc, ctx: &mut Ctx<'_>) -> bool {
-        if ctx.push_wc(cq, wc) {
+    fn push_wc(&mut self, cq: CqId, wc: Wc, solicited: bool, ctx: &mut Ctx<'_>) -> bool {
+        if ctx.push_wc(cq, wc, solicited) {
             true
         } else {
             self.counters.cq_overflow += 1;
@@ -592,7 +619,7 @@ impl Qp {
             || status != WcStatus::Success;
         if signaled {
             let wc = self.send_wc(&wqe, status);
-            if !self.push_wc(self.init.send_cq, wc, ctx) && self.state != QpState::Err {
+            if !self.push_wc(self.init.send_cq, wc, false, ctx) && self.state != QpState::Err {
                 self.enter_error(ctx);
             }
         }
@@ -600,18 +627,24 @@ impl Qp {
 
     /// Moves the QP to ERR and flushes every outstanding WR (rxe `rxe_qp_error`).
     pub(crate) fn enter_error(&mut self, ctx: &mut Ctx<'_>) {
-        if self.state == QpState::Err {
-            return;
+        if self.state != QpState::Err {
+            self.move_to_error(ctx, true);
         }
+    }
+
+    fn move_to_error(&mut self, ctx: &mut Ctx<'_>, fatal: bool) {
         let from = self.state;
         self.state = QpState::Err;
         self.timers.stop_all();
         self.resources.clear();
         self.rnr_wait = false;
-        ctx.event(Event::QpFatal {
-            qpn: self.qpn,
-            from,
-        });
+        self.in_msg = None;
+        if fatal {
+            ctx.event(Event::QpFatal {
+                qpn: self.qpn,
+                from,
+            });
+        }
         self.flush(ctx);
     }
 
@@ -632,7 +665,7 @@ impl Qp {
                 src_qp: Qpn::new(0),
                 wc_flags: WcFlags::default(),
             };
-            self.push_wc(self.init.recv_cq, wc, ctx);
+            self.push_wc(self.init.recv_cq, wc, false, ctx);
         }
         self.req_idx = 0;
         self.req_pkt = 0;
@@ -651,7 +684,7 @@ impl Qp {
     // ---------------------------------------------------------------- timers
 
     fn arm_retransmit(&mut self, now: Instant, restart: bool) {
-        if self.comp_psn == self.next_psn {
+        if self.comp_psn == self.sent_psn {
             self.timers.stop(Timer::Retransmit);
             return;
         }
@@ -670,7 +703,7 @@ impl Qp {
             self.timers.stop(t);
             match t {
                 Timer::Retransmit => {
-                    if self.comp_psn == self.next_psn || !self.state.requester_ready() {
+                    if self.comp_psn == self.sent_psn || !self.state.requester_ready() {
                         continue;
                     }
                     self.counters.local_ack_timeout_err += 1;
@@ -691,7 +724,7 @@ impl Qp {
     /// Starts a retry from `comp_psn` if retries remain, else fails the head WR with
     /// RETRY_EXC_ERR (rxe_comp.c `COMPST_ERROR_RETRY`; retry_cnt 7 retries forever as in rxe).
     fn retry(&mut self, now: Instant, ctx: &mut Ctx<'_>, implied: bool) {
-        if self.comp_psn == self.next_psn {
+        if self.comp_psn == self.sent_psn {
             return;
         }
         if implied {
@@ -699,6 +732,8 @@ impl Qp {
                 return;
             }
             self.retry_guard = Some(self.comp_psn);
+        } else {
+            self.retry_guard = None;
         }
         if self.retry_left == 0 {
             self.counters.retry_exceeded_err += 1;
@@ -728,6 +763,23 @@ impl Qp {
                 self.noack_pkts = 0;
                 return;
             }
+        }
+        // `psn` is past every started WQE: continue with the first one not started.
+        self.req_idx = self
+            .sq
+            .iter()
+            .position(|w| w.first_psn.is_none())
+            .unwrap_or(self.sq.len());
+        self.req_pkt = 0;
+        self.next_psn = psn;
+        self.noack_pkts = 0;
+    }
+
+    /// After an acknowledgement moved `comp_psn` past the requester (it had gone back and
+    /// the peer already had those packets), skip what is acknowledged instead of resending it.
+    fn skip_acked(&mut self) {
+        if self.comp_psn.distance(self.next_psn) > 0 {
+            self.go_back(self.comp_psn);
         }
     }
 
@@ -789,6 +841,7 @@ impl Qp {
                 && syndrome & syndrome::TYPE_MASK == syndrome::ACK
             {
                 *last = c;
+                self.counters.ack_deferred += 1;
                 return;
             }
             self.counters.ack_queue_full += 1;
@@ -811,7 +864,9 @@ impl Qp {
         };
         let sges = wqe.wr.sg_list.clone();
         let se = wqe.wr.flags.contains(super::wr::SendFlags::SOLICITED);
-        if len > scratch.len() || sg_gather(ctx.mrs, &sges, 0, &mut scratch[..len]).is_err() {
+        if len > scratch.len()
+            || sg_gather(ctx.mrs, self.init.pd, &sges, 0, &mut scratch[..len]).is_err()
+        {
             self.counters.send_err += 1;
             self.complete_head(WcStatus::LocProtErr, ctx);
             self.state = QpState::Sqe;
@@ -832,6 +887,7 @@ impl Qp {
         });
         self.next_psn = self.next_psn.next();
         self.comp_psn = self.next_psn;
+        self.sent_psn = self.next_psn;
         self.counters.sent_pkts += 1;
         self.complete_head(WcStatus::Success, ctx);
         Some(OutPkt {
@@ -959,7 +1015,14 @@ impl Qp {
                 }
                 payload_len = usize::try_from((wqe_len - off.min(wqe_len)).min(m)).unwrap_or(0);
                 if payload_len > scratch.len()
-                    || sg_gather(ctx.mrs, &sges, off, &mut scratch[..payload_len]).is_err()
+                    || sg_gather(
+                        ctx.mrs,
+                        self.init.pd,
+                        &sges,
+                        off,
+                        &mut scratch[..payload_len],
+                    )
+                    .is_err()
                 {
                     // rxe: a bad local SGE completes the WR with a local protection error.
                     // Earlier WRs may still be in flight: the failure is reported in order, when
@@ -1004,6 +1067,9 @@ impl Qp {
         let next = psn.wrapping_add(consumed);
         if next.distance(self.next_psn) > 0 {
             self.next_psn = next;
+        }
+        if next.distance(self.sent_psn) > 0 {
+            self.sent_psn = next;
         }
         if last {
             self.req_idx += 1;
@@ -1076,7 +1142,7 @@ impl Qp {
                     Ok(())
                 } else {
                     ctx.mrs
-                        .remote_mut(rkey, va, n, Access::REMOTE_READ)
+                        .remote_mut(self.init.pd, rkey, va, n, Access::REMOTE_READ)
                         .map(|src| scratch[..nn].copy_from_slice(src))
                 };
                 match read {

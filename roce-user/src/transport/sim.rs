@@ -11,8 +11,8 @@ use std::{cmp::Reverse, collections::BinaryHeap, net::Ipv4Addr};
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
 use super::{
-    Access, AttrMask, CqId, Device, DeviceConfig, Instant, MAX_FRAME_LEN, Mtu, Path, Psn, QpAttr,
-    QpCap, QpInit, QpState, QpType, Qpn,
+    Access, AttrMask, CqId, Device, DeviceConfig, Instant, MAX_FRAME_LEN, Mtu, Path, PdId, Psn,
+    QpAttr, QpCap, QpInit, QpState, QpType, Qpn,
 };
 use crate::wire::{EthernetAddress, IpPath, Opcode, PathRepr, ipv4, parse_frame};
 
@@ -370,6 +370,8 @@ impl Default for RcConfig {
 pub struct Endpoint {
     /// The QP.
     pub qpn: Qpn,
+    /// Its protection domain (register the memory it uses here).
+    pub pd: PdId,
     /// Its (send and receive) CQ.
     pub cq: CqId,
 }
@@ -381,9 +383,11 @@ pub struct Endpoint {
 /// If a device refuses (a bug in the transport or in `cfg`).
 pub fn connect_rc(pair: &mut Pair, cfg: &RcConfig) -> (Endpoint, Endpoint) {
     let mk = |d: &mut Device| {
+        let pd = d.alloc_pd().expect("alloc pd");
         let cq = d.create_cq(cfg.cq_depth).expect("create cq");
         let qpn = d
             .create_qp(QpInit {
+                pd,
                 qp_type: QpType::Rc,
                 send_cq: cq,
                 recv_cq: cq,
@@ -391,7 +395,7 @@ pub fn connect_rc(pair: &mut Pair, cfg: &RcConfig) -> (Endpoint, Endpoint) {
                 sq_sig_all: false,
             })
             .expect("create qp");
-        Endpoint { qpn, cq }
+        Endpoint { qpn, cq, pd }
     };
     let ea = mk(&mut pair.a);
     let eb = mk(&mut pair.b);

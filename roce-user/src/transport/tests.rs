@@ -19,6 +19,7 @@ const BASE: u64 = 0x1000;
 
 struct H {
     d: Device,
+    pd: PdId,
     qpn: Qpn,
     cq: CqId,
     now: Instant,
@@ -28,9 +29,11 @@ struct H {
 
 fn h_with(cfg: &RcConfig) -> H {
     let mut d = Device::new(DeviceConfig::default());
+    let pd = d.alloc_pd().unwrap();
     let cq = d.create_cq(cfg.cq_depth).unwrap();
     let qpn = d
         .create_qp(QpInit {
+            pd,
             qp_type: QpType::Rc,
             send_cq: cq,
             recv_cq: cq,
@@ -47,9 +50,10 @@ fn h_with(cfg: &RcConfig) -> H {
         Psn::new(RQ_PSN),
         cfg,
     );
-    let mr = d.reg_mr(vec![0; 1 << 18], BASE, Access::all()).unwrap();
+    let mr = d.reg_mr(pd, vec![0; 1 << 18], BASE, Access::all()).unwrap();
     H {
         d,
+        pd,
         qpn,
         cq,
         now: Instant::ZERO,
@@ -559,7 +563,7 @@ fn resp_rkey_violations_nak_remote_access_error() {
 fn resp_rkey_region_without_remote_write_right_is_remote_access_error() {
     let mut h = h();
     let ro =
-        h.d.reg_mr(vec![0; 64], 0x9000, Access::REMOTE_READ)
+        h.d.reg_mr(h.pd, vec![0; 64], 0x9000, Access::REMOTE_READ)
             .unwrap();
     h.rx(
         with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN), 0x9000, ro.rkey, 8),
@@ -804,9 +808,11 @@ fn recv_wrong_pkey_or_foreign_source_is_dropped() {
 #[test]
 fn recv_requests_before_rtr_are_dropped() {
     let mut d = Device::new(DeviceConfig::default());
+    let pd = d.alloc_pd().unwrap();
     let cq = d.create_cq(16).unwrap();
     let qpn = d
         .create_qp(QpInit {
+            pd,
             qp_type: QpType::Rc,
             send_cq: cq,
             recv_cq: cq,
@@ -1290,6 +1296,7 @@ fn comp_atomic_ack_delivers_the_original_value() {
 fn modify_enforces_the_state_table_and_masks() {
     let mut h = h();
     let qpn = h.d.create_qp(QpInit {
+        pd: h.pd,
         qp_type: QpType::Rc,
         send_cq: h.cq,
         recv_cq: h.cq,
@@ -1368,9 +1375,11 @@ fn modify_enforces_the_state_table_and_masks() {
 #[test]
 fn modify_ud_reset_to_init_requires_qkey() {
     let mut d = Device::new(DeviceConfig::default());
+    let pd = d.alloc_pd().unwrap();
     let cq = d.create_cq(16).unwrap();
     let qpn = d
         .create_qp(QpInit {
+            pd,
             qp_type: QpType::Ud,
             send_cq: cq,
             recv_cq: cq,
@@ -1521,9 +1530,11 @@ fn ud_send_carries_deth_and_qkey_and_the_receiver_gets_a_grh() {
     let mut qps = Vec::new();
     for side in [Side::A, Side::B] {
         let d = p.dev(side);
+        let pd = d.alloc_pd().unwrap();
         let cq = d.create_cq(16).unwrap();
         let qpn = d
             .create_qp(QpInit {
+                pd,
                 qp_type: QpType::Ud,
                 send_cq: cq,
                 recv_cq: cq,
@@ -1547,7 +1558,9 @@ fn ud_send_carries_deth_and_qkey_and_the_receiver_gets_a_grh() {
         a.qp_state = QpState::Rts;
         d.modify_qp(qpn, &a, AttrMask::STATE | AttrMask::SQ_PSN)
             .unwrap();
-        let m = d.reg_mr(vec![0x33; 256], 0x1000, Access::all()).unwrap();
+        let m = d
+            .reg_mr(pd, vec![0x33; 256], 0x1000, Access::all())
+            .unwrap();
         qps.push((qpn, cq, m));
     }
     let (qa, ca, ma) = qps[0];
@@ -1602,9 +1615,11 @@ fn pair_send_write_read_atomic_end_to_end() {
     let (a, b) = connect_rc(&mut p, &RcConfig::default());
     let src: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
     let ma =
-        p.a.reg_mr(src.clone(), 0x1000, Access::LOCAL_WRITE)
+        p.a.reg_mr(a.pd, src.clone(), 0x1000, Access::LOCAL_WRITE)
             .unwrap();
-    let mb = p.b.reg_mr(vec![0; 8192], 0x1000, Access::all()).unwrap();
+    let mb =
+        p.b.reg_mr(b.pd, vec![0; 8192], 0x1000, Access::all())
+            .unwrap();
     p.b.post_recv(
         b.qpn,
         RecvWr {
@@ -1688,4 +1703,356 @@ fn pair_send_write_read_atomic_end_to_end() {
     let wb: Vec<_> = core::iter::from_fn(|| p.b.poll_cq(b.cq)).collect();
     assert_eq!(wb.len(), 1);
     assert_eq!(wb[0].byte_len, 5000);
+}
+
+#[test]
+fn explicit_modify_to_err_raises_no_fatal_event() {
+    let mut h = h();
+    let a: QpAttr<Path> = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    h.d.modify_qp(h.qpn, &a, AttrMask::STATE).unwrap();
+    assert_eq!(h.state(), QpState::Err);
+    assert_eq!(h.d.poll_event(), None);
+}
+
+#[test]
+fn sim_ce_marks_are_counted_by_the_receiving_qp() {
+    let link = Link {
+        ce: 1.0,
+        ..Link::default()
+    };
+    let mut p = Pair::new(9, DeviceConfig::default(), link);
+    let (a, b) = connect_rc(&mut p, &RcConfig::default());
+    let ma =
+        p.a.reg_mr(a.pd, vec![1; 4096], 0x1000, Access::empty())
+            .unwrap();
+    let mb =
+        p.b.reg_mr(b.pd, vec![0; 4096], 0x1000, Access::all())
+            .unwrap();
+    p.b.post_recv(
+        b.qpn,
+        RecvWr {
+            wr_id: 1,
+            sg_list: vec![Sge {
+                addr: 0x1000,
+                length: 4096,
+                lkey: mb.lkey,
+            }],
+        },
+    )
+    .unwrap();
+    let sg = vec![Sge {
+        addr: 0x1000,
+        length: 3000,
+        lkey: ma.lkey,
+    }];
+    p.a.post_send(a.qpn, SendWr::send(1, sg)).unwrap();
+    assert!(p.drive(1000));
+    let cb = *p.b.qp(b.qpn).unwrap().counters();
+    let ca = *p.a.qp(a.qpn).unwrap().counters();
+    assert_eq!(
+        cb.np_ecn_marked_roce_packets, 3,
+        "three SEND packets, all marked"
+    );
+    assert_eq!(ca.np_ecn_marked_roce_packets, 1, "one ACK back, marked");
+    assert_eq!(p.stats.ce_marked, 4);
+    assert_eq!(p.a.poll_cq(a.cq).unwrap().status, WcStatus::Success);
+}
+
+#[test]
+fn sim_corrupted_frames_fail_the_icrc_and_are_recovered_by_retransmission() {
+    let link = Link {
+        corrupt: 0.3,
+        ..Link::default()
+    };
+    let mut p = Pair::new(5, DeviceConfig::default(), link);
+    let (a, b) = connect_rc(&mut p, &RcConfig::default());
+    let src: Vec<u8> = (0..8192u32).map(|i| (i % 241) as u8).collect();
+    let ma =
+        p.a.reg_mr(a.pd, src.clone(), 0x1000, Access::empty())
+            .unwrap();
+    let mb =
+        p.b.reg_mr(b.pd, vec![0; 8192], 0x1000, Access::all())
+            .unwrap();
+    let sg = vec![Sge {
+        addr: 0x1000,
+        length: 8192,
+        lkey: ma.lkey,
+    }];
+    p.a.post_send(
+        a.qpn,
+        SendWr::new(
+            1,
+            SendOp::Write {
+                remote_addr: 0x1000,
+                rkey: mb.rkey,
+            },
+            sg,
+        ),
+    )
+    .unwrap();
+    assert!(p.drive(100_000));
+    assert_eq!(p.a.poll_cq(a.cq).unwrap().status, WcStatus::Success);
+    assert_eq!(p.b.mrs().bytes(mb.lkey).unwrap(), &src[..]);
+    let malformed = p.a.device_counters().rx_malformed + p.b.device_counters().rx_malformed;
+    assert!(p.stats.corrupted > 0 && malformed > 0);
+    let _ = b;
+}
+
+#[test]
+fn ud_local_error_moves_the_qp_to_sqe_and_rts_recovers_it() {
+    let mut d = Device::new(DeviceConfig::default());
+    let pd = d.alloc_pd().unwrap();
+    let cq = d.create_cq(16).unwrap();
+    let qpn = d
+        .create_qp(QpInit {
+            pd,
+            qp_type: QpType::Ud,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: QpCap::default(),
+            sq_sig_all: true,
+        })
+        .unwrap();
+    let mut a: QpAttr<Path> = QpAttr {
+        qp_state: QpState::Init,
+        qkey: QKey::new(7),
+        ..QpAttr::default()
+    };
+    d.modify_qp(
+        qpn,
+        &a,
+        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY,
+    )
+    .unwrap();
+    a.qp_state = QpState::Rtr;
+    d.modify_qp(qpn, &a, AttrMask::STATE).unwrap();
+    a.qp_state = QpState::Rts;
+    d.modify_qp(qpn, &a, AttrMask::STATE | AttrMask::SQ_PSN)
+        .unwrap();
+    let mut wr = SendWr::send(
+        1,
+        vec![Sge {
+            addr: 0,
+            length: 8,
+            lkey: LKey::new(0xdead_beef),
+        }],
+    );
+    wr.ud = Some(UdDest {
+        path: sim::path(Side::A),
+        remote_qpn: Qpn::new(5),
+        remote_qkey: QKey::new(7),
+    });
+    d.post_send(qpn, wr).unwrap();
+    let mut buf = vec![0; MAX_FRAME_LEN];
+    assert!(d.poll_transmit(Instant::ZERO, &mut buf).is_none());
+    assert_eq!(d.poll_cq(cq).unwrap().status, WcStatus::LocProtErr);
+    assert_eq!(d.qp(qpn).unwrap().state(), QpState::Sqe);
+    a.qp_state = QpState::Rts;
+    d.modify_qp(qpn, &a, AttrMask::STATE).unwrap();
+    assert_eq!(d.qp(qpn).unwrap().state(), QpState::Rts);
+}
+
+#[test]
+fn resp_solicited_event_fires_a_solicited_only_cq_notification() {
+    let mut h = h();
+    h.recv(1, 0, 64);
+    h.recv(2, 64, 64);
+    h.d.req_notify_cq(h.cq, true).unwrap();
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[1; 4]);
+    assert_eq!(h.d.poll_event(), None, "not solicited");
+    let mut p = hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1);
+    p.se = true;
+    h.rx(p, &[1; 4]);
+    assert_eq!(h.d.poll_event(), Some(Event::CqNotify { cq: h.cq }));
+    assert_eq!(h.wcs().len(), 2);
+    h.recv(3, 0, 64);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 2), &[1; 4]);
+    assert_eq!(h.d.poll_event(), None, "one-shot: disarmed after firing");
+}
+
+#[test]
+fn poll_transmit_serves_a_qp_only_if_its_largest_frame_fits() {
+    let mut h = h();
+    sends(&mut h, 1, 8);
+    let mut small = vec![0; max_frame_len(Mtu::Mtu512)];
+    assert!(
+        h.d.poll_transmit(h.now, &mut small).is_none(),
+        "MTU 1024 needs more"
+    );
+    let mut umem_frame = vec![0; 4096];
+    assert!(h.d.poll_transmit(h.now, &mut umem_frame).is_some());
+}
+
+#[test]
+fn comp_retry_resends_a_partially_acked_write_from_the_first_unacked_packet() {
+    let mut h = h();
+    let sg = h.sg(0, 5 * 1024);
+    h.d.post_send(
+        h.qpn,
+        SendWr::new(
+            1,
+            SendOp::Write {
+                remote_addr: 0x9000,
+                rkey: RKey::new(3),
+            },
+            sg,
+        ),
+    )
+    .unwrap();
+    assert_eq!(h.tx().len(), 5);
+    // The responder got PSN..PSN+1 and NAKs PSN+2 (rxe req_retry skips the acked packets).
+    h.rx(
+        aeth_hdr(
+            Opcode::RC_ACKNOWLEDGE,
+            SQ_PSN + 2,
+            syndrome::NAK_PSN_SEQ_ERROR,
+            0,
+        ),
+        &[],
+    );
+    let out = h.tx();
+    let got: Vec<(Opcode, u32)> = out.iter().map(|(h, _)| (h.opcode, h.psn.value())).collect();
+    assert_eq!(
+        got,
+        [
+            (Opcode::RC_RDMA_WRITE_MIDDLE, SQ_PSN + 2),
+            (Opcode::RC_RDMA_WRITE_MIDDLE, SQ_PSN + 3),
+            (Opcode::RC_RDMA_WRITE_LAST, SQ_PSN + 4)
+        ]
+    );
+    assert_eq!(
+        out[0].1,
+        h.mem(2048, 1024),
+        "the payload of the third packet"
+    );
+}
+
+#[test]
+fn comp_only_one_retry_sequence_at_a_time() {
+    let mut h = h_with(&RcConfig {
+        retry_cnt: 1,
+        ..RcConfig::default()
+    });
+    sends(&mut h, 3, 8);
+    let _ = h.tx();
+    let nak = aeth_hdr(
+        Opcode::RC_ACKNOWLEDGE,
+        SQ_PSN + 1,
+        syndrome::NAK_PSN_SEQ_ERROR,
+        1,
+    );
+    h.rx(nak, &[]);
+    assert_eq!(h.tx().len(), 2, "go back to PSN+1");
+    // A second NAK for the same gap (a duplicate) starts no second retry and costs none.
+    h.rx(nak, &[]);
+    assert!(h.tx().is_empty());
+    assert_eq!(h.state(), QpState::Rts);
+    assert_eq!(h.c().completer_retry_err, 1);
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 2, ACK, 3), &[]);
+    assert_eq!(h.wcs().len(), 3);
+}
+
+#[test]
+fn comp_local_ack_timeout_0_disables_the_timer() {
+    let mut h = h_with(&RcConfig {
+        timeout: 0,
+        ..RcConfig::default()
+    });
+    sends(&mut h, 1, 8);
+    let _ = h.tx();
+    assert_eq!(h.d.poll_timeout(), None);
+}
+
+#[test]
+fn comp_retry_cnt_7_retries_forever_as_rxe() {
+    let mut h = h_with(&RcConfig {
+        retry_cnt: 7,
+        timeout: 1,
+        ..RcConfig::default()
+    });
+    sends(&mut h, 1, 8);
+    let _ = h.tx();
+    for _ in 0..40 {
+        h.advance_to_timeout();
+        assert_eq!(h.tx().len(), 1);
+    }
+    assert_eq!(h.state(), QpState::Rts);
+    assert_eq!(h.c().local_ack_timeout_err, 40);
+}
+
+#[test]
+fn resp_length_reth_longer_than_2_31_is_invalid_request() {
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(
+            hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN),
+            BASE,
+            rkey,
+            (1 << 31) + 1,
+        ),
+        &[],
+    );
+    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN)]);
+}
+
+#[test]
+fn recv_opcode_of_another_transport_is_dropped() {
+    let mut h = h();
+    h.recv(1, 0, 64);
+    let mut p = hdr(Opcode::UD_SEND_ONLY, RQ_PSN);
+    p.deth = Some(Deth::default());
+    h.rx(p, &[0; 4]);
+    let mut p = hdr(Opcode::UC_SEND_ONLY, RQ_PSN);
+    p.ack_req = false;
+    h.rx(p, &[0; 4]);
+    assert!(h.tx().is_empty());
+    assert_eq!(h.c().rx_dropped, 2);
+    assert_eq!(h.d.qp(h.qpn).unwrap().expected_psn(), Psn::new(RQ_PSN));
+}
+
+#[test]
+fn resp_rnr_nak_stands_for_its_gap_until_the_retry() {
+    let mut h = h();
+    let mut f = hdr(Opcode::RC_SEND_ONLY, RQ_PSN);
+    f.ack_req = true;
+    h.rx(f, &[0; 8]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1), &[0; 8]);
+    assert_eq!(
+        h.acks(),
+        vec![(syndrome::RNR_NAK | 1, RQ_PSN)],
+        "no PSN NAK for the packet behind the RNR NAK"
+    );
+    h.recv(1, 0, 64);
+    h.recv(2, 64, 64);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[0; 8]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1), &[0; 8]);
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN), (ACK, RQ_PSN + 1)]);
+}
+
+#[test]
+fn resp_rkey_of_another_protection_domain_is_remote_access_error() {
+    let mut h = h();
+    let other = h.d.alloc_pd().unwrap();
+    let m =
+        h.d.reg_mr(other, vec![0; 64], 0x9000, Access::all())
+            .unwrap();
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN), 0x9000, m.rkey, 8),
+        &[0; 8],
+    );
+    assert_eq!(h.acks(), vec![(syndrome::NAK_REMOTE_ACCESS_ERROR, RQ_PSN)]);
+    assert!(matches!(
+        h.d.dealloc_pd(other),
+        Err(DeviceError::PdInUse(_))
+    ));
+    h.d.dereg_mr(m.lkey).unwrap();
+    h.d.dealloc_pd(other).unwrap();
+    assert!(matches!(
+        h.d.reg_mr(other, vec![], 0, Access::empty()),
+        Err(DeviceError::NoSuchPd(_))
+    ));
 }

@@ -100,7 +100,7 @@ impl TimerTable {
 }
 
 /// The local ACK timeout for the QP attribute `timeout` (0..=31): 4.096 µs × 2^timeout, or
-/// `None` for 0, which disables the timer (rxe_qp.c: "timeout = 4.096 * 2 ^ attr->timeout [us]").
+/// `None` for 0, which disables the timer (rxe_qp.c: "timeout = 4.096 * 2 ^ attr->timeout \[us\]").
 #[must_use]
 pub fn local_ack_timeout(timeout: u8) -> Option<Duration> {
     if timeout == 0 {

@@ -16,7 +16,7 @@ impl Qp {
         };
         let psn = pkt.hdr.psn;
         // A response for a PSN never sent is a ghost: drop it (rxe check_psn).
-        if psn.distance(self.next_psn) >= 0 {
+        if psn.distance(self.sent_psn) >= 0 {
             self.counters.rx_dropped += 1;
             return;
         }
@@ -135,6 +135,7 @@ impl Qp {
     }
 
     fn on_progress(&mut self, now: Instant, ctx: &mut Ctx<'_>) {
+        self.skip_acked();
         self.retry_left = self.attr.retry_cnt;
         self.rnr_left = self.attr.rnr_retry;
         self.retry_guard = None;
@@ -150,6 +151,9 @@ impl Qp {
 
     fn on_rnr_nak(&mut self, now: Instant, syn: u8, ctx: &mut Ctx<'_>) {
         self.counters.rcvd_rnr_err += 1;
+        // An RNR NAK is a valid answer, not a transport error: the transport retry count
+        // starts over, the RNR retry count goes on.
+        self.retry_left = self.attr.retry_cnt;
         if self.rnr_left == 0 {
             self.counters.retry_rnr_exceeded_err += 1;
             self.counters.rnr_nak_retry_err += 1;
@@ -174,8 +178,11 @@ impl Qp {
                 // Go back N from the NAK's PSN (it implicitly acked everything before).
                 self.counters.rcvd_seq_err += 1;
                 self.counters.packet_seq_err += 1;
-                self.retry_guard = None;
-                self.retry(now, ctx, false);
+                // Only one retry sequence at a time (rxe `started_retry`): a NAK for the gap a
+                // retry already covers, or one that arrives during the RNR wait, starts none.
+                if !self.rnr_wait {
+                    self.retry(now, ctx, true);
+                }
                 return;
             }
             syndrome::NAK_INVALID_REQUEST => {
@@ -229,7 +236,7 @@ impl Qp {
             return;
         }
         let sges: Vec<Sge> = w.wr.sg_list.clone();
-        if sg_scatter(ctx.mrs, &sges, off, pkt.payload).is_err() {
+        if sg_scatter(ctx.mrs, self.init.pd, &sges, off, pkt.payload).is_err() {
             self.complete_head(WcStatus::LocProtErr, ctx);
             self.enter_error(ctx);
             return;
@@ -260,7 +267,7 @@ impl Qp {
         };
         let sges: Vec<Sge> = w.wr.sg_list.clone();
         // The original value lands in host (little-endian) order, as rxe stores it.
-        if sg_scatter(ctx.mrs, &sges, 0, &orig.to_le_bytes()).is_err() {
+        if sg_scatter(ctx.mrs, self.init.pd, &sges, 0, &orig.to_le_bytes()).is_err() {
             self.complete_head(WcStatus::LocProtErr, ctx);
             self.enter_error(ctx);
             return;

@@ -53,7 +53,7 @@ impl Qp {
             Ok(()) => {}
             Err(Fatal { nak, status }) => {
                 if let Some(status) = status {
-                    self.complete_recv_head(status, 0, None, ctx);
+                    self.complete_recv_head(status, 0, None, false, ctx);
                 }
                 self.counters.resp_cqe_error += u64::from(status.is_some());
                 self.queue_ctrl(nak, psn);
@@ -67,6 +67,7 @@ impl Qp {
         status: WcStatus,
         byte_len: u64,
         extra: Option<(WcOpcode, Option<u32>, Option<RKey>)>,
+        solicited: bool,
         ctx: &mut Ctx<'_>,
     ) {
         let Some(r) = self.rq.pop_front() else {
@@ -91,7 +92,7 @@ impl Qp {
             src_qp: self.attr.dest_qp_num,
             wc_flags: flags,
         };
-        if !self.push_wc(self.init.recv_cq, wc, ctx) {
+        if !self.push_wc(self.init.recv_cq, wc, solicited, ctx) {
             self.enter_error(ctx);
         }
     }
@@ -145,6 +146,9 @@ impl Qp {
         if needs_rwqe && self.rq.is_empty() {
             self.counters.send_rnr_err += 1;
             self.counters.out_of_buffer += 1;
+            // The RNR NAK stands for the gap it opens: the packets behind it are dropped
+            // without a PSN NAK until the retried request arrives (one NAK per gap).
+            self.sent_psn_nak = true;
             self.queue_ctrl(syndrome::RNR_NAK | (self.attr.min_rnr_timer & 0x1f), psn);
             return Ok(());
         }
@@ -208,7 +212,7 @@ impl Qp {
             });
         }
         let sges = rwqe.sg_list.clone();
-        if sg_scatter(ctx.mrs, &sges, self.send_off, pkt.payload).is_err() {
+        if sg_scatter(ctx.mrs, self.init.pd, &sges, self.send_off, pkt.payload).is_err() {
             // A malformed receive WQE (bad local key/range): class A, remote operational error.
             return Err(Fatal {
                 nak: syndrome::NAK_REMOTE_OPERATIONAL_ERROR,
@@ -222,7 +226,7 @@ impl Qp {
         if matches!(pos, Position::Last | Position::Only) {
             self.in_msg = None;
             if let Some(rkey) = pkt.hdr.ieth
-                && !ctx.mrs.invalidate_rkey(rkey)
+                && !ctx.mrs.invalidate_rkey(self.init.pd, rkey)
             {
                 // rxe class J: the R_Key to invalidate is not valid.
                 return Err(Fatal {
@@ -235,6 +239,7 @@ impl Qp {
                 WcStatus::Success,
                 end,
                 Some((WcOpcode::Recv, pkt.hdr.imm, pkt.hdr.ieth)),
+                pkt.hdr.se,
                 ctx,
             );
         }
@@ -258,7 +263,7 @@ impl Qp {
             if len > 0
                 && ctx
                     .mrs
-                    .check_remote(reth.rkey, reth.va, len, Access::REMOTE_WRITE)
+                    .check_remote(self.init.pd, reth.rkey, reth.va, len, Access::REMOTE_WRITE)
                     .is_err()
             {
                 self.counters.resp_remote_access_errors += 1;
@@ -284,10 +289,13 @@ impl Qp {
             return Err(access(syndrome::NAK_INVALID_REQUEST));
         }
         if plen > 0 {
-            match ctx
-                .mrs
-                .remote_mut(self.write_rkey, self.write_va, plen, Access::REMOTE_WRITE)
-            {
+            match ctx.mrs.remote_mut(
+                self.init.pd,
+                self.write_rkey,
+                self.write_va,
+                plen,
+                Access::REMOTE_WRITE,
+            ) {
                 Ok(dst) => dst.copy_from_slice(pkt.payload),
                 Err(_) => {
                     self.counters.resp_remote_access_errors += 1;
@@ -305,6 +313,7 @@ impl Qp {
                     WcStatus::Success,
                     u64::from(self.write_len),
                     Some((WcOpcode::RecvRdmaWithImm, Some(imm), None)),
+                    pkt.hdr.se,
                     ctx,
                 );
             }
@@ -341,7 +350,7 @@ impl Qp {
         if len > 0
             && ctx
                 .mrs
-                .check_remote(reth.rkey, reth.va, len, Access::REMOTE_READ)
+                .check_remote(self.init.pd, reth.rkey, reth.va, len, Access::REMOTE_READ)
                 .is_err()
         {
             self.counters.resp_remote_access_errors += 1;
@@ -380,7 +389,7 @@ impl Qp {
         };
         if ctx
             .mrs
-            .check_remote(a.rkey, a.va, 8, Access::REMOTE_ATOMIC)
+            .check_remote(self.init.pd, a.rkey, a.va, 8, Access::REMOTE_ATOMIC)
             .is_err()
         {
             self.counters.resp_remote_access_errors += 1;
@@ -398,7 +407,10 @@ impl Qp {
         }
         self.take_resource_slot()?;
         let cas = pkt.hdr.opcode == Opcode::RC_COMPARE_SWAP;
-        let orig = match ctx.mrs.remote_mut(a.rkey, a.va, 8, Access::REMOTE_ATOMIC) {
+        let orig = match ctx
+            .mrs
+            .remote_mut(self.init.pd, a.rkey, a.va, 8, Access::REMOTE_ATOMIC)
+        {
             Ok(dst) => {
                 let mut b = [0u8; 8];
                 b.copy_from_slice(dst);
@@ -513,8 +525,8 @@ impl Qp {
         if sg_len(&sges) < GRH_LEN + plen {
             self.counters.resp_local_length_error += 1;
             status = WcStatus::LocLenErr;
-        } else if sg_scatter(ctx.mrs, &sges, 0, &[0u8; GRH_LEN as usize]).is_err()
-            || sg_scatter(ctx.mrs, &sges, GRH_LEN, pkt.payload).is_err()
+        } else if sg_scatter(ctx.mrs, self.init.pd, &sges, 0, &[0u8; GRH_LEN as usize]).is_err()
+            || sg_scatter(ctx.mrs, self.init.pd, &sges, GRH_LEN, pkt.payload).is_err()
         {
             status = WcStatus::LocProtErr;
         }
@@ -537,6 +549,6 @@ impl Qp {
             src_qp: deth.src_qp,
             wc_flags: flags,
         };
-        self.push_wc(self.init.recv_cq, wc, ctx);
+        self.push_wc(self.init.recv_cq, wc, pkt.hdr.se, ctx);
     }
 }
