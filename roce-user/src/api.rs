@@ -380,7 +380,8 @@ pub struct Device {
     engines: Vec<EngineThread<TransportHandler>>,
     loaded_here: bool,
     bind_modes: Vec<(u32, BindMode)>,
-    qpns: Mutex<Vec<u32>>,
+    qpns: Arc<Mutex<Vec<u32>>>,
+    live_id: u64,
     frame_size: u32,
     next_iova: Mutex<u64>,
 }
@@ -400,6 +401,65 @@ fn random_seed() -> Result<[u8; 32], ApiError> {
         .and_then(|mut f| f.read_exact(&mut seed))
         .map_err(os("reading /dev/urandom"))?;
     Ok(seed)
+}
+
+/// What must be undone for a device if the process has to exit without running destructors.
+#[derive(Debug)]
+struct LiveDevice {
+    id: u64,
+    ifname: String,
+    loaded_here: bool,
+    queues: Vec<u32>,
+    qpns: Arc<Mutex<Vec<u32>>>,
+}
+
+static LIVE: Mutex<Vec<LiveDevice>> = Mutex::new(Vec::new());
+static NEXT_LIVE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+
+fn register_live(mut d: LiveDevice) -> u64 {
+    d.id = NEXT_LIVE_ID.fetch_add(1, Ordering::Relaxed);
+    let id = d.id;
+    LIVE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(d);
+    id
+}
+
+fn unregister_live(id: u64) {
+    LIVE.lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .retain(|d| d.id != id);
+}
+
+/// Undoes what every open [`Device`] of this process set up in the kernel — its QPNs in the XDP
+/// QP map, its sockets in the XSK map, and roce_xdp itself where the device loaded it — without
+/// stopping its threads. Call it only right before the process exits on a signal, when the
+/// devices' destructors will not run (for example while blocked in an out-of-band `accept`).
+pub fn release_all_for_exit() {
+    let live = std::mem::take(
+        &mut *LIVE
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner),
+    );
+    for d in live {
+        let pins = Pins::new(&d.ifname);
+        if let Ok(mut xsks) = pins.xsks() {
+            for q in &d.queues {
+                let _ = xsks.unset(*q);
+            }
+        }
+        for n in d
+            .qpns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .drain(..)
+        {
+            let _ = pins.remove_qp(n);
+        }
+        if d.loaded_here {
+            let _ = loader::unload(&d.ifname);
+        }
+    }
 }
 
 /// Takes the per-interface lock (`/run/roce/<ifname>.lock`) that serialises QPN claims and the
@@ -492,6 +552,14 @@ impl Device {
             &stop,
         )
         .map_err(os("starting engine threads"))?;
+        let qpns = Arc::new(Mutex::new(Vec::new()));
+        let live_id = register_live(LiveDevice {
+            id: 0,
+            ifname: info.ifname.clone(),
+            loaded_here,
+            queues: bind_modes.iter().map(|(q, _)| *q).collect(),
+            qpns: Arc::clone(&qpns),
+        });
         let publisher = Publisher {
             shared: Arc::clone(&shared),
             pins: pins.clone(),
@@ -521,7 +589,8 @@ impl Device {
             engines,
             loaded_here,
             bind_modes,
-            qpns: Mutex::new(Vec::new()),
+            qpns,
+            live_id,
             frame_size: opts.xsk.frame_size,
             next_iova: Mutex::new(0x1000_0000),
             info,
@@ -903,6 +972,7 @@ impl Device {
         if std::mem::take(&mut self.loaded_here) {
             let _ = loader::unload(&self.info.ifname);
         }
+        unregister_live(self.live_id);
     }
 }
 

@@ -16,6 +16,6 @@ fn main() {
         } else {
             eprintln!("roce: error: {msg}");
         }
-        std::process::exit(1);
+        std::process::exit(if cli::interrupted() { 130 } else { 1 });
     }
 }

@@ -165,6 +165,16 @@ pub(crate) fn run(out: Output, count: u32, mode: AttachMode) -> anyhow::Result<(
         },
     )
     .context("creating the veth pair")?;
+    for ns in [pair.a.netns.clone(), pair.b.netns.clone()] {
+        super::on_signal_exit(move || {
+            let _ = netns::run("ip", &["netns", "del", &ns]);
+        });
+    }
+    for ifname in [pair.a.ifname.clone(), pair.b.ifname.clone()] {
+        super::on_signal_exit(move || {
+            let _ = loader::unload(&ifname);
+        });
+    }
     let say = |s: &str| {
         if !out.json {
             println!("{s}");
@@ -195,6 +205,9 @@ pub(crate) fn run(out: Output, count: u32, mode: AttachMode) -> anyhow::Result<(
     say("demo: RDMA between the endpoints (path MTU 2048, the largest an AF_XDP frame carries):");
     let mut rdma = Vec::new();
     for step in &STEPS {
+        if super::interrupted() {
+            bail!("interrupted");
+        }
         let r = run_step(&exe, &pair, step)?;
         say(&step_line(&r));
         rdma.push(r);

@@ -153,11 +153,59 @@ pub(crate) fn interrupted() -> bool {
     INTERRUPTED.get().is_some_and(|f| f.load(Ordering::Relaxed))
 }
 
-fn install_signal_flags() {
-    let flag = INTERRUPTED.get_or_init(|| Arc::new(AtomicBool::new(false)));
-    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
-        let _ = signal_hook::flag::register(sig, Arc::clone(flag));
-    }
+type Cleanup = Box<dyn FnOnce() + Send>;
+static CLEANUPS: std::sync::Mutex<Vec<Cleanup>> = std::sync::Mutex::new(Vec::new());
+
+/// Registers something to undo if the process must exit on a signal before its own destructors
+/// run (the demo's namespaces, say). Undo steps must be idempotent: the normal path runs too.
+pub(crate) fn on_signal_exit(f: impl FnOnce() + Send + 'static) {
+    CLEANUPS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner)
+        .push(Box::new(f));
+}
+
+/// How long a command may take to wind down on its own after SIGINT or SIGTERM.
+const SIGNAL_GRACE: std::time::Duration = std::time::Duration::from_secs(3);
+
+/// SIGINT and SIGTERM set the flag that long-running loops check; they stop and clean up on
+/// the way out. A command blocked elsewhere (waiting for a peer to connect) is ended after
+/// [`SIGNAL_GRACE`] or a second signal: the devices' kernel state and the registered cleanups
+/// are undone, and the process exits with 130.
+fn install_signal_handling() {
+    let flag = Arc::clone(INTERRUPTED.get_or_init(|| Arc::new(AtomicBool::new(false))));
+    let Ok(mut signals) = signal_hook::iterator::Signals::new([
+        signal_hook::consts::SIGINT,
+        signal_hook::consts::SIGTERM,
+    ]) else {
+        return;
+    };
+    let _ = std::thread::Builder::new()
+        .name("roce-signals".into())
+        .spawn(move || {
+            if signals.forever().next().is_none() {
+                return;
+            }
+            flag.store(true, Ordering::SeqCst);
+            let handle = signals.handle();
+            let second = std::thread::spawn(move || signals.forever().next().is_some());
+            let deadline = std::time::Instant::now() + SIGNAL_GRACE;
+            while std::time::Instant::now() < deadline && !second.is_finished() {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            handle.close();
+            roce::api::release_all_for_exit();
+            let cleanups = std::mem::take(
+                &mut *CLEANUPS
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
+            for c in cleanups.into_iter().rev() {
+                c();
+            }
+            eprintln!("roce: interrupted");
+            std::process::exit(130);
+        });
 }
 
 fn gids(out: Output, iface: &str) -> anyhow::Result<()> {
@@ -189,7 +237,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     if let Some(ns) = &cli.netns {
         roce::netns::enter(ns)?;
     }
-    install_signal_flags();
+    install_signal_handling();
     match cli.command {
         Command::Load {
             iface,

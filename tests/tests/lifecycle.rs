@@ -1,0 +1,212 @@
+//! Endpoint lifecycle: SIGTERM and SIGINT flush the QPs, detach what the process attached and
+//! remove its pins; after SIGKILL, `roce unload` recovers the interface, and a restarted
+//! endpoint serves again. Root; namespaces made here.
+
+use std::{
+    path::Path,
+    process::{Child, Command, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use roce::{
+    loader::pin_dir,
+    netns::{self, VethOptions, VethPair},
+};
+use roce_tests::{require_root, roce_bin, tag};
+
+struct Reaper(Child);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn(ns: &str, args: &str) -> Reaper {
+    Reaper(
+        Command::new(roce_bin())
+            .args(["--netns", ns])
+            .args(args.split_whitespace())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn roce"),
+    )
+}
+
+fn signal(c: &Child, sig: nix::sys::signal::Signal) {
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(c.id()).unwrap());
+    nix::sys::signal::kill(pid, sig).unwrap();
+}
+
+/// Waits up to `limit` for the child to exit; returns its exit code.
+fn wait_exit(r: &mut Reaper, limit: Duration) -> Option<i32> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(st) = r.0.try_wait().unwrap() {
+            return st.code();
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    None
+}
+
+fn wait_for(what: &str, limit: Duration, mut f: impl FnMut() -> bool) {
+    let deadline = Instant::now() + limit;
+    while !f() {
+        assert!(Instant::now() < deadline, "timed out waiting for {what}");
+        thread::sleep(Duration::from_millis(50));
+    }
+}
+
+fn xdp_attached(ns: &str, ifname: &str) -> bool {
+    let o = netns::ip_in(ns, &["-d", "link", "show", "dev", ifname]).unwrap();
+    String::from_utf8_lossy(&o.stdout).contains("prog/xdp")
+}
+
+#[test]
+fn sigterm_while_waiting_for_a_peer_leaves_nothing_behind() {
+    require_root();
+    let pair = VethPair::new(
+        &tag("lt"),
+        &VethOptions {
+            subnet: 91,
+            ..VethOptions::default()
+        },
+    )
+    .unwrap();
+    let b = pair.b.clone();
+    let mut server = spawn(&b.netns, &format!("pingpong -d {}", b.ifname));
+    wait_for(
+        "the server to load roce_xdp",
+        Duration::from_secs(10),
+        || pin_dir(&b.ifname).join("link").exists(),
+    );
+    assert!(xdp_attached(&b.netns, &b.ifname));
+    thread::sleep(Duration::from_millis(300)); // now blocked in accept()
+    signal(&server.0, nix::sys::signal::Signal::SIGTERM);
+    let code = wait_exit(&mut server, Duration::from_secs(8));
+    assert_eq!(code, Some(130), "exit code after SIGTERM");
+    assert!(!pin_dir(&b.ifname).exists(), "pins left behind");
+    assert!(
+        !xdp_attached(&b.netns, &b.ifname),
+        "XDP program left attached"
+    );
+}
+
+#[test]
+fn sigint_mid_transfer_flushes_and_detaches() {
+    require_root();
+    let pair = VethPair::new(
+        &tag("li"),
+        &VethOptions {
+            subnet: 92,
+            ..VethOptions::default()
+        },
+    )
+    .unwrap();
+    let (a, b) = (pair.a.clone(), pair.b.clone());
+    let mut server = spawn(
+        &b.netns,
+        &format!("perf write -D 30 -s 65536 -d {}", b.ifname),
+    );
+    thread::sleep(Duration::from_millis(500));
+    let mut client = spawn(
+        &a.netns,
+        &format!("perf write -D 30 -s 65536 -d {} {}", a.ifname, b.ipv4),
+    );
+    wait_for("traffic", Duration::from_secs(10), || {
+        Command::new(roce_bin())
+            .args(["stats", "-j", "-i", &b.ifname])
+            .output()
+            .ok()
+            .and_then(|o| serde_json::from_slice::<serde_json::Value>(&o.stdout).ok())
+            .and_then(|v| v["xdp"]["redirected"].as_u64())
+            .is_some_and(|n| n > 1000)
+    });
+    signal(&client.0, nix::sys::signal::Signal::SIGINT);
+    signal(&server.0, nix::sys::signal::Signal::SIGINT);
+    for (who, r) in [("client", &mut client), ("server", &mut server)] {
+        let code = wait_exit(r, Duration::from_secs(8));
+        assert!(
+            matches!(code, Some(130) | Some(1)),
+            "{who} exit code {code:?}"
+        );
+    }
+    for end in [&a, &b] {
+        assert!(
+            !pin_dir(&end.ifname).exists(),
+            "pins left on {}",
+            end.ifname
+        );
+        assert!(
+            !xdp_attached(&end.netns, &end.ifname),
+            "XDP left on {}",
+            end.ifname
+        );
+    }
+}
+
+#[test]
+fn after_sigkill_unload_recovers_and_a_restarted_endpoint_serves() {
+    require_root();
+    let pair = VethPair::new(
+        &tag("lk"),
+        &VethOptions {
+            subnet: 93,
+            ..VethOptions::default()
+        },
+    )
+    .unwrap();
+    let (a, b) = (pair.a.clone(), pair.b.clone());
+    let mut server = spawn(&b.netns, &format!("pingpong -d {}", b.ifname));
+    wait_for(
+        "the server to load roce_xdp",
+        Duration::from_secs(10),
+        || pin_dir(&b.ifname).join("link").exists(),
+    );
+    signal(&server.0, nix::sys::signal::Signal::SIGKILL);
+    let _ = wait_exit(&mut server, Duration::from_secs(5));
+    // The pinned link keeps roce_xdp attached; a new endpoint reuses it and its stale entries.
+    assert!(xdp_attached(&b.netns, &b.ifname));
+    let o = Command::new(roce_bin())
+        .args(["--netns", &b.netns, "load", "-i", &b.ifname])
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("already loaded"));
+    let server = spawn(&b.netns, &format!("pingpong -n 50 -d {}", b.ifname));
+    thread::sleep(Duration::from_millis(500));
+    let client = Command::new(roce_bin())
+        .args([
+            "--netns",
+            &a.netns,
+            "pingpong",
+            "-n",
+            "50",
+            "-d",
+            &a.ifname,
+            &b.ipv4.to_string(),
+        ])
+        .output()
+        .unwrap();
+    assert!(
+        client.status.success(),
+        "restarted endpoint: {}",
+        String::from_utf8_lossy(&client.stderr)
+    );
+    let mut server = server;
+    assert_eq!(wait_exit(&mut server, Duration::from_secs(10)), Some(0));
+    // The restarted server did not load the program, so it left it attached: unload recovers.
+    let o = Command::new(roce_bin())
+        .args(["unload", "-i", &b.ifname])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    assert!(!Path::new(&pin_dir(&b.ifname)).exists());
+    assert!(!xdp_attached(&b.netns, &b.ifname));
+    // The client loaded its own and removed it on exit.
+    assert!(!pin_dir(&a.ifname).exists());
+}
