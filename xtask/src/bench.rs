@@ -16,6 +16,7 @@ const BENCHES: &[(&str, &str, &str, bool)] = &[
     ("xdp", "roce-tests", "xdp", true),
     ("wire", "roce-user", "wire", false),
     ("xsk", "roce-tests", "xsk", true),
+    ("e2e", "roce-tests", "e2e", true),
 ];
 
 fn exists(package: &str, bench: &str) -> bool {
@@ -38,6 +39,15 @@ pub(crate) fn all(names: &[String]) -> anyhow::Result<()> {
             bail!("unknown benchmark {n:?}; known: {known:?}");
         }
     }
+    // The end-to-end benchmark runs the release `roce` binary.
+    run(cargo().args([
+        "build",
+        "--release",
+        "--package",
+        "roce-user",
+        "--bin",
+        "roce",
+    ]))?;
     let out_dir = root().join("target/bench");
     fs::create_dir_all(&out_dir)?;
     let mut rows = Vec::new();

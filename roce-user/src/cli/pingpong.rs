@@ -260,6 +260,9 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
         pending |= SEND_WRID;
     }
     let mut last_progress = Instant::now();
+    // Start of each iteration (each send the client posts), for round-trip percentiles.
+    let mut iter_starts: Vec<Instant> = Vec::with_capacity(a.iters as usize + 1);
+    iter_starts.push(Instant::now());
     while rcnt < a.iters || scnt < a.iters {
         if interrupted() {
             bail!("interrupted after {scnt} sends and {rcnt} receives");
@@ -332,10 +335,22 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
                     post_send(next)?;
                 }
                 pending = RECV_WRID | SEND_WRID;
+                iter_starts.push(Instant::now());
             }
         }
     }
     let usec = start.elapsed().as_secs_f64() * 1e6;
+    iter_starts.push(Instant::now());
+    let mut rtts: Vec<f64> = iter_starts
+        .windows(2)
+        .map(|w| (w[1] - w[0]).as_secs_f64() * 1e6)
+        .collect();
+    rtts.sort_by(f64::total_cmp);
+    let pct = |p: f64| {
+        rtts.get(((rtts.len().max(1) - 1) as f64 * p).round() as usize)
+            .copied()
+            .unwrap_or(0.0)
+    };
     let bytes = u64::from(a.size) * u64::from(a.iters) * 2;
     if bad > 0 {
         bail!(
@@ -356,6 +371,7 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
         "remote": { "qpn": remote.qpn.value(), "psn": remote.psn.value(), "gid": roce::cm::gid_to_ip(&remote.gid) },
         "bytes": bytes, "seconds": usec / 1e6, "mbit_per_sec": bytes as f64 * 8.0 / usec,
         "iters": a.iters, "usec_per_iter": usec / f64::from(a.iters), "checked": a.chk,
+        "latency_us": { "p50": pct(0.5), "p99": pct(0.99), "max": rtts.last().copied().unwrap_or(0.0) },
     });
     out.emit(&v, &text);
     drop(stream);

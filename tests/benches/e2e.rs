@@ -1,0 +1,246 @@
+//! `cargo xtask bench e2e`: the endpoint against a plain kernel UDP program over the same veth, in
+//! the same run. Needs root and the release `roce` binary (xtask builds it; or set ROCE_BIN).
+//!
+//! - WRITE goodput (`roce perf write -D`) for 64 B, 1 KiB, 64 KiB and 1 MiB messages, against a UDP
+//!   blaster whose datagrams carry the same payload per packet: the message size up to the
+//!   path MTU (2048), so neither side fragments. Goodput is what the receiver got.
+//! - Ping-pong round trip of 64-byte messages, p50 and p99: `roce pingpong` against a UDP echo.
+//!
+//! Each figure is the median of REPS runs, with min and max.
+
+use std::{
+    net::{SocketAddr, UdpSocket},
+    process::{Command, Stdio},
+    time::{Duration, Instant},
+};
+
+use roce::{
+    loader::{self, LoadOptions},
+    netns::{self, VethOptions, VethPair},
+};
+use roce_tests::{require_root, tag};
+use serde_json::{Value, json};
+
+const REPS: usize = 3;
+const SECS: f64 = 2.0;
+
+fn roce_bin() -> std::path::PathBuf {
+    std::env::var_os("ROCE_BIN").map_or_else(
+        || std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/release/roce"),
+        std::path::PathBuf::from,
+    )
+}
+
+fn pair_json(pair: &VethPair, args: &str) -> Value {
+    let server = Command::new(roce_bin())
+        .args(["-j", "--netns", &pair.b.netns])
+        .args(args.split_whitespace())
+        .args(["-d", &pair.b.ifname])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("server");
+    std::thread::sleep(Duration::from_millis(300));
+    let client = Command::new(roce_bin())
+        .args(["-j", "--netns", &pair.a.netns])
+        .args(args.split_whitespace())
+        .args(["-d", &pair.a.ifname, &pair.b.ipv4.to_string()])
+        .output()
+        .expect("client");
+    let s = server.wait_with_output().expect("server exit");
+    assert!(
+        client.status.success() && s.status.success(),
+        "{args}: {}{}",
+        String::from_utf8_lossy(&client.stdout),
+        String::from_utf8_lossy(&client.stderr)
+    );
+    serde_json::from_slice(&client.stdout).expect("client JSON")
+}
+
+/// UDP goodput in MB/s (2^20) with `payload`-byte datagrams sent flat out for SECS.
+fn udp_blast(pair: &VethPair, payload: usize) -> f64 {
+    let (a_ip, b_ip) = (pair.a.ipv4, pair.b.ipv4);
+    let rx = {
+        let ns = pair.b.netns.clone();
+        std::thread::spawn(move || {
+            netns::enter(&ns).unwrap();
+            let s = UdpSocket::bind(SocketAddr::from((b_ip, 9999))).unwrap();
+            let _ = nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::RcvBuf, &(8 << 20));
+            s.set_read_timeout(Some(Duration::from_millis(200)))
+                .unwrap();
+            let mut buf = vec![0u8; 65536];
+            let mut bytes = 0u64;
+            let mut first: Option<Instant> = None;
+            let mut last = Instant::now();
+            loop {
+                match s.recv(&mut buf) {
+                    Ok(n) => {
+                        first.get_or_insert_with(Instant::now);
+                        last = Instant::now();
+                        bytes += n as u64;
+                    }
+                    Err(_) if first.is_some() => break,
+                    Err(_) => {}
+                }
+            }
+            let secs = first.map_or(1.0, |f| (last - f).as_secs_f64().max(1e-6));
+            bytes as f64 / secs / 1_048_576.0
+        })
+    };
+    std::thread::sleep(Duration::from_millis(200));
+    let ns = pair.a.netns.clone();
+    netns::in_netns(&ns, move || {
+        let s = UdpSocket::bind(SocketAddr::from((a_ip, 0))).unwrap();
+        let buf = vec![0x5au8; payload];
+        let end = Instant::now() + Duration::from_secs_f64(SECS);
+        while Instant::now() < end {
+            for _ in 0..64 {
+                let _ = s.send_to(&buf, SocketAddr::from((b_ip, 9999)));
+            }
+        }
+    })
+    .unwrap();
+    rx.join().unwrap()
+}
+
+/// UDP echo round trips of 64 bytes: (p50, p99) in µs.
+fn udp_pingpong(pair: &VethPair, iters: usize) -> (f64, f64) {
+    let (a_ip, b_ip) = (pair.a.ipv4, pair.b.ipv4);
+    let ns_b = pair.b.netns.clone();
+    let echo = std::thread::spawn(move || {
+        netns::enter(&ns_b).unwrap();
+        let s = UdpSocket::bind(SocketAddr::from((b_ip, 9998))).unwrap();
+        s.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
+        let mut buf = [0u8; 64];
+        while let Ok((n, from)) = s.recv_from(&mut buf) {
+            let _ = s.send_to(&buf[..n], from);
+        }
+    });
+    std::thread::sleep(Duration::from_millis(100));
+    let ns_a = pair.a.netns.clone();
+    let mut rtts = netns::in_netns(&ns_a, move || {
+        let s = UdpSocket::bind(SocketAddr::from((a_ip, 0))).unwrap();
+        s.connect(SocketAddr::from((b_ip, 9998))).unwrap();
+        let mut buf = [0u8; 64];
+        let mut rtts = Vec::with_capacity(iters);
+        for _ in 0..iters {
+            let t = Instant::now();
+            s.send(&buf).unwrap();
+            s.recv(&mut buf).unwrap();
+            rtts.push(t.elapsed().as_secs_f64() * 1e6);
+        }
+        rtts
+    })
+    .unwrap();
+    echo.join().unwrap();
+    rtts.sort_by(f64::total_cmp);
+    (rtts[rtts.len() / 2], rtts[(rtts.len() * 99) / 100])
+}
+
+fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
+    v.sort_by(f64::total_cmp);
+    (v[v.len() / 2], v[0], v[v.len() - 1])
+}
+
+fn main() {
+    require_root();
+    assert!(
+        roce_bin().exists(),
+        "no roce binary at {} (cargo build --release -p roce-user)",
+        roce_bin().display()
+    );
+    let pair = VethPair::new(
+        &tag("be"),
+        &VethOptions {
+            mtu: 3000,
+            subnet: 95,
+            ..VethOptions::default()
+        },
+    )
+    .expect("veth");
+    for end in [&pair.a, &pair.b] {
+        let (ns, i) = (end.netns.clone(), end.ifname.clone());
+        let opts = LoadOptions {
+            netns: Some(ns.clone()),
+            ..LoadOptions::default()
+        };
+        netns::in_netns(&ns, move || loader::load(&i, &opts))
+            .unwrap()
+            .unwrap();
+    }
+    let mut rows = Vec::new();
+    let mut table = String::from(
+        "| measure | roce (median, min..max) | UDP baseline | ratio | target |\n|---|---|---|---|---|\n",
+    );
+    for size in [64usize, 1024, 65536, 1 << 20] {
+        let r: Vec<f64> = (0..REPS)
+            .map(|_| {
+                pair_json(
+                    &pair,
+                    &format!("perf write -s {size} -D {SECS} -m 2048 -t 128"),
+                )["bw_mb_per_sec"]
+                    .as_f64()
+                    .unwrap()
+            })
+            .collect();
+        let u: Vec<f64> = (0..REPS)
+            .map(|_| udp_blast(&pair, size.min(2048)))
+            .collect();
+        let ((rm, rmin, rmax), (um, _, _)) = (stats(r), stats(u));
+        let ratio = rm / um.max(1e-9);
+        let target = if size >= 1024 { "≥ 1.0x" } else { "-" };
+        let met = if size < 1024 {
+            ""
+        } else if ratio >= 1.0 {
+            " (met)"
+        } else {
+            " (NOT met)"
+        };
+        table.push_str(&format!("| WRITE goodput {size} B, MB/s | {rm:.1} ({rmin:.1}..{rmax:.1}) | {um:.1} | {ratio:.2}x | {target}{met} |\n"));
+        rows.push(json!({"name": format!("WRITE goodput {size} B"), "value": rm, "unit": "MB/s", "baseline": um, "ratio": ratio, "target": target, "min": rmin, "max": rmax}));
+    }
+    let mut p50s = Vec::new();
+    let mut p99s = Vec::new();
+    let mut u50s = Vec::new();
+    let mut u99s = Vec::new();
+    for _ in 0..REPS {
+        let v = pair_json(&pair, "pingpong -s 64 -n 2000");
+        p50s.push(v["latency_us"]["p50"].as_f64().unwrap());
+        p99s.push(v["latency_us"]["p99"].as_f64().unwrap());
+        let (u50, u99) = udp_pingpong(&pair, 2000);
+        u50s.push(u50);
+        u99s.push(u99);
+    }
+    for (name, r, u) in [("ping-pong p50", p50s, u50s), ("ping-pong p99", p99s, u99s)] {
+        let ((rm, rmin, rmax), (um, _, _)) = (stats(r), stats(u));
+        let ratio = rm / um.max(1e-9);
+        let target = if name.ends_with("p50") {
+            "≤ 1.0x"
+        } else {
+            "-"
+        };
+        let met = if target == "-" {
+            ""
+        } else if ratio <= 1.0 {
+            " (met)"
+        } else {
+            " (NOT met)"
+        };
+        table.push_str(&format!("| {name} 64 B, µs | {rm:.1} ({rmin:.1}..{rmax:.1}) | {um:.1} | {ratio:.2}x | {target}{met} |\n"));
+        rows.push(json!({"name": format!("{name} 64 B"), "value": rm, "unit": "us", "baseline": um, "ratio": ratio, "target": target, "min": rmin, "max": rmax}));
+    }
+    for end in [&pair.a, &pair.b] {
+        let _ = loader::unload(&end.ifname);
+    }
+    print!("{table}");
+    println!(
+        "(median of {REPS}; veth MTU 3000, path MTU 2048; UDP datagrams carry min(size, 2048) bytes)"
+    );
+    if let Some(dir) = std::env::var_os("ROCE_BENCH_OUT") {
+        std::fs::write(
+            std::path::Path::new(&dir).join("e2e.json"),
+            serde_json::to_string_pretty(&rows).unwrap(),
+        )
+        .unwrap();
+    }
+}
