@@ -36,7 +36,7 @@ use roce_common::maps::{
 
 pub use crate::transport::{
     Access, AttrMask, CqId, DeviceConfig, DeviceCounters, LKey, MrInfo, Mtu, Path, PdId, PostError,
-    QpAttr, QpCap, QpCounters, QpInit, QpState, QpType, Qpn, RKey, RecvWr, SendFlags, SendOp,
+    Psn, QpAttr, QpCap, QpCounters, QpInit, QpState, QpType, Qpn, RKey, RecvWr, SendFlags, SendOp,
     SendWr, Sge, Wc, WcFlags, WcOpcode, WcStatus,
 };
 use crate::{
@@ -114,6 +114,55 @@ pub enum ApiError {
 
 fn os(what: &'static str) -> impl FnOnce(std::io::Error) -> ApiError {
     move |source| ApiError::Os { what, source }
+}
+
+/// How an RC QP is connected: what `ibv_modify_qp` gets for RTR and RTS. [`RcConnect::new`]
+/// takes ibv_rc_pingpong's values (`pp_connect_ctx`), which perftest also uses.
+#[derive(Clone, Copy, Debug)]
+pub struct RcConnect {
+    /// The address vector to the peer.
+    pub path: Path,
+    /// Path MTU.
+    pub path_mtu: Mtu,
+    /// The peer's QP.
+    pub dest_qpn: Qpn,
+    /// The first PSN the peer sends (its SQ PSN): our RQ PSN.
+    pub rq_psn: Psn,
+    /// Our first PSN.
+    pub sq_psn: Psn,
+    /// READ/atomic responder resources.
+    pub max_dest_rd_atomic: u8,
+    /// Outstanding READ/atomics we may issue.
+    pub max_rd_atomic: u8,
+    /// RNR NAK timer code we advertise.
+    pub min_rnr_timer: u8,
+    /// Local ACK timeout exponent (4.096 µs × 2^timeout).
+    pub timeout: u8,
+    /// Transport retries (7: forever).
+    pub retry_cnt: u8,
+    /// RNR retries (7: forever).
+    pub rnr_retry: u8,
+}
+
+impl RcConnect {
+    /// ibv_rc_pingpong's connection: max_dest_rd_atomic 1, min_rnr_timer 12, timeout 14,
+    /// retry_cnt 7, rnr_retry 7, max_rd_atomic 1.
+    #[must_use]
+    pub const fn new(path: Path, path_mtu: Mtu, dest_qpn: Qpn, rq_psn: Psn, sq_psn: Psn) -> Self {
+        Self {
+            path,
+            path_mtu,
+            dest_qpn,
+            rq_psn,
+            sq_psn,
+            max_dest_rd_atomic: 1,
+            max_rd_atomic: 1,
+            min_rnr_timer: 12,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+        }
+    }
 }
 
 /// Options of [`Device::open`].
@@ -854,6 +903,67 @@ impl Device {
         self.shared.lock().modify_qp(qpn, attr, mask)?;
         self.shared.kick();
         Ok(())
+    }
+
+    /// RESET → INIT, allowing the peer `access` (`IBV_QP_STATE | PKEY_INDEX | PORT |
+    /// ACCESS_FLAGS`, P_Key index 0, port 1).
+    ///
+    /// # Errors
+    /// As [`Device::modify_qp`].
+    pub fn qp_to_init(&self, qpn: Qpn, access: Access) -> Result<(), ApiError> {
+        let attr = QpAttr {
+            qp_state: QpState::Init,
+            qp_access_flags: access,
+            pkey_index: 0,
+            port_num: 1,
+            ..QpAttr::default()
+        };
+        let mask = AttrMask::STATE
+            .with(AttrMask::PKEY_INDEX)
+            .with(AttrMask::PORT)
+            .with(AttrMask::ACCESS_FLAGS);
+        self.modify_qp(qpn, &attr, mask)
+    }
+
+    /// INIT → RTR → RTS with the required attributes of each transition (the verbs state table).
+    ///
+    /// # Errors
+    /// As [`Device::modify_qp`]; a path MTU too large for this device among them.
+    pub fn qp_connect(&self, qpn: Qpn, c: &RcConnect) -> Result<(), ApiError> {
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: c.path_mtu,
+            dest_qp_num: c.dest_qpn,
+            rq_psn: c.rq_psn,
+            max_dest_rd_atomic: c.max_dest_rd_atomic,
+            min_rnr_timer: c.min_rnr_timer,
+            ah_attr: Some(c.path),
+            ..QpAttr::default()
+        };
+        let mask = AttrMask::STATE
+            .with(AttrMask::AV)
+            .with(AttrMask::PATH_MTU)
+            .with(AttrMask::DEST_QPN)
+            .with(AttrMask::RQ_PSN)
+            .with(AttrMask::MAX_DEST_RD_ATOMIC)
+            .with(AttrMask::MIN_RNR_TIMER);
+        self.modify_qp(qpn, &rtr, mask)?;
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            timeout: c.timeout,
+            retry_cnt: c.retry_cnt,
+            rnr_retry: c.rnr_retry,
+            sq_psn: c.sq_psn,
+            max_rd_atomic: c.max_rd_atomic,
+            ..rtr
+        };
+        let mask = AttrMask::STATE
+            .with(AttrMask::TIMEOUT)
+            .with(AttrMask::RETRY_CNT)
+            .with(AttrMask::RNR_RETRY)
+            .with(AttrMask::SQ_PSN)
+            .with(AttrMask::MAX_QP_RD_ATOMIC);
+        self.modify_qp(qpn, &rts, mask)
     }
 
     /// The state of a QP.

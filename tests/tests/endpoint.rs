@@ -10,8 +10,8 @@ use std::{
 
 use roce::{
     api::{
-        Access, AttrMask, Device, DeviceOptions, Mtu, QpAttr, QpCap, QpInit, QpState, QpType,
-        SendOp, SendWr, Sge, WcStatus,
+        Access, Device, DeviceOptions, Mtu, QpCap, QpInit, QpType, RcConnect, SendOp, SendWr, Sge,
+        WcStatus,
     },
     cm::perftest::{BwReport, Comm, KeyMsg, pattern},
     loader::{self, LoadOptions, Pins, pin_dir},
@@ -454,19 +454,7 @@ fn remote_loss_ends_in_retry_exceeded_and_others_keep_going() {
                 .map_err(|x| e(&x))?;
             dev.mr_write(mr.lkey, 0, &pattern(0, 4096))
                 .map_err(|x| e(&x))?;
-            let init_attr = QpAttr {
-                qp_state: QpState::Init,
-                ..QpAttr::default()
-            };
-            dev.modify_qp(
-                qpn,
-                &init_attr,
-                AttrMask::STATE
-                    .with(AttrMask::PKEY_INDEX)
-                    .with(AttrMask::PORT)
-                    .with(AttrMask::ACCESS_FLAGS),
-            )
-            .map_err(|x| e(&x))?;
+            dev.qp_to_init(qpn, Access::empty()).map_err(|x| e(&x))?;
             let mut comm = Comm::new(TcpStream::connect((ip, port)).map_err(|x| e(&x))?, true);
             comm.setup(4096, 64, 3).map_err(|x| e(&x))?;
             let mine = KeyMsg {
@@ -481,41 +469,10 @@ fn remote_loss_ends_in_retry_exceeded_and_others_keep_going() {
             };
             let r = comm.hand_shake(&mine).map_err(|x| e(&x))?;
             let path = dev.path_to(gid, &r.gid, qpn, r.qpn).map_err(|x| e(&x))?;
-            let rtr = QpAttr {
-                qp_state: QpState::Rtr,
-                path_mtu: Mtu::Mtu1024,
-                dest_qp_num: r.qpn,
-                rq_psn: r.psn,
-                max_dest_rd_atomic: 1,
-                min_rnr_timer: 12,
-                ah_attr: Some(path),
-                ..QpAttr::default()
-            };
-            let m = AttrMask::STATE
-                .with(AttrMask::AV)
-                .with(AttrMask::PATH_MTU)
-                .with(AttrMask::DEST_QPN)
-                .with(AttrMask::RQ_PSN)
-                .with(AttrMask::MAX_DEST_RD_ATOMIC)
-                .with(AttrMask::MIN_RNR_TIMER);
-            dev.modify_qp(qpn, &rtr, m).map_err(|x| e(&x))?;
             // timeout 10 (4.2 ms) and retry_cnt 3: the lost peer is given up on within ~20 ms.
-            let rts = QpAttr {
-                qp_state: QpState::Rts,
-                timeout: 10,
-                retry_cnt: 3,
-                rnr_retry: 7,
-                sq_psn: mine.psn,
-                max_rd_atomic: 1,
-                ..rtr
-            };
-            let m = AttrMask::STATE
-                .with(AttrMask::TIMEOUT)
-                .with(AttrMask::RETRY_CNT)
-                .with(AttrMask::RNR_RETRY)
-                .with(AttrMask::SQ_PSN)
-                .with(AttrMask::MAX_QP_RD_ATOMIC);
-            dev.modify_qp(qpn, &rts, m).map_err(|x| e(&x))?;
+            let mut c = RcConnect::new(path, Mtu::Mtu1024, r.qpn, r.psn, mine.psn);
+            (c.timeout, c.retry_cnt) = (10, 3);
+            dev.qp_connect(qpn, &c).map_err(|x| e(&x))?;
             comm.hand_shake(&mine).map_err(|x| e(&x))?;
             comm.hand_shake(&mine).map_err(|x| e(&x))?;
             peers.push((qpn, mr, r, comm, mine));

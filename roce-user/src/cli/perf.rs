@@ -9,7 +9,7 @@
 
 use std::{
     collections::VecDeque,
-    net::{TcpListener, TcpStream},
+    net::TcpListener,
     time::{Duration, Instant},
 };
 
@@ -17,8 +17,8 @@ use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 use roce::{
     api::{
-        Access, AttrMask, CqId, Device, DeviceOptions, MrInfo, Mtu, QpAttr, QpCap, QpInit, QpState,
-        QpType, Qpn, RecvWr, SendOp, SendWr, Sge, WcStatus,
+        Access, CqId, Device, DeviceOptions, MrInfo, Mtu, QpCap, QpInit, QpType, Qpn, RcConnect,
+        RecvWr, SendOp, SendWr, Sge, WcStatus,
     },
     cm::perftest::{self, BwReport, Comm, KeyMsg, pattern},
     wire::types::{Psn, RKey},
@@ -181,19 +181,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
                 dev.mr_write(mr.lkey, 0, &pattern(q, size as usize))?;
             }
         }
-        let init = QpAttr {
-            qp_state: QpState::Init,
-            qp_access_flags: remote_access,
-            ..QpAttr::default()
-        };
-        dev.modify_qp(
-            qpn,
-            &init,
-            AttrMask::STATE
-                .with(AttrMask::PKEY_INDEX)
-                .with(AttrMask::PORT)
-                .with(AttrMask::ACCESS_FLAGS),
-        )?;
+        dev.qp_to_init(qpn, remote_access)?;
         qps.push(QpCtx {
             qpn,
             mr,
@@ -222,7 +210,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
 
     // perftest's setup: versions, system data, MTU, then one key message per QP.
     let stream = match &a.host {
-        Some(h) => connect(h, a.port)?,
+        Some(h) => roce::cm::connect_tcp(h, a.port, Duration::from_secs(5))?,
         None => {
             let l = TcpListener::bind(("::", a.port))
                 .or_else(|_| TcpListener::bind(("0.0.0.0", a.port)))
@@ -258,46 +246,9 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     for qp in &qps {
         let r = qp.remote.context("missing remote key")?;
         let path = dev.path_to(gid_idx, &r.gid, qp.qpn, r.qpn)?;
-        let rtr = QpAttr {
-            qp_state: QpState::Rtr,
-            path_mtu: mtu,
-            dest_qp_num: r.qpn,
-            rq_psn: r.psn,
-            max_dest_rd_atomic: 16,
-            min_rnr_timer: 12,
-            ah_attr: Some(path),
-            ..QpAttr::default()
-        };
-        dev.modify_qp(
-            qp.qpn,
-            &rtr,
-            AttrMask::STATE
-                .with(AttrMask::AV)
-                .with(AttrMask::PATH_MTU)
-                .with(AttrMask::DEST_QPN)
-                .with(AttrMask::RQ_PSN)
-                .with(AttrMask::MAX_DEST_RD_ATOMIC)
-                .with(AttrMask::MIN_RNR_TIMER),
-        )?;
-        let rts = QpAttr {
-            qp_state: QpState::Rts,
-            timeout: 14,
-            retry_cnt: 7,
-            rnr_retry: 7,
-            sq_psn: qp.psn,
-            max_rd_atomic: 16,
-            ..rtr
-        };
-        dev.modify_qp(
-            qp.qpn,
-            &rts,
-            AttrMask::STATE
-                .with(AttrMask::TIMEOUT)
-                .with(AttrMask::RETRY_CNT)
-                .with(AttrMask::RNR_RETRY)
-                .with(AttrMask::SQ_PSN)
-                .with(AttrMask::MAX_QP_RD_ATOMIC),
-        )?;
+        let mut c = RcConnect::new(path, mtu, r.qpn, r.psn, qp.psn);
+        (c.max_dest_rd_atomic, c.max_rd_atomic) = (16, 16);
+        dev.qp_connect(qp.qpn, &c)?;
     }
     for qp in &qps {
         comm.hand_shake(&key(qp))?;
@@ -400,26 +351,6 @@ impl PerfResult {
             lat: (0.0, 0.0, 0.0, 0.0),
             verified: true,
         }
-    }
-}
-
-fn connect(host: &str, port: u16) -> anyhow::Result<TcpStream> {
-    use std::net::ToSocketAddrs as _;
-    let addrs: Vec<_> = (host, port)
-        .to_socket_addrs()
-        .with_context(|| format!("resolving {host}"))?
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        for addr in &addrs {
-            if let Ok(s) = TcpStream::connect_timeout(addr, Duration::from_secs(1)) {
-                return Ok(s);
-            }
-        }
-        if Instant::now() >= deadline {
-            bail!("couldn't connect to {host}:{port}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
     }
 }
 

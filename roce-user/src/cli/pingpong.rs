@@ -4,7 +4,7 @@
 //! `libibverbs/examples/rc_pingpong.c`), so either side can be the real tool.
 
 use std::{
-    net::{TcpListener, TcpStream, ToSocketAddrs as _},
+    net::TcpListener,
     time::{Duration, Instant},
 };
 
@@ -12,8 +12,8 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 use roce::{
     api::{
-        Access, AttrMask, Device, DeviceOptions, Mtu, QpAttr, QpCap, QpInit, QpState, QpType,
-        RecvWr, SendWr, Sge, WcStatus,
+        Access, Device, DeviceOptions, Mtu, QpCap, QpInit, QpType, RcConnect, RecvWr, SendWr, Sge,
+        WcStatus,
     },
     cm::pingpong::{self, Dest},
     wire::types::Psn,
@@ -82,25 +82,6 @@ fn random_psn() -> Psn {
     Psn::new(u32::from_le_bytes(b))
 }
 
-fn connect(host: &str, port: u16) -> anyhow::Result<TcpStream> {
-    let addrs: Vec<_> = (host, port)
-        .to_socket_addrs()
-        .with_context(|| format!("resolving {host}"))?
-        .collect();
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        for a in &addrs {
-            if let Ok(s) = TcpStream::connect_timeout(a, Duration::from_secs(1)) {
-                return Ok(s);
-            }
-        }
-        if Instant::now() >= deadline {
-            bail!("couldn't connect to {host}:{port}");
-        }
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 fn pattern(i: u32, len: usize) -> Vec<u8> {
     (0..len)
         .map(|j| (j as u32).wrapping_mul(31).wrapping_add(i) as u8)
@@ -147,20 +128,7 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
         },
         sq_sig_all: true,
     })?;
-    let init = QpAttr {
-        qp_state: QpState::Init,
-        pkey_index: 0,
-        port_num: 1,
-        ..QpAttr::default()
-    };
-    dev.modify_qp(
-        qpn,
-        &init,
-        AttrMask::STATE
-            .with(AttrMask::PKEY_INDEX)
-            .with(AttrMask::PORT)
-            .with(AttrMask::ACCESS_FLAGS),
-    )?;
+    dev.qp_to_init(qpn, Access::empty())?;
     let sge = Sge {
         addr: mr.iova,
         length: a.size,
@@ -185,7 +153,7 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
     // Out-of-band exchange, then RTR/RTS exactly as rc_pingpong's pp_connect_ctx.
     let mut stream;
     let remote = if let Some(host) = &a.host {
-        stream = connect(host, a.port)?;
+        stream = roce::cm::connect_tcp(host, a.port, Duration::from_secs(5))?;
         pingpong::client_exchange(&mut stream, &mine)?
     } else {
         let l = TcpListener::bind(("::", a.port))
@@ -195,45 +163,9 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
         pingpong::server_read(&mut stream)?
     };
     let path = dev.path_to(gid_idx, &remote.gid, qpn, remote.qpn)?;
-    let rtr = QpAttr {
-        qp_state: QpState::Rtr,
-        path_mtu: mtu,
-        dest_qp_num: remote.qpn,
-        rq_psn: remote.psn,
-        max_dest_rd_atomic: 1,
-        min_rnr_timer: 12,
-        ah_attr: Some(path),
-        ..QpAttr::default()
-    };
-    dev.modify_qp(
+    dev.qp_connect(
         qpn,
-        &rtr,
-        AttrMask::STATE
-            .with(AttrMask::AV)
-            .with(AttrMask::PATH_MTU)
-            .with(AttrMask::DEST_QPN)
-            .with(AttrMask::RQ_PSN)
-            .with(AttrMask::MAX_DEST_RD_ATOMIC)
-            .with(AttrMask::MIN_RNR_TIMER),
-    )?;
-    let rts = QpAttr {
-        qp_state: QpState::Rts,
-        timeout: 14,
-        retry_cnt: 7,
-        rnr_retry: 7,
-        sq_psn: mine.psn,
-        max_rd_atomic: 1,
-        ..rtr
-    };
-    dev.modify_qp(
-        qpn,
-        &rts,
-        AttrMask::STATE
-            .with(AttrMask::TIMEOUT)
-            .with(AttrMask::RETRY_CNT)
-            .with(AttrMask::RNR_RETRY)
-            .with(AttrMask::SQ_PSN)
-            .with(AttrMask::MAX_QP_RD_ATOMIC),
+        &RcConnect::new(path, mtu, remote.qpn, remote.psn, mine.psn),
     )?;
     if a.host.is_none() {
         pingpong::server_reply(&mut stream, &mine)?;

@@ -29,6 +29,37 @@ pub enum CmError {
     OldPeer(String),
 }
 
+/// Connects to `host:port`, retrying for up to `wait` while the peer is not listening yet (the
+/// classic tools fail at once; a test or a script that starts both sides is spared the race).
+///
+/// # Errors
+/// The name does not resolve, or nothing accepted within `wait`.
+pub fn connect_tcp(
+    host: &str,
+    port: u16,
+    wait: std::time::Duration,
+) -> Result<std::net::TcpStream, CmError> {
+    use std::net::ToSocketAddrs as _;
+    let addrs: Vec<_> = (host, port).to_socket_addrs()?.collect();
+    let deadline = std::time::Instant::now() + wait;
+    loop {
+        let mut last = io::Error::new(io::ErrorKind::NotFound, format!("{host} has no address"));
+        for a in &addrs {
+            match std::net::TcpStream::connect_timeout(a, std::time::Duration::from_secs(1)) {
+                Ok(s) => return Ok(s),
+                Err(e) => last = e,
+            }
+        }
+        if std::time::Instant::now() >= deadline {
+            return Err(CmError::Io(io::Error::new(
+                last.kind(),
+                format!("couldn't connect to {host}:{port}: {last}"),
+            )));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
 fn malformed(what: &'static str, bytes: &[u8]) -> CmError {
     CmError::Malformed {
         what,
