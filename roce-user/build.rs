@@ -10,11 +10,13 @@ use anyhow::{Context as _, anyhow};
 
 fn main() -> anyhow::Result<()> {
     let out_dir = PathBuf::from(env::var_os("OUT_DIR").context("OUT_DIR not set")?);
-    let object = out_dir.join("roce-ebpf");
     println!("cargo:rerun-if-env-changed=AYA_BUILD_SKIP");
     let skip = env::var("AYA_BUILD_SKIP").is_ok_and(|v| v == "1" || v.eq_ignore_ascii_case("true"));
     if skip {
-        fs::write(&object, []).with_context(|| format!("writing stub {}", object.display()))?;
+        for name in ["roce-ebpf", "xdp-pass", "roce-impair"] {
+            let object = out_dir.join(name);
+            fs::write(&object, []).with_context(|| format!("writing stub {}", object.display()))?;
+        }
         println!("cargo:rustc-cfg=roce_ebpf_stub");
         println!("cargo:rustc-check-cfg=cfg(roce_ebpf_stub)");
         return Ok(());

@@ -10,7 +10,7 @@
 /// `Default`, `Clone`, `Copy`, `Debug`, and has:
 /// - `NAMES: [&str; N]` and `HELP: [&str; N]` in field order;
 /// - `values(&self) -> [u64; N]` in field order;
-/// - `get(&self, name) -> Option<u64>`;
+/// - `get(&self, name) -> Option<u64>` and `get_mut`;
 /// - `add(&mut self, &Self)` and `saturating_sub(&self, &Self) -> Self` for sums and deltas.
 #[macro_export]
 macro_rules! counter_struct {
@@ -46,6 +46,14 @@ macro_rules! counter_struct {
             pub fn get(&self, name: &str) -> Option<u64> {
                 match name {
                     $( stringify!($field) => Some(self.$field), )*
+                    _ => None,
+                }
+            }
+
+            /// The counter called `name`, for writing.
+            pub fn get_mut(&mut self, name: &str) -> Option<&mut u64> {
+                match name {
+                    $( stringify!($field) => Some(&mut self.$field), )*
                     _ => None,
                 }
             }
@@ -164,6 +172,155 @@ xdp_counters! {
         HdrTruncated = 5 => drop_hdr_truncated,
         /// Destination QP 0, which RoCE never uses.
         ReservedQpn = 6 => drop_reserved_qpn,
+    }
+}
+
+// Counters kept by user space (transport, device, AF_XDP). They live here, next to the XDP
+// counters, because the eBPF object declares the pinned maps the engine writes them into:
+// their BTF gives bpftool the same field names that `roce stats` prints.
+
+counter_struct! {
+    /// Counters of one queue pair.
+    pub struct QpCounters {
+        /// rxe: packets sent by this QP (requests and responses).
+        sent_pkts,
+        /// rxe: packets received for this QP that passed the header checks.
+        rcvd_pkts,
+        /// rxe/mlx5: duplicate requests received (PSN before the expected one).
+        duplicate_request,
+        /// rxe: requests received after a PSN gap (NAK sequence error sent once per gap).
+        out_of_seq_request,
+        /// mlx5: same event as out_of_seq_request.
+        out_of_sequence,
+        /// rxe: ACKs not sent on their own because a newer cumulative ACK replaced them.
+        ack_deferred,
+        /// rxe: RNR NAKs received by the requester.
+        rcvd_rnr_err,
+        /// rxe: RNR NAKs sent by the responder (no receive WQE).
+        send_rnr_err,
+        /// mlx5: same event as send_rnr_err (receive queue empty).
+        out_of_buffer,
+        /// rxe: NAK sequence errors received by the requester.
+        rcvd_seq_err,
+        /// mlx5: same event as rcvd_seq_err.
+        packet_seq_err,
+        /// mlx5: READ/ATOMIC responses missing (implied NAK), requester went back.
+        implied_nak_seq_err,
+        /// mlx5: local ACK timeouts.
+        local_ack_timeout_err,
+        /// rxe: retries started by the completer (timeout, NAK or implied NAK).
+        completer_retry_err,
+        /// rxe: work requests failed with retry exceeded.
+        retry_exceeded_err,
+        /// mlx5: same event as retry_exceeded_err.
+        req_transport_retries_exceeded,
+        /// rxe: work requests failed with RNR retry exceeded.
+        retry_rnr_exceeded_err,
+        /// mlx5: same event as retry_rnr_exceeded_err.
+        rnr_nak_retry_err,
+        /// mlx5: same event as retry_rnr_exceeded_err (requester side).
+        req_rnr_retries_exceeded,
+        /// rxe: requests that could not be sent (local errors).
+        send_err,
+        /// rxe: RDMA operations (WRITE/READ/atomic) sent.
+        rdma_sends,
+        /// rxe: RDMA operations (WRITE/READ/atomic) executed as responder.
+        rdma_recvs,
+        /// mlx5: RDMA WRITE requests received.
+        rx_write_requests,
+        /// mlx5: RDMA READ requests received.
+        rx_read_requests,
+        /// mlx5: atomic requests received.
+        rx_atomic_requests,
+        /// mlx5: responder local length errors (message longer than the receive WQE).
+        resp_local_length_error,
+        /// mlx5: responder completions with an error.
+        resp_cqe_error,
+        /// mlx5: requester completions with an error.
+        req_cqe_error,
+        /// mlx5: NAK invalid request received.
+        req_remote_invalid_request,
+        /// mlx5: NAK remote access error received.
+        req_remote_access_errors,
+        /// mlx5: remote access errors detected as responder (NAK sent).
+        resp_remote_access_errors,
+        /// mlx5: receive WRs flushed.
+        resp_cqe_flush_error,
+        /// mlx5: send WRs flushed.
+        req_cqe_flush_error,
+        /// roce-xdp: packets dropped by the QP (wrong state, ghost responses, malformed).
+        rx_dropped,
+        /// roce-xdp: completions lost because the CQ was full.
+        cq_overflow,
+        /// roce-xdp: control responses (ACK/NAK) dropped because the bounded queue was full.
+        ack_queue_full,
+        /// mlx5: received RoCE packets marked ECN CE.
+        np_ecn_marked_roce_packets,
+    }
+}
+
+counter_struct! {
+    /// Counters of a device that no single QP owns.
+    pub struct DeviceCounters {
+        /// rxe: frames received (all, before QP lookup).
+        rcvd_pkts,
+        /// rxe: frames sent.
+        sent_pkts,
+        /// roce-xdp: frames that did not parse (truncated, bad ICRC, not RoCE).
+        rx_malformed,
+        /// roce-xdp: frames for a QP number that does not exist.
+        rx_unknown_qp,
+        /// IB port counter name: P_Key mismatches.
+        bad_pkey_cntr,
+        /// IB port counter name: Q_Key violations (UD).
+        qkey_viol_cntr,
+        /// roce-xdp: asynchronous events lost because the bounded event queue was full.
+        events_lost,
+    }
+}
+
+counter_struct! {
+    /// Counters of one AF_XDP queue. `rx_dropped`, `rx_invalid_descs`, `tx_invalid_descs`,
+    /// `rx_ring_full`, `fill_ring_empty` and `tx_ring_empty_descs` are read from the socket
+    /// (`getsockopt(SOL_XDP, XDP_STATISTICS)`, Linux `struct xdp_statistics`); the rest are
+    /// counted here.
+    pub struct XskStats {
+        /// Frames taken from the RX ring.
+        rx_packets,
+        /// Bytes of the frames taken from the RX ring.
+        rx_bytes,
+        /// Frames placed on the TX ring.
+        tx_packets,
+        /// Bytes of the frames placed on the TX ring.
+        tx_bytes,
+        /// Transmitted frames returned on the completion ring.
+        tx_completed,
+        /// Frames the kernel dropped before the RX ring: RX ring full or no fill frame (kernel rx_dropped).
+        rx_dropped,
+        /// RX descriptors the kernel found invalid (kernel rx_invalid_descs).
+        rx_invalid_descs,
+        /// TX descriptors the kernel found invalid (kernel tx_invalid_descs).
+        tx_invalid_descs,
+        /// Frames the kernel dropped because the RX ring was full (kernel rx_ring_full).
+        rx_ring_full,
+        /// Times the kernel found the fill ring empty (kernel rx_fill_ring_empty_descs).
+        fill_ring_empty,
+        /// Times the kernel found the TX ring empty when woken (kernel tx_ring_empty_descs).
+        tx_ring_empty_descs,
+        /// Flushes that found the TX ring without room for every queued frame.
+        tx_ring_full,
+        /// Frames the handler forwarded that were dropped because the transmit backlog was full.
+        tx_dropped,
+        /// Sends refused to the handler because the backlog was full or no frame was free.
+        tx_backpressure,
+        /// Refills that found the free pool empty while the fill ring had room.
+        fill_pool_empty,
+        /// Descriptors whose address was not a frame lent to the kernel (ignored).
+        bad_ring_addr,
+        /// sendto() kicks of the TX ring because the kernel set need_wakeup.
+        tx_kicks,
+        /// poll() wakeups of the fill ring because the kernel set need_wakeup.
+        fill_kicks,
     }
 }
 

@@ -241,10 +241,10 @@ impl UdpHdr {
         u16::from_be_bytes(self.dst)
     }
 
-    /// Length, host order.
+    /// Length field (header plus payload), host order.
     #[inline(always)]
     #[must_use]
-    pub const fn len(&self) -> u16 {
+    pub const fn length(&self) -> u16 {
         u16::from_be_bytes(self.len)
     }
 }

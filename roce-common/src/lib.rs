@@ -8,6 +8,7 @@
 
 pub mod counters;
 pub mod hdr;
+pub mod impair;
 pub mod maps;
 pub mod opcode;
 

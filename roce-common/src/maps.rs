@@ -9,8 +9,25 @@ pub const PROG_ROCE_XDP: &str = "roce_xdp";
 pub const MAP_XDP_STATS: &str = "ROCE_XDP_STATS";
 /// XSKMAP indexed by RX queue: the AF_XDP socket that serves each queue.
 pub const MAP_XSKS: &str = "ROCE_XSKS";
-/// Hash map from destination QPN to [`QpEntry`]: the QPs that are ours.
+/// Array indexed by destination QPN of [`QpEntry`]: the QPs that are ours (`owner != 0`).
+/// roce-xdp allocates its QPNs in `[FIRST_QPN, MAX_QPS)`, so the lookup needs no hashing.
 pub const MAP_QPS: &str = "ROCE_QPS";
+
+/// Array with one [`LoadInfo`]: how and where the program was loaded, written by `roce load`.
+pub const MAP_INFO: &str = "ROCE_INFO";
+
+/// Hash map from QPN to [`QpStatsRecord`]: transport counters of every QP, written by the
+/// endpoint that owns it (never read by the XDP program).
+pub const MAP_QP_STATS: &str = "ROCE_QP_STATS";
+/// Hash map from PID to [`crate::counters::DeviceCounters`]: device counters per endpoint process.
+pub const MAP_DEV_STATS: &str = "ROCE_DEV_STATS";
+/// Hash map from RX queue to [`XskQueueRecord`]: AF_XDP counters and bind mode per queue.
+pub const MAP_XSK_STATS: &str = "ROCE_XSK_STATS";
+
+/// Capacity of [`MAP_QP_STATS`].
+pub const MAX_STAT_QPS: u32 = 4096;
+/// Capacity of [`MAP_DEV_STATS`].
+pub const MAX_STAT_PROCS: u32 = 64;
 
 /// Global (u32): the UDP destination port taken to be RoCE v2, 4791 by default.
 pub const GLOBAL_UDP_PORT: &str = "ROCE_UDP_PORT";
@@ -22,11 +39,13 @@ pub const FLAG_DROP_FOREIGN: u32 = 1 << 0;
 
 /// Capacity of [`MAP_XSKS`]: RX queues served.
 pub const MAX_QUEUES: u32 = 64;
-/// Capacity of [`MAP_QPS`].
+/// Capacity of [`MAP_QPS`]: QPNs at or above this are never ours.
 pub const MAX_QPS: u32 = 65536;
+/// The lowest QPN roce-xdp allocates (below are QP0/QP1 and the range rxe also skips).
+pub const FIRST_QPN: u32 = 17;
 
-/// Value of [`MAP_QPS`]: who owns the QP. `owner` is the PID of the process that registered it,
-/// so that several processes on one interface can tell their QPs apart.
+/// Value of [`MAP_QPS`]: who owns the QP. `owner` is the PID of the process that registered it
+/// (0: the slot is free), so that several processes on one interface can tell their QPs apart.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct QpEntry {
@@ -36,10 +55,79 @@ pub struct QpEntry {
     pub flags: u32,
 }
 
+/// [`LoadInfo::mode`]: native (driver) XDP.
+pub const MODE_NATIVE: u32 = 1;
+/// [`LoadInfo::mode`]: generic (skb) XDP.
+pub const MODE_SKB: u32 = 2;
+
+/// Value of [`MAP_INFO`]: a record of the load, so that `roce status` and bpftool can tell how
+/// the program was attached without asking netlink.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LoadInfo {
+    /// Interface index the program is attached to (in its network namespace).
+    pub ifindex: u32,
+    /// [`MODE_NATIVE`] or [`MODE_SKB`].
+    pub mode: u32,
+    /// UDP port taken to be RoCE v2.
+    pub port: u32,
+    /// `FLAG_*` bits the program was loaded with.
+    pub flags: u32,
+    /// PID of the `roce load` that attached it.
+    pub loader_pid: u32,
+    /// Reserved, zero.
+    pub reserved: u32,
+    /// Load time, seconds since the Unix epoch.
+    pub loaded_at: u64,
+    /// Interface name, NUL-padded.
+    pub ifname: [u8; 16],
+    /// Network namespace name given to `roce load --netns`, NUL-padded; empty for the current one.
+    pub netns: [u8; 32],
+}
+
+/// Value of [`MAP_QP_STATS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct QpStatsRecord {
+    /// PID of the process that owns the QP.
+    pub owner: u32,
+    /// QP state: 0 RESET, 1 INIT, 2 RTR, 3 RTS, 4 SQD, 5 SQE, 6 ERR (`enum ibv_qp_state`).
+    pub state: u32,
+    /// The counters.
+    pub counters: crate::counters::QpCounters,
+}
+
+/// [`XskQueueRecord::bind_mode`]: copy mode.
+pub const BIND_COPY: u32 = 1;
+/// [`XskQueueRecord::bind_mode`]: zero-copy mode.
+pub const BIND_ZEROCOPY: u32 = 2;
+
+/// Value of [`MAP_XSK_STATS`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct XskQueueRecord {
+    /// PID of the process whose socket serves the queue.
+    pub owner: u32,
+    /// [`BIND_COPY`] or [`BIND_ZEROCOPY`].
+    pub bind_mode: u32,
+    /// The counters.
+    pub stats: crate::counters::XskStats,
+}
+
 #[cfg(feature = "user")]
 mod pod {
     // SAFETY: QpEntry is #[repr(C)], Copy, and made of u32s with no padding.
     unsafe impl aya::Pod for super::QpEntry {}
     // SAFETY: XdpStats is #[repr(C)], Copy, and made of u64s with no padding.
     unsafe impl aya::Pod for crate::counters::XdpStats {}
+    // SAFETY: LoadInfo is #[repr(C)], Copy, u32s then a u64 at offset 24 and byte arrays: no padding.
+    unsafe impl aya::Pod for super::LoadInfo {}
+    // SAFETY: #[repr(C)], two u32s then u64 counters: no padding.
+    unsafe impl aya::Pod for super::QpStatsRecord {}
+    // SAFETY: #[repr(C)], two u32s then u64 counters: no padding.
+    unsafe impl aya::Pod for super::XskQueueRecord {}
+    // SAFETY: #[repr(C)] u64 counters.
+    unsafe impl aya::Pod for crate::counters::DeviceCounters {}
 }
+
+const _: () = assert!(core::mem::size_of::<LoadInfo>() == 80);

@@ -7,25 +7,35 @@
 //!
 //! Every frame is counted once in `rx_packets` and once under exactly one verdict counter of
 //! `ROCE_XDP_STATS` (see `roce_common::counters::XdpStats`).
-#![no_std]
-#![no_main]
+// The object is built for bpfel-unknown-none; on the host (clippy --workspace) it is an empty
+// program so that the same sources are linted everywhere.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+#![cfg_attr(
+    not(target_arch = "bpf"),
+    allow(dead_code, reason = "only built for BPF")
+)]
 
 use aya_ebpf::{
     Global,
     bindings::xdp_action,
-    btf_maps::{HashMap, PerCpuArray, XskMap},
+    btf_maps::{Array, HashMap, PerCpuArray, XskMap},
     macros::{btf_map, xdp},
     programs::XdpContext,
 };
 use roce_common::{
     ROCE_V2_UDP_PORT,
+    counters::DeviceCounters,
     counters::{DropReason, XdpStats},
     hdr::{
         Bth, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IPV4, ETH_P_IPV6, EthHdr, ICRC_LEN, IPPROTO_UDP,
         Ipv4Hdr, Ipv6ExtHdr, Ipv6FragHdr, Ipv6Hdr, MAX_IPV6_EXT_HDRS, MAX_VLAN_TAGS, UdpHdr,
         VlanHdr,
     },
-    maps::{FLAG_DROP_FOREIGN, MAX_QPS, MAX_QUEUES, QpEntry},
+    maps::{
+        FLAG_DROP_FOREIGN, LoadInfo, MAX_QPS, MAX_QUEUES, MAX_STAT_PROCS, MAX_STAT_QPS, QpEntry,
+        QpStatsRecord, XskQueueRecord,
+    },
     opcode::{EXT_LEN_TABLE, EXT_LEN_UNKNOWN, Opcode},
 };
 
@@ -35,8 +45,26 @@ static ROCE_XDP_STATS: PerCpuArray<XdpStats, 1> = PerCpuArray::new();
 #[btf_map]
 static ROCE_XSKS: XskMap<{ MAX_QUEUES as usize }> = XskMap::new();
 
+/// Indexed by destination QPN: roce-xdp allocates its QPNs below `MAX_QPS`, so one array slot
+/// per QPN makes the lookup a bounds check and a load, with no hashing. `owner == 0`: not ours.
 #[btf_map]
-static ROCE_QPS: HashMap<u32, QpEntry, { MAX_QPS as usize }> = HashMap::new();
+static ROCE_QPS: Array<QpEntry, { MAX_QPS as usize }> = Array::new();
+
+/// Written by user space at load time; never read here. It makes the load visible to bpftool.
+#[btf_map]
+static ROCE_INFO: Array<LoadInfo, 1> = Array::new();
+
+/// Transport counters per QP, written by the endpoint; here for their BTF (bpftool field names).
+#[btf_map]
+static ROCE_QP_STATS: HashMap<u32, QpStatsRecord, { MAX_STAT_QPS as usize }> = HashMap::new();
+
+/// Device counters per endpoint process, written by the endpoint.
+#[btf_map]
+static ROCE_DEV_STATS: HashMap<u32, DeviceCounters, { MAX_STAT_PROCS as usize }> = HashMap::new();
+
+/// AF_XDP counters and bind mode per RX queue, written by the endpoint.
+#[btf_map]
+static ROCE_XSK_STATS: HashMap<u32, XskQueueRecord, { MAX_QUEUES as usize }> = HashMap::new();
 
 /// UDP destination port taken to be RoCE v2; set at load time (`roce load --port`).
 #[unsafe(no_mangle)]
@@ -69,13 +97,15 @@ fn ptr_at<T>(ctx: &XdpContext, off: usize) -> Option<*const T> {
     Some((start + off) as *const T)
 }
 
-/// Reads a `T` at `off`. `T` is one of the `roce_common::hdr` structs, which have alignment 1.
+/// A reference to the header `T` at `off`, for reading only the fields we need (copying whole
+/// headers costs a byte load per byte). `T` is one of the `roce_common::hdr` structs.
 #[inline(always)]
-fn read_at<T: Copy>(ctx: &XdpContext, off: usize) -> Option<T> {
+fn hdr_at<T>(ctx: &XdpContext, off: usize) -> Option<&T> {
     let p = ptr_at::<T>(ctx, off)?;
-    // SAFETY: `ptr_at` checked that `size_of::<T>()` bytes at `p` lie inside the frame, and `T`
-    // has alignment 1 (byte-array fields), so an unaligned read of a plain-old-data value is sound.
-    Some(unsafe { core::ptr::read_unaligned(p) })
+    // SAFETY: `ptr_at` checked that `size_of::<T>()` bytes at `p` lie inside the frame, which
+    // outlives this program run; `T` has alignment 1 (byte-array fields) and no invalid bit
+    // patterns, and nothing writes the frame while we read it.
+    Some(unsafe { &*p })
 }
 
 #[inline(always)]
@@ -83,7 +113,7 @@ fn classify(ctx: &XdpContext) -> Class {
     let frame_len = ctx.data_end() - ctx.data();
 
     // Ethernet and up to MAX_VLAN_TAGS tags.
-    let Some(eth) = read_at::<EthHdr>(ctx, 0) else {
+    let Some(eth) = hdr_at::<EthHdr>(ctx, 0) else {
         return Class::NotRoce;
     };
     let mut off = EthHdr::LEN;
@@ -92,7 +122,7 @@ fn classify(ctx: &XdpContext) -> Class {
         if ether_type != ETH_P_8021Q && ether_type != ETH_P_8021AD {
             break;
         }
-        let Some(vlan) = read_at::<VlanHdr>(ctx, off) else {
+        let Some(vlan) = hdr_at::<VlanHdr>(ctx, off) else {
             return Class::NotRoce;
         };
         ether_type = vlan.ether_type();
@@ -102,7 +132,7 @@ fn classify(ctx: &XdpContext) -> Class {
     // IP.
     let ce;
     if ether_type == ETH_P_IPV4 {
-        let Some(ip) = read_at::<Ipv4Hdr>(ctx, off) else {
+        let Some(ip) = hdr_at::<Ipv4Hdr>(ctx, off) else {
             return Class::NotRoce;
         };
         let ihl = ip.header_len();
@@ -119,7 +149,7 @@ fn classify(ctx: &XdpContext) -> Class {
         ce = ip.tos & 0x3 == 0x3;
         off += ihl;
     } else if ether_type == ETH_P_IPV6 {
-        let Some(ip) = read_at::<Ipv6Hdr>(ctx, off) else {
+        let Some(ip) = hdr_at::<Ipv6Hdr>(ctx, off) else {
             return Class::NotRoce;
         };
         if ip.version() != 6 {
@@ -133,7 +163,7 @@ fn classify(ctx: &XdpContext) -> Class {
             if found_udp {
                 break;
             }
-            let Some(ext) = read_at::<Ipv6ExtHdr>(ctx, off) else {
+            let Some(ext) = hdr_at::<Ipv6ExtHdr>(ctx, off) else {
                 return Class::NotRoce;
             };
             let len = match next {
@@ -142,7 +172,7 @@ fn classify(ctx: &XdpContext) -> Class {
                 }
                 Ipv6ExtHdr::AUTH => (ext.hdr_len as usize + 2) * 4,
                 Ipv6ExtHdr::FRAGMENT => {
-                    let Some(frag) = read_at::<Ipv6FragHdr>(ctx, off) else {
+                    let Some(frag) = hdr_at::<Ipv6FragHdr>(ctx, off) else {
                         return Class::NotRoce;
                     };
                     // Offset (13 bits) and the M flag; an atomic fragment (both zero) is whole.
@@ -165,13 +195,13 @@ fn classify(ctx: &XdpContext) -> Class {
     }
 
     // UDP.
-    let Some(udp) = read_at::<UdpHdr>(ctx, off) else {
+    let Some(udp) = hdr_at::<UdpHdr>(ctx, off) else {
         return Class::NotRoce;
     };
     if udp.dst_port() as u32 != ROCE_UDP_PORT.load() {
         return Class::NotRoce;
     }
-    let udp_len = udp.len() as usize;
+    let udp_len = udp.length() as usize;
     if udp_len < UdpHdr::LEN || off + udp_len > frame_len {
         return Class::Malformed(DropReason::UdpLength);
     }
@@ -182,7 +212,7 @@ fn classify(ctx: &XdpContext) -> Class {
     if payload_len < Bth::LEN + ICRC_LEN {
         return Class::Malformed(DropReason::BthTruncated);
     }
-    let Some(bth) = read_at::<Bth>(ctx, off) else {
+    let Some(bth) = hdr_at::<Bth>(ctx, off) else {
         return Class::Malformed(DropReason::BthTruncated);
     };
     if bth.tver() != 0 {
@@ -241,7 +271,8 @@ pub fn roce_xdp(ctx: XdpContext) -> u32 {
             if cnp {
                 stats.cnp += 1;
             }
-            if ROCE_QPS.get_ptr(dest_qp).is_some() {
+            let ours = dest_qp < MAX_QPS && ROCE_QPS.get(dest_qp).is_some_and(|e| e.owner != 0);
+            if ours {
                 let queue = ctx.rx_queue_index();
                 match ROCE_XSKS.redirect(queue, u64::from(xdp_action::XDP_PASS)) {
                     Ok(action) if action == xdp_action::XDP_REDIRECT => {
@@ -264,7 +295,10 @@ pub fn roce_xdp(ctx: XdpContext) -> u32 {
     }
 }
 
-#[cfg(not(test))]
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}
+
+#[cfg(target_arch = "bpf")]
 #[panic_handler]
 fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
     loop {}

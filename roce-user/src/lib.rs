@@ -3,9 +3,18 @@
 //!
 //! Layering (see ARCHITECTURE.md): `wire`, `transport`, `cc` and `stats` are sans-I/O: they
 //! import no tokio, aya, libc or clock, and take time as an argument, so they are deterministic
-//! and testable without root. `xsk` (AF_XDP) and `loader` (aya) are the I/O edges.
+//! and testable without root. `xsk` (AF_XDP), `loader` (aya) and `netns` (iproute2) are the
+//! I/O edges. The command line lives in the binary (src/cli/).
 
+pub mod api;
+pub mod cc;
+pub mod cm;
+pub mod engine;
+pub mod impair;
 pub mod loader;
+pub mod netinfo;
+pub mod netns;
 pub mod stats;
 pub mod transport;
 pub mod wire;
+pub mod xsk;

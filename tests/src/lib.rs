@@ -1,1 +1,233 @@
-//! Integration test helpers.
+//! Support for the privileged integration tests: a frame builder for BPF_PROG_TEST_RUN tables,
+//! the privilege check, and the path of the `roce` binary.
+//!
+//! The frame builder writes headers byte by byte, independently of roce-user's wire module, so
+//! the XDP program is checked against bytes that did not come from the code under test. It can
+//! build what the wire module never emits: VLAN stacks, IPv4 options, IPv6 extension headers,
+//! fragments and every kind of truncation.
+
+use std::path::PathBuf;
+
+use roce_common::opcode::Opcode;
+
+pub use roce::netns;
+
+/// Fails the test (never skips it) when it cannot run with the privileges it needs.
+///
+/// # Panics
+/// When not root.
+pub fn require_root() {
+    let uid = nix::unistd::geteuid();
+    assert!(
+        uid.is_root(),
+        "this test needs root (BPF_PROG_TEST_RUN, veth, AF_XDP); run it through `cargo xtask test` as root"
+    );
+}
+
+/// The `roce` binary under test: `$ROCE_BIN`, else `target/debug/roce` of this workspace.
+///
+/// # Panics
+/// When it does not exist.
+#[must_use]
+pub fn roce_bin() -> PathBuf {
+    let p = std::env::var_os("ROCE_BIN").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/debug/roce"),
+        PathBuf::from,
+    );
+    assert!(
+        p.exists(),
+        "roce binary not found at {} (build it: cargo build -p roce-user)",
+        p.display()
+    );
+    p
+}
+
+/// A unique short tag for names of namespaces and interfaces made by one test.
+#[must_use]
+pub fn tag(test: &str) -> String {
+    format!("{test}{}", std::process::id() % 10_000)
+}
+
+/// The IP layer of a test frame.
+#[derive(Clone, Debug)]
+pub enum Ip {
+    /// IPv4 with the given options length (a multiple of 4, at most 40), TOS, and fragment field.
+    V4 {
+        /// Bytes of options after the 20-byte header.
+        options: usize,
+        /// TOS byte (DSCP and ECN).
+        tos: u8,
+        /// Flags and fragment offset, host order.
+        frag: u16,
+        /// Override of the IHL nibble (for malformed headers).
+        ihl: Option<u8>,
+    },
+    /// IPv6 with a traffic class and a chain of extension headers (next-header codes).
+    V6 {
+        /// Traffic class.
+        tc: u8,
+        /// Extension headers in order: 0 hop-by-hop, 43 routing, 60 destination options,
+        /// 44 fragment (atomic unless `frag` is set), 51 AH.
+        ext: Vec<u8>,
+        /// Fragment offset and M flag of a fragment header, host order.
+        frag: u16,
+    },
+}
+
+/// A test frame: Ethernet, optional VLAN tags, IP, UDP, then a BTH with zeroed extended
+/// headers, a payload, pad and an ICRC placeholder.
+#[derive(Clone, Debug)]
+pub struct Frame {
+    /// VLAN TPIDs, outermost first.
+    pub vlans: Vec<u16>,
+    /// EtherType after the tags (overrides the one implied by `ip`).
+    pub ether_type: Option<u16>,
+    /// IP layer.
+    pub ip: Ip,
+    /// IP protocol (17 for UDP).
+    pub proto: u8,
+    /// UDP destination port.
+    pub dport: u16,
+    /// Override of the UDP length field.
+    pub udp_len: Option<u16>,
+    /// BTH opcode.
+    pub opcode: Opcode,
+    /// BTH TVer.
+    pub tver: u8,
+    /// Override of the BTH pad count.
+    pub pad: Option<u8>,
+    /// Destination QP.
+    pub dest_qp: u32,
+    /// PSN.
+    pub psn: u32,
+    /// Payload bytes after the extended headers.
+    pub payload: usize,
+}
+
+impl Default for Frame {
+    fn default() -> Self {
+        Self {
+            vlans: Vec::new(),
+            ether_type: None,
+            ip: Ip::V4 {
+                options: 0,
+                tos: 0,
+                frag: 0x4000,
+                ihl: None,
+            },
+            proto: 17,
+            dport: roce_common::ROCE_V2_UDP_PORT,
+            udp_len: None,
+            opcode: Opcode::RC_SEND_ONLY,
+            tver: 0,
+            pad: None,
+            dest_qp: 0x11,
+            psn: 1,
+            payload: 32,
+        }
+    }
+}
+
+impl Frame {
+    /// The UDP payload: BTH, extended headers (zero), payload (0xa5), pad, ICRC placeholder.
+    #[must_use]
+    pub fn roce_bytes(&self) -> Vec<u8> {
+        let ext = self.opcode.ext_len().unwrap_or(0);
+        let pad = self.pad.unwrap_or(((4 - self.payload % 4) % 4) as u8);
+        let mut b = vec![
+            self.opcode.0,
+            (pad & 3) << 4 | (self.tver & 0xf),
+            0xff,
+            0xff,
+        ];
+        b.push(if self.opcode == Opcode::CNP { 0x40 } else { 0 });
+        b.extend_from_slice(&self.dest_qp.to_be_bytes()[1..]);
+        b.push(0x80);
+        b.extend_from_slice(&self.psn.to_be_bytes()[1..]);
+        b.resize(12 + ext, 0);
+        b.resize(12 + ext + self.payload, 0xa5);
+        b.resize(12 + ext + self.payload + usize::from(pad & 3) + 4, 0);
+        b
+    }
+
+    /// The whole frame.
+    #[must_use]
+    pub fn build(&self) -> Vec<u8> {
+        let roce = self.roce_bytes();
+        let udp_len = self.udp_len.unwrap_or((8 + roce.len()) as u16);
+        let mut l4 = Vec::new();
+        l4.extend_from_slice(&0xc000u16.to_be_bytes());
+        l4.extend_from_slice(&self.dport.to_be_bytes());
+        l4.extend_from_slice(&udp_len.to_be_bytes());
+        l4.extend_from_slice(&[0, 0]);
+        l4.extend_from_slice(&roce);
+
+        let mut f = vec![0x02, 0, 0, 0, 0, 2, 0x02, 0, 0, 0, 0, 1];
+        let (ip_type, ip_bytes) = match &self.ip {
+            Ip::V4 {
+                options,
+                tos,
+                frag,
+                ihl,
+            } => {
+                let hl = 20 + options;
+                let mut h = vec![0x40 | ihl.unwrap_or((hl / 4) as u8), *tos];
+                h.extend_from_slice(&((hl + l4.len()) as u16).to_be_bytes());
+                h.extend_from_slice(&[0x12, 0x34]);
+                h.extend_from_slice(&frag.to_be_bytes());
+                h.extend_from_slice(&[64, self.proto, 0, 0, 10, 0, 0, 1, 10, 0, 0, 2]);
+                h.resize(hl, 1); // NOP options
+                h.extend_from_slice(&l4);
+                (0x0800u16, h)
+            }
+            Ip::V6 { tc, ext, frag } => {
+                let mut chain = Vec::new();
+                for (i, &code) in ext.iter().enumerate() {
+                    let next = ext.get(i + 1).copied().unwrap_or(self.proto);
+                    match code {
+                        44 => {
+                            chain.extend_from_slice(&[next, 0]);
+                            chain.extend_from_slice(&frag.to_be_bytes());
+                            chain.extend_from_slice(&[0, 0, 0, 7]);
+                        }
+                        51 => chain.extend_from_slice(&[next, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0]),
+                        _ => chain.extend_from_slice(&[next, 0, 1, 4, 0, 0, 0, 0]),
+                    }
+                }
+                let first = ext.first().copied().unwrap_or(self.proto);
+                let mut h = vec![0x60 | (tc >> 4), (tc & 0xf) << 4, 0, 0];
+                h.extend_from_slice(&((chain.len() + l4.len()) as u16).to_be_bytes());
+                h.extend_from_slice(&[first, 64]);
+                h.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 1]);
+                h.extend_from_slice(&[0xfd, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 2]);
+                h.extend_from_slice(&chain);
+                h.extend_from_slice(&l4);
+                (0x86ddu16, h)
+            }
+        };
+        let inner = self.ether_type.unwrap_or(ip_type);
+        for (i, &tpid) in self.vlans.iter().enumerate() {
+            f.extend_from_slice(&tpid.to_be_bytes());
+            f.extend_from_slice(&[0, 10 + i as u8]);
+        }
+        f.extend_from_slice(&inner.to_be_bytes());
+        f.extend_from_slice(&ip_bytes);
+        f
+    }
+
+    /// Offset of the UDP header in [`Frame::build`]'s output.
+    #[must_use]
+    pub fn udp_offset(&self) -> usize {
+        let l2 = 14 + 4 * self.vlans.len();
+        match &self.ip {
+            Ip::V4 { options, .. } => l2 + 20 + options,
+            Ip::V6 { ext, .. } => {
+                l2 + 40
+                    + ext
+                        .iter()
+                        .map(|&c| if c == 51 { 12 } else { 8 })
+                        .sum::<usize>()
+            }
+        }
+    }
+}

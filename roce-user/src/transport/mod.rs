@@ -699,6 +699,11 @@ impl Device {
         &self.counters
     }
 
+    /// Every QP, in QPN order.
+    pub fn qps(&self) -> impl Iterator<Item = &Qp> {
+        self.qps.values()
+    }
+
     /// The sum of every QP's counters.
     #[must_use]
     pub fn qp_counters(&self) -> QpCounters {

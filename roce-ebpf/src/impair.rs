@@ -1,0 +1,449 @@
+//! `roce_impair`: a tc egress fault and congestion injector for RoCE v2 (UDP to the RoCE port).
+//!
+//! Attached at the TCX egress hook (the bpf_link successor of a clsact direct-action filter:
+//! same hook, same `TC_ACT_*` verdicts). Everything that is not RoCE v2 goes on untouched. Each
+//! RoCE packet, in this order, may be:
+//! 1. run through a virtual bottleneck: a queue drained at `rate_bps`, kept as the time it will
+//!    be empty (one u64 updated by compare-and-swap, shared by all CPUs); past
+//!    `max_backlog_bytes` the packet is dropped, otherwise it is CE-marked RED-style (never at or
+//!    below Kmin, probability rising linearly to Pmax at Kmax, always above Kmax). Packets are
+//!    not delayed: the queue is virtual, it only decides marks and drops as a switch would;
+//! 2. dropped at random;
+//! 3. corrupted: one bit flipped after the BTH (the ICRC is not fixed, so receivers must drop it);
+//! 4. CE-marked at random (ECN field 11; the IPv4 header checksum is updated; the ICRC masks
+//!    the TOS byte, so it stays valid);
+//! 5. duplicated: `bpf_clone_redirect` to the same interface's egress sends a copy first;
+//! 6. held back for reordering: the frame is copied into a per-CPU slot and dropped; the next
+//!    RoCE packet on that CPU is sent first (as a clone) and then the original skb is rewritten
+//!    into the held frame and sent, so the two swap places on the wire. A packet that arrives
+//!    while the slot is full is never held itself. (There is no netem, fq or ETF qdisc on the
+//!    target kernel, so there is no qdisc to delay packets with; this needs none.)
+//!
+//! Copies the program makes carry `skb->mark = IMPAIR_MARK` and pass the hook untouched.
+//! Probabilities come from `ROCE_IMPAIR_CONFIG` on every packet, so they can be changed live.
+#![cfg_attr(target_arch = "bpf", no_std)]
+#![cfg_attr(target_arch = "bpf", no_main)]
+// bpfel-unknown-none says `atomic-cas: false`, so core offers no compare_exchange there; the
+// intrinsic still lowers to the BPF_CMPXCHG instruction (BPF ISA v3, kernel >= 5.12).
+#![cfg_attr(target_arch = "bpf", feature(core_intrinsics))]
+#![cfg_attr(
+    target_arch = "bpf",
+    expect(internal_features, reason = "atomic_cxchg on BPF")
+)]
+#![cfg_attr(
+    not(target_arch = "bpf"),
+    allow(dead_code, unused_imports, reason = "only built for BPF")
+)]
+
+use core::sync::atomic::AtomicU64;
+#[cfg(not(target_arch = "bpf"))]
+use core::sync::atomic::Ordering;
+
+use aya_ebpf::{
+    bindings::{TC_ACT_OK, TC_ACT_SHOT},
+    btf_maps::{Array, PerCpuArray},
+    helpers::{
+        bpf_get_prandom_u32, bpf_ktime_get_ns, bpf_skb_change_tail, bpf_skb_load_bytes,
+        bpf_skb_store_bytes,
+    },
+    macros::{btf_map, classifier},
+    programs::TcContext,
+};
+use roce_common::{
+    ROCE_V2_UDP_PORT,
+    hdr::{
+        Bth, ETH_P_8021AD, ETH_P_8021Q, ETH_P_IPV4, ETH_P_IPV6, EthHdr, ICRC_LEN, IPPROTO_UDP,
+        Ipv4Hdr, Ipv6Hdr, MAX_VLAN_TAGS, UdpHdr, VlanHdr,
+    },
+    impair::{
+        BottleneckState, HELD_MAX, HeldPacket, IMPAIR_MARK, ImpairConfig, ImpairStats, PROB_ONE,
+    },
+};
+
+#[btf_map]
+static ROCE_IMPAIR_CONFIG: Array<ImpairConfig, 1> = Array::new();
+
+#[btf_map]
+static ROCE_IMPAIR_STATS: PerCpuArray<ImpairStats, 1> = PerCpuArray::new();
+
+#[btf_map]
+static ROCE_IMPAIR_BOTTLENECK: Array<BottleneckState, 1> = Array::new();
+
+#[btf_map]
+static ROCE_IMPAIR_HELD: PerCpuArray<HeldPacket, 1> = PerCpuArray::new();
+
+/// Where the headers of a RoCE v2 packet are.
+struct Roce {
+    /// Offset of the IP header.
+    ip: usize,
+    /// IPv4 (else IPv6).
+    v4: bool,
+    /// Offset of the BTH.
+    bth: usize,
+    /// Offset just past the UDP datagram (the end of the ICRC).
+    end: usize,
+}
+
+#[inline(always)]
+fn hit(prob: u32) -> bool {
+    if prob == 0 {
+        return false;
+    }
+    // SAFETY: a helper without arguments or side effects on memory.
+    prob == PROB_ONE || unsafe { bpf_get_prandom_u32() } < prob
+}
+
+#[inline(always)]
+fn parse(ctx: &TcContext, port: u16) -> Option<Roce> {
+    let len = ctx.len() as usize;
+    let eth: EthHdr = ctx.load(0).ok()?;
+    let mut off = EthHdr::LEN;
+    let mut ether_type = eth.ether_type();
+    for _ in 0..MAX_VLAN_TAGS {
+        if ether_type != ETH_P_8021Q && ether_type != ETH_P_8021AD {
+            break;
+        }
+        let vlan: VlanHdr = ctx.load(off).ok()?;
+        ether_type = vlan.ether_type();
+        off += VlanHdr::LEN;
+    }
+    let ip = off;
+    let v4;
+    if ether_type == ETH_P_IPV4 {
+        let h: Ipv4Hdr = ctx.load(off).ok()?;
+        let ihl = h.header_len();
+        if h.version() != 4
+            || ihl < Ipv4Hdr::LEN
+            || h.frag_off() & (Ipv4Hdr::MF | Ipv4Hdr::OFFSET_MASK) != 0
+            || h.proto != IPPROTO_UDP
+        {
+            return None;
+        }
+        off += ihl;
+        v4 = true;
+    } else if ether_type == ETH_P_IPV6 {
+        // IPv6 extension headers: not RoCE as far as the injector is concerned.
+        let h: Ipv6Hdr = ctx.load(off).ok()?;
+        if h.version() != 6 || h.next_hdr != IPPROTO_UDP {
+            return None;
+        }
+        off += Ipv6Hdr::LEN;
+        v4 = false;
+    } else {
+        return None;
+    }
+    let udp: UdpHdr = ctx.load(off).ok()?;
+    if udp.dst_port() != port {
+        return None;
+    }
+    let udp_len = udp.length() as usize;
+    if udp_len < UdpHdr::LEN + Bth::LEN + ICRC_LEN || off + udp_len > len {
+        return None;
+    }
+    Some(Roce {
+        ip,
+        v4,
+        bth: off + UdpHdr::LEN,
+        end: off + udp_len,
+    })
+}
+
+/// Sets the ECN field to CE. Returns whether it worked.
+#[inline(always)]
+fn mark_ce(ctx: &mut TcContext, r: &Roce) -> bool {
+    if r.v4 {
+        let Ok(word) = ctx.load::<[u8; 2]>(r.ip) else {
+            return false;
+        };
+        let new = [word[0], word[1] | 3];
+        if new == word {
+            return true;
+        }
+        // Store the TOS byte, then fix the header checksum (RFC 1624 incremental update of the
+        // 16-bit word holding version/IHL and TOS, as raw memory: the helper's convention).
+        ctx.store(r.ip + 1, &new[1], 0).is_ok()
+            && ctx
+                .l3_csum_replace(
+                    r.ip + 10,
+                    u64::from(u16::from_ne_bytes(word)),
+                    u64::from(u16::from_ne_bytes(new)),
+                    2,
+                )
+                .is_ok()
+    } else {
+        // Traffic class straddles bytes 0 and 1; its ECN bits are bits 5:4 of byte 1.
+        let Ok(b) = ctx.load::<u8>(r.ip + 1) else {
+            return false;
+        };
+        ctx.store(r.ip + 1, &(b | 0x30), 0).is_ok()
+    }
+}
+
+/// Flips one random bit after the BTH (in the extended headers, payload or pad; in the ICRC
+/// only when there is nothing else).
+#[inline(always)]
+fn corrupt(ctx: &mut TcContext, r: &Roce) -> bool {
+    let start = r.bth + Bth::LEN;
+    let icrc = r.end - ICRC_LEN;
+    let (from, span) = if icrc > start {
+        (start, icrc - start)
+    } else {
+        (icrc, ICRC_LEN)
+    };
+    // SAFETY: a helper without arguments.
+    let rnd = unsafe { bpf_get_prandom_u32() } as usize;
+    let off = from + (rnd >> 3) % span;
+    let bit = 1u8 << (rnd & 7);
+    let Ok(b) = ctx.load::<u8>(off) else {
+        return false;
+    };
+    ctx.store(off, &(b ^ bit), 0).is_ok()
+}
+
+/// Sends a copy of the packet out of the same interface now (it comes back through this hook
+/// with [`IMPAIR_MARK`] and goes on untouched).
+#[inline(always)]
+fn send_copy(ctx: &mut TcContext) -> bool {
+    let skb = ctx.skb.skb;
+    // SAFETY: `skb` is the context pointer the kernel gave this program run; `mark` and
+    // `ifindex` are fields a tc program may read, and `mark` one it may write.
+    let (mark, ifindex) = unsafe { ((*skb).mark, (*skb).ifindex) };
+    ctx.set_mark(IMPAIR_MARK);
+    let ok = ctx.clone_redirect(ifindex, 0).is_ok();
+    ctx.set_mark(mark);
+    ok
+}
+
+/// Compare-and-swap of `*a` from `old` to `new`; whether it happened.
+#[cfg(target_arch = "bpf")]
+#[inline(always)]
+fn cas(a: &AtomicU64, old: u64, new: u64) -> bool {
+    use core::intrinsics::{AtomicOrdering, atomic_cxchg};
+    // SAFETY: `a.as_ptr()` is valid and aligned for as long as `a` is borrowed, and every
+    // access to it is atomic.
+    unsafe {
+        atomic_cxchg::<u64, { AtomicOrdering::Relaxed }, { AtomicOrdering::Relaxed }>(
+            a.as_ptr(),
+            old,
+            new,
+        )
+        .1
+    }
+}
+
+#[cfg(not(target_arch = "bpf"))]
+fn cas(a: &AtomicU64, old: u64, new: u64) -> bool {
+    a.compare_exchange(old, new, Ordering::Relaxed, Ordering::Relaxed)
+        .is_ok()
+}
+
+/// The virtual bottleneck: `Some(marked)` if the packet may go on, `None` to drop it.
+#[inline(always)]
+fn bottleneck(cfg: &ImpairConfig, len: u64, stats: &mut ImpairStats) -> Option<bool> {
+    let Some(state) = ROCE_IMPAIR_BOTTLENECK.get_ptr_mut(0) else {
+        return Some(false);
+    };
+    // SAFETY: `state` points to the map value, which lives as long as the map; it is only ever
+    // accessed through atomics (here and in other CPUs' runs), and u64 map values are 8-aligned.
+    let empty_at = unsafe { AtomicU64::from_ptr(&raw mut (*state).empty_at_ns) };
+    // SAFETY: a helper without arguments.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let cost_ns = len * cfg.ps_per_byte / 1000;
+    let mut backlog = 0u64;
+    let mut queued = false;
+    for _ in 0..8 {
+        // An aligned 64-bit load is single-copy atomic on BPF; LLVM's BPF backend cannot select
+        // an `AtomicLoad` node before ISA v4, so read it as a volatile load.
+        // SAFETY: the pointer is valid and aligned (see above).
+        let old = unsafe { core::ptr::read_volatile(empty_at.as_ptr()) };
+        let start = if old > now { old } else { now };
+        backlog = (start - now) * 1000 / cfg.ps_per_byte;
+        if backlog + len > cfg.max_backlog_bytes {
+            return None;
+        }
+        if cas(empty_at, old, start + cost_ns) {
+            queued = true;
+            break;
+        }
+    }
+    if !queued {
+        stats.errors += 1;
+        return Some(false);
+    }
+    let p = if backlog <= cfg.kmin_bytes {
+        0
+    } else if backlog > cfg.kmax_bytes {
+        PROB_ONE
+    } else {
+        let span = cfg.kmax_bytes - cfg.kmin_bytes;
+        (u64::from(cfg.pmax) * (backlog - cfg.kmin_bytes) / span) as u32
+    };
+    Some(hit(p))
+}
+
+/// `len` (which the caller checked is in `1..=HELD_MAX`) in a form the verifier can bound:
+/// `((len - 1) & (HELD_MAX - 1)) + 1` is `len` and provably in `1..=HELD_MAX`.
+#[inline(always)]
+fn bounded(len: usize) -> u32 {
+    ((len.wrapping_sub(1) & (HELD_MAX - 1)) + 1) as u32
+}
+
+/// Holds the packet back, or releases a held one behind it. Returns the verdict.
+#[inline(always)]
+fn reorder(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats) -> i32 {
+    let Some(held) = ROCE_IMPAIR_HELD.get_ptr_mut(0) else {
+        stats.passed += 1;
+        return TC_ACT_OK;
+    };
+    // SAFETY: this CPU's slot of a per-CPU map; tc programs run with bottom halves off, so no
+    // other run on this CPU touches it while we hold it (our own clone's run does not: it
+    // returns at the IMPAIR_MARK check before looking at this map).
+    let held = unsafe { &mut *held };
+    let held_len = held.len as usize;
+    if held_len != 0 {
+        // Release: this packet goes out first as a copy, then the skb becomes the held frame.
+        if !send_copy(ctx) {
+            stats.errors += 1;
+            stats.passed += 1;
+            return TC_ACT_OK;
+        }
+        stats.passed += 1;
+        held.len = 0;
+        if held_len > HELD_MAX {
+            stats.errors += 1;
+            return TC_ACT_SHOT;
+        }
+        let skb = ctx.skb.skb;
+        let n = bounded(held_len);
+        // SAFETY: helpers on our own context; `held.data` is valid for `n` (<= HELD_MAX) bytes.
+        let ok = unsafe {
+            bpf_skb_change_tail(skb, n, 0) == 0
+                && bpf_skb_store_bytes(skb, 0, held.data.as_ptr().cast(), n, 0) == 0
+        };
+        if ok {
+            stats.reorder_released += 1;
+            TC_ACT_OK
+        } else {
+            stats.errors += 1;
+            TC_ACT_SHOT
+        }
+    } else if hit(cfg.reorder) && (1..=HELD_MAX).contains(&(ctx.len() as usize)) {
+        let n = bounded(ctx.len() as usize);
+        // SAFETY: a helper on our own context; `held.data` has room for `n` (<= HELD_MAX) bytes.
+        let r =
+            unsafe { bpf_skb_load_bytes(ctx.skb.skb.cast(), 0, held.data.as_mut_ptr().cast(), n) };
+        match r {
+            0 => {
+                held.len = n;
+                // SAFETY: a helper without arguments.
+                held.held_at_ns = unsafe { bpf_ktime_get_ns() };
+                stats.reordered += 1;
+                TC_ACT_SHOT
+            }
+            _ => {
+                stats.errors += 1;
+                stats.passed += 1;
+                TC_ACT_OK
+            }
+        }
+    } else {
+        stats.passed += 1;
+        TC_ACT_OK
+    }
+}
+
+#[inline(always)]
+fn impair(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats) -> i32 {
+    let port = if cfg.port == 0 {
+        ROCE_V2_UDP_PORT
+    } else {
+        cfg.port as u16
+    };
+    let Some(r) = parse(ctx, port) else {
+        stats.not_roce += 1;
+        return TC_ACT_OK;
+    };
+    let len = u64::from(ctx.len());
+    stats.seen += 1;
+    stats.seen_bytes += len;
+
+    if cfg.rate_bps != 0 && cfg.ps_per_byte != 0 {
+        match bottleneck(cfg, len, stats) {
+            None => {
+                stats.bottleneck_dropped += 1;
+                return TC_ACT_SHOT;
+            }
+            Some(true) => {
+                if mark_ce(ctx, &r) {
+                    stats.bottleneck_marked += 1;
+                } else {
+                    stats.errors += 1;
+                }
+            }
+            Some(false) => {}
+        }
+    }
+    if hit(cfg.drop) {
+        stats.dropped += 1;
+        return TC_ACT_SHOT;
+    }
+    if hit(cfg.corrupt) {
+        if corrupt(ctx, &r) {
+            stats.corrupted += 1;
+        } else {
+            stats.errors += 1;
+        }
+    }
+    if hit(cfg.ce) {
+        if mark_ce(ctx, &r) {
+            stats.ce_marked += 1;
+        } else {
+            stats.errors += 1;
+        }
+    }
+    if hit(cfg.dup) {
+        if send_copy(ctx) {
+            stats.duplicated += 1;
+        } else {
+            stats.errors += 1;
+        }
+    }
+    reorder(ctx, cfg, stats)
+}
+
+/// The tc entry point.
+#[classifier]
+pub fn roce_impair(mut ctx: TcContext) -> i32 {
+    let Some(stats) = ROCE_IMPAIR_STATS.get_ptr_mut(0) else {
+        return TC_ACT_OK;
+    };
+    // SAFETY: this CPU's slot of a per-CPU array; tc runs with bottom halves off, so the only
+    // other run on this CPU is the nested one of our own clone (inside `bpf_clone_redirect`),
+    // which touches nothing but `own_copies`, a field this run only writes when it returns
+    // at once; every other field is written by this run alone.
+    let stats = unsafe { &mut *stats };
+    // SAFETY: `skb` is this run's context; `mark` is readable and writable from tc.
+    if unsafe { (*ctx.skb.skb).mark } == IMPAIR_MARK {
+        ctx.set_mark(0);
+        stats.own_copies += 1;
+        return TC_ACT_OK;
+    }
+    let Some(cfg) = ROCE_IMPAIR_CONFIG.get(0) else {
+        return TC_ACT_OK;
+    };
+    let cfg = *cfg;
+    impair(&mut ctx, &cfg, stats)
+}
+
+#[cfg(not(target_arch = "bpf"))]
+fn main() {}
+
+#[cfg(target_arch = "bpf")]
+#[panic_handler]
+fn panic(_info: &core::panic::PanicInfo<'_>) -> ! {
+    loop {}
+}
+
+#[unsafe(link_section = "license")]
+#[unsafe(no_mangle)]
+static LICENSE: [u8; 13] = *b"Dual MIT/GPL\0";

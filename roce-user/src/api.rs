@@ -1,0 +1,941 @@
+//! A verbs-like application API: a [`Device`] is a Linux interface turned into a RoCE v2 device.
+//!
+//! [`Device::open`] loads `roce_xdp` (unless `roce load` already did), opens one AF_XDP socket per
+//! RX queue, and starts one engine thread per queue that drives the sans-I/O transport. The
+//! methods are the verbs a user of `libibverbs` knows — `reg_mr`, `create_cq`, `create_qp`,
+//! `modify_qp`, `post_send`, `post_recv`, `poll_cq` — with Rust types instead of C structs.
+//! Completion queues can be polled, waited on (blocking), or awaited ([`Device::cq_ready`]).
+//!
+//! QP numbers are claimed in the pinned `ROCE_QPS` map under a lock file
+//! (`/run/roce/<ifname>.lock`), so several processes on one interface never take each other's
+//! QPNs; a QPN whose owner process has died can be reclaimed.
+//!
+//! Limits of this transport over AF_XDP: a frame is one UMEM frame (4096 bytes, of which the
+//! kernel keeps 256 for headroom on receive), so the largest path MTU is 2048; 4096 would need
+//! AF_XDP multi-buffer frames.
+
+use std::{
+    fs::{self, File},
+    future::Future,
+    io::Read as _,
+    net::IpAddr,
+    os::fd::{AsFd as _, AsRawFd as _},
+    pin::Pin,
+    sync::{
+        Arc, Condvar, Mutex, MutexGuard,
+        atomic::{AtomicBool, Ordering},
+    },
+    task::{Context, Poll, Waker},
+    time::{Duration, Instant as StdInstant},
+};
+
+use nix::sys::eventfd::{EfdFlags, EventFd};
+use roce_common::maps::{
+    BIND_COPY, BIND_ZEROCOPY, MAX_QPS, QpEntry, QpStatsRecord, XskQueueRecord,
+};
+
+pub use crate::transport::{
+    Access, AttrMask, CqId, DeviceConfig, DeviceCounters, LKey, MrInfo, Mtu, Path, PdId, PostError,
+    QpAttr, QpCap, QpCounters, QpInit, QpState, QpType, Qpn, RKey, RecvWr, SendFlags, SendOp,
+    SendWr, Sge, Wc, WcFlags, WcOpcode, WcStatus,
+};
+use crate::{
+    engine::{EngineConfig, EngineThread, Handler, Nanos, RxVerdict, TxSink, spawn_engines},
+    loader::{self, AttachMode, LoadError, LoadOptions, Pins},
+    netinfo::{self, Gid, IfInfo, NetInfoError},
+    transport::{self, Instant},
+    wire::{EthernetAddress, IpPath, PathRepr, frame::udp_src_port},
+    xsk::{BindMode, XskConfig, XskError, XskQueue, XskStats},
+};
+
+/// Why a device call failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ApiError {
+    /// Loading, pinning or a map operation failed.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// An AF_XDP socket could not be opened.
+    #[error("AF_XDP: {0}")]
+    Xsk(#[from] XskError),
+    /// Interface facts could not be read.
+    #[error(transparent)]
+    NetInfo(#[from] NetInfoError),
+    /// The transport refused.
+    #[error(transparent)]
+    Device(#[from] transport::DeviceError),
+    /// A post was refused.
+    #[error(transparent)]
+    Post(#[from] PostError),
+    /// A memory region call failed.
+    #[error(transparent)]
+    Mr(#[from] transport::MrError),
+    /// No QPN below the XDP map's capacity is free.
+    #[error("no free QP number below {MAX_QPS} on {0}")]
+    NoQpn(String),
+    /// The path MTU does not fit the frames.
+    #[error(
+        "path MTU {asked} does not fit this device: at most {max} (AF_XDP frames of {frame} bytes, link MTU {link})"
+    )]
+    Mtu {
+        /// Asked for.
+        asked: u32,
+        /// Largest possible.
+        max: u32,
+        /// UMEM frame size.
+        frame: u32,
+        /// Link MTU.
+        link: u32,
+    },
+    /// A memory region access out of bounds.
+    #[error("memory region {lkey:?}: bytes {offset}..{end} are outside its {len} bytes")]
+    OutOfBounds {
+        /// Region.
+        lkey: LKey,
+        /// Start.
+        offset: usize,
+        /// End.
+        end: usize,
+        /// Region length.
+        len: usize,
+    },
+    /// Something else the OS refused.
+    #[error("{what}: {source}")]
+    Os {
+        /// What.
+        what: &'static str,
+        /// The error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// An engine thread failed.
+    #[error("engine thread: {0}")]
+    Engine(String),
+}
+
+fn os(what: &'static str) -> impl FnOnce(std::io::Error) -> ApiError {
+    move |source| ApiError::Os { what, source }
+}
+
+/// Options of [`Device::open`].
+#[derive(Clone, Debug)]
+pub struct DeviceOptions {
+    /// XDP attach mode, if the device loads roce_xdp itself.
+    pub mode: AttachMode,
+    /// AF_XDP sizes.
+    pub xsk: XskConfig,
+    /// Transport limits.
+    pub transport: DeviceConfig,
+    /// Engine tuning.
+    pub engine: EngineConfig,
+    /// Network namespace name, recorded in the load info.
+    pub netns: Option<String>,
+}
+
+impl Default for DeviceOptions {
+    fn default() -> Self {
+        Self {
+            mode: AttachMode::Native,
+            xsk: XskConfig::default(),
+            transport: DeviceConfig::default(),
+            engine: EngineConfig::default(),
+            netns: None,
+        }
+    }
+}
+
+/// What the engines and the application threads share.
+#[derive(Debug)]
+struct Shared {
+    dev: Mutex<transport::Device>,
+    /// Signalled by the engines after input that may have completed work.
+    progress: Condvar,
+    /// Async waiters, woken with `progress`.
+    wakers: Mutex<Vec<Waker>>,
+    /// Makes the engines' poll(2) return, after a post.
+    wake: EventFd,
+    /// The latest AF_XDP counters of each queue, as the engines report them.
+    xsk: Mutex<std::collections::BTreeMap<u32, XskStats>>,
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, transport::Device> {
+        // A panic while holding the lock leaves the transport in an unknown state; the poison
+        // is reported by the next call that sees it, here treated as fatal for the device.
+        self.dev
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn notify(&self) {
+        self.progress.notify_all();
+        let wakers = std::mem::take(
+            &mut *self
+                .wakers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for w in wakers {
+            w.wake();
+        }
+    }
+
+    fn kick(&self) {
+        let _ = self.wake.write(1);
+    }
+}
+
+/// The engine handler that drives the transport: frames in, frames out, timers.
+struct TransportHandler {
+    shared: Arc<Shared>,
+    activity: bool,
+}
+
+const fn at(now: Nanos) -> Instant {
+    Instant::from_nanos(now.0)
+}
+
+impl Handler for TransportHandler {
+    fn on_rx(&mut self, now: Nanos, frame: &mut [u8], _tx: &mut TxSink<'_>) -> RxVerdict {
+        self.shared.lock().handle_packet(at(now), frame);
+        self.activity = true;
+        RxVerdict::Recycle
+    }
+
+    fn poll_transmit(&mut self, now: Nanos, tx: &mut TxSink<'_>) {
+        // Clear a pending wake-up: everything posted so far is visible under the lock below.
+        let _ = self.shared.wake.read();
+        let mut dev = self.shared.lock();
+        while tx.room() > 0 {
+            let mut sent = false;
+            let _ = tx.send(|buf| match dev.poll_transmit(at(now), buf) {
+                Some(t) => {
+                    sent = true;
+                    t.size
+                }
+                None => 0,
+            });
+            if !sent {
+                break;
+            }
+            self.activity = true;
+        }
+        drop(dev);
+        if std::mem::take(&mut self.activity) {
+            self.shared.notify();
+        }
+    }
+
+    fn next_timeout(&self) -> Option<Nanos> {
+        self.shared
+            .lock()
+            .poll_timeout()
+            .map(|t| Nanos(t.as_nanos()))
+    }
+
+    fn on_timeout(&mut self, now: Nanos) {
+        self.shared.lock().handle_timeout(at(now));
+        self.activity = true;
+    }
+
+    fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        Some(self.shared.wake.as_fd())
+    }
+
+    fn on_queue_stats(&mut self, queue_id: u32, stats: &XskStats) {
+        self.shared
+            .xsk
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .insert(queue_id, *stats);
+    }
+}
+
+/// Writes the device's counters into the pinned stats maps, where `roce stats` and bpftool
+/// read them. Runs every [`PUBLISH_EVERY`] on its own thread, and once more at close.
+#[derive(Clone)]
+struct Publisher {
+    shared: Arc<Shared>,
+    pins: Pins,
+    bind_modes: Vec<(u32, BindMode)>,
+}
+
+/// How often the counters are published.
+pub const PUBLISH_EVERY: Duration = Duration::from_millis(250);
+
+const fn state_code(s: QpState) -> u32 {
+    match s {
+        QpState::Reset => 0,
+        QpState::Init => 1,
+        QpState::Rtr => 2,
+        QpState::Rts => 3,
+        QpState::Sqd => 4,
+        QpState::Sqe => 5,
+        QpState::Err => 6,
+    }
+}
+
+impl Publisher {
+    fn publish(&self) -> Result<(), ApiError> {
+        let pid = std::process::id();
+        let (devc, qps) = {
+            let dev = self.shared.lock();
+            let qps: Vec<_> = dev
+                .qps()
+                .map(|q| (q.qpn(), q.state(), *q.counters()))
+                .collect();
+            (*dev.device_counters(), qps)
+        };
+        let mut qmap = self.pins.qp_stats()?;
+        for (qpn, state, counters) in qps {
+            let rec = QpStatsRecord {
+                owner: pid,
+                state: state_code(state),
+                counters,
+            };
+            qmap.insert(qpn.value(), rec, 0).map_err(LoadError::from)?;
+        }
+        self.pins
+            .dev_stats()?
+            .insert(pid, devc, 0)
+            .map_err(LoadError::from)?;
+        let xsk = self
+            .shared
+            .xsk
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone();
+        let mut xmap = self.pins.xsk_stats()?;
+        for (q, stats) in xsk {
+            let bind = self
+                .bind_modes
+                .iter()
+                .find(|(n, _)| *n == q)
+                .map_or(BIND_COPY, |(_, m)| match m {
+                    BindMode::ZeroCopy => BIND_ZEROCOPY,
+                    BindMode::Copy => BIND_COPY,
+                });
+            xmap.insert(
+                q,
+                XskQueueRecord {
+                    owner: pid,
+                    bind_mode: bind,
+                    stats,
+                },
+                0,
+            )
+            .map_err(LoadError::from)?;
+        }
+        Ok(())
+    }
+
+    /// Folds the records of `owner` (or, with `None`, of every process that no longer exists)
+    /// into the retired records (QPN 0 and PID 0), so per-interface totals stay cumulative like
+    /// a NIC's while the maps stay bounded. Call with the QPN lock held.
+    fn retire(&self, owner: Option<u32>) {
+        let gone = |o: u32| o != 0 && owner.map_or(!process_alive(o), |me| o == me);
+        if let Ok(mut m) = self.pins.qp_stats() {
+            let mut retired = m.get(&0, 0).unwrap_or_default();
+            let old: Vec<(u32, QpStatsRecord)> = m
+                .iter()
+                .filter_map(Result::ok)
+                .filter(|(k, r)| *k != 0 && gone(r.owner))
+                .collect();
+            if !old.is_empty() {
+                for (k, r) in &old {
+                    retired.counters.add(&r.counters);
+                    let _ = m.remove(k);
+                }
+                retired.owner = 0;
+                retired.state = 0;
+                let _ = m.insert(0, retired, 0);
+            }
+        }
+        if let Ok(mut m) = self.pins.dev_stats() {
+            let mut retired = m.get(&0, 0).unwrap_or_default();
+            let old: Vec<(u32, DeviceCounters)> = m
+                .iter()
+                .filter_map(Result::ok)
+                .filter(|(pid, _)| gone(*pid))
+                .collect();
+            if !old.is_empty() {
+                for (pid, d) in &old {
+                    retired.add(d);
+                    let _ = m.remove(pid);
+                }
+                let _ = m.insert(0, retired, 0);
+            }
+        }
+    }
+}
+
+/// A RoCE v2 device on a Linux interface. Dropping it stops the engines, releases its QPNs and,
+/// if it loaded roce_xdp, unloads it.
+pub struct Device {
+    publisher: Publisher,
+    stats_thread: Option<std::thread::JoinHandle<()>>,
+    shared: Arc<Shared>,
+    info: IfInfo,
+    pins: Pins,
+    stop: Arc<AtomicBool>,
+    engines: Vec<EngineThread<TransportHandler>>,
+    loaded_here: bool,
+    bind_modes: Vec<(u32, BindMode)>,
+    qpns: Mutex<Vec<u32>>,
+    frame_size: u32,
+    next_iova: Mutex<u64>,
+}
+
+impl std::fmt::Debug for Device {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Device")
+            .field("ifname", &self.info.ifname)
+            .field("queues", &self.bind_modes)
+            .finish()
+    }
+}
+
+fn random_seed() -> Result<[u8; 32], ApiError> {
+    let mut seed = [0u8; 32];
+    File::open("/dev/urandom")
+        .and_then(|mut f| f.read_exact(&mut seed))
+        .map_err(os("reading /dev/urandom"))?;
+    Ok(seed)
+}
+
+/// Takes the per-interface lock (`/run/roce/<ifname>.lock`) that serialises QPN claims and the
+/// folding of counters between processes.
+fn lock_file(ifname: &str) -> Result<nix::fcntl::Flock<File>, ApiError> {
+    fs::create_dir_all("/run/roce").map_err(os("creating /run/roce"))?;
+    let path = format!("/run/roce/{ifname}.lock");
+    let f = File::options()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(os("opening the QPN lock file"))?;
+    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| ApiError::Os {
+        what: "locking the QPN lock file",
+        source: e.into(),
+    })
+}
+
+fn process_alive(pid: u32) -> bool {
+    pid != 0 && std::path::Path::new(&format!("/proc/{pid}")).exists()
+}
+
+impl Device {
+    /// Opens `ifname` (in the calling thread's network namespace) as a RoCE device. Needs root.
+    ///
+    /// # Errors
+    /// Not root, no such interface, the XDP program or an AF_XDP socket cannot be set up.
+    pub fn open(ifname: &str, opts: &DeviceOptions) -> Result<Self, ApiError> {
+        loader::require_root()?;
+        let info = IfInfo::query(ifname)?;
+        let pins = Pins::new(ifname);
+        let loaded_here = if pins.load_info().is_ok() {
+            false
+        } else {
+            let lo = LoadOptions {
+                mode: opts.mode,
+                netns: opts.netns.clone(),
+                ..LoadOptions::default()
+            };
+            loader::load(ifname, &lo)?;
+            true
+        };
+        let result = Self::start(info, pins.clone(), opts, loaded_here);
+        if result.is_err() && loaded_here {
+            let _ = loader::unload(ifname);
+        }
+        result
+    }
+
+    fn start(
+        info: IfInfo,
+        pins: Pins,
+        opts: &DeviceOptions,
+        loaded_here: bool,
+    ) -> Result<Self, ApiError> {
+        let mut config = opts.transport.clone();
+        config.key_seed = random_seed()?;
+        config.first_qpn = roce_common::maps::FIRST_QPN;
+        let wake = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+            .map_err(|e| ApiError::Os {
+                what: "eventfd",
+                source: e.into(),
+            })?;
+        let shared = Arc::new(Shared {
+            dev: Mutex::new(transport::Device::new(config)),
+            progress: Condvar::new(),
+            wakers: Mutex::new(Vec::new()),
+            wake,
+            xsk: Mutex::new(std::collections::BTreeMap::new()),
+        });
+        let mut queues = Vec::new();
+        let mut bind_modes = Vec::new();
+        let mut xsks = pins.xsks()?;
+        for q in 0..info.rx_queues.max(1) {
+            let queue = XskQueue::open(&info.ifname, q, &opts.xsk)?;
+            xsks.set(q, queue.as_raw_fd(), 0).map_err(LoadError::from)?;
+            bind_modes.push((q, queue.bind_mode()));
+            queues.push(queue);
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let s = Arc::clone(&shared);
+        let engines = spawn_engines(
+            queues,
+            move |_| TransportHandler {
+                shared: Arc::clone(&s),
+                activity: false,
+            },
+            opts.engine,
+            &stop,
+        )
+        .map_err(os("starting engine threads"))?;
+        let publisher = Publisher {
+            shared: Arc::clone(&shared),
+            pins: pins.clone(),
+            bind_modes: bind_modes.clone(),
+        };
+        if let Ok(_lock) = lock_file(&info.ifname) {
+            publisher.retire(None);
+        }
+        let (p, st) = (publisher.clone(), Arc::clone(&stop));
+        let stats_thread = std::thread::Builder::new()
+            .name("roce-stats".into())
+            .spawn(move || {
+                while !st.load(Ordering::Relaxed) {
+                    if let Err(e) = p.publish() {
+                        log::warn!("publishing counters: {e}");
+                    }
+                    std::thread::sleep(PUBLISH_EVERY);
+                }
+            })
+            .map_err(os("starting the stats thread"))?;
+        Ok(Self {
+            publisher,
+            stats_thread: Some(stats_thread),
+            shared,
+            pins,
+            stop,
+            engines,
+            loaded_here,
+            bind_modes,
+            qpns: Mutex::new(Vec::new()),
+            frame_size: opts.xsk.frame_size,
+            next_iova: Mutex::new(0x1000_0000),
+            info,
+        })
+    }
+
+    /// The interface facts (MAC, MTU, GID table).
+    #[must_use]
+    pub const fn info(&self) -> &IfInfo {
+        &self.info
+    }
+
+    /// How each RX queue's socket is bound (zero-copy or copy).
+    #[must_use]
+    pub fn bind_modes(&self) -> &[(u32, BindMode)] {
+        &self.bind_modes
+    }
+
+    /// GID `index` of the GID table.
+    ///
+    /// # Errors
+    /// No such index.
+    pub fn gid(&self, index: usize) -> Result<Gid, ApiError> {
+        Ok(self.info.gid(index)?)
+    }
+
+    /// The largest path MTU this device can carry, for IPv4 or IPv6 paths.
+    #[must_use]
+    pub fn max_path_mtu(&self, ipv6: bool) -> u32 {
+        let by_link = self.info.max_path_mtu(ipv6);
+        // A received frame starts 256 bytes (XDP_PACKET_HEADROOM) into its UMEM frame.
+        let room = self
+            .frame_size
+            .saturating_sub(256 + 14 + 8 + 40 + 8 + 12 + 28 + 4);
+        let by_frame = [4096, 2048, 1024, 512, 256]
+            .into_iter()
+            .find(|m| *m <= room)
+            .unwrap_or(256);
+        by_link.min(by_frame)
+    }
+
+    /// Fails unless a path MTU of `mtu` bytes fits this device (see [`Device::max_path_mtu`]).
+    /// Tools call it before their connection setup, so a bad `-m` is reported at once.
+    ///
+    /// # Errors
+    /// [`ApiError::Mtu`], saying what the limit is and why.
+    pub fn check_path_mtu(&self, mtu: u32, ipv6: bool) -> Result<(), ApiError> {
+        let max = self.max_path_mtu(ipv6);
+        if mtu > max {
+            return Err(ApiError::Mtu {
+                asked: mtu,
+                max,
+                frame: self.frame_size,
+                link: self.info.mtu,
+            });
+        }
+        Ok(())
+    }
+
+    /// The address vector from local GID `gid_index` to `remote_gid`: MACs (the peer's from the
+    /// neighbour table, resolved if needed), IPs, and the RoCE v2 UDP source port of the QP pair.
+    ///
+    /// # Errors
+    /// Bad GID index, mixed address families, or the peer's MAC does not resolve.
+    pub fn path_to(
+        &self,
+        gid_index: usize,
+        remote_gid: &[u8; 16],
+        local_qpn: Qpn,
+        remote_qpn: Qpn,
+    ) -> Result<Path, ApiError> {
+        let local = self.gid(gid_index)?;
+        let remote_ip = crate::cm::gid_to_ip(remote_gid);
+        let dst_mac = netinfo::resolve_mac(&self.info.ifname, remote_ip, Duration::from_secs(3))?;
+        let ip = match (local.ip, remote_ip) {
+            (IpAddr::V4(src), IpAddr::V4(dst)) => IpPath::V4 { src, dst },
+            (IpAddr::V6(src), IpAddr::V6(dst)) => IpPath::V6 {
+                src,
+                dst,
+                flow_label: 0,
+            },
+            _ => {
+                return Err(ApiError::NetInfo(NetInfoError::Ip {
+                    args: "path".into(),
+                    msg: format!(
+                        "local GID {} and remote GID {remote_ip} are of different families",
+                        local.ip
+                    ),
+                }));
+            }
+        };
+        let mut p = PathRepr::new(EthernetAddress(self.info.mac), EthernetAddress(dst_mac), ip);
+        p.udp_src_port = udp_src_port(local_qpn, remote_qpn);
+        Ok(p)
+    }
+
+    /// Allocates a protection domain (`ibv_alloc_pd`): QPs reach only the regions of their own.
+    ///
+    /// # Errors
+    /// Too many protection domains.
+    pub fn alloc_pd(&self) -> Result<PdId, ApiError> {
+        Ok(self.shared.lock().alloc_pd()?)
+    }
+
+    /// Registers a zeroed region of `len` bytes in `pd` (`ibv_reg_mr`).
+    ///
+    /// # Errors
+    /// Too many regions, an unknown PD, or bad access flags.
+    pub fn reg_mr(&self, pd: PdId, len: usize, access: Access) -> Result<MrInfo, ApiError> {
+        let mut next = self
+            .next_iova
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let iova = *next;
+        *next = next.saturating_add((len as u64).div_ceil(4096).max(1) * 4096 + 4096);
+        drop(next);
+        Ok(self.shared.lock().reg_mr(pd, vec![0; len], iova, access)?)
+    }
+
+    /// Deregisters a region; in-flight operations on it fail with access errors, never touch freed memory.
+    ///
+    /// # Errors
+    /// Unknown key.
+    pub fn dereg_mr(&self, lkey: LKey) -> Result<(), ApiError> {
+        self.shared.lock().dereg_mr(lkey)?;
+        Ok(())
+    }
+
+    /// Copies `data` into region `lkey` at `offset`.
+    ///
+    /// # Errors
+    /// Unknown key or out of bounds.
+    pub fn mr_write(&self, lkey: LKey, offset: usize, data: &[u8]) -> Result<(), ApiError> {
+        let mut dev = self.shared.lock();
+        let buf = dev
+            .mrs_mut()
+            .bytes_mut(lkey)
+            .ok_or(transport::MrError::UnknownKey(lkey.value()))?;
+        let end = offset
+            .checked_add(data.len())
+            .filter(|e| *e <= buf.len())
+            .ok_or(ApiError::OutOfBounds {
+                lkey,
+                offset,
+                end: offset.saturating_add(data.len()),
+                len: buf.len(),
+            })?;
+        buf[offset..end].copy_from_slice(data);
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes of region `lkey` at `offset` into `out`.
+    ///
+    /// # Errors
+    /// Unknown key or out of bounds.
+    pub fn mr_read(&self, lkey: LKey, offset: usize, out: &mut [u8]) -> Result<(), ApiError> {
+        let dev = self.shared.lock();
+        let buf = dev
+            .mrs()
+            .bytes(lkey)
+            .ok_or(transport::MrError::UnknownKey(lkey.value()))?;
+        let end = offset
+            .checked_add(out.len())
+            .filter(|e| *e <= buf.len())
+            .ok_or(ApiError::OutOfBounds {
+                lkey,
+                offset,
+                end: offset.saturating_add(out.len()),
+                len: buf.len(),
+            })?;
+        out.copy_from_slice(&buf[offset..end]);
+        Ok(())
+    }
+
+    /// Runs `f` over region `lkey`'s bytes (for checksums without a copy).
+    ///
+    /// # Errors
+    /// Unknown key.
+    pub fn with_mr<R>(&self, lkey: LKey, f: impl FnOnce(&[u8]) -> R) -> Result<R, ApiError> {
+        let dev = self.shared.lock();
+        let buf = dev
+            .mrs()
+            .bytes(lkey)
+            .ok_or(transport::MrError::UnknownKey(lkey.value()))?;
+        Ok(f(buf))
+    }
+
+    /// Creates a CQ of `depth` entries.
+    ///
+    /// # Errors
+    /// Too many CQs or too deep.
+    pub fn create_cq(&self, depth: usize) -> Result<CqId, ApiError> {
+        Ok(self.shared.lock().create_cq(depth)?)
+    }
+
+    /// Creates a QP in RESET (`ibv_create_qp`) and claims its QPN in the XDP QP map, so that
+    /// roce_xdp steers its packets here.
+    ///
+    /// # Errors
+    /// Limits, or no free QPN.
+    pub fn create_qp(&self, init: QpInit) -> Result<Qpn, ApiError> {
+        let _lock = lock_file(&self.info.ifname)?;
+        let qps = self.pins.qps()?;
+        let me = std::process::id();
+        for _ in 0..MAX_QPS {
+            let qpn = self.shared.lock().create_qp(init)?;
+            let n = qpn.value();
+            if n >= MAX_QPS {
+                self.shared.lock().destroy_qp(qpn)?;
+                return Err(ApiError::NoQpn(self.info.ifname.clone()));
+            }
+            let owner = qps.get(&n, 0).map_or(0, |e| e.owner);
+            if owner == 0 || owner == me || !process_alive(owner) {
+                drop(qps);
+                self.pins.add_qp(n, me)?;
+                self.qpns
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .push(n);
+                return Ok(qpn);
+            }
+            self.shared.lock().destroy_qp(qpn)?;
+        }
+        Err(ApiError::NoQpn(self.info.ifname.clone()))
+    }
+
+    /// Destroys a QP and releases its QPN.
+    ///
+    /// # Errors
+    /// No such QP.
+    pub fn destroy_qp(&self, qpn: Qpn) -> Result<(), ApiError> {
+        self.shared.lock().destroy_qp(qpn)?;
+        let _ = self
+            .pins
+            .qps()
+            .and_then(|mut m| Ok(m.set(qpn.value(), QpEntry::default(), 0)?));
+        self.qpns
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .retain(|n| *n != qpn.value());
+        Ok(())
+    }
+
+    /// Modifies a QP (`ibv_modify_qp`); refuses a path MTU the frames cannot carry.
+    ///
+    /// # Errors
+    /// Illegal transition, wrong mask, or MTU too large.
+    pub fn modify_qp(&self, qpn: Qpn, attr: &QpAttr<Path>, mask: AttrMask) -> Result<(), ApiError> {
+        if mask.contains(AttrMask::PATH_MTU) {
+            let ipv6 = matches!(attr.ah_attr.map(|p| p.ip), Some(IpPath::V6 { .. }));
+            let max = self.max_path_mtu(ipv6);
+            if attr.path_mtu.bytes() > max {
+                return Err(ApiError::Mtu {
+                    asked: attr.path_mtu.bytes(),
+                    max,
+                    frame: self.frame_size,
+                    link: self.info.mtu,
+                });
+            }
+        }
+        self.shared.lock().modify_qp(qpn, attr, mask)?;
+        self.shared.kick();
+        Ok(())
+    }
+
+    /// The state of a QP.
+    #[must_use]
+    pub fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
+        self.shared.lock().qp(qpn).map(transport::Qp::state)
+    }
+
+    /// Posts a send WR (`ibv_post_send`).
+    ///
+    /// # Errors
+    /// As the transport's `post_send`.
+    pub fn post_send(&self, qpn: Qpn, wr: SendWr<Path>) -> Result<(), ApiError> {
+        self.shared.lock().post_send(qpn, wr)?;
+        self.shared.kick();
+        Ok(())
+    }
+
+    /// Posts a receive WR (`ibv_post_recv`).
+    ///
+    /// # Errors
+    /// As the transport's `post_recv`.
+    pub fn post_recv(&self, qpn: Qpn, wr: RecvWr) -> Result<(), ApiError> {
+        self.shared.lock().post_recv(qpn, wr)?;
+        self.shared.kick();
+        Ok(())
+    }
+
+    /// Takes up to `max` completions without waiting (`ibv_poll_cq`).
+    #[must_use]
+    pub fn poll_cq(&self, cq: CqId, max: usize) -> Vec<Wc> {
+        let mut dev = self.shared.lock();
+        let mut out = Vec::new();
+        while out.len() < max {
+            match dev.poll_cq(cq) {
+                Some(wc) => out.push(wc),
+                None => break,
+            }
+        }
+        out
+    }
+
+    /// Waits up to `timeout` for a completion on `cq` (the blocking form of `ibv_get_cq_event`
+    /// plus `ibv_poll_cq`).
+    #[must_use]
+    pub fn wait_cq(&self, cq: CqId, timeout: Duration) -> Option<Wc> {
+        let deadline = StdInstant::now() + timeout;
+        let mut dev = self.shared.lock();
+        loop {
+            if let Some(wc) = dev.poll_cq(cq) {
+                return Some(wc);
+            }
+            let left = deadline.checked_duration_since(StdInstant::now())?;
+            dev = self
+                .shared
+                .progress
+                .wait_timeout(dev, left.min(Duration::from_millis(50)))
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .0;
+        }
+    }
+
+    /// A future that resolves with the next completion of `cq` (async wait).
+    #[must_use]
+    pub fn cq_ready(&self, cq: CqId) -> CqReady<'_> {
+        CqReady { dev: self, cq }
+    }
+
+    /// Transport counters: the device's own, and each QP's.
+    #[must_use]
+    pub fn counters(&self) -> (DeviceCounters, Vec<(Qpn, QpCounters)>) {
+        let dev = self.shared.lock();
+        let qps = dev.qps().map(|q| (q.qpn(), *q.counters())).collect();
+        (*dev.device_counters(), qps)
+    }
+
+    /// Stops the engines and releases everything (also done on drop).
+    pub fn close(mut self) {
+        self.shutdown();
+    }
+
+    fn shutdown(&mut self) {
+        if self.engines.is_empty()
+            && self.qpns.lock().map_or(true, |q| q.is_empty())
+            && !self.loaded_here
+        {
+            return;
+        }
+        self.stop.store(true, Ordering::SeqCst);
+        self.shared.kick();
+        for e in self.engines.drain(..) {
+            let _ = e.join();
+        }
+        if let Some(t) = self.stats_thread.take() {
+            let _ = t.join();
+        }
+        // The last counters go into the interface's cumulative totals (QPN 0 / PID 0).
+        let _ = self.publisher.publish();
+        if let Ok(_lock) = lock_file(&self.info.ifname) {
+            self.publisher.retire(Some(std::process::id()));
+        }
+        if let Ok(mut xsks) = self.pins.xsks() {
+            for (q, _) in &self.bind_modes {
+                let _ = xsks.unset(*q);
+            }
+        }
+        let qpns = std::mem::take(
+            &mut *self
+                .qpns
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        for n in qpns {
+            let _ = self.pins.remove_qp(n);
+        }
+        if std::mem::take(&mut self.loaded_here) {
+            let _ = loader::unload(&self.info.ifname);
+        }
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        self.shutdown();
+    }
+}
+
+/// The future of [`Device::cq_ready`].
+#[derive(Debug)]
+pub struct CqReady<'a> {
+    dev: &'a Device,
+    cq: CqId,
+}
+
+impl Future for CqReady<'_> {
+    type Output = Wc;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Wc> {
+        let mut dev = self.dev.shared.lock();
+        if let Some(wc) = dev.poll_cq(self.cq) {
+            return Poll::Ready(wc);
+        }
+        // Register before releasing the device lock: engines notify only while not holding it
+        // after their own updates, so a completion cannot slip between the check and this.
+        self.dev
+            .shared
+            .wakers
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(cx.waker().clone());
+        drop(dev);
+        Poll::Pending
+    }
+}

@@ -1,0 +1,297 @@
+//! DCQCN parameters under their mlx5 names, with units, defaults and ranges.
+//!
+//! Names are the mlx5 firmware / mlxconfig names (lower-cased: `RPG_TIME_RESET` →
+//! `rpg_time_reset`; the Linux debugfs knobs in drivers/infiniband/hw/mlx5/cong.c are the same
+//! with `rp_`/`np_` prefixes). Defaults are those of an actual ConnectX-5 Ex (fw 16.27.2008)
+//! `mlxconfig -d ... q` dump (xdp-newbies, 2020-06-22) and NVIDIA's DOCA "DCQCN CC Parameters"
+//! page, as collected in `../shared/reference/roce-v2.md` §4. Units: rates in Mb/s, times in µs,
+//! α and g in fixed point with 10 fractional bits (value/1024), as the DOCA page says.
+
+use core::time::Duration;
+
+/// A parameter out of its allowed range.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("DCQCN parameter {name} = {value} is out of range (allowed {min}..={max} {unit})")]
+pub struct ConfigError {
+    /// The parameter's mlx5 name.
+    pub name: &'static str,
+    /// The value given.
+    pub value: u64,
+    /// Smallest allowed value.
+    pub min: u64,
+    /// Largest allowed value.
+    pub max: u64,
+    /// Unit of the value.
+    pub unit: &'static str,
+}
+
+/// DCQCN configuration of a port (applied to every QP). Build it with [`Default`] and change
+/// fields, then call [`DcqcnConfig::validate`] (or [`DcqcnConfig::set`] by name, which
+/// validates).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct DcqcnConfig {
+    /// Reaction point on: CNPs cut the QP's rate. Off: the RP never limits (mlx5 sysfs
+    /// `ecn/roce_rp/enable/<prio>`). Default on.
+    pub rp_enabled: bool,
+    /// Notification point on: CE-marked packets cause CNPs (mlx5 sysfs `ecn/roce_np/enable`).
+    /// Default on.
+    pub np_enabled: bool,
+    /// µs between rate increases while no CNP arrives (the DCQCN "timer", T). Default 300
+    /// (CX-5 dump); paper 55. Range 1..=131071.
+    pub rpg_time_reset: u32,
+    /// Bytes sent between rate increases while no CNP arrives (the DCQCN byte counter, BC);
+    /// 0 disables the byte counter. Unit bytes, as the IEEE 802.1Qau QCN managed object defines
+    /// this name (include/uapi/linux/dcbnl.h `rpg_byte_reset`); whether mlx5 firmware scales it
+    /// is not documented in our sources. Default 32767 (CX-5 dump); paper 10 MB.
+    pub rpg_byte_reset: u32,
+    /// Increase events (timer or byte counter) of fast recovery before additive increase; past
+    /// it on both counters, hyper increase (DCQCN F). Default 1 (CX-5 dump); paper 5. Range 1..=31.
+    pub rpg_threshold: u32,
+    /// Mb/s added to the target rate per additive-increase event (R_AI). Default 5. Range 1..=100000.
+    pub rpg_ai_rate: u32,
+    /// Mb/s added to the target rate per hyper-increase stage (R_HAI). Default 50. Range 1..=100000.
+    pub rpg_hai_rate: u32,
+    /// Rate reduction shift: a CNP cuts `rate · α / 2^rpg_gd` with α in 1024ths, so 11 is the
+    /// paper's `rate · α/2` ("coefficient between alpha and the rate reduction factor").
+    /// Default 11. Range 1..=15.
+    pub rpg_gd: u32,
+    /// Smallest factor, in percent, a single CNP may multiply the rate by (the rate after a cut
+    /// is at least `rate · rpg_min_dec_fac / 100`; DOCA: "maximal ratio of rate decrease in a
+    /// single event"). Default 50. Range 1..=100.
+    pub rpg_min_dec_fac: u32,
+    /// Mb/s below which no cut takes the rate. Default 1. Range 1..=100000.
+    pub rpg_min_rate: u32,
+    /// Mb/s set on the first CNP of a QP whose rate is not limited yet; 0: cut from the current
+    /// rate as any other CNP does. Default 0. Range 0..=400000.
+    pub rate_to_set_on_first_cnp: u32,
+    /// α gain in 1024ths, in the Mellanox form (community DOC-2790 "DCQCN Parameters"):
+    /// with a CNP `α ← α·g/1024 + (1024 − g)`, without `α ← α·g/1024`; the paper's gain is
+    /// `(1024 − g)/1024`. Default 1019 ("fixed point with 10 bits in the fraction part").
+    /// Range 0..=1023.
+    pub dce_tcp_g: u32,
+    /// µs between α updates while no CNP arrives (the α timer, K in the paper). Default 1
+    /// (DOCA); paper 55. Range 1..=131071.
+    pub dce_tcp_rtt: u32,
+    /// α of a QP at its first CNP, in 1024ths. Default 1023. Range 0..=1023.
+    pub initial_alpha_value: u32,
+    /// µs during which at most one CNP cuts the rate; later CNPs are counted in
+    /// `rp_cnp_ignored`. Default 4. Range 0..=131071 (0: every CNP cuts).
+    pub rate_reduce_monitor_period: u32,
+    /// µs that must pass between two CNPs the NP sends for one QP. Default 2 (CX-5 dump).
+    /// Range 0..=131071.
+    pub min_time_between_cnps: u32,
+    /// DSCP of the CNPs the NP sends. Default 48. Range 0..=63.
+    pub cnp_dscp: u8,
+}
+
+impl Default for DcqcnConfig {
+    fn default() -> Self {
+        Self {
+            rp_enabled: true,
+            np_enabled: true,
+            rpg_time_reset: 300,
+            rpg_byte_reset: 32767,
+            rpg_threshold: 1,
+            rpg_ai_rate: 5,
+            rpg_hai_rate: 50,
+            rpg_gd: 11,
+            rpg_min_dec_fac: 50,
+            rpg_min_rate: 1,
+            rate_to_set_on_first_cnp: 0,
+            dce_tcp_g: 1019,
+            dce_tcp_rtt: 1,
+            initial_alpha_value: 1023,
+            rate_reduce_monitor_period: 4,
+            min_time_between_cnps: 2,
+            cnp_dscp: 48,
+        }
+    }
+}
+
+/// (name, min, max, unit) of every numeric parameter, in declaration order.
+const RANGES: [(&str, u64, u64, &str); 15] = [
+    ("rpg_time_reset", 1, 131_071, "us"),
+    ("rpg_byte_reset", 0, u32::MAX as u64, "bytes"),
+    ("rpg_threshold", 1, 31, "events"),
+    ("rpg_ai_rate", 1, 100_000, "Mb/s"),
+    ("rpg_hai_rate", 1, 100_000, "Mb/s"),
+    ("rpg_gd", 1, 15, "shift"),
+    ("rpg_min_dec_fac", 1, 100, "%"),
+    ("rpg_min_rate", 1, 100_000, "Mb/s"),
+    ("rate_to_set_on_first_cnp", 0, 400_000, "Mb/s"),
+    ("dce_tcp_g", 0, 1023, "/1024"),
+    ("dce_tcp_rtt", 1, 131_071, "us"),
+    ("initial_alpha_value", 0, 1023, "/1024"),
+    ("rate_reduce_monitor_period", 0, 131_071, "us"),
+    ("min_time_between_cnps", 0, 131_071, "us"),
+    ("cnp_dscp", 0, 63, "DSCP"),
+];
+
+impl DcqcnConfig {
+    /// The names of the numeric parameters, for help texts and `--set NAME=VALUE` parsing.
+    pub const NAMES: [&'static str; 15] = {
+        let mut n = [""; 15];
+        let mut i = 0;
+        while i < 15 {
+            n[i] = RANGES[i].0;
+            i += 1;
+        }
+        n
+    };
+
+    fn slot(&mut self, name: &str) -> Option<&mut u32> {
+        Some(match name {
+            "rpg_time_reset" => &mut self.rpg_time_reset,
+            "rpg_byte_reset" => &mut self.rpg_byte_reset,
+            "rpg_threshold" => &mut self.rpg_threshold,
+            "rpg_ai_rate" => &mut self.rpg_ai_rate,
+            "rpg_hai_rate" => &mut self.rpg_hai_rate,
+            "rpg_gd" => &mut self.rpg_gd,
+            "rpg_min_dec_fac" => &mut self.rpg_min_dec_fac,
+            "rpg_min_rate" => &mut self.rpg_min_rate,
+            "rate_to_set_on_first_cnp" => &mut self.rate_to_set_on_first_cnp,
+            "dce_tcp_g" => &mut self.dce_tcp_g,
+            "dce_tcp_rtt" => &mut self.dce_tcp_rtt,
+            "initial_alpha_value" => &mut self.initial_alpha_value,
+            "rate_reduce_monitor_period" => &mut self.rate_reduce_monitor_period,
+            "min_time_between_cnps" => &mut self.min_time_between_cnps,
+            _ => return None,
+        })
+    }
+
+    /// The value of the numeric parameter `name`.
+    #[must_use]
+    pub fn get(&self, name: &str) -> Option<u64> {
+        if name == "cnp_dscp" {
+            return Some(u64::from(self.cnp_dscp));
+        }
+        let mut copy = *self;
+        copy.slot(name).map(|v| u64::from(*v))
+    }
+
+    /// Sets parameter `name` to `value` after checking its range.
+    ///
+    /// # Errors
+    /// [`ConfigError`] with the allowed range; `min == max == 0` and unit "unknown" for a name
+    /// that is not a parameter.
+    pub fn set(&mut self, name: &str, value: u64) -> Result<(), ConfigError> {
+        let Some(&(name, min, max, unit)) = RANGES.iter().find(|r| r.0 == name) else {
+            return Err(ConfigError {
+                name: "unknown parameter",
+                value,
+                min: 0,
+                max: 0,
+                unit: "unknown",
+            });
+        };
+        if !(min..=max).contains(&value) {
+            return Err(ConfigError {
+                name,
+                value,
+                min,
+                max,
+                unit,
+            });
+        }
+        if name == "cnp_dscp" {
+            self.cnp_dscp = value as u8; // <= 63, checked above
+        } else if let Some(v) = self.slot(name) {
+            *v = value as u32; // <= u32::MAX, checked above
+        }
+        Ok(())
+    }
+
+    /// Checks every parameter against its range. Call after building a config field by field.
+    ///
+    /// # Errors
+    /// The first parameter out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        for (name, min, max, unit) in RANGES {
+            let value = self.get(name).unwrap_or_default();
+            if !(min..=max).contains(&value) {
+                return Err(ConfigError {
+                    name,
+                    value,
+                    min,
+                    max,
+                    unit,
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// `rpg_time_reset` as a duration.
+    #[must_use]
+    pub const fn time_reset(&self) -> Duration {
+        Duration::from_micros(self.rpg_time_reset as u64)
+    }
+    /// `dce_tcp_rtt` (the α timer) as a duration.
+    #[must_use]
+    pub const fn alpha_period(&self) -> Duration {
+        Duration::from_micros(self.dce_tcp_rtt as u64)
+    }
+    /// `rate_reduce_monitor_period` as a duration.
+    #[must_use]
+    pub const fn monitor_period(&self) -> Duration {
+        Duration::from_micros(self.rate_reduce_monitor_period as u64)
+    }
+    /// `min_time_between_cnps` as a duration.
+    #[must_use]
+    pub const fn cnp_interval(&self) -> Duration {
+        Duration::from_micros(self.min_time_between_cnps as u64)
+    }
+}
+
+/// Mb/s to bits/s.
+pub(crate) const fn mbps(v: u32) -> u64 {
+    v as u64 * 1_000_000
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn defaults_are_the_connectx5_dump_and_valid() {
+        let c = DcqcnConfig::default();
+        c.validate().unwrap();
+        assert_eq!(c.get("rpg_time_reset"), Some(300));
+        assert_eq!(c.get("rpg_byte_reset"), Some(32767));
+        assert_eq!(c.get("rpg_threshold"), Some(1));
+        assert_eq!(c.get("rpg_ai_rate"), Some(5));
+        assert_eq!(c.get("rpg_hai_rate"), Some(50));
+        assert_eq!(c.get("rpg_gd"), Some(11));
+        assert_eq!(c.get("rpg_min_dec_fac"), Some(50));
+        assert_eq!(c.get("rpg_min_rate"), Some(1));
+        assert_eq!(c.get("rate_to_set_on_first_cnp"), Some(0));
+        assert_eq!(c.get("dce_tcp_g"), Some(1019));
+        assert_eq!(c.get("initial_alpha_value"), Some(1023));
+        assert_eq!(c.get("rate_reduce_monitor_period"), Some(4));
+        assert_eq!(c.get("min_time_between_cnps"), Some(2));
+        assert_eq!(c.get("cnp_dscp"), Some(48));
+        assert_eq!(c.get("nope"), None);
+    }
+
+    #[test]
+    fn set_checks_ranges_and_names_the_parameter() {
+        let mut c = DcqcnConfig::default();
+        c.set("dce_tcp_g", 1000).unwrap();
+        assert_eq!(c.dce_tcp_g, 1000);
+        c.set("cnp_dscp", 26).unwrap();
+        assert_eq!(c.cnp_dscp, 26);
+        let e = c.set("dce_tcp_g", 1024).unwrap_err();
+        assert_eq!(
+            e.to_string(),
+            "DCQCN parameter dce_tcp_g = 1024 is out of range (allowed 0..=1023 /1024)"
+        );
+        assert_eq!(c.set("cnp_dscp", 64).unwrap_err().max, 63);
+        assert_eq!(c.set("rpg_min_dec_fac", 0).unwrap_err().min, 1);
+        assert!(c.set("rpg_bogus", 1).is_err());
+        // validate() catches fields set directly.
+        c.rpg_threshold = 0;
+        assert_eq!(c.validate().unwrap_err().name, "rpg_threshold");
+        assert_eq!(DcqcnConfig::NAMES.len(), 15);
+        assert_eq!(DcqcnConfig::NAMES[14], "cnp_dscp");
+    }
+}

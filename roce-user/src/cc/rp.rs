@@ -1,0 +1,715 @@
+//! The DCQCN reaction point: the rate of one QP.
+
+use core::time::Duration;
+
+use super::{CcStats, DcqcnConfig, Nanos, Pacer, config::mbps};
+
+/// α is kept in 1024ths (10 fractional bits), as mlx5 firmware keeps it.
+const ALPHA_ONE: u32 = 1024;
+/// The largest α (initial_alpha_value's upper bound).
+const ALPHA_MAX: u32 = 1023;
+
+/// Which increase rule the stage counters select (DCQCN §3.2, htsim `increaseRate`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Phase {
+    /// Not rate limited: sending at line rate, no timers.
+    Unlimited,
+    /// `max(T, BC) ≤ F`: the rate goes half way back to the target.
+    FastRecovery,
+    /// Past F on one counter: the target grows by `rpg_ai_rate` per event.
+    AdditiveIncrease,
+    /// Past F on both counters: the target grows by `rpg_hai_rate` per stage past F.
+    HyperIncrease,
+}
+
+impl Phase {
+    /// The name used in traces and `roce stats -s`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Unlimited => "unlimited",
+            Self::FastRecovery => "fast_recovery",
+            Self::AdditiveIncrease => "additive_increase",
+            Self::HyperIncrease => "hyper_increase",
+        }
+    }
+}
+
+/// The RP's increase stage: the timer and byte counters since the last cut and the phase they
+/// put the next increase in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct Stage {
+    /// Timer events since the last cut (DCQCN T).
+    pub timer: u32,
+    /// Byte-counter events since the last cut (DCQCN BC).
+    pub bytes: u32,
+    /// The phase.
+    pub phase: Phase,
+}
+
+/// The two timers of the RP (quinn-proto `TimerTable` style).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Timer {
+    /// α decay, every `dce_tcp_rtt` without a CNP.
+    Alpha = 0,
+    /// Rate increase, every `rpg_time_reset` without a CNP.
+    Increase = 1,
+}
+
+/// DCQCN rate control of one QP (the side that sends data).
+///
+/// The algorithm is the paper's (Zhu et al., SIGCOMM 2015, Fig. 5; the same as htsim
+/// `DCQCNSrc`), with the knobs and fixed-point arithmetic of mlx5 ([`DcqcnConfig`]):
+/// - A QP starts unlimited, at `line_rate_bps`, with no timers.
+/// - A CNP (at most one per `rate_reduce_monitor_period`; others count as `rp_cnp_ignored`)
+///   sets the target to the current rate and cuts the current rate by `rate·α/2^rpg_gd`
+///   (α/2 with the default gd 11), but never below `rate·rpg_min_dec_fac/100` nor
+///   `rpg_min_rate`; then `α ← α·g/1024 + (1024 − g)`, the counters T and BC go to 0 and both
+///   timers restart. The first CNP of an unlimited QP starts from α = `initial_alpha_value`,
+///   and sets the rate to `rate_to_set_on_first_cnp` instead of cutting, unless that is 0.
+/// - Every `dce_tcp_rtt` without a CNP: `α ← α·g/1024`.
+/// - Every `rpg_time_reset` without a CNP, T += 1; every `rpg_byte_reset` bytes sent, BC += 1;
+///   each such event (after counting it) increases the rate: with F = `rpg_threshold`, if
+///   `max(T, BC) ≤ F` fast recovery; else if `min(T, BC) ≤ F` additive increase (target +=
+///   `rpg_ai_rate`); else hyper increase (target += `(min(T, BC) − F) · rpg_hai_rate`); then
+///   `rate ← ⌈(target + rate)/2⌉`. Both are clamped to the line rate. With the byte counter
+///   off (`rpg_byte_reset` 0), max = T and min = T − 1: F fast-recovery events, one additive
+///   increase, then hyper increase, as in the Mellanox model.
+/// - When rate and target are back at the line rate the QP is unlimited again and its timers
+///   stop (mlx5 releases the rate limiter).
+///
+/// Rounding: rates are bits/s in `u64`; cuts round the cut amount down, increases round the
+/// average up (so fast recovery reaches the target instead of stopping one bit/s short), α
+/// updates round down.
+#[derive(Debug, Clone)]
+pub struct ReactionPoint {
+    enabled: bool,
+    line_rate: u64,
+    rate: u64,
+    target: u64,
+    alpha: u32,
+    limited: bool,
+    timer_stage: u32,
+    byte_stage: u32,
+    byte_count: u64,
+    last_cut: Option<Nanos>,
+    timers: [Option<Nanos>; 2],
+    pacer: Pacer,
+    cnps: u64,
+    bytes_sent: u64,
+    stats: CcStats,
+    // Copied from the config.
+    time_reset: Duration,
+    alpha_period: Duration,
+    monitor_period: Duration,
+    byte_reset: u64,
+    threshold: u32,
+    ai: u64,
+    hai: u64,
+    gd: u32,
+    min_dec_fac: u64,
+    min_rate: u64,
+    first_cnp_rate: u64,
+    g: u32,
+    initial_alpha: u32,
+}
+
+/// Most byte-counter increase events one [`ReactionPoint::on_sent`] call applies.
+const MAX_BYTE_EVENTS: u64 = 64;
+
+/// Pacing bucket size when none is given: two 4096-byte MTU packets with headers.
+pub const DEFAULT_PACING_BURST: u32 = 2 * 4200;
+
+impl ReactionPoint {
+    /// An unlimited reaction point for a QP on a link of `line_rate_bps`, created at `now`.
+    /// `config` should be validated ([`DcqcnConfig::validate`]); values out of range are
+    /// clamped into it rather than trusted.
+    #[must_use]
+    pub fn new(config: &DcqcnConfig, line_rate_bps: u64, now: Nanos) -> Self {
+        Self::with_burst(config, line_rate_bps, now, DEFAULT_PACING_BURST)
+    }
+
+    /// As [`Self::new`], with a pacing bucket of `burst_bytes`.
+    #[must_use]
+    pub fn with_burst(
+        config: &DcqcnConfig,
+        line_rate_bps: u64,
+        now: Nanos,
+        burst_bytes: u32,
+    ) -> Self {
+        let line_rate = line_rate_bps.max(1);
+        Self {
+            enabled: config.rp_enabled,
+            line_rate,
+            rate: line_rate,
+            target: line_rate,
+            alpha: config.initial_alpha_value.min(ALPHA_MAX),
+            limited: false,
+            timer_stage: 0,
+            byte_stage: 0,
+            byte_count: 0,
+            last_cut: None,
+            timers: [None; 2],
+            pacer: Pacer::new(now, burst_bytes),
+            cnps: 0,
+            bytes_sent: 0,
+            stats: CcStats::default(),
+            time_reset: config.time_reset().max(Duration::from_micros(1)),
+            alpha_period: config.alpha_period().max(Duration::from_micros(1)),
+            monitor_period: config.monitor_period(),
+            byte_reset: u64::from(config.rpg_byte_reset),
+            threshold: config.rpg_threshold.max(1),
+            ai: mbps(config.rpg_ai_rate),
+            hai: mbps(config.rpg_hai_rate),
+            gd: config.rpg_gd.clamp(1, 15),
+            min_dec_fac: u64::from(config.rpg_min_dec_fac.clamp(1, 100)),
+            min_rate: mbps(config.rpg_min_rate).min(line_rate),
+            first_cnp_rate: mbps(config.rate_to_set_on_first_cnp),
+            g: config.dce_tcp_g.min(ALPHA_MAX),
+            initial_alpha: config.initial_alpha_value.min(ALPHA_MAX),
+        }
+    }
+
+    /// Call for every CNP received for this QP (BTH opcode 0x81 to our QPN).
+    pub fn on_cnp(&mut self, now: Nanos) {
+        self.cnps += 1;
+        if !self.enabled {
+            self.stats.rp_cnp_ignored += 1;
+            return;
+        }
+        if self
+            .last_cut
+            .is_some_and(|t| now.saturating_duration_since(t) < self.monitor_period)
+        {
+            self.stats.rp_cnp_ignored += 1;
+            return;
+        }
+        self.stats.rp_cnp_handled += 1;
+        self.pacer.advance(now, self.rate);
+        if !self.limited {
+            self.limited = true;
+            self.alpha = self.initial_alpha;
+            if self.first_cnp_rate != 0 {
+                self.target = self.rate;
+                self.rate = self.first_cnp_rate.clamp(self.min_rate, self.line_rate);
+            } else {
+                self.cut();
+            }
+        } else {
+            self.cut();
+        }
+        self.alpha = ((self.alpha * self.g) >> 10) + (ALPHA_ONE - self.g);
+        self.alpha = self.alpha.min(ALPHA_MAX);
+        self.timer_stage = 0;
+        self.byte_stage = 0;
+        self.byte_count = 0;
+        self.last_cut = Some(now);
+        self.timers[Timer::Alpha as usize] = Some(now + self.alpha_period);
+        self.timers[Timer::Increase as usize] = Some(now + self.time_reset);
+    }
+
+    fn cut(&mut self) {
+        self.target = self.rate;
+        let by = ((u128::from(self.rate) * u128::from(self.alpha)) >> self.gd) as u64;
+        let floor = (self.rate * self.min_dec_fac / 100).max(self.min_rate);
+        self.rate = self.rate.saturating_sub(by).max(floor);
+    }
+
+    /// (max, min) of the counters that drive increases. With the byte counter off, the timer
+    /// alone drives the stages as in the Mellanox model (HPCC simulator `rdma-hw.cc`): F fast
+    /// recovery events, one additive increase, then hyper increase; that is (T, T − 1).
+    fn counters(&self) -> (u32, u32) {
+        if self.byte_reset == 0 {
+            (self.timer_stage, self.timer_stage.saturating_sub(1))
+        } else {
+            (
+                self.timer_stage.max(self.byte_stage),
+                self.timer_stage.min(self.byte_stage),
+            )
+        }
+    }
+
+    fn phase_of(&self, hi: u32, lo: u32) -> Phase {
+        if hi <= self.threshold {
+            Phase::FastRecovery
+        } else if lo <= self.threshold {
+            Phase::AdditiveIncrease
+        } else {
+            Phase::HyperIncrease
+        }
+    }
+
+    /// One increase event (a counter has just been incremented).
+    fn increase(&mut self) {
+        let (hi, lo) = self.counters();
+        match self.phase_of(hi, lo) {
+            Phase::FastRecovery | Phase::Unlimited => {}
+            Phase::AdditiveIncrease => self.target = self.target.saturating_add(self.ai),
+            Phase::HyperIncrease => {
+                let stages = u64::from(lo - self.threshold);
+                self.target = self.target.saturating_add(stages.saturating_mul(self.hai));
+            }
+        }
+        self.target = self.target.min(self.line_rate);
+        // ⌈(target + rate)/2⌉ without overflow.
+        let (t, r) = (self.target, self.rate);
+        self.rate = (t / 2 + r / 2 + (t % 2 + r % 2).div_ceil(2)).min(self.line_rate);
+        if self.rate >= self.line_rate && self.target >= self.line_rate {
+            self.limited = false;
+            self.rate = self.line_rate;
+            self.timers = [None; 2];
+        }
+    }
+
+    /// Call after each packet of this QP is handed to the NIC/ring: `bytes` is its length on
+    /// the wire (the frame). Feeds the pacer and the byte counter.
+    pub fn on_sent(&mut self, now: Nanos, bytes: u32) {
+        self.bytes_sent += u64::from(bytes);
+        if !self.limited {
+            return;
+        }
+        self.pacer.on_sent(now, bytes, self.rate);
+        if self.byte_reset == 0 {
+            return;
+        }
+        self.byte_count += u64::from(bytes);
+        let events = self.byte_count / self.byte_reset;
+        self.byte_count %= self.byte_reset;
+        if events > 0 {
+            self.pacer.advance(now, self.rate);
+        }
+        // A packet worth more than MAX_BYTE_EVENTS counters (a byte counter set absurdly low)
+        // counts as that many: the loop stays short whatever the configuration.
+        for _ in 0..events.min(MAX_BYTE_EVENTS) {
+            if !self.limited {
+                break;
+            }
+            self.byte_stage = self.byte_stage.saturating_add(1);
+            self.increase();
+        }
+        if !self.limited {
+            self.byte_count = 0;
+            self.pacer.fill(now);
+        }
+    }
+
+    /// The earliest time a packet of `bytes` may be sent: `now` when not rate limited, else
+    /// when the pacing bucket (filled at the current rate) holds `bytes`. Call before emitting
+    /// each packet; if it is later than `now`, wake up then.
+    #[must_use]
+    pub fn next_send_time(&self, now: Nanos, bytes: u32) -> Nanos {
+        if self.limited {
+            self.pacer.next_send_time(now, bytes, self.rate)
+        } else {
+            now
+        }
+    }
+
+    /// The next time [`Self::handle_timeout`] must be called, if any (quinn-proto style). It
+    /// changes after `on_cnp`, `on_sent` and `handle_timeout`.
+    #[must_use]
+    pub fn poll_timeout(&self) -> Option<Nanos> {
+        self.timers.iter().flatten().min().copied()
+    }
+
+    /// Fires every timer that is due at `now`, in time order, each at its own deadline (so a
+    /// late call gives the same result as calls on time). Spurious calls do nothing.
+    pub fn handle_timeout(&mut self, now: Nanos) {
+        loop {
+            let due = [Timer::Alpha, Timer::Increase]
+                .into_iter()
+                .filter_map(|t| self.timers[t as usize].map(|at| (at, t)))
+                .filter(|(at, _)| *at <= now)
+                .min_by_key(|(at, t)| (*at, *t as u8));
+            let Some((at, timer)) = due else { break };
+            match timer {
+                Timer::Alpha => {
+                    self.alpha = (self.alpha * self.g) >> 10;
+                    // α stays 0 once there; its timer stops until the next CNP.
+                    self.timers[Timer::Alpha as usize] =
+                        (self.alpha > 0).then(|| at + self.alpha_period);
+                }
+                Timer::Increase => {
+                    self.pacer.advance(at, self.rate);
+                    self.timer_stage = self.timer_stage.saturating_add(1);
+                    self.timers[Timer::Increase as usize] = Some(at + self.time_reset);
+                    self.increase();
+                    if !self.limited {
+                        self.pacer.fill(at);
+                    }
+                }
+            }
+        }
+    }
+
+    /// The current rate in bits/s (the line rate when not limited).
+    #[must_use]
+    pub const fn rate_bps(&self) -> u64 {
+        self.rate
+    }
+
+    /// The target rate in bits/s.
+    #[must_use]
+    pub const fn target_bps(&self) -> u64 {
+        self.target
+    }
+
+    /// α in 1024ths.
+    #[must_use]
+    pub const fn alpha_fixed(&self) -> u32 {
+        self.alpha
+    }
+
+    /// α as a fraction in [0, 1).
+    #[must_use]
+    pub fn alpha(&self) -> f64 {
+        f64::from(self.alpha) / f64::from(ALPHA_ONE)
+    }
+
+    /// The line rate in bits/s.
+    #[must_use]
+    pub const fn line_rate_bps(&self) -> u64 {
+        self.line_rate
+    }
+
+    /// Whether the QP is rate limited (a CNP cut it and it has not recovered to line rate).
+    #[must_use]
+    pub const fn is_limited(&self) -> bool {
+        self.limited
+    }
+
+    /// The increase stage.
+    #[must_use]
+    pub fn stage(&self) -> Stage {
+        let phase = if self.limited {
+            let (hi, lo) = self.counters();
+            self.phase_of(hi, lo)
+        } else {
+            Phase::Unlimited
+        };
+        Stage {
+            timer: self.timer_stage,
+            bytes: self.byte_stage,
+            phase,
+        }
+    }
+
+    /// CNPs received (handled and ignored).
+    #[must_use]
+    pub const fn cnps(&self) -> u64 {
+        self.cnps
+    }
+
+    /// Bytes reported through [`Self::on_sent`].
+    #[must_use]
+    pub const fn bytes_sent(&self) -> u64 {
+        self.bytes_sent
+    }
+
+    /// RP counters (`rp_*`; the `np_*` fields stay zero).
+    #[must_use]
+    pub const fn stats(&self) -> CcStats {
+        self.stats
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    //! Expected values are written out: they were computed by hand from the algorithm as
+    //! documented on [`ReactionPoint`] (an independent Python model, not this code), e.g. the
+    //! first cut at line rate 10 Gb/s with α = 1023/1024 and gd 11:
+    //! `10e9 − ⌊10e9·1023/2048⌋ = 10e9 − 4_995_117_187 = 5_004_882_813`.
+    use super::*;
+
+    const LINE: u64 = 10_000_000_000;
+    const FIRST_CUT: u64 = 5_004_882_813;
+
+    fn us(v: u64) -> Nanos {
+        Nanos::from_micros(v)
+    }
+
+    /// A config whose timers do not fire unless a test wants them to.
+    fn quiet() -> DcqcnConfig {
+        DcqcnConfig {
+            rpg_time_reset: 131_071,
+            dce_tcp_rtt: 131_071,
+            rpg_byte_reset: 0,
+            ..DcqcnConfig::default()
+        }
+    }
+
+    #[test]
+    fn starts_unlimited_without_timers() {
+        let rp = ReactionPoint::new(&DcqcnConfig::default(), LINE, us(0));
+        assert_eq!(rp.rate_bps(), LINE);
+        assert_eq!(rp.target_bps(), LINE);
+        assert!(!rp.is_limited());
+        assert_eq!(rp.poll_timeout(), None);
+        assert_eq!(rp.next_send_time(us(7), 1_000_000), us(7));
+        assert_eq!(rp.stage().phase, Phase::Unlimited);
+    }
+
+    #[test]
+    fn first_cnp_cuts_by_half_alpha() {
+        let mut rp = ReactionPoint::new(&DcqcnConfig::default(), LINE, us(0));
+        rp.on_cnp(us(100));
+        assert_eq!(rp.rate_bps(), FIRST_CUT);
+        assert_eq!(rp.target_bps(), LINE);
+        // α = ⌊1023·1019/1024⌋ + 5 = 1018 + 5.
+        assert_eq!(rp.alpha_fixed(), 1023);
+        assert!(rp.is_limited());
+        // Timers: α after dce_tcp_rtt (1 µs), increase after rpg_time_reset (300 µs).
+        assert_eq!(rp.poll_timeout(), Some(us(101)));
+        assert_eq!(rp.stats().rp_cnp_handled, 1);
+        assert_eq!(
+            rp.stage(),
+            Stage {
+                timer: 0,
+                bytes: 0,
+                phase: Phase::FastRecovery
+            }
+        );
+    }
+
+    #[test]
+    fn first_cnp_sets_rate_to_set_on_first_cnp() {
+        let cfg = DcqcnConfig {
+            rate_to_set_on_first_cnp: 1000,
+            ..quiet()
+        };
+        let mut rp = ReactionPoint::new(&cfg, LINE, us(0));
+        rp.on_cnp(us(0));
+        assert_eq!(rp.rate_bps(), 1_000_000_000);
+        assert_eq!(rp.target_bps(), LINE);
+        // The second CNP (after the monitor period) cuts as usual: 1e9 − ⌊1e9·1023/2048⌋.
+        rp.on_cnp(us(10));
+        assert_eq!(rp.rate_bps(), 500_488_282);
+        assert_eq!(rp.target_bps(), 1_000_000_000);
+    }
+
+    #[test]
+    fn alpha_decays_without_cnps_and_late_calls_catch_up() {
+        let cfg = DcqcnConfig {
+            dce_tcp_rtt: 55,
+            ..quiet()
+        };
+        let mut rp = ReactionPoint::new(&cfg, LINE, us(0));
+        rp.on_cnp(us(0));
+        let mut late = rp.clone();
+        let want = [1018, 1013, 1008, 1003, 998, 993];
+        for (k, a) in (1u64..).zip(want) {
+            assert_eq!(rp.poll_timeout(), Some(us(55 * k)));
+            rp.handle_timeout(us(55 * k) + Duration::from_nanos(0));
+            assert_eq!(rp.alpha_fixed(), a, "after {k} periods");
+        }
+        // One call 6 periods late gives the same α.
+        late.handle_timeout(us(55 * 6 + 54));
+        assert_eq!(late.alpha_fixed(), 993);
+        assert_eq!(late.poll_timeout(), Some(us(55 * 7)));
+        // Spurious calls do nothing; α does not touch the rate.
+        rp.handle_timeout(us(330));
+        assert_eq!(rp.alpha_fixed(), 993);
+        assert_eq!(rp.rate_bps(), FIRST_CUT);
+    }
+
+    #[test]
+    fn alpha_timer_stops_at_zero() {
+        let cfg = DcqcnConfig {
+            dce_tcp_g: 0, // α ← 0 at the first tick
+            dce_tcp_rtt: 10,
+            ..quiet()
+        };
+        let mut rp = ReactionPoint::new(&cfg, LINE, us(0));
+        rp.on_cnp(us(0));
+        // With g = 0 a CNP sets α = min(0 + 1024, 1023).
+        assert_eq!(rp.alpha_fixed(), 1023);
+        rp.handle_timeout(us(10));
+        assert_eq!(rp.alpha_fixed(), 0);
+        // Only the increase timer is left.
+        assert_eq!(rp.poll_timeout(), Some(us(131_071)));
+    }
+
+    #[test]
+    fn timer_drives_fast_recovery_then_additive_then_hyper() {
+        // F = 2, byte counter off: T = 1, 2 fast recovery; 3 additive; 4.. hyper.
+        let cfg = DcqcnConfig {
+            rpg_threshold: 2,
+            rpg_time_reset: 55,
+            ..quiet()
+        };
+        let mut rp = ReactionPoint::new(&cfg, LINE, us(0));
+        rp.on_cnp(us(0));
+        rp.on_cnp(us(10));
+        // target = 5_004_882_813, rate = 5_004_882_813 − ⌊5_004_882_813·1023/2048⌋.
+        assert_eq!(rp.target_bps(), FIRST_CUT);
+        assert_eq!(rp.rate_bps(), 2_504_885_197);
+        assert_eq!(rp.stats().rp_cnp_handled, 2);
+        let want = [
+            (Phase::FastRecovery, 3_754_884_005, 5_004_882_813),
+            (Phase::FastRecovery, 4_379_883_409, 5_004_882_813),
+            (Phase::AdditiveIncrease, 4_694_883_111, 5_009_882_813),
+            (Phase::HyperIncrease, 4_877_382_962, 5_059_882_813),
+            (Phase::HyperIncrease, 5_018_632_888, 5_159_882_813),
+            (Phase::HyperIncrease, 5_164_257_851, 5_309_882_813),
+        ];
+        for (k, (phase, rate, target)) in (1u64..).zip(want) {
+            let at = us(10 + 55 * k);
+            assert_eq!(rp.poll_timeout(), Some(at));
+            rp.handle_timeout(at);
+            assert_eq!(
+                (rp.stage().phase, rp.rate_bps(), rp.target_bps()),
+                (phase, rate, target),
+                "T = {k}"
+            );
+            assert_eq!(rp.stage().timer, k as u32);
+        }
+    }
+
+    #[test]
+    fn byte_counter_drives_increases() {
+        let cfg = DcqcnConfig {
+            rpg_byte_reset: 10_000,
+            rpg_threshold: 1,
+            ..quiet()
+        };
+        let mut rp = ReactionPoint::new(&cfg, LINE, us(0));
+        rp.on_cnp(us(0));
+        rp.on_sent(us(1), 9_999);
+        assert_eq!(rp.rate_bps(), FIRST_CUT, "one byte short of the counter");
+        rp.on_sent(us(2), 1);
+        // BC = 1, T = 0: fast recovery, ⌈(10e9 + 5_004_882_813)/2⌉.
+        assert_eq!(rp.rate_bps(), 7_502_441_407);
+        assert_eq!(rp.stage().phase, Phase::FastRecovery);
+        // 25 000 bytes: two more events (BC = 2, 3: additive, target clamped at line rate),
+        // 5 000 bytes carried over.
+        rp.on_sent(us(3), 25_000);
+        assert_eq!(rp.rate_bps(), 9_375_610_352);
+        assert_eq!(rp.target_bps(), LINE);
+        assert_eq!(rp.stage().bytes, 3);
+        assert_eq!(rp.stage().phase, Phase::AdditiveIncrease);
+        rp.on_sent(us(4), 5_000);
+        assert_eq!(rp.rate_bps(), 9_687_805_176);
+        assert_eq!(rp.bytes_sent(), 9_999 + 1 + 25_000 + 5_000);
+    }
+
+    #[test]
+    fn one_send_applies_at_most_64_byte_counter_events() {
+        let cfg = DcqcnConfig {
+            rpg_byte_reset: 1,
+            rpg_threshold: 1,
+            ..quiet()
+        };
+        let line = 400_000_000_000;
+        let mut rp = ReactionPoint::new(&cfg, line, us(0));
+        rp.on_cnp(us(0));
+        rp.on_cnp(us(10));
+        // target = 400e9 − ⌊400e9·1023/2048⌋ = 200_195_312_500 after the second cut.
+        assert_eq!(rp.target_bps(), 200_195_312_500);
+        rp.on_sent(us(11), 4096);
+        // 64 events: one fast recovery (BC = 1), then 63 additive increases of 5 Mb/s.
+        assert_eq!(rp.stage().bytes, 64);
+        assert_eq!(rp.target_bps(), 200_510_312_500);
+    }
+
+    #[test]
+    fn recovers_to_line_rate_and_stops_its_timers() {
+        let cfg = DcqcnConfig {
+            rpg_time_reset: 10,
+            rpg_threshold: 1,
+            ..quiet()
+        };
+        let mut rp = ReactionPoint::new(&cfg, LINE, us(0));
+        rp.on_cnp(us(0));
+        // ⌈(L + r)/2⌉ halves the gap each event: 5e9 → 2.5e9 → ... → 0 in at most 33 events.
+        let mut t = 0;
+        while rp.is_limited() {
+            t += 10;
+            rp.handle_timeout(us(t));
+            assert!(t <= 340, "never recovered");
+        }
+        assert_eq!(rp.rate_bps(), LINE);
+        assert_eq!(rp.poll_timeout(), None);
+        assert_eq!(rp.stage().phase, Phase::Unlimited);
+        // A later CNP starts over from initial_alpha_value.
+        rp.on_cnp(us(1000));
+        assert_eq!(rp.rate_bps(), FIRST_CUT);
+    }
+
+    #[test]
+    fn min_rate_and_min_dec_fac_floor_the_cut() {
+        // gd 10: the cut is rate·α (almost all of it); min_dec_fac 50 keeps half.
+        let cfg = DcqcnConfig {
+            rpg_gd: 10,
+            ..quiet()
+        };
+        let mut rp = ReactionPoint::new(&cfg, LINE, us(0));
+        rp.on_cnp(us(0));
+        assert_eq!(rp.rate_bps(), 5_000_000_000);
+        // min_dec_fac 1 lets it fall to rpg_min_rate (1 Mb/s) and no further.
+        let cfg = DcqcnConfig {
+            rpg_gd: 10,
+            rpg_min_dec_fac: 1,
+            ..quiet()
+        };
+        let mut rp = ReactionPoint::new(&cfg, 10_000_000, us(0));
+        for k in 0..5 {
+            rp.on_cnp(us(10 * k));
+            assert_eq!(rp.rate_bps(), 1_000_000, "CNP {k}");
+        }
+        assert_eq!(rp.stats().rp_cnp_handled, 5);
+    }
+
+    #[test]
+    fn monitor_period_allows_one_cut_per_period() {
+        let mut rp = ReactionPoint::new(&quiet(), LINE, us(0));
+        rp.on_cnp(us(0));
+        rp.on_cnp(us(2));
+        rp.on_cnp(Nanos(3_999));
+        assert_eq!(rp.rate_bps(), FIRST_CUT);
+        rp.on_cnp(us(4));
+        // 5_004_882_813 − ⌊5_004_882_813·1023/2048⌋
+        assert_eq!(rp.rate_bps(), 2_504_885_197);
+        rp.on_cnp(us(5));
+        let s = rp.stats();
+        assert_eq!((s.rp_cnp_handled, s.rp_cnp_ignored), (2, 3));
+        assert_eq!(rp.cnps(), 5);
+    }
+
+    #[test]
+    fn disabled_never_limits() {
+        let cfg = DcqcnConfig {
+            rp_enabled: false,
+            ..DcqcnConfig::default()
+        };
+        let mut rp = ReactionPoint::new(&cfg, LINE, us(0));
+        rp.on_cnp(us(0));
+        rp.on_sent(us(0), 1_000_000);
+        assert_eq!(rp.rate_bps(), LINE);
+        assert_eq!(rp.next_send_time(us(0), 1_000_000), us(0));
+        assert_eq!(rp.poll_timeout(), None);
+        assert_eq!(rp.stats().rp_cnp_ignored, 1);
+    }
+
+    #[test]
+    fn paces_at_the_current_rate() {
+        // 1 Gb/s after the first CNP: a 1000 B packet is 8 µs of tokens; burst 1000 B.
+        let cfg = DcqcnConfig {
+            rate_to_set_on_first_cnp: 1000,
+            ..quiet()
+        };
+        let mut rp = ReactionPoint::with_burst(&cfg, LINE, us(0), 1000);
+        rp.on_cnp(us(0));
+        assert_eq!(rp.next_send_time(us(0), 1000), us(0));
+        rp.on_sent(us(0), 1000);
+        assert_eq!(rp.next_send_time(us(0), 1000), us(8));
+        assert_eq!(rp.next_send_time(us(2), 500), us(4));
+        let mut t = us(8);
+        for _ in 0..100 {
+            t = rp.next_send_time(t, 1000);
+            rp.on_sent(t, 1000);
+        }
+        // 100 more packets at 8 µs each.
+        assert_eq!(t, us(8 + 99 * 8));
+    }
+}

@@ -1,0 +1,211 @@
+//! The `roce` command line, following ip, bpftool, xdp-loader and ethtool conventions:
+//! `-j/--json` and `-p/--pretty` for scripts, ethtool -S style text for people, errors as
+//! `{"error": "..."}` in JSON mode, and exit codes scripts can trust (0 success, 1 failure,
+//! 2 usage error).
+
+mod demo;
+mod r#gen;
+mod impair;
+mod perf;
+mod pingpong;
+mod plot;
+mod xdp;
+
+use std::sync::{
+    Arc,
+    atomic::{AtomicBool, Ordering},
+};
+
+use clap::{Parser, Subcommand};
+
+use roce::loader::AttachMode;
+
+/// roce-xdp: a RoCE v2 endpoint on XDP and AF_XDP, with counters anyone can read.
+#[derive(Debug, Parser)]
+#[command(
+    name = "roce",
+    version,
+    about,
+    long_about = "roce-xdp turns a Linux interface into a RoCE v2 device: the roce_xdp XDP program \
+parses UDP 4791 at the driver hook, counts it, and steers the RoCE packets of our queue pairs into \
+AF_XDP sockets; everything else goes on to the kernel untouched.\n\n\
+Maps and the XDP link are pinned under /sys/fs/bpf/roce/<ifname>/, so `bpftool map dump pinned \
+/sys/fs/bpf/roce/<ifname>/ROCE_XDP_STATS` shows the same counters as `roce stats`.",
+    after_help = "Examples:\n  roce load -i eth0              attach roce_xdp in native mode\n  \
+roce load -i veth0 -m skb      attach in generic (skb) mode\n  roce stats -i eth0 -w 1        \
+counters and rates every second\n  roce -j status                 what is attached where, as JSON\n  \
+roce unload -i eth0            detach and remove the pins\n  roce demo                      \
+two namespaces, a veth pair, traffic, counters"
+)]
+pub struct Cli {
+    /// Print JSON (errors too, as {"error": "..."}).
+    #[arg(short, long, global = true)]
+    pub json: bool,
+    /// Print pretty JSON (implies --json). No short form: `-p` is the port of pingpong and perf,
+    /// as in ibv_rc_pingpong and perftest.
+    #[arg(long, global = true)]
+    pub pretty: bool,
+    /// Run in the network namespace NAME (from `ip netns add`) without leaving the mount
+    /// namespace, so pins stay under the host's /sys/fs/bpf. Use this instead of `ip netns exec`.
+    #[arg(long, global = true, value_name = "NAME")]
+    pub netns: Option<String>,
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The subcommands.
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Load and attach roce_xdp to an interface; it stays attached after this command exits.
+    Load {
+        /// Interface.
+        #[arg(short, long)]
+        iface: String,
+        /// XDP attach mode: native (driver) or skb (generic).
+        #[arg(short, long, value_enum, default_value_t = AttachMode::Native)]
+        mode: AttachMode,
+        /// UDP destination port taken to be RoCE v2.
+        #[arg(long, default_value_t = roce_common::ROCE_V2_UDP_PORT,
+              value_parser = clap::value_parser!(u16).range(1..))]
+        port: u16,
+        /// Drop RoCE packets for QPs that are not ours instead of passing them to the kernel.
+        #[arg(long)]
+        drop_foreign: bool,
+    },
+    /// Detach roce_xdp from an interface and remove its pins.
+    Unload {
+        /// Interface.
+        #[arg(short, long)]
+        iface: String,
+    },
+    /// Show where roce_xdp is attached: mode, program and link ids, port, QPs, pins.
+    Status,
+    /// Show counters: XDP (summed over all possible CPUs), transport, device and AF_XDP
+    /// (ethtool -S style, JSON, or Prometheus).
+    Stats(xdp::StatsArgs),
+    /// Send RoCE-shaped UDP 4791 frames on the AF_XDP TX path, at a set rate or flat out.
+    Gen(r#gen::GenArgs),
+    /// ibv_rc_pingpong's test: SEND/RECV ping-pong over an RC QP (server without a host,
+    /// client with one); either side can be the real ibv_rc_pingpong.
+    Pingpong(pingpong::PingpongArgs),
+    /// Bandwidth of WRITE, READ, SEND or atomics over one or more RC QPs, set up with
+    /// perftest's exchange (either side can be ib_write_bw, ib_read_bw, ib_send_bw, ib_atomic_bw).
+    Perf(perf::PerfArgs),
+    /// List an interface's RoCE v2 GID table (the index is `-g` of pingpong and perf).
+    Gids {
+        /// Interface.
+        #[arg(short, long)]
+        iface: String,
+    },
+    /// Run the demo: two namespaces joined by a veth pair, roce_xdp on one end, RoCE and other
+    /// traffic from the other, counters printed, everything cleaned up.
+    Demo {
+        /// Packets of each kind to send.
+        #[arg(short = 'n', long, default_value_t = 100)]
+        count: u32,
+        /// XDP attach mode for the demo.
+        #[arg(short, long, value_enum, default_value_t = AttachMode::Native)]
+        mode: AttachMode,
+    },
+    /// Inject faults and congestion into RoCE traffic leaving an interface (tc egress):
+    /// drop, duplicate, reorder, corrupt, CE-mark, or a RED-marking bottleneck.
+    Impair(impair::ImpairArgs),
+    /// Draw a congestion-control trace (CSV) as an SVG: rate, target, CNPs and alpha over time.
+    Plot(plot::PlotArgs),
+}
+
+/// How results are printed.
+#[derive(Clone, Copy, Debug)]
+pub struct Output {
+    /// JSON instead of text.
+    pub json: bool,
+    /// Pretty JSON.
+    pub pretty: bool,
+}
+
+impl Output {
+    /// Prints `value` as JSON, or `text` when not in JSON mode.
+    pub fn emit(self, value: &serde_json::Value, text: &str) {
+        if self.json {
+            println!("{}", self.render(value));
+        } else {
+            print!("{text}");
+        }
+    }
+
+    /// Renders `value` as compact or pretty JSON.
+    #[must_use]
+    pub fn render(self, value: &serde_json::Value) -> String {
+        if self.pretty {
+            serde_json::to_string_pretty(value).unwrap_or_default()
+        } else {
+            value.to_string()
+        }
+    }
+}
+
+static INTERRUPTED: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
+
+/// Whether SIGINT or SIGTERM arrived: long-running commands check this, stop, and clean up
+/// (flush their QPs, detach what they attached, remove their pins) on the way out.
+pub(crate) fn interrupted() -> bool {
+    INTERRUPTED.get().is_some_and(|f| f.load(Ordering::Relaxed))
+}
+
+fn install_signal_flags() {
+    let flag = INTERRUPTED.get_or_init(|| Arc::new(AtomicBool::new(false)));
+    for sig in [signal_hook::consts::SIGINT, signal_hook::consts::SIGTERM] {
+        let _ = signal_hook::flag::register(sig, Arc::clone(flag));
+    }
+}
+
+fn gids(out: Output, iface: &str) -> anyhow::Result<()> {
+    let info = roce::netinfo::IfInfo::query(iface)?;
+    let mut text = format!("{:<5} {:<40} ADDRESS\n", "INDEX", "GID");
+    for (i, g) in info.gids.iter().enumerate() {
+        let gid = std::net::Ipv6Addr::from(g.raw);
+        text.push_str(&format!("{i:<5} {:<40} {}\n", gid.to_string(), g.ip));
+    }
+    let v: Vec<_> = info
+        .gids
+        .iter()
+        .enumerate()
+        .map(|(i, g)| serde_json::json!({"index": i, "gid": std::net::Ipv6Addr::from(g.raw), "ip": g.ip}))
+        .collect();
+    out.emit(&serde_json::Value::Array(v), &text);
+    Ok(())
+}
+
+/// Runs a parsed command line.
+///
+/// # Errors
+/// Whatever the command failed with; main prints it and exits 1.
+pub fn run(cli: Cli) -> anyhow::Result<()> {
+    let out = Output {
+        json: cli.json || cli.pretty,
+        pretty: cli.pretty,
+    };
+    if let Some(ns) = &cli.netns {
+        roce::netns::enter(ns)?;
+    }
+    install_signal_flags();
+    match cli.command {
+        Command::Load {
+            iface,
+            mode,
+            port,
+            drop_foreign,
+        } => xdp::load(out, &iface, mode, port, drop_foreign, cli.netns),
+        Command::Unload { iface } => xdp::unload(out, &iface),
+        Command::Status => xdp::status(out),
+        Command::Stats(args) => xdp::stats(out, &args),
+        Command::Demo { count, mode } => demo::run(out, count, mode),
+        Command::Gen(args) => r#gen::run(out, &args),
+        Command::Pingpong(args) => pingpong::run(out, &args, cli.netns),
+        Command::Perf(args) => perf::run(out, &args, cli.netns),
+        Command::Gids { iface } => gids(out, &iface),
+        Command::Impair(args) => impair::run(out, &args),
+        Command::Plot(args) => plot::run(out, &args),
+    }
+}

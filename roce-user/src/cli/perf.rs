@@ -1,0 +1,676 @@
+//! `roce perf write|read|send|atomic`: bandwidth tests between two endpoints, set up with
+//! perftest's out-of-band exchange (see `roce::cm::perftest`), so that either side can be
+//! ib_write_bw, ib_read_bw, ib_send_bw or ib_atomic_bw.
+//!
+//! The client (given a host) is the active side; the server exposes its buffers (WRITE, READ,
+//! atomics) or receives (SEND). Both sides verify the data: each QP's buffer holds a pattern
+//! derived from the QP index and the size. The server checks what was written or sent into it,
+//! the client checks what it read back, and atomics are checked against the exact sum.
+
+use std::{
+    collections::VecDeque,
+    net::{TcpListener, TcpStream},
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use clap::{Args, ValueEnum};
+use roce::{
+    api::{
+        Access, AttrMask, CqId, Device, DeviceOptions, MrInfo, Mtu, QpAttr, QpCap, QpInit, QpState,
+        QpType, Qpn, RecvWr, SendOp, SendWr, Sge, WcStatus,
+    },
+    cm::perftest::{self, BwReport, Comm, KeyMsg, pattern},
+    wire::types::{Psn, RKey},
+};
+use serde_json::json;
+
+use super::{Output, interrupted};
+
+/// The operation to measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PerfOp {
+    /// RDMA WRITE (ib_write_bw).
+    Write,
+    /// RDMA READ (ib_read_bw).
+    Read,
+    /// SEND/RECV (ib_send_bw).
+    Send,
+    /// Atomics (ib_atomic_bw): fetch-and-add, or compare-and-swap with `--cmp-swap`.
+    Atomic,
+}
+
+/// perftest-like flags.
+#[derive(Debug, Args)]
+pub struct PerfArgs {
+    /// What to measure.
+    #[arg(value_enum)]
+    pub op: PerfOp,
+    /// Server to connect to; without it, wait for a client.
+    pub host: Option<String>,
+    /// Interface to use (perftest: IB device).
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    pub dev: String,
+    /// TCP port of the out-of-band exchange.
+    #[arg(short, long, default_value_t = perftest::DEFAULT_PORT)]
+    pub port: u16,
+    /// Message size in bytes (atomics: 8).
+    #[arg(short, long, default_value_t = 65536)]
+    pub size: u32,
+    /// Messages per QP (ignored with -D).
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    pub iters: u64,
+    /// Run for SECS seconds instead of a number of messages.
+    #[arg(short = 'D', long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Number of QPs.
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    pub qps: u32,
+    /// Path MTU (256 .. 2048 on AF_XDP frames; see `roce gids` and the README).
+    #[arg(short, long, default_value_t = 1024)]
+    pub mtu: u32,
+    /// Outstanding work requests per QP.
+    #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
+    pub tx_depth: u32,
+    /// Local GID index.
+    #[arg(short = 'g', long = "gid-index")]
+    pub gid_idx: Option<usize>,
+    /// Atomics: compare-and-swap instead of fetch-and-add.
+    #[arg(long)]
+    pub cmp_swap: bool,
+}
+
+fn mtu_enum(bytes: u32) -> Option<u8> {
+    Some(match bytes {
+        256 => 1,
+        512 => 2,
+        1024 => 3,
+        2048 => 4,
+        4096 => 5,
+        _ => return None,
+    })
+}
+
+fn random_u32() -> u32 {
+    let mut b = [0u8; 4];
+    let _ = std::fs::File::open("/dev/urandom")
+        .and_then(|mut f| std::io::Read::read_exact(&mut f, &mut b));
+    u32::from_le_bytes(b)
+}
+
+struct QpCtx {
+    qpn: Qpn,
+    mr: MrInfo,
+    /// Local buffer for READ results and atomic return values (the MR is the exposed one).
+    local: MrInfo,
+    psn: Psn,
+    remote: Option<KeyMsg>,
+}
+
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[i.min(sorted.len() - 1)]
+}
+
+#[allow(
+    clippy::too_many_lines,
+    reason = "one linear test procedure, as perftest's main"
+)]
+pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::Result<()> {
+    let client = a.host.is_some();
+    let size = if a.op == PerfOp::Atomic { 8 } else { a.size };
+    if size == 0 || a.qps == 0 || a.tx_depth == 0 {
+        bail!("--size, --qp and --tx-depth must be positive");
+    }
+    let mtu = Mtu::from_bytes(a.mtu).with_context(|| format!("invalid MTU {}", a.mtu))?;
+    let mtu_code = mtu_enum(a.mtu).with_context(|| format!("invalid MTU {}", a.mtu))?;
+    if let Some(d) = a.duration
+        && !(d.is_finite() && d > 0.0)
+    {
+        bail!("-D takes a positive number of seconds");
+    }
+    let dev = Device::open(
+        &a.dev,
+        &DeviceOptions {
+            netns,
+            ..DeviceOptions::default()
+        },
+    )?;
+    let pd = dev.alloc_pd()?;
+    let gid_idx = a
+        .gid_idx
+        .unwrap_or_else(|| dev.info().default_gid_index(true));
+    let gid = dev.gid(gid_idx)?;
+    dev.check_path_mtu(a.mtu, gid.ip.is_ipv6())?;
+    let depth = a.tx_depth.max(1);
+    let cq = dev.create_cq(((depth as usize) * 2 + 16) * a.qps as usize)?;
+    let remote_access =
+        Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let mut qps = Vec::new();
+    for q in 0..a.qps {
+        let qpn = dev.create_qp(QpInit {
+            pd,
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: QpCap {
+                max_send_wr: depth,
+                max_recv_wr: depth,
+                max_sge: 1,
+            },
+            sq_sig_all: true,
+        })?;
+        let mr = dev.reg_mr(pd, size as usize, remote_access)?;
+        let local = dev.reg_mr(pd, size as usize, Access::LOCAL_WRITE)?;
+        // The exposed buffer starts with the pattern (READ sources it, WRITE/SEND overwrite it
+        // with the same pattern from the client's local buffer).
+        if client || a.op == PerfOp::Read {
+            dev.mr_write(mr.lkey, 0, &pattern(q, size as usize))?;
+        }
+        if a.op == PerfOp::Atomic {
+            dev.mr_write(mr.lkey, 0, &0u64.to_le_bytes())?;
+        }
+        if client {
+            dev.mr_write(local.lkey, 0, &pattern(q, size as usize))?;
+        } else {
+            dev.mr_write(mr.lkey, 0, &vec![0u8; size as usize])?;
+            if a.op == PerfOp::Read {
+                dev.mr_write(mr.lkey, 0, &pattern(q, size as usize))?;
+            }
+        }
+        let init = QpAttr {
+            qp_state: QpState::Init,
+            qp_access_flags: remote_access,
+            ..QpAttr::default()
+        };
+        dev.modify_qp(
+            qpn,
+            &init,
+            AttrMask::STATE
+                .with(AttrMask::PKEY_INDEX)
+                .with(AttrMask::PORT)
+                .with(AttrMask::ACCESS_FLAGS),
+        )?;
+        qps.push(QpCtx {
+            qpn,
+            mr,
+            local,
+            psn: Psn::new(random_u32()),
+            remote: None,
+        });
+    }
+    if a.op == PerfOp::Send && !client {
+        for qp in &qps {
+            for _ in 0..depth {
+                dev.post_recv(
+                    qp.qpn,
+                    RecvWr {
+                        wr_id: 0,
+                        sg_list: vec![Sge {
+                            addr: qp.mr.iova,
+                            length: size,
+                            lkey: qp.mr.lkey,
+                        }],
+                    },
+                )?;
+            }
+        }
+    }
+
+    // perftest's setup: versions, system data, MTU, then one key message per QP.
+    let stream = match &a.host {
+        Some(h) => connect(h, a.port)?,
+        None => {
+            let l = TcpListener::bind(("::", a.port))
+                .or_else(|_| TcpListener::bind(("0.0.0.0", a.port)))
+                .with_context(|| format!("couldn't listen on port {}", a.port))?;
+            l.accept().context("accepting the client")?.0
+        }
+    };
+    let mut comm = Comm::new(stream, client);
+    let used_mtu = comm.setup(4096, 64, mtu_code)?;
+    let mtu = [
+        Mtu::Mtu256,
+        Mtu::Mtu512,
+        Mtu::Mtu1024,
+        Mtu::Mtu2048,
+        Mtu::Mtu4096,
+    ]
+    .get(usize::from(used_mtu.saturating_sub(1)))
+    .copied()
+    .unwrap_or(mtu);
+    let key = |qp: &QpCtx| KeyMsg {
+        lid: 0,
+        out_reads: 1,
+        qpn: qp.qpn,
+        psn: qp.psn,
+        rkey: qp.mr.rkey,
+        vaddr: qp.mr.iova,
+        gid: gid.raw,
+        srqn: 0,
+    };
+    for qp in &mut qps {
+        qp.remote = Some(comm.hand_shake(&key(qp))?);
+    }
+    for qp in &qps {
+        let r = qp.remote.context("missing remote key")?;
+        let path = dev.path_to(gid_idx, &r.gid, qp.qpn, r.qpn)?;
+        let rtr = QpAttr {
+            qp_state: QpState::Rtr,
+            path_mtu: mtu,
+            dest_qp_num: r.qpn,
+            rq_psn: r.psn,
+            max_dest_rd_atomic: 16,
+            min_rnr_timer: 12,
+            ah_attr: Some(path),
+            ..QpAttr::default()
+        };
+        dev.modify_qp(
+            qp.qpn,
+            &rtr,
+            AttrMask::STATE
+                .with(AttrMask::AV)
+                .with(AttrMask::PATH_MTU)
+                .with(AttrMask::DEST_QPN)
+                .with(AttrMask::RQ_PSN)
+                .with(AttrMask::MAX_DEST_RD_ATOMIC)
+                .with(AttrMask::MIN_RNR_TIMER),
+        )?;
+        let rts = QpAttr {
+            qp_state: QpState::Rts,
+            timeout: 14,
+            retry_cnt: 7,
+            rnr_retry: 7,
+            sq_psn: qp.psn,
+            max_rd_atomic: 16,
+            ..rtr
+        };
+        dev.modify_qp(
+            qp.qpn,
+            &rts,
+            AttrMask::STATE
+                .with(AttrMask::TIMEOUT)
+                .with(AttrMask::RETRY_CNT)
+                .with(AttrMask::RNR_RETRY)
+                .with(AttrMask::SQ_PSN)
+                .with(AttrMask::MAX_QP_RD_ATOMIC),
+        )?;
+    }
+    for qp in &qps {
+        comm.hand_shake(&key(qp))?;
+    }
+    // "An additional handshake is required after moving qp to RTR."
+    comm.hand_shake(&key(&qps[0]))?;
+
+    let result = if client {
+        run_client(&dev, a, cq, &qps, size)?
+    } else {
+        run_server(&dev, a, cq, &qps, size, &comm)?
+    };
+
+    // After the test: a sync, the reports, the closing sync, and "done" (perftest 6.06).
+    comm.hand_shake(&key(&qps[0]))?;
+    let mine = BwReport {
+        size: u64::from(size),
+        iters: result.msgs,
+        bw_peak: result.mb_per_sec,
+        bw_avg: result.mb_per_sec,
+        msg_rate_avg: result.mpps,
+    };
+    let theirs = comm.xchg_bw_reports(&mine)?;
+    comm.hand_shake(&key(&qps[0]))?;
+    let _ = comm.stream().set_read_timeout(Some(Duration::from_secs(1)));
+    let mut done = [0u8; 5];
+    let _ = comm.xchg(b"done\0", &mut done);
+
+    // The passive side verifies what landed in its buffers, now that the client is finished.
+    let mut verified = result.verified;
+    if !client {
+        verified = verify_server(&dev, a, &qps, size, theirs.iters)?;
+    }
+    let shown = if client || a.op == PerfOp::Send {
+        result
+    } else {
+        PerfResult::from_report(&theirs, size)
+    };
+    let text = format!(
+        "---------------------------------------------------------------------------------------\n \
+         {:<10} {:<16} {:<18} {:<20} {:<14}\n {:<10} {:<16} {:<18.2} {:<20.2} {:<14.6}\n \
+         latency usec (per WR, under load): p50 {:.2}  p99 {:.2}  p99.9 {:.2}  max {:.2}\n \
+         data verified: {}\n\
+         ---------------------------------------------------------------------------------------\n",
+        "#bytes",
+        "#iterations",
+        "BW peak[MB/sec]",
+        "BW average[MB/sec]",
+        "MsgRate[Mpps]",
+        size,
+        shown.msgs,
+        shown.mb_per_sec,
+        shown.mb_per_sec,
+        shown.mpps,
+        shown.lat.0,
+        shown.lat.1,
+        shown.lat.2,
+        shown.lat.3,
+        verified
+    );
+    let v = json!({
+        "op": format!("{:?}", a.op).to_lowercase(), "role": if client { "client" } else { "server" },
+        "size": size, "qps": a.qps, "mtu": mtu.bytes(), "messages": shown.msgs, "bytes": shown.msgs * u64::from(size),
+        "seconds": shown.secs, "bw_mb_per_sec": shown.mb_per_sec, "gbit_per_sec": shown.mb_per_sec * 8.0 * 1.048_576 / 1000.0,
+        "msg_rate_mpps": shown.mpps,
+        "latency_us": { "p50": shown.lat.0, "p99": shown.lat.1, "p999": shown.lat.2, "max": shown.lat.3 },
+        "verified": verified, "peer_version": comm.remote_version,
+    });
+    out.emit(&v, &text);
+    if !verified {
+        bail!("data verification failed");
+    }
+    dev.close();
+    Ok(())
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct PerfResult {
+    msgs: u64,
+    secs: f64,
+    mb_per_sec: f64,
+    mpps: f64,
+    /// p50, p99, p99.9, max in µs.
+    lat: (f64, f64, f64, f64),
+    verified: bool,
+}
+
+impl PerfResult {
+    fn from_report(r: &BwReport, size: u32) -> Self {
+        let secs = if r.bw_avg > 0.0 {
+            r.iters as f64 * f64::from(size) / (r.bw_avg * 1_048_576.0)
+        } else {
+            0.0
+        };
+        Self {
+            msgs: r.iters,
+            secs,
+            mb_per_sec: r.bw_avg,
+            mpps: r.msg_rate_avg,
+            lat: (0.0, 0.0, 0.0, 0.0),
+            verified: true,
+        }
+    }
+}
+
+fn connect(host: &str, port: u16) -> anyhow::Result<TcpStream> {
+    use std::net::ToSocketAddrs as _;
+    let addrs: Vec<_> = (host, port)
+        .to_socket_addrs()
+        .with_context(|| format!("resolving {host}"))?
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        for addr in &addrs {
+            if let Ok(s) = TcpStream::connect_timeout(addr, Duration::from_secs(1)) {
+                return Ok(s);
+            }
+        }
+        if Instant::now() >= deadline {
+            bail!("couldn't connect to {host}:{port}");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+fn run_client(
+    dev: &Device,
+    a: &PerfArgs,
+    cq: CqId,
+    qps: &[QpCtx],
+    size: u32,
+) -> anyhow::Result<PerfResult> {
+    let depth = a.tx_depth as usize;
+    let deadline = a
+        .duration
+        .map(|d| Instant::now() + Duration::from_secs_f64(d));
+    let target = a.iters;
+    let mut posted = vec![0u64; qps.len()];
+    let mut done = vec![0u64; qps.len()];
+    let mut inflight: Vec<VecDeque<Instant>> = vec![VecDeque::new(); qps.len()];
+    let mut lats = Vec::new();
+    let mut fetched_ok = true;
+    let start = Instant::now();
+    let mut last_progress = start;
+    loop {
+        let stop_posting = deadline.is_some_and(|d| Instant::now() >= d);
+        for (i, qp) in qps.iter().enumerate() {
+            let r = qp.remote.expect("remote keys exchanged");
+            while inflight[i].len() < depth
+                && !stop_posting
+                && (deadline.is_some() || posted[i] < target)
+            {
+                let sge = Sge {
+                    addr: qp.local.iova,
+                    length: size,
+                    lkey: qp.local.lkey,
+                };
+                let op = match a.op {
+                    PerfOp::Write => SendOp::Write {
+                        remote_addr: r.vaddr,
+                        rkey: r.rkey,
+                    },
+                    PerfOp::Read => SendOp::Read {
+                        remote_addr: r.vaddr,
+                        rkey: r.rkey,
+                    },
+                    PerfOp::Send => SendOp::Send,
+                    PerfOp::Atomic if a.cmp_swap => SendOp::CompareSwap {
+                        remote_addr: r.vaddr,
+                        rkey: RKey::new(r.rkey.value()),
+                        compare: posted[i],
+                        swap: posted[i] + 1,
+                    },
+                    PerfOp::Atomic => SendOp::FetchAdd {
+                        remote_addr: r.vaddr,
+                        rkey: RKey::new(r.rkey.value()),
+                        add: 1,
+                    },
+                };
+                dev.post_send(qp.qpn, SendWr::new(posted[i], op, vec![sge]))?;
+                posted[i] += 1;
+                inflight[i].push_back(Instant::now());
+            }
+        }
+        if inflight.iter().all(VecDeque::is_empty)
+            && (stop_posting || posted.iter().all(|p| *p >= target) && deadline.is_none())
+        {
+            break;
+        }
+        if interrupted() {
+            bail!("interrupted");
+        }
+        let wcs = dev.poll_cq(cq, 64);
+        if wcs.is_empty() {
+            if last_progress.elapsed() > Duration::from_secs(10) {
+                bail!(
+                    "no completion for 10 s ({} of {} done)",
+                    done.iter().sum::<u64>(),
+                    posted.iter().sum::<u64>()
+                );
+            }
+            std::thread::yield_now();
+            continue;
+        }
+        last_progress = Instant::now();
+        for wc in wcs {
+            if wc.status != WcStatus::Success {
+                bail!(
+                    "work request {} on QP {:?} failed: {:?}",
+                    wc.wr_id,
+                    wc.qp_num,
+                    wc.status
+                );
+            }
+            let Some(i) = qps.iter().position(|q| q.qpn == wc.qp_num) else {
+                continue;
+            };
+            if let Some(t) = inflight[i].pop_front() {
+                lats.push(t.elapsed().as_secs_f64() * 1e6);
+            }
+            done[i] += 1;
+            if a.op == PerfOp::Read && done[i] == 1 {
+                let ok = dev.with_mr(qps[i].local.lkey, |b| {
+                    b == pattern(i as u32, size as usize).as_slice()
+                })?;
+                fetched_ok &= ok;
+            }
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let msgs: u64 = done.iter().sum();
+    lats.sort_by(f64::total_cmp);
+    let bytes = msgs as f64 * f64::from(size);
+    let mut verified = fetched_ok;
+    if a.op == PerfOp::Atomic {
+        // The value fetched by the last atomic of each QP: fetch-and-add returns n-1 after n
+        // adds; compare-and-swap (compare = k, swap = k+1) returns n-1 after n swaps.
+        for (i, qp) in qps.iter().enumerate() {
+            let mut b = [0u8; 8];
+            dev.mr_read(qp.local.lkey, 0, &mut b)?;
+            verified &= u64::from_le_bytes(b) == done[i].saturating_sub(1);
+        }
+    }
+    if a.op == PerfOp::Read {
+        for (i, qp) in qps.iter().enumerate() {
+            verified &= dev.with_mr(qp.local.lkey, |b| {
+                b == pattern(i as u32, size as usize).as_slice()
+            })?;
+        }
+    }
+    Ok(PerfResult {
+        msgs,
+        secs,
+        mb_per_sec: bytes / secs.max(1e-9) / 1_048_576.0,
+        mpps: msgs as f64 / secs.max(1e-9) / 1e6,
+        lat: (
+            percentile(&lats, 0.5),
+            percentile(&lats, 0.99),
+            percentile(&lats, 0.999),
+            lats.last().copied().unwrap_or(0.0),
+        ),
+        verified,
+    })
+}
+
+fn run_server(
+    dev: &Device,
+    a: &PerfArgs,
+    cq: CqId,
+    qps: &[QpCtx],
+    size: u32,
+    comm: &Comm,
+) -> anyhow::Result<PerfResult> {
+    // The server does nothing for WRITE/READ/atomics but wait for the client's next sync. For
+    // SEND it receives, reposts and checks every message.
+    let start = Instant::now();
+    let mut msgs = 0u64;
+    let mut good = true;
+    let mut peek = [0u8; 1];
+    comm.stream().set_nonblocking(true)?;
+    let mut first: Option<Instant> = None;
+    let mut last = start;
+    loop {
+        if interrupted() {
+            bail!("interrupted");
+        }
+        if a.op == PerfOp::Send {
+            for wc in dev.poll_cq(cq, 64) {
+                if wc.status != WcStatus::Success {
+                    bail!("receive on QP {:?} failed: {:?}", wc.qp_num, wc.status);
+                }
+                let Some(i) = qps.iter().position(|q| q.qpn == wc.qp_num) else {
+                    continue;
+                };
+                first.get_or_insert_with(Instant::now);
+                last = Instant::now();
+                msgs += 1;
+                good &= wc.byte_len == size
+                    && dev.with_mr(qps[i].mr.lkey, |b| {
+                        b == pattern(i as u32, size as usize).as_slice()
+                    })?;
+                dev.post_recv(
+                    qps[i].qpn,
+                    RecvWr {
+                        wr_id: 0,
+                        sg_list: vec![Sge {
+                            addr: qps[i].mr.iova,
+                            length: size,
+                            lkey: qps[i].mr.lkey,
+                        }],
+                    },
+                )?;
+            }
+        }
+        match comm.stream().peek(&mut peek) {
+            Ok(0) => bail!("the client closed the connection"),
+            Ok(_) => break,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_micros(if a.op == PerfOp::Send {
+                    20
+                } else {
+                    2000
+                }));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    comm.stream().set_nonblocking(false)?;
+    let secs = first.map_or(0.0, |f| last.duration_since(f).as_secs_f64());
+    let bytes = msgs as f64 * f64::from(size);
+    Ok(PerfResult {
+        msgs,
+        secs,
+        mb_per_sec: if secs > 0.0 {
+            bytes / secs / 1_048_576.0
+        } else {
+            0.0
+        },
+        mpps: if secs > 0.0 {
+            msgs as f64 / secs / 1e6
+        } else {
+            0.0
+        },
+        lat: (0.0, 0.0, 0.0, 0.0),
+        verified: good,
+    })
+}
+
+fn verify_server(
+    dev: &Device,
+    a: &PerfArgs,
+    qps: &[QpCtx],
+    size: u32,
+    client_msgs: u64,
+) -> anyhow::Result<bool> {
+    let mut ok = true;
+    for (i, qp) in qps.iter().enumerate() {
+        ok &= match a.op {
+            PerfOp::Write | PerfOp::Read | PerfOp::Send => dev.with_mr(qp.mr.lkey, |b| {
+                b == pattern(i as u32, size as usize).as_slice()
+            })?,
+            PerfOp::Atomic => true,
+        };
+    }
+    if a.op == PerfOp::Atomic {
+        // Each atomic adds one (or swaps k for k+1): the counters sum to the client's count.
+        let mut total = 0u64;
+        for qp in qps {
+            let mut b = [0u8; 8];
+            dev.mr_read(qp.mr.lkey, 0, &mut b)?;
+            total += u64::from_le_bytes(b);
+        }
+        ok &= total == client_msgs;
+    }
+    Ok(ok)
+}

@@ -1,0 +1,344 @@
+//! `roce plot`: draws a congestion-control trace (CSV from `roce::cc::trace`) as an SVG: rate
+//! and target rate of every QP over time with a mark at every CNP, and α below: the DCQCN
+//! sawtooth. `roce plot --simulate` first runs the deterministic bottleneck simulator
+//! (`roce::cc::sim`) so parameters can be tried without a network.
+
+use std::{fmt::Write as _, fs, path::Path, time::Duration};
+
+use anyhow::{Context as _, bail};
+use plotters::{
+    coord::Shift,
+    prelude::{
+        BLACK, ChartBuilder, Circle, DrawingArea, IntoDrawingArea, LineSeries, Palette, Palette99,
+        PathElement, RGBColor, SVGBackend, WHITE,
+    },
+    style::{Color as _, ShapeStyle},
+};
+use roce::cc::{
+    DcqcnConfig, Trace, TraceRow,
+    sim::{self, SimConfig},
+};
+use serde_json::json;
+
+use super::Output;
+
+/// Options of `roce plot`.
+#[derive(Debug, clap::Args)]
+pub struct PlotArgs {
+    /// The trace to draw (CSV: time_ns,qpn,rate_bps,target_bps,alpha,cnps,bytes). With
+    /// --simulate, where to write the simulated trace (optional).
+    #[arg(value_name = "FILE.csv")]
+    pub input: Option<String>,
+    /// The SVG to write.
+    #[arg(short, long, value_name = "FILE.svg")]
+    pub output: String,
+    /// Draw only this QP (decimal or 0x hex).
+    #[arg(short, long, value_parser = parse_u32)]
+    pub qpn: Option<u32>,
+    /// Title of the plot.
+    #[arg(short, long)]
+    pub title: Option<String>,
+    /// Width and height in pixels.
+    #[arg(long, num_args = 2, value_names = ["W", "H"], default_values_t = [1200, 800])]
+    pub size: Vec<u32>,
+    /// Run the bottleneck simulator and plot its trace instead of reading one.
+    #[arg(long)]
+    pub simulate: bool,
+    /// With --simulate: number of senders.
+    #[arg(long, default_value_t = 1, requires = "simulate")]
+    pub flows: u32,
+    /// With --simulate: bottleneck rate in Gb/s (senders have 10 Gb/s links).
+    #[arg(long, default_value_t = 4.0, requires = "simulate")]
+    pub bottleneck_gbps: f64,
+    /// With --simulate: simulated milliseconds.
+    #[arg(long, default_value_t = 20, requires = "simulate")]
+    pub ms: u64,
+    /// With --simulate: a DCQCN parameter under its mlx5 name, e.g. `--set rpg_ai_rate=10`
+    /// (repeatable).
+    #[arg(long = "set", value_name = "NAME=VALUE", requires = "simulate")]
+    pub set: Vec<String>,
+}
+
+fn parse_u32(s: &str) -> Result<u32, String> {
+    let r = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(h) => u32::from_str_radix(h, 16),
+        None => s.parse(),
+    };
+    r.map_err(|e| format!("{s:?}: {e}"))
+}
+
+pub(crate) fn run(out: Output, args: &PlotArgs) -> anyhow::Result<()> {
+    let &[w, h] = args.size.as_slice() else {
+        bail!("--size takes a width and a height");
+    };
+    if !(200..=10_000).contains(&w) || !(200..=10_000).contains(&h) {
+        bail!("--size {w} {h}: each must be between 200 and 10000 pixels");
+    }
+    let trace = if args.simulate {
+        let cfg = sim_config(args)?;
+        let r = sim::run(&cfg);
+        if let Some(csv) = &args.input {
+            fs::write(csv, r.trace.to_csv()).with_context(|| format!("writing {csv}"))?;
+        }
+        r.trace
+    } else {
+        let Some(input) = &args.input else {
+            bail!("give a trace FILE.csv, or --simulate");
+        };
+        let text = fs::read_to_string(input).with_context(|| format!("reading {input}"))?;
+        Trace::parse_csv(&text).with_context(|| format!("reading {input}"))?
+    };
+    let title = args.title.clone().unwrap_or_else(|| {
+        if args.simulate {
+            format!(
+                "DCQCN, {} flow(s) into {} Gb/s (simulated)",
+                args.flows, args.bottleneck_gbps
+            )
+        } else {
+            let name = args.input.as_deref().map_or("trace", |p| {
+                Path::new(p)
+                    .file_name()
+                    .and_then(|n| n.to_str())
+                    .unwrap_or(p)
+            });
+            format!("DCQCN rate: {name}")
+        }
+    });
+    let svg = render_svg(&trace, args.qpn, &title, (w, h))?;
+    fs::write(&args.output, &svg).with_context(|| format!("writing {}", args.output))?;
+    let rows = trace
+        .rows
+        .iter()
+        .filter(|r| args.qpn.is_none_or(|q| r.qpn.value() == q))
+        .count();
+    let qps = trace.qpns().len();
+    let text = format!("{rows} samples of {qps} QP(s) drawn to {}\n", args.output);
+    out.emit(
+        &json!({ "output": args.output, "samples": rows, "qps": qps, "bytes": svg.len() }),
+        &text,
+    );
+    Ok(())
+}
+
+fn sim_config(args: &PlotArgs) -> anyhow::Result<SimConfig> {
+    let mut cfg = SimConfig::default();
+    if !(args.flows >= 1 && args.flows <= 64) {
+        bail!("--flows must be 1..=64");
+    }
+    if !(args.bottleneck_gbps > 0.0 && args.bottleneck_gbps <= 10.0) {
+        bail!("--bottleneck-gbps must be in (0, 10]");
+    }
+    if !(1..=1000).contains(&args.ms) {
+        bail!("--ms must be 1..=1000");
+    }
+    cfg.flows = args.flows;
+    cfg.bottleneck_bps = (args.bottleneck_gbps * 1e9) as u64;
+    cfg.duration = Duration::from_millis(args.ms);
+    cfg.stagger = cfg.duration / (2 * args.flows);
+    for s in &args.set {
+        let Some((name, value)) = s.split_once('=') else {
+            bail!(
+                "--set {s}: expected NAME=VALUE, NAME one of {}",
+                DcqcnConfig::NAMES.join(", ")
+            );
+        };
+        let value: u64 = value
+            .trim()
+            .parse()
+            .with_context(|| format!("--set {s}: the value is not a number"))?;
+        cfg.dcqcn.set(name.trim(), value).with_context(|| {
+            format!("--set {s} (parameters: {})", DcqcnConfig::NAMES.join(", "))
+        })?;
+    }
+    Ok(cfg)
+}
+
+type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
+
+fn color(i: usize) -> RGBColor {
+    let (r, g, b) = Palette99::COLORS[i % Palette99::COLORS.len()];
+    RGBColor(r, g, b)
+}
+
+/// Renders `trace` (only QP `qpn` if given) as an SVG document.
+///
+/// # Errors
+/// An empty trace (nothing to draw) or a drawing failure.
+pub fn render_svg(
+    trace: &Trace,
+    qpn: Option<u32>,
+    title: &str,
+    size: (u32, u32),
+) -> anyhow::Result<String> {
+    let rows: Vec<&TraceRow> = trace
+        .rows
+        .iter()
+        .filter(|r| qpn.is_none_or(|q| r.qpn.value() == q))
+        .collect();
+    if rows.is_empty() {
+        bail!(
+            "nothing to draw: the trace has no samples{}",
+            qpn.map_or(String::new(), |q| format!(" of QP {q}"))
+        );
+    }
+    let qpns: Vec<u32> = {
+        let mut v: Vec<u32> = Vec::new();
+        for r in &rows {
+            if !v.contains(&r.qpn.value()) {
+                v.push(r.qpn.value());
+            }
+        }
+        v
+    };
+    let t0 = rows.iter().map(|r| r.time.0).min().unwrap_or(0);
+    let t1 = rows.iter().map(|r| r.time.0).max().unwrap_or(0);
+    let ms = |t: u64| (t - t0) as f64 / 1e6;
+    let x_max = ms(t1).max(1e-3);
+    let y_max = rows
+        .iter()
+        .map(|r| r.rate_bps.max(r.target_bps))
+        .max()
+        .unwrap_or(1) as f64
+        / 1e9
+        * 1.05;
+
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+        root.fill(&WHITE).map_err(draw_err)?;
+        let root = root.titled(title, ("sans-serif", 22)).map_err(draw_err)?;
+        let (top, bottom): (Area<'_>, Area<'_>) = root.split_vertically(size.1 * 62 / 100);
+
+        let mut rate = ChartBuilder::on(&top)
+            .margin(12)
+            .x_label_area_size(30)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..x_max, 0f64..y_max.max(1e-6))
+            .map_err(draw_err)?;
+        rate.configure_mesh()
+            .x_desc("time (ms)")
+            .y_desc("Gb/s")
+            .draw()
+            .map_err(draw_err)?;
+        for (i, q) in qpns.iter().enumerate() {
+            let mine: Vec<&&TraceRow> = rows.iter().filter(|r| r.qpn.value() == *q).collect();
+            let c = color(i);
+            rate.draw_series(LineSeries::new(
+                mine.iter().map(|r| (ms(r.time.0), r.rate_bps as f64 / 1e9)),
+                ShapeStyle::from(&c).stroke_width(2),
+            ))
+            .map_err(draw_err)?
+            .label(format!("QP {q} rate"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2)));
+            let faded = c.mix(0.45);
+            rate.draw_series(LineSeries::new(
+                mine.iter()
+                    .map(|r| (ms(r.time.0), r.target_bps as f64 / 1e9)),
+                faded.stroke_width(1),
+            ))
+            .map_err(draw_err)?
+            .label(format!("QP {q} target"))
+            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], faded));
+            // A mark where CNPs arrived since the previous sample.
+            let marks: Vec<(f64, f64)> = mine
+                .windows(2)
+                .filter(|w| w[1].cnps > w[0].cnps)
+                .map(|w| (ms(w[1].time.0), w[1].rate_bps as f64 / 1e9))
+                .collect();
+            let n = marks.len();
+            rate.draw_series(
+                marks
+                    .into_iter()
+                    .map(|p| Circle::new(p, 3, BLACK.mix(0.7).filled())),
+            )
+            .map_err(draw_err)?
+            .label(format!("QP {q} CNP ({n})"))
+            .legend(|(x, y)| Circle::new((x + 10, y), 3, BLACK.mix(0.7).filled()));
+        }
+        rate.configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(draw_err)?;
+
+        let mut alpha = ChartBuilder::on(&bottom)
+            .margin(12)
+            .x_label_area_size(30)
+            .y_label_area_size(60)
+            .build_cartesian_2d(0f64..x_max, 0f64..1.0f64)
+            .map_err(draw_err)?;
+        alpha
+            .configure_mesh()
+            .x_desc("time (ms)")
+            .y_desc("alpha")
+            .draw()
+            .map_err(draw_err)?;
+        for (i, q) in qpns.iter().enumerate() {
+            let c = color(i);
+            alpha
+                .draw_series(LineSeries::new(
+                    rows.iter()
+                        .filter(|r| r.qpn.value() == *q)
+                        .map(|r| (ms(r.time.0), r.alpha)),
+                    c.stroke_width(2),
+                ))
+                .map_err(draw_err)?
+                .label(format!("QP {q} alpha"))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], c));
+        }
+        alpha
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(draw_err)?;
+        root.present().map_err(draw_err)?;
+    }
+    let _ = writeln!(svg, "<!-- roce plot: {} samples -->", rows.len());
+    Ok(svg)
+}
+
+fn draw_err<E: std::error::Error + Send + Sync>(
+    e: plotters::drawing::DrawingAreaErrorKind<E>,
+) -> anyhow::Error {
+    anyhow::anyhow!("drawing failed: {e}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn draws_the_simulated_sawtooth() {
+        let r = sim::run(&SimConfig::default());
+        let svg = render_svg(&r.trace, None, "test", (1000, 700)).unwrap();
+        assert!(svg.starts_with("<svg"), "{}", &svg[..80]);
+        assert!(svg.contains("</svg>"));
+        // Rate, target and α lines, one CNP circle per sample with new CNPs, labels.
+        assert!(svg.matches("<polyline").count() >= 3);
+        let circles = svg.matches("<circle").count();
+        assert!(circles > 10, "{circles} CNP marks");
+        for text in ["time (ms)", "Gb/s", "alpha", "QP 17 rate", "QP 17 target"] {
+            assert!(svg.contains(text), "no {text:?} in the SVG");
+        }
+        // The rate polyline has a point per sample.
+        assert!(svg.len() > 50_000, "{} bytes", svg.len());
+    }
+
+    #[test]
+    fn filters_by_qpn_and_refuses_empty() {
+        let r = sim::run(&SimConfig {
+            flows: 2,
+            duration: Duration::from_millis(4),
+            stagger: Duration::from_millis(1),
+            ..SimConfig::default()
+        });
+        let both = render_svg(&r.trace, None, "t", (800, 600)).unwrap();
+        assert!(both.contains("QP 18 rate") && both.contains("QP 17 rate"));
+        let one = render_svg(&r.trace, Some(18), "t", (800, 600)).unwrap();
+        assert!(one.contains("QP 18 rate") && !one.contains("QP 17 rate"));
+        let e = render_svg(&r.trace, Some(99), "t", (800, 600)).unwrap_err();
+        assert!(e.to_string().contains("no samples of QP 99"), "{e}");
+        assert!(render_svg(&Trace::new(), None, "t", (800, 600)).is_err());
+    }
+}

@@ -1,0 +1,261 @@
+//! `roce load`, `roce unload`, `roce status` and `roce stats`.
+
+use std::{
+    fmt::Write as _,
+    time::{Duration, Instant},
+};
+
+use anyhow::{Context as _, bail};
+use roce::{
+    loader::{self, AttachMode, LoadOptions, Pins},
+    stats::{Section, Snapshot},
+};
+use roce_common::{
+    counters::{DeviceCounters, QpCounters, XdpStats, XskStats},
+    maps::{BIND_ZEROCOPY, QpStatsRecord, XskQueueRecord},
+};
+use serde_json::json;
+
+use super::Output;
+
+pub(crate) fn load(
+    out: Output,
+    iface: &str,
+    mode: AttachMode,
+    port: u16,
+    drop_foreign: bool,
+    netns: Option<String>,
+) -> anyhow::Result<()> {
+    let opts = LoadOptions {
+        mode,
+        port,
+        drop_foreign,
+        netns,
+    };
+    let r = loader::load(iface, &opts)?;
+    let text = format!(
+        "roce_xdp attached to {} ({} mode, prog id {}, link id {}), RoCE port {}{}\npinned in {}\n",
+        r.ifname,
+        r.mode.as_str(),
+        r.prog_id,
+        r.link_id,
+        r.port,
+        if r.drop_foreign {
+            ", dropping foreign QPs"
+        } else {
+            ""
+        },
+        r.pin_dir
+    );
+    out.emit(&serde_json::to_value(&r)?, &text);
+    Ok(())
+}
+
+pub(crate) fn unload(out: Output, iface: &str) -> anyhow::Result<()> {
+    let r = loader::unload(iface)?;
+    let text = format!(
+        "roce_xdp {} {}; removed pins: {}\n",
+        if r.detached {
+            "detached from"
+        } else {
+            "was not attached to"
+        },
+        r.ifname,
+        r.removed.join(" ")
+    );
+    out.emit(&serde_json::to_value(&r)?, &text);
+    Ok(())
+}
+
+pub(crate) fn status(out: Output) -> anyhow::Result<()> {
+    let all = loader::status()?;
+    let mut text = String::new();
+    if all.is_empty() {
+        text.push_str("roce_xdp is not attached anywhere\n");
+    } else {
+        let _ = writeln!(
+            text,
+            "{:<16} {:<16} {:<7} {:>8} {:>8} {:>6} {:>5}  PINS",
+            "INTERFACE", "NETNS", "MODE", "PROG_ID", "LINK_ID", "PORT", "QPS"
+        );
+        for s in &all {
+            let opt = |v: Option<u32>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
+            let _ = writeln!(
+                text,
+                "{:<16} {:<16} {:<7} {:>8} {:>8} {:>6} {:>5}  {}",
+                s.ifname,
+                s.netns.as_deref().unwrap_or("-"),
+                s.mode.map_or("?", AttachMode::as_str),
+                opt(s.prog_id),
+                opt(s.link_id),
+                s.port,
+                s.qps,
+                s.pin_dir
+            );
+        }
+    }
+    out.emit(&serde_json::to_value(&all)?, &text);
+    Ok(())
+}
+
+const QP_STATES: [&str; 7] = ["RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"];
+
+/// The counters of one interface: XDP (summed over CPUs), transport (summed over QPs), device
+/// (summed over endpoint processes), AF_XDP per queue, and with `per_qp` each QP.
+pub(crate) fn snapshot(
+    pins: &Pins,
+    iface: &str,
+    per_cpu: bool,
+    per_qp: bool,
+) -> anyhow::Result<Snapshot> {
+    let cpus = pins.xdp_stats_per_cpu()?;
+    let total = loader::sum_per_cpu(&cpus);
+    let mut sections = vec![Section::from_names(
+        "xdp",
+        &XdpStats::NAMES,
+        &total.values(),
+    )];
+    if per_cpu {
+        for (i, c) in cpus.iter().enumerate() {
+            sections.push(
+                Section::from_names(&format!("xdp_cpu{i}"), &XdpStats::NAMES, &c.values())
+                    .label("cpu", &i.to_string()),
+            );
+        }
+    }
+    let mut qps: Vec<(u32, QpStatsRecord)> =
+        pins.qp_stats()?.iter().filter_map(Result::ok).collect();
+    qps.sort_by_key(|(q, _)| *q);
+    let mut transport = QpCounters::default();
+    for (_, r) in &qps {
+        transport.add(&r.counters);
+    }
+    sections.push(Section::from_names(
+        "transport",
+        &QpCounters::NAMES,
+        &transport.values(),
+    ));
+    let mut device = DeviceCounters::default();
+    for (_, d) in pins.dev_stats()?.iter().filter_map(Result::ok) {
+        device.add(&d);
+    }
+    sections.push(Section::from_names(
+        "device",
+        &DeviceCounters::NAMES,
+        &device.values(),
+    ));
+    let mut queues: Vec<(u32, XskQueueRecord)> =
+        pins.xsk_stats()?.iter().filter_map(Result::ok).collect();
+    queues.sort_by_key(|(q, _)| *q);
+    for (q, r) in &queues {
+        let mode = if r.bind_mode == BIND_ZEROCOPY {
+            "zerocopy"
+        } else {
+            "copy"
+        };
+        sections.push(
+            Section::from_names(&format!("xsk_q{q}"), &XskStats::NAMES, &r.stats.values())
+                .label("queue", &q.to_string())
+                .label("mode", mode),
+        );
+    }
+    if per_qp {
+        for (q, r) in qps.iter().filter(|(q, _)| *q != 0) {
+            let state = QP_STATES.get(r.state as usize).copied().unwrap_or("?");
+            sections.push(
+                Section::from_names(
+                    &format!("qp_0x{q:06x}"),
+                    &QpCounters::NAMES,
+                    &r.counters.values(),
+                )
+                .label("qpn", &q.to_string())
+                .label("state", state)
+                .label("owner", &r.owner.to_string()),
+            );
+        }
+    }
+    Ok(Snapshot {
+        ifname: iface.to_owned(),
+        sections,
+    })
+}
+
+/// Flags of `roce stats`.
+#[derive(Debug, clap::Args)]
+pub struct StatsArgs {
+    /// Interface.
+    #[arg(short, long)]
+    pub iface: String,
+    /// Repeat every SECS seconds, printing the change and the rate since the last report.
+    #[arg(short, long, value_name = "SECS")]
+    pub watch: Option<f64>,
+    /// With --watch, stop after COUNT reports (default: until interrupted).
+    #[arg(short, long, requires = "watch")]
+    pub count: Option<u64>,
+    /// Show only counters that are not zero.
+    #[arg(short = 'z', long)]
+    pub nonzero: bool,
+    /// Print Prometheus exposition text.
+    #[arg(long, conflicts_with_all = ["json", "pretty"])]
+    pub prometheus: bool,
+    /// Also show per-CPU XDP counters.
+    #[arg(short = 'e', long)]
+    pub per_cpu: bool,
+    /// Also show each QP's counters and state.
+    #[arg(short = 's', long = "qps")]
+    pub per_qp: bool,
+}
+
+pub(crate) fn stats(out: Output, a: &StatsArgs) -> anyhow::Result<()> {
+    let StatsArgs {
+        iface,
+        watch,
+        count,
+        nonzero,
+        prometheus,
+        per_cpu,
+        per_qp,
+    } = a;
+    let (iface, watch, count, nonzero, prometheus, per_cpu, per_qp) = (
+        iface.as_str(),
+        *watch,
+        *count,
+        *nonzero,
+        *prometheus,
+        *per_cpu,
+        *per_qp,
+    );
+    loader::require_root()?;
+    loader::check_ifname(iface)?;
+    let pins = Pins::new(iface);
+    let first = snapshot(&pins, iface, per_cpu, per_qp)?;
+    let Some(secs) = watch else {
+        if prometheus {
+            print!("{}", first.to_prometheus());
+        } else {
+            out.emit(&first.to_json(), &first.to_text(nonzero));
+        }
+        return Ok(());
+    };
+    if !(secs.is_finite() && secs > 0.0) {
+        bail!("--watch takes a positive number of seconds, not {secs}");
+    }
+    let mut prev = first;
+    let mut prev_t = Instant::now();
+    let mut n = 0u64;
+    while count.is_none_or(|c| n < c) {
+        std::thread::sleep(Duration::from_secs_f64(secs));
+        let now = snapshot(&pins, iface, per_cpu, per_qp).context("reading counters")?;
+        let dt = prev_t.elapsed().as_secs_f64();
+        if prometheus {
+            print!("{}", now.to_prometheus());
+        } else {
+            let v = json!({ "interval_s": dt, "total": now.to_json(), "delta": now.delta(&prev).to_json() });
+            out.emit(&v, &now.to_rate_text(&prev, dt));
+        }
+        prev = now;
+        prev_t = Instant::now();
+        n += 1;
+    }
+    Ok(())
+}

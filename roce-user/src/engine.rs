@@ -1,0 +1,387 @@
+//! The per-queue packet engine: one plain thread per AF_XDP queue runs
+//! receive batch → handler → transmit batch → completions → poll(2), with the poll timeout taken
+//! from the handler. The handler is where the transport plugs in; it sees frames only as
+//! borrowed byte slices and queues transmits through a [`TxSink`], so nothing is allocated per
+//! packet.
+
+use std::{
+    sync::{
+        Arc,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::{Duration, Instant},
+};
+
+use crate::xsk::{BindMode, FrameAccounting, XskError, XskQueue, XskStats};
+pub use crate::xsk::{RxVerdict, TxError, TxSink};
+
+/// Monotonic time in nanoseconds since the engine's clock started. The transport takes time as
+/// this plain value (sans-I/O); only the engine reads the system clock.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct Nanos(pub u64);
+
+impl Nanos {
+    /// `self + d`, saturating.
+    #[must_use]
+    pub fn saturating_add(self, d: Duration) -> Self {
+        Self(
+            self.0
+                .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
+        )
+    }
+
+    /// `self - earlier` as a duration, zero if `earlier` is later.
+    #[must_use]
+    pub const fn duration_since(self, earlier: Self) -> Duration {
+        Duration::from_nanos(self.0.saturating_sub(earlier.0))
+    }
+}
+
+/// The engine's clock: `std::time::Instant` (CLOCK_MONOTONIC) turned into [`Nanos`].
+#[derive(Clone, Copy, Debug)]
+pub struct Clock {
+    base: Instant,
+}
+
+impl Clock {
+    /// A clock starting at zero now.
+    #[must_use]
+    pub fn new() -> Self {
+        Self {
+            base: Instant::now(),
+        }
+    }
+
+    /// The current time.
+    #[must_use]
+    pub fn now(&self) -> Nanos {
+        Nanos(u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    }
+}
+
+impl Default for Clock {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// What runs on a queue: the transport, an echo, a generator.
+pub trait Handler {
+    /// Called for every received frame, in ring order. `frame` is the packet from the Ethernet
+    /// header on, writable in place; return [`RxVerdict::Transmit`] to send it back out on
+    /// this queue (e.g. after rewriting headers), or [`RxVerdict::Recycle`]. New frames
+    /// (ACKs, responses) go through `tx`.
+    fn on_rx(&mut self, now: Nanos, frame: &mut [u8], tx: &mut TxSink<'_>) -> RxVerdict;
+
+    /// Called once per turn after the receive batch: queue whatever is due. On
+    /// [`TxError::Full`] stop and wait for the next turn.
+    fn poll_transmit(&mut self, now: Nanos, tx: &mut TxSink<'_>) {
+        let _ = (now, tx);
+    }
+
+    /// The next time [`Handler::on_timeout`] must run, if any; bounds the poll(2) wait.
+    fn next_timeout(&self) -> Option<Nanos> {
+        None
+    }
+
+    /// Called when `next_timeout` has passed.
+    fn on_timeout(&mut self, now: Nanos) {
+        let _ = now;
+    }
+
+    /// A file descriptor that other threads make readable to wake the engine early (for
+    /// example an eventfd signalled after posting work); polled next to the socket.
+    fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
+        None
+    }
+
+    /// Called with the queue's counters before the engine sleeps, every 4096 busy turns, and at
+    /// the end, so the handler can publish them while the engine runs.
+    fn on_queue_stats(&mut self, queue_id: u32, stats: &XskStats) {
+        let _ = (queue_id, stats);
+    }
+
+    /// True when the handler has finished its work and the engine should drain and stop.
+    fn is_done(&self, now: Nanos) -> bool {
+        let _ = now;
+        false
+    }
+}
+
+/// Engine tuning.
+#[derive(Clone, Copy, Debug)]
+pub struct EngineConfig {
+    /// Frames per receive batch.
+    pub batch: u32,
+    /// Longest poll(2) wait, so that the stop flag is seen.
+    pub max_wait: Duration,
+    /// How long to keep flushing and reaping after stop so that in-flight frames come home.
+    pub drain_timeout: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        Self {
+            batch: 64,
+            max_wait: Duration::from_millis(50),
+            drain_timeout: Duration::from_secs(1),
+        }
+    }
+}
+
+/// What an engine run did.
+#[derive(Clone, Copy, Debug)]
+pub struct EngineReport {
+    /// Queue served.
+    pub queue_id: u32,
+    /// How its socket is bound.
+    pub mode: BindMode,
+    /// Loop turns.
+    pub turns: u64,
+    /// poll(2) waits.
+    pub waits: u64,
+    /// Counters at the end.
+    pub stats: XskStats,
+    /// Frame locations at the end (after draining): `app` and `kernel_tx` are 0 when every
+    /// transmitted frame came back.
+    pub accounting: FrameAccounting,
+    /// Wall time of the run.
+    pub elapsed: Duration,
+}
+
+/// One queue's engine: owns the socket and the handler.
+pub struct Engine<H> {
+    queue: XskQueue,
+    handler: H,
+    cfg: EngineConfig,
+    clock: Clock,
+    turns: u64,
+    waits: u64,
+}
+
+impl<H: Handler> Engine<H> {
+    /// An engine over an opened (and, for receive, registered in `ROCE_XSKS`) queue.
+    pub fn new(mut queue: XskQueue, handler: H, cfg: EngineConfig) -> Self {
+        queue.set_batch(cfg.batch);
+        Self {
+            queue,
+            handler,
+            cfg,
+            clock: Clock::new(),
+            turns: 0,
+            waits: 0,
+        }
+    }
+
+    /// The queue.
+    pub const fn queue(&self) -> &XskQueue {
+        &self.queue
+    }
+
+    /// The handler.
+    pub const fn handler(&self) -> &H {
+        &self.handler
+    }
+
+    /// The handler, mutably (between runs).
+    pub const fn handler_mut(&mut self) -> &mut H {
+        &mut self.handler
+    }
+
+    /// Gives back the queue and the handler.
+    pub fn into_parts(self) -> (XskQueue, H) {
+        (self.queue, self.handler)
+    }
+
+    /// One turn: completions, refill, a receive batch through the handler, the handler's own
+    /// transmits, and the flush to the TX ring. Returns the number of frames moved.
+    pub fn turn(&mut self, now: Nanos) -> u64 {
+        self.turns += 1;
+        let q = &mut self.queue;
+        let h = &mut self.handler;
+        let completed = q.reap_completions();
+        q.refill();
+        let received = q.receive(self.cfg.batch, |frame, tx| h.on_rx(now, frame, tx));
+        if h.next_timeout().is_some_and(|t| t <= now) {
+            h.on_timeout(now);
+        }
+        q.with_tx_sink(|tx| h.poll_transmit(now, tx));
+        let sent = q.flush_tx();
+        u64::from(completed) + u64::from(received) + sent as u64
+    }
+
+    /// Runs until `stop` is set or the handler is done, then drains in-flight transmits.
+    pub fn run(&mut self, stop: &AtomicBool) -> Result<EngineReport, XskError> {
+        let start = self.clock.now();
+        loop {
+            let now = self.clock.now();
+            if stop.load(Ordering::Relaxed) || self.handler.is_done(now) {
+                break;
+            }
+            let moved = self.turn(now);
+            if moved == 0 || self.turns.is_multiple_of(4096) {
+                self.handler
+                    .on_queue_stats(self.queue.queue_id(), &self.queue.stats());
+            }
+            if moved == 0 {
+                let mut wait = self.cfg.max_wait;
+                if let Some(t) = self.handler.next_timeout() {
+                    wait = wait.min(t.duration_since(now));
+                }
+                if !wait.is_zero() {
+                    self.waits += 1;
+                    self.queue.wait_with(Some(wait), self.handler.wake_fd())?;
+                }
+            }
+        }
+        self.drain()?;
+        self.handler
+            .on_queue_stats(self.queue.queue_id(), &self.queue.stats());
+        let end = self.clock.now();
+        Ok(EngineReport {
+            queue_id: self.queue.queue_id(),
+            mode: self.queue.bind_mode(),
+            turns: self.turns,
+            waits: self.waits,
+            stats: self.queue.stats(),
+            accounting: self.queue.accounting(),
+            elapsed: end.duration_since(start),
+        })
+    }
+
+    /// Flushes the backlog and reaps completions until nothing is in flight for transmit or
+    /// the drain timeout passes. Received frames are still recycled meanwhile, not handled.
+    fn drain(&mut self) -> Result<(), XskError> {
+        let deadline = self.clock.now().saturating_add(self.cfg.drain_timeout);
+        while !self.queue.tx_idle() && self.clock.now() < deadline {
+            self.queue.reap_completions();
+            self.queue.flush_tx();
+            if !self.queue.tx_idle() {
+                self.queue.wait(Some(Duration::from_millis(1)))?;
+            }
+        }
+        self.queue.reap_completions();
+        Ok(())
+    }
+}
+
+/// A running engine thread; join it to get the engine back with its report.
+pub type EngineThread<H> = JoinHandle<Result<(EngineReport, Engine<H>), XskError>>;
+
+/// Starts one engine thread per queue, named `roce-q<N>`, each with the handler `make(queue_id)`.
+/// They run until `stop` is set (or their handler is done).
+pub fn spawn_engines<H, F>(
+    queues: Vec<XskQueue>,
+    mut make: F,
+    cfg: EngineConfig,
+    stop: &Arc<AtomicBool>,
+) -> std::io::Result<Vec<EngineThread<H>>>
+where
+    H: Handler + Send + 'static,
+    F: FnMut(u32) -> H,
+{
+    queues
+        .into_iter()
+        .map(|q| {
+            let h = make(q.queue_id());
+            let stop = Arc::clone(stop);
+            std::thread::Builder::new()
+                .name(format!("roce-q{}", q.queue_id()))
+                .spawn(move || {
+                    let mut e = Engine::new(q, h, cfg);
+                    let report = e.run(&stop)?;
+                    Ok((report, e))
+                })
+        })
+        .collect()
+}
+
+/// Echo (l2fwd): swaps the Ethernet and IPv4/IPv6 addresses and sends every frame back on its
+/// queue. The UDP ports stay as they are, so a RoCE packet stays a RoCE packet for the peer.
+/// Swapping addresses keeps the IPv4 header checksum valid (the one's-complement sum does not
+/// depend on word order); UDP checksums are left as they are (RoCE v2 senders put 0).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct EchoHandler {
+    /// Frames echoed.
+    pub echoed: u64,
+    /// Frames too short to swap, recycled.
+    pub short: u64,
+}
+
+impl Handler for EchoHandler {
+    fn on_rx(&mut self, _now: Nanos, frame: &mut [u8], _tx: &mut TxSink<'_>) -> RxVerdict {
+        if swap_addresses(frame) {
+            self.echoed += 1;
+            RxVerdict::Transmit { len: frame.len() }
+        } else {
+            self.short += 1;
+            RxVerdict::Recycle
+        }
+    }
+}
+
+/// Swaps Ethernet source/destination and, for untagged IPv4 or IPv6, the IP addresses.
+/// Returns false (changing nothing) for frames shorter than their headers.
+pub fn swap_addresses(frame: &mut [u8]) -> bool {
+    use roce_common::hdr::{ETH_P_IPV4, ETH_P_IPV6, EthHdr, Ipv4Hdr, Ipv6Hdr};
+    if frame.len() < EthHdr::LEN {
+        return false;
+    }
+    let ether_type = u16::from_be_bytes([frame[12], frame[13]]);
+    let (src, dst, len) = match ether_type {
+        ETH_P_IPV4 => (EthHdr::LEN + 12, EthHdr::LEN + 16, 4),
+        ETH_P_IPV6 => (EthHdr::LEN + 8, EthHdr::LEN + 24, 16),
+        _ => (0, 0, 0),
+    };
+    let ip_len = match ether_type {
+        ETH_P_IPV4 => Ipv4Hdr::LEN,
+        ETH_P_IPV6 => Ipv6Hdr::LEN,
+        _ => 0,
+    };
+    if frame.len() < EthHdr::LEN + ip_len {
+        return false;
+    }
+    let (d, s) = frame.split_at_mut(6);
+    d.swap_with_slice(&mut s[..6]);
+    if len > 0 {
+        let (a, b) = frame.split_at_mut(dst);
+        a[src..src + len].swap_with_slice(&mut b[..len]);
+    }
+    true
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn swap_ipv4_keeps_checksum_and_swaps_back() {
+        let mut f = [0u8; 60];
+        f[..6].copy_from_slice(&[1, 1, 1, 1, 1, 1]);
+        f[6..12].copy_from_slice(&[2, 2, 2, 2, 2, 2]);
+        f[12..14].copy_from_slice(&0x0800u16.to_be_bytes());
+        f[14] = 0x45;
+        f[24..26].copy_from_slice(&[0xab, 0xcd]);
+        f[26..30].copy_from_slice(&[10, 0, 0, 1]);
+        f[30..34].copy_from_slice(&[10, 0, 0, 2]);
+        let orig = f;
+        assert!(swap_addresses(&mut f));
+        assert_eq!(&f[..6], &orig[6..12]);
+        assert_eq!(&f[6..12], &orig[..6]);
+        assert_eq!(&f[26..30], &orig[30..34]);
+        assert_eq!(&f[30..34], &orig[26..30]);
+        assert_eq!(&f[24..26], &orig[24..26]);
+        assert!(swap_addresses(&mut f));
+        assert_eq!(f, orig);
+        assert!(!swap_addresses(&mut f[..20]));
+    }
+
+    #[test]
+    fn nanos_arithmetic() {
+        let t = Nanos(5).saturating_add(Duration::from_nanos(10));
+        assert_eq!(t, Nanos(15));
+        assert_eq!(Nanos(3).duration_since(t), Duration::ZERO);
+        assert_eq!(t.duration_since(Nanos(5)), Duration::from_nanos(10));
+    }
+}

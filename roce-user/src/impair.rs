@@ -1,0 +1,525 @@
+//! Loads `roce_impair` at an interface's egress, changes its settings live, reads its counters
+//! and takes it away: what `roce impair` does.
+//!
+//! The program is attached with TCX (kernel >= 6.6), the bpf_link form of a clsact
+//! direct-action filter, so the attachment is a link that can be pinned like roce_xdp's: it
+//! stays after `roce impair` exits and goes when the pin is removed. Pins live in
+//! `/sys/fs/bpf/roce-impair/<ifname>/` (a sibling of roce_xdp's `/sys/fs/bpf/roce/<ifname>/`,
+//! not a subdirectory: `roce unload` clears that directory file by file, and `roce status`
+//! lists it): `link`, `ROCE_IMPAIR_CONFIG`, `ROCE_IMPAIR_STATS`, `ROCE_IMPAIR_BOTTLENECK`,
+//! `ROCE_IMPAIR_HELD`. `bpftool map dump pinned .../ROCE_IMPAIR_STATS` shows the counters by name.
+//!
+//! This is an I/O edge: it talks to the kernel through aya.
+
+use std::{
+    fs,
+    path::{Path, PathBuf},
+};
+
+use aya::{
+    EbpfLoader,
+    maps::{Array, MapData, PerCpuArray},
+    programs::{
+        SchedClassifier, TcAttachType,
+        links::{FdLink, PinnedLink},
+    },
+};
+use roce_common::{
+    ROCE_V2_UDP_PORT,
+    impair::{
+        BottleneckState, ImpairConfig, ImpairStats, MAP_IMPAIR_BOTTLENECK, MAP_IMPAIR_CONFIG,
+        MAP_IMPAIR_HELD, MAP_IMPAIR_STATS, PROG_ROCE_IMPAIR, prob_from_fixed, prob_to_fixed,
+    },
+};
+
+use crate::loader::{self, IMPAIR_OBJECT, LoadError};
+
+/// Where all roce_impair pins live.
+pub const IMPAIR_PIN_ROOT: &str = "/sys/fs/bpf/roce-impair";
+
+const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
+
+/// The pin directory of an interface: `/sys/fs/bpf/roce-impair/<ifname>`.
+#[must_use]
+pub fn pin_dir(ifname: &str) -> PathBuf {
+    Path::new(IMPAIR_PIN_ROOT).join(ifname)
+}
+
+/// Why an impair operation failed.
+#[derive(Debug, thiserror::Error)]
+pub enum ImpairError {
+    /// Root, interface, bpffs, object, map or pin trouble, as for roce_xdp.
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    /// roce_impair is not attached to the interface.
+    #[error("roce_impair is not attached to {0} (no pins in {IMPAIR_PIN_ROOT}/{0})")]
+    NotAttached(String),
+    /// A setting out of range.
+    #[error("invalid impairment: {0}")]
+    Invalid(String),
+    /// The kernel has no TCX (it attached through netlink, which cannot be pinned).
+    #[error("the kernel attached roce_impair to {0} without a TCX link (kernel older than 6.6?)")]
+    NoTcx(String),
+}
+
+impl From<aya::maps::MapError> for ImpairError {
+    fn from(e: aya::maps::MapError) -> Self {
+        Self::Load(e.into())
+    }
+}
+impl From<aya::programs::ProgramError> for ImpairError {
+    fn from(e: aya::programs::ProgramError) -> Self {
+        Self::Load(e.into())
+    }
+}
+impl From<aya::pin::PinError> for ImpairError {
+    fn from(e: aya::pin::PinError) -> Self {
+        Self::Load(e.into())
+    }
+}
+impl From<aya::EbpfError> for ImpairError {
+    fn from(e: aya::EbpfError) -> Self {
+        Self::Load(e.into())
+    }
+}
+impl From<aya::programs::links::LinkError> for ImpairError {
+    fn from(e: aya::programs::links::LinkError) -> Self {
+        Self::Load(e.into())
+    }
+}
+
+fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> ImpairError {
+    let path = path.display().to_string();
+    move |source| ImpairError::Load(LoadError::Io { what, path, source })
+}
+
+/// A RED-marking bottleneck (see `roce_common::impair::ImpairConfig`).
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct Bottleneck {
+    /// Drain rate, bits/s.
+    pub rate_bps: u64,
+    /// No marks at or below this backlog, bytes.
+    pub kmin_bytes: u64,
+    /// Every packet marked above this backlog, bytes.
+    pub kmax_bytes: u64,
+    /// Marking probability at Kmax.
+    pub pmax: f64,
+    /// Drop past this backlog, bytes.
+    pub max_backlog_bytes: u64,
+}
+
+impl Bottleneck {
+    /// A bottleneck at `rate_bps` with the DCQCN paper's switch settings (Kmin 10 KB, Kmax
+    /// 100 KB, Pmax 1 %; sc20anonymous/DCQCN-validation) and a 1 MB buffer.
+    #[must_use]
+    pub const fn at(rate_bps: u64) -> Self {
+        Self {
+            rate_bps,
+            kmin_bytes: 10_000,
+            kmax_bytes: 100_000,
+            pmax: 0.01,
+            max_backlog_bytes: 1_000_000,
+        }
+    }
+}
+
+/// What roce_impair does to RoCE packets; probabilities in [0, 1].
+#[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
+pub struct ImpairSettings {
+    /// UDP destination port taken to be RoCE v2.
+    pub port: u16,
+    /// Drop probability.
+    pub drop: f64,
+    /// Duplication probability.
+    pub dup: f64,
+    /// Reorder (hold until the next packet) probability.
+    pub reorder: f64,
+    /// Bit-flip probability.
+    pub corrupt: f64,
+    /// CE-marking probability.
+    pub ce: f64,
+    /// A bottleneck.
+    pub bottleneck: Option<Bottleneck>,
+}
+
+impl Default for ImpairSettings {
+    fn default() -> Self {
+        Self {
+            port: ROCE_V2_UDP_PORT,
+            drop: 0.0,
+            dup: 0.0,
+            reorder: 0.0,
+            corrupt: 0.0,
+            ce: 0.0,
+            bottleneck: None,
+        }
+    }
+}
+
+impl ImpairSettings {
+    /// Checks ranges and builds the map value.
+    ///
+    /// # Errors
+    /// [`ImpairError::Invalid`] naming the setting.
+    pub fn to_config(&self) -> Result<ImpairConfig, ImpairError> {
+        let prob = |name: &str, p: f64| {
+            if (0.0..=1.0).contains(&p) {
+                Ok(prob_to_fixed(p))
+            } else {
+                Err(ImpairError::Invalid(format!(
+                    "--{name} {p}: a probability is between 0 and 1"
+                )))
+            }
+        };
+        if self.port == 0 {
+            return Err(ImpairError::Invalid("--port 0".into()));
+        }
+        let mut c = ImpairConfig {
+            port: u32::from(self.port),
+            drop: prob("drop", self.drop)?,
+            dup: prob("dup", self.dup)?,
+            reorder: prob("reorder", self.reorder)?,
+            corrupt: prob("corrupt", self.corrupt)?,
+            ce: prob("ce", self.ce)?,
+            ..ImpairConfig::default()
+        };
+        if let Some(b) = self.bottleneck {
+            if b.rate_bps == 0 {
+                return Err(ImpairError::Invalid(
+                    "--bottleneck 0: a rate above 0".into(),
+                ));
+            }
+            if b.kmin_bytes > b.kmax_bytes {
+                return Err(ImpairError::Invalid(format!(
+                    "--kmin {} is above --kmax {}",
+                    b.kmin_bytes, b.kmax_bytes
+                )));
+            }
+            // The program multiplies pmax (< 2^32) by a backlog below Kmax: keep it in u64.
+            if b.kmax_bytes > 1 << 30 || b.max_backlog_bytes > 1 << 30 {
+                return Err(ImpairError::Invalid(
+                    "--kmax and --max-backlog are at most 1 GiB".into(),
+                ));
+            }
+            c.pmax = prob("pmax", b.pmax)?;
+            c.rate_bps = b.rate_bps;
+            c.ps_per_byte = ImpairConfig::ps_per_byte_at(b.rate_bps);
+            c.kmin_bytes = b.kmin_bytes;
+            c.kmax_bytes = b.kmax_bytes;
+            c.max_backlog_bytes = b.max_backlog_bytes;
+        }
+        Ok(c)
+    }
+
+    /// The settings a map value holds.
+    #[must_use]
+    pub fn from_config(c: &ImpairConfig) -> Self {
+        Self {
+            port: u16::try_from(c.port)
+                .ok()
+                .filter(|p| *p != 0)
+                .unwrap_or(ROCE_V2_UDP_PORT),
+            drop: prob_from_fixed(c.drop),
+            dup: prob_from_fixed(c.dup),
+            reorder: prob_from_fixed(c.reorder),
+            corrupt: prob_from_fixed(c.corrupt),
+            ce: prob_from_fixed(c.ce),
+            bottleneck: (c.rate_bps != 0).then(|| Bottleneck {
+                rate_bps: c.rate_bps,
+                kmin_bytes: c.kmin_bytes,
+                kmax_bytes: c.kmax_bytes,
+                pmax: prob_from_fixed(c.pmax),
+                max_backlog_bytes: c.max_backlog_bytes,
+            }),
+        }
+    }
+}
+
+/// What [`apply`] did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ApplyReport {
+    /// Interface.
+    pub ifname: String,
+    /// Whether the program was attached now (else it was already, and only the settings changed).
+    pub attached: bool,
+    /// Kernel program id.
+    pub prog_id: Option<u32>,
+    /// Kernel link id.
+    pub link_id: Option<u32>,
+    /// Settings now in force.
+    pub settings: ImpairSettings,
+    /// Pin directory.
+    pub pin_dir: String,
+}
+
+fn check_bpffs() -> Result<(), ImpairError> {
+    let ok = nix::sys::statfs::statfs("/sys/fs/bpf")
+        .is_ok_and(|s| s.filesystem_type().0 == BPF_FS_MAGIC);
+    if ok {
+        Ok(())
+    } else {
+        Err(LoadError::NoBpfFs.into())
+    }
+}
+
+fn open_map(dir: &Path, ifname: &str, name: &str) -> Result<aya::maps::Map, ImpairError> {
+    let path = dir.join(name);
+    if !path.exists() {
+        return Err(ImpairError::NotAttached(ifname.to_owned()));
+    }
+    let data = MapData::from_pin(&path).map_err(LoadError::from)?;
+    Ok(aya::maps::Map::from_map_data(data).map_err(LoadError::from)?)
+}
+
+/// Attaches roce_impair to `ifname`'s egress with `settings`, or, when it is attached already,
+/// changes its settings in place (packets in flight see the new ones at once; counters go on).
+/// On a failed attach nothing is left behind.
+///
+/// # Errors
+/// Not root, no such interface, bad settings, no eBPF object, verifier or pin failures.
+pub fn apply(ifname: &str, settings: &ImpairSettings) -> Result<ApplyReport, ImpairError> {
+    loader::require_root()?;
+    loader::ifindex(ifname)?;
+    let config = settings.to_config()?;
+    let dir = pin_dir(ifname);
+    if dir.join("link").exists() {
+        let mut arr: Array<_, ImpairConfig> =
+            Array::try_from(open_map(&dir, ifname, MAP_IMPAIR_CONFIG)?)?;
+        arr.set(0, config, 0)?;
+        let (prog_id, link_id) = link_ids(&dir);
+        return Ok(ApplyReport {
+            ifname: ifname.to_owned(),
+            attached: false,
+            prog_id,
+            link_id,
+            settings: *settings,
+            pin_dir: dir.display().to_string(),
+        });
+    }
+    if IMPAIR_OBJECT.is_empty() {
+        return Err(LoadError::StubObject.into());
+    }
+    check_bpffs()?;
+    if dir.exists() {
+        remove_pins(&dir)?;
+    }
+    fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
+    let r = attach(ifname, config, &dir);
+    if r.is_err() {
+        let _ = remove_pins(&dir);
+    }
+    let (prog_id, link_id) = r?;
+    Ok(ApplyReport {
+        ifname: ifname.to_owned(),
+        attached: true,
+        prog_id: Some(prog_id),
+        link_id: Some(link_id),
+        settings: *settings,
+        pin_dir: dir.display().to_string(),
+    })
+}
+
+fn attach(ifname: &str, config: ImpairConfig, dir: &Path) -> Result<(u32, u32), ImpairError> {
+    let mut ebpf = EbpfLoader::new().load(IMPAIR_OBJECT)?;
+    {
+        let map = ebpf
+            .map_mut(MAP_IMPAIR_CONFIG)
+            .ok_or(LoadError::Missing(MAP_IMPAIR_CONFIG))?;
+        let mut arr: Array<_, ImpairConfig> = Array::try_from(map)?;
+        arr.set(0, config, 0)?;
+    }
+    for name in [
+        MAP_IMPAIR_CONFIG,
+        MAP_IMPAIR_STATS,
+        MAP_IMPAIR_BOTTLENECK,
+        MAP_IMPAIR_HELD,
+    ] {
+        let map = ebpf.map(name).ok_or(LoadError::Missing(name))?;
+        map.pin(dir.join(name))?;
+    }
+    let prog: &mut SchedClassifier = ebpf
+        .program_mut(PROG_ROCE_IMPAIR)
+        .ok_or(LoadError::Missing("roce_impair program"))?
+        .try_into()?;
+    prog.load()?;
+    let prog_id = prog.info()?.id();
+    let link_id = prog.attach(ifname, TcAttachType::Egress)?;
+    let link = prog.take_link(link_id)?;
+    let fd_link: FdLink = link
+        .try_into()
+        .map_err(|_| ImpairError::NoTcx(ifname.to_owned()))?;
+    let kernel_link_id = fd_link.info()?.id();
+    fd_link.pin(dir.join("link"))?;
+    Ok((prog_id, kernel_link_id))
+}
+
+fn link_ids(dir: &Path) -> (Option<u32>, Option<u32>) {
+    match PinnedLink::from_pin(dir.join("link")) {
+        Ok(link) => {
+            let fd: FdLink = link.into();
+            fd.info()
+                .map_or((None, None), |i| (Some(i.program_id()), Some(i.id())))
+        }
+        Err(_) => (None, None),
+    }
+}
+
+fn remove_pins(dir: &Path) -> Result<Vec<String>, ImpairError> {
+    let mut removed = Vec::new();
+    for entry in fs::read_dir(dir).map_err(io_err("read", dir))? {
+        let entry = entry.map_err(io_err("read", dir))?;
+        let path = entry.path();
+        fs::remove_file(&path).map_err(io_err("unpin", &path))?;
+        removed.push(entry.file_name().to_string_lossy().into_owned());
+    }
+    fs::remove_dir(dir).map_err(io_err("remove", dir))?;
+    let _ = fs::remove_dir(IMPAIR_PIN_ROOT);
+    removed.sort();
+    Ok(removed)
+}
+
+/// What [`off`] did.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct OffReport {
+    /// Interface.
+    pub ifname: String,
+    /// Whether a link was found and detached.
+    pub detached: bool,
+    /// Pins removed.
+    pub removed: Vec<String>,
+}
+
+/// Detaches roce_impair from `ifname` and removes its pins (a packet held back for reordering
+/// is discarded with them).
+///
+/// # Errors
+/// Not root, not attached, or a pin that cannot be removed.
+pub fn off(ifname: &str) -> Result<OffReport, ImpairError> {
+    loader::require_root()?;
+    loader::check_ifname(ifname)?;
+    let dir = pin_dir(ifname);
+    if !dir.is_dir() {
+        return Err(ImpairError::NotAttached(ifname.to_owned()));
+    }
+    let link_path = dir.join("link");
+    let mut detached = false;
+    if link_path.exists() {
+        let link = PinnedLink::from_pin(&link_path)?;
+        let fd_link = link.unpin().map_err(io_err("unpin", &link_path))?;
+        // The last reference to a TCX link going away detaches the program.
+        drop(fd_link);
+        detached = true;
+    }
+    let mut removed = remove_pins(&dir)?;
+    if detached {
+        removed.push("link".to_owned());
+        removed.sort();
+    }
+    Ok(OffReport {
+        ifname: ifname.to_owned(),
+        detached,
+        removed,
+    })
+}
+
+/// What [`show`] reads.
+#[derive(Debug, Clone, serde::Serialize)]
+pub struct ImpairShow {
+    /// Interface.
+    pub ifname: String,
+    /// Kernel program id, if the link is alive.
+    pub prog_id: Option<u32>,
+    /// Kernel link id, if the link is alive.
+    pub link_id: Option<u32>,
+    /// Settings in force.
+    pub settings: ImpairSettings,
+    /// Virtual backlog of the bottleneck now, bytes (0 without one).
+    pub backlog_bytes: u64,
+    /// Counters summed over CPUs.
+    #[serde(skip)]
+    pub stats: ImpairStats,
+}
+
+/// Reads the settings and counters of roce_impair on `ifname`.
+///
+/// # Errors
+/// Not root, not attached, or unreadable maps.
+pub fn show(ifname: &str) -> Result<ImpairShow, ImpairError> {
+    loader::require_root()?;
+    loader::check_ifname(ifname)?;
+    let dir = pin_dir(ifname);
+    let cfg: Array<_, ImpairConfig> = Array::try_from(open_map(&dir, ifname, MAP_IMPAIR_CONFIG)?)?;
+    let cfg = cfg.get(&0, 0)?;
+    let stats: PerCpuArray<_, ImpairStats> =
+        PerCpuArray::try_from(open_map(&dir, ifname, MAP_IMPAIR_STATS)?)?;
+    let mut total = ImpairStats::default();
+    for s in stats.get(&0, 0)?.iter() {
+        total.add(s);
+    }
+    let bn: Array<_, BottleneckState> =
+        Array::try_from(open_map(&dir, ifname, MAP_IMPAIR_BOTTLENECK)?)?;
+    let empty_at = bn.get(&0, 0)?.empty_at_ns;
+    let now = nix::time::clock_gettime(nix::time::ClockId::CLOCK_MONOTONIC)
+        .map(|t| t.tv_sec() as u64 * 1_000_000_000 + t.tv_nsec() as u64)
+        .unwrap_or(0);
+    let backlog_bytes = if cfg.ps_per_byte != 0 && empty_at > now {
+        (empty_at - now) * 1000 / cfg.ps_per_byte
+    } else {
+        0
+    };
+    let (prog_id, link_id) = link_ids(&dir);
+    Ok(ImpairShow {
+        ifname: ifname.to_owned(),
+        prog_id,
+        link_id,
+        settings: ImpairSettings::from_config(&cfg),
+        backlog_bytes,
+        stats: total,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use roce_common::impair::PROB_ONE;
+
+    use super::*;
+
+    #[test]
+    fn settings_round_trip_and_are_checked() {
+        let s = ImpairSettings {
+            drop: 0.5,
+            ce: 1.0,
+            bottleneck: Some(Bottleneck::at(1_000_000_000)),
+            ..ImpairSettings::default()
+        };
+        let c = s.to_config().unwrap();
+        assert_eq!(c.drop, 1 << 31);
+        assert_eq!(c.ce, PROB_ONE);
+        assert_eq!(c.port, 4791);
+        assert_eq!(c.ps_per_byte, 8000);
+        assert_eq!(c.pmax, prob_to_fixed(0.01));
+        assert_eq!(ImpairSettings::from_config(&c), {
+            let mut t = s;
+            t.bottleneck.as_mut().unwrap().pmax = prob_from_fixed(prob_to_fixed(0.01));
+            t
+        });
+        let bad = ImpairSettings {
+            dup: 1.5,
+            ..ImpairSettings::default()
+        };
+        assert!(
+            bad.to_config()
+                .unwrap_err()
+                .to_string()
+                .contains("--dup 1.5")
+        );
+        let mut b = Bottleneck::at(1);
+        b.kmin_bytes = b.kmax_bytes + 1;
+        let bad = ImpairSettings {
+            bottleneck: Some(b),
+            ..ImpairSettings::default()
+        };
+        assert!(bad.to_config().is_err());
+        assert_eq!(ImpairConfig::ps_per_byte_at(100_000_000_000_000), 1);
+    }
+}

@@ -1,0 +1,716 @@
+//! One AF_XDP socket bound to one (interface, queue), with its own UMEM.
+
+use std::{
+    collections::VecDeque,
+    ffi::CString,
+    io,
+    os::fd::{AsRawFd, RawFd},
+    time::Duration,
+};
+
+use xdpilone::{
+    CompletionQueue, FillQueue, IfInfo, ReadRx, RingRx, RingTx, Socket, SocketConfig, Umem,
+    UmemConfig, User, WriteTx, xdp::XdpDesc,
+};
+
+use super::{
+    BindMode, BindRequest, XskConfig, XskError, XskStats, errno_to_io,
+    umem::{FrameAccounting, FrameBook, FrameIdx, FrameLoc, UmemArea},
+};
+
+/// What the handler wants done with a received frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RxVerdict {
+    /// Return the frame to the pool.
+    Recycle,
+    /// Transmit the first `len` bytes of the (possibly rewritten) frame on this queue.
+    Transmit {
+        /// Length of the frame to send, at most the received buffer's length.
+        len: usize,
+    },
+}
+
+/// Why [`TxSink::send`] did not queue a frame.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, thiserror::Error)]
+pub enum TxError {
+    /// The transmit backlog is full or no frame is free: try again after completions.
+    #[error("no room to transmit: the backlog is full or no frame is free")]
+    Full,
+    /// The writer returned 0 or more than the frame size; nothing was sent.
+    #[error("the frame writer returned an invalid length")]
+    BadLength,
+}
+
+/// A frame queued for the TX ring.
+#[derive(Clone, Copy, Debug)]
+struct TxDesc {
+    idx: FrameIdx,
+    off: u32,
+    len: u32,
+}
+
+/// Frames held by the application in order to be sent, waiting for room on the TX ring.
+struct Backlog {
+    q: VecDeque<TxDesc>,
+    cap: usize,
+}
+
+/// Lets a handler queue frames for transmit without allocating: each `send` takes a frame from
+/// the pool, lets the caller write it, and queues it; [`XskQueue::flush_tx`] puts it on the ring.
+pub struct TxSink<'q> {
+    book: &'q mut FrameBook,
+    backlog: &'q mut Backlog,
+    stats: &'q mut XskStats,
+}
+
+impl TxSink<'_> {
+    /// How many more frames `send` would accept right now.
+    #[must_use]
+    pub fn room(&self) -> usize {
+        self.book
+            .pool_len()
+            .min(self.backlog.cap - self.backlog.q.len())
+    }
+
+    /// Bytes available per frame.
+    #[must_use]
+    pub const fn frame_size(&self) -> usize {
+        self.book.frame_size() as usize
+    }
+
+    /// Queues one frame: `write` gets the whole frame buffer and returns the length to send.
+    /// Call when the handler has something to transmit; on [`TxError::Full`] retry on a later
+    /// turn (the engine polls again once completions free frames).
+    pub fn send(&mut self, write: impl FnOnce(&mut [u8]) -> usize) -> Result<(), TxError> {
+        if self.backlog.q.len() >= self.backlog.cap {
+            self.stats.tx_backpressure += 1;
+            return Err(TxError::Full);
+        }
+        let Some(idx) = self.book.alloc() else {
+            self.stats.tx_backpressure += 1;
+            return Err(TxError::Full);
+        };
+        let size = self.book.frame_size();
+        // SAFETY: `idx` was just taken from the pool, so it is held by the application and no
+        // other slice to it exists; the range is the whole frame; the slice is dropped when
+        // `write` returns, within this borrow of the queue.
+        let buf = unsafe { self.book.bytes_mut_unchecked(idx, 0, size) };
+        let len = write(buf);
+        if len == 0 || len > size as usize {
+            self.book.free(idx);
+            return Err(TxError::BadLength);
+        }
+        self.backlog.q.push_back(TxDesc {
+            idx,
+            off: 0,
+            len: len as u32,
+        });
+        Ok(())
+    }
+}
+
+/// A batch of descriptors read from the RX ring. See the module docs for commit and rollback.
+#[must_use = "a receive batch does nothing unless its frames are handled"]
+pub struct RxBatch<'q> {
+    read: ReadRx<'q>,
+    book: &'q mut FrameBook,
+    backlog: &'q mut Backlog,
+    stats: &'q mut XskStats,
+}
+
+impl RxBatch<'_> {
+    /// Number of descriptors in the batch.
+    #[must_use]
+    pub fn capacity(&self) -> u32 {
+        self.read.capacity()
+    }
+
+    /// Hands every frame of the batch to `handle`, with a [`TxSink`] for new frames, and applies
+    /// its verdict. Returns the number of frames handled.
+    pub fn for_each(
+        &mut self,
+        mut handle: impl FnMut(&mut [u8], &mut TxSink<'_>) -> RxVerdict,
+    ) -> u32 {
+        let mut n = 0;
+        while let Some(desc) = self.read.read() {
+            let Some((idx, off)) = self.book.reclaim(desc.addr, FrameLoc::KernelRx) else {
+                self.stats.bad_ring_addr += 1;
+                continue;
+            };
+            if u64::from(off) + u64::from(desc.len) > u64::from(self.book.frame_size()) {
+                // The kernel never does this; the frame is ours again, so pool it.
+                self.stats.bad_ring_addr += 1;
+                self.book.free(idx);
+                continue;
+            }
+            n += 1;
+            self.stats.rx_packets += 1;
+            self.stats.rx_bytes += u64::from(desc.len);
+            // SAFETY: `reclaim` moved the frame to the application, so no other slice to it
+            // exists (the TxSink below only touches frames it takes from the pool); `off + len`
+            // was checked to lie inside the frame; the slice lives only for the `handle` call.
+            let buf = unsafe { self.book.bytes_mut_unchecked(idx, off, desc.len) };
+            let mut sink = TxSink {
+                book: self.book,
+                backlog: self.backlog,
+                stats: self.stats,
+            };
+            match handle(buf, &mut sink) {
+                RxVerdict::Recycle => self.book.free(idx),
+                RxVerdict::Transmit { len } if len > 0 && len <= desc.len as usize => {
+                    if self.backlog.q.len() < self.backlog.cap {
+                        self.backlog.q.push_back(TxDesc {
+                            idx,
+                            off,
+                            len: len as u32,
+                        });
+                    } else {
+                        self.stats.tx_dropped += 1;
+                        self.book.free(idx);
+                    }
+                }
+                RxVerdict::Transmit { .. } => {
+                    self.stats.tx_dropped += 1;
+                    self.book.free(idx);
+                }
+            }
+        }
+        n
+    }
+
+    /// Releases the handled descriptors to the kernel. Dropping the batch does the same.
+    pub fn commit(mut self) {
+        self.read.release();
+    }
+}
+
+impl Drop for RxBatch<'_> {
+    fn drop(&mut self) {
+        // Frames already read belong to the application: release their slots so the kernel
+        // never sees them twice. xdpilone's guard then rolls back the unread rest.
+        self.read.release();
+    }
+}
+
+/// A reservation on the TX ring, filled from the backlog.
+///
+/// Dropped without [`TxBatch::commit`], it rolls back: xdpilone's inner guard cancels the
+/// reservation, and the staged frames, never lent to the kernel, stay at the head of the
+/// backlog, still held by the application.
+#[must_use = "a transmit batch sends nothing unless committed"]
+pub struct TxBatch<'q> {
+    write: WriteTx<'q>,
+    book: &'q mut FrameBook,
+    backlog: &'q mut Backlog,
+    staged: usize,
+}
+
+impl TxBatch<'_> {
+    /// Free slots reserved on the ring.
+    #[must_use]
+    pub fn capacity(&self) -> u32 {
+        self.write.capacity()
+    }
+
+    /// Writes descriptors for as many backlog frames as the reservation holds; returns how many.
+    /// The frames stay at the head of the backlog until [`TxBatch::commit`].
+    pub fn stage_backlog(&mut self) -> usize {
+        let fs = u64::from(self.book.frame_size());
+        let room = (self.write.capacity() as usize).saturating_sub(self.staged);
+        let take = room.min(self.backlog.q.len() - self.staged);
+        let descs = self
+            .backlog
+            .q
+            .iter()
+            .skip(self.staged)
+            .take(take)
+            .map(|d| XdpDesc {
+                addr: u64::from(d.idx.0) * fs + u64::from(d.off),
+                len: d.len,
+                options: 0,
+            });
+        let n = self.write.insert(descs) as usize;
+        self.staged += n;
+        n
+    }
+
+    /// Publishes the staged descriptors; their frames are lent to the kernel. Returns the
+    /// number of frames and bytes sent.
+    pub fn commit(mut self) -> (usize, u64) {
+        self.write.commit();
+        let mut bytes = 0;
+        for _ in 0..self.staged {
+            let Some(d) = self.backlog.q.pop_front() else {
+                break;
+            };
+            self.book.lend(d.idx, FrameLoc::KernelTx);
+            bytes += u64::from(d.len);
+        }
+        let n = self.staged;
+        self.staged = 0;
+        (n, bytes)
+    }
+}
+
+/// One AF_XDP socket bound to one (interface, queue), owning its UMEM and four rings.
+///
+/// Put [`XskQueue::as_raw_fd`] into `ROCE_XSKS[queue]` so that `roce_xdp` redirects to it.
+pub struct XskQueue {
+    // Rings first: they unmap before the socket closes and before the UMEM area goes.
+    rx: RingRx,
+    tx: RingTx,
+    fill: FillQueue,
+    comp: CompletionQueue,
+    user: User,
+    ifname: String,
+    queue_id: u32,
+    mode: BindMode,
+    fill_target: u32,
+    batch: u32,
+    stats: XskStats,
+    backlog: Backlog,
+    book: FrameBook,
+}
+
+// SAFETY: every pointer inside (UMEM area, ring mmaps) refers to memory owned by this value and
+// reached only through `&mut self`; the shared file descriptor `Arc`s are all held by this value.
+// No `&` reference to a non-`Sync` resource is shared with another thread.
+unsafe impl Send for XskQueue {}
+
+impl XskQueue {
+    /// Creates the UMEM and a socket, and binds it to `queue` of `ifname` with
+    /// `XDP_USE_NEED_WAKEUP`: zero-copy first when `cfg.bind` is [`BindRequest::Auto`], then copy.
+    /// Fills the fill ring. Call from the network namespace that holds `ifname`.
+    pub fn open(ifname: &str, queue: u32, cfg: &XskConfig) -> Result<Self, XskError> {
+        cfg.validate()?;
+        match cfg.bind {
+            BindRequest::Copy => Self::open_mode(ifname, queue, cfg, BindMode::Copy),
+            BindRequest::ZeroCopy => Self::open_mode(ifname, queue, cfg, BindMode::ZeroCopy),
+            BindRequest::Auto => {
+                Self::open_mode(ifname, queue, cfg, BindMode::ZeroCopy).or_else(|e| {
+                    log::debug!("{ifname} queue {queue}: zero-copy bind failed ({e}); copy mode");
+                    Self::open_mode(ifname, queue, cfg, BindMode::Copy)
+                })
+            }
+        }
+    }
+
+    fn open_mode(
+        ifname: &str,
+        queue: u32,
+        cfg: &XskConfig,
+        mode: BindMode,
+    ) -> Result<Self, XskError> {
+        let err = |step: &'static str| {
+            move |e: xdpilone::Errno| XskError::Setup {
+                step,
+                ifname: ifname.to_owned(),
+                queue,
+                source: errno_to_io(&e),
+            }
+        };
+        let name = CString::new(ifname).map_err(|_| XskError::Interface {
+            name: ifname.to_owned(),
+            source: io::Error::from(io::ErrorKind::InvalidInput),
+        })?;
+        let mut info = IfInfo::invalid();
+        info.from_name(&name).map_err(|e| XskError::Interface {
+            name: ifname.to_owned(),
+            source: errno_to_io(&e),
+        })?;
+        info.set_queue(queue);
+
+        let len = cfg.frame_size as usize * cfg.frame_count as usize;
+        let area = UmemArea::new(len)?;
+        let umem_cfg = UmemConfig {
+            fill_size: cfg.fill_size,
+            complete_size: cfg.comp_size,
+            frame_size: cfg.frame_size,
+            headroom: 0,
+            flags: 0,
+        };
+        // SAFETY: the area is a fresh page-aligned mapping of exactly `len` bytes, valid for
+        // `frame_count` frames of `frame_size`; it is moved into the `FrameBook`, the last field
+        // of the returned queue, so it outlives the socket and every ring derived from `umem`.
+        let umem =
+            unsafe { Umem::new(umem_cfg, area.as_raw()) }.map_err(err("register the UMEM"))?;
+        let sock = Socket::with_shared(&info, &umem).map_err(err("create the socket"))?;
+        let device = umem
+            .fq_cq(&sock)
+            .map_err(err("map the fill and completion rings"))?;
+        let flags = SocketConfig::XDP_BIND_NEED_WAKEUP
+            | match mode {
+                BindMode::ZeroCopy => SocketConfig::XDP_BIND_ZEROCOPY,
+                BindMode::Copy => SocketConfig::XDP_BIND_COPY,
+            };
+        let sock_cfg = SocketConfig {
+            rx_size: cfg.rx_nz(),
+            tx_size: cfg.tx_nz(),
+            bind_flags: flags,
+        };
+        let user = umem
+            .rx_tx(&sock, &sock_cfg)
+            .map_err(err("configure the RX and TX rings"))?;
+        let rx = user.map_rx().map_err(err("map the RX ring"))?;
+        let tx = user.map_tx().map_err(err("map the TX ring"))?;
+        umem.bind(&user).map_err(err("bind the socket"))?;
+        let (fill, comp) = device.into_parts();
+
+        let mut q = Self {
+            rx,
+            tx,
+            fill,
+            comp,
+            user,
+            ifname: ifname.to_owned(),
+            queue_id: queue,
+            mode,
+            fill_target: cfg.fill_size,
+            batch: 64,
+            stats: XskStats::default(),
+            // Every queued frame is an application frame, so the backlog never needs to hold
+            // more than all of them: forwarding never drops for lack of backlog room, and
+            // backpressure shows as a shrinking pool and then an empty fill ring instead.
+            backlog: Backlog {
+                q: VecDeque::with_capacity(cfg.frame_count as usize),
+                cap: cfg.frame_count as usize,
+            },
+            book: FrameBook::new(area, cfg.frame_size, cfg.frame_count),
+        };
+        q.refill();
+        Ok(q)
+    }
+
+    /// Opens one queue per RX queue of `ifname` (see [`rx_queue_count`]), for one engine each.
+    pub fn open_all(ifname: &str, cfg: &XskConfig) -> Result<Vec<Self>, XskError> {
+        (0..rx_queue_count(ifname)?)
+            .map(|q| Self::open(ifname, q, cfg))
+            .collect()
+    }
+
+    /// Points `ROCE_XSKS[queue]` of the program loaded on this queue's interface (found by its
+    /// pins) at this socket, so that `roce_xdp` redirects the queue's RoCE packets here. Call
+    /// after [`XskQueue::open`] and before traffic is expected; the entry goes away when the
+    /// socket is closed.
+    pub fn register(&self, pins: &crate::loader::Pins) -> Result<(), crate::loader::LoadError> {
+        let mut xsks = pins.xsks()?;
+        xsks.set(self.queue_id, self.as_raw_fd(), 0)?;
+        Ok(())
+    }
+
+    /// The interface name.
+    #[must_use]
+    pub fn ifname(&self) -> &str {
+        &self.ifname
+    }
+
+    /// The queue this socket is bound to.
+    #[must_use]
+    pub const fn queue_id(&self) -> u32 {
+        self.queue_id
+    }
+
+    /// How the socket was bound.
+    #[must_use]
+    pub const fn bind_mode(&self) -> BindMode {
+        self.mode
+    }
+
+    /// Bytes per frame.
+    #[must_use]
+    pub const fn frame_size(&self) -> u32 {
+        self.book.frame_size()
+    }
+
+    /// Where the frames are now.
+    #[must_use]
+    pub fn accounting(&self) -> FrameAccounting {
+        self.book.accounting()
+    }
+
+    /// Frames queued for transmit and not yet on the TX ring.
+    #[must_use]
+    pub fn backlog_len(&self) -> usize {
+        self.backlog.q.len()
+    }
+
+    /// True when nothing is queued or lent to the kernel for transmit.
+    #[must_use]
+    pub fn tx_idle(&self) -> bool {
+        self.backlog.q.is_empty() && self.book.accounting().kernel_tx == 0
+    }
+
+    /// User-space counters plus the kernel's `XDP_STATISTICS` for this socket.
+    #[must_use]
+    pub fn stats(&self) -> XskStats {
+        let mut s = self.stats;
+        if let Ok(k) = self.user.statistics_v2() {
+            s.rx_dropped = k.rx_dropped;
+            s.rx_invalid_descs = k.rx_invalid_descs;
+            s.tx_invalid_descs = k.tx_invalid_descs;
+            s.rx_ring_full = k.rx_ring_full;
+            s.fill_ring_empty = k.rx_fill_ring_empty_descs;
+            s.tx_ring_empty_descs = k.tx_ring_empty_descs;
+        }
+        s
+    }
+
+    /// Moves frames from the pool to the fill ring until `fill_size` frames are lent to the
+    /// kernel for receive. Call every turn of the loop; returns how many were added.
+    pub fn refill(&mut self) -> u32 {
+        let lent = self.book.accounting().kernel_rx;
+        let want = self.fill_target.saturating_sub(lent);
+        if want == 0 {
+            return 0;
+        }
+        let avail = (self.book.pool_len() as u32).min(want);
+        if avail < want.min(self.batch) {
+            self.stats.fill_pool_empty += 1;
+        }
+        if avail == 0 {
+            return 0;
+        }
+        // xdpilone serves a reservation from its cached view of the kernel's consumer head and
+        // refreshes it only when that view shows no room, so a short reservation is retried
+        // once: the second one sees the kernel's real progress.
+        let mut n = 0;
+        for _ in 0..2 {
+            if n == avail {
+                break;
+            }
+            let mut w = self.fill.fill(avail - n);
+            let cap = w.capacity();
+            if cap == 0 {
+                break;
+            }
+            let book = &mut self.book;
+            n += w.insert((0..cap).map_while(|_| {
+                let idx = book.alloc()?;
+                Some(book.lend(idx, FrameLoc::KernelRx))
+            }));
+            w.commit();
+        }
+        if n > 0 && self.fill.needs_wakeup() {
+            self.stats.fill_kicks += 1;
+            self.fill.wake();
+        }
+        n
+    }
+
+    /// Returns transmitted frames from the completion ring to the pool. Call every turn.
+    pub fn reap_completions(&mut self) -> u32 {
+        let mut n = 0;
+        let mut r = self.comp.complete(self.comp_batch());
+        while let Some(addr) = r.read() {
+            match self.book.reclaim(addr, FrameLoc::KernelTx) {
+                Some((idx, _)) => {
+                    self.book.free(idx);
+                    n += 1;
+                }
+                None => self.stats.bad_ring_addr += 1,
+            }
+        }
+        r.release();
+        drop(r);
+        self.stats.tx_completed += u64::from(n);
+        n
+    }
+
+    fn comp_batch(&self) -> u32 {
+        // Everything outstanding, so one call keeps up with a full TX ring.
+        self.book.accounting().kernel_tx.max(1)
+    }
+
+    /// Reads up to `max` descriptors from the RX ring.
+    pub fn rx_batch(&mut self, max: u32) -> RxBatch<'_> {
+        RxBatch {
+            read: self.rx.receive(max),
+            book: &mut self.book,
+            backlog: &mut self.backlog,
+            stats: &mut self.stats,
+        }
+    }
+
+    /// Receives up to `max` frames and hands each to `handle` (see [`RxBatch::for_each`]).
+    pub fn receive(
+        &mut self,
+        max: u32,
+        handle: impl FnMut(&mut [u8], &mut TxSink<'_>) -> RxVerdict,
+    ) -> u32 {
+        let mut b = self.rx_batch(max);
+        let n = b.for_each(handle);
+        b.commit();
+        n
+    }
+
+    /// Lets `f` queue frames for transmit.
+    pub fn with_tx_sink<R>(&mut self, f: impl FnOnce(&mut TxSink<'_>) -> R) -> R {
+        let mut sink = TxSink {
+            book: &mut self.book,
+            backlog: &mut self.backlog,
+            stats: &mut self.stats,
+        };
+        f(&mut sink)
+    }
+
+    /// Reserves up to `max` slots on the TX ring for the backlog.
+    pub fn tx_batch(&mut self, max: u32) -> TxBatch<'_> {
+        TxBatch {
+            write: self.tx.transmit(max),
+            book: &mut self.book,
+            backlog: &mut self.backlog,
+            staged: 0,
+        }
+    }
+
+    /// Moves the backlog onto the TX ring and kicks the kernel if it asks for it. Call every
+    /// turn after the handler ran. Returns the number of frames put on the ring.
+    pub fn flush_tx(&mut self) -> usize {
+        let want = self.backlog.q.len();
+        let mut sent = 0;
+        // As in `refill`: a short reservation (stale cached consumer head) is retried once.
+        for _ in 0..2 {
+            if sent == want {
+                break;
+            }
+            let mut b = self.tx_batch((want - sent) as u32);
+            if b.capacity() == 0 {
+                break;
+            }
+            b.stage_backlog();
+            let (n, bytes) = b.commit();
+            sent += n;
+            self.stats.tx_packets += n as u64;
+            self.stats.tx_bytes += bytes;
+        }
+        if sent < want {
+            self.stats.tx_ring_full += 1;
+        }
+        self.kick_tx();
+        sent
+    }
+
+    /// Kicks the TX ring with `sendto()` while the kernel sets need_wakeup and has not yet
+    /// consumed everything (copy mode sends a bounded number of frames per kick).
+    pub fn kick_tx(&mut self) {
+        let mut last = u32::MAX;
+        loop {
+            let pending = self.tx.pending();
+            if pending == 0 || pending >= last || !self.tx.needs_wakeup() {
+                break;
+            }
+            last = pending;
+            self.stats.tx_kicks += 1;
+            self.tx.wake();
+        }
+    }
+
+    /// Waits in poll(2) until the RX ring has frames or, when frames wait in the backlog, the
+    /// TX ring has room, or `timeout` passes (`None`: forever). In copy mode the poll also
+    /// drives pending transmits. Returns whether the socket is ready; an interrupted wait
+    /// returns `Ok(false)`.
+    pub fn wait(&self, timeout: Option<Duration>) -> Result<bool, XskError> {
+        self.wait_with(timeout, None)
+    }
+
+    /// Like [`XskQueue::wait`], but also returns when `wake` becomes readable (an eventfd that
+    /// another thread signals, for example after posting work).
+    pub fn wait_with(
+        &self,
+        timeout: Option<Duration>,
+        wake: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<bool, XskError> {
+        use std::os::fd::AsRawFd as _;
+        let mut events = libc::POLLIN;
+        if !self.backlog.q.is_empty() {
+            events |= libc::POLLOUT;
+        }
+        let mut pfds = [
+            libc::pollfd {
+                fd: self.as_raw_fd(),
+                events,
+                revents: 0,
+            },
+            libc::pollfd {
+                fd: wake.map_or(-1, |w| w.as_raw_fd()),
+                events: libc::POLLIN,
+                revents: 0,
+            },
+        ];
+        let nfds: libc::nfds_t = if wake.is_some() { 2 } else { 1 };
+        let ms = timeout.map_or(-1, |t| {
+            i32::try_from(t.as_millis().max(u128::from(!t.is_zero()))).unwrap_or(i32::MAX)
+        });
+        // SAFETY: `pfds` holds `nfds` valid, initialised pollfds for the duration of the call;
+        // the wake fd is borrowed for this call, so it stays open.
+        let rc = unsafe { libc::poll(pfds.as_mut_ptr(), nfds, ms) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                return Ok(false);
+            }
+            return Err(XskError::Poll(e));
+        }
+        Ok(rc > 0)
+    }
+
+    /// Sets how many frames at most a refill tops up per turn below which it counts the pool
+    /// as running dry (default 64, the engine's batch size).
+    pub fn set_batch(&mut self, batch: u32) {
+        self.batch = batch.max(1);
+    }
+
+    /// Where frame `idx` is (for tests and debugging).
+    #[must_use]
+    pub fn frame_loc(&self, idx: FrameIdx) -> Option<FrameLoc> {
+        self.book.loc(idx)
+    }
+
+    /// The first `len` bytes at offset `off` of an application-held frame, if it is one.
+    pub fn app_frame_mut(&mut self, idx: FrameIdx, off: u32, len: u32) -> Option<&mut [u8]> {
+        self.book.bytes_mut(idx, off, len)
+    }
+}
+
+/// The number of RX queues of `ifname` in the current network namespace (`num_rx_queues` of
+/// `ip -d -j link show`; sysfs would show the namespace it was mounted in, not ours).
+pub fn rx_queue_count(ifname: &str) -> Result<u32, XskError> {
+    let fail = |e: io::Error| XskError::Interface {
+        name: ifname.to_owned(),
+        source: e,
+    };
+    let out = std::process::Command::new("ip")
+        .args(["-d", "-j", "link", "show", "dev", ifname])
+        .output()
+        .map_err(fail)?;
+    if !out.status.success() {
+        return Err(fail(io::Error::other(
+            String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        )));
+    }
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout)
+        .map_err(|e| fail(io::Error::new(io::ErrorKind::InvalidData, e)))?;
+    v[0]["num_rx_queues"]
+        .as_u64()
+        .and_then(|n| u32::try_from(n).ok())
+        .filter(|n| *n > 0)
+        .ok_or_else(|| fail(io::Error::other("no num_rx_queues in `ip -d -j link show`")))
+}
+
+impl AsRawFd for XskQueue {
+    /// The socket's descriptor, for `ROCE_XSKS`. Do not close it.
+    fn as_raw_fd(&self) -> RawFd {
+        self.rx.as_raw_fd()
+    }
+}
+
+impl core::fmt::Debug for XskQueue {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.debug_struct("XskQueue")
+            .field("ifname", &self.ifname)
+            .field("queue_id", &self.queue_id)
+            .field("mode", &self.mode)
+            .field("accounting", &self.book.accounting())
+            .finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,614 @@
+//! Two endpoints doing real RDMA over a veth pair (or a bridge) in namespaces these tests make:
+//! `roce pingpong` and `roce perf` as separate processes, and the verbs API in-process. Root.
+
+use std::{
+    net::TcpStream,
+    process::{Child, Command, Output, Stdio},
+    thread,
+    time::{Duration, Instant},
+};
+
+use roce::{
+    api::{
+        Access, AttrMask, Device, DeviceOptions, Mtu, QpAttr, QpCap, QpInit, QpState, QpType,
+        SendOp, SendWr, Sge, WcStatus,
+    },
+    cm::perftest::{BwReport, Comm, KeyMsg, pattern},
+    loader::{self, LoadOptions, Pins, pin_dir},
+    netns::{self, Lan, VethOptions, VethPair},
+    wire::types::Psn,
+};
+use roce_common::counters::{QpCounters, XdpStats};
+use roce_tests::{require_root, roce_bin, tag};
+use serde_json::Value;
+
+/// roce_xdp on both ends for the whole test, so counters accumulate across processes.
+struct Loaded(Vec<String>);
+
+impl Loaded {
+    fn on(ends: &[(&str, &str)]) -> Self {
+        let mut names = Vec::new();
+        for (ns, ifname) in ends {
+            let (n, i) = ((*ns).to_owned(), (*ifname).to_owned());
+            let opts = LoadOptions {
+                netns: Some(n.clone()),
+                ..LoadOptions::default()
+            };
+            netns::in_netns(&n, move || loader::load(&i, &opts))
+                .unwrap()
+                .unwrap();
+            names.push((*ifname).to_owned());
+        }
+        Self(names)
+    }
+}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        for n in &self.0 {
+            let _ = loader::unload(n);
+        }
+    }
+}
+
+/// Kills a child process on drop, so a failing test leaves no endpoint running.
+struct Reaper(Option<Child>);
+
+impl Drop for Reaper {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.0 {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+fn spawn(ns: &str, args: &[String]) -> Reaper {
+    let c = Command::new(roce_bin())
+        .args(["-j", "--netns", ns])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn roce");
+    Reaper(Some(c))
+}
+
+fn finish(mut r: Reaper) -> Output {
+    r.0.take().unwrap().wait_with_output().unwrap()
+}
+
+#[track_caller]
+fn json_ok(o: &Output, what: &str) -> Value {
+    assert!(
+        o.status.success(),
+        "{what} failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
+        panic!(
+            "{what}: bad JSON ({e}): {}",
+            String::from_utf8_lossy(&o.stdout)
+        )
+    })
+}
+
+/// Runs `args` as server in B and client in A; returns (client, server) JSON.
+fn pair_run(pair: &VethPair, args: &str, client_host: &str) -> (Value, Value) {
+    let args: Vec<String> = args.split_whitespace().map(String::from).collect();
+    let mut s_args = args.clone();
+    s_args.extend(["-d".into(), pair.b.ifname.clone()]);
+    let server = spawn(&pair.b.netns, &s_args);
+    let mut c_args = args;
+    c_args.extend(["-d".into(), pair.a.ifname.clone(), client_host.to_owned()]);
+    let client = finish(spawn(&pair.a.netns, &c_args));
+    let server = finish(server);
+    (
+        json_ok(&client, &format!("client {c_args:?}")),
+        json_ok(&server, &format!("server {s_args:?}")),
+    )
+}
+
+fn veth(t: &str, subnet: u8, mtu: u32) -> VethPair {
+    VethPair::new(
+        &tag(t),
+        &VethOptions {
+            mtu,
+            subnet,
+            ..VethOptions::default()
+        },
+    )
+    .expect("veth pair")
+}
+
+#[test]
+fn pingpong_over_ipv4_and_ipv6_gids() {
+    require_root();
+    let pair = veth("ep", 81, 1500);
+    let _l = Loaded::on(&[
+        (&pair.a.netns, &pair.a.ifname),
+        (&pair.b.netns, &pair.b.ifname),
+    ]);
+    // GID table: 0 link-local, 1 the IPv4-mapped address, 2 the global IPv6 address.
+    let (c, s) = pair_run(
+        &pair,
+        "pingpong -n 200 -s 1024 -c -g 1",
+        &pair.b.ipv4.to_string(),
+    );
+    assert_eq!(c["iters"], 200);
+    assert_eq!(c["bytes"], 200 * 1024 * 2);
+    assert_eq!(s["iters"], 200);
+    assert_eq!(c["local"]["gid"], pair.a.ipv4.to_string());
+    let (c, _) = pair_run(
+        &pair,
+        "pingpong -n 200 -s 1024 -c -g 2",
+        &pair.b.ipv6.to_string(),
+    );
+    assert_eq!(c["remote"]["gid"], pair.b.ipv6.to_string());
+    assert!(c["usec_per_iter"].as_f64().unwrap() > 0.0);
+}
+
+/// Every operation at every size, at path MTU 1024 and 2048 (the largest an AF_XDP frame of 4096
+/// bytes carries; the veth is set to MTU 3000, within what native XDP on veth accepts), with the
+/// data verified at the far end. Path MTU 4096 is refused with the reason.
+#[test]
+fn every_operation_and_size_at_two_mtus() {
+    require_root();
+    let pair = veth("es", 82, 3000);
+    let _l = Loaded::on(&[
+        (&pair.a.netns, &pair.a.ifname),
+        (&pair.b.netns, &pair.b.ifname),
+    ]);
+    let host = pair.b.ipv4.to_string();
+    let sizes = [1u64, 4095, 4096, 65536, 1 << 20, 8 << 20];
+    for mtu in [1024, 2048] {
+        for op in ["write", "read", "send"] {
+            for size in sizes {
+                let n = (16u64 << 20).div_ceil(size).clamp(2, 200);
+                let (c, s) = pair_run(
+                    &pair,
+                    &format!("perf {op} -s {size} -n {n} -m {mtu} -t 16"),
+                    &host,
+                );
+                let what = format!("{op} {size} B at MTU {mtu}");
+                assert_eq!(c["verified"], true, "{what}: client");
+                assert_eq!(s["verified"], true, "{what}: server");
+                assert_eq!(c["messages"], n, "{what}");
+                assert_eq!(c["mtu"], mtu, "{what}");
+            }
+        }
+        let (c, s) = pair_run(&pair, &format!("perf atomic -n 500 -m {mtu}"), &host);
+        assert_eq!(
+            (c["verified"].clone(), s["verified"].clone()),
+            (Value::Bool(true), Value::Bool(true))
+        );
+        let (c, s) = pair_run(
+            &pair,
+            &format!("perf atomic --cmp-swap -n 300 -m {mtu}"),
+            &host,
+        );
+        assert_eq!(
+            (c["verified"].clone(), s["verified"].clone()),
+            (Value::Bool(true), Value::Bool(true))
+        );
+    }
+    // 4096 does not fit: the device says why, and nothing is left running.
+    let o = finish(spawn(
+        &pair.a.netns,
+        &[
+            "pingpong".into(),
+            "-m".into(),
+            "4096".into(),
+            "-d".into(),
+            pair.a.ifname.clone(),
+            host,
+        ],
+    ));
+    assert!(!o.status.success());
+    let e: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert!(
+        e["error"]
+            .as_str()
+            .unwrap()
+            .contains("path MTU 4096 does not fit"),
+        "{e}"
+    );
+}
+
+#[test]
+fn sixty_four_qps_at_once() {
+    require_root();
+    let pair = veth("eq", 83, 1500);
+    let _l = Loaded::on(&[
+        (&pair.a.netns, &pair.a.ifname),
+        (&pair.b.netns, &pair.b.ifname),
+    ]);
+    let (c, s) = pair_run(
+        &pair,
+        "perf write -q 64 -s 4096 -n 50 -t 8",
+        &pair.b.ipv4.to_string(),
+    );
+    assert_eq!(c["qps"], 64);
+    assert_eq!(c["messages"], 64 * 50);
+    assert_eq!(c["verified"], true);
+    assert_eq!(s["verified"], true);
+    let status: Value = serde_json::from_slice(
+        &Command::new(roce_bin())
+            .args(["-j", "status"])
+            .output()
+            .unwrap()
+            .stdout,
+    )
+    .unwrap();
+    // Both processes have exited: their QPNs were released from the XDP QP map.
+    for st in
+        status.as_array().unwrap().iter().filter(|s| {
+            s["ifname"] == pair.a.ifname.as_str() || s["ifname"] == pair.b.ifname.as_str()
+        })
+    {
+        assert_eq!(st["qps"], 0, "{st}");
+    }
+}
+
+/// After a perf run, `roce stats -j` and bpftool agree, and both match the traffic: WRITE of
+/// 100 × 4 KiB at MTU 1024 is 400 request packets, each answered... and counted at both ends.
+#[test]
+fn counters_agree_with_bpftool_and_the_traffic() {
+    require_root();
+    let pair = veth("ec", 84, 1500);
+    let _l = Loaded::on(&[
+        (&pair.a.netns, &pair.a.ifname),
+        (&pair.b.netns, &pair.b.ifname),
+    ]);
+    let (c, _) = pair_run(
+        &pair,
+        "perf write -s 4096 -n 100 -m 1024 -t 16",
+        &pair.b.ipv4.to_string(),
+    );
+    assert_eq!(c["verified"], true);
+    let stats = |ifname: &str| -> Value {
+        let o = Command::new(roce_bin())
+            .args(["stats", "-j", "-i", ifname])
+            .output()
+            .unwrap();
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let bpftool = |ifname: &str, map: &str| -> Value {
+        let o = Command::new("bpftool")
+            .args(["-j", "map", "dump", "pinned"])
+            .arg(pin_dir(ifname).join(map))
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "bpftool: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        serde_json::from_slice(&o.stdout).unwrap()
+    };
+    let sum_qps = |v: &Value| -> QpCounters {
+        let mut s = QpCounters::default();
+        for e in v.as_array().unwrap() {
+            for name in QpCounters::NAMES {
+                *s.get_mut(name).unwrap() += e["formatted"]["value"]["counters"][name]
+                    .as_u64()
+                    .unwrap_or_else(|| panic!("bpftool lacks {name}: {e}"));
+            }
+        }
+        s
+    };
+    let (sa, sb) = (stats(&pair.a.ifname), stats(&pair.b.ifname));
+    for (ifname, s) in [(&pair.a.ifname, &sa), (&pair.b.ifname, &sb)] {
+        let tool = sum_qps(&bpftool(ifname, "ROCE_QP_STATS"));
+        for name in QpCounters::NAMES {
+            assert_eq!(
+                s["transport"][name].as_u64(),
+                Some(tool.get(name).unwrap()),
+                "{ifname} transport {name}"
+            );
+        }
+        let x = bpftool(ifname, "ROCE_XDP_STATS");
+        for name in XdpStats::NAMES {
+            let total: u64 = x[0]["formatted"]["values"]
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|c| c["value"][name].as_u64().unwrap())
+                .sum();
+            assert_eq!(s["xdp"][name].as_u64(), Some(total), "{ifname} xdp {name}");
+        }
+    }
+    // The traffic: 400 WRITE packets from A, at least 100 ACKs from B (one per message, AckReq
+    // on each last packet), nothing retransmitted, everything steered to the sockets.
+    assert_eq!(sa["transport"]["rdma_sends"], 100);
+    assert_eq!(sb["transport"]["rx_write_requests"], 100);
+    let sent_a = sa["transport"]["sent_pkts"].as_u64().unwrap();
+    assert_eq!(sent_a, 400, "{sa}");
+    assert_eq!(sb["transport"]["rcvd_pkts"], 400);
+    assert_eq!(sb["xdp"]["redirected"], 400);
+    let acks = sb["transport"]["sent_pkts"].as_u64().unwrap();
+    assert!(acks >= 100, "{sb}");
+    assert_eq!(sa["xdp"]["redirected"].as_u64(), Some(acks));
+    assert_eq!(sa["transport"]["rcvd_pkts"].as_u64(), Some(acks));
+    for name in [
+        "completer_retry_err",
+        "duplicate_request",
+        "out_of_seq_request",
+        "retry_exceeded_err",
+    ] {
+        assert_eq!(sa["transport"][name], 0, "{name}");
+        assert_eq!(sb["transport"][name], 0, "{name}");
+    }
+}
+
+/// QPNs held by a live process on the interface are never taken; a dead owner's are reclaimed.
+#[test]
+fn qpns_are_not_stolen() {
+    require_root();
+    let pair = veth("en", 85, 1500);
+    let _l = Loaded::on(&[(&pair.a.netns, &pair.a.ifname)]);
+    let pins = Pins::new(&pair.a.ifname);
+    pins.add_qp(17, 1).unwrap(); // PID 1 is alive.
+    let mut dead = Command::new("true").spawn().unwrap();
+    let dead_pid = dead.id();
+    dead.wait().unwrap();
+    pins.add_qp(18, dead_pid).unwrap();
+    let ns = pair.a.netns.clone();
+    let ifname = pair.a.ifname.clone();
+    let qpns = netns::in_netns(&ns, move || {
+        let dev = Device::open(&ifname, &DeviceOptions::default()).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(16).unwrap();
+        let init = QpInit {
+            pd,
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: QpCap {
+                max_send_wr: 4,
+                max_recv_wr: 4,
+                max_sge: 1,
+            },
+            sq_sig_all: true,
+        };
+        let a = dev.create_qp(init).unwrap();
+        let b = dev.create_qp(init).unwrap();
+        (a.value(), b.value())
+    })
+    .unwrap();
+    assert_eq!(
+        qpns,
+        (18, 19),
+        "17 belongs to a live process; 18's owner is dead"
+    );
+    let owners = pins.our_qps().unwrap();
+    assert_eq!(
+        owners,
+        vec![(17, 1)],
+        "the device released its QPNs on close"
+    );
+}
+
+/// One endpoint (this process, the verbs API) with QPs to two peers on a bridge, each a `roce
+/// perf write` server. The peer on C is killed mid-transfer: that QP ends in ERR with retry
+/// exceeded (its later WRs flushed); the QP to B keeps completing, and B verifies its data.
+#[test]
+fn remote_loss_ends_in_retry_exceeded_and_others_keep_going() {
+    require_root();
+    let lan = Lan::new(
+        &tag("rl"),
+        3,
+        &VethOptions {
+            subnet: 86,
+            ..VethOptions::default()
+        },
+    )
+    .expect("lan");
+    let (a, b, c) = (
+        lan.hosts[0].clone(),
+        lan.hosts[1].clone(),
+        lan.hosts[2].clone(),
+    );
+    let _l = Loaded::on(&[
+        (&a.netns, &a.ifname),
+        (&b.netns, &b.ifname),
+        (&c.netns, &c.ifname),
+    ]);
+    let server = |h: &roce::netns::VethEnd, port: u16| {
+        let args = format!("perf write -s 4096 -p {port} -d {}", h.ifname);
+        spawn(
+            &h.netns,
+            &args.split(' ').map(String::from).collect::<Vec<_>>(),
+        )
+    };
+    let sb = server(&b, 18600);
+    let mut sc = server(&c, 18601);
+    thread::sleep(Duration::from_millis(500));
+    let (b_ip, c_ip) = (b.ipv4, c.ipv4);
+    let ifname = a.ifname.clone();
+    let outcome = netns::in_netns(&a.netns, move || -> Result<Vec<String>, String> {
+        let e = |e: &dyn std::fmt::Display| e.to_string();
+        let dev = Device::open(&ifname, &DeviceOptions::default()).map_err(|x| e(&x))?;
+        let pd = dev.alloc_pd().map_err(|x| e(&x))?;
+        let cq = dev.create_cq(1024).map_err(|x| e(&x))?;
+        let gid = dev.info().default_gid_index(true);
+        let local_gid = dev.gid(gid).map_err(|x| e(&x))?;
+        let mut peers = Vec::new();
+        for (ip, port) in [(b_ip, 18600u16), (c_ip, 18601)] {
+            let init = QpInit {
+                pd,
+                qp_type: QpType::Rc,
+                send_cq: cq,
+                recv_cq: cq,
+                cap: QpCap {
+                    max_send_wr: 128,
+                    max_recv_wr: 4,
+                    max_sge: 1,
+                },
+                sq_sig_all: true,
+            };
+            let qpn = dev.create_qp(init).map_err(|x| e(&x))?;
+            let mr = dev
+                .reg_mr(pd, 4096, Access::LOCAL_WRITE)
+                .map_err(|x| e(&x))?;
+            dev.mr_write(mr.lkey, 0, &pattern(0, 4096))
+                .map_err(|x| e(&x))?;
+            let init_attr = QpAttr {
+                qp_state: QpState::Init,
+                ..QpAttr::default()
+            };
+            dev.modify_qp(
+                qpn,
+                &init_attr,
+                AttrMask::STATE
+                    .with(AttrMask::PKEY_INDEX)
+                    .with(AttrMask::PORT)
+                    .with(AttrMask::ACCESS_FLAGS),
+            )
+            .map_err(|x| e(&x))?;
+            let mut comm = Comm::new(TcpStream::connect((ip, port)).map_err(|x| e(&x))?, true);
+            comm.setup(4096, 64, 3).map_err(|x| e(&x))?;
+            let mine = KeyMsg {
+                lid: 0,
+                out_reads: 1,
+                qpn,
+                psn: Psn::new(0x1234),
+                rkey: mr.rkey,
+                vaddr: mr.iova,
+                gid: local_gid.raw,
+                srqn: 0,
+            };
+            let r = comm.hand_shake(&mine).map_err(|x| e(&x))?;
+            let path = dev.path_to(gid, &r.gid, qpn, r.qpn).map_err(|x| e(&x))?;
+            let rtr = QpAttr {
+                qp_state: QpState::Rtr,
+                path_mtu: Mtu::Mtu1024,
+                dest_qp_num: r.qpn,
+                rq_psn: r.psn,
+                max_dest_rd_atomic: 1,
+                min_rnr_timer: 12,
+                ah_attr: Some(path),
+                ..QpAttr::default()
+            };
+            let m = AttrMask::STATE
+                .with(AttrMask::AV)
+                .with(AttrMask::PATH_MTU)
+                .with(AttrMask::DEST_QPN)
+                .with(AttrMask::RQ_PSN)
+                .with(AttrMask::MAX_DEST_RD_ATOMIC)
+                .with(AttrMask::MIN_RNR_TIMER);
+            dev.modify_qp(qpn, &rtr, m).map_err(|x| e(&x))?;
+            // timeout 10 (4.2 ms) and retry_cnt 3: the lost peer is given up on within ~20 ms.
+            let rts = QpAttr {
+                qp_state: QpState::Rts,
+                timeout: 10,
+                retry_cnt: 3,
+                rnr_retry: 7,
+                sq_psn: mine.psn,
+                max_rd_atomic: 1,
+                ..rtr
+            };
+            let m = AttrMask::STATE
+                .with(AttrMask::TIMEOUT)
+                .with(AttrMask::RETRY_CNT)
+                .with(AttrMask::RNR_RETRY)
+                .with(AttrMask::SQ_PSN)
+                .with(AttrMask::MAX_QP_RD_ATOMIC);
+            dev.modify_qp(qpn, &rts, m).map_err(|x| e(&x))?;
+            comm.hand_shake(&mine).map_err(|x| e(&x))?;
+            comm.hand_shake(&mine).map_err(|x| e(&x))?;
+            peers.push((qpn, mr, r, comm, mine));
+        }
+        let write = |i: usize, id: u64| {
+            let (qpn, mr, r, _, _) = &peers[i];
+            dev.post_send(
+                *qpn,
+                SendWr::new(
+                    id,
+                    SendOp::Write {
+                        remote_addr: r.vaddr,
+                        rkey: r.rkey,
+                    },
+                    vec![Sge {
+                        addr: mr.iova,
+                        length: 4096,
+                        lkey: mr.lkey,
+                    }],
+                ),
+            )
+        };
+        let collect = |want: usize| -> Vec<roce::api::Wc> {
+            let mut got = Vec::new();
+            let deadline = Instant::now() + Duration::from_secs(15);
+            while got.len() < want && Instant::now() < deadline {
+                got.extend(dev.wait_cq(cq, Duration::from_millis(100)));
+            }
+            got
+        };
+        for id in 0..20 {
+            write(0, id).map_err(|x| e(&x))?;
+            write(1, 1000 + id).map_err(|x| e(&x))?;
+        }
+        let before = collect(40);
+        if before.len() != 40 || before.iter().any(|w| w.status != WcStatus::Success) {
+            return Err(format!("before the kill: {before:?}"));
+        }
+        // The far end on C disappears.
+        if let Some(ch) = sc.0.as_mut() {
+            ch.kill().map_err(|x| e(&x))?;
+            ch.wait().map_err(|x| e(&x))?;
+        }
+        for id in 20..30 {
+            write(1, 1000 + id).map_err(|x| e(&x))?;
+        }
+        for id in 20..70 {
+            write(0, id).map_err(|x| e(&x))?;
+        }
+        let after = collect(60);
+        let to_c: Vec<_> = after.iter().filter(|w| w.qp_num == peers[1].0).collect();
+        let to_b: Vec<_> = after.iter().filter(|w| w.qp_num == peers[0].0).collect();
+        let mut report = vec![
+            format!(
+                "to_b {}",
+                to_b.iter()
+                    .filter(|w| w.status == WcStatus::Success)
+                    .count()
+            ),
+            format!(
+                "to_c {:?}",
+                to_c.iter().map(|w| w.status).collect::<Vec<_>>()
+            ),
+            format!("state_c {:?}", dev.qp_state(peers[1].0)),
+            format!("state_b {:?}", dev.qp_state(peers[0].0)),
+        ];
+        // Finish with B as perftest does: sync, reports, sync, "done".
+        let (_, _, _, comm, mine) = &mut peers[0];
+        comm.hand_shake(mine).map_err(|x| e(&x))?;
+        comm.xchg_bw_reports(&BwReport {
+            size: 4096,
+            iters: 70,
+            ..BwReport::default()
+        })
+        .map_err(|x| e(&x))?;
+        comm.hand_shake(mine).map_err(|x| e(&x))?;
+        let mut done = [0u8; 5];
+        let _ = comm.stream().set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = comm.xchg(b"done\0", &mut done);
+        let (dc, _) = dev.counters();
+        report.push(format!("device rcvd {}", dc.rcvd_pkts));
+        Ok(report)
+    })
+    .expect("enter namespace A")
+    .expect("client side");
+    assert_eq!(outcome[0], "to_b 50", "{outcome:?}");
+    assert!(outcome[1].starts_with("to_c [RetryExcErr"), "{outcome:?}");
+    assert!(
+        outcome[1].matches("WrFlushErr").count() == 9,
+        "the rest flushed: {outcome:?}"
+    );
+    assert_eq!(outcome[2], "state_c Some(Err)", "{outcome:?}");
+    assert_eq!(outcome[3], "state_b Some(Rts)", "{outcome:?}");
+    let sb = json_ok(&finish(sb), "server on B");
+    assert_eq!(sb["verified"], true);
+}

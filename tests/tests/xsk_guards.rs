@@ -1,0 +1,113 @@
+//! Batch guards on a real socket: an uncommitted TX batch rolls back (nothing sent, frames still
+//! queued and held), an RX batch dropped before reading leaves its descriptors on the ring, and
+//! the frame accounting adds up at every step. Needs root and the real eBPF object.
+
+mod xsk_support;
+
+use std::time::{Duration, Instant};
+
+use roce::{
+    engine::RxVerdict,
+    xsk::{FrameAccounting, RoceTemplate, XskConfig, XskQueue},
+};
+use xsk_support::*;
+
+const N: u64 = 100;
+
+#[track_caller]
+fn settle(q: &mut XskQueue, done: impl Fn(&XskQueue) -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while !done(q) {
+        assert!(
+            Instant::now() < deadline,
+            "did not settle: {:?}",
+            q.accounting()
+        );
+        q.reap_completions();
+        q.flush_tx();
+        q.wait(Some(Duration::from_millis(5))).expect("poll");
+    }
+}
+
+#[test]
+fn tx_rollback_and_rx_unread_stay_put() {
+    let pair = Pair::new(1);
+    let (a_if, b_if) = (pair.a().ifname.clone(), pair.b().ifname.clone());
+    let tmpl = RoceTemplate::new(&pair.b_to_a(128));
+
+    // A: the frames wait on the RX ring; a batch dropped unread leaves them there.
+    let receiver = pair.in_a(move || {
+        let mut prog = XdpProg::attach(&a_if, &[QPN]);
+        let q = XskQueue::open(&a_if, 0, &XskConfig::default()).expect("open A");
+        let start: FrameAccounting = q.accounting();
+        prog.set_xsk(&q);
+        (prog, q, start)
+    });
+    let (prog, mut q, start) = receiver.join().expect("A setup");
+
+    // B: queue frames, roll a batch back, then send them for real.
+    let sender = pair.in_b(move || {
+        let mut q = XskQueue::open(&b_if, 0, &XskConfig::default()).expect("open B");
+        let start = q.accounting();
+        q.with_tx_sink(|tx| {
+            for seq in 0..N {
+                tx.send(|buf| tmpl.write(buf, seq)).expect("room");
+            }
+        });
+        let queued = q.accounting();
+        assert_eq!(queued.app, N as u32);
+        assert_eq!(q.backlog_len(), N as usize);
+        {
+            let mut b = q.tx_batch(N as u32);
+            assert_eq!(b.stage_backlog(), N as usize);
+            // Dropped without commit: rolled back.
+        }
+        assert_eq!(q.accounting(), queued, "rollback moved frames");
+        assert_eq!(q.backlog_len(), N as usize);
+        assert_eq!(q.stats().tx_packets, 0);
+        // Now for real.
+        assert_eq!(q.flush_tx(), N as usize);
+        settle(&mut q, XskQueue::tx_idle);
+        let s = q.stats();
+        assert_eq!((s.tx_packets, s.tx_completed), (N, N));
+        assert_eq!(q.accounting(), start);
+        start
+    });
+
+    sender.join().expect("sender");
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while prog.stats().redirected < N {
+        assert!(
+            Instant::now() < deadline,
+            "frames did not arrive: {:?}",
+            prog.stats()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    {
+        let b = q.rx_batch(N as u32);
+        assert_eq!(u64::from(b.capacity()), N);
+        // Dropped without reading: every descriptor stays on the ring.
+    }
+    {
+        let b = q.rx_batch(N as u32);
+        b.commit(); // Committing an unread batch releases nothing.
+    }
+    assert_eq!(q.accounting(), start, "unread batches moved frames");
+    let mut seen = 0;
+    let got = q.receive(N as u32 * 2, |frame, _tx| {
+        assert_eq!(RoceTemplate::seq_of(frame), Some(seen));
+        seen += 1;
+        RxVerdict::Recycle
+    });
+    assert_eq!(u64::from(got), N);
+    assert_eq!(q.stats().rx_packets, N);
+    let after = q.accounting();
+    assert!(after.is_consistent());
+    assert_eq!((after.app, after.kernel_tx), (0, 0));
+    assert_eq!(after.kernel_rx, start.kernel_rx - N as u32);
+    q.refill();
+    assert_eq!(q.accounting(), start);
+    drop(q);
+    drop(prog);
+}

@@ -1,0 +1,102 @@
+//! `cargo xtask test`: every test the project has, in order of cost. Any failure fails the run.
+//! The privileged suites need root and fail (never skip) without it.
+
+use std::process::Command;
+
+use anyhow::bail;
+
+use crate::{Tally, cargo, root, run, run_tests};
+
+/// The fuzz targets under roce-user/fuzz, from its manifest.
+fn fuzz_targets() -> Vec<String> {
+    let manifest = root().join("roce-user/fuzz/Cargo.toml");
+    let Ok(text) = std::fs::read_to_string(manifest) else {
+        return Vec::new();
+    };
+    let mut names = Vec::new();
+    let mut in_bin = false;
+    for line in text.lines().map(str::trim) {
+        if line.starts_with('[') {
+            in_bin = line == "[[bin]]";
+        } else if in_bin
+            && line.starts_with("name")
+            && let Some(name) = line.split('"').nth(1)
+        {
+            names.push(name.to_owned());
+        }
+    }
+    names
+}
+
+pub(crate) fn all(fuzz: bool, fuzz_secs: u32) -> anyhow::Result<()> {
+    let mut tally = Tally::default();
+    // 1. Hygiene.
+    run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    run(cargo().args([
+        "clippy",
+        "--workspace",
+        "--all-targets",
+        "--",
+        "-D",
+        "warnings",
+    ]))?;
+
+    // 2. The default members build and test without the BPF toolchain (stub object).
+    run_tests(
+        cargo()
+            .env("AYA_BUILD_SKIP", "1")
+            .env("CARGO_TARGET_DIR", root().join("target/no-bpf"))
+            .args([
+                "test",
+                "--package",
+                "roce-common",
+                "--package",
+                "roce-user",
+                "--lib",
+            ]),
+        &mut tally,
+    )?;
+
+    // 3. Unit, property, scapy, tshark and capture tests of the default members (real object).
+    run_tests(
+        cargo().args(["test", "--workspace", "--exclude", "roce-tests"]),
+        &mut tally,
+    )?;
+
+    // 4. Bounded fuzzing.
+    if fuzz {
+        for target in fuzz_targets() {
+            run(cargo()
+                .args([
+                    "+nightly",
+                    "fuzz",
+                    "run",
+                    "--fuzz-dir",
+                    "roce-user/fuzz",
+                    &target,
+                    "--",
+                ])
+                .arg(format!("-max_total_time={fuzz_secs}"))
+                .arg("-rss_limit_mb=4096"))?;
+        }
+    }
+
+    // 5. Privileged suites: BPF_PROG_TEST_RUN tables, veth and netns end-to-end tests.
+    if !Command::new("id")
+        .arg("-u")
+        .output()
+        .is_ok_and(|o| o.stdout.starts_with(b"0\n"))
+    {
+        bail!("the privileged tests (BPF_PROG_TEST_RUN, veth, AF_XDP) need root; run as root");
+    }
+    run(cargo().args(["build", "--package", "roce-user", "--bin", "roce"]))?;
+    run_tests(
+        cargo()
+            .env("ROCE_BIN", root().join("target/debug/roce"))
+            .args(["test", "--package", "roce-tests", "--", "--test-threads=1"]),
+        &mut tally,
+    )?;
+    eprintln!("xtask test: all suites passed ({} ignored)", tally.ignored);
+    println!("tests: {} passed, {} failed", tally.passed, tally.failed);
+    Ok(())
+}
