@@ -11,9 +11,8 @@
 //! sets the number of messages per seed. In debug builds the suite runs 4 seeds of 1,500
 //! messages each (6,000 in all, ~10-15 s on 2 cores) with sizes above 4 KiB scaled down 8x
 //! (1 MiB -> 128 KiB), 3 seeds x 2 links with few retries, and 8 QP pairs sharing one link.
-//! The full run (10,000 messages,
-//! real sizes up to 1 MiB, ~45 s) is `full_10k_messages_release`, which CI runs with
-//! `cargo test --release -p roce-user --test transport_sim -- --ignored`.
+//! The full run (10,000 messages, real sizes up to 1 MiB, ~45 s) is `full_10k_messages_release`,
+//! which CI runs with `cargo test --release -p roce-user --test transport_sim -- --ignored`.
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use roce::transport::{
