@@ -45,7 +45,7 @@ impl Qp {
         }
         if d < 0 {
             self.counters.duplicate_request += 1;
-            self.duplicate_request(pkt, info.operation, ctx);
+            self.duplicate_request(pkt, info.operation);
             return;
         }
         self.sent_psn_nak = false;
@@ -444,8 +444,7 @@ impl Qp {
     }
 
     /// A request with a PSN before the expected one (rxe `duplicate_request`).
-    fn duplicate_request(&mut self, pkt: &RxPkt<'_>, op: Operation, ctx: &mut Ctx<'_>) {
-        let _ = ctx;
+    fn duplicate_request(&mut self, pkt: &RxPkt<'_>, op: Operation) {
         let psn = pkt.hdr.psn;
         match op {
             Operation::Send | Operation::Write => {
