@@ -63,6 +63,22 @@ pub(crate) fn all(fuzz: bool, fuzz_secs: u32) -> anyhow::Result<()> {
         &mut tally,
     )?;
 
+    // The transport's full seeded schedule: 10,000 mixed messages up to 1 MiB under loss,
+    // duplication and reordering (release, ~40 s; the debug suite above runs a smaller one).
+    run_tests(
+        cargo().args([
+            "test",
+            "--release",
+            "--package",
+            "roce-user",
+            "--test",
+            "transport_sim",
+            "--",
+            "--ignored",
+        ]),
+        &mut tally,
+    )?;
+
     // 4. Bounded fuzzing.
     if fuzz {
         for target in fuzz_targets() {
