@@ -86,22 +86,27 @@ enum Class {
     Roce { dest_qp: u32, ce: bool, cnp: bool },
 }
 
+/// The frame's bounds, read from the context once per packet.
+#[derive(Clone, Copy)]
+struct Bounds {
+    start: usize,
+    end: usize,
+}
+
 /// A bounds-checked pointer to a `T` at `off` bytes into the frame.
 #[inline(always)]
-fn ptr_at<T>(ctx: &XdpContext, off: usize) -> Option<*const T> {
-    let start = ctx.data();
-    let end = ctx.data_end();
-    if start + off + core::mem::size_of::<T>() > end {
+fn ptr_at<T>(b: Bounds, off: usize) -> Option<*const T> {
+    if b.start + off + core::mem::size_of::<T>() > b.end {
         return None;
     }
-    Some((start + off) as *const T)
+    Some((b.start + off) as *const T)
 }
 
 /// A reference to the header `T` at `off`, for reading only the fields we need (copying whole
 /// headers costs a byte load per byte). `T` is one of the `roce_common::hdr` structs.
 #[inline(always)]
-fn hdr_at<T>(ctx: &XdpContext, off: usize) -> Option<&T> {
-    let p = ptr_at::<T>(ctx, off)?;
+fn hdr_at<'a, T>(b: Bounds, off: usize) -> Option<&'a T> {
+    let p = ptr_at::<T>(b, off)?;
     // SAFETY: `ptr_at` checked that `size_of::<T>()` bytes at `p` lie inside the frame, which
     // outlives this program run; `T` has alignment 1 (byte-array fields) and no invalid bit
     // patterns, and nothing writes the frame while we read it.
@@ -109,8 +114,8 @@ fn hdr_at<T>(ctx: &XdpContext, off: usize) -> Option<&T> {
 }
 
 #[inline(always)]
-fn classify(ctx: &XdpContext) -> Class {
-    let frame_len = ctx.data_end() - ctx.data();
+fn classify(ctx: Bounds) -> Class {
+    let frame_len = ctx.end - ctx.start;
 
     // Ethernet and up to MAX_VLAN_TAGS tags.
     let Some(eth) = hdr_at::<EthHdr>(ctx, 0) else {
@@ -245,11 +250,15 @@ pub fn roce_xdp(ctx: XdpContext) -> u32 {
     // SAFETY: the pointer is this CPU's slot of a per-CPU array; XDP programs are not preempted
     // on their CPU, so nothing else writes this slot while we hold the reference.
     let stats = unsafe { &mut *stats };
-    let len = (ctx.data_end() - ctx.data()) as u64;
+    let bounds = Bounds {
+        start: ctx.data(),
+        end: ctx.data_end(),
+    };
+    let len = (bounds.end - bounds.start) as u64;
     stats.rx_packets += 1;
     stats.rx_bytes += len;
 
-    match classify(&ctx) {
+    match classify(bounds) {
         Class::NotRoce => {
             stats.pass_not_roce += 1;
             xdp_action::XDP_PASS

@@ -58,6 +58,27 @@ fn main() {
     let mut qps: Array<_, QpEntry> = Array::try_from(roce.map_mut(MAP_QPS).unwrap()).unwrap();
     qps.set(0x11, QpEntry { owner: 1, flags: 0 }, 0).unwrap();
     let pass = load(XDP_PASS_OBJECT, "xdp_pass");
+    // A real AF_XDP socket (bound to queue 0 of a veth in a namespace made here) in the XSKS slot
+    // of queue 0, so "our QP" packets take the redirect path they take in production; under
+    // BPF_PROG_TEST_RUN the redirect is decided but not carried out.
+    let pair = roce::netns::VethPair::new(
+        &roce_tests::tag("bx"),
+        &roce::netns::VethOptions {
+            subnet: 96,
+            ..Default::default()
+        },
+    )
+    .expect("veth pair");
+    let ifname = pair.b.ifname.clone();
+    let sock = roce::netns::in_netns(&pair.b.netns, move || {
+        roce::xsk::XskQueue::open(&ifname, 0, &roce::xsk::XskConfig::default())
+    })
+    .expect("enter namespace")
+    .expect("AF_XDP socket");
+    let mut xsks: aya::maps::XskMap<_> =
+        aya::maps::XskMap::try_from(roce.map_mut(roce_common::maps::MAP_XSKS).unwrap()).unwrap();
+    xsks.set(0, std::os::fd::AsRawFd::as_raw_fd(&sock), 0)
+        .unwrap();
 
     let cases = [
         (
@@ -129,6 +150,8 @@ fn main() {
             "baseline": bm, "ratio": ratio, "target": target, "min": rmin, "max": rmax,
         }));
     }
+    drop(sock);
+    drop(pair);
     print!("{table}");
     println!(
         "(median of {REPS} BPF_PROG_TEST_RUN calls of {REPEAT} iterations each; XDP_PASS baseline on the same bytes)"
