@@ -172,6 +172,10 @@ xdp_counters! {
         HdrTruncated = 5 => drop_hdr_truncated,
         /// Destination QP 0, which RoCE never uses.
         ReservedQpn = 6 => drop_reserved_qpn,
+        /// The UDP payload is not whole 32-bit words (IBA 9.3: payload and pad fill words).
+        BadLength = 7 => drop_bad_length,
+        /// Bytes after the headers of an opcode that carries no payload (ACK, READ request, atomic, CNP).
+        UnexpectedPayload = 8 => drop_unexpected_payload,
     }
 }
 

@@ -447,9 +447,43 @@ pub const EXT_LEN_TABLE: [u8; 256] = {
     t
 };
 
+/// Bit of an [`XDP_OPCODE_TABLE`] entry set when the opcode carries no payload.
+pub const XDP_NO_PAYLOAD: u8 = 0x40;
+
+/// The XDP program's opcode table: for each opcode byte, the extended-header length in the low
+/// six bits and [`XDP_NO_PAYLOAD`] for opcodes without a payload (ACKs, READ requests, atomics,
+/// CNPs), or [`EXT_LEN_UNKNOWN`] for opcodes not in the table. One load per packet.
+pub const XDP_OPCODE_TABLE: [u8; 256] = {
+    let mut t = [EXT_LEN_UNKNOWN; 256];
+    let mut i = 0;
+    while i < 256 {
+        if let Some(info) = Opcode(i as u8).info() {
+            let flag = if info.payload { 0 } else { XDP_NO_PAYLOAD };
+            t[i] = info.ext_len() as u8 | flag;
+        }
+        i += 1;
+    }
+    t
+};
+
 #[cfg(test)]
 mod table_tests {
     use super::*;
+
+    #[test]
+    fn xdp_table_agrees_with_info() {
+        for i in 0..=255u8 {
+            let e = XDP_OPCODE_TABLE[i as usize];
+            match Opcode(i).info() {
+                Some(info) => {
+                    assert!(info.ext_len() < 0x40);
+                    assert_eq!((e & 0x3f) as usize, info.ext_len());
+                    assert_eq!(e & XDP_NO_PAYLOAD == 0, info.payload);
+                }
+                None => assert_eq!(e, EXT_LEN_UNKNOWN),
+            }
+        }
+    }
 
     #[test]
     fn ext_len_table_agrees_with_info() {

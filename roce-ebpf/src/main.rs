@@ -36,7 +36,7 @@ use roce_common::{
         FLAG_DROP_FOREIGN, LoadInfo, MAX_QPS, MAX_QUEUES, MAX_STAT_PROCS, MAX_STAT_QPS, QpEntry,
         QpStatsRecord, XskQueueRecord,
     },
-    opcode::{EXT_LEN_TABLE, EXT_LEN_UNKNOWN, Opcode},
+    opcode::{EXT_LEN_UNKNOWN, Opcode, XDP_NO_PAYLOAD, XDP_OPCODE_TABLE},
 };
 
 #[btf_map]
@@ -223,12 +223,19 @@ fn classify(ctx: Bounds) -> Class {
     if bth.tver() != 0 {
         return Class::Malformed(DropReason::BadTver);
     }
-    let ext_len = EXT_LEN_TABLE[bth.opcode as usize];
-    if ext_len == EXT_LEN_UNKNOWN {
+    let entry = XDP_OPCODE_TABLE[bth.opcode as usize];
+    if entry == EXT_LEN_UNKNOWN {
         return Class::Malformed(DropReason::UnknownOpcode);
     }
-    if payload_len < Bth::LEN + ext_len as usize + bth.pad_count() as usize + ICRC_LEN {
+    let headers = Bth::LEN + (entry & 0x3f) as usize + ICRC_LEN;
+    if payload_len < headers + bth.pad_count() as usize {
         return Class::Malformed(DropReason::HdrTruncated);
+    }
+    if entry & XDP_NO_PAYLOAD != 0 && payload_len != headers {
+        return Class::Malformed(DropReason::UnexpectedPayload);
+    }
+    if payload_len % 4 != 0 {
+        return Class::Malformed(DropReason::BadLength);
     }
     let dest_qp = bth.dest_qp();
     if dest_qp == 0 {

@@ -503,6 +503,26 @@ fn classification_table() {
             &["drop_udp_length"],
         ),
         case(
+            "an ACK with bytes after its AETH",
+            &Frame {
+                opcode: Opcode::RC_ACKNOWLEDGE,
+                payload: 4,
+                ..d.clone()
+            },
+            XDP_DROP,
+            &["drop_unexpected_payload"],
+        ),
+        case(
+            "UDP payload not whole words",
+            &Frame {
+                payload: 30,
+                pad: Some(0),
+                ..d.clone()
+            },
+            XDP_DROP,
+            &["drop_bad_length"],
+        ),
+        case(
             "pad count beyond the payload",
             &Frame {
                 payload: 0,

@@ -194,6 +194,8 @@ fn load_steer_count_and_unload_on_veth() {
         move || {
             netns::enter(&ns).unwrap();
             let s = UdpSocket::bind(SocketAddr::from((b_ip, 9000))).unwrap();
+            // Room for the whole burst even when this thread is slow to run (a loaded machine).
+            let _ = nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::RcvBuf, &(4 << 20));
             s.set_read_timeout(Some(Duration::from_secs(3))).unwrap();
             let mut buf = [0u8; 2048];
             let mut got = 0;

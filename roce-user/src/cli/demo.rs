@@ -250,6 +250,8 @@ fn classifier_mix(out: Output, pair: &VethPair, count: u32) -> anyhow::Result<se
     let receiver = std::thread::spawn(move || -> anyhow::Result<u32> {
         netns::enter(&b.netns)?;
         let sock = UdpSocket::bind(SocketAddr::from((b_ip, PLAIN_PORT)))?;
+        // Room for the whole burst even when this thread is slow to run (a loaded machine).
+        let _ = nix::sys::socket::setsockopt(&sock, nix::sys::socket::sockopt::RcvBuf, &(4 << 20));
         sock.set_read_timeout(Some(Duration::from_secs(2)))?;
         let mut buf = [0u8; 2048];
         let mut got = 0;
