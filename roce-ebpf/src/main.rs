@@ -234,7 +234,7 @@ fn classify(ctx: Bounds) -> Class {
     if entry & XDP_NO_PAYLOAD != 0 && payload_len != headers {
         return Class::Malformed(DropReason::UnexpectedPayload);
     }
-    if payload_len % 4 != 0 {
+    if payload_len & 3 != 0 {
         return Class::Malformed(DropReason::BadLength);
     }
     let dest_qp = bth.dest_qp();
