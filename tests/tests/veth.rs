@@ -236,6 +236,9 @@ fn load_steer_count_and_unload_on_veth() {
             }
             s.send_to(b"not roce", SocketAddr::from((b_ip, 9000)))
                 .unwrap();
+            // Paced: veth's per-queue XDP ring holds 256 frames, and a burst from a tight loop
+            // overflows it when the receiving side is slow to run (a loaded machine).
+            std::thread::sleep(Duration::from_micros(200));
         }
     })
     .unwrap();
@@ -370,6 +373,7 @@ fn skb_mode_and_custom_port() {
         for _ in 0..50 {
             s.send_to(&foreign, SocketAddr::from((b_ip, 4792))).unwrap();
             s.send_to(&foreign, SocketAddr::from((b_ip, 4791))).unwrap();
+            std::thread::sleep(Duration::from_micros(200));
         }
     })
     .unwrap();

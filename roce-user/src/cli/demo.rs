@@ -323,6 +323,8 @@ fn classifier_mix(out: Output, pair: &VethPair, count: u32) -> anyhow::Result<se
             )?;
             for _ in 0..count {
                 sock.send_to(payload, SocketAddr::from((b_ip, *port)))?;
+                // Paced so veth's 256-frame XDP ring never overflows on a busy machine.
+                std::thread::sleep(Duration::from_micros(100));
             }
         }
         Ok(())
