@@ -82,6 +82,11 @@ pub struct PerfArgs {
     /// bytes (perftest never checks data either).
     #[arg(long)]
     pub no_verify: bool,
+    /// Latency instead of bandwidth, as ib_write_lat / ib_send_lat: one message at a time,
+    /// each side answering the other's (WRITE: the last byte of the message carries the
+    /// iteration number, polled in memory; SEND: one receive completion per message). 1 QP.
+    #[arg(long)]
+    pub lat: bool,
 }
 
 /// perftest's cycle buffer (the page size it announces in the system data). A perftest client
@@ -145,6 +150,11 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     {
         bail!("-D takes a positive number of seconds");
     }
+    if a.lat
+        && (a.qps != 1 || !matches!(a.op, PerfOp::Write | PerfOp::Send) || a.duration.is_some())
+    {
+        bail!("--lat measures write or send, on 1 QP, for -n iterations");
+    }
     let dev = Device::open(
         &a.dev,
         &DeviceOptions {
@@ -184,7 +194,11 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         if a.op == PerfOp::Atomic {
             dev.mr_write(mr.lkey, 0, &0u64.to_le_bytes())?;
         }
-        if client {
+        if a.lat {
+            // ib_write_lat zeroes its buffers: the polled last byte starts at 0.
+            dev.mr_write(mr.lkey, 0, &vec![0u8; size as usize])?;
+            dev.mr_write(local.lkey, 0, &pattern(q, size as usize))?;
+        } else if client {
             dev.mr_write(local.lkey, 0, &pattern(q, size as usize))?;
         } else {
             dev.mr_write(mr.lkey, 0, &vec![0u8; size as usize])?;
@@ -213,7 +227,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
             remote: None,
         });
     }
-    if a.op == PerfOp::Send && !client {
+    if a.op == PerfOp::Send && (!client || a.lat) {
         for qp in &qps {
             for _ in 0..depth {
                 dev.post_recv(
@@ -269,6 +283,10 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         gid: gid.raw,
         srqn: 0,
     };
+    // write_lat.c exchanges keys once more before the per-QP exchange.
+    if a.lat && a.op == PerfOp::Write {
+        comm.hand_shake(&key(&qps[0]))?;
+    }
     for qp in &mut qps {
         qp.remote = Some(comm.hand_shake(&key(qp))?);
     }
@@ -328,7 +346,9 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     // "An additional handshake is required after moving qp to RTR."
     comm.hand_shake(&key(&qps[0]))?;
 
-    let result = if client {
+    let result = if a.lat {
+        run_lat(&dev, a, cq, &qps[0], size, client)?
+    } else if client {
         run_client(&dev, a, cq, &qps, size)?
     } else {
         run_server(&dev, a, cq, &qps, size, &comm)?
@@ -339,7 +359,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     // bidirectional: each side reports what it measured itself. Then ctx_close_connection: the
     // closing sync and "done" (perftest 6.06).
     let mut theirs = BwReport::default();
-    if a.op != PerfOp::Send {
+    if a.op != PerfOp::Send && !a.lat {
         comm.hand_shake(&key(&qps[0]))?;
         // perftest's report carries iterations per QP (`user_param->iters`).
         let mine = BwReport {
@@ -351,17 +371,20 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         };
         theirs = comm.xchg_bw_reports(&mine)?;
     }
-    comm.hand_shake(&key(&qps[0]))?;
-    let _ = comm.stream().set_read_timeout(Some(Duration::from_secs(1)));
-    let mut done = [0u8; 5];
-    let _ = comm.xchg(b"done\0", &mut done);
+    // write_lat.c ends right after its loop, without ctx_close_connection.
+    if !(a.lat && a.op == PerfOp::Write) {
+        comm.hand_shake(&key(&qps[0]))?;
+        let _ = comm.stream().set_read_timeout(Some(Duration::from_secs(1)));
+        let mut done = [0u8; 5];
+        let _ = comm.xchg(b"done\0", &mut done);
+    }
 
     // The passive side verifies what landed in its buffers, now that the client is finished.
     let mut verified = result.verified;
-    if !client && !a.no_verify {
+    if !client && !a.no_verify && !a.lat {
         verified = verify_server(&dev, a, &qps, size, theirs.iters * u64::from(a.qps))?;
     }
-    let shown = if client || a.op == PerfOp::Send {
+    let shown = if client || a.op == PerfOp::Send || a.lat {
         result
     } else {
         PerfResult::from_report(&theirs, size, a.qps)
@@ -596,6 +619,147 @@ fn run_client(
             lats.last().copied().unwrap_or(0.0),
         ),
         verified,
+    })
+}
+
+/// The latency ping-pong of ib_write_lat (`run_iter_lat_write`) and ib_send_lat
+/// (`run_iter_lat_send`), message for message: for WRITE the server sends first and each side
+/// waits for the last byte of its buffer to read the iteration number (mod 256) before writing
+/// the next; for SEND the client sends first and each side waits for a receive completion.
+/// Latency is half the time between two of our posts, as perftest reports it.
+fn run_lat(
+    dev: &Device,
+    a: &PerfArgs,
+    cq: CqId,
+    qp: &QpCtx,
+    size: u32,
+    client: bool,
+) -> anyhow::Result<PerfResult> {
+    let r = qp.remote.expect("remote keys exchanged");
+    let n = a.iters;
+    let last = size as usize - 1;
+    let first = match a.op {
+        PerfOp::Write => !client,
+        _ => client,
+    };
+    let (mut scnt, mut rcnt) = (0u64, 0u64);
+    let (mut sends_done, mut recvs_done) = (0u64, 0u64);
+    let mut posts = Vec::with_capacity(n as usize);
+    let start = Instant::now();
+    // Polls the CQ once: counts send and receive completions, reposts receives.
+    let pump = |sends_done: &mut u64, recvs_done: &mut u64| -> anyhow::Result<()> {
+        for wc in dev.poll_cq(cq, 16) {
+            if wc.status != WcStatus::Success {
+                bail!("work request {} failed: {:?}", wc.wr_id, wc.status);
+            }
+            if wc.opcode == roce::api::WcOpcode::Recv {
+                *recvs_done += 1;
+                dev.post_recv(
+                    qp.qpn,
+                    RecvWr {
+                        wr_id: 0,
+                        sg_list: vec![Sge {
+                            addr: qp.mr.iova,
+                            length: size,
+                            lkey: qp.mr.lkey,
+                        }],
+                    },
+                )?;
+            } else {
+                *sends_done += 1;
+            }
+        }
+        Ok(())
+    };
+    let wait = |what: &str,
+                done: &mut dyn FnMut(u64, u64) -> anyhow::Result<bool>,
+                sends_done: &mut u64,
+                recvs_done: &mut u64|
+     -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            pump(sends_done, recvs_done)?;
+            if done(*sends_done, *recvs_done)? {
+                return Ok(());
+            }
+            if interrupted() {
+                bail!("interrupted");
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "no {what} for 10 s ({} sends and {} receives completed)",
+                    *sends_done,
+                    *recvs_done
+                );
+            }
+            std::thread::yield_now();
+        }
+    };
+    while scnt < n || rcnt < n || sends_done < n {
+        if rcnt < n && !(scnt < 1 && first) {
+            rcnt += 1;
+            let want = rcnt;
+            match a.op {
+                PerfOp::Write => wait(
+                    "write from the peer",
+                    &mut |_, _| Ok(dev.with_mr(qp.mr.lkey, |b| b[last])? == want as u8),
+                    &mut sends_done,
+                    &mut recvs_done,
+                )?,
+                _ => wait(
+                    "message from the peer",
+                    &mut |_, r| Ok(r >= want),
+                    &mut sends_done,
+                    &mut recvs_done,
+                )?,
+            }
+        }
+        if scnt < n {
+            scnt += 1;
+            let sge = Sge {
+                addr: qp.local.iova,
+                length: size,
+                lkey: qp.local.lkey,
+            };
+            let op = if a.op == PerfOp::Write {
+                dev.mr_write(qp.local.lkey, last, &[scnt as u8])?;
+                SendOp::Write {
+                    remote_addr: r.vaddr,
+                    rkey: r.rkey,
+                }
+            } else {
+                SendOp::Send
+            };
+            posts.push(Instant::now());
+            dev.post_send(qp.qpn, SendWr::new(scnt, op, vec![sge]))?;
+            let want = scnt;
+            wait(
+                "send completion",
+                &mut |s, _| Ok(s >= want),
+                &mut sends_done,
+                &mut recvs_done,
+            )?;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let mut lats: Vec<f64> = posts
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e6 / 2.0)
+        .collect();
+    lats.sort_by(f64::total_cmp);
+    let bytes = (scnt + rcnt) as f64 * f64::from(size);
+    Ok(PerfResult {
+        msgs: scnt,
+        secs,
+        mb_per_sec: bytes / secs.max(1e-9) / 1_048_576.0,
+        mpps: scnt as f64 / secs.max(1e-9) / 1e6,
+        lat: (
+            percentile(&lats, 0.5),
+            percentile(&lats, 0.99),
+            percentile(&lats, 0.999),
+            lats.last().copied().unwrap_or(0.0),
+        ),
+        verified: true,
     })
 }
 
