@@ -12,6 +12,8 @@ use roce_common::opcode::Opcode;
 
 pub use roce::netns;
 
+pub mod rxe;
+
 /// Fails the test (never skips it) when it cannot run with the privileges it needs.
 ///
 /// # Panics

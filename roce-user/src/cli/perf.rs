@@ -78,7 +78,25 @@ pub struct PerfArgs {
     /// Atomics: compare-and-swap instead of fetch-and-add.
     #[arg(long)]
     pub cmp_swap: bool,
+    /// Don't check the data: for a peer that is the real perftest, whose buffers hold random
+    /// bytes (perftest never checks data either).
+    #[arg(long)]
+    pub no_verify: bool,
+    /// Latency instead of bandwidth, as ib_write_lat / ib_send_lat: one message at a time,
+    /// each side answering the other's (WRITE: the last byte of the message carries the
+    /// iteration number, polled in memory; SEND: one receive completion per message). 1 QP.
+    #[arg(long)]
+    pub lat: bool,
 }
+
+/// perftest's cycle buffer (the page size it announces in the system data). A perftest client
+/// advances the remote address by the message size (rounded up to a cache line) within one
+/// cycle buffer when the size is at most half of it (`increase_rem_addr`), so the buffer we
+/// expose must cover `max(size, CYCLE_BUFFER)` bytes, as perftest's own does (`BUFF_SIZE`).
+const CYCLE_BUFFER: u32 = 4096;
+
+/// The outstanding RDMA READs and atomics we accept as responder (`max_dest_rd_atomic`).
+const OUT_READS: u8 = 16;
 
 fn mtu_enum(bytes: u32) -> Option<u8> {
     Some(match bytes {
@@ -132,6 +150,11 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     {
         bail!("-D takes a positive number of seconds");
     }
+    if a.lat
+        && (a.qps != 1 || !matches!(a.op, PerfOp::Write | PerfOp::Send) || a.duration.is_some())
+    {
+        bail!("--lat measures write or send, on 1 QP, for -n iterations");
+    }
     let dev = Device::open(
         &a.dev,
         &DeviceOptions {
@@ -163,7 +186,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
             },
             sq_sig_all: true,
         })?;
-        let mr = dev.reg_mr(pd, size as usize, remote_access)?;
+        let mr = dev.reg_mr(pd, size.max(CYCLE_BUFFER) as usize, remote_access)?;
         let local = dev.reg_mr(pd, size as usize, Access::LOCAL_WRITE)?;
         // The exposed buffer starts with the pattern (READ sources it, WRITE/SEND overwrite it
         // with the same pattern from the client's local buffer).
@@ -173,7 +196,11 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         if a.op == PerfOp::Atomic {
             dev.mr_write(mr.lkey, 0, &0u64.to_le_bytes())?;
         }
-        if client {
+        if a.lat {
+            // ib_write_lat zeroes its buffers: the polled last byte starts at 0.
+            dev.mr_write(mr.lkey, 0, &vec![0u8; size as usize])?;
+            dev.mr_write(local.lkey, 0, &pattern(q, size as usize))?;
+        } else if client {
             dev.mr_write(local.lkey, 0, &pattern(q, size as usize))?;
         } else {
             dev.mr_write(mr.lkey, 0, &vec![0u8; size as usize])?;
@@ -190,7 +217,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
             remote: None,
         });
     }
-    if a.op == PerfOp::Send && !client {
+    if a.op == PerfOp::Send && (!client || a.lat) {
         for qp in &qps {
             for _ in 0..depth {
                 dev.post_recv(
@@ -232,7 +259,13 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     .unwrap_or(mtu);
     let key = |qp: &QpCtx| KeyMsg {
         lid: 0,
-        out_reads: 1,
+        // perftest announces its device's limit for READ and atomics, 1 otherwise; its requester
+        // uses the peer's value as max_rd_atomic.
+        out_reads: if matches!(a.op, PerfOp::Read | PerfOp::Atomic) {
+            u16::from(OUT_READS)
+        } else {
+            1
+        },
         qpn: qp.qpn,
         psn: qp.psn,
         rkey: qp.mr.rkey,
@@ -240,6 +273,10 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         gid: gid.raw,
         srqn: 0,
     };
+    // write_lat.c exchanges keys once more before the per-QP exchange.
+    if a.lat && a.op == PerfOp::Write {
+        comm.hand_shake(&key(&qps[0]))?;
+    }
     for qp in &mut qps {
         qp.remote = Some(comm.hand_shake(&key(qp))?);
     }
@@ -247,8 +284,15 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         let r = qp.remote.context("missing remote key")?;
         let path = dev.path_to(gid_idx, &r.gid, qp.qpn, r.qpn)?;
         let mut c = RcConnect::new(path, mtu, r.qpn, r.psn, qp.psn);
-        (c.max_dest_rd_atomic, c.max_rd_atomic) = (16, 16);
+        c.max_dest_rd_atomic = OUT_READS;
+        // Never more READs/atomics in flight than the responder accepts.
+        c.max_rd_atomic = u8::try_from(r.out_reads.clamp(1, u16::from(OUT_READS))).unwrap_or(1);
         dev.qp_connect(qp.qpn, &c)?;
+    }
+    // ib_send_bw (send_bw.c) syncs once right after connecting, then exchanges the keys again;
+    // write_bw.c, read_bw.c and atomic_bw.c go straight to the second key exchange.
+    if a.op == PerfOp::Send {
+        comm.hand_shake(&key(&qps[0]))?;
     }
     for qp in &qps {
         comm.hand_shake(&key(qp))?;
@@ -256,36 +300,48 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     // "An additional handshake is required after moving qp to RTR."
     comm.hand_shake(&key(&qps[0]))?;
 
-    let result = if client {
+    let result = if a.lat {
+        run_lat(&dev, a, cq, &qps[0], size, client)?
+    } else if client {
         run_client(&dev, a, cq, &qps, size)?
     } else {
         run_server(&dev, a, cq, &qps, size, &comm)?
     };
 
-    // After the test: a sync, the reports, the closing sync, and "done" (perftest 6.06).
-    comm.hand_shake(&key(&qps[0]))?;
-    let mine = BwReport {
-        size: u64::from(size),
-        iters: result.msgs,
-        bw_peak: result.mb_per_sec,
-        bw_avg: result.mb_per_sec,
-        msg_rate_avg: result.mpps,
-    };
-    let theirs = comm.xchg_bw_reports(&mine)?;
-    comm.hand_shake(&key(&qps[0]))?;
-    let _ = comm.stream().set_read_timeout(Some(Duration::from_secs(1)));
-    let mut done = [0u8; 5];
-    let _ = comm.xchg(b"done\0", &mut done);
+    // After the test, for WRITE, READ and atomics: a sync and the reports (the half-duplex
+    // branch of write_bw.c, read_bw.c, atomic_bw.c). ib_send_bw exchanges no report unless
+    // bidirectional: each side reports what it measured itself. Then ctx_close_connection: the
+    // closing sync and "done" (perftest 6.06).
+    let mut theirs = BwReport::default();
+    if a.op != PerfOp::Send && !a.lat {
+        comm.hand_shake(&key(&qps[0]))?;
+        // perftest's report carries iterations per QP (`user_param->iters`).
+        let mine = BwReport {
+            size: u64::from(size),
+            iters: result.msgs / u64::from(a.qps),
+            bw_peak: result.mb_per_sec,
+            bw_avg: result.mb_per_sec,
+            msg_rate_avg: result.mpps,
+        };
+        theirs = comm.xchg_bw_reports(&mine)?;
+    }
+    // write_lat.c ends right after its loop, without ctx_close_connection.
+    if !(a.lat && a.op == PerfOp::Write) {
+        comm.hand_shake(&key(&qps[0]))?;
+        let _ = comm.stream().set_read_timeout(Some(Duration::from_secs(1)));
+        let mut done = [0u8; 5];
+        let _ = comm.xchg(b"done\0", &mut done);
+    }
 
     // The passive side verifies what landed in its buffers, now that the client is finished.
     let mut verified = result.verified;
-    if !client {
-        verified = verify_server(&dev, a, &qps, size, theirs.iters)?;
+    if !client && !a.no_verify && !a.lat {
+        verified = verify_server(&dev, a, &qps, size, theirs.iters * u64::from(a.qps))?;
     }
-    let shown = if client || a.op == PerfOp::Send {
+    let shown = if client || a.op == PerfOp::Send || a.lat {
         result
     } else {
-        PerfResult::from_report(&theirs, size)
+        PerfResult::from_report(&theirs, size, a.qps)
     };
     let text = format!(
         "---------------------------------------------------------------------------------------\n \
@@ -307,7 +363,11 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         shown.lat.1,
         shown.lat.2,
         shown.lat.3,
-        verified
+        if a.no_verify {
+            "not checked (--no-verify)".to_owned()
+        } else {
+            verified.to_string()
+        }
     );
     let v = json!({
         "op": format!("{:?}", a.op).to_lowercase(), "role": if client { "client" } else { "server" },
@@ -315,10 +375,11 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         "seconds": shown.secs, "bw_mb_per_sec": shown.mb_per_sec, "gbit_per_sec": shown.mb_per_sec * 8.0 * 1.048_576 / 1000.0,
         "msg_rate_mpps": shown.mpps,
         "latency_us": { "p50": shown.lat.0, "p99": shown.lat.1, "p999": shown.lat.2, "max": shown.lat.3 },
-        "verified": verified, "peer_version": comm.remote_version,
+        "verified": if a.no_verify { serde_json::Value::Null } else { verified.into() },
+        "peer_version": comm.remote_version,
     });
     out.emit(&v, &text);
-    if !verified {
+    if !verified && !a.no_verify {
         bail!("data verification failed");
     }
     dev.close();
@@ -337,14 +398,15 @@ struct PerfResult {
 }
 
 impl PerfResult {
-    fn from_report(r: &BwReport, size: u32) -> Self {
+    fn from_report(r: &BwReport, size: u32, qps: u32) -> Self {
+        let msgs = r.iters * u64::from(qps);
         let secs = if r.bw_avg > 0.0 {
-            r.iters as f64 * f64::from(size) / (r.bw_avg * 1_048_576.0)
+            msgs as f64 * f64::from(size) / (r.bw_avg * 1_048_576.0)
         } else {
             0.0
         };
         Self {
-            msgs: r.iters,
+            msgs,
             secs,
             mb_per_sec: r.bw_avg,
             mpps: r.msg_rate_avg,
@@ -494,6 +556,147 @@ fn run_client(
     })
 }
 
+/// The latency ping-pong of ib_write_lat (`run_iter_lat_write`) and ib_send_lat
+/// (`run_iter_lat_send`), message for message: for WRITE the server sends first and each side
+/// waits for the last byte of its buffer to read the iteration number (mod 256) before writing
+/// the next; for SEND the client sends first and each side waits for a receive completion.
+/// Latency is half the time between two of our posts, as perftest reports it.
+fn run_lat(
+    dev: &Device,
+    a: &PerfArgs,
+    cq: CqId,
+    qp: &QpCtx,
+    size: u32,
+    client: bool,
+) -> anyhow::Result<PerfResult> {
+    let r = qp.remote.expect("remote keys exchanged");
+    let n = a.iters;
+    let last = size as usize - 1;
+    let first = match a.op {
+        PerfOp::Write => !client,
+        _ => client,
+    };
+    let (mut scnt, mut rcnt) = (0u64, 0u64);
+    let (mut sends_done, mut recvs_done) = (0u64, 0u64);
+    let mut posts = Vec::with_capacity(n as usize);
+    let start = Instant::now();
+    // Polls the CQ once: counts send and receive completions, reposts receives.
+    let pump = |sends_done: &mut u64, recvs_done: &mut u64| -> anyhow::Result<()> {
+        for wc in dev.poll_cq(cq, 16) {
+            if wc.status != WcStatus::Success {
+                bail!("work request {} failed: {:?}", wc.wr_id, wc.status);
+            }
+            if wc.opcode == roce::api::WcOpcode::Recv {
+                *recvs_done += 1;
+                dev.post_recv(
+                    qp.qpn,
+                    RecvWr {
+                        wr_id: 0,
+                        sg_list: vec![Sge {
+                            addr: qp.mr.iova,
+                            length: size,
+                            lkey: qp.mr.lkey,
+                        }],
+                    },
+                )?;
+            } else {
+                *sends_done += 1;
+            }
+        }
+        Ok(())
+    };
+    let wait = |what: &str,
+                done: &mut dyn FnMut(u64, u64) -> anyhow::Result<bool>,
+                sends_done: &mut u64,
+                recvs_done: &mut u64|
+     -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            pump(sends_done, recvs_done)?;
+            if done(*sends_done, *recvs_done)? {
+                return Ok(());
+            }
+            if interrupted() {
+                bail!("interrupted");
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "no {what} for 10 s ({} sends and {} receives completed)",
+                    *sends_done,
+                    *recvs_done
+                );
+            }
+            std::thread::yield_now();
+        }
+    };
+    while scnt < n || rcnt < n || sends_done < n {
+        if rcnt < n && !(scnt < 1 && first) {
+            rcnt += 1;
+            let want = rcnt;
+            match a.op {
+                PerfOp::Write => wait(
+                    "write from the peer",
+                    &mut |_, _| Ok(dev.with_mr(qp.mr.lkey, |b| b[last])? == want as u8),
+                    &mut sends_done,
+                    &mut recvs_done,
+                )?,
+                _ => wait(
+                    "message from the peer",
+                    &mut |_, r| Ok(r >= want),
+                    &mut sends_done,
+                    &mut recvs_done,
+                )?,
+            }
+        }
+        if scnt < n {
+            scnt += 1;
+            let sge = Sge {
+                addr: qp.local.iova,
+                length: size,
+                lkey: qp.local.lkey,
+            };
+            let op = if a.op == PerfOp::Write {
+                dev.mr_write(qp.local.lkey, last, &[scnt as u8])?;
+                SendOp::Write {
+                    remote_addr: r.vaddr,
+                    rkey: r.rkey,
+                }
+            } else {
+                SendOp::Send
+            };
+            posts.push(Instant::now());
+            dev.post_send(qp.qpn, SendWr::new(scnt, op, vec![sge]))?;
+            let want = scnt;
+            wait(
+                "send completion",
+                &mut |s, _| Ok(s >= want),
+                &mut sends_done,
+                &mut recvs_done,
+            )?;
+        }
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let mut lats: Vec<f64> = posts
+        .windows(2)
+        .map(|w| w[1].duration_since(w[0]).as_secs_f64() * 1e6 / 2.0)
+        .collect();
+    lats.sort_by(f64::total_cmp);
+    let bytes = (scnt + rcnt) as f64 * f64::from(size);
+    Ok(PerfResult {
+        msgs: scnt,
+        secs,
+        mb_per_sec: bytes / secs.max(1e-9) / 1_048_576.0,
+        mpps: scnt as f64 / secs.max(1e-9) / 1e6,
+        lat: (
+            percentile(&lats, 0.5),
+            percentile(&lats, 0.99),
+            percentile(&lats, 0.999),
+            lats.last().copied().unwrap_or(0.0),
+        ),
+        verified: true,
+    })
+}
+
 fn run_server(
     dev: &Device,
     a: &PerfArgs,
@@ -511,6 +714,7 @@ fn run_server(
     comm.stream().set_nonblocking(true)?;
     let mut first: Option<Instant> = None;
     let mut last = start;
+    let mut closing = false;
     loop {
         if interrupted() {
             bail!("interrupted");
@@ -543,9 +747,13 @@ fn run_server(
                 )?;
             }
         }
+        if closing {
+            break;
+        }
         match comm.stream().peek(&mut peek) {
             Ok(0) => bail!("the client closed the connection"),
-            Ok(_) => break,
+            // One more pass over the CQ: receives completed just before the client's sync.
+            Ok(_) => closing = true,
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_micros(if a.op == PerfOp::Send {
                     20

@@ -1,0 +1,1171 @@
+//! A real Linux Soft-RoCE (rdma_rxe) peer for the interop tests: a small Debian VM booted by the
+//! rxe-peer scripts (`shared/rxe-peer/` beside the repository), whose eth0 is a tap in a network
+//! namespace these helpers make and remove.
+//!
+//! The VM runs one command for its whole life: a tiny agent (see [`AGENT`]) that executes the
+//! steps the host drops into a shared directory (`/share` in the guest, mounted over 9p), each in
+//! the background, and writes back its output and exit status. So one boot (tens of seconds under
+//! TCG) serves a whole matrix of ibv_rc_pingpong and perftest runs, the host can start a guest
+//! server, run `roce` against it, then read rxe's hw_counters, all in one VM.
+//!
+//! Everything is owned by guards: [`Peer`] powers the VM off and deletes the namespace (only if
+//! the scripts created it) on drop, [`Capture`] stops its tcpdump, and every process is ended by
+//! its own PID, also when a test panics.
+//!
+//! The image is built on first use by `build-image.sh` into `$RXE_PEER_DIR` (default
+//! `/tmp/rxe-peer`) and reused afterwards; [`ensure_image`] fails loudly (panics) when it cannot
+//! be built, it never skips.
+
+use std::{
+    collections::BTreeMap,
+    fs,
+    net::Ipv4Addr,
+    path::{Path, PathBuf},
+    process::{Child, Command, Stdio},
+    sync::OnceLock,
+    thread,
+    time::{Duration, Instant},
+};
+
+/// The directory holding the rxe-peer scripts: `$RXE_PEER_TOOLS`, else the first
+/// `shared/rxe-peer` found next to the repository or one of its parents (in CI, a fresh clone
+/// with `shared/` beside it).
+///
+/// # Panics
+/// When the scripts cannot be found.
+#[must_use]
+pub fn tools_dir() -> PathBuf {
+    if let Some(d) = std::env::var_os("RXE_PEER_TOOLS") {
+        return PathBuf::from(d);
+    }
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    for dir in manifest.ancestors() {
+        let cand = dir.join("shared/rxe-peer");
+        if cand.join("start-peer.sh").exists() {
+            return cand;
+        }
+    }
+    panic!(
+        "rxe-peer scripts not found: expected shared/rxe-peer beside the repository (searched the \
+         parents of {}); set RXE_PEER_TOOLS",
+        manifest.display()
+    );
+}
+
+/// `$RXE_PEER_DIR`, default `/tmp/rxe-peer`: image cache and per-VM run directories.
+#[must_use]
+pub fn peer_dir() -> PathBuf {
+    std::env::var_os("RXE_PEER_DIR").map_or_else(|| PathBuf::from("/tmp/rxe-peer"), PathBuf::from)
+}
+
+/// How long the image took to become available in this process (0 when it was cached), and
+/// whether it was built now.
+#[derive(Clone, Copy, Debug)]
+pub struct ImageInfo {
+    /// Seconds spent in `build-image.sh` (cache check or full build).
+    pub secs: f64,
+}
+
+/// Builds the VM image if needed (idempotent; serialised across processes with `flock`).
+///
+/// # Panics
+/// When the image cannot be built: the interop tests must fail loudly, never skip.
+pub fn ensure_image() -> ImageInfo {
+    static IMAGE: OnceLock<ImageInfo> = OnceLock::new();
+    *IMAGE.get_or_init(|| {
+        let dir = peer_dir();
+        fs::create_dir_all(&dir).expect("create RXE_PEER_DIR");
+        let t = Instant::now();
+        let log = dir.join("build-image.log");
+        let out = Command::new("flock")
+            .arg(dir.join("build.lock"))
+            .arg(tools_dir().join("build-image.sh"))
+            .output()
+            .expect("run build-image.sh");
+        let _ = fs::write(&log, [&out.stdout[..], &out.stderr[..]].concat());
+        assert!(
+            out.status.success(),
+            "the rxe-peer image could not be built (interop tests cannot run without it); \
+             build-image.sh said:\n{}",
+            tail(&String::from_utf8_lossy(&out.stderr), 40)
+        );
+        ImageInfo {
+            secs: t.elapsed().as_secs_f64(),
+        }
+    })
+}
+
+fn tail(s: &str, n: usize) -> String {
+    let lines: Vec<&str> = s.lines().collect();
+    lines[lines.len().saturating_sub(n)..].join("\n")
+}
+
+/// The guest side of the step protocol, run as the VM's command. Step `N` is `/share/step-N.cmd`
+/// (written by the host with a rename, so it is complete when it appears); its output goes to
+/// `step-N.out`, its PID to `step-N.pid`, and its exit status to `step-N.rc` (also renamed into
+/// place). A step whose text is `exit` ends the agent.
+pub const AGENT: &str = r#"#!/bin/bash
+n=0
+while :; do
+    f=/share/step-$n.cmd
+    while [ ! -e "$f" ]; do sleep 0.05; done
+    c=$(cat "$f")
+    [ "$c" = exit ] && break
+    ( bash -c "$c" >/share/step-$n.out 2>&1 </dev/null; echo $? >/share/step-$n.rc.tmp; mv /share/step-$n.rc.tmp /share/step-$n.rc ) &
+    echo $! >/share/step-$n.pid
+    n=$((n+1))
+done
+wait
+"#;
+
+/// How to boot a peer.
+#[derive(Clone, Debug)]
+pub struct PeerOptions {
+    /// Netdev MTU of the guest's eth0 and of the tap (9000 gives rxe path MTU 4096).
+    pub mtu: u32,
+    /// Keep IPv6 on (guest and namespace), for IPv6 GIDs.
+    pub ipv6: bool,
+    /// Guest memory in MB.
+    pub mem_mb: u32,
+    /// Power the VM off after this many seconds at the latest.
+    pub timeout_secs: u32,
+}
+
+impl Default for PeerOptions {
+    fn default() -> Self {
+        Self {
+            mtu: 1500,
+            ipv6: false,
+            mem_mb: 512,
+            timeout_secs: 900,
+        }
+    }
+}
+
+/// A booted rxe VM on a tap in its own namespace, running the step agent.
+#[derive(Debug)]
+pub struct Peer {
+    /// VM name (run directory `$RXE_PEER_DIR/run/NAME`).
+    pub name: String,
+    /// The namespace the tap lives in (also where our endpoint runs).
+    pub netns: String,
+    /// The VM's tap in `netns`, a port of `bridge` (captures are taken here: it sees every
+    /// frame to and from the guest, which a tap carrying our AF_XDP traffic directly would not:
+    /// XDP-redirected receives and AF_XDP transmits bypass packet sockets).
+    pub tap: String,
+    /// The bridge joining the tap and our veth.
+    pub bridge: String,
+    /// Our endpoint's interface: one end of a veth pair whose other end (`vb<tag>`) is a port
+    /// of `bridge`. It holds `host_ip`.
+    pub ifname: String,
+    /// The host side's IPv4 address (on the tap).
+    pub host_ip: Ipv4Addr,
+    /// The guest's IPv4 address.
+    pub guest_ip: Ipv4Addr,
+    /// The guest's ready file (`RXE_GID_INDEX`, `RXE_GID`, `RXE_MAC`, `RXE_KERNEL`...).
+    pub ready: BTreeMap<String, String>,
+    /// The host directory mounted at /share in the guest.
+    pub share: PathBuf,
+    /// Seconds from launch until rxe0 was up.
+    pub boot_secs: f64,
+    next: std::cell::Cell<usize>,
+    stopped: std::cell::Cell<bool>,
+}
+
+/// The result of a finished guest step.
+#[derive(Clone, Debug)]
+pub struct StepOut {
+    /// Exit status.
+    pub rc: i32,
+    /// stdout and stderr, interleaved.
+    pub out: String,
+}
+
+/// A guest step started with [`Peer::spawn`].
+#[derive(Debug)]
+pub struct Step {
+    base: PathBuf,
+    /// The command line, for messages.
+    pub cmd: String,
+}
+
+impl Step {
+    /// Whether the step has exited.
+    #[must_use]
+    pub fn done(&self) -> bool {
+        self.base.with_extension("rc").exists()
+    }
+
+    /// Output so far.
+    #[must_use]
+    pub fn output(&self) -> String {
+        fs::read(self.base.with_extension("out"))
+            .map(|b| String::from_utf8_lossy(&b).into_owned())
+            .unwrap_or_default()
+    }
+
+    /// Waits for the step to exit, at most `timeout`; `None` on timeout.
+    #[must_use]
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<StepOut> {
+        let deadline = Instant::now() + timeout;
+        let rc = self.base.with_extension("rc");
+        while Instant::now() < deadline {
+            if let Ok(s) = fs::read_to_string(&rc)
+                && let Ok(code) = s.trim().parse()
+            {
+                return Some(StepOut {
+                    rc: code,
+                    out: self.output(),
+                });
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+
+    /// Waits for the step to exit.
+    ///
+    /// # Panics
+    /// After `timeout`, with the output so far.
+    #[must_use]
+    pub fn wait(&self, timeout: Duration) -> StepOut {
+        self.wait_timeout(timeout).unwrap_or_else(|| {
+            panic!(
+                "guest step `{}` did not finish within {timeout:?}; output so far:\n{}",
+                self.cmd,
+                self.output()
+            )
+        })
+    }
+
+    /// The guest PID of the step's shell (for a later `kill` step).
+    #[must_use]
+    pub fn pid(&self) -> Option<u32> {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            if let Ok(s) = fs::read_to_string(self.base.with_extension("pid"))
+                && let Ok(p) = s.trim().parse()
+            {
+                return Some(p);
+            }
+            thread::sleep(Duration::from_millis(50));
+        }
+        None
+    }
+}
+
+/// The tap name start-peer.sh would pick (`rxt` + the guest IP in hex).
+fn tap_for(ip: Ipv4Addr) -> String {
+    let o = ip.octets();
+    format!("rxt{:02x}{:02x}{:02x}{:02x}", o[0], o[1], o[2], o[3])
+}
+
+impl Peer {
+    /// Boots a peer: namespace `rxi<tag>` holding bridge `br<tag>` with the VM's tap and one end
+    /// of a veth pair as ports; the other end, `ve<tag>`, is ours, with 10.79.`subnet`.1 (and
+    /// fd79:`subnet`::1 with `ipv6`); the guest is .2 (`::2`). Returns once rxe0 is up and the
+    /// agent runs.
+    ///
+    /// # Panics
+    /// When the image cannot be built or the VM does not come up (with its console output).
+    #[must_use]
+    pub fn boot(tag: &str, subnet: u8, opts: &PeerOptions) -> Self {
+        ensure_image();
+        let name = format!("rxi{tag}");
+        let netns = name.clone();
+        let host_ip = Ipv4Addr::new(10, 79, subnet, 1);
+        let guest_ip = Ipv4Addr::new(10, 79, subnet, 2);
+        let tap = tap_for(guest_ip);
+        let bridge = format!("br{tag}");
+        let ifname = format!("ve{tag}");
+        let share = peer_dir().join("share").join(&name);
+        let _ = fs::remove_dir_all(&share);
+        fs::create_dir_all(&share).expect("share dir");
+        fs::write(share.join("agent.sh"), AGENT).expect("write agent");
+        let mut cmd = Command::new(tools_dir().join("start-peer.sh"));
+        cmd.args([
+            "--bg", "-q", "--name", &name, "--bridge", &bridge, "--share",
+        ])
+        .arg(&share)
+        .args(["--mtu", &opts.mtu.to_string()])
+        .args(["--mem", &opts.mem_mb.to_string()])
+        .args(["--timeout", &opts.timeout_secs.to_string()])
+        .args(["--bg-timeout", "300"]);
+        if opts.ipv6 {
+            cmd.arg("--ipv6");
+        }
+        cmd.args([
+            &netns,
+            "-",
+            &guest_ip.to_string(),
+            "--",
+            "bash",
+            "/share/agent.sh",
+        ]);
+        let t = Instant::now();
+        // Built before the VM starts, so that a failed boot is still cleaned up by Drop.
+        let mut peer = Self {
+            name,
+            netns,
+            tap,
+            bridge,
+            ifname,
+            host_ip,
+            guest_ip,
+            ready: BTreeMap::new(),
+            share,
+            boot_secs: 0.0,
+            next: std::cell::Cell::new(0),
+            stopped: std::cell::Cell::new(false),
+        };
+        let out = cmd.output().expect("run start-peer.sh");
+        peer.boot_secs = t.elapsed().as_secs_f64();
+        let console = fs::read_to_string(peer.run_dir().join("console.log")).unwrap_or_default();
+        assert!(
+            out.status.success(),
+            "rxe peer {} did not come up ({}):\n{}\n{}\nconsole:\n{}",
+            peer.name,
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            tail(&console, 30)
+        );
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if let Some((k, v)) = line.split_once('=') {
+                peer.ready.insert(k.trim().to_owned(), v.trim().to_owned());
+            }
+        }
+        assert!(
+            peer.ready.contains_key("RXE_GID_INDEX"),
+            "no ready file from {}: {:?}",
+            peer.name,
+            String::from_utf8_lossy(&out.stdout)
+        );
+        let vb = format!("vb{tag}");
+        let ip = |args: &[&str]| {
+            let o = Command::new("ip")
+                .args(["-n", &peer.netns])
+                .args(args)
+                .output()
+                .expect("run ip");
+            assert!(
+                o.status.success(),
+                "ip {args:?}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        };
+        let mtu = opts.mtu.to_string();
+        ip(&[
+            "link",
+            "add",
+            &peer.ifname,
+            "mtu",
+            &mtu,
+            "type",
+            "veth",
+            "peer",
+            "name",
+            &vb,
+            "mtu",
+            &mtu,
+        ]);
+        ip(&["link", "set", &vb, "master", &peer.bridge, "up"]);
+        ip(&["addr", "add", &format!("{host_ip}/24"), "dev", &peer.ifname]);
+        if opts.ipv6 {
+            ip(&[
+                "addr",
+                "add",
+                &format!("fd79:{subnet}::1/64"),
+                "dev",
+                &peer.ifname,
+                "nodad",
+            ]);
+            let o = peer.exec(
+                &format!("ip addr add fd79:{subnet}::2/64 dev eth0 nodad && sleep 1 && cat /sys/class/infiniband/rxe0/ports/1/gids/* | grep -n fd79"),
+                Duration::from_secs(30),
+            );
+            assert_eq!(o.rc, 0, "guest IPv6 address / GID: {}", o.out);
+        }
+        ip(&["link", "set", &peer.ifname, "up"]);
+        peer
+    }
+
+    /// `$RXE_PEER_DIR/run/NAME`.
+    #[must_use]
+    pub fn run_dir(&self) -> PathBuf {
+        peer_dir().join("run").join(&self.name)
+    }
+
+    /// rxe's RoCE v2 GID index of the guest's IPv4 address.
+    ///
+    /// # Panics
+    /// When the ready file lacks it.
+    #[must_use]
+    pub fn gid_index(&self) -> u32 {
+        self.ready["RXE_GID_INDEX"].parse().expect("RXE_GID_INDEX")
+    }
+
+    /// Starts `cmd` (bash) in the guest, in the background; returns at once.
+    #[must_use]
+    pub fn spawn(&self, cmd: &str) -> Step {
+        let n = self.next.get();
+        self.next.set(n + 1);
+        let base = self.share.join(format!("step-{n}.x"));
+        let tmp = self.share.join(format!(".step-{n}.tmp"));
+        fs::write(&tmp, cmd).expect("write step");
+        fs::rename(&tmp, self.share.join(format!("step-{n}.cmd"))).expect("publish step");
+        Step {
+            base,
+            cmd: cmd.to_owned(),
+        }
+    }
+
+    /// Runs `cmd` in the guest and waits for it.
+    ///
+    /// # Panics
+    /// After `timeout`.
+    #[must_use]
+    pub fn exec(&self, cmd: &str, timeout: Duration) -> StepOut {
+        self.spawn(cmd).wait(timeout)
+    }
+
+    /// Waits until something in the guest listens on TCP `port` (from the guest's `ss` snapshot,
+    /// refreshed every 0.2 s: never a probe connection, which would use up a server's accept).
+    ///
+    /// # Panics
+    /// After `timeout`, with the step's output.
+    pub fn wait_listen(&self, port: u16, step: &Step, timeout: Duration) {
+        let deadline = Instant::now() + timeout;
+        let needle = format!(":{port} ");
+        while Instant::now() < deadline {
+            let l = fs::read_to_string(self.run_dir().join("listen")).unwrap_or_default();
+            if l.lines()
+                .any(|x| x.starts_with("tcp") && x.contains(&needle))
+            {
+                return;
+            }
+            assert!(
+                !step.done(),
+                "guest `{}` exited before listening: {}",
+                step.cmd,
+                step.output()
+            );
+            thread::sleep(Duration::from_millis(100));
+        }
+        panic!(
+            "guest `{}` not listening on {port} after {timeout:?}: {}",
+            step.cmd,
+            step.output()
+        );
+    }
+
+    /// rxe's hw_counters of rxe0 port 1, read in the guest.
+    ///
+    /// # Panics
+    /// When they cannot be read.
+    #[must_use]
+    pub fn hw_counters(&self) -> BTreeMap<String, u64> {
+        let o = self.exec(
+            "cd /sys/class/infiniband/rxe0/ports/1/hw_counters && for f in *; do echo \"$f $(cat $f)\"; done",
+            Duration::from_secs(30),
+        );
+        assert_eq!(o.rc, 0, "hw_counters: {}", o.out);
+        o.out
+            .lines()
+            .filter_map(|l| {
+                let (k, v) = l.split_once(' ')?;
+                Some((k.to_owned(), v.trim().parse().ok()?))
+            })
+            .collect()
+    }
+
+    /// Powers the VM off now (as if the peer's host died); the tap goes with it.
+    pub fn kill_vm(&self) {
+        let _ = Command::new(tools_dir().join("stop-peer.sh"))
+            .arg(&self.name)
+            .output();
+        self.stopped.set(true);
+    }
+}
+
+impl Drop for Peer {
+    fn drop(&mut self) {
+        if !self.stopped.get() {
+            let _ = Command::new(tools_dir().join("stop-peer.sh"))
+                .arg(&self.name)
+                .output();
+        }
+        // The VM's start-peer.sh removes the tap when qemu exits; give it a moment, then delete
+        // the namespace (stop-peer.sh does so only if start-peer.sh created it).
+        thread::sleep(Duration::from_millis(300));
+        let _ = Command::new(tools_dir().join("stop-peer.sh"))
+            .args(["--netns", &self.netns])
+            .output();
+        let _ = fs::remove_dir_all(&self.share);
+    }
+}
+
+/// A tcpdump of an interface in a namespace, stopped (by its PID) on [`Capture::stop`] or drop.
+#[derive(Debug)]
+pub struct Capture {
+    child: Option<Child>,
+    /// The pcap file.
+    pub path: PathBuf,
+}
+
+impl Capture {
+    /// Starts capturing whole packets on `ifname` in `netns` into `path`; returns once tcpdump
+    /// listens.
+    ///
+    /// # Panics
+    /// When tcpdump cannot start.
+    #[must_use]
+    pub fn start(netns: &str, ifname: &str, path: &Path) -> Self {
+        if let Some(p) = path.parent() {
+            fs::create_dir_all(p).expect("pcap dir");
+        }
+        let mut child = Command::new("ip")
+            .args([
+                "netns", "exec", netns, "tcpdump", "-i", ifname, "-s", "0", "-B", "65536", "-U",
+                "-w",
+            ])
+            .arg(path)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn tcpdump");
+        // tcpdump says "listening on ..." on stderr once the capture runs.
+        let mut err = child.stderr.take().expect("tcpdump stderr");
+        let mut buf = [0u8; 256];
+        let _ = std::io::Read::read(&mut err, &mut buf);
+        thread::spawn(move || {
+            let _ = std::io::copy(&mut err, &mut std::io::sink());
+        });
+        Self {
+            child: Some(child),
+            path: path.to_owned(),
+        }
+    }
+
+    /// Stops the capture (SIGINT, so the last packets are flushed) and returns the file.
+    #[must_use]
+    pub fn stop(mut self) -> PathBuf {
+        self.end();
+        self.path.clone()
+    }
+
+    fn end(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            thread::sleep(Duration::from_millis(300));
+            let _ = Command::new("kill")
+                .args(["-INT", &c.id().to_string()])
+                .status();
+            let deadline = Instant::now() + Duration::from_secs(5);
+            while Instant::now() < deadline {
+                if matches!(c.try_wait(), Ok(Some(_))) {
+                    return;
+                }
+                thread::sleep(Duration::from_millis(50));
+            }
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Capture {
+    fn drop(&mut self) {
+        self.end();
+    }
+}
+
+/// What tshark makes of a capture.
+#[derive(Clone, Debug, Default)]
+pub struct Dissection {
+    /// RoCE v2 packets (UDP 4791) by BTH opcode name.
+    pub opcodes: BTreeMap<String, u64>,
+    /// Number of RoCE packets.
+    pub roce: u64,
+    /// Expert-info lines of severity warning or error, and malformed packets.
+    pub problems: Vec<String>,
+}
+
+/// Dissects `pcap` with tshark (which decodes UDP 4791 as RoCE v2 by itself) and collects every
+/// RoCE packet tshark marks malformed or with an expert item of severity warning or worse. (The
+/// out-of-band TCP connection is left out: perftest and ibv_rc_pingpong close it with a RST
+/// even between two rxe peers, see `samples/`.)
+///
+/// # Panics
+/// When tshark cannot be run.
+#[must_use]
+pub fn dissect(pcap: &Path) -> Dissection {
+    let mut d = Dissection::default();
+    // The upper-layer heuristics on InfiniBand payloads (RPC-over-RDMA, SMB Direct, NVMe-oF,
+    // ...) guess at application bytes: RPCoRDMA throws on every 1-byte SEND, rxe's own
+    // included. Our payloads are test data, so they are switched off.
+    let mut no_heur = Vec::new();
+    for h in [
+        "smc",
+        "smb_direct",
+        "rpcordma",
+        "nvme-rdma",
+        "lnet",
+        "iser",
+        "infiniband.eoib",
+        "infiniband_sdp",
+        "fcoib",
+    ] {
+        no_heur.extend(["--disable-heuristic", h]);
+    }
+    let fields = Command::new("tshark")
+        .args(["-n", "-r"])
+        .arg(pcap)
+        .args([
+            "-Y",
+            "infiniband",
+            "-T",
+            "fields",
+            "-e",
+            "infiniband.bth.opcode",
+        ])
+        .output()
+        .expect("run tshark");
+    assert!(
+        fields.status.success(),
+        "tshark: {}",
+        String::from_utf8_lossy(&fields.stderr)
+    );
+    for l in String::from_utf8_lossy(&fields.stdout).lines() {
+        *d.opcodes.entry(l.trim().to_owned()).or_default() += 1;
+        d.roce += 1;
+    }
+    let bad = Command::new("tshark")
+        .args(["-n", "-r"])
+        .arg(pcap)
+        .args(&no_heur)
+        .args([
+            "-Y",
+            "udp.port == 4791 && (_ws.malformed || _ws.expert.severity >= 0x00600000)",
+        ])
+        .output()
+        .expect("run tshark");
+    for l in String::from_utf8_lossy(&bad.stdout).lines() {
+        d.problems.push(l.trim().to_owned());
+    }
+    d
+}
+
+/// Every RoCE v2 frame (UDP 4791) of a classic pcap file (as tcpdump -w writes it), parsed by
+/// the wire module: counts of frames with a good and a bad ICRC, and the frames that did not
+/// parse at all.
+#[derive(Clone, Debug, Default)]
+pub struct IcrcCheck {
+    /// RoCE frames whose ICRC matched.
+    pub good: u64,
+    /// RoCE frames whose ICRC did not match (index in the file, 1-based as tshark numbers).
+    pub bad: Vec<usize>,
+    /// Frames to UDP 4791 that did not parse, with the reason.
+    pub unparsable: Vec<(usize, String)>,
+}
+
+/// Checks the ICRC of every RoCE frame in `pcap` (see [`IcrcCheck`]).
+///
+/// # Panics
+/// When the file is not a little-endian microsecond or nanosecond pcap with Ethernet frames.
+#[must_use]
+pub fn check_icrc(pcap: &Path) -> IcrcCheck {
+    let b = fs::read(pcap).expect("read pcap");
+    assert!(b.len() >= 24, "pcap too short");
+    let magic = u32::from_le_bytes(b[0..4].try_into().unwrap());
+    assert!(
+        magic == 0xa1b2_c3d4 || magic == 0xa1b2_3c4d,
+        "not a little-endian pcap: {magic:#x}"
+    );
+    assert_eq!(
+        u32::from_le_bytes(b[20..24].try_into().unwrap()),
+        1,
+        "not Ethernet"
+    );
+    let mut c = IcrcCheck::default();
+    let mut off = 24;
+    let mut idx = 0;
+    while off + 16 <= b.len() {
+        let incl = u32::from_le_bytes(b[off + 8..off + 12].try_into().unwrap()) as usize;
+        let start = off + 16;
+        let end = (start + incl).min(b.len());
+        off = start + incl;
+        idx += 1;
+        let frame = &b[start..end];
+        match roce::wire::parse_frame(frame) {
+            Ok(f) if f.icrc_ok => c.good += 1,
+            Ok(_) => c.bad.push(idx),
+            Err(roce::wire::WireError::NotRoce(_)) => {}
+            Err(e) => c.unparsable.push((idx, e.to_string())),
+        }
+    }
+    c
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rxe ↔ rxe sample captures: every one of their RoCE packets has a good ICRC.
+    #[test]
+    fn sample_captures_check_clean() {
+        let dir = tools_dir().join("samples");
+        let mut total = 0;
+        for name in [
+            "ibv_rc_pingpong-n10-s4096.pcap",
+            "ib_send_bw-n10-s4096.pcap",
+            "ib_write_bw-n10-s4096.pcap",
+            "ib_read_bw-n10-s4096.pcap",
+        ] {
+            let c = check_icrc(&dir.join(name));
+            assert!(c.bad.is_empty() && c.unparsable.is_empty(), "{name}: {c:?}");
+            total += c.good;
+        }
+        assert_eq!(total, 250);
+    }
+}
+
+/// A `roce` process (`roce -j --netns NS ARGS...`), killed by its PID on drop.
+#[derive(Debug)]
+pub struct Roce {
+    child: Option<Child>,
+    /// The command line, for messages.
+    pub what: String,
+}
+
+impl Roce {
+    /// Starts `roce -j --netns NETNS ARGS...`.
+    ///
+    /// # Panics
+    /// When the binary cannot be started.
+    #[must_use]
+    pub fn spawn(netns: &str, args: &[String]) -> Self {
+        let child = Command::new(crate::roce_bin())
+            .args(["-j", "--netns", netns])
+            .args(args)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn roce");
+        Self {
+            child: Some(child),
+            what: format!("roce {}", args.join(" ")),
+        }
+    }
+
+    /// Waits at most `timeout` for the process to exit; returns its JSON output on success, or
+    /// a description of the failure (exit status, stdout, stderr; killed on timeout).
+    ///
+    /// # Errors
+    /// The failure, as text.
+    pub fn wait(mut self, timeout: Duration) -> Result<serde_json::Value, String> {
+        let mut c = self.child.take().expect("child");
+        let deadline = Instant::now() + timeout;
+        let mut timed_out = false;
+        loop {
+            if matches!(c.try_wait(), Ok(Some(_))) {
+                break;
+            }
+            if Instant::now() >= deadline {
+                let _ = c.kill();
+                timed_out = true;
+                break;
+            }
+            thread::sleep(Duration::from_millis(20));
+        }
+        let o = c.wait_with_output().map_err(|e| e.to_string())?;
+        let out = String::from_utf8_lossy(&o.stdout).into_owned();
+        let err = String::from_utf8_lossy(&o.stderr).into_owned();
+        if timed_out {
+            return Err(format!(
+                "{}: killed after {timeout:?}; stdout {out} stderr {err}",
+                self.what
+            ));
+        }
+        if !o.status.success() {
+            return Err(format!(
+                "{}: {}; stdout {out} stderr {}",
+                self.what,
+                o.status,
+                tail(&err, 10)
+            ));
+        }
+        serde_json::from_str(out.trim()).map_err(|e| format!("{}: bad JSON {e}: {out}", self.what))
+    }
+
+    /// Kills the process (SIGKILL: it gets no chance to flush its QPs or say goodbye, as when
+    /// a host dies) and waits for it.
+    pub fn kill_hard(mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for Roce {
+    fn drop(&mut self) {
+        if let Some(c) = &mut self.child {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+/// Waits until something in `netns` listens on TCP `port`.
+///
+/// # Panics
+/// After `timeout`.
+pub fn wait_host_listen(netns: &str, port: u16, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    let needle = format!(":{port} ");
+    while Instant::now() < deadline {
+        let o = Command::new("ip")
+            .args(["netns", "exec", netns, "ss", "-Hltn"])
+            .output()
+            .expect("ss");
+        if String::from_utf8_lossy(&o.stdout)
+            .lines()
+            .any(|l| l.contains(&needle))
+        {
+            return;
+        }
+        thread::sleep(Duration::from_millis(50));
+    }
+    panic!("nothing listens on TCP {port} in {netns} after {timeout:?}");
+}
+
+/// roce_xdp attached to an interface for a whole test (so its counters outlive each endpoint
+/// process); detached on drop.
+#[derive(Debug)]
+pub struct Xdp(String);
+
+impl Xdp {
+    /// Loads roce_xdp on `ifname` in `netns`.
+    ///
+    /// # Panics
+    /// When it cannot be loaded.
+    #[must_use]
+    pub fn load(netns: &str, ifname: &str, mode: roce::loader::AttachMode) -> Self {
+        let (n, i) = (netns.to_owned(), ifname.to_owned());
+        let opts = roce::loader::LoadOptions {
+            netns: Some(n.clone()),
+            mode,
+            ..roce::loader::LoadOptions::default()
+        };
+        roce::netns::in_netns(&n, move || roce::loader::load(&i, &opts))
+            .expect("enter netns")
+            .expect("load roce_xdp");
+        Self(ifname.to_owned())
+    }
+
+    /// `roce stats -j -i IFACE`.
+    ///
+    /// # Panics
+    /// When it fails.
+    #[must_use]
+    pub fn stats(&self) -> serde_json::Value {
+        let o = Command::new(crate::roce_bin())
+            .args(["stats", "-j", "-i", &self.0])
+            .output()
+            .expect("roce stats");
+        serde_json::from_slice(&o.stdout).expect("roce stats JSON")
+    }
+}
+
+impl Drop for Xdp {
+    fn drop(&mut self) {
+        let _ = roce::loader::unload(&self.0);
+    }
+}
+
+/// The first result line of a perftest bandwidth test (`#bytes #iterations BW peak BW average
+/// MsgRate`): (bytes, iterations, peak MB/s, average MB/s, Mpps).
+#[must_use]
+pub fn perftest_bw_line(out: &str) -> Option<(u64, u64, f64, f64, f64)> {
+    let mut lines = out.lines();
+    lines.find(|l| l.contains("#bytes"))?;
+    let f: Vec<&str> = lines.next()?.split_whitespace().collect();
+    Some((
+        f.first()?.parse().ok()?,
+        f.get(1)?.parse().ok()?,
+        f.get(2)?.parse().ok()?,
+        f.get(3)?.parse().ok()?,
+        f.get(4)?.parse().ok()?,
+    ))
+}
+
+/// ibv_rc_pingpong's summary: (iterations, µs per iteration) from `N iters in S seconds = U
+/// usec/iter`.
+#[must_use]
+pub fn pingpong_summary(out: &str) -> Option<(u64, f64)> {
+    let l = out.lines().find(|l| l.contains("usec/iter"))?;
+    let f: Vec<&str> = l.split_whitespace().collect();
+    Some((f.first()?.parse().ok()?, f.get(f.len() - 2)?.parse().ok()?))
+}
+
+/// Who listens in a scenario.
+#[derive(Clone, Debug)]
+pub enum Roles {
+    /// The guest tool is the server; `roce` connects to it.
+    GuestServer {
+        /// The tool's command line in the guest (bash; `$RXE_GID_INDEX` is set).
+        guest: String,
+        /// `roce` arguments (after `-j --netns NS`), the guest's address included.
+        ours: Vec<String>,
+    },
+    /// `roce` is the server; the guest tool connects to it.
+    OurServer {
+        /// `roce` arguments.
+        ours: Vec<String>,
+        /// The tool's command line in the guest, the host's address included.
+        guest: String,
+    },
+}
+
+/// What one scenario showed.
+#[derive(Debug)]
+pub struct SceneReport {
+    /// Its name (also the pcap's file name).
+    pub name: String,
+    /// `roce`'s JSON output, or why it failed.
+    pub ours: Result<serde_json::Value, String>,
+    /// The guest tool's exit status and output.
+    pub guest: StepOut,
+    /// tshark's view of the capture.
+    pub pcap: Dissection,
+    /// The ICRC of every RoCE frame in the capture.
+    pub icrc: IcrcCheck,
+    /// Deltas of rxe's hw_counters over the scenario.
+    pub rxe: BTreeMap<String, i64>,
+    /// Deltas of our transport counters (`roce stats -j`, section `transport`).
+    pub ours_ctr: BTreeMap<String, i64>,
+    /// Every check that failed; empty when the scenario passed.
+    pub failures: Vec<String>,
+    /// Seconds the scenario took, setup included.
+    pub secs: f64,
+}
+
+impl SceneReport {
+    /// Whether every check passed.
+    #[must_use]
+    pub fn ok(&self) -> bool {
+        self.failures.is_empty()
+    }
+}
+
+/// Runs scenarios against one peer: each with a capture on the tap, counters read before and
+/// after on both sides, and the checks that make traffic "clean".
+#[derive(Debug)]
+pub struct Harness<'a> {
+    /// The peer.
+    pub peer: &'a Peer,
+    /// roce_xdp on the tap.
+    pub xdp: Xdp,
+    /// Where the pcaps go.
+    pub pcap_dir: PathBuf,
+    /// Give up on one run after this long.
+    pub timeout: Duration,
+    /// Skip the capture (for long bulk runs).
+    pub capture: bool,
+}
+
+fn delta(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, i64> {
+    after
+        .iter()
+        .map(|(k, v)| {
+            (
+                k.clone(),
+                *v as i64 - before.get(k).copied().unwrap_or(0) as i64,
+            )
+        })
+        .collect()
+}
+
+fn transport(v: &serde_json::Value) -> BTreeMap<String, u64> {
+    v["transport"]
+        .as_object()
+        .map(|m| {
+            m.iter()
+                .filter_map(|(k, v)| Some((k.clone(), v.as_u64()?)))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+impl<'a> Harness<'a> {
+    /// Loads roce_xdp (native mode) on the peer's veth and keeps it there for the harness's
+    /// life.
+    #[must_use]
+    pub fn new(peer: &'a Peer, pcap_dir: &Path) -> Self {
+        Self::with_mode(peer, pcap_dir, roce::loader::AttachMode::Native)
+    }
+
+    /// [`Harness::new`] with an attach mode: generic (skb) XDP for links above the ~3500-byte
+    /// MTU that native XDP on a veth accepts.
+    #[must_use]
+    pub fn with_mode(peer: &'a Peer, pcap_dir: &Path, mode: roce::loader::AttachMode) -> Self {
+        fs::create_dir_all(pcap_dir).expect("pcap dir");
+        Self {
+            peer,
+            xdp: Xdp::load(&peer.netns, &peer.ifname, mode),
+            pcap_dir: pcap_dir.to_owned(),
+            timeout: Duration::from_secs(120),
+            capture: true,
+        }
+    }
+
+    /// Runs one scenario with the given roles and TCP port (the servers listen on `port`).
+    pub fn run(&self, name: &str, roles: &Roles, port: u16) -> SceneReport {
+        let t = Instant::now();
+        let rxe0 = self.peer.hw_counters();
+        let ours0 = transport(&self.xdp.stats());
+        let cap = self.capture.then(|| {
+            Capture::start(
+                &self.peer.netns,
+                &self.peer.tap,
+                &self.pcap_dir.join(format!("{name}.pcap")),
+            )
+        });
+        let (ours, guest) = match roles {
+            Roles::GuestServer { guest, ours } => {
+                let step = self.peer.spawn(guest);
+                self.peer.wait_listen(port, &step, Duration::from_secs(60));
+                let o = Roce::spawn(&self.peer.netns, ours).wait(self.timeout);
+                let g = step
+                    .wait_timeout(Duration::from_secs(30))
+                    .unwrap_or_else(|| {
+                        // The guest server is stuck (for example waiting for a peer that failed):
+                        // end it so the next scenario gets the port.
+                        if let Some(pid) = step.pid() {
+                            let _ = self.peer.exec(
+                                &format!("pkill -P {pid}; kill {pid}"),
+                                Duration::from_secs(10),
+                            );
+                        }
+                        StepOut {
+                            rc: -1,
+                            out: format!("(did not exit; killed) {}", step.output()),
+                        }
+                    });
+                (o, g)
+            }
+            Roles::OurServer { ours, guest } => {
+                let server = Roce::spawn(&self.peer.netns, ours);
+                wait_host_listen(&self.peer.netns, port, Duration::from_secs(30));
+                let g = self
+                    .peer
+                    .spawn(guest)
+                    .wait_timeout(self.timeout)
+                    .unwrap_or(StepOut {
+                        rc: -1,
+                        out: "(timeout)".into(),
+                    });
+                (server.wait(Duration::from_secs(30)), g)
+            }
+        };
+        let pcap_path = cap.map(Capture::stop);
+        let rxe = delta(&self.peer.hw_counters(), &rxe0);
+        let ours_ctr = delta(&transport(&self.xdp.stats()), &ours0);
+        let (pcap, icrc) = pcap_path.as_ref().map_or_else(
+            || (Dissection::default(), IcrcCheck::default()),
+            |p| (dissect(p), check_icrc(p)),
+        );
+        let mut failures = Vec::new();
+        if let Err(e) = &ours {
+            failures.push(format!("roce: {e}"));
+        }
+        if guest.rc != 0 {
+            failures.push(format!(
+                "guest tool exit {}: {}",
+                guest.rc,
+                tail(&guest.out, 15)
+            ));
+        }
+        let get = |m: &BTreeMap<String, i64>, k: &str| m.get(k).copied().unwrap_or(0);
+        if get(&ours_ctr, "sent_pkts") != get(&rxe, "rcvd_pkts") {
+            failures.push(format!(
+                "counters: we sent {} packets, rxe received {}",
+                get(&ours_ctr, "sent_pkts"),
+                get(&rxe, "rcvd_pkts")
+            ));
+        }
+        if get(&rxe, "sent_pkts") != get(&ours_ctr, "rcvd_pkts") {
+            failures.push(format!(
+                "counters: rxe sent {} packets, we received {}",
+                get(&rxe, "sent_pkts"),
+                get(&ours_ctr, "rcvd_pkts")
+            ));
+        }
+        // Retransmissions (duplicate_request at the receiver, completer_retry_err at the
+        // sender) are not errors: under TCG on a loaded host either side's 67 ms ACK timeout
+        // fires now and then, and rxe also retransmits when a stale retransmit timer fires with
+        // a packet outstanding. They are reported, and the receiver must have counted each one.
+        // Sequence errors and give-ups are failures.
+        for k in [
+            "out_of_seq_request",
+            "rcvd_seq_err",
+            "retry_exceeded_err",
+            "retry_rnr_exceeded_err",
+            "send_err",
+        ] {
+            if get(&rxe, k) != 0 {
+                failures.push(format!("rxe {k} = {}", get(&rxe, k)));
+            }
+            if get(&ours_ctr, k) != 0 {
+                failures.push(format!("our {k} = {}", get(&ours_ctr, k)));
+            }
+        }
+        if pcap_path.is_some() {
+            // tcpdump may lose packets under load (the counters above are the ground truth);
+            // it must never see more than the two sides sent.
+            let on_wire = icrc.good + icrc.bad.len() as u64;
+            let sent = get(&ours_ctr, "sent_pkts") + get(&rxe, "sent_pkts");
+            if on_wire as i64 > sent {
+                failures.push(format!(
+                    "pcap holds {on_wire} RoCE packets, the two sides sent only {sent}"
+                ));
+            }
+            if !icrc.bad.is_empty() || !icrc.unparsable.is_empty() {
+                failures.push(format!(
+                    "pcap: bad ICRC in frames {:?}, unparsable {:?}",
+                    icrc.bad, icrc.unparsable
+                ));
+            }
+            if !pcap.problems.is_empty() {
+                failures.push(format!("tshark: {:?}", pcap.problems));
+            }
+        }
+        SceneReport {
+            name: name.to_owned(),
+            ours,
+            guest,
+            pcap,
+            icrc,
+            rxe,
+            ours_ctr,
+            failures,
+            secs: t.elapsed().as_secs_f64(),
+        }
+    }
+}
+
+/// Where the interop tests put their pcaps and matrix: `$ROCE_INTEROP_OUT`, else
+/// `target/interop` of this workspace.
+#[must_use]
+pub fn out_dir() -> PathBuf {
+    std::env::var_os("ROCE_INTEROP_OUT").map_or_else(
+        || PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target/interop"),
+        PathBuf::from,
+    )
+}
+
+/// Whether the full matrix was asked for (`ROCE_INTEROP_FULL=1`).
+#[must_use]
+pub fn full() -> bool {
+    std::env::var("ROCE_INTEROP_FULL").is_ok_and(|v| v == "1")
+}
