@@ -514,7 +514,7 @@ fn run_client(
             done[i] += 1;
             if a.op == PerfOp::Read && done[i] == 1 {
                 let ok = dev.with_mr(qps[i].local.lkey, |b| {
-                    b == pattern(i as u32, size as usize).as_slice()
+                    b.get(..size as usize) == Some(pattern(i as u32, size as usize).as_slice())
                 })?;
                 fetched_ok &= ok;
             }
@@ -537,7 +537,7 @@ fn run_client(
     if a.op == PerfOp::Read {
         for (i, qp) in qps.iter().enumerate() {
             verified &= dev.with_mr(qp.local.lkey, |b| {
-                b == pattern(i as u32, size as usize).as_slice()
+                b.get(..size as usize) == Some(pattern(i as u32, size as usize).as_slice())
             })?;
         }
     }
@@ -732,7 +732,7 @@ fn run_server(
                 msgs += 1;
                 good &= wc.byte_len == size
                     && dev.with_mr(qps[i].mr.lkey, |b| {
-                        b == pattern(i as u32, size as usize).as_slice()
+                        b.get(..size as usize) == Some(pattern(i as u32, size as usize).as_slice())
                     })?;
                 dev.post_recv(
                     qps[i].qpn,
@@ -796,7 +796,7 @@ fn verify_server(
     for (i, qp) in qps.iter().enumerate() {
         ok &= match a.op {
             PerfOp::Write | PerfOp::Read | PerfOp::Send => dev.with_mr(qp.mr.lkey, |b| {
-                b == pattern(i as u32, size as usize).as_slice()
+                b.get(..size as usize) == Some(pattern(i as u32, size as usize).as_slice())
             })?,
             PerfOp::Atomic => true,
         };
