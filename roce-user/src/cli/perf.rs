@@ -87,6 +87,10 @@ pub struct PerfArgs {
     /// iteration number, polled in memory; SEND: one receive completion per message). 1 QP.
     #[arg(long)]
     pub lat: bool,
+    /// Transport retries before a WR fails with retry exceeded (perftest's 7 means "forever"
+    /// to rxe and to us, as to rxe's completer).
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u8).range(0..=7))]
+    pub retry_cnt: u8,
 }
 
 /// perftest's cycle buffer (the page size it announces in the system data). A perftest client
@@ -287,6 +291,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         c.max_dest_rd_atomic = OUT_READS;
         // Never more READs/atomics in flight than the responder accepts.
         c.max_rd_atomic = u8::try_from(r.out_reads.clamp(1, u16::from(OUT_READS))).unwrap_or(1);
+        c.retry_cnt = a.retry_cnt;
         dev.qp_connect(qp.qpn, &c)?;
     }
     // ib_send_bw (send_bw.c) syncs once right after connecting, then exchanges the keys again;
@@ -315,10 +320,11 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     let mut theirs = BwReport::default();
     if a.op != PerfOp::Send && !a.lat {
         comm.hand_shake(&key(&qps[0]))?;
-        // perftest's report carries iterations per QP (`user_param->iters`).
+        // perftest's report carries the iterations of all QPs (`print_report_bw`:
+        // `num_of_calculated_iters *= num_of_qps`).
         let mine = BwReport {
             size: u64::from(size),
-            iters: result.msgs / u64::from(a.qps),
+            iters: result.msgs,
             bw_peak: result.mb_per_sec,
             bw_avg: result.mb_per_sec,
             msg_rate_avg: result.mpps,
@@ -336,12 +342,12 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     // The passive side verifies what landed in its buffers, now that the client is finished.
     let mut verified = result.verified;
     if !client && !a.no_verify && !a.lat {
-        verified = verify_server(&dev, a, &qps, size, theirs.iters * u64::from(a.qps))?;
+        verified = verify_server(&dev, a, &qps, size, theirs.iters)?;
     }
     let shown = if client || a.op == PerfOp::Send || a.lat {
         result
     } else {
-        PerfResult::from_report(&theirs, size, a.qps)
+        PerfResult::from_report(&theirs, size)
     };
     let text = format!(
         "---------------------------------------------------------------------------------------\n \
@@ -398,8 +404,8 @@ struct PerfResult {
 }
 
 impl PerfResult {
-    fn from_report(r: &BwReport, size: u32, qps: u32) -> Self {
-        let msgs = r.iters * u64::from(qps);
+    fn from_report(r: &BwReport, size: u32) -> Self {
+        let msgs = r.iters;
         let secs = if r.bw_avg > 0.0 {
             msgs as f64 * f64::from(size) / (r.bw_avg * 1_048_576.0)
         } else {
