@@ -264,6 +264,21 @@ counter_struct! {
 }
 
 counter_struct! {
+    /// Congestion-control counters of one QP (or summed over QPs), under their mlx5 names
+    /// (drivers/infiniband/hw/mlx5/counters.c `cong` counters). Kept by `roce::cc`.
+    pub struct CcStats {
+        /// RoCE packets received with ECN Congestion Experienced (NP).
+        np_ecn_marked_roce_packets,
+        /// CNPs sent (NP).
+        np_cnp_sent,
+        /// CNPs received and acted on: each cut the rate (RP).
+        rp_cnp_handled,
+        /// CNPs received and not acted on: within rate_reduce_monitor_period of the last cut, or RP disabled.
+        rp_cnp_ignored,
+    }
+}
+
+counter_struct! {
     /// Counters of a device that no single QP owns.
     pub struct DeviceCounters {
         /// rxe: frames received (all, before QP lookup).

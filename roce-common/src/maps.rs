@@ -95,6 +95,15 @@ pub struct QpStatsRecord {
     pub state: u32,
     /// The counters.
     pub counters: crate::counters::QpCounters,
+    /// DCQCN current rate of the QP, bits/s (the line rate while not limited; 0 when the QP
+    /// has no congestion control, e.g. UD, or for the retired record).
+    pub rate_bps: u64,
+    /// DCQCN target rate, bits/s.
+    pub target_bps: u64,
+    /// DCQCN α in 1024ths (mlx5 fixed point).
+    pub alpha_1024: u64,
+    /// Congestion-control counters.
+    pub cc: crate::counters::CcStats,
 }
 
 /// [`XskQueueRecord::bind_mode`]: copy mode.
@@ -122,7 +131,7 @@ mod pod {
     unsafe impl aya::Pod for crate::counters::XdpStats {}
     // SAFETY: LoadInfo is #[repr(C)], Copy, u32s then a u64 at offset 24 and byte arrays: no padding.
     unsafe impl aya::Pod for super::LoadInfo {}
-    // SAFETY: #[repr(C)], two u32s then u64 counters: no padding.
+    // SAFETY: #[repr(C)], two u32s then u64 counters and u64 fields: no padding.
     unsafe impl aya::Pod for super::QpStatsRecord {}
     // SAFETY: #[repr(C)], two u32s then u64 counters: no padding.
     unsafe impl aya::Pod for super::XskQueueRecord {}

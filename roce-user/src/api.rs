@@ -330,16 +330,23 @@ impl Publisher {
             let dev = self.shared.lock();
             let qps: Vec<_> = dev
                 .qps()
-                .map(|q| (q.qpn(), q.state(), *q.counters()))
+                .map(|q| {
+                    let cc = q.congestion().map(transport::QpCc::snapshot);
+                    (q.qpn(), q.state(), *q.counters(), cc)
+                })
                 .collect();
             (*dev.device_counters(), qps)
         };
         let mut qmap = self.pins.qp_stats()?;
-        for (qpn, state, counters) in qps {
+        for (qpn, state, counters, cc) in qps {
             let rec = QpStatsRecord {
                 owner: pid,
                 state: state_code(state),
                 counters,
+                rate_bps: cc.map_or(0, |c| c.rate_bps),
+                target_bps: cc.map_or(0, |c| c.target_bps),
+                alpha_1024: cc.map_or(0, |c| u64::from(c.alpha_fixed)),
+                cc: cc.map(|c| c.stats).unwrap_or_default(),
             };
             qmap.insert(qpn.value(), rec, 0).map_err(LoadError::from)?;
         }
@@ -392,10 +399,14 @@ impl Publisher {
             if !old.is_empty() {
                 for (k, r) in &old {
                     retired.counters.add(&r.counters);
+                    retired.cc.add(&r.cc);
                     let _ = m.remove(k);
                 }
                 retired.owner = 0;
                 retired.state = 0;
+                retired.rate_bps = 0;
+                retired.target_bps = 0;
+                retired.alpha_1024 = 0;
                 let _ = m.insert(0, retired, 0);
             }
         }
@@ -566,6 +577,11 @@ impl Device {
         loaded_here: bool,
     ) -> Result<Self, ApiError> {
         let mut config = opts.transport.clone();
+        config
+            .cc
+            .dcqcn
+            .validate()
+            .map_err(transport::DeviceError::from)?;
         config.key_seed = random_seed()?;
         config.first_qpn = roce_common::maps::FIRST_QPN;
         let wake = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
@@ -1038,6 +1054,24 @@ impl Device {
         let dev = self.shared.lock();
         let qps = dev.qps().map(|q| (q.qpn(), *q.counters())).collect();
         (*dev.device_counters(), qps)
+    }
+
+    /// Changes one congestion-control parameter of an RC QP: a DCQCN parameter under its mlx5
+    /// name (`rpg_ai_rate`, `min_time_between_cnps`, ... see [`crate::cc::DcqcnConfig`]), or
+    /// `rp_enabled` / `np_enabled` / `enabled` (0 or 1). The QP's rate state starts afresh.
+    /// Load-time settings for every QP are [`DeviceOptions::transport`]`.cc`.
+    ///
+    /// # Errors
+    /// No such QP, a UD QP, an unknown name or a value out of range.
+    pub fn set_cc_param(&self, qpn: Qpn, name: &str, value: u64) -> Result<(), ApiError> {
+        self.shared.lock().set_cc_param(qpn, name, value)?;
+        Ok(())
+    }
+
+    /// The DCQCN state of every RC QP of this device (rate, target, α, stage, counters).
+    #[must_use]
+    pub fn cc_snapshots(&self) -> Vec<(Qpn, crate::cc::CcSnapshot)> {
+        self.shared.lock().cc_snapshots()
     }
 
     /// Stops the engines and releases everything (also done on drop).

@@ -79,7 +79,14 @@ struct Outcome {
 
 impl Run {
     fn new(seed: u64, link: Link, cfg: &RcConfig, scale: u64) -> Self {
-        let mut pair = Pair::new(seed, DeviceConfig::default(), link);
+        // Congestion control off: these schedules test the transport's rules, and DCQCN
+        // answering up to 5 % random CE marks paces the QPs down to a crawl (it has its own
+        // tests in transport/cc.rs).
+        let config = DeviceConfig {
+            cc: roce::transport::CcConfig::off(),
+            ..DeviceConfig::default()
+        };
+        let mut pair = Pair::new(seed, config, link);
         let (a, b) = connect_rc(&mut pair, cfg);
         let mr = |d: &mut Device, pd| {
             let m = d

@@ -98,17 +98,6 @@ impl fmt::Debug for Nanos {
     }
 }
 
-roce_common::counter_struct! {
-    /// Congestion-control counters of one QP (or summed over QPs), under their mlx5 names
-    /// (drivers/infiniband/hw/mlx5/counters.c `cong` counters).
-    pub struct CcStats {
-        /// RoCE packets received with ECN Congestion Experienced (NP).
-        np_ecn_marked_roce_packets,
-        /// CNPs sent (NP).
-        np_cnp_sent,
-        /// CNPs received and acted on: each cut the rate (RP).
-        rp_cnp_handled,
-        /// CNPs received and not acted on: within rate_reduce_monitor_period of the last cut, or RP disabled.
-        rp_cnp_ignored,
-    }
-}
+/// Congestion-control counters (defined in `roce_common` so the published per-QP record can
+/// carry them).
+pub use roce_common::counters::CcStats;

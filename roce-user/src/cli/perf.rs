@@ -91,6 +91,68 @@ pub struct PerfArgs {
     /// to rxe and to us, as to rxe's completer).
     #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u8).range(0..=7))]
     pub retry_cnt: u8,
+    /// Congestion control (ECN-marked data, CNPs, DCQCN pacing): on or off.
+    #[arg(long, value_enum, default_value_t = CcMode::On)]
+    pub cc: CcMode,
+    /// A congestion-control parameter under its mlx5 name, e.g. `--cc-set rpg_ai_rate=10`,
+    /// `--cc-set min_time_between_cnps=50` (repeatable; also rp_enabled / np_enabled = 0|1).
+    #[arg(long = "cc-set", value_name = "NAME=VALUE")]
+    pub cc_set: Vec<String>,
+    /// The line rate DCQCN starts from and recovers to (e.g. 10gbit, 1gbit, bits/s).
+    #[arg(long, value_name = "RATE", default_value = "10gbit", value_parser = parse_rate)]
+    pub line_rate: u64,
+}
+
+/// `--cc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CcMode {
+    /// DCQCN on (default).
+    On,
+    /// No ECT on data, no CNPs, no rate limit.
+    Off,
+}
+
+fn parse_rate(s: &str) -> Result<u64, String> {
+    let l = s.trim().to_ascii_lowercase();
+    let body = ["bit/s", "bps", "bit"]
+        .iter()
+        .find_map(|t| l.strip_suffix(t))
+        .unwrap_or(&l);
+    let (num, mult) = match body.chars().last() {
+        Some('k') => (&body[..body.len() - 1], 1e3),
+        Some('m') => (&body[..body.len() - 1], 1e6),
+        Some('g') => (&body[..body.len() - 1], 1e9),
+        _ => (body, 1.0),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a rate such as 10gbit or 200mbit"))?;
+    let v = v * mult;
+    if !(1.0..1e13).contains(&v) {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(v as u64)
+}
+
+/// The device's congestion-control settings from `--cc`, `--cc-set` and `--line-rate`.
+fn cc_config(a: &PerfArgs) -> anyhow::Result<roce::transport::CcConfig> {
+    let mut c = match a.cc {
+        CcMode::On => roce::transport::CcConfig::default(),
+        CcMode::Off => roce::transport::CcConfig::off(),
+    };
+    c.line_rate_bps = a.line_rate;
+    for kv in &a.cc_set {
+        let (k, v) = kv
+            .split_once('=')
+            .with_context(|| format!("--cc-set takes NAME=VALUE, not {kv:?}"))?;
+        let v: u64 = v
+            .trim()
+            .parse()
+            .with_context(|| format!("--cc-set {kv}: the value is not a number"))?;
+        c.set(k.trim(), v)
+            .with_context(|| format!("--cc-set {kv}"))?;
+    }
+    Ok(c)
 }
 
 /// perftest's cycle buffer (the page size it announces in the system data). A perftest client
@@ -159,13 +221,12 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     {
         bail!("--lat measures write or send, on 1 QP, for -n iterations");
     }
-    let dev = Device::open(
-        &a.dev,
-        &DeviceOptions {
-            netns,
-            ..DeviceOptions::default()
-        },
-    )?;
+    let mut opts = DeviceOptions {
+        netns,
+        ..DeviceOptions::default()
+    };
+    opts.transport.cc = cc_config(a)?;
+    let dev = Device::open(&a.dev, &opts)?;
     let pd = dev.alloc_pd()?;
     let gid_idx = a
         .gid_idx
@@ -383,6 +444,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         "latency_us": { "p50": shown.lat.0, "p99": shown.lat.1, "p999": shown.lat.2, "max": shown.lat.3 },
         "verified": if a.no_verify { serde_json::Value::Null } else { verified.into() },
         "peer_version": comm.remote_version,
+        "cc": cc_json(&dev),
     });
     out.emit(&v, &text);
     if !verified && !a.no_verify {
@@ -390,6 +452,29 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     }
     dev.close();
     Ok(())
+}
+
+/// Each QP's DCQCN state and counters, and its transport counters, for the JSON report.
+fn cc_json(dev: &Device) -> serde_json::Value {
+    let (_, counters) = dev.counters();
+    let qps: Vec<serde_json::Value> = dev
+        .cc_snapshots()
+        .into_iter()
+        .map(|(qpn, s)| {
+            let mut v = serde_json::to_value(s).unwrap_or_default();
+            for (n, x) in roce::cc::CcStats::NAMES.iter().zip(s.stats.values()) {
+                v[*n] = json!(x);
+            }
+            if let Some((_, c)) = counters.iter().find(|(q, _)| *q == qpn) {
+                for (n, x) in roce::api::QpCounters::NAMES.iter().zip(c.values()) {
+                    v["transport"][*n] = json!(x);
+                }
+            }
+            v["qpn"] = json!(qpn.value());
+            v
+        })
+        .collect();
+    json!(qps)
 }
 
 #[derive(Clone, Copy, Debug, Default)]

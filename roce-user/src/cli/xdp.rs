@@ -11,7 +11,7 @@ use roce::{
     stats::{Section, Snapshot},
 };
 use roce_common::{
-    counters::{DeviceCounters, QpCounters, XdpStats, XskStats},
+    counters::{CcStats, DeviceCounters, QpCounters, XdpStats, XskStats},
     maps::{BIND_ZEROCOPY, QpStatsRecord, XskQueueRecord},
 };
 use serde_json::json;
@@ -135,6 +135,11 @@ pub(crate) fn snapshot(
         &QpCounters::NAMES,
         &transport.values(),
     ));
+    let mut cc = CcStats::default();
+    for (_, r) in &qps {
+        cc.add(&r.cc);
+    }
+    sections.push(Section::from_names("cc", &CcStats::NAMES, &cc.values()));
     let mut device = DeviceCounters::default();
     for (_, d) in pins.dev_stats()?.iter().filter_map(Result::ok) {
         device.add(&d);
@@ -162,15 +167,19 @@ pub(crate) fn snapshot(
     if per_qp {
         for (q, r) in qps.iter().filter(|(q, _)| *q != 0) {
             let state = QP_STATES.get(r.state as usize).copied().unwrap_or("?");
+            // DCQCN state (rate and target in bits/s, α in 1024ths as mlx5 keeps it), then
+            // the congestion counters, then the transport counters.
+            let mut names: Vec<&'static str> = vec!["rate_bps", "target_bps", "alpha_1024"];
+            let mut values = vec![r.rate_bps, r.target_bps, r.alpha_1024];
+            names.extend(CcStats::NAMES);
+            values.extend(r.cc.values());
+            names.extend(QpCounters::NAMES);
+            values.extend(r.counters.values());
             sections.push(
-                Section::from_names(
-                    &format!("qp_0x{q:06x}"),
-                    &QpCounters::NAMES,
-                    &r.counters.values(),
-                )
-                .label("qpn", &q.to_string())
-                .label("state", state)
-                .label("owner", &r.owner.to_string()),
+                Section::from_names(&format!("qp_0x{q:06x}"), &names, &values)
+                    .label("qpn", &q.to_string())
+                    .label("state", state)
+                    .label("owner", &r.owner.to_string()),
             );
         }
     }

@@ -46,6 +46,7 @@
 //! - `roce-user/fuzz/fuzz_targets/responder.rs`:
 //!   `cargo +nightly fuzz run --fuzz-dir roce-user/fuzz responder -- -max_total_time=20`.
 
+pub mod cc;
 pub mod counters;
 pub mod cq;
 pub mod ids;
@@ -63,6 +64,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use roce_common::opcode::{Opcode, Transport};
 
+pub use self::cc::{CcConfig, QpCc};
 pub use self::counters::{DeviceCounters, QpCounters};
 pub use self::cq::{Cq, CqId, CqOverflow, Wc, WcFlags, WcOpcode, WcStatus};
 pub use self::ids::{LKey, Msn, PKey, Psn, QKey, Qpn, RKey};
@@ -114,6 +116,10 @@ pub struct DeviceConfig {
     pub key_seed: [u8; 32],
     /// The first QP number handed out (rxe: `RXE_MIN_QP_INDEX` 16).
     pub first_qpn: u32,
+    /// Congestion control (ECN, CNPs, DCQCN) of every RC QP created; see [`cc`]. Validate
+    /// `cc.dcqcn` before use ([`crate::cc::DcqcnConfig::validate`]): values out of range are
+    /// clamped.
+    pub cc: CcConfig,
 }
 
 impl Default for DeviceConfig {
@@ -130,6 +136,7 @@ impl Default for DeviceConfig {
             max_events: 256,
             key_seed: [0; 32],
             first_qpn: 16,
+            cc: CcConfig::default(),
         }
     }
 }
@@ -194,6 +201,12 @@ pub enum DeviceError {
     /// A memory region call failed.
     #[error("memory region: {0}")]
     Mr(#[from] MrError),
+    /// A congestion-control parameter was refused.
+    #[error(transparent)]
+    Cc(#[from] crate::cc::ConfigError),
+    /// The QP has no congestion control (UD).
+    #[error("queue pair {0:?} has no congestion control (only RC QPs do)")]
+    NoCongestionControl(Qpn),
 }
 
 /// What [`Device::poll_transmit`] wrote.
@@ -438,7 +451,9 @@ impl Device {
         }
         self.next_qpn = (n + 1) & 0x00ff_ffff;
         let qpn = Qpn::new(n);
-        self.qps.insert(n, Qp::new(qpn, init));
+        let mut qp = Qp::new(qpn, init);
+        qp.cc = cc::for_qp(&self.config.cc, init.qp_type);
+        self.qps.insert(n, qp);
         Ok(qpn)
     }
 
@@ -563,7 +578,8 @@ impl Device {
     ) {
         let hdr = &pkt.hdr;
         if hdr.opcode == Opcode::CNP {
-            // Congestion notifications belong to the cc module; the transport ignores them.
+            // Congestion notifications go to the QP's reaction point (transport/cc.rs).
+            self.cc_on_cnp(now, hdr.dest_qp, addrs);
             return;
         }
         let Some(info) = hdr.opcode.info() else {
@@ -604,6 +620,7 @@ impl Device {
         if pkt.ce {
             qp.counters.np_ecn_marked_roce_packets += 1;
         }
+        qp.cc_on_packet(now, pkt.ce);
         if info.is_response() {
             qp.handle_response(now, pkt, &mut ctx);
         } else {
@@ -642,17 +659,39 @@ impl Device {
         // Round-robin: the QPs after the last one served, then the rest.
         for range in [(Excluded(start), Unbounded), (Unbounded, Included(start))] {
             for (&k, qp) in qps.range_mut(range) {
-                if max_frame_len(qp.attr.path_mtu) > buf.len() {
+                let max_frame = max_frame_len(qp.attr.path_mtu);
+                if max_frame > buf.len() {
                     continue;
                 }
-                while let Some(out) = qp.poll_transmit(now, &mut ctx, scratch) {
-                    let Some(path) = out.ud_path.or(qp.attr.ah_attr) else {
+                // Congestion notifications first (transport/cc.rs).
+                while let Some(r) = qp.cc_emit_cnp(buf) {
+                    if let Ok(size) = r {
+                        ctx.counters.sent_pkts += 1;
+                        *rr = k;
+                        return Some(Transmit {
+                            size,
+                            qpn: Qpn::new(k),
+                        });
+                    }
+                    qp.counters.send_err += 1;
+                }
+                loop {
+                    // The DCQCN pacer holds data back; ACKs and NAKs always go.
+                    let data_ok = qp.cc_data_ok(now, max_frame);
+                    let Some(out) = qp.poll_transmit(now, &mut ctx, scratch, data_ok) else {
+                        break;
+                    };
+                    let Some(mut path) = out.ud_path.or(qp.attr.ah_attr) else {
                         qp.counters.send_err += 1;
                         continue;
                     };
+                    if out.ud_path.is_none() {
+                        qp.cc_apply(&mut path);
+                    }
                     let repr = out.hdr.to_repr();
                     match emit_frame(&path, &repr, &scratch[..out.payload_len], buf) {
                         Ok(size) => {
+                            qp.cc_on_sent(now, size);
                             ctx.counters.sent_pkts += 1;
                             *rr = k;
                             return Some(Transmit {
@@ -674,17 +713,22 @@ impl Device {
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.qps
             .values()
-            .filter_map(|q| q.timers.next_timeout())
+            .filter_map(|q| match (q.timers.next_timeout(), q.cc_poll_timeout()) {
+                (Some(a), Some(b)) => Some(a.min(b)),
+                (a, b) => a.or(b),
+            })
             .min()
     }
 
-    /// Runs the timers due at `now` (retransmission, RNR back-off). Spurious calls are no-ops.
+    /// Runs the timers due at `now` (retransmission, RNR back-off, DCQCN). Spurious calls are
+    /// no-ops.
     pub fn handle_timeout(&mut self, now: Instant) {
         let (qps, mut ctx, _) = self.split();
         for qp in qps.values_mut() {
             if qp.timers.next_timeout().is_some_and(|t| t <= now) {
                 qp.handle_timeout(now, &mut ctx);
             }
+            qp.cc_handle_timeout(now);
         }
     }
 

@@ -229,6 +229,8 @@ pub struct Qp {
     ctrl: VecDeque<Ctrl>,
     pub(crate) timers: TimerTable,
     pub(crate) counters: QpCounters,
+    /// Congestion control (RC QPs; see transport/cc.rs).
+    pub(crate) cc: Option<Box<super::cc::QpCc>>,
 }
 
 fn opcode_for(kind: Operation, pos: Position, imm: bool, inv: bool) -> Opcode {
@@ -312,6 +314,7 @@ impl Qp {
             ctrl: VecDeque::new(),
             timers: TimerTable::default(),
             counters: QpCounters::default(),
+            cc: None,
         }
     }
 
@@ -785,14 +788,20 @@ impl Qp {
 
     // ---------------------------------------------------------------- requester output
 
+    /// The next packet to send. With `data_ok` false (the congestion-control pacer holds the
+    /// QP back) only control packets (ACK/NAK) are returned.
     pub(crate) fn poll_transmit(
         &mut self,
         now: Instant,
         ctx: &mut Ctx<'_>,
         scratch: &mut [u8],
+        data_ok: bool,
     ) -> Option<OutPkt> {
         if let Some(c) = self.ctrl.pop_front() {
             return Some(self.ctrl_pkt(c));
+        }
+        if !data_ok {
+            return None;
         }
         if self.state == QpState::Err || self.state == QpState::Reset {
             return None;

@@ -638,12 +638,17 @@ impl XskQueue {
             },
         ];
         let nfds: libc::nfds_t = if wake.is_some() { 2 } else { 1 };
-        let ms = timeout.map_or(-1, |t| {
-            i32::try_from(t.as_millis().max(u128::from(!t.is_zero()))).unwrap_or(i32::MAX)
+        // ppoll, not poll: a nanosecond timeout, so that a pacer's or timer's sub-millisecond
+        // deadline (DCQCN pacing at a few hundred Mb/s) is not rounded up to a millisecond.
+        let ts = timeout.map(|t| libc::timespec {
+            tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_nsec: libc::c_long::from(t.subsec_nanos()),
         });
+        let ts_ptr = ts.as_ref().map_or(core::ptr::null(), core::ptr::from_ref);
         // SAFETY: `pfds` holds `nfds` valid, initialised pollfds for the duration of the call;
-        // the wake fd is borrowed for this call, so it stays open.
-        let rc = unsafe { libc::poll(pfds.as_mut_ptr(), nfds, ms) };
+        // the wake fd is borrowed for this call, so it stays open; `ts_ptr` is null or points
+        // to `ts`, which outlives the call; a null signal mask leaves the mask unchanged.
+        let rc = unsafe { libc::ppoll(pfds.as_mut_ptr(), nfds, ts_ptr, core::ptr::null()) };
         if rc < 0 {
             let e = io::Error::last_os_error();
             if e.kind() == io::ErrorKind::Interrupted {

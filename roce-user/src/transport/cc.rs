@@ -1,0 +1,643 @@
+//! Congestion control wired into the transport: ECN on data, CNPs out, CNPs in, pacing.
+//!
+//! # Design
+//! Every RC QP of a [`Device`] carries one [`QpCc`] (`Qp::cc`, boxed so that the QP's fixed
+//! state stays small): a [`QpCongestion`] (DCQCN notification point and reaction point of
+//! `crate::cc`) plus what the device needs around it, the QP's own [`DcqcnConfig`], the CNPs
+//! due and the pacing wake-up. The device calls it at five points and nowhere else:
+//! - [`Device::handle_decoded`]: a CNP (opcode 0x81) addressed to one of our RC QPs from its
+//!   peer goes to the reaction point ([`QpCongestion::on_cnp_received`]); every other packet
+//!   accepted by an RC QP goes to the notification point, which may decide a CNP to the peer's
+//!   QP (at most one per QP per `min_time_between_cnps`);
+//! - [`Device::poll_transmit`]: due CNPs leave first; then the QP's packets, data only when
+//!   the reaction point's token bucket allows a frame of the QP's largest size (ACKs and NAKs
+//!   are never held back, but they use tokens); each frame leaves with the configured ECN
+//!   codepoint (ECT(0) by default; Not-ECT when the reaction point is off, RFC 3168) and DSCP,
+//!   and is reported to the reaction point ([`QpCongestion::on_sent`]);
+//! - [`Device::poll_timeout`] / [`Device::handle_timeout`]: the DCQCN timers (α, rate
+//!   increase) and the moment the pacer will let the next data packet go.
+//!
+//! The transport's only change for this is a `data_ok` flag on the QP's `poll_transmit`
+//! (transport/qp.rs): when false it returns control packets only.
+//!
+//! Time: `transport::Instant` and `cc::Nanos` are both nanoseconds since the caller's epoch;
+//! `From` converts between them.
+
+use super::{Device, DeviceError, Instant, Path, Qp, QpType, Qpn};
+use crate::{
+    cc::{CcSnapshot, CcStats, ConfigError, DcqcnConfig, Nanos, QpCongestion},
+    wire::{Ecn, IpPath, RoceRepr, emit_frame},
+};
+
+/// How late a DCQCN timer may be served (see `QpCc::poll_timeout`).
+pub const CC_TIMER_GRANULARITY: core::time::Duration = core::time::Duration::from_micros(50);
+
+impl From<Instant> for Nanos {
+    fn from(t: Instant) -> Self {
+        Self(t.as_nanos())
+    }
+}
+
+impl From<Nanos> for Instant {
+    fn from(t: Nanos) -> Self {
+        Self::from_nanos(t.as_nanos())
+    }
+}
+
+/// Congestion-control settings of a device, applied to every RC QP it creates
+/// (part of [`super::DeviceConfig`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct CcConfig {
+    /// DCQCN parameters under their mlx5 names; `rp_enabled` and `np_enabled` both false turn
+    /// congestion control off ([`CcConfig::off`]).
+    pub dcqcn: DcqcnConfig,
+    /// The rate a QP sends at while not limited, bits/s (the port speed).
+    pub line_rate_bps: u64,
+    /// The ECN codepoint of data packets while the reaction point is on: ECT(0) (default, as
+    /// mlx5 sends) or ECT(1). Not-ECT or CE here means Not-ECT.
+    pub data_ecn: Ecn,
+    /// DSCP of every packet a QP sends except CNPs (whose DSCP is `dcqcn.cnp_dscp`); `None`
+    /// keeps the DSCP of the QP's address vector.
+    pub data_dscp: Option<u8>,
+}
+
+impl Default for CcConfig {
+    fn default() -> Self {
+        Self {
+            dcqcn: DcqcnConfig::default(),
+            line_rate_bps: 10_000_000_000,
+            data_ecn: Ecn::Ect0,
+            data_dscp: None,
+        }
+    }
+}
+
+impl CcConfig {
+    /// Congestion control off: no ECT on data, no CNPs, no rate limit.
+    #[must_use]
+    pub fn off() -> Self {
+        Self {
+            dcqcn: DcqcnConfig {
+                rp_enabled: false,
+                np_enabled: false,
+                ..DcqcnConfig::default()
+            },
+            ..Self::default()
+        }
+    }
+
+    /// Sets one parameter by name: a numeric DCQCN parameter ([`DcqcnConfig::NAMES`]), or
+    /// `rp_enabled` / `np_enabled` (0 or 1), or `enabled` (0 or 1: both).
+    ///
+    /// # Errors
+    /// [`ConfigError`] for an unknown name or a value out of range.
+    pub fn set(&mut self, name: &str, value: u64) -> Result<(), ConfigError> {
+        let flag = |v: u64| {
+            if v <= 1 {
+                Ok(v == 1)
+            } else {
+                Err(ConfigError {
+                    name: match name {
+                        "rp_enabled" => "rp_enabled",
+                        "np_enabled" => "np_enabled",
+                        _ => "enabled",
+                    },
+                    value: v,
+                    min: 0,
+                    max: 1,
+                    unit: "flag",
+                })
+            }
+        };
+        match name {
+            "rp_enabled" => self.dcqcn.rp_enabled = flag(value)?,
+            "np_enabled" => self.dcqcn.np_enabled = flag(value)?,
+            "enabled" => {
+                let on = flag(value)?;
+                self.dcqcn.rp_enabled = on;
+                self.dcqcn.np_enabled = on;
+            }
+            _ => self.dcqcn.set(name, value)?,
+        }
+        Ok(())
+    }
+}
+
+/// The congestion state the device keeps for one RC QP.
+#[derive(Debug, Clone)]
+pub struct QpCc {
+    config: CcConfig,
+    cc: QpCongestion,
+    /// The CNP to send (all CNPs of a QP are the same frame) and how many are due.
+    cnp: Option<(Path, RoceRepr)>,
+    cnps_due: u32,
+    /// When the pacer lets the next data packet go, while it holds one back.
+    wake: Option<Instant>,
+    /// Counters of the DCQCN states replaced by [`Device::set_cc_param`].
+    carried: CcStats,
+}
+
+impl QpCc {
+    /// Fresh state with `config` (validated by the caller).
+    #[must_use]
+    pub fn new(config: &CcConfig) -> Self {
+        Self {
+            config: *config,
+            cc: QpCongestion::new(&config.dcqcn, config.line_rate_bps, Nanos::ZERO),
+            cnp: None,
+            cnps_due: 0,
+            wake: None,
+            carried: CcStats::default(),
+        }
+    }
+
+    /// The DCQCN state (its counters start again at each [`Device::set_cc_param`]; see
+    /// [`Self::stats`] and [`Self::snapshot`]).
+    #[must_use]
+    pub const fn congestion(&self) -> &QpCongestion {
+        &self.cc
+    }
+
+    /// The counters since the QP was created.
+    #[must_use]
+    pub fn stats(&self) -> CcStats {
+        let mut s = self.carried;
+        s.add(&self.cc.stats());
+        s
+    }
+
+    /// Rate, target, α, stage and counters (since the QP was created).
+    #[must_use]
+    pub fn snapshot(&self) -> CcSnapshot {
+        let mut s = self.cc.snapshot();
+        s.stats = self.stats();
+        s
+    }
+
+    /// The settings of this QP.
+    #[must_use]
+    pub const fn config(&self) -> &CcConfig {
+        &self.config
+    }
+
+    fn on_cnp(&mut self, now: Instant) {
+        self.cc.on_cnp_received(now.into());
+    }
+
+    fn on_packet(&mut self, now: Instant, ce: bool, path: Option<&Path>, peer: Qpn) {
+        let ecn = if ce { Ecn::Ce } else { Ecn::NotEct };
+        let Some(path) = path else {
+            // No address vector (not yet RTR): the mark is counted by the transport; there is
+            // nowhere to send a CNP.
+            return;
+        };
+        if let Some(cnp) = self.cc.on_data_received(now.into(), ecn, path, peer) {
+            self.cnp = Some(cnp);
+            self.cnps_due = self.cnps_due.saturating_add(1);
+        }
+    }
+
+    /// Writes a due CNP into `buf`; `Err(())` if it could not be emitted (counted by the caller).
+    fn emit_cnp(&mut self, buf: &mut [u8]) -> Option<Result<usize, ()>> {
+        if self.cnps_due == 0 {
+            return None;
+        }
+        let (path, roce) = self.cnp.as_ref()?;
+        self.cnps_due -= 1;
+        Some(emit_frame(path, roce, &[], buf).map_err(|_| ()))
+    }
+
+    /// Whether a data frame of up to `max_frame` bytes may leave at `now`; if not, remembers
+    /// when it may.
+    fn data_ok(&mut self, now: Instant, max_frame: u32) -> bool {
+        let at = Instant::from(self.cc.next_send_time(now.into(), max_frame));
+        if at <= now {
+            self.wake = None;
+            true
+        } else {
+            self.wake = Some(at);
+            false
+        }
+    }
+
+    /// ECN and DSCP of the frames this QP sends.
+    fn apply(&self, path: &mut Path) {
+        path.ecn = match (self.cc.data_ecn(), self.config.data_ecn) {
+            (Ecn::NotEct, _) | (_, Ecn::NotEct | Ecn::Ce) => Ecn::NotEct,
+            (_, e) => e,
+        };
+        if let Some(d) = self.config.data_dscp {
+            path.dscp = d & 0x3f;
+        }
+    }
+
+    fn on_sent(&mut self, now: Instant, len: usize) {
+        self.cc
+            .on_sent(now.into(), u32::try_from(len).unwrap_or(u32::MAX));
+    }
+
+    /// The DCQCN timers rounded up to [`CC_TIMER_GRANULARITY`] (the α timer runs every
+    /// `dce_tcp_rtt`, 1 µs by default: a software endpoint serves it in batches; each tick is
+    /// still applied at its own deadline by `ReactionPoint::handle_timeout`), and the exact
+    /// pacing wake-up.
+    fn poll_timeout(&self) -> Option<Instant> {
+        let g = CC_TIMER_GRANULARITY.as_nanos() as u64;
+        let t = self
+            .cc
+            .poll_timeout()
+            .map(|t| Instant::from_nanos(t.as_nanos().div_ceil(g).saturating_mul(g)));
+        match (t, self.wake) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn handle_timeout(&mut self, now: Instant) {
+        if self
+            .cc
+            .poll_timeout()
+            .is_some_and(|t| Instant::from(t) <= now)
+        {
+            self.cc.handle_timeout(now.into());
+        }
+        if self.wake.is_some_and(|t| t <= now) {
+            self.wake = None;
+        }
+    }
+}
+
+impl Qp {
+    /// The QP's congestion control (RC QPs), for `roce stats -s` and traces.
+    #[must_use]
+    pub fn congestion(&self) -> Option<&QpCc> {
+        self.cc.as_deref()
+    }
+
+    /// Hook of [`Device::handle_decoded`]: a packet (not a CNP) accepted for this QP.
+    pub(crate) fn cc_on_packet(&mut self, now: Instant, ce: bool) {
+        if let Some(c) = self.cc.as_deref_mut() {
+            c.on_packet(now, ce, self.attr.ah_attr.as_ref(), self.attr.dest_qp_num);
+        }
+    }
+
+    /// Hook of [`Device::poll_transmit`]: whether data may leave now.
+    pub(crate) fn cc_data_ok(&mut self, now: Instant, max_frame: usize) -> bool {
+        let max = u32::try_from(max_frame).unwrap_or(u32::MAX);
+        self.cc.as_deref_mut().is_none_or(|c| c.data_ok(now, max))
+    }
+
+    /// Hook of [`Device::poll_transmit`]: ECN/DSCP of an outgoing frame.
+    pub(crate) fn cc_apply(&self, path: &mut Path) {
+        if let Some(c) = self.cc.as_deref() {
+            c.apply(path);
+        }
+    }
+
+    /// Hook of [`Device::poll_transmit`]: a frame of `len` bytes left.
+    pub(crate) fn cc_on_sent(&mut self, now: Instant, len: usize) {
+        if let Some(c) = self.cc.as_deref_mut() {
+            c.on_sent(now, len);
+        }
+    }
+
+    /// Hook of [`Device::poll_transmit`]: a due CNP, written into `buf`.
+    pub(crate) fn cc_emit_cnp(&mut self, buf: &mut [u8]) -> Option<Result<usize, ()>> {
+        self.cc.as_deref_mut()?.emit_cnp(buf)
+    }
+
+    pub(crate) fn cc_poll_timeout(&self) -> Option<Instant> {
+        self.cc.as_deref().and_then(QpCc::poll_timeout)
+    }
+
+    pub(crate) fn cc_handle_timeout(&mut self, now: Instant) {
+        if let Some(c) = self.cc.as_deref_mut() {
+            c.handle_timeout(now);
+        }
+    }
+}
+
+/// (source, destination) of the frames the peer behind `av` sends us.
+fn peer_addrs(av: &Path) -> (core::net::IpAddr, core::net::IpAddr) {
+    use core::net::IpAddr;
+    match av.ip {
+        IpPath::V4 { src, dst } => (IpAddr::V4(dst), IpAddr::V4(src)),
+        IpPath::V6 { src, dst, .. } => (IpAddr::V6(dst), IpAddr::V6(src)),
+    }
+}
+
+/// The congestion state a new QP of `qp_type` gets on a device with `config`: RC QPs only.
+pub(crate) fn for_qp(config: &CcConfig, qp_type: QpType) -> Option<Box<QpCc>> {
+    (qp_type == QpType::Rc).then(|| Box::new(QpCc::new(config)))
+}
+
+impl Device {
+    /// Hook of [`Device::handle_decoded`]: a CNP for `dest_qp`. CNPs for an unknown QP are
+    /// counted in `rx_unknown_qp`; CNPs from another address than the QP's peer in the QP's
+    /// `rx_dropped` (as any RC packet, rxe_recv.c check_addr).
+    pub(crate) fn cc_on_cnp(
+        &mut self,
+        now: Instant,
+        dest_qp: Qpn,
+        addrs: Option<(core::net::IpAddr, core::net::IpAddr)>,
+    ) {
+        let Some(qp) = self.qps.get_mut(&dest_qp.value()) else {
+            self.counters.rx_unknown_qp += 1;
+            return;
+        };
+        if let (Some((src, dst)), Some(av)) = (addrs, qp.attr.ah_attr.as_ref())
+            && (src, dst) != peer_addrs(av)
+        {
+            qp.counters.rx_dropped += 1;
+            return;
+        }
+        qp.counters.rcvd_pkts += 1;
+        if let Some(c) = qp.cc.as_deref_mut() {
+            c.on_cnp(now);
+        }
+    }
+
+    /// Changes one congestion-control parameter of QP `qpn` (names as [`CcConfig::set`]). The
+    /// QP's DCQCN state starts afresh (unlimited, at line rate) with the new settings; its
+    /// counters go on. Call it before traffic, or to experiment live.
+    ///
+    /// # Errors
+    /// [`DeviceError::NoSuchQp`], [`DeviceError::NoCongestionControl`] for a UD QP, or
+    /// [`DeviceError::Cc`] for a bad name or value.
+    pub fn set_cc_param(&mut self, qpn: Qpn, name: &str, value: u64) -> Result<(), DeviceError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn.value())
+            .ok_or(DeviceError::NoSuchQp(qpn))?;
+        let c = qp
+            .cc
+            .as_deref_mut()
+            .ok_or(DeviceError::NoCongestionControl(qpn))?;
+        let mut config = c.config;
+        config.set(name, value)?;
+        let mut fresh = QpCc::new(&config);
+        fresh.carried = c.stats();
+        fresh.cnp = c.cnp;
+        fresh.cnps_due = c.cnps_due;
+        *c = fresh;
+        Ok(())
+    }
+
+    /// The DCQCN state of every RC QP, in QPN order.
+    #[must_use]
+    pub fn cc_snapshots(&self) -> Vec<(Qpn, CcSnapshot)> {
+        self.qps
+            .values()
+            .filter_map(|q| Some((q.qpn, q.cc.as_deref()?.snapshot())))
+            .collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::{cell::RefCell, rc::Rc};
+
+    use super::*;
+    use crate::{
+        transport::{
+            Access, CqId, DeviceConfig, MrInfo, Mtu, SendOp, SendWr, Sge, WcStatus,
+            sim::{Link, Pair, RcConfig, Side, connect_rc},
+        },
+        wire::{Opcode, parse_frame},
+    };
+
+    type Log = Rc<RefCell<Vec<(Side, Vec<u8>)>>>;
+
+    struct Setup {
+        p: Pair,
+        a: Qpn,
+        b: Qpn,
+        cq: CqId,
+        ma: MrInfo,
+        mb: MrInfo,
+        log: Log,
+    }
+
+    /// A connected pair (MTU 1024) with a 1 MiB WRITE target on B; every frame entering the
+    /// link is recorded with its time.
+    fn setup(config: DeviceConfig, link: Link) -> Setup {
+        let mut p = Pair::new(3, config, link);
+        let (a, b) = connect_rc(
+            &mut p,
+            &RcConfig {
+                mtu: Mtu::Mtu1024,
+                ..RcConfig::default()
+            },
+        );
+        let ma =
+            p.a.reg_mr(a.pd, vec![7; 1 << 20], 0x10_0000, Access::empty())
+                .unwrap();
+        let mb =
+            p.b.reg_mr(b.pd, vec![0; 1 << 20], 0x10_0000, Access::all())
+                .unwrap();
+        let log: Log = Rc::default();
+        Setup {
+            p,
+            a: a.qpn,
+            b: b.qpn,
+            cq: a.cq,
+            ma,
+            mb,
+            log,
+        }
+    }
+
+    impl Setup {
+        fn record(&mut self) {
+            let l = Rc::clone(&self.log);
+            self.p.filter = Some(Box::new(move |side, f| {
+                l.borrow_mut().push((side, f.to_vec()));
+                true
+            }));
+        }
+
+        /// Posts a signalled WRITE of `len` bytes from A and runs until it completes.
+        fn write(&mut self, len: u32) {
+            let sg = vec![Sge {
+                addr: self.ma.iova,
+                length: len,
+                lkey: self.ma.lkey,
+            }];
+            let op = SendOp::Write {
+                remote_addr: self.mb.iova,
+                rkey: self.mb.rkey,
+            };
+            let mut wr = SendWr::new(1, op, sg);
+            wr.flags = crate::transport::SendFlags::SIGNALED;
+            self.p.a.post_send(self.a, wr).unwrap();
+            let cq = self.cq;
+            assert!(
+                self.p
+                    .drive_until(1_000_000, |p| p.a.cq(cq).is_some_and(|c| !c.is_empty()))
+            );
+            assert_eq!(self.p.a.poll_cq(cq).unwrap().status, WcStatus::Success);
+            // Send what the last input queued (a CNP for a marked ACK).
+            self.p.step();
+        }
+
+        fn stats(&self, side: Side) -> CcStats {
+            let (d, q) = match side {
+                Side::A => (&self.p.a, self.a),
+                Side::B => (&self.p.b, self.b),
+            };
+            d.qp(q).unwrap().congestion().unwrap().stats()
+        }
+    }
+
+    #[test]
+    fn ce_marks_make_cnps_that_cut_the_senders_rate() {
+        let link = Link {
+            ce: 1.0,
+            ..Link::default()
+        };
+        let mut s = setup(DeviceConfig::default(), link);
+        s.record();
+        s.write(64 * 1024);
+        let (na, nb) = (s.stats(Side::A), s.stats(Side::B));
+        // B saw 64 marked WRITE packets and answered with CNPs, at most one per 2 µs.
+        assert_eq!(nb.np_ecn_marked_roce_packets, 64);
+        assert!(nb.np_cnp_sent >= 1, "{nb:?}");
+        // Every CNP B sent reached A (the link loses nothing) and was handled or ignored.
+        assert_eq!(na.rp_cnp_handled + na.rp_cnp_ignored, nb.np_cnp_sent);
+        assert!(na.rp_cnp_handled >= 1);
+        let snap = s.p.a.qp(s.a).unwrap().congestion().unwrap().snapshot();
+        assert!(snap.limited && snap.rate_bps < 10_000_000_000, "{snap:?}");
+        assert!(snap.alpha > 0.0);
+        // On the wire: data left ECT(0); CNPs are opcode 0x81, BECN, DSCP 48, to the peer's QP.
+        let mut cnps = [0u64; 2];
+        for (side, f) in s.log.borrow().iter() {
+            let fr = parse_frame(f).unwrap();
+            assert!(fr.icrc_ok);
+            if fr.roce.bth.opcode == Opcode::CNP {
+                assert!(fr.roce.bth.becn);
+                assert_eq!(fr.ip.dscp(), 48);
+                let (peer, i) = match side {
+                    Side::A => (s.b, 0),
+                    Side::B => (s.a, 1),
+                };
+                assert_eq!(fr.roce.bth.dest_qp, peer);
+                assert_eq!(f.len(), 14 + 20 + 8 + 12 + 16 + 4);
+                cnps[i] += 1;
+            } else {
+                assert_eq!(fr.ecn(), Ecn::Ect0, "{:?}", fr.roce.bth.opcode);
+            }
+        }
+        assert_eq!(
+            cnps,
+            [na.np_cnp_sent, nb.np_cnp_sent],
+            "each CNP counted was sent"
+        );
+    }
+
+    #[test]
+    fn cc_off_sends_not_ect_and_no_cnps() {
+        let link = Link {
+            ce: 1.0,
+            ..Link::default()
+        };
+        let config = DeviceConfig {
+            cc: CcConfig::off(),
+            ..DeviceConfig::default()
+        };
+        let mut s = setup(config, link);
+        s.record();
+        s.write(64 * 1024);
+        let nb = s.stats(Side::B);
+        assert_eq!(nb.np_ecn_marked_roce_packets, 64);
+        assert_eq!(nb.np_cnp_sent, 0);
+        for (_, f) in s.log.borrow().iter() {
+            let fr = parse_frame(f).unwrap();
+            assert_ne!(fr.roce.bth.opcode, Opcode::CNP);
+        }
+        let snap = s.p.a.qp(s.a).unwrap().congestion().unwrap().snapshot();
+        assert!(!snap.limited);
+        assert_eq!(snap.rate_bps, 10_000_000_000);
+    }
+
+    #[test]
+    fn a_cut_qp_is_paced_at_its_rate() {
+        // The first CNP sets 100 Mb/s (rate_to_set_on_first_cnp); timers slow enough that
+        // the rate barely recovers during the WRITE.
+        let mut config = DeviceConfig::default();
+        config.cc.set("rate_to_set_on_first_cnp", 100).unwrap();
+        config.cc.set("rpg_time_reset", 131_071).unwrap();
+        config.cc.set("rpg_byte_reset", 0).unwrap();
+        let link = Link {
+            ce: 1.0,
+            ..Link::default()
+        };
+        let mut s = setup(config, link);
+        s.write(1024);
+        assert_eq!(s.stats(Side::A).rp_cnp_handled, 1);
+        let rate =
+            s.p.a
+                .qp(s.a)
+                .unwrap()
+                .congestion()
+                .unwrap()
+                .snapshot()
+                .rate_bps;
+        assert_eq!(rate, 100_000_000);
+        // Unmarked from now on: 256 KiB at 100 Mb/s takes about 21 ms (less one burst).
+        s.p.link.ce = 0.0;
+        let t0 = s.p.time;
+        s.write(256 * 1024);
+        let took = s.p.time.saturating_duration_since(t0).as_secs_f64();
+        let frames = 256.0 * (1024.0 + 14.0 + 20.0 + 8.0 + 12.0 + 16.0 + 4.0);
+        let expect = frames * 8.0 / 100e6;
+        assert!(
+            took > expect * 0.9 && took < expect * 1.1,
+            "took {took} s, expected {expect} s"
+        );
+    }
+
+    #[test]
+    fn set_cc_param_validates_and_keeps_counters() {
+        let link = Link {
+            ce: 1.0,
+            ..Link::default()
+        };
+        let mut s = setup(DeviceConfig::default(), link);
+        s.write(4096);
+        let before = s.stats(Side::B);
+        assert!(before.np_cnp_sent > 0);
+        let e = s.p.b.set_cc_param(s.b, "rpg_gd", 16).unwrap_err();
+        assert!(e.to_string().contains("rpg_gd = 16"), "{e}");
+        assert!(s.p.b.set_cc_param(s.b, "bogus", 1).is_err());
+        assert!(s.p.b.set_cc_param(s.b, "np_enabled", 2).is_err());
+        assert!(matches!(
+            s.p.b.set_cc_param(Qpn::new(999), "rpg_gd", 11),
+            Err(DeviceError::NoSuchQp(_))
+        ));
+        s.p.b.set_cc_param(s.b, "np_enabled", 0).unwrap();
+        s.p.b
+            .set_cc_param(s.b, "min_time_between_cnps", 50)
+            .unwrap();
+        let q = s.p.b.qp(s.b).unwrap().congestion().unwrap();
+        assert!(!q.config().dcqcn.np_enabled);
+        assert_eq!(q.config().dcqcn.min_time_between_cnps, 50);
+        assert_eq!(s.stats(Side::B), before);
+        s.write(4096);
+        let after = s.stats(Side::B);
+        assert_eq!(
+            after.np_cnp_sent, before.np_cnp_sent,
+            "NP off: no more CNPs"
+        );
+        assert_eq!(
+            after.np_ecn_marked_roce_packets,
+            before.np_ecn_marked_roce_packets + 4
+        );
+        assert_eq!(s.p.b.cc_snapshots().len(), 1);
+    }
+
+    #[test]
+    fn time_types_convert() {
+        let t = Instant::from_nanos(123);
+        assert_eq!(Nanos::from(t), Nanos(123));
+        assert_eq!(Instant::from(Nanos(77)), Instant::from_nanos(77));
+    }
+}
