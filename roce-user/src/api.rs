@@ -715,8 +715,8 @@ impl Device {
         Ok(())
     }
 
-    /// The address vector from local GID `gid_index` to `remote_gid`: MACs (the peer's from the
-    /// neighbour table, resolved if needed), IPs, and the RoCE v2 UDP source port of the QP pair.
+    /// The address vector from local GID `gid_index` to `remote_gid`: MACs (the next hop's from the
+    /// neighbour table, resolved if needed: the peer's on-link, the gateway's when routed), IPs, and the RoCE v2 UDP source port of the QP pair.
     ///
     /// # Errors
     /// Bad GID index, mixed address families, or the peer's MAC does not resolve.
@@ -729,7 +729,8 @@ impl Device {
     ) -> Result<Path, ApiError> {
         let local = self.gid(gid_index)?;
         let remote_ip = crate::cm::gid_to_ip(remote_gid);
-        let dst_mac = netinfo::resolve_mac(&self.info.ifname, remote_ip, Duration::from_secs(3))?;
+        let hop = netinfo::next_hop(&self.info.ifname, remote_ip)?;
+        let dst_mac = netinfo::resolve_mac(&self.info.ifname, hop, Duration::from_secs(3))?;
         let ip = match (local.ip, remote_ip) {
             (IpAddr::V4(src), IpAddr::V4(dst)) => IpPath::V4 { src, dst },
             (IpAddr::V6(src), IpAddr::V6(dst)) => IpPath::V6 {

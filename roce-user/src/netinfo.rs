@@ -80,6 +80,24 @@ fn ip_json(args: &[&str]) -> Result<Value, NetInfoError> {
     })
 }
 
+/// The IP whose MAC a packet to `dst` leaving `ifname` is addressed to: the route's gateway when
+/// `dst` is reached through a router, else `dst` itself (on-link). Call it before
+/// [`resolve_mac`] when building an address vector, so that routed paths (a peer behind a router,
+/// as with `roce impair` on a router namespace) resolve the router's MAC, as the kernel's rxe does
+/// through its route lookup (`rxe_find_route`).
+///
+/// # Errors
+/// [`NetInfoError::Ip`] when there is no route to `dst` through `ifname`.
+pub fn next_hop(ifname: &str, dst: IpAddr) -> Result<IpAddr, NetInfoError> {
+    let v = ip_json(&["route", "get", &dst.to_string(), "oif", ifname])?;
+    Ok(gateway_of(&v).unwrap_or(dst))
+}
+
+/// The `gateway` of the first route in `ip -j route get` output, if any.
+fn gateway_of(v: &Value) -> Option<IpAddr> {
+    v.as_array()?.first()?["gateway"].as_str()?.parse().ok()
+}
+
 /// Parses `aa:bb:cc:dd:ee:ff`.
 #[must_use]
 pub fn parse_mac(s: &str) -> Option<[u8; 6]> {
@@ -304,6 +322,21 @@ pub fn resolve_mac(ifname: &str, ip: IpAddr, wait: Duration) -> Result<[u8; 6], 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn next_hop_is_the_gateway_when_routed() {
+        let routed: Value = serde_json::from_str(
+            r#"[{"dst":"10.78.0.2","gateway":"10.77.0.1","dev":"r0","prefsrc":"10.77.0.2","flags":[],"uid":0,"cache":[]}]"#,
+        )
+        .unwrap();
+        assert_eq!(gateway_of(&routed), Some("10.77.0.1".parse().unwrap()));
+        let on_link: Value = serde_json::from_str(
+            r#"[{"dst":"10.77.0.3","dev":"r0","prefsrc":"10.77.0.2","flags":[],"uid":0,"cache":[]}]"#,
+        )
+        .unwrap();
+        assert_eq!(gateway_of(&on_link), None);
+        assert_eq!(gateway_of(&Value::Array(vec![])), None);
+    }
 
     #[test]
     fn gid_table_puts_link_local_first() {

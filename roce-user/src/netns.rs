@@ -432,3 +432,174 @@ impl Lan {
         })
     }
 }
+
+/// A routed topology for congestion and fault tests: `n` sender hosts and one receiver, each in
+/// its own namespace and joined by its own veth to a router namespace `<prefix>-r` that forwards
+/// between them. Sender `i` is `<prefix>h<i>` at 10.<subnet>.<i+1>.1/24 (router side
+/// `<prefix>l<i>`, .254); the receiver is `<prefix>d` at 10.<subnet>.100.1/24 (router side
+/// [`Routed::bottleneck_if`], .254), with matching fd00:<subnet>:<net>::/64 IPv6 addresses. Every
+/// host routes through the router, and all neighbour entries are static.
+///
+/// All traffic to the receiver leaves the router through one interface, so a `roce impair` on
+/// that interface's egress is a shared switch queue for every flow. (AF_XDP transmit skips the
+/// sender's own tc egress, which is why impairment needs a router in between.) Dropping it deletes
+/// every namespace. `prefix` must be at most 11 characters.
+#[derive(Debug)]
+pub struct Routed {
+    /// The senders.
+    pub senders: Vec<VethEnd>,
+    /// The receiver.
+    pub receiver: VethEnd,
+    /// The router's namespace.
+    pub router_netns: String,
+    /// The router's interface towards the receiver: where the bottleneck goes.
+    pub bottleneck_if: String,
+    /// The router's interfaces towards the senders, in sender order.
+    pub sender_side_ifs: Vec<String>,
+    _hosts_ns: Vec<NetNs>,
+    _router: NetNs,
+}
+
+impl Routed {
+    /// Creates `n` senders (at most 99) and one receiver around one router.
+    ///
+    /// # Errors
+    /// If any `ip` or `sysctl` command fails; what was made so far is removed.
+    pub fn new(prefix: &str, n: usize, opts: &VethOptions) -> Result<Self, NetnsError> {
+        let router = NetNs::new(&format!("{prefix}-r"))?;
+        for key in ["net.ipv4.ip_forward=1", "net.ipv6.conf.all.forwarding=1"] {
+            run(
+                "ip",
+                &["netns", "exec", router.name(), "sysctl", "-qw", key],
+            )?;
+        }
+        let sub = opts.subnet;
+        let mtu = opts.mtu.to_string();
+        let q = opts.queues.to_string();
+        let mut nss = Vec::new();
+        let mut hosts = Vec::new();
+        let mut router_ends = Vec::new();
+        let nets: Vec<(String, String, u32)> = (0..n)
+            .map(|i| {
+                (
+                    format!("{prefix}h{i}"),
+                    format!("{prefix}l{i}"),
+                    i as u32 + 1,
+                )
+            })
+            .chain(std::iter::once((
+                format!("{prefix}d"),
+                format!("{prefix}rd"),
+                100,
+            )))
+            .collect();
+        for (host_if, router_if, net) in &nets {
+            let ns = NetNs::new(&format!("{prefix}-{}", &host_if[prefix.len()..]))?;
+            ns.ip(&[
+                "link",
+                "add",
+                host_if,
+                "numrxqueues",
+                &q,
+                "numtxqueues",
+                &q,
+                "type",
+                "veth",
+                "peer",
+                "name",
+                router_if,
+                "netns",
+                router.name(),
+                "numrxqueues",
+                &q,
+                "numtxqueues",
+                &q,
+            ])?;
+            let host_v4 = format!("10.{sub}.{net}.1");
+            let host_v6 = format!("fd00:{sub}:{net}::1");
+            let gw_v4 = format!("10.{sub}.{net}.254");
+            let gw_v6 = format!("fd00:{sub}:{net}::fe");
+            for (nsn, ifname, v4, v6) in [
+                (ns.name(), host_if, &host_v4, &host_v6),
+                (router.name(), router_if, &gw_v4, &gw_v6),
+            ] {
+                let _ = run(
+                    "ip",
+                    &[
+                        "netns",
+                        "exec",
+                        nsn,
+                        "sysctl",
+                        "-qw",
+                        &format!("net.ipv6.conf.{ifname}.accept_dad=0"),
+                    ],
+                );
+                ip_in(nsn, &["link", "set", "dev", ifname, "mtu", &mtu])?;
+                ip_in(nsn, &["addr", "add", &format!("{v4}/24"), "dev", ifname])?;
+                ip_in(
+                    nsn,
+                    &[
+                        "-6",
+                        "addr",
+                        "add",
+                        &format!("{v6}/64"),
+                        "dev",
+                        ifname,
+                        "nodad",
+                    ],
+                )?;
+                ip_in(nsn, &["link", "set", "dev", ifname, "up"])?;
+            }
+            ns.ip(&["route", "add", "default", "via", &gw_v4, "dev", host_if])?;
+            ns.ip(&[
+                "-6", "route", "add", "default", "via", &gw_v6, "dev", host_if,
+            ])?;
+            let host_mac = mac_of(ns.name(), host_if)?;
+            let router_mac = mac_of(router.name(), router_if)?;
+            for (nsn, ifname, ips, mac) in [
+                (ns.name(), host_if, [&gw_v4, &gw_v6], router_mac),
+                (router.name(), router_if, [&host_v4, &host_v6], host_mac),
+            ] {
+                for ip in ips {
+                    ip_in(
+                        nsn,
+                        &[
+                            "neigh",
+                            "replace",
+                            ip,
+                            "lladdr",
+                            &fmt_mac(&mac),
+                            "dev",
+                            ifname,
+                            "nud",
+                            "permanent",
+                        ],
+                    )?;
+                }
+            }
+            hosts.push(VethEnd {
+                ifname: host_if.clone(),
+                netns: ns.name().to_owned(),
+                mac: host_mac,
+                ipv4: host_v4.parse().unwrap_or(std::net::Ipv4Addr::UNSPECIFIED),
+                ipv6: host_v6.parse().unwrap_or(std::net::Ipv6Addr::UNSPECIFIED),
+            });
+            router_ends.push(router_if.clone());
+            nss.push(ns);
+        }
+        let receiver = hosts.pop().ok_or_else(|| NetnsError::Failed {
+            cmd: "Routed::new".into(),
+            stderr: "no hosts".into(),
+        })?;
+        let bottleneck_if = router_ends.pop().unwrap_or_default();
+        Ok(Self {
+            senders: hosts,
+            receiver,
+            router_netns: router.name().to_owned(),
+            bottleneck_if,
+            sender_side_ifs: router_ends,
+            _hosts_ns: nss,
+            _router: router,
+        })
+    }
+}
