@@ -134,7 +134,8 @@ counter_struct! {
     /// Per-CPU counters of `roce_impair`, the value type of `ROCE_IMPAIR_STATS`.
     ///
     /// Every packet is counted once in `not_roce`, `own_copies` or `seen`; every RoCE packet
-    /// seen ends in exactly one of `passed`, `dropped`, `bottleneck_dropped` or `reordered`
+    /// seen ends in exactly one of `passed`, `dropped`, `bottleneck_dropped`,
+    /// `bottleneck_early_dropped` or `reordered`
     /// (held back). `duplicated`, `corrupted`, `ce_marked`, `bottleneck_marked` and
     /// `reorder_released` count actions on packets that go on; `errors` counts helper failures.
     pub struct ImpairStats {
@@ -158,10 +159,12 @@ counter_struct! {
         corrupted,
         /// RoCE packets whose ECN field was set to CE at random (--ce).
         ce_marked,
-        /// RoCE packets CE-marked by the bottleneck's RED curve.
+        /// ECN-capable RoCE packets CE-marked by the bottleneck's RED curve.
         bottleneck_marked,
         /// RoCE packets dropped because the bottleneck's virtual backlog was full.
         bottleneck_dropped,
+        /// Not-ECT RoCE packets the RED curve chose, dropped instead of marked (RFC 3168 §5).
+        bottleneck_early_dropped,
         /// Copies made by roce_impair itself seen again on the hook, sent on untouched.
         own_copies,
         /// Helper failures (clone, load, store): that action was not taken.

@@ -82,6 +82,8 @@ struct Roce {
     bth: usize,
     /// Offset just past the UDP datagram (the end of the ICRC).
     end: usize,
+    /// The packet's ECN codepoint as it arrived (0 = Not-ECT).
+    ecn: u8,
 }
 
 #[inline(always)]
@@ -109,6 +111,7 @@ fn parse(ctx: &TcContext, port: u16) -> Option<Roce> {
     }
     let ip = off;
     let v4;
+    let ecn;
     if ether_type == ETH_P_IPV4 {
         let h: Ipv4Hdr = ctx.load(off).ok()?;
         let ihl = h.header_len();
@@ -121,6 +124,7 @@ fn parse(ctx: &TcContext, port: u16) -> Option<Roce> {
         }
         off += ihl;
         v4 = true;
+        ecn = h.tos & 3;
     } else if ether_type == ETH_P_IPV6 {
         // IPv6 extension headers: not RoCE as far as the injector is concerned.
         let h: Ipv6Hdr = ctx.load(off).ok()?;
@@ -129,6 +133,7 @@ fn parse(ctx: &TcContext, port: u16) -> Option<Roce> {
         }
         off += Ipv6Hdr::LEN;
         v4 = false;
+        ecn = h.traffic_class() & 3;
     } else {
         return None;
     }
@@ -145,6 +150,7 @@ fn parse(ctx: &TcContext, port: u16) -> Option<Roce> {
         v4,
         bth: off + UdpHdr::LEN,
         end: off + udp_len,
+        ecn,
     })
 }
 
@@ -239,9 +245,9 @@ fn cas(a: &AtomicU64, old: u64, new: u64) -> bool {
 
 /// The virtual bottleneck: `Some(marked)` if the packet may go on, `None` to drop it.
 #[inline(always)]
-fn bottleneck(cfg: &ImpairConfig, len: u64, stats: &mut ImpairStats) -> Option<bool> {
+fn bottleneck(cfg: &ImpairConfig, len: u64, ect: bool, stats: &mut ImpairStats) -> Queue {
     let Some(state) = ROCE_IMPAIR_BOTTLENECK.get_ptr_mut(0) else {
-        return Some(false);
+        return Queue::Pass;
     };
     // SAFETY: `state` points to the map value, which lives as long as the map; it is only ever
     // accessed through atomics (here and in other CPUs' runs), and u64 map values are 8-aligned.
@@ -249,36 +255,54 @@ fn bottleneck(cfg: &ImpairConfig, len: u64, stats: &mut ImpairStats) -> Option<b
     // SAFETY: a helper without arguments.
     let now = unsafe { bpf_ktime_get_ns() };
     let cost_ns = len * cfg.ps_per_byte / 1000;
-    let mut backlog = 0u64;
-    let mut queued = false;
+    let (mut decided, mut m) = (false, false);
     for _ in 0..8 {
         // An aligned 64-bit load is single-copy atomic on BPF; LLVM's BPF backend cannot select
         // an `AtomicLoad` node before ISA v4, so read it as a volatile load.
         // SAFETY: the pointer is valid and aligned (see above).
         let old = unsafe { core::ptr::read_volatile(empty_at.as_ptr()) };
         let start = if old > now { old } else { now };
-        backlog = (start - now) * 1000 / cfg.ps_per_byte;
+        let backlog = (start - now) * 1000 / cfg.ps_per_byte;
         if backlog + len > cfg.max_backlog_bytes {
-            return None;
+            return Queue::Overflow;
+        }
+        // The RED decision is made once, on the backlog this packet first found.
+        if !decided {
+            let p = if backlog <= cfg.kmin_bytes {
+                0
+            } else if backlog > cfg.kmax_bytes {
+                PROB_ONE
+            } else {
+                let span = cfg.kmax_bytes - cfg.kmin_bytes;
+                (u64::from(cfg.pmax) * (backlog - cfg.kmin_bytes) / span) as u32
+            };
+            m = hit(p);
+            decided = true;
+        }
+        // RFC 3168 §5: a packet RED would mark but that is not ECN-capable is dropped, and a
+        // dropped packet takes no room in the queue.
+        if m && !ect {
+            return Queue::EarlyDrop;
         }
         if cas(empty_at, old, start + cost_ns) {
-            queued = true;
-            break;
+            return if m { Queue::Mark } else { Queue::Pass };
         }
     }
-    if !queued {
-        stats.errors += 1;
-        return Some(false);
-    }
-    let p = if backlog <= cfg.kmin_bytes {
-        0
-    } else if backlog > cfg.kmax_bytes {
-        PROB_ONE
-    } else {
-        let span = cfg.kmax_bytes - cfg.kmin_bytes;
-        (u64::from(cfg.pmax) * (backlog - cfg.kmin_bytes) / span) as u32
-    };
-    Some(hit(p))
+    stats.errors += 1;
+    Queue::Pass
+}
+
+/// What the bottleneck does with a packet.
+#[derive(Clone, Copy)]
+enum Queue {
+    /// Queued, unmarked.
+    Pass,
+    /// Queued and to be CE-marked.
+    Mark,
+    /// Not ECN-capable and RED chose it: dropped.
+    EarlyDrop,
+    /// The virtual backlog would exceed its buffer: dropped.
+    Overflow,
 }
 
 /// `len` (which the caller checked is in `1..=HELD_MAX`) in a form the verifier can bound:
@@ -368,19 +392,23 @@ fn impair(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats) -> i
     stats.seen_bytes += len;
 
     if cfg.rate_bps != 0 && cfg.ps_per_byte != 0 {
-        match bottleneck(cfg, len, stats) {
-            None => {
+        match bottleneck(cfg, len, r.ecn != 0, stats) {
+            Queue::Overflow => {
                 stats.bottleneck_dropped += 1;
                 return TC_ACT_SHOT;
             }
-            Some(true) => {
+            Queue::EarlyDrop => {
+                stats.bottleneck_early_dropped += 1;
+                return TC_ACT_SHOT;
+            }
+            Queue::Mark => {
                 if mark_ce(ctx, &r) {
                     stats.bottleneck_marked += 1;
                 } else {
                     stats.errors += 1;
                 }
             }
-            Some(false) => {}
+            Queue::Pass => {}
         }
     }
     if hit(cfg.drop) {

@@ -491,6 +491,34 @@ fn reorder_swaps_a_packet_with_the_next_one() {
 }
 
 #[test]
+fn bottleneck_drops_not_ect_packets_it_would_mark() {
+    let mut p = Prog::new();
+    let f = send(&path_v4(Ecn::NotEct), 21, 900);
+    let len = f.len() as u64;
+    let rate = 8_000_000;
+    p.set(ImpairConfig {
+        rate_bps: rate,
+        ps_per_byte: ImpairConfig::ps_per_byte_at(rate),
+        kmin_bytes: len / 2,
+        kmax_bytes: len / 2 + 1,
+        pmax: 0,
+        max_backlog_bytes: 100 * len,
+        ..ImpairConfig::default()
+    });
+    // The first packet finds an empty queue and passes; each later one finds ~L bytes (above
+    // Kmax: RED picks it) and, being Not-ECT, is dropped rather than marked (RFC 3168 §5),
+    // taking no room: the backlog stays at one packet.
+    let (v, out, delta) = p.run(&f);
+    assert_eq!((v, out[ETH + 1] & 3), (TC_ACT_OK, 0));
+    assert_eq!(delta, roce(f.len(), &[("passed", 1)]));
+    for i in 0..4 {
+        let (v, _, delta) = p.run(&f);
+        assert_eq!(v, TC_ACT_SHOT, "packet {i}");
+        assert_eq!(delta, roce(f.len(), &[("bottleneck_early_dropped", 1)]));
+    }
+}
+
+#[test]
 fn bottleneck_marks_above_kmin_and_drops_past_the_buffer() {
     let mut p = Prog::new();
     let f = send(&path_v4(Ecn::Ect0), 20, 900);

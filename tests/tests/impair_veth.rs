@@ -130,12 +130,20 @@ fn pin_to_cpu0() {
     nix::sched::sched_setaffinity(nix::unistd::Pid::from_raw(0), &set).unwrap();
 }
 
-/// Sends `packets` from A to B's `port`, one after the other, from one CPU.
+/// Sends `packets` from A to B's `port`, one after the other, from one CPU, marked ECT(0) as
+/// RoCE v2 senders with congestion control mark them.
 fn send_from_a(pair: &VethPair, packets: Vec<Vec<u8>>, port: u16) {
+    send_from_a_tos(pair, packets, port, 2);
+}
+
+/// [`send_from_a`] with IP TOS byte `tos` (its low two bits are the ECN field).
+fn send_from_a_tos(pair: &VethPair, packets: Vec<Vec<u8>>, port: u16, tos: u8) {
     let (a_ip, b_ip) = (pair.a.ipv4, pair.b.ipv4);
     netns::in_netns(&pair.a.netns, move || {
         pin_to_cpu0();
         let s = UdpSocket::bind(SocketAddr::from((a_ip, 0))).unwrap();
+        nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::Ipv4Tos, &i32::from(tos))
+            .unwrap();
         for p in &packets {
             s.send_to(p, SocketAddr::from((b_ip, port))).unwrap();
         }
@@ -451,6 +459,29 @@ fn corrupt_flips_one_bit_and_bottleneck_marks_and_drops() {
     let d = xdp_stats(&b.ifname).saturating_sub(&before);
     assert_eq!(d.roce_packets, ds.passed);
     assert_eq!(d.ecn_ce, ds.bottleneck_marked);
+    assert_eq!(ds.bottleneck_early_dropped, 0, "all ECT(0): {ds:?}");
+
+    // Not-ECT packets the curve picks are dropped instead of marked (RFC 3168 §5).
+    thread::sleep(Duration::from_millis(100));
+    let (s0, _) = impair_stats(&a.ifname);
+    let before = xdp_stats(&b.ifname);
+    send_from_a_tos(
+        &st.pair,
+        (0..2000u32).map(|i| roce_packet(i, 1000)).collect(),
+        4791,
+        0,
+    );
+    let (s1, _) = impair_stats(&a.ifname);
+    let ds = s1.saturating_sub(&s0);
+    assert_eq!(
+        ds.passed + ds.bottleneck_dropped + ds.bottleneck_early_dropped,
+        2000,
+        "{ds:?}"
+    );
+    assert_eq!(ds.bottleneck_marked, 0, "{ds:?}");
+    assert!(ds.bottleneck_early_dropped > 5, "{ds:?}");
+    let d = xdp_stats(&b.ifname).saturating_sub(&before);
+    assert_eq!((d.roce_packets, d.ecn_ce), (ds.passed, 0));
     roce_ok(&["impair", "-i", &a.ifname, "--off"]);
     assert!(!impair_dir(&a.ifname).exists());
 }

@@ -51,7 +51,8 @@ pub struct ImpairArgs {
     #[arg(long, value_name = "P", value_parser = parse_prob, conflicts_with = "bottleneck")]
     pub ce: Option<f64>,
     /// A virtual bottleneck at RATE (e.g. 1gbit, 500mbit, 10G, or bits/s) that CE-marks
-    /// RED-style and drops past its buffer.
+    /// ECN-capable packets RED-style (drops the Not-ECT ones it would mark, RFC 3168) and
+    /// drops past its buffer.
     #[arg(long, value_name = "RATE", value_parser = parse_rate)]
     pub bottleneck: Option<u64>,
     /// Bottleneck: no marks at or below this backlog (bytes; k/m suffixes = 10^3/10^6).

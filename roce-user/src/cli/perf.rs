@@ -20,6 +20,7 @@ use roce::{
         Access, CqId, Device, DeviceOptions, MrInfo, Mtu, QpCap, QpInit, QpType, Qpn, RcConnect,
         RecvWr, SendOp, SendWr, Sge, WcStatus,
     },
+    cc::{Nanos, Trace, TraceRow},
     cm::perftest::{self, BwReport, Comm, KeyMsg, pattern},
     wire::types::{Psn, RKey},
 };
@@ -101,6 +102,63 @@ pub struct PerfArgs {
     /// The line rate DCQCN starts from and recovers to (e.g. 10gbit, 1gbit, bits/s).
     #[arg(long, value_name = "RATE", default_value = "10gbit", value_parser = parse_rate)]
     pub line_rate: u64,
+    /// Record each QP's DCQCN state over the run (rate, target rate, α, CNPs received, bytes
+    /// sent) as CSV, for `roce plot FILE.csv -o rate.svg`. The sending side's trace shows the
+    /// sawtooth (the client for write/send/atomic, the server for read, whose responses carry
+    /// the data).
+    #[arg(long, value_name = "FILE.csv")]
+    pub trace: Option<String>,
+    /// Milliseconds between two trace samples.
+    #[arg(long, value_name = "MS", default_value_t = 1.0, requires = "trace")]
+    pub trace_interval: f64,
+}
+
+/// Samples every QP's congestion state into a [`Trace`] while a test runs.
+struct Tracer {
+    start: Instant,
+    every: Duration,
+    next: Instant,
+    trace: Trace,
+}
+
+impl Tracer {
+    fn new(a: &PerfArgs) -> anyhow::Result<Option<Self>> {
+        if a.trace.is_none() {
+            return Ok(None);
+        }
+        if !(a.trace_interval.is_finite() && (0.01..=10_000.0).contains(&a.trace_interval)) {
+            bail!("--trace-interval takes 0.01 to 10000 milliseconds");
+        }
+        let now = Instant::now();
+        Ok(Some(Self {
+            start: now,
+            every: Duration::from_secs_f64(a.trace_interval / 1000.0),
+            next: now,
+            trace: Trace::new(),
+        }))
+    }
+
+    /// Call often from the test loop: takes a sample of every QP when one is due.
+    fn poll(this: &mut Option<Self>, dev: &Device) {
+        let Some(t) = this else { return };
+        let now = Instant::now();
+        if now < t.next {
+            return;
+        }
+        t.next = (t.next + t.every).max(now);
+        let at = Nanos(u64::try_from(now.duration_since(t.start).as_nanos()).unwrap_or(u64::MAX));
+        for (qpn, s) in dev.cc_snapshots() {
+            t.trace.rows.push(TraceRow {
+                time: at,
+                qpn,
+                rate_bps: s.rate_bps,
+                target_bps: s.target_bps,
+                alpha: s.alpha,
+                cnps: s.cnps,
+                bytes: s.bytes,
+            });
+        }
+    }
 }
 
 /// `--cc`.
@@ -366,13 +424,19 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     // "An additional handshake is required after moving qp to RTR."
     comm.hand_shake(&key(&qps[0]))?;
 
+    let mut tracer = Tracer::new(a)?;
     let result = if a.lat {
         run_lat(&dev, a, cq, &qps[0], size, client)?
     } else if client {
-        run_client(&dev, a, cq, &qps, size)?
+        run_client(&dev, a, cq, &qps, size, &mut tracer)?
     } else {
-        run_server(&dev, a, cq, &qps, size, &comm)?
+        run_server(&dev, a, cq, &qps, size, &comm, &mut tracer)?
     };
+    Tracer::poll(&mut tracer, &dev);
+    if let (Some(t), Some(path)) = (&tracer, &a.trace) {
+        std::fs::write(path, t.trace.to_csv())
+            .with_context(|| format!("writing the trace {path}"))?;
+    }
 
     // After the test, for WRITE, READ and atomics: a sync and the reports (the half-duplex
     // branch of write_bw.c, read_bw.c, atomic_bw.c). ib_send_bw exchanges no report unless
@@ -513,6 +577,7 @@ fn run_client(
     cq: CqId,
     qps: &[QpCtx],
     size: u32,
+    tracer: &mut Option<Tracer>,
 ) -> anyhow::Result<PerfResult> {
     let depth = a.tx_depth as usize;
     let deadline = a
@@ -574,6 +639,7 @@ fn run_client(
         if interrupted() {
             bail!("interrupted");
         }
+        Tracer::poll(tracer, dev);
         let wcs = dev.poll_cq(cq, 64);
         if wcs.is_empty() {
             if last_progress.elapsed() > Duration::from_secs(10) {
@@ -795,6 +861,7 @@ fn run_server(
     qps: &[QpCtx],
     size: u32,
     comm: &Comm,
+    tracer: &mut Option<Tracer>,
 ) -> anyhow::Result<PerfResult> {
     // The server does nothing for WRITE/READ/atomics but wait for the client's next sync. For
     // SEND it receives, reposts and checks every message.
@@ -810,6 +877,7 @@ fn run_server(
         if interrupted() {
             bail!("interrupted");
         }
+        Tracer::poll(tracer, dev);
         if a.op == PerfOp::Send {
             for wc in dev.poll_cq(cq, 64) {
                 if wc.status != WcStatus::Success {
@@ -848,6 +916,8 @@ fn run_server(
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_micros(if a.op == PerfOp::Send {
                     20
+                } else if tracer.is_some() {
+                    100
                 } else {
                     2000
                 }));

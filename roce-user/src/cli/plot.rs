@@ -155,6 +155,31 @@ fn sim_config(args: &PlotArgs) -> anyhow::Result<SimConfig> {
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 
+/// Throughput of one QP's samples (in time order) as (time ns, bits/s) points: the bytes sent
+/// between samples at least `window_ns` apart, over the time between them, placed at the end of
+/// each window. Counters that go backwards (a new QP with the same number) restart the window.
+fn throughput(rows: &[&TraceRow], window_ns: u64) -> Vec<(u64, f64)> {
+    let mut out = Vec::new();
+    let Some(mut from) = rows.first() else {
+        return out;
+    };
+    for r in rows.iter().skip(1) {
+        if r.bytes < from.bytes || r.time.0 < from.time.0 {
+            from = r;
+            continue;
+        }
+        let dt = r.time.0 - from.time.0;
+        if dt >= window_ns.max(1) {
+            out.push((
+                r.time.0,
+                (r.bytes - from.bytes) as f64 * 8.0 / (dt as f64 / 1e9),
+            ));
+            from = r;
+        }
+    }
+    out
+}
+
 fn color(i: usize) -> RGBColor {
     let (r, g, b) = Palette99::COLORS[i % Palette99::COLORS.len()];
     RGBColor(r, g, b)
@@ -194,12 +219,27 @@ pub fn render_svg(
     let t1 = rows.iter().map(|r| r.time.0).max().unwrap_or(0);
     let ms = |t: u64| (t - t0) as f64 / 1e6;
     let x_max = ms(t1).max(1e-3);
+    // Throughput averaged over 1/100 of the run (at least one sample gap).
+    let window = (t1 - t0) / 100;
+    let tput: Vec<Vec<(f64, f64)>> = qpns
+        .iter()
+        .map(|q| {
+            let mine: Vec<&TraceRow> = rows
+                .iter()
+                .filter(|r| r.qpn.value() == *q)
+                .copied()
+                .collect();
+            throughput(&mine, window)
+                .into_iter()
+                .map(|(t, bps)| (ms(t), bps / 1e9))
+                .collect()
+        })
+        .collect();
     let y_max = rows
         .iter()
-        .map(|r| r.rate_bps.max(r.target_bps))
-        .max()
-        .unwrap_or(1) as f64
-        / 1e9
+        .map(|r| r.rate_bps.max(r.target_bps) as f64 / 1e9)
+        .chain(tput.iter().flatten().map(|p| p.1))
+        .fold(1e-9, f64::max)
         * 1.05;
 
     let mut svg = String::new();
@@ -239,6 +279,16 @@ pub fn render_svg(
             .map_err(draw_err)?
             .label(format!("QP {q} target"))
             .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], faded));
+            if tput[i].len() > 1 {
+                let dark = RGBColor(c.0 / 2, c.1 / 2, c.2 / 2);
+                rate.draw_series(LineSeries::new(
+                    tput[i].iter().copied(),
+                    ShapeStyle::from(&dark).stroke_width(1),
+                ))
+                .map_err(draw_err)?
+                .label(format!("QP {q} throughput (sent)"))
+                .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], dark));
+            }
             // A mark where CNPs arrived since the previous sample.
             let marks: Vec<(f64, f64)> = mine
                 .windows(2)
@@ -323,6 +373,34 @@ mod tests {
         }
         // The rate polyline has a point per sample.
         assert!(svg.len() > 50_000, "{} bytes", svg.len());
+    }
+
+    #[test]
+    fn throughput_is_bytes_over_each_window() {
+        let q = roce::wire::Qpn::new(17);
+        let row = |t_ms: u64, bytes: u64| TraceRow {
+            time: roce::cc::Nanos(t_ms * 1_000_000),
+            qpn: q,
+            rate_bps: 0,
+            target_bps: 0,
+            alpha: 0.0,
+            cnps: 0,
+            bytes,
+        };
+        let rows = [
+            row(0, 0),
+            row(1, 1000),
+            row(2, 2500),
+            row(3, 100),
+            row(5, 350),
+        ];
+        let refs: Vec<&TraceRow> = rows.iter().collect();
+        // 2 ms windows: 2500 B in 2 ms = 10 Mb/s; the counter restarts at 3 ms; 250 B in 2 ms.
+        assert_eq!(
+            throughput(&refs, 2_000_000),
+            [(2_000_000, 10_000_000.0), (5_000_000, 1_000_000.0)]
+        );
+        assert!(throughput(&refs[..1], 1).is_empty());
     }
 
     #[test]

@@ -1,0 +1,297 @@
+//! DCQCN against a congested switch queue on veth: `roce impair --bottleneck` on a router
+//! between sender(s) and receiver (AF_XDP transmit skips the sender's own tc egress, so the
+//! bottleneck sits on the router's egress towards the receiver), with `roce perf write` flows
+//! across it. Shows that a flow converges near the bottleneck rate, that CNPs flow and are
+//! accounted for on both sides, that without congestion control the same bottleneck drops and
+//! the transport retransmits, and that two flows share it fairly. Needs root.
+
+use std::{fs, path::PathBuf};
+
+use roce::{
+    cc::Trace,
+    netns::{Routed, VethOptions},
+};
+use roce_common::impair::ImpairStats;
+use roce_tests::{
+    child::{args, finish, json_ok, spawn},
+    require_root, roce_bin, tag,
+};
+use serde_json::Value;
+
+/// The bottleneck rate, bits/s, and its `roce impair` spelling.
+const BOTTLENECK_BPS: f64 = 200e6;
+const BOTTLENECK: &str = "200mbit";
+
+/// Removes `roce impair` from the router and the test's temporary directory on drop, even when
+/// the test fails (the namespaces go with [`Routed`]'s own drop, which runs after this one).
+struct Guard {
+    router_ns: String,
+    ifname: String,
+    dir: PathBuf,
+}
+
+impl Drop for Guard {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(roce_bin())
+            .args([
+                "--netns",
+                &self.router_ns,
+                "impair",
+                "-i",
+                &self.ifname,
+                "--off",
+            ])
+            .output();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+struct Setup {
+    // Field order: the guard detaches impair before the namespaces go.
+    guard: Guard,
+    net: Routed,
+}
+
+fn setup(name: &str, subnet: u8, senders: usize) -> Setup {
+    require_root();
+    let net = Routed::new(
+        &tag(name),
+        senders,
+        &VethOptions {
+            subnet,
+            ..VethOptions::default()
+        },
+    )
+    .expect("routed topology");
+    let dir = std::env::temp_dir().join(tag(&format!("roce-{name}-")));
+    fs::create_dir_all(&dir).unwrap();
+    let guard = Guard {
+        router_ns: net.router_netns.clone(),
+        ifname: net.bottleneck_if.clone(),
+        dir,
+    };
+    Setup { guard, net }
+}
+
+fn roce_json(ns: &str, line: &str) -> Value {
+    json_ok(&finish(spawn(ns, &args(line))), line)
+}
+
+fn bottleneck_on(s: &Setup) {
+    roce_json(
+        &s.net.router_netns,
+        &format!(
+            "impair -i {} --bottleneck {BOTTLENECK}",
+            s.net.bottleneck_if
+        ),
+    );
+}
+
+fn impair_stats(s: &Setup) -> ImpairStats {
+    let v = roce_json(
+        &s.net.router_netns,
+        &format!("impair -i {} --show", s.net.bottleneck_if),
+    );
+    let mut st = ImpairStats::default();
+    for name in ImpairStats::NAMES {
+        *st.get_mut(name).unwrap() = v["impair"][name]
+            .as_u64()
+            .unwrap_or_else(|| panic!("impair --show has no {name}: {v}"));
+    }
+    st
+}
+
+/// One `roce perf write` run from sender 0 to the receiver for `secs` seconds over `qps` QPs;
+/// returns (client JSON, server JSON, the client's trace).
+fn write_flow(s: &Setup, cc: &str, qps: u32, secs: u32) -> (Value, Value, Trace) {
+    let common = format!("perf write -s 65536 -t 32 -q {qps} --cc {cc} --line-rate 10gbit");
+    let recv = &s.net.receiver;
+    let server = spawn(&recv.netns, &args(&format!("{common} -d {}", recv.ifname)));
+    let trace_path = s.guard.dir.join(format!("{cc}-{qps}.csv"));
+    let send = &s.net.senders[0];
+    let client = finish(spawn(
+        &send.netns,
+        &args(&format!(
+            "{common} -D {secs} --trace {} -d {} {}",
+            trace_path.display(),
+            send.ifname,
+            recv.ipv4
+        )),
+    ));
+    let server = finish(server);
+    let c = json_ok(&client, "perf write client");
+    let sv = json_ok(&server, "perf write server");
+    let text = fs::read_to_string(&trace_path).expect("the client wrote its trace");
+    (c, sv, Trace::parse_csv(&text).expect("a valid trace"))
+}
+
+/// Sum of a counter over the QPs of a perf JSON report (`cc` is per QP; transport counters are
+/// under `transport`).
+fn qp_sum(v: &Value, path: &[&str]) -> u64 {
+    v["cc"]
+        .as_array()
+        .expect("per-QP cc report")
+        .iter()
+        .map(|q| {
+            let mut x = q;
+            for p in path {
+                x = &x[*p];
+            }
+            x.as_u64().unwrap_or_else(|| panic!("no {path:?} in {q}"))
+        })
+        .sum()
+}
+
+/// Bits/s QP `qpn` sent over the last `frac` of the trace.
+fn tail_rate(t: &Trace, qpn: u64, frac: f64) -> f64 {
+    let rows: Vec<_> = t
+        .rows
+        .iter()
+        .filter(|r| u64::from(r.qpn.value()) == qpn)
+        .collect();
+    let (first, last) = (rows[0], rows[rows.len() - 1]);
+    let from_t = last.time.0 - ((last.time.0 - first.time.0) as f64 * frac) as u64;
+    let from = rows
+        .iter()
+        .find(|r| r.time.0 >= from_t)
+        .expect("a sample in the tail");
+    (last.bytes - from.bytes) as f64 * 8.0 / ((last.time.0 - from.time.0) as f64 / 1e9)
+}
+
+fn qpns(v: &Value) -> Vec<u64> {
+    v["cc"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|q| q["qpn"].as_u64().unwrap())
+        .collect()
+}
+
+#[test]
+fn write_converges_to_the_bottleneck_and_cnps_reconcile() {
+    let s = setup("ccb", 91, 1);
+    bottleneck_on(&s);
+    let before = impair_stats(&s);
+    let (c, sv, trace) = write_flow(&s, "on", 1, 8);
+    let imp = impair_stats(&s).saturating_sub(&before);
+    let qpn = qpns(&c)[0];
+    let rate = tail_rate(&trace, qpn, 0.5);
+    let marked = imp.bottleneck_marked;
+    let ce_seen = qp_sum(&sv, &["np_ecn_marked_roce_packets"]);
+    let cnp_sent = qp_sum(&sv, &["np_cnp_sent"]);
+    let handled = qp_sum(&c, &["rp_cnp_handled"]);
+    let ignored = qp_sum(&c, &["rp_cnp_ignored"]);
+    eprintln!(
+        "cc on: tail rate {:.1} Mb/s, goodput {:.1} Mb/s, impair {imp:?}, receiver CE {ce_seen} \
+         CNPs sent {cnp_sent}; sender CNPs handled {handled} ignored {ignored}",
+        rate / 1e6,
+        c["gbit_per_sec"].as_f64().unwrap() * 1e3
+    );
+    assert!(
+        (rate - BOTTLENECK_BPS).abs() <= 0.2 * BOTTLENECK_BPS,
+        "the flow sent {:.1} Mb/s over the last half, not within 20 % of {BOTTLENECK}",
+        rate / 1e6
+    );
+    // Marks flowed: the bottleneck marked, the receiver saw every mark, CNPs went back.
+    assert!(marked > 0, "the bottleneck never marked: {imp:?}");
+    assert_eq!(
+        ce_seen, marked,
+        "every CE mark the bottleneck made reached the receiver's NP"
+    );
+    assert!(cnp_sent > 0 && cnp_sent <= ce_seen);
+    // Every CNP the receiver sent reached the sender's RP (the reverse path is not impaired and
+    // the client reports after the server's last CNP had time to arrive): handled + ignored.
+    let received = handled + ignored;
+    assert!(
+        received <= cnp_sent && received + 2 >= cnp_sent,
+        "np_cnp_sent {cnp_sent} at the receiver vs rp_cnp_handled {handled} + rp_cnp_ignored \
+         {ignored} at the sender"
+    );
+    assert!(handled > 0, "no CNP cut the rate");
+    // The trace recorded the CNPs too.
+    let last = trace
+        .rows
+        .iter()
+        .rev()
+        .find(|r| u64::from(r.qpn.value()) == qpn);
+    assert_eq!(last.map(|r| r.cnps), Some(received));
+    assert!(c["verified"].as_bool().unwrap() && sv["verified"].as_bool().unwrap());
+}
+
+#[test]
+fn without_cc_the_bottleneck_drops_and_the_sender_retransmits() {
+    let s = setup("ccd", 92, 1);
+    bottleneck_on(&s);
+    let b0 = impair_stats(&s);
+    let (c_on, sv_on, _) = write_flow(&s, "on", 1, 5);
+    let b1 = impair_stats(&s);
+    let (c_off, sv_off, _) = write_flow(&s, "off", 1, 5);
+    let b2 = impair_stats(&s);
+    let on = b1.saturating_sub(&b0);
+    let off = b2.saturating_sub(&b1);
+    let retx = |c: &Value| qp_sum(c, &["transport", "completer_retry_err"]);
+    let (retx_on, retx_off) = (retx(&c_on), retx(&c_off));
+    let drops = |st: &ImpairStats| st.bottleneck_dropped + st.bottleneck_early_dropped;
+    eprintln!(
+        "cc on: {on:?}, {retx_on} retries; cc off: {off:?}, {retx_off} retries, goodput {:.1} \
+         vs {:.1} Mb/s",
+        c_off["gbit_per_sec"].as_f64().unwrap() * 1e3,
+        c_on["gbit_per_sec"].as_f64().unwrap() * 1e3
+    );
+    assert!(
+        drops(&off) > 0 && retx_off > 0,
+        "without CC the bottleneck must drop and the sender retry: {off:?}, {retx_off} retries"
+    );
+    assert!(
+        drops(&off) > 10 * drops(&on).max(1),
+        "CC should keep the queue from dropping: {} drops with it, {} without",
+        drops(&on),
+        drops(&off)
+    );
+    assert!(
+        retx_off > 10 * retx_on.max(1),
+        "{retx_off} retries without CC, {retx_on} with"
+    );
+    // Without CC nothing is ECT, so nothing is marked (RED drops instead) and no CNP is sent;
+    // with CC, ECT(0) data is marked, not dropped early.
+    assert_eq!(off.bottleneck_marked, 0);
+    assert!(
+        on.bottleneck_marked > 0 && on.bottleneck_early_dropped == 0,
+        "{on:?}"
+    );
+    assert_eq!(qp_sum(&sv_off, &["np_cnp_sent"]), 0);
+    // Drops are recovered: both runs' data verified.
+    for v in [&c_on, &sv_on, &c_off, &sv_off] {
+        assert_eq!(v["verified"], true, "{v}");
+    }
+}
+
+#[test]
+fn two_flows_share_the_bottleneck_fairly() {
+    let s = setup("ccf", 93, 1);
+    bottleneck_on(&s);
+    let (c, sv, trace) = write_flow(&s, "on", 2, 10);
+    let q = qpns(&c);
+    let rates: Vec<f64> = q.iter().map(|&n| tail_rate(&trace, n, 0.5)).collect();
+    let total: f64 = rates.iter().sum();
+    eprintln!(
+        "two flows: {:.1} + {:.1} Mb/s over the last half",
+        rates[0] / 1e6,
+        rates[1] / 1e6
+    );
+    for r in &rates {
+        let share = r / (total / 2.0);
+        assert!(
+            (0.7..=1.3).contains(&share),
+            "a flow got {:.1} Mb/s, {share:.2} of its fair share (rates {rates:?})",
+            r / 1e6
+        );
+    }
+    assert!(
+        (total - BOTTLENECK_BPS).abs() <= 0.2 * BOTTLENECK_BPS,
+        "together {:.1} Mb/s",
+        total / 1e6
+    );
+    assert!(qp_sum(&c, &["rp_cnp_handled"]) > 0);
+    assert_eq!(sv["verified"], true);
+}
