@@ -31,14 +31,19 @@ impl Drop for Reaper {
     }
 }
 
-/// Starts `roce -j --netns NS ARGS...` with stdout and stderr captured.
+/// Starts `roce -j --netns NS ARGS...` (no `--netns` when `ns` is empty) with stdout and
+/// stderr captured.
 ///
 /// # Panics
 /// When the binary cannot be started.
 #[must_use]
 pub fn spawn(ns: &str, args: &[String]) -> Reaper {
-    let c = Command::new(roce_bin())
-        .args(["-j", "--netns", ns])
+    let mut cmd = Command::new(roce_bin());
+    cmd.arg("-j");
+    if !ns.is_empty() {
+        cmd.args(["--netns", ns]);
+    }
+    let c = cmd
         .args(args)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())

@@ -112,7 +112,7 @@ fn write_flow(s: &Setup, cc: &str, qps: u32, secs: u32) -> (Value, Value, Trace)
     let client = finish(spawn(
         &send.netns,
         &args(&format!(
-            "{common} -D {secs} --trace {} -d {} {}",
+            "{common} -D {secs} --trace {} --trace-interval 5 -d {} {}",
             trace_path.display(),
             send.ifname,
             recv.ipv4
@@ -294,4 +294,38 @@ fn two_flows_share_the_bottleneck_fairly() {
     );
     assert!(qp_sum(&c, &["rp_cnp_handled"]) > 0);
     assert_eq!(sv["verified"], true);
+
+    // The picture: `roce plot` draws this real trace, both QPs, with their CNPs.
+    let csv = s.guard.dir.join("on-2.csv");
+    let svg = s.guard.dir.join("two-flows.svg");
+    let plot: Vec<String> = [
+        "plot",
+        &csv.display().to_string(),
+        "-o",
+        &svg.display().to_string(),
+        "--title",
+        "DCQCN on veth: two WRITE flows into a 200 Mb/s roce impair bottleneck",
+    ]
+    .map(String::from)
+    .to_vec();
+    let v = json_ok(&finish(spawn("", &plot)), "roce plot");
+    assert_eq!(v["qps"], 2, "{v}");
+    assert_eq!(v["samples"].as_u64(), Some(trace.rows.len() as u64));
+    let text = fs::read_to_string(&svg).unwrap();
+    for qpn in &q {
+        for what in ["rate", "target", "throughput (sent)"] {
+            assert!(
+                text.contains(&format!("QP {qpn} {what}")),
+                "no QP {qpn} {what}"
+            );
+        }
+    }
+    assert!(text.matches("<circle").count() > 10, "CNP marks drawn");
+    // `ROCE_SAVE_PLOT=DIR` keeps the trace and the picture (how docs/dcqcn-two-flows.svg was
+    // made).
+    if let Some(dir) = std::env::var_os("ROCE_SAVE_PLOT") {
+        let dir = PathBuf::from(dir);
+        fs::copy(&csv, dir.join("dcqcn-two-flows.csv")).unwrap();
+        fs::copy(&svg, dir.join("dcqcn-two-flows.svg")).unwrap();
+    }
 }

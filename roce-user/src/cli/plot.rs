@@ -41,6 +41,16 @@ pub struct PlotArgs {
     /// Width and height in pixels.
     #[arg(long, num_args = 2, value_names = ["W", "H"], default_values_t = [1200, 800])]
     pub size: Vec<u32>,
+    /// Draw only samples from this many milliseconds after the trace's start.
+    #[arg(long, value_name = "MS")]
+    pub from_ms: Option<f64>,
+    /// Draw only samples up to this many milliseconds after the trace's start.
+    #[arg(long, value_name = "MS")]
+    pub to_ms: Option<f64>,
+    /// Top of the rate axis in Gb/s (default: the largest value drawn), to zoom in on a
+    /// sawtooth far below the line rate.
+    #[arg(long, value_name = "GBPS")]
+    pub y_max: Option<f64>,
     /// Run the bottleneck simulator and plot its trace instead of reading one.
     #[arg(long)]
     pub simulate: bool,
@@ -104,7 +114,29 @@ pub(crate) fn run(out: Output, args: &PlotArgs) -> anyhow::Result<()> {
             format!("DCQCN rate: {name}")
         }
     });
-    let svg = render_svg(&trace, args.qpn, &title, (w, h))?;
+    let view = View {
+        qpn: args.qpn,
+        from_ms: args.from_ms,
+        to_ms: args.to_ms,
+        y_max_gbps: args.y_max,
+        origin_ns: None,
+    };
+    for (name, v) in [
+        ("--from-ms", args.from_ms),
+        ("--to-ms", args.to_ms),
+        ("--y-max", args.y_max),
+    ] {
+        if v.is_some_and(|x| !(x.is_finite() && x >= 0.0)) || (name == "--y-max" && v == Some(0.0))
+        {
+            bail!("{name} takes a positive number");
+        }
+    }
+    let view = View {
+        origin_ns: trace.rows.iter().map(|r| r.time.0).min(),
+        ..view
+    };
+    let trace = view.window(&trace);
+    let svg = render_svg(&trace, &title, (w, h), &view)?;
     fs::write(&args.output, &svg).with_context(|| format!("writing {}", args.output))?;
     let rows = trace
         .rows
@@ -155,6 +187,41 @@ fn sim_config(args: &PlotArgs) -> anyhow::Result<SimConfig> {
 
 type Area<'a> = DrawingArea<SVGBackend<'a>, Shift>;
 
+/// What part of a trace to draw, and how.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct View {
+    /// Only this QP.
+    pub qpn: Option<u32>,
+    /// Only samples at least this long after the origin.
+    pub from_ms: Option<f64>,
+    /// Only samples at most this long after the origin.
+    pub to_ms: Option<f64>,
+    /// Top of the rate axis.
+    pub y_max_gbps: Option<f64>,
+    /// Time zero of the x axis (default: the first sample drawn).
+    pub origin_ns: Option<u64>,
+}
+
+impl View {
+    /// The rows between `from_ms` and `to_ms` after the trace's first sample.
+    fn window(&self, t: &Trace) -> Trace {
+        let t0 = self
+            .origin_ns
+            .or_else(|| t.rows.iter().map(|r| r.time.0).min())
+            .unwrap_or(0);
+        let ms = |r: &TraceRow| r.time.0.saturating_sub(t0) as f64 / 1e6;
+        Trace {
+            rows: t
+                .rows
+                .iter()
+                .filter(|r| self.from_ms.is_none_or(|f| ms(r) >= f))
+                .filter(|r| self.to_ms.is_none_or(|e| ms(r) <= e))
+                .copied()
+                .collect(),
+        }
+    }
+}
+
 /// Throughput of one QP's samples (in time order) as (time ns, bits/s) points: the bytes sent
 /// between samples at least `window_ns` apart, over the time between them, placed at the end of
 /// each window. Counters that go backwards (a new QP with the same number) restart the window.
@@ -191,10 +258,11 @@ fn color(i: usize) -> RGBColor {
 /// An empty trace (nothing to draw) or a drawing failure.
 pub fn render_svg(
     trace: &Trace,
-    qpn: Option<u32>,
     title: &str,
     size: (u32, u32),
+    view: &View,
 ) -> anyhow::Result<String> {
+    let qpn = view.qpn;
     let rows: Vec<&TraceRow> = trace
         .rows
         .iter()
@@ -215,12 +283,14 @@ pub fn render_svg(
         }
         v
     };
-    let t0 = rows.iter().map(|r| r.time.0).min().unwrap_or(0);
+    let first = rows.iter().map(|r| r.time.0).min().unwrap_or(0);
+    let t0 = view.origin_ns.unwrap_or(first).min(first);
     let t1 = rows.iter().map(|r| r.time.0).max().unwrap_or(0);
     let ms = |t: u64| (t - t0) as f64 / 1e6;
-    let x_max = ms(t1).max(1e-3);
+    let x_min = ms(first);
+    let x_max = ms(t1).max(x_min + 1e-3);
     // Throughput averaged over 1/100 of the run (at least one sample gap).
-    let window = (t1 - t0) / 100;
+    let window = (t1 - first) / 100;
     let tput: Vec<Vec<(f64, f64)>> = qpns
         .iter()
         .map(|q| {
@@ -241,6 +311,7 @@ pub fn render_svg(
         .chain(tput.iter().flatten().map(|p| p.1))
         .fold(1e-9, f64::max)
         * 1.05;
+    let y_max = view.y_max_gbps.unwrap_or(y_max);
 
     let mut svg = String::new();
     {
@@ -253,7 +324,7 @@ pub fn render_svg(
             .margin(12)
             .x_label_area_size(30)
             .y_label_area_size(60)
-            .build_cartesian_2d(0f64..x_max, 0f64..y_max.max(1e-6))
+            .build_cartesian_2d(x_min..x_max, 0f64..y_max.max(1e-6))
             .map_err(draw_err)?;
         rate.configure_mesh()
             .x_desc("time (ms)")
@@ -315,7 +386,7 @@ pub fn render_svg(
             .margin(12)
             .x_label_area_size(30)
             .y_label_area_size(60)
-            .build_cartesian_2d(0f64..x_max, 0f64..1.0f64)
+            .build_cartesian_2d(x_min..x_max, 0f64..1.0f64)
             .map_err(draw_err)?;
         alpha
             .configure_mesh()
@@ -361,7 +432,7 @@ mod tests {
     #[test]
     fn draws_the_simulated_sawtooth() {
         let r = sim::run(&SimConfig::default());
-        let svg = render_svg(&r.trace, None, "test", (1000, 700)).unwrap();
+        let svg = render_svg(&r.trace, "test", (1000, 700), &View::default()).unwrap();
         assert!(svg.starts_with("<svg"), "{}", &svg[..80]);
         assert!(svg.contains("</svg>"));
         // Rate, target and α lines, one CNP circle per sample with new CNPs, labels.
@@ -411,12 +482,30 @@ mod tests {
             stagger: Duration::from_millis(1),
             ..SimConfig::default()
         });
-        let both = render_svg(&r.trace, None, "t", (800, 600)).unwrap();
+        let both = render_svg(&r.trace, "t", (800, 600), &View::default()).unwrap();
         assert!(both.contains("QP 18 rate") && both.contains("QP 17 rate"));
-        let one = render_svg(&r.trace, Some(18), "t", (800, 600)).unwrap();
+        let one = render_svg(
+            &r.trace,
+            "t",
+            (800, 600),
+            &View {
+                qpn: Some(18),
+                ..View::default()
+            },
+        )
+        .unwrap();
         assert!(one.contains("QP 18 rate") && !one.contains("QP 17 rate"));
-        let e = render_svg(&r.trace, Some(99), "t", (800, 600)).unwrap_err();
+        let e = render_svg(
+            &r.trace,
+            "t",
+            (800, 600),
+            &View {
+                qpn: Some(99),
+                ..View::default()
+            },
+        )
+        .unwrap_err();
         assert!(e.to_string().contains("no samples of QP 99"), "{e}");
-        assert!(render_svg(&Trace::new(), None, "t", (800, 600)).is_err());
+        assert!(render_svg(&Trace::new(), "t", (800, 600), &View::default()).is_err());
     }
 }
