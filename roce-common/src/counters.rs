@@ -258,6 +258,8 @@ counter_struct! {
         cq_overflow,
         /// roce-xdp: control responses (ACK/NAK) dropped because the bounded queue was full.
         ack_queue_full,
+        /// roce-xdp: READ/atomic responder resources given up for a newer request while their responses were still going out (full ring; rxe overwrites too).
+        rd_atomic_evicted,
         /// mlx5: received RoCE packets marked ECN CE.
         np_ecn_marked_roce_packets,
     }

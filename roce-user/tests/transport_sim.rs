@@ -1,6 +1,7 @@
 //! Seeded random schedules on the two-endpoint simulator: mixed SEND / SEND with immediate /
 //! WRITE / WRITE with immediate / READ / compare-and-swap / fetch-and-add, sizes 0 B..1 MiB,
-//! over a link with 0-20 % loss, duplication and reordering, plus corruption and CE marks.
+//! over a link with 0-20 % loss, duplication and reordering, plus corruption and CE marks of
+//! ECN-capable frames, with DCQCN on (CNPs, rate cuts, pacing of requests and READ responses).
 //!
 //! Invariant checked for every seed: either every WR completes exactly once, in order, with
 //! success and byte-identical data (atomics checked against a model), or, when the transport
@@ -8,7 +9,8 @@
 //! RNR_RETRY_EXC_ERR) completion followed by WR_FLUSH_ERR for every later WR, and nothing lost.
 //!
 //! Every test prints its seed. Replay one with `ROCE_SIM_SEED=<seed>`; `ROCE_SIM_MESSAGES=<n>`
-//! sets the number of messages per seed. In debug builds the suite runs 4 seeds of 1,500
+//! sets the number of messages per seed, `ROCE_SIM_TIMEOUT=<code>` the local ACK timeout (default
+//! 8, ~1 ms) and `ROCE_SIM_CC=off` turns congestion control off. In debug builds the suite runs 4 seeds of 1,500
 //! messages each (6,000 in all, ~10-15 s on 2 cores) with sizes above 4 KiB scaled down 8x
 //! (1 MiB -> 128 KiB), 3 seeds x 2 links with few retries, and 8 QP pairs sharing one link.
 //! The full run (10,000 messages, real sizes up to 1 MiB, ~45 s) is `full_10k_messages_release`,
@@ -79,11 +81,15 @@ struct Outcome {
 
 impl Run {
     fn new(seed: u64, link: Link, cfg: &RcConfig, scale: u64) -> Self {
-        // Congestion control off: these schedules test the transport's rules, and DCQCN
-        // answering up to 5 % random CE marks paces the QPs down to a crawl (it has its own
-        // tests in transport/cc.rs).
+        // Congestion control on, as the endpoint runs: data ECT(0), the link CE-marks up to 5 %
+        // of it, CNPs flow both ways and DCQCN paces both requesters and READ responders
+        // (`ROCE_SIM_CC=off` runs the same schedules without it).
         let config = DeviceConfig {
-            cc: roce::transport::CcConfig::off(),
+            cc: if std::env::var("ROCE_SIM_CC").is_ok_and(|v| v == "off") {
+                roce::transport::CcConfig::off()
+            } else {
+                roce::transport::CcConfig::default()
+            },
             ..DeviceConfig::default()
         };
         let mut pair = Pair::new(seed, config, link);
@@ -333,12 +339,16 @@ impl Run {
         assert!(
             done,
             "seed {seed}: batch did not finish: {} of {} requester completions, {} of {want_b} \
-             receive completions, link {:?}, A {:?}",
+             receive completions, link {:?}, sim time {:?}, A {:?}, A's DCQCN {:?}, B's {:?}, B {:?}",
             wa.len(),
             msgs.len(),
             wb.len(),
             self.pair.stats,
-            self.pair.a.qp(a.qpn).unwrap().counters()
+            self.pair.time,
+            self.pair.a.qp(a.qpn).unwrap().counters(),
+            self.pair.a.cc_snapshots(),
+            self.pair.b.cc_snapshots(),
+            self.pair.b.qp(b.qpn).unwrap().counters(),
         );
         if self.pair.a.qp(a.qpn).unwrap().state() != QpState::Err {
             // The reverse direction: exactly once, in order, byte-identical.
@@ -467,7 +477,7 @@ fn run_seed(seed: u64, messages: u64, scale: u64, retry_cnt: u8, reorder: bool) 
     }
     let cfg = RcConfig {
         retry_cnt,
-        timeout: 8,
+        timeout: env_u64("ROCE_SIM_TIMEOUT").map_or(8, |t| t as u8),
         ..RcConfig::default()
     };
     println!("seed {seed}: link {link:?}, retry_cnt {retry_cnt}, {messages} messages");

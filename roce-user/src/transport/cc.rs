@@ -547,11 +547,13 @@ mod tests {
         s.record();
         s.write(64 * 1024);
         let nb = s.stats(Side::B);
-        assert_eq!(nb.np_ecn_marked_roce_packets, 64);
+        // The link marks every ECN-capable frame; with CC off there are none.
+        assert_eq!(nb.np_ecn_marked_roce_packets, 0);
         assert_eq!(nb.np_cnp_sent, 0);
         for (_, f) in s.log.borrow().iter() {
             let fr = parse_frame(f).unwrap();
             assert_ne!(fr.roce.bth.opcode, Opcode::CNP);
+            assert_eq!(f[15] & 3, 0, "Not-ECT");
         }
         let snap = s.p.a.qp(s.a).unwrap().congestion().unwrap().snapshot();
         assert!(!snap.limited);

@@ -186,7 +186,7 @@ pub(crate) struct OutPkt {
 /// 16 B per SGE; a responder resource at most 64 B; a queued control response 12 B. The
 /// queues are bounded: at most `max_send_wr` send WQEs and `max_recv_wr` receive WQEs (both
 /// posted by the local application, never by a peer), at most `max_dest_rd_atomic` responder
-/// resources (a fixed ring; a peer asking for more gets NAK invalid request) and at most
+/// resources (a ring: one more evicts the oldest, as in rxe) and at most
 /// [`MAX_PENDING_ACKS`] control responses (newer ACKs replace older ones, NAKs beyond are
 /// counted in `ack_queue_full`). With the defaults (256 + 256 WRs of 4 SGEs, 16 resources) a
 /// QP holds at most 256 × 248 + 256 × 96 + 16 × 64 + 16 × 12 + 672 ≈ 88 KiB; nothing a peer

@@ -40,7 +40,7 @@ pub struct Link {
     pub reorder_jitter: Duration,
     /// Probability one byte after the Ethernet header is flipped (the ICRC catches it).
     pub corrupt: f64,
-    /// Probability an IPv4 frame is marked ECN CE (the IPv4 checksum is refreshed).
+    /// Probability an ECN-capable IPv4 frame is marked CE (the IPv4 checksum is refreshed).
     pub ce: f64,
 }
 
@@ -207,7 +207,12 @@ impl Pair {
             frame[i] ^= 1 << self.rng.random_range(0..8u32);
             self.stats.corrupted += 1;
         }
-        if frame.len() > 34 && frame[12..14] == [0x08, 0x00] && self.rng.random_bool(l.ce) {
+        // Like a switch (RFC 3168), only ECN-capable packets are marked.
+        if frame.len() > 34
+            && frame[12..14] == [0x08, 0x00]
+            && frame[15] & 3 != 0
+            && self.rng.random_bool(l.ce)
+        {
             let mut p = ipv4::Packet::new_unchecked(&mut frame[14..34]);
             let tos = p.tos();
             p.set_tos(tos | 3);

@@ -435,7 +435,9 @@ fn resp_resource_read_needs_max_dest_rd_atomic() {
 }
 
 #[test]
-fn resp_resource_too_many_outstanding_reads_is_invalid_request() {
+fn resp_resource_a_read_past_the_table_evicts_the_oldest() {
+    // rxe's resource ring overwrites its oldest slot; a requester that respects
+    // max_rd_atomic has already completed that READ when it sends a new one.
     let mut h = h_with(&RcConfig {
         rd_atomic: 1,
         ..RcConfig::default()
@@ -451,12 +453,15 @@ fn resp_resource_too_many_outstanding_reads_is_invalid_request() {
     );
     let out = h.tx();
     assert_eq!(out.len(), 1, "{out:?}");
-    assert_eq!(out[0].0.opcode, Opcode::RC_ACKNOWLEDGE);
+    assert_eq!(out[0].0.opcode, Opcode::RC_RDMA_READ_RESPONSE_ONLY);
     assert_eq!(
-        out[0].0.aeth.unwrap().syndrome,
-        syndrome::NAK_INVALID_REQUEST
+        out[0].0.psn,
+        Psn::new(RQ_PSN + 1),
+        "only the newer READ is answered"
     );
-    assert_eq!(h.d.qp(h.qpn).unwrap().responder_resources(), 0);
+    assert_eq!(h.c().rd_atomic_evicted, 1);
+    assert_eq!(h.state(), QpState::Rts);
+    assert_eq!(h.d.qp(h.qpn).unwrap().responder_resources(), 1);
 }
 
 // ------------------------------------------------------------------ responder: length
@@ -1756,13 +1761,17 @@ fn sim_ce_marks_are_counted_by_the_receiving_qp() {
         cb.np_ecn_marked_roce_packets, 3,
         "three SEND packets, all marked"
     );
-    assert_eq!(ca.np_ecn_marked_roce_packets, 1, "one ACK back, marked");
-    // The link also marks the CNPs the marks caused (transport/cc.rs).
+    assert_eq!(
+        ca.np_ecn_marked_roce_packets, 1,
+        "one ACK back (ECT(0) too), marked"
+    );
+    // The CNPs the marks caused are Not-ECT, so the link (like a switch) leaves them alone.
     let cnps: u64 = [(&p.a, a.qpn), (&p.b, b.qpn)]
         .iter()
         .map(|(d, q)| d.qp(*q).unwrap().congestion().unwrap().stats().np_cnp_sent)
         .sum();
-    assert_eq!(p.stats.ce_marked, 4 + cnps);
+    assert!(cnps > 0);
+    assert_eq!(p.stats.ce_marked, 4);
     assert_eq!(p.a.poll_cq(a.cq).unwrap().status, WcStatus::Success);
 }
 

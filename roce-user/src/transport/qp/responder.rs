@@ -323,19 +323,26 @@ impl Qp {
 
     /// Takes a responder resource slot: the oldest finished one is reused; if every slot is
     /// still answering, the peer exceeded max_dest_rd_atomic (NAK invalid request).
-    fn take_resource_slot(&mut self) -> Result<(), Fatal> {
+    /// Makes room for one more READ/atomic responder resource (IBA 9.4.4 / C9-...: at most
+    /// `max_dest_rd_atomic` are kept). A full table gives up a finished resource first, else
+    /// the oldest one, as rxe's resource ring overwrites its oldest slot (rxe_resp.c
+    /// `free_rd_atomic_resource` on `res_head`). That is safe: a requester keeps at most
+    /// `max_rd_atomic <= max_dest_rd_atomic` READs/atomics outstanding and completes them in
+    /// order, so when a new one arrives the oldest is already complete at the requester even if
+    /// its responses are still being sent here (paced, or replayed for a duplicate request);
+    /// a requester that breaks the limit only loses responses it was not owed. Counted in
+    /// `rd_atomic_evicted`.
+    fn take_resource_slot(&mut self) {
         if self.resources.len() < usize::from(self.attr.max_dest_rd_atomic) {
-            return Ok(());
+            return;
         }
-        match self.resources.iter().position(|r| !r.pending()) {
-            Some(i) => {
-                self.resources.remove(i);
-                Ok(())
-            }
-            None => Err(Fatal {
-                nak: syndrome::NAK_INVALID_REQUEST,
-                status: None,
-            }),
+        let i = self
+            .resources
+            .iter()
+            .position(|r| !r.pending())
+            .unwrap_or(0);
+        if self.resources.remove(i).is_some_and(|r| r.pending()) {
+            self.counters.rd_atomic_evicted += 1;
         }
     }
 
@@ -359,7 +366,7 @@ impl Qp {
                 status: None,
             });
         }
-        self.take_resource_slot()?;
+        self.take_resource_slot();
         let psn = pkt.hdr.psn;
         let npkts = packets_for(len, self.mtu());
         self.resources.push_back(Resource::Read {
@@ -405,7 +412,7 @@ impl Qp {
                 status: None,
             });
         }
-        self.take_resource_slot()?;
+        self.take_resource_slot();
         let cas = pkt.hdr.opcode == Opcode::RC_COMPARE_SWAP;
         let orig = match ctx
             .mrs
