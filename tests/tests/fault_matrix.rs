@@ -168,6 +168,18 @@ impl Counters {
                 m.insert(format!("{sec}.{k}"), x.as_u64().unwrap_or(0));
             }
         }
+        // AF_XDP queues, summed as "xsk.name": frames the kernel dropped before our RX ring
+        // (ring full under a burst) are losses the impair program did not make.
+        for name in roce_common::counters::XskStats::NAMES {
+            m.insert(format!("xsk.{name}"), 0);
+        }
+        for (sec, body) in v.as_object().expect("stats object") {
+            if sec.starts_with("xsk_q") {
+                for (k, x) in body.as_object().into_iter().flatten() {
+                    *m.entry(format!("xsk.{k}")).or_default() += x.as_u64().unwrap_or(0);
+                }
+            }
+        }
         Self(m)
     }
 
@@ -387,11 +399,23 @@ fn check(f: &Flow, faults: Faults) {
             "the path lost {lost_data} data packets and the requester never retried: {what}"
         );
     }
-    if lost_any == 0 && faults.reorder == 0.0 && faults.dup == 0.0 {
-        assert_eq!(retries, 0, "retries without a fault: {what}");
+    // Losses the path did not make: frames the kernel dropped before an endpoint's RX ring.
+    let ring_drops = f.cs.get("xsk.rx_dropped") + f.ss.get("xsk.rx_dropped");
+    if lost_any == 0 && faults.reorder == 0.0 {
+        // Only duplication on the path: no frame was lost there, so no sequence NAK can have
+        // started a retry unless a full RX ring dropped one; what remains are local ACK
+        // timeouts (a 67 ms timer on a 2-core VM shared with other jobs) and RNR NAKs.
+        let timeouts = f.cs.get("transport.local_ack_timeout_err");
+        let rnr = f.cs.get("transport.rcvd_rnr_err");
+        assert!(
+            retries <= timeouts + rnr || ring_drops > 0,
+            "{retries} retries, {timeouts} timeouts, {rnr} RNR NAKs, nothing lost on the path \
+             or at a ring: {what}"
+        );
     }
-    // Sequence errors: the responder NAKs a gap once (out_of_sequence), the requester counts the
-    // NAKs that reached it (packet_seq_err); a duplicated NAK counts twice.
+    // Sequence errors: `out_of_sequence` counts every request that arrives after a gap (the
+    // responder NAKs the gap once); the requester counts the sequence NAKs that reached it
+    // (`packet_seq_err`), and a duplicated NAK counts twice.
     let oos = f.ss.get("transport.out_of_sequence");
     assert_eq!(oos, f.ss.get("transport.out_of_seq_request"), "{what}");
     let seq = f.cs.get("transport.packet_seq_err");
