@@ -154,20 +154,33 @@ impl Endpoint {
 }
 
 impl Drop for Endpoint {
+    /// A test that fails mid-run stops its endpoints with SIGTERM first, so they flush their
+    /// QPs, detach and remove their pins; SIGKILL only if one is still there after 3 s.
     fn drop(&mut self) {
         if let Some(c) = &mut self.child {
+            if let Ok(pid) = i32::try_from(c.id()) {
+                let _ = nix::sys::signal::kill(
+                    nix::unistd::Pid::from_raw(pid),
+                    nix::sys::signal::Signal::SIGTERM,
+                );
+            }
+            let deadline = Instant::now() + Duration::from_secs(3);
+            while Instant::now() < deadline && matches!(c.try_wait(), Ok(None)) {
+                thread::sleep(Duration::from_millis(50));
+            }
             let _ = c.kill();
             let _ = c.wait();
         }
     }
 }
 
-/// Removes `roce impair` from the router on drop (the namespaces go with [`Routed`]'s drop,
-/// which runs after this one; the endpoints detach roce_xdp themselves, or die with the
-/// namespace when killed).
+/// Removes `roce impair` from the router, and whatever roce_xdp pins an endpoint that had to
+/// be killed left behind on the hosts, on drop (the namespaces go with [`Routed`]'s drop, which
+/// runs after this one).
 struct Guard {
     router_ns: String,
     ifs: Vec<String>,
+    hosts: Vec<(String, String)>,
 }
 
 impl Drop for Guard {
@@ -176,6 +189,13 @@ impl Drop for Guard {
             let _ = Command::new(roce_bin())
                 .args(["--netns", &self.router_ns, "impair", "-i", i, "--off"])
                 .output();
+        }
+        for (ns, ifname) in &self.hosts {
+            if roce::loader::pin_dir(ifname).exists() {
+                let _ = Command::new(roce_bin())
+                    .args(["--netns", ns, "unload", "-i", ifname])
+                    .output();
+            }
         }
     }
 }
@@ -243,6 +263,11 @@ fn mixed_traffic_at_one_percent_loss() {
     let guard = Guard {
         router_ns: net.router_netns.clone(),
         ifs: net.sender_side_ifs.clone(),
+        hosts: net
+            .senders
+            .iter()
+            .map(|h| (h.netns.clone(), h.ifname.clone()))
+            .collect(),
     };
     for i in &guard.ifs {
         roce_ok(&net.router_netns, &format!("impair -i {i} --drop {LOSS}"));
