@@ -1,7 +1,11 @@
 //! Running `roce` as a child process in a namespace, killed on drop so that a failing test
 //! leaves no endpoint running.
 
-use std::process::{Child, Command, Output, Stdio};
+use std::{
+    io::Read,
+    process::{Child, Command, Output, Stdio},
+    time::{Duration, Instant},
+};
 
 use serde_json::Value;
 
@@ -62,6 +66,63 @@ pub fn finish(mut r: Reaper) -> Output {
         .expect("running child")
         .wait_with_output()
         .expect("wait for roce")
+}
+
+/// Waits at most `limit` for the child to exit and returns what it printed; kills it and
+/// panics (with what it printed so far) when it runs longer, so a stuck endpoint fails the test
+/// in bounded time.
+///
+/// # Panics
+/// When waiting fails or the child outlives `limit`.
+#[must_use]
+pub fn finish_within(mut r: Reaper, limit: Duration, what: &str) -> Output {
+    let mut child = r.0.take().expect("running child");
+    let drain = |s: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut buf = Vec::new();
+            if let Some(mut s) = s {
+                let _ = s.read_to_end(&mut buf);
+            }
+            buf
+        })
+    };
+    let out = drain(
+        child
+            .stdout
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let err = drain(
+        child
+            .stderr
+            .take()
+            .map(|s| Box::new(s) as Box<dyn Read + Send>),
+    );
+    let deadline = Instant::now() + limit;
+    let status = loop {
+        if let Some(st) = child.try_wait().expect("wait for roce") {
+            break st;
+        }
+        if Instant::now() >= deadline {
+            let _ = child.kill();
+            let _ = child.wait();
+            let (o, e) = (
+                out.join().unwrap_or_default(),
+                err.join().unwrap_or_default(),
+            );
+            panic!(
+                "{what} still running after {limit:?}, killed: {}{}",
+                String::from_utf8_lossy(&o),
+                String::from_utf8_lossy(&e)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    Output {
+        status,
+        stdout: out.join().unwrap_or_default(),
+        stderr: err.join().unwrap_or_default(),
+    }
 }
 
 /// The JSON a successful run printed.

@@ -36,6 +36,10 @@ enum Task {
         /// Seconds per fuzz target.
         #[arg(long, default_value_t = 30)]
         fuzz_secs: u32,
+        /// Also run the soak (tests/tests/soak.rs: minutes of mixed traffic at 1 % loss,
+        /// memory and progress watched; `ROCE_SOAK_SECS` sets its length).
+        #[arg(long)]
+        soak: bool,
     },
     /// Set up, build, and run `roce demo` on a veth pair it makes itself (needs root).
     Demo {
@@ -128,9 +132,13 @@ pub(crate) fn cargo() -> Command {
 fn main() -> anyhow::Result<()> {
     match Cli::parse().command {
         Task::Setup => setup::ensure(),
-        Task::Test { no_fuzz, fuzz_secs } => {
+        Task::Test {
+            no_fuzz,
+            fuzz_secs,
+            soak,
+        } => {
             setup::ensure()?;
-            test::all(!no_fuzz, fuzz_secs)
+            test::all(!no_fuzz, fuzz_secs, soak)
         }
         Task::Demo { args } => {
             setup::ensure()?;

@@ -28,7 +28,7 @@ fn fuzz_targets() -> Vec<String> {
     names
 }
 
-pub(crate) fn all(fuzz: bool, fuzz_secs: u32) -> anyhow::Result<()> {
+pub(crate) fn all(fuzz: bool, fuzz_secs: u32, soak: bool) -> anyhow::Result<()> {
     let mut tally = Tally::default();
     // 1. Hygiene.
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
@@ -112,6 +112,24 @@ pub(crate) fn all(fuzz: bool, fuzz_secs: u32) -> anyhow::Result<()> {
             .args(["test", "--package", "roce-tests", "--", "--test-threads=1"]),
         &mut tally,
     )?;
+    // 6. Opt-in: the soak, minutes of mixed traffic at 1 % loss (ignored in the run above).
+    if soak {
+        run_tests(
+            cargo()
+                .env("ROCE_BIN", root().join("target/debug/roce"))
+                .args([
+                    "test",
+                    "--package",
+                    "roce-tests",
+                    "--test",
+                    "soak",
+                    "--",
+                    "--ignored",
+                    "--nocapture",
+                ]),
+            &mut tally,
+        )?;
+    }
     eprintln!("xtask test: all suites passed ({} ignored)", tally.ignored);
     println!("tests: {} passed, {} failed", tally.passed, tally.failed);
     Ok(())
