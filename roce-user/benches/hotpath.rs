@@ -20,8 +20,16 @@
 //! - `transport`: two `transport::Device`s back to back moving 1 KiB RDMA WRITEs (one packet
 //!   and one ACK each): post, emit with ICRC, parse with ICRC check, responder, ACK, completer,
 //!   poll_cq. The count printed is frames (WRITE packets + ACKs).
+//! - `qp_memory`: not a callgrind workload: creates `N` connected RC QPs (default caps: 256
+//!   send and 256 receive WRs of up to 4 SGEs) and prints the heap bytes per QP, counted by
+//!   the `stats_alloc` global allocator, empty and with both queues full (one SGE per WR).
 
-use std::{hint::black_box, net::Ipv4Addr};
+use std::{alloc::System, hint::black_box, net::Ipv4Addr};
+
+use stats_alloc::{INSTRUMENTED_SYSTEM, Region, StatsAlloc};
+
+#[global_allocator]
+static GLOBAL: &StatsAlloc<System> = &INSTRUMENTED_SYSTEM;
 
 use roce::transport::{
     Access, Device, DeviceConfig, MAX_FRAME_LEN, Mtu, SendOp, SendWr, Sge, WcStatus,
@@ -177,6 +185,79 @@ fn run_transport(t: &mut Transport) -> u64 {
     frames
 }
 
+/// Heap bytes held now minus at `r`'s start.
+fn held(r: &Region<'_, System>) -> i64 {
+    let c = r.change();
+    i64::try_from(c.bytes_allocated).unwrap() - i64::try_from(c.bytes_deallocated).unwrap()
+        + i64::try_from(c.bytes_reallocated).unwrap()
+}
+
+fn qp_memory(n: u64) {
+    use roce::transport::{QpCap, RecvWr, sim};
+    let config = DeviceConfig {
+        max_qp: usize::try_from(n).unwrap() + 1,
+        ..DeviceConfig::default()
+    };
+    let mut pair = Pair::new(1, config, Link::default());
+    let cfg = RcConfig::default();
+    let (a, _) = connect_rc(&mut pair, &cfg);
+    let r = Region::new(GLOBAL);
+    let mut qpns = Vec::with_capacity(usize::try_from(n).unwrap());
+    let before_vec = held(&r);
+    for _ in 0..n {
+        let qpn = pair
+            .a
+            .create_qp(roce::transport::QpInit {
+                pd: a.pd,
+                qp_type: roce::transport::QpType::Rc,
+                send_cq: a.cq,
+                recv_cq: a.cq,
+                cap: QpCap::default(),
+                sq_sig_all: false,
+            })
+            .expect("create qp");
+        sim::bring_up(
+            &mut pair.a,
+            qpn,
+            sim::Side::A,
+            roce::transport::Qpn::new(0x100),
+            Psn::new(0),
+            Psn::new(0),
+            &cfg,
+        );
+        qpns.push(qpn);
+    }
+    let empty = held(&r) - before_vec;
+    let sge = Sge {
+        addr: 0x1_0000,
+        length: 8,
+        lkey: roce::transport::LKey::new(1),
+    };
+    let caps = QpCap::default();
+    for &q in &qpns {
+        for i in 0..caps.max_recv_wr {
+            let wr = RecvWr {
+                wr_id: u64::from(i),
+                sg_list: vec![sge],
+            };
+            pair.a.post_recv(q, wr).expect("post recv");
+        }
+        for i in 0..caps.max_send_wr {
+            let wr = SendWr::send(u64::from(i), vec![sge]);
+            pair.a.post_send(q, wr).expect("post send");
+        }
+    }
+    let full = held(&r) - before_vec;
+    let n = i64::try_from(n).unwrap();
+    println!(
+        "qp_memory: {n} QPs; heap per QP: {} B empty, {} B with {} send + {} recv WRs of 1 SGE queued",
+        empty / n,
+        full / n,
+        caps.max_send_wr,
+        caps.max_recv_wr
+    );
+}
+
 fn main() {
     let mut args = std::env::args().skip(1).filter(|a| !a.starts_with("--"));
     let (Some(what), n) = (args.next(), args.next()) else {
@@ -198,6 +279,10 @@ fn main() {
             let frames = run_transport(&mut t);
             let _ = (t.lkey, t.rkey, t.cqs[1]);
             frames
+        }
+        "qp_memory" => {
+            qp_memory(n);
+            return;
         }
         other => panic!("unknown workload {other}"),
     };

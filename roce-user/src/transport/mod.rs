@@ -26,6 +26,11 @@
 //! [`DeviceConfig::max_mr`] regions, [`DeviceConfig::max_cq`] CQs of at most
 //! [`DeviceConfig::max_cqe`] entries (48 B each), [`DeviceConfig::max_events`] async events,
 //! and one 4 KiB scratch buffer.
+//!
+//! Measured (`hotpath qp_memory`, heap bytes counted by a global allocator, x86_64): a
+//! connected RC QP with default caps holds about 2 KiB of heap while its queues are empty (the
+//! QP, its BTreeMap slot, its DCQCN state) and about 117 KiB with 256 send and 256 receive WRs
+//! of one SGE queued; memory regions are the application's buffers plus a table slot.
 
 //! # Deviations from rxe, on purpose
 //! - An RNR NAK also suppresses PSN NAKs for the packets behind it until the retried request
