@@ -84,8 +84,10 @@ fn pump(a: &mut Device, b: &mut Device, now: Instant, buf: &mut [u8]) -> u64 {
     let mut moved = 0;
     loop {
         let before = moved;
+        // A to B as the engine does it (`handle_packet_mut`, ICRC checked in place), B to A
+        // through the copying `handle_packet`: both receive paths are measured.
         while let Some(t) = a.poll_transmit(now, buf) {
-            b.handle_packet(now, &buf[..t.size]);
+            b.handle_packet_mut(now, &mut buf[..t.size]);
             moved += 1;
         }
         while let Some(t) = b.poll_transmit(now, buf) {

@@ -572,6 +572,29 @@ impl Device {
         self.handle_decoded(now, &pkt, Some((src, dst)));
     }
 
+    /// [`Device::handle_packet`] for a frame the caller owns and may have written: the ICRC is
+    /// checked by masking its variant fields in place ([`crate::wire::parse_frame_in_place`],
+    /// no copy of the headers), and the frame is unchanged afterwards. Call it from an engine
+    /// whose received frames are writable (UMEM frames about to be recycled).
+    pub fn handle_packet_mut(&mut self, now: Instant, frame: &mut [u8]) {
+        self.counters.rcvd_pkts += 1;
+        let f = match crate::wire::parse_frame_in_place(frame) {
+            Ok(f) if f.icrc_ok => f,
+            _ => {
+                self.counters.rx_malformed += 1;
+                return;
+            }
+        };
+        let hdr = PktHdr::from_repr(&f.roce);
+        let (src, dst) = (f.src_ip(), f.dst_ip());
+        let pkt = RxPkt {
+            hdr,
+            payload: f.payload,
+            ce: f.ecn() == Ecn::Ce,
+        };
+        self.handle_decoded(now, &pkt, Some((src, dst)));
+    }
+
     /// Handles one received packet that is already decoded (the frame path calls this after
     /// [`crate::wire::parse_frame`]; the fuzz target and unit tests call it directly).
     /// `addrs` are the frame's (source, destination) IPs, checked against an RC QP's path.
