@@ -245,7 +245,7 @@ const fn at(now: Nanos) -> Instant {
 
 impl Handler for TransportHandler {
     fn on_rx(&mut self, now: Nanos, frame: &mut [u8], _tx: &mut TxSink<'_>) -> RxVerdict {
-        self.shared.lock().handle_packet(at(now), frame);
+        self.shared.lock().handle_packet_mut(at(now), frame);
         self.activity = true;
         RxVerdict::Recycle
     }

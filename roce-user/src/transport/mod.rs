@@ -26,6 +26,11 @@
 //! [`DeviceConfig::max_mr`] regions, [`DeviceConfig::max_cq`] CQs of at most
 //! [`DeviceConfig::max_cqe`] entries (48 B each), [`DeviceConfig::max_events`] async events,
 //! and one 4 KiB scratch buffer.
+//!
+//! Measured (`hotpath qp_memory`, heap bytes counted by a global allocator, x86_64): a
+//! connected RC QP with default caps holds about 2 KiB of heap while its queues are empty (the
+//! QP, its BTreeMap slot, its DCQCN state) and about 117 KiB with 256 send and 256 receive WRs
+//! of one SGE queued; memory regions are the application's buffers plus a table slot.
 
 //! # Deviations from rxe, on purpose
 //! - An RNR NAK also suppresses PSN NAKs for the packets behind it until the retried request
@@ -551,6 +556,29 @@ impl Device {
     pub fn handle_packet(&mut self, now: Instant, frame: &[u8]) {
         self.counters.rcvd_pkts += 1;
         let f = match parse_frame(frame) {
+            Ok(f) if f.icrc_ok => f,
+            _ => {
+                self.counters.rx_malformed += 1;
+                return;
+            }
+        };
+        let hdr = PktHdr::from_repr(&f.roce);
+        let (src, dst) = (f.src_ip(), f.dst_ip());
+        let pkt = RxPkt {
+            hdr,
+            payload: f.payload,
+            ce: f.ecn() == Ecn::Ce,
+        };
+        self.handle_decoded(now, &pkt, Some((src, dst)));
+    }
+
+    /// [`Device::handle_packet`] for a frame the caller owns and may have written: the ICRC is
+    /// checked by masking its variant fields in place ([`crate::wire::parse_frame_in_place`],
+    /// no copy of the headers), and the frame is unchanged afterwards. Call it from an engine
+    /// whose received frames are writable (UMEM frames about to be recycled).
+    pub fn handle_packet_mut(&mut self, now: Instant, frame: &mut [u8]) {
+        self.counters.rcvd_pkts += 1;
+        let f = match crate::wire::parse_frame_in_place(frame) {
             Ok(f) if f.icrc_ok => f,
             _ => {
                 self.counters.rx_malformed += 1;

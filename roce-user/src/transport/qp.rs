@@ -871,10 +871,16 @@ impl Qp {
             SendOp::SendWithImm { imm } => (Opcode::UD_SEND_ONLY_WITH_IMMEDIATE, Some(imm)),
             _ => (Opcode::UD_SEND_ONLY, None),
         };
-        let sges = wqe.wr.sg_list.clone();
         let se = wqe.wr.flags.contains(super::wr::SendFlags::SOLICITED);
         if len > scratch.len()
-            || sg_gather(ctx.mrs, self.init.pd, &sges, 0, &mut scratch[..len]).is_err()
+            || sg_gather(
+                ctx.mrs,
+                self.init.pd,
+                &wqe.wr.sg_list,
+                0,
+                &mut scratch[..len],
+            )
+            .is_err()
         {
             self.counters.send_err += 1;
             self.complete_head(WcStatus::LocProtErr, ctx);
@@ -946,7 +952,6 @@ impl Qp {
         let solicited = wqe.wr.flags.contains(super::wr::SendFlags::SOLICITED);
         let op = wqe.wr.op;
         let wqe_len = wqe.len;
-        let sges = wqe.wr.sg_list.clone();
         let mut hdr;
         let mut payload_len = 0usize;
         let last;
@@ -1027,7 +1032,7 @@ impl Qp {
                     || sg_gather(
                         ctx.mrs,
                         self.init.pd,
-                        &sges,
+                        &self.sq[idx].wr.sg_list,
                         off,
                         &mut scratch[..payload_len],
                     )

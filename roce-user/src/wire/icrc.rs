@@ -68,65 +68,107 @@ pub fn compute(ip_hdr: &[u8], udp_hdr: &[u8], roce: &[u8]) -> Result<u32> {
     Ok(h.finalize())
 }
 
+/// A 16-byte chunk of the headers (its offset in the datagram) and the bits the ICRC sets to
+/// one in it, little-endian: byte `i` of the chunk is byte `i` of the mask. The masked bytes
+/// of every chunk lie inside the shortest valid datagram (40 bytes for IPv4, 60 for IPv6).
+type MaskChunk = (usize, u128);
+
+/// A mask with `0xff` at each byte index of `bytes` and `first` ORed into byte 0.
+const fn chunk_mask(first: u8, bytes: &[usize]) -> u128 {
+    let mut m = first as u128;
+    let mut i = 0;
+    while i < bytes.len() {
+        m |= 0xff << (8 * bytes[i]);
+        i += 1;
+    }
+    m
+}
+
+/// IPv4: TOS (1), TTL (8), header checksum (10, 11); UDP checksum (26, 27); BTH byte 4 (32).
+const V4_MASKS: [MaskChunk; 3] = [
+    (0, chunk_mask(0, &[1, 8, 10, 11])),
+    (16, chunk_mask(0, &[10, 11])),
+    (32, chunk_mask(0, &[0])),
+];
+/// IPv6: traffic class and flow label (low nibble of 0, 1..=3), hop limit (7); UDP checksum
+/// (46, 47); BTH byte 4 (52).
+const V6_MASKS: [MaskChunk; 3] = [
+    (0, chunk_mask(0x0f, &[1, 2, 3, 7])),
+    (32, chunk_mask(0, &[14, 15])),
+    (48, chunk_mask(0, &[4])),
+];
+
+// The chunk masks say the same as the field offsets of the headers.
+const _: () = {
+    let (tos, ttl, csum) = ipv4::ICRC_MASKED;
+    assert!(tos == 1 && ttl == 8 && csum == 10);
+    assert!(udp::CHECKSUM_OFFSET == 6 && bth::FECN_BECN_OFFSET == 4);
+    assert!(ipv6::HOP_LIMIT_OFFSET == 7);
+    // The short-datagram path masks the last chunk's one byte alone, and needs the first two
+    // chunks inside the shortest datagram (40 bytes for IPv4, 60 for IPv6).
+    assert!(V4_MASKS[2].1.count_ones() == 8 && V6_MASKS[2].1.count_ones() == 8);
+    assert!(V4_MASKS[1].0 + 16 <= 40 && V6_MASKS[1].0 + 16 <= 60);
+};
+
+#[inline(always)]
+fn load16(b: &[u8], at: usize) -> u128 {
+    let mut c = [0u8; 16];
+    c.copy_from_slice(&b[at..at + 16]);
+    u128::from_le_bytes(c)
+}
+
+#[inline(always)]
+fn store16(b: &mut [u8], at: usize, v: u128) {
+    b[at..at + 16].copy_from_slice(&v.to_le_bytes());
+}
+
 /// Computes the ICRC over a contiguous datagram `l3` (IP header up to, not including, the
 /// ICRC) by masking the variant fields in place, hashing the bytes in one pass, and putting
-/// the fields back. Same result as [`compute`], no copy at all, and as fast as a plain CRC of
-/// the same bytes; use it where the buffer is writable (emit, or a received frame the engine
-/// owns). On error the buffer is left unchanged.
+/// the fields back. Same result as [`compute`], no copy at all; use it where the buffer is
+/// writable (emit, or a received frame the engine owns). On error the buffer is left
+/// unchanged.
+///
+/// The masking is three 16-byte read-modify-writes of the header chunks that hold variant
+/// fields (the last one a single byte for a datagram shorter than that chunk, such as an ACK), so
+/// it costs a few instructions and the hash's own 16-byte loads of those chunks are forwarded
+/// from whole stores.
 pub fn compute_in_place(l3: &mut [u8]) -> Result<u32> {
-    let ip_len = match l3.first().map(|b| b >> 4) {
-        Some(4) => ipv4::HEADER_LEN,
-        Some(6) => ipv6::HEADER_LEN,
-        _ => return Err(WireError::Malformed("IP version is neither 4 nor 6")),
-    };
+    // One copy of the body per IP version, so the masks are immediates.
+    match l3.first().map(|b| b >> 4) {
+        Some(4) => masked_crc(l3, ipv4::HEADER_LEN, &V4_MASKS),
+        Some(6) => masked_crc(l3, ipv6::HEADER_LEN, &V6_MASKS),
+        _ => Err(WireError::Malformed("IP version is neither 4 nor 6")),
+    }
+}
+
+#[inline(always)]
+fn masked_crc(l3: &mut [u8], ip_len: usize, masks: &[MaskChunk; 3]) -> Result<u32> {
     if l3.len() < ip_len + udp::HEADER_LEN + bth::HEADER_LEN {
         return Err(WireError::Truncated);
     }
-    let udp_csum = ip_len + udp::CHECKSUM_OFFSET;
-    let bth_byte4 = ip_len + udp::HEADER_LEN + bth::FECN_BECN_OFFSET;
-    // Save the variant bytes, set them to all ones, hash, restore.
-    let saved_ip: [u8; 4];
-    if ip_len == ipv4::HEADER_LEN {
-        let (tos, ttl, csum) = ipv4::ICRC_MASKED;
-        saved_ip = [l3[tos], l3[ttl], l3[csum], l3[csum + 1]];
-        l3[tos] = 0xff;
-        l3[ttl] = 0xff;
-        l3[csum] = 0xff;
-        l3[csum + 1] = 0xff;
-    } else {
-        saved_ip = [l3[0], l3[1], l3[2], l3[3]];
-        l3[0] |= 0x0f;
-        l3[1] = 0xff;
-        l3[2] = 0xff;
-        l3[3] = 0xff;
-    }
-    let saved = [
-        l3[udp_csum],
-        l3[udp_csum + 1],
-        l3[bth_byte4],
-        l3[ipv6::HOP_LIMIT_OFFSET],
-    ];
-    l3[udp_csum] = 0xff;
-    l3[udp_csum + 1] = 0xff;
-    l3[bth_byte4] = 0xff;
-    if ip_len == ipv6::HEADER_LEN {
-        l3[ipv6::HOP_LIMIT_OFFSET] = 0xff;
-    }
+    let [(a0, m0), (a1, m1), (a2, m2)] = *masks;
     let mut h = crc32fast::Hasher::new_with_initial(LRH_STATE);
-    h.update(l3);
-    if ip_len == ipv4::HEADER_LEN {
-        let (tos, ttl, csum) = ipv4::ICRC_MASKED;
-        l3[tos] = saved_ip[0];
-        l3[ttl] = saved_ip[1];
-        l3[csum] = saved_ip[2];
-        l3[csum + 1] = saved_ip[3];
+    if l3.len() >= a2 + 16 {
+        let (o0, o1, o2) = (load16(l3, a0), load16(l3, a1), load16(l3, a2));
+        store16(l3, a0, o0 | m0);
+        store16(l3, a1, o1 | m1);
+        store16(l3, a2, o2 | m2);
+        h.update(l3);
+        store16(l3, a0, o0);
+        store16(l3, a1, o1);
+        store16(l3, a2, o2);
     } else {
-        l3[..4].copy_from_slice(&saved_ip);
+        // Shorter than the last chunk (an ACK, say): its one masked byte byte by byte.
+        let last = a2 + (m2.trailing_zeros() / 8) as usize;
+        let (o0, o1, ol) = (load16(l3, a0), load16(l3, a1), l3[last]);
+        store16(l3, a0, o0 | m0);
+        store16(l3, a1, o1 | m1);
+        l3[last] = 0xff;
+        h.update(l3);
+        store16(l3, a0, o0);
+        store16(l3, a1, o1);
+        l3[last] = ol;
     }
-    l3[udp_csum] = saved[0];
-    l3[udp_csum + 1] = saved[1];
-    l3[bth_byte4] = saved[2];
-    l3[ipv6::HOP_LIMIT_OFFSET] = saved[3];
     Ok(h.finalize())
 }
 
@@ -229,6 +271,27 @@ mod tests {
         assert_eq!(compute_in_place(&mut f).unwrap(), want);
         assert_eq!(f, orig);
         assert!(compute_in_place(&mut f[..50]).is_err());
+    }
+
+    #[test]
+    fn in_place_matches_copying_at_every_length() {
+        // Short packets (an IPv4 ACK is 44 bytes, the shortest IPv6 datagram 60) mask their
+        // last chunk byte by byte; longer ones in 16-byte chunks.
+        for (version, min) in [(0x45u8, 40usize), (0x6a, 60)] {
+            for len in min..min + 100 {
+                let mut f: Vec<u8> = (0..len).map(|i| (i * 37 + len) as u8).collect();
+                f[0] = version;
+                let ip = if version == 0x45 { 20 } else { 40 };
+                let want = compute(&f[..ip], &f[ip..ip + 8], &f[ip + 8..]).unwrap();
+                let orig = f.clone();
+                assert_eq!(
+                    compute_in_place(&mut f).unwrap(),
+                    want,
+                    "{version:#x} {len}"
+                );
+                assert_eq!(f, orig, "restored");
+            }
+        }
     }
 
     #[test]

@@ -235,8 +235,7 @@ impl Qp {
             self.counters.rx_dropped += 1;
             return;
         }
-        let sges: Vec<Sge> = w.wr.sg_list.clone();
-        if sg_scatter(ctx.mrs, self.init.pd, &sges, off, pkt.payload).is_err() {
+        if sg_scatter(ctx.mrs, self.init.pd, &w.wr.sg_list, off, pkt.payload).is_err() {
             self.complete_head(WcStatus::LocProtErr, ctx);
             self.enter_error(ctx);
             return;
@@ -265,9 +264,8 @@ impl Qp {
             self.counters.rx_dropped += 1;
             return;
         };
-        let sges: Vec<Sge> = w.wr.sg_list.clone();
         // The original value lands in host (little-endian) order, as rxe stores it.
-        if sg_scatter(ctx.mrs, self.init.pd, &sges, 0, &orig.to_le_bytes()).is_err() {
+        if sg_scatter(ctx.mrs, self.init.pd, &w.wr.sg_list, 0, &orig.to_le_bytes()).is_err() {
             self.complete_head(WcStatus::LocProtErr, ctx);
             self.enter_error(ctx);
             return;

@@ -211,8 +211,15 @@ impl Qp {
                 status: Some(WcStatus::LocLenErr),
             });
         }
-        let sges = rwqe.sg_list.clone();
-        if sg_scatter(ctx.mrs, self.init.pd, &sges, self.send_off, pkt.payload).is_err() {
+        if sg_scatter(
+            ctx.mrs,
+            self.init.pd,
+            &rwqe.sg_list,
+            self.send_off,
+            pkt.payload,
+        )
+        .is_err()
+        {
             // A malformed receive WQE (bad local key/range): class A, remote operational error.
             return Err(Fatal {
                 nak: syndrome::NAK_REMOTE_OPERATIONAL_ERROR,
@@ -526,13 +533,13 @@ impl Qp {
             self.counters.out_of_buffer += 1;
             return;
         };
-        let sges = rwqe.sg_list.clone();
+        let sges = &rwqe.sg_list;
         let mut status = WcStatus::Success;
-        if sg_len(&sges) < GRH_LEN + plen {
+        if sg_len(sges) < GRH_LEN + plen {
             self.counters.resp_local_length_error += 1;
             status = WcStatus::LocLenErr;
-        } else if sg_scatter(ctx.mrs, self.init.pd, &sges, 0, &[0u8; GRH_LEN as usize]).is_err()
-            || sg_scatter(ctx.mrs, self.init.pd, &sges, GRH_LEN, pkt.payload).is_err()
+        } else if sg_scatter(ctx.mrs, self.init.pd, sges, 0, &[0u8; GRH_LEN as usize]).is_err()
+            || sg_scatter(ctx.mrs, self.init.pd, sges, GRH_LEN, pkt.payload).is_err()
         {
             status = WcStatus::LocProtErr;
         }
