@@ -12,7 +12,7 @@
 //! Iterations per QP (CI): 1000 at 2 B, 200 at 4 KiB, 50 at 64 KiB, 8 at 1 MiB, 500 atomics.
 //! `ROCE_INTEROP_FULL=1` runs 1000 iterations of every size.
 
-use std::{fmt::Write as _, path::Path, process::Command};
+use std::{fmt::Write as _, path::Path, time::Instant};
 
 use roce_tests::{
     require_root,
@@ -134,48 +134,13 @@ fn scenario(h: &Harness<'_>, op: Op, size: u32, qps: u32, guest_server: bool, po
 }
 
 /// rxe ↔ rxe bandwidth from selftest.sh (two VMs on a bridge), MB/s by test name.
-///
-/// The namespace and bridge are made here first: selftest.sh boots both VMs at once, and when
-/// the namespace is new their two start-peer.sh race to create it ("RTNETLINK answers: File
-/// exists").
-fn rxe_reference(size: u32, iters: u32) -> Result<Vec<(String, f64)>, String> {
-    let out = rxe::out_dir().join("selftest");
-    let ns = format!("rxs{}", tag(""));
-    let br = format!("rxsb{}", tag(""));
-    let sh = |args: &[&str]| {
-        Command::new("ip")
-            .args(args)
-            .status()
-            .is_ok_and(|s| s.success())
-    };
-    let made = sh(&["netns", "add", &ns])
-        && sh(&["-n", &ns, "link", "add", &br, "type", "bridge"])
-        && sh(&["-n", &ns, "addr", "add", "10.79.70.1/24", "dev", &br])
-        && sh(&["-n", &ns, "link", "set", &br, "up"]);
-    let o = Command::new(rxe::tools_dir().join("selftest.sh"))
-        .args(["--netns", &ns, "--bridge", &br, "--net", "10.79.70"])
-        .args(["--size", &size.to_string(), "--iters", &iters.to_string()])
-        .arg("--out")
-        .arg(&out)
-        .arg("--no-pcap")
-        .args(["write", "read", "send"])
-        .output();
-    let _ = sh(&["netns", "del", &ns]);
-    let o = o.map_err(|e| format!("selftest.sh: {e}"))?;
-    if !made || !o.status.success() {
-        return Err(format!(
-            "selftest.sh (rxe ↔ rxe reference) failed (netns made: {made}): {}{}",
-            String::from_utf8_lossy(&o.stdout),
-            String::from_utf8_lossy(&o.stderr)
-        ));
-    }
-    Ok(["write", "read", "send"]
-        .iter()
-        .filter_map(|t| {
-            let text = std::fs::read_to_string(out.join(format!("{t}.client.txt"))).ok()?;
-            Some(((*t).to_owned(), rxe::perftest_bw_line(&text)?.3))
-        })
-        .collect())
+fn rxe_reference(
+    size: u32,
+    iters: u32,
+    extra: &str,
+    tests: &[&str],
+) -> Result<Vec<(String, f64)>, String> {
+    rxe::selftest_bw(&format!("s{size}"), 70, size, iters, extra, tests)
 }
 
 fn table(rows: &[Row], reference: &[(String, f64)]) -> String {
@@ -229,14 +194,13 @@ fn write(path: &Path, text: &str) {
     let _ = std::fs::write(path, text);
 }
 
-// Not in the default run: ib_read_bw with 4 QPs of 1 MiB against rxe as server stalls (our
-// requester re-requests the same READs while rxe's response bursts overflow the guest's
-// transmit queue; see docs/interop.md), and the suite takes ~11 minutes. Run it with
-// `cargo test -p roce-tests --test interop_perftest -- --ignored --test-threads=1`.
+// The whole matrix in one VM boot. `ROCE_INTEROP_ONLY=a,b` runs only the scenarios whose name
+// contains a or b, e.g. `ROCE_INTEROP_ONLY=ib_read_bw-server_rxe-s1048576-q4` for the one that
+// used to stall (fixed, docs/interop.md). Measured: 853 s for the matrix and its references.
 #[test]
-#[ignore = "known failure: ib_read_bw -q 4 -s 1M with rxe as server stalls (docs/interop.md); run with --ignored"]
 fn perftest_bandwidth_both_directions() {
     require_root();
+    let started = Instant::now();
     let peer = Peer::boot(&tag("pf"), 63, &PeerOptions::default());
     let h = Harness::new(&peer, &rxe::out_dir().join("pcap"));
     let mut rows = Vec::new();
@@ -271,12 +235,29 @@ fn perftest_bandwidth_both_directions() {
     }
     drop(h);
     drop(peer);
-    let reference = if only.is_empty() {
-        rxe_reference(65536, 200)
+    let matrix_secs = started.elapsed().as_secs_f64();
+    let t = Instant::now();
+    let (reference, read_1m) = if only.is_empty() {
+        (
+            rxe_reference(65536, 200, "", &["write", "read", "send"]),
+            rxe_reference(1 << 20, 8, "-q 4", &["read"]),
+        )
     } else {
-        Ok(Vec::new())
+        (Ok(Vec::new()), Ok(Vec::new()))
     };
-    let text = table(&rows, reference.as_deref().unwrap_or(&[]));
+    let mut text = table(&rows, reference.as_deref().unwrap_or(&[]));
+    let _ = writeln!(
+        text,
+        "\nrxe↔rxe ib_read_bw -q 4 -s 1048576 -n 8 (the same scenario between two rxe VMs): {} MB/s\n\
+         matrix {matrix_secs:.0} s ({} scenarios, one VM boot), rxe↔rxe references {:.0} s",
+        read_1m
+            .as_deref()
+            .ok()
+            .and_then(|r| r.first())
+            .map_or("-".to_owned(), |(_, b)| format!("{b:.2}")),
+        rows.len(),
+        t.elapsed().as_secs_f64()
+    );
     println!("{text}");
     write(&rxe::out_dir().join("perftest-matrix.md"), &text);
     let failed: Vec<&Row> = rows.iter().filter(|r| !r.report.ok()).collect();
@@ -305,8 +286,9 @@ fn perftest_bandwidth_both_directions() {
         "perftest interop failures:\n{text}\n{detail}"
     );
     let reference = reference.expect("the rxe ↔ rxe reference");
+    let read_1m = read_1m.expect("the rxe ↔ rxe 1 MiB READ reference");
     assert!(
-        !only.is_empty() || reference.len() == 3,
-        "rxe ↔ rxe reference: {reference:?}"
+        !only.is_empty() || (reference.len() == 3 && read_1m.len() == 1),
+        "rxe ↔ rxe references: {reference:?} {read_1m:?}"
     );
 }

@@ -17,7 +17,36 @@ const BENCHES: &[(&str, &str, &str, bool)] = &[
     ("wire", "roce-user", "wire", false),
     ("xsk", "roce-tests", "xsk", true),
     ("e2e", "roce-tests", "e2e", true),
+    ("interop", "roce-tests", "interop", true),
 ];
+
+/// Why the Soft-RoCE peer cannot run here, if it cannot: the rxe-peer scripts
+/// (`$RXE_PEER_TOOLS`, else `shared/rxe-peer` beside the repository or a parent) and a built
+/// image (`$RXE_PEER_DIR/rootfs.img`, default /tmp/rxe-peer) must both exist. The bench does not
+/// build the image (the interop tests do, in ~8 minutes).
+fn peer_unavailable() -> Option<String> {
+    let tools = std::env::var_os("RXE_PEER_TOOLS")
+        .map(std::path::PathBuf::from)
+        .or_else(|| {
+            root()
+                .ancestors()
+                .map(|d| d.join("shared/rxe-peer"))
+                .find(|d| d.join("start-peer.sh").exists())
+        });
+    let Some(tools) = tools.filter(|t| t.join("start-peer.sh").exists()) else {
+        return Some("no rxe-peer scripts (shared/rxe-peer beside the repository)".into());
+    };
+    let dir = std::env::var_os("RXE_PEER_DIR")
+        .map_or_else(|| "/tmp/rxe-peer".into(), std::path::PathBuf::from);
+    if !dir.join("rootfs.img").exists() {
+        return Some(format!(
+            "no image at {} (build it with {}/build-image.sh, or run the interop tests)",
+            dir.join("rootfs.img").display(),
+            tools.display()
+        ));
+    }
+    None
+}
 
 fn exists(package: &str, bench: &str) -> bool {
     let dir = if package == "roce-tests" {
@@ -62,15 +91,23 @@ pub(crate) fn all(names: &[String]) -> anyhow::Result<()> {
             }
             bail!("benchmark {name} does not exist yet");
         }
+        if name == "interop"
+            && let Some(why) = peer_unavailable()
+        {
+            if names.is_empty() {
+                eprintln!(
+                    "xtask bench: interop: skipped, the Soft-RoCE peer is not available: {why}"
+                );
+                continue;
+            }
+            bail!("benchmark interop needs the Soft-RoCE peer: {why}");
+        }
         let json = out_dir.join(format!("{name}.json"));
         let _ = fs::remove_file(&json);
-        run(cargo().env("ROCE_BENCH_OUT", &out_dir).args([
-            "bench",
-            "--package",
-            package,
-            "--bench",
-            bench,
-        ]))?;
+        run(cargo()
+            .env("ROCE_BENCH_OUT", &out_dir)
+            .env("ROCE_BIN", root().join("target/release/roce"))
+            .args(["bench", "--package", package, "--bench", bench]))?;
         let text = fs::read_to_string(&json)
             .with_context(|| format!("benchmark {name} wrote no {}", json.display()))?;
         let v: serde_json::Value = serde_json::from_str(&text)?;

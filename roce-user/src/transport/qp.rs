@@ -26,6 +26,27 @@ pub const MAX_UNACKED_PSNS: u32 = 128;
 pub const MAX_PKT_PER_ACK: u32 = 64;
 /// Control responses (ACK/NAK) a responder queues before coalescing or dropping.
 pub const MAX_PENDING_ACKS: usize = 16;
+/// The most the local ACK timeout is doubled after consecutive timeouts (×16).
+///
+/// `timeout` is the minimum a requester waits (ibv_modify_qp(3): "the minimum timeout that a
+/// QP waits for ACK/NACK"); a responder that takes longer to answer than that, as rxe streaming
+/// 4 × 1 MiB of READ responses through a slow guest NIC does, would otherwise be sent a
+/// duplicate request on every expiry, each of which makes it replay the whole response again.
+pub const MAX_TIMEOUT_BACKOFF: u8 = 4;
+/// The most packets one RDMA READ request asks for: a READ WR longer than this is requested
+/// in pieces of this many packets (fixed boundaries from the WR's start), each a READ request
+/// of its own, and a piece is requested only when the unacknowledged-PSN window
+/// ([`MAX_UNACKED_PSNS`]) and the initiator depth (`max_rd_atomic`) allow it.
+///
+/// A responder answers a READ request in one burst and has no flow control (rxe streams the
+/// whole response into its qdisc). One 1 MiB request per QP overflows a slow transmit queue,
+/// and every loss then costs a re-request of everything after it (the requester resumes at the
+/// first missing PSN, rxe `req_retry`; the responder replays to the end of the request, rxe
+/// `duplicate_request`). Pieces bound both the burst and the replay; they are clocked by the
+/// responses, so they also pace the responder. A re-request stays inside its piece, because a
+/// responder accepts a duplicate READ only within the message it remembers (rxe: same R_Key,
+/// range inside the original).
+pub const READ_CHUNK_PKTS: u32 = MAX_UNACKED_PSNS / 2;
 /// The largest RDMA message (RETH DMA length, IBA: at most 2^31).
 pub const MAX_MSG_SIZE: u64 = 1 << 31;
 /// Bytes of GRH space at the start of every UD receive buffer (IBA 11.4.1.1).
@@ -207,13 +228,15 @@ pub struct Qp {
     /// One past the highest PSN ever sent: a go-back rewinds `next_psn`, not this.
     sent_psn: Psn,
     noack_pkts: u32,
-    rd_atomic_outstanding: u32,
     // completer
     comp_psn: Psn,
     retry_left: u8,
     rnr_left: u8,
     rnr_wait: bool,
     retry_guard: Option<Psn>,
+    /// Doublings of the local ACK timeout since the QP was last idle (see
+    /// [`MAX_TIMEOUT_BACKOFF`]).
+    backoff: u8,
     drained_reported: bool,
     // responder
     resp_psn: Psn,
@@ -294,12 +317,12 @@ impl Qp {
             next_psn: Psn::new(0),
             sent_psn: Psn::new(0),
             noack_pkts: 0,
-            rd_atomic_outstanding: 0,
             comp_psn: Psn::new(0),
             retry_left: 0,
             rnr_left: 0,
             rnr_wait: false,
             retry_guard: None,
+            backoff: 0,
             drained_reported: false,
             resp_psn: Psn::new(0),
             msn: Msn::new(0),
@@ -609,9 +632,6 @@ impl Qp {
         } else {
             self.req_pkt = 0;
         }
-        if wqe.wr.op.is_read_or_atomic() && wqe.first_psn.is_some() {
-            self.rd_atomic_outstanding = self.rd_atomic_outstanding.saturating_sub(1);
-        }
         match status {
             WcStatus::Success => {}
             WcStatus::WrFlushErr => self.counters.req_cqe_flush_error += 1,
@@ -686,15 +706,22 @@ impl Qp {
 
     // ---------------------------------------------------------------- timers
 
+    /// Arms the local ACK timer (IBA 9.7.6.1.3) when requests are outstanding, or stops it when
+    /// none are; `restart` pushes an armed timer forward (progress, or proof the responder is
+    /// still working on our requests). The period is the QP's `timeout`, doubled per
+    /// consecutive expiry up to [`MAX_TIMEOUT_BACKOFF`] times; the doubling is forgotten once
+    /// everything sent has been acknowledged.
     fn arm_retransmit(&mut self, now: Instant, restart: bool) {
         if self.comp_psn == self.sent_psn {
             self.timers.stop(Timer::Retransmit);
+            self.backoff = 0;
             return;
         }
         if (restart || self.timers.get(Timer::Retransmit).is_none())
             && let Some(d) = local_ack_timeout(self.attr.timeout)
         {
-            self.timers.set(Timer::Retransmit, now + d);
+            self.timers
+                .set(Timer::Retransmit, now + d * (1u32 << self.backoff));
         }
     }
 
@@ -711,6 +738,7 @@ impl Qp {
                     }
                     self.counters.local_ack_timeout_err += 1;
                     self.retry_guard = None;
+                    self.backoff = (self.backoff + 1).min(MAX_TIMEOUT_BACKOFF);
                     self.retry(now, ctx, false);
                 }
                 Timer::RnrRetry => {
@@ -726,13 +754,15 @@ impl Qp {
 
     /// Starts a retry from `comp_psn` if retries remain, else fails the head WR with
     /// RETRY_EXC_ERR (rxe_comp.c `COMPST_ERROR_RETRY`; retry_cnt 7 retries forever as in rxe).
-    fn retry(&mut self, now: Instant, ctx: &mut Ctx<'_>, implied: bool) {
+    /// An `implied` retry (a NAK or a response past a gap) starts only once per `comp_psn`
+    /// (rxe `started_retry`). Returns whether a retry sequence started.
+    fn retry(&mut self, now: Instant, ctx: &mut Ctx<'_>, implied: bool) -> bool {
         if self.comp_psn == self.sent_psn {
-            return;
+            return false;
         }
         if implied {
             if self.retry_guard == Some(self.comp_psn) {
-                return;
+                return false;
             }
             self.retry_guard = Some(self.comp_psn);
         } else {
@@ -743,7 +773,7 @@ impl Qp {
             self.counters.req_transport_retries_exceeded += 1;
             self.complete_head(WcStatus::RetryExcErr, ctx);
             self.enter_error(ctx);
-            return;
+            return false;
         }
         if self.retry_left != 7 {
             self.retry_left -= 1;
@@ -751,6 +781,7 @@ impl Qp {
         self.counters.completer_retry_err += 1;
         self.go_back(self.comp_psn);
         self.arm_retransmit(now, true);
+        true
     }
 
     /// Rewinds the requester to resend from `psn` (go back N; rxe `req_retry`).
@@ -784,6 +815,31 @@ impl Qp {
         if self.comp_psn.distance(self.next_psn) > 0 {
             self.go_back(self.comp_psn);
         }
+    }
+
+    /// READ and atomic request messages sent and not yet fully answered: what the responder
+    /// holds resources for, at most `max_rd_atomic` (IBA 9.5: the initiator depth). A READ WR
+    /// counts one per piece sent and not answered ([`READ_CHUNK_PKTS`]).
+    fn rd_msgs_outstanding(&self) -> u32 {
+        let mut n = 0;
+        for w in &self.sq {
+            let Some(f) = w.first_psn else { break };
+            if w.done.is_some() {
+                continue;
+            }
+            match w.wr.op {
+                SendOp::Read { .. } => {
+                    let sent = u32::try_from(self.sent_psn.distance(f).max(0))
+                        .unwrap_or(0)
+                        .min(w.npkts);
+                    let pieces = |pkts: u32| pkts.div_ceil(READ_CHUNK_PKTS);
+                    n += pieces(sent).saturating_sub(w.rcvd_pkts / READ_CHUNK_PKTS);
+                }
+                op if op.is_atomic() => n += 1,
+                _ => {}
+            }
+        }
+        n
     }
 
     // ---------------------------------------------------------------- requester output
@@ -937,15 +993,20 @@ impl Qp {
                 self.check_drained(ctx);
                 return None;
             }
-            if wqe.wr.op.is_read_or_atomic() && self.rd_atomic_outstanding >= max_rd {
-                return None;
-            }
         }
         let pkt_idx = self.req_pkt;
         let npkts = wqe.npkts;
         let psn = wqe
             .first_psn
             .map_or(self.next_psn, |f| f.wrapping_add(pkt_idx));
+        // A READ or atomic request never sent before (not a re-request) needs an
+        // initiator-depth slot (rxe `check_init_depth`).
+        if wqe.wr.op.is_read_or_atomic()
+            && psn.distance(self.sent_psn) >= 0
+            && self.rd_msgs_outstanding() >= max_rd
+        {
+            return None;
+        }
         let m = u64::from(mtu.bytes());
         let off = u64::from(pkt_idx) * m;
         let dest = self.attr.dest_qp_num;
@@ -955,17 +1016,23 @@ impl Qp {
         let mut hdr;
         let mut payload_len = 0usize;
         let last;
+        // PSNs this request takes (a READ piece: one per response packet).
+        let mut read_pkts = 1;
         match op {
             SendOp::Read { remote_addr, rkey } => {
-                // One request covers the rest of the READ; a retry resumes mid-way (rxe req_retry).
-                let done = u64::from(wqe.rcvd_pkts) * m;
+                // One request per piece of READ_CHUNK_PKTS packets, from `pkt_idx` to the end of
+                // its piece; a retry resumes mid-piece (rxe req_retry).
+                let start = u64::from(pkt_idx) * m;
+                let piece_end = ((pkt_idx / READ_CHUNK_PKTS + 1) * READ_CHUNK_PKTS).min(npkts);
+                let end = (u64::from(piece_end) * m).min(wqe_len);
                 hdr = PktHdr::new(Opcode::RC_RDMA_READ_REQUEST, dest, psn);
                 hdr.reth = Some(Reth {
-                    va: remote_addr.wrapping_add(done),
+                    va: remote_addr.wrapping_add(start),
                     rkey,
-                    len: u32::try_from(wqe_len - done.min(wqe_len)).unwrap_or(u32::MAX),
+                    len: u32::try_from(end.saturating_sub(start)).unwrap_or(u32::MAX),
                 });
-                last = true;
+                read_pkts = piece_end.saturating_sub(pkt_idx).max(1);
+                last = piece_end >= npkts;
             }
             SendOp::CompareSwap {
                 remote_addr,
@@ -1059,9 +1126,6 @@ impl Qp {
         let wqe = self.sq.get_mut(idx)?;
         if wqe.first_psn.is_none() {
             wqe.first_psn = Some(self.next_psn);
-            if op.is_read_or_atomic() {
-                self.rd_atomic_outstanding += 1;
-            }
             if !matches!(
                 op,
                 SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }
@@ -1069,12 +1133,10 @@ impl Qp {
                 self.counters.rdma_sends += 1;
             }
         }
-        let consumed = match op {
-            SendOp::Read { .. } => npkts - wqe.rcvd_pkts.min(npkts),
-            _ => 1,
-        };
+        let is_read = matches!(op, SendOp::Read { .. });
+        let consumed = read_pkts;
         self.noack_pkts += 1;
-        hdr.ack_req = last || self.noack_pkts >= MAX_PKT_PER_ACK;
+        hdr.ack_req = last || is_read || self.noack_pkts >= MAX_PKT_PER_ACK;
         if hdr.ack_req {
             self.noack_pkts = 0;
         }
@@ -1089,7 +1151,7 @@ impl Qp {
             self.req_idx += 1;
             self.req_pkt = 0;
         } else {
-            self.req_pkt += 1;
+            self.req_pkt += consumed;
         }
         self.counters.sent_pkts += 1;
         self.arm_retransmit(now, false);

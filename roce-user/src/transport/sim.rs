@@ -6,7 +6,11 @@
 //! Always built (it is small and pure) so unit tests, `roce-user/tests/` and benches share it.
 
 use core::time::Duration;
-use std::{cmp::Reverse, collections::BinaryHeap, net::Ipv4Addr};
+use std::{
+    cmp::Reverse,
+    collections::{BinaryHeap, VecDeque},
+    net::Ipv4Addr,
+};
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 
@@ -42,6 +46,22 @@ pub struct Link {
     pub corrupt: f64,
     /// Probability an ECN-capable IPv4 frame is marked CE (the IPv4 checksum is refreshed).
     pub ce: f64,
+    /// A slow transmit queue on one side's egress (a TCG guest's NIC, say), or none.
+    pub bottleneck: Option<Bottleneck>,
+}
+
+/// A slow sender on the egress of `from`, like rxe in a TCG guest: it sends `frames_per_sec`
+/// and serves one destination QP at a time, the oldest first, until that QP's frames are all
+/// sent (rxe's responder streams a whole READ response before it turns to the next QP's); a
+/// frame that finds `buffer` frames waiting is lost (a full qdisc, which rxe never learns of).
+#[derive(Clone, Copy, Debug)]
+pub struct Bottleneck {
+    /// The side whose frames go through the queue.
+    pub from: Side,
+    /// Drain rate.
+    pub frames_per_sec: u64,
+    /// Queue capacity in frames.
+    pub buffer: u64,
 }
 
 impl Default for Link {
@@ -54,6 +74,7 @@ impl Default for Link {
             reorder_jitter: Duration::from_micros(20),
             corrupt: 0.0,
             ce: 0.0,
+            bottleneck: None,
         }
     }
 }
@@ -75,6 +96,8 @@ pub struct LinkStats {
     pub corrupted: u64,
     /// Frames marked CE.
     pub ce_marked: u64,
+    /// Frames lost because the bottleneck queue was full (also counted in `lost`).
+    pub queue_full: u64,
 }
 
 #[derive(PartialEq, Eq, PartialOrd, Ord)]
@@ -106,6 +129,10 @@ pub struct Pair {
     queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
     buf: Vec<u8>,
+    /// When the bottleneck may send its next frame.
+    bottleneck_free: Instant,
+    /// The bottleneck's frames, one queue per destination QP in order of arrival.
+    bottleneck_q: VecDeque<(u32, VecDeque<Vec<u8>>)>,
 }
 
 impl core::fmt::Debug for Pair {
@@ -178,6 +205,8 @@ impl Pair {
             queue: BinaryHeap::new(),
             seq: 0,
             buf: vec![0; MAX_FRAME_LEN],
+            bottleneck_free: Instant::ZERO,
+            bottleneck_q: VecDeque::new(),
         }
     }
 
@@ -189,7 +218,7 @@ impl Pair {
         }
     }
 
-    fn enqueue(&mut self, from: Side, mut frame: Vec<u8>) {
+    fn enqueue(&mut self, from: Side, frame: Vec<u8>) {
         self.stats.sent += 1;
         if let Some(f) = self.filter.as_mut()
             && !f(from, &frame)
@@ -197,6 +226,60 @@ impl Pair {
             self.stats.lost += 1;
             return;
         }
+        let l = self.link;
+        if let Some(b) = l.bottleneck.filter(|b| b.from == from) {
+            let queued: usize = self.bottleneck_q.iter().map(|(_, q)| q.len()).sum();
+            if queued as u64 >= b.buffer {
+                self.stats.lost += 1;
+                self.stats.queue_full += 1;
+                return;
+            }
+            // One queue per destination QP, served oldest first until empty (see Bottleneck).
+            let qpn = parse_frame(&frame).map_or(0, |f| f.roce.bth.dest_qp.value());
+            if let Some((_, q)) = self.bottleneck_q.iter_mut().find(|(f, _)| *f == qpn) {
+                q.push_back(frame);
+            } else {
+                self.bottleneck_q.push_back((qpn, VecDeque::from([frame])));
+            }
+            if self.bottleneck_free < self.time {
+                self.bottleneck_free = self.time;
+            }
+            return;
+        }
+        self.deliver(from, frame);
+    }
+
+    /// Sends the bottleneck's frames whose turn has come (at most one per frame time).
+    fn drain_bottleneck(&mut self) {
+        let Some(b) = self.link.bottleneck else {
+            return;
+        };
+        let per_frame = Duration::from_nanos(1_000_000_000 / b.frames_per_sec.max(1));
+        while self.bottleneck_free <= self.time {
+            let Some((_, q)) = self.bottleneck_q.front_mut() else {
+                break;
+            };
+            let Some(frame) = q.pop_front() else {
+                self.bottleneck_q.pop_front();
+                continue;
+            };
+            if q.is_empty() {
+                self.bottleneck_q.pop_front();
+            }
+            self.bottleneck_free = self.bottleneck_free + per_frame;
+            self.deliver(b.from, frame);
+        }
+    }
+
+    /// When the bottleneck sends its next frame, if it holds any.
+    fn next_bottleneck(&self) -> Option<Instant> {
+        self.bottleneck_q
+            .iter()
+            .any(|(_, q)| !q.is_empty())
+            .then_some(self.bottleneck_free)
+    }
+
+    fn deliver(&mut self, from: Side, mut frame: Vec<u8>) {
         let l = self.link;
         if self.rng.random_bool(l.loss) {
             self.stats.lost += 1;
@@ -265,11 +348,17 @@ impl Pair {
     /// handle it. Returns false when nothing is in flight and no timer is armed.
     pub fn step(&mut self) -> bool {
         self.transmit_all();
+        self.drain_bottleneck();
         let next_pkt = self.queue.peek().map(|r| r.0.at);
-        let next = [next_pkt, self.a.poll_timeout(), self.b.poll_timeout()]
-            .into_iter()
-            .flatten()
-            .min();
+        let next = [
+            next_pkt,
+            self.next_bottleneck(),
+            self.a.poll_timeout(),
+            self.b.poll_timeout(),
+        ]
+        .into_iter()
+        .flatten()
+        .min();
         let Some(next) = next else {
             return false;
         };

@@ -7,7 +7,7 @@
 use core::net::IpAddr;
 
 use super::pkt::{AtomicEth, Deth, Reth, syndrome};
-use super::sim::{Link, Pair, RcConfig, Side, bring_up, connect_rc, ip};
+use super::sim::{Bottleneck, Link, Pair, RcConfig, Side, bring_up, connect_rc, ip};
 use super::timer::local_ack_timeout;
 use super::*;
 use crate::wire::parse_frame;
@@ -2069,4 +2069,117 @@ fn resp_rkey_of_another_protection_domain_is_remote_access_error() {
         h.d.reg_mr(other, vec![], 0, Access::empty()),
         Err(DeviceError::NoSuchPd(_))
     ));
+}
+
+/// `ib_read_bw -q 4 -s 1M` against rxe in a TCG guest, without the VM: B answers every READ
+/// at once (rxe's responder streams a whole READ response without pause) into a slow drop-tail
+/// transmit queue (the guest's qdisc, which drops silently), and A reads 8 × 1 MiB on each of
+/// 4 QPs with perftest's local ACK timeout (14: 67 ms), shorter than B takes to stream one
+/// round of 4 MiB. Returns (simulated seconds, READ response packets B sent, frames the queue
+/// dropped, A's retries).
+fn slow_bursty_read_responder(seed: u64) -> (f64, u64, u64, u64) {
+    const QPS: usize = 4;
+    const READS: u64 = 8;
+    const LEN: u32 = 1 << 20;
+    let link = Link {
+        bottleneck: Some(Bottleneck {
+            from: Side::B,
+            frames_per_sec: 25_000,
+            buffer: 3000,
+        }),
+        ..Link::default()
+    };
+    let config = DeviceConfig {
+        cc: CcConfig::off(),
+        ..DeviceConfig::default()
+    };
+    let mut p = Pair::new(seed, config, link);
+    let cfg = RcConfig {
+        timeout: 14,
+        rd_atomic: 16,
+        ..RcConfig::default()
+    };
+    let mut eps = Vec::new();
+    for q in 0..QPS {
+        let (a, b) = connect_rc(&mut p, &cfg);
+        let src: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8 ^ q as u8).collect();
+        let mb =
+            p.b.reg_mr(b.pd, src, 0x10_0000, Access::REMOTE_READ)
+                .unwrap();
+        let ma =
+            p.a.reg_mr(a.pd, vec![0; LEN as usize], 0x10_0000, Access::LOCAL_WRITE)
+                .unwrap();
+        for i in 0..READS {
+            let mut wr = SendWr::new(
+                i,
+                SendOp::Read {
+                    remote_addr: 0x10_0000,
+                    rkey: mb.rkey,
+                },
+                vec![Sge {
+                    addr: 0x10_0000,
+                    length: LEN,
+                    lkey: ma.lkey,
+                }],
+            );
+            wr.flags = SendFlags::SIGNALED;
+            p.a.post_send(a.qpn, wr).unwrap();
+        }
+        eps.push((a, b, ma));
+    }
+    let mut done = vec![0u64; QPS];
+    let limit = Instant::from_nanos(30_000_000_000);
+    let finished = p.drive_until(20_000_000, |p| {
+        for (i, (a, ..)) in eps.iter().enumerate() {
+            while let Some(wc) = p.a.poll_cq(a.cq) {
+                assert_eq!(wc.status, WcStatus::Success, "qp {i}: {wc:?}");
+                done[i] += 1;
+            }
+        }
+        done.iter().all(|&d| d == READS) || p.time > limit
+    });
+    let secs = p.time.as_nanos() as f64 / 1e9;
+    assert!(
+        finished && done.iter().all(|&d| d == READS),
+        "READs done per QP {done:?} after {secs:.2} simulated s; link {:?}",
+        p.stats
+    );
+    for (q, (a, _, ma)) in eps.iter().enumerate() {
+        let got = p.a.mrs().bytes(ma.lkey).unwrap();
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(i, &x)| x == (i % 251) as u8 ^ q as u8),
+            "qp {q} read wrong data"
+        );
+        assert_eq!(p.a.qp(a.qpn).unwrap().state(), QpState::Rts);
+    }
+    let sent: u64 = eps
+        .iter()
+        .map(|(_, b, _)| p.b.qp(b.qpn).unwrap().counters().sent_pkts)
+        .sum();
+    let retries: u64 = eps
+        .iter()
+        .map(|(a, ..)| p.a.qp(a.qpn).unwrap().counters().completer_retry_err)
+        .sum();
+    (secs, sent, p.stats.queue_full, retries)
+}
+
+#[test]
+fn reads_complete_against_a_slow_bursty_responder_without_a_retry_storm() {
+    // 32 MiB = 32,768 response packets; at 25,000 frames/s B needs 1.31 s at best.
+    let (secs, sent, dropped, retries) = slow_bursty_read_responder(1);
+    eprintln!(
+        "{secs:.2} simulated s, {sent} response packets, {dropped} dropped, {retries} retries"
+    );
+    let needed = 4 * 8 * 1024;
+    assert!(
+        sent < needed * 2,
+        "the responder sent {sent} READ response packets for {needed} ({dropped} dropped by the \
+         queue, {retries} retries, {secs:.2} s)"
+    );
+    assert!(
+        secs < 1.31 * 2.0,
+        "{secs:.2} simulated s for 1.31 s of data ({sent} sent, {dropped} dropped, {retries} retries)"
+    );
 }

@@ -58,8 +58,11 @@ impl Qp {
             }
             Operation::ReadResponse => {
                 if d_comp < 0 {
-                    // A duplicate response (from before a retry): drop.
+                    // A duplicate response (a replay for an earlier re-request): drop it. The
+                    // responder answers requests in order and is still busy with ours, so the
+                    // local ACK timer is pushed forward.
                     self.counters.rx_dropped += 1;
+                    self.arm_retransmit(now, true);
                     return;
                 }
                 if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
@@ -107,8 +110,9 @@ impl Qp {
                         self.comp_psn = resume;
                         progress = true;
                     }
-                    self.counters.implied_nak_seq_err += 1;
-                    self.retry(now, ctx, true);
+                    if self.retry(now, ctx, true) {
+                        self.counters.implied_nak_seq_err += 1;
+                    }
                     break false;
                 }
                 self.comp_psn = l.next();
@@ -181,7 +185,7 @@ impl Qp {
                 // Only one retry sequence at a time (rxe `started_retry`): a NAK for the gap a
                 // retry already covers, or one that arrives during the RNR wait, starts none.
                 if !self.rnr_wait {
-                    self.retry(now, ctx, true);
+                    let _ = self.retry(now, ctx, true);
                 }
                 return;
             }
@@ -219,17 +223,25 @@ impl Qp {
         };
         let expected = f.wrapping_add(w.rcvd_pkts);
         if psn != expected {
-            // Earlier responses are missing: implied NAK, resume the READ mid-way.
-            self.counters.implied_nak_seq_err += 1;
-            self.retry(now, ctx, true);
+            // Earlier responses are missing: implied NAK, resume the READ mid-way, once per
+            // gap. The rest of this stream is dropped, but it shows the responder is still
+            // answering our requests (in order: the re-request is served after it), so it
+            // pushes the local ACK timer forward instead of letting it add a duplicate.
+            if self.retry(now, ctx, true) {
+                self.counters.implied_nak_seq_err += 1;
+            } else {
+                self.arm_retransmit(now, true);
+            }
             return;
         }
         let off = u64::from(w.rcvd_pkts) * m;
         let n = (w.len - off.min(w.len)).min(m);
         let is_last = w.rcvd_pkts + 1 >= w.npkts;
+        // Each piece of a long READ is a request of its own, answered FIRST .. LAST (or ONLY).
+        let ends_piece = is_last || (w.rcvd_pkts + 1) % READ_CHUNK_PKTS == 0;
         let pos_ok = match pos {
-            Position::Last | Position::Only => is_last,
-            Position::First | Position::Middle => !is_last,
+            Position::Last | Position::Only => ends_piece,
+            Position::First | Position::Middle => !ends_piece,
         };
         if !pos_ok || pkt.payload.len() as u64 != n {
             self.counters.rx_dropped += 1;
