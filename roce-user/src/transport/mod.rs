@@ -68,7 +68,9 @@ pub use self::cc::{CcConfig, QpCc};
 pub use self::counters::{DeviceCounters, QpCounters};
 pub use self::cq::{Cq, CqId, CqOverflow, Wc, WcFlags, WcOpcode, WcStatus};
 pub use self::ids::{LKey, Msn, PKey, Psn, QKey, Qpn, RKey};
-pub use self::mr::{Access, AccessError, MrError, MrInfo, MrTable, PdId, Sge};
+pub use self::mr::{
+    Access, AccessError, MR_GUARD_BYTE, MR_GUARD_LEN, MrError, MrInfo, MrTable, PdId, Sge,
+};
 pub use self::pkt::{PktHdr, RxPkt};
 pub use self::qp::{PostError, Qp, QpCap, QpInit};
 pub use self::state::{AttrMask, ModifyError, Mtu, QpAttr, QpState, QpType};
