@@ -248,6 +248,8 @@ counter_struct! {
         req_remote_access_errors,
         /// mlx5: remote access errors detected as responder (NAK sent).
         resp_remote_access_errors,
+        /// roce-xdp: invalid requests detected as responder (NAK invalid request sent, QP to error).
+        resp_invalid_request,
         /// mlx5: receive WRs flushed.
         resp_cqe_flush_error,
         /// mlx5: send WRs flushed.
