@@ -303,44 +303,10 @@ fn run(b_if: &str, a_ip: std::net::Ipv4Addr, atk: &mut Attacker) -> (Vec<String>
     let mut victim = |dev: &Device| -> (Qpn, Qpn) {
         next_peer += 1;
         let peer = Qpn::new(next_peer);
-        let qpn = dev
-            .create_qp(QpInit {
-                pd,
-                qp_type: QpType::Rc,
-                send_cq: cq,
-                recv_cq: cq,
-                cap: QpCap {
-                    max_send_wr: 16,
-                    max_recv_wr: 16,
-                    max_sge: 1,
-                },
-                sq_sig_all: true,
-            })
-            .expect("victim qp");
-        dev.qp_to_init(
-            qpn,
-            Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+        (
+            victim_qp(dev, pd, cq, gidx, &a_gid, peer, &regions.rx),
+            peer,
         )
-        .expect("init");
-        let path = dev.path_to(gidx, &a_gid, qpn, peer).expect("path");
-        let mut c = RcConnect::new(path, Mtu::Mtu1024, peer, Psn::new(RQ_PSN), Psn::new(SQ_PSN));
-        c.max_dest_rd_atomic = 4;
-        dev.qp_connect(qpn, &c).expect("connect victim");
-        for i in 0..4u64 {
-            dev.post_recv(
-                qpn,
-                RecvWr {
-                    wr_id: 0xdead_0000 + i,
-                    sg_list: vec![Sge {
-                        addr: regions.rx.iova + 256 * i,
-                        length: 256,
-                        lkey: regions.rx.lkey,
-                    }],
-                },
-            )
-            .expect("post recv");
-        }
-        (qpn, peer)
     };
     let qc = |dev: &Device, qpn: Qpn| -> QpCounters {
         dev.counters()
@@ -1040,4 +1006,172 @@ fn legit_finish(mut l: Legit) {
         .stream()
         .set_read_timeout(Some(Duration::from_secs(2)));
     let _ = l.comm.xchg(b"done\0", &mut done);
+}
+
+/// A victim RC QP of B connected to `peer` on A (which the raw socket impersonates): every
+/// remote right, 4 responder resources, path MTU 1024, 4 receive WRs of 256 bytes in `rx`.
+fn victim_qp(
+    dev: &Device,
+    pd: roce::api::PdId,
+    cq: roce::api::CqId,
+    gidx: usize,
+    a_gid: &[u8; 16],
+    peer: Qpn,
+    rx: &roce::api::MrInfo,
+) -> Qpn {
+    let qpn = dev
+        .create_qp(QpInit {
+            pd,
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: QpCap {
+                max_send_wr: 16,
+                max_recv_wr: 16,
+                max_sge: 1,
+            },
+            sq_sig_all: true,
+        })
+        .expect("victim qp");
+    dev.qp_to_init(
+        qpn,
+        Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+    )
+    .expect("init");
+    let path = dev.path_to(gidx, a_gid, qpn, peer).expect("path");
+    let mut c = RcConnect::new(path, Mtu::Mtu1024, peer, Psn::new(RQ_PSN), Psn::new(SQ_PSN));
+    c.max_dest_rd_atomic = 4;
+    dev.qp_connect(qpn, &c).expect("connect victim");
+    for i in 0..4u64 {
+        dev.post_recv(
+            qpn,
+            RecvWr {
+                wr_id: 0xdead_0000 + i,
+                sg_list: vec![Sge {
+                    addr: rx.iova + 256 * i,
+                    length: 256,
+                    lkey: rx.lkey,
+                }],
+            },
+        )
+        .expect("post recv");
+    }
+    qpn
+}
+
+/// VmRSS of this process, in KiB (/proc/self/status).
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .expect("/proc/self/status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// A flood of READ requests (in sequence, 1 KiB each, far more than the 4 responder
+/// resources) at a running endpoint: every request is accounted exactly once, as executed
+/// (`rx_read_requests`), refused with a NAK invalid request when all 4 resources were still
+/// answering (`resp_invalid_request`, the QP then goes to ERR), or dropped by the QP in ERR
+/// (`rx_dropped`); responder memory stays bounded (VmRSS of the endpoint, this process, grows
+/// by less than 32 MiB) and the canaries hold.
+#[test]
+fn read_flood_is_bounded_and_accounted() {
+    require_root();
+    let t = tag("hf");
+    let pair = VethPair::new(
+        &t,
+        &VethOptions {
+            subnet: 92,
+            ..VethOptions::default()
+        },
+    )
+    .expect("veth pair");
+    let (a, b) = (pair.a.clone(), pair.b.clone());
+    let _unpin = Unpin(vec![b.ifname.clone()]);
+    let port = RawPort::open(&a.netns, &a.ifname).expect("raw port on A");
+    let mut atk = Attacker {
+        port,
+        path: PathRepr::new(
+            EthernetAddress(a.mac),
+            EthernetAddress(b.mac),
+            IpPath::V4 {
+                src: a.ipv4,
+                dst: b.ipv4,
+            },
+        ),
+    };
+    let b_if = b.ifname.clone();
+    let a_ip = a.ipv4;
+    let out = netns::in_netns(&b.netns, move || {
+        let dev = Device::open(&b_if, &DeviceOptions::default()).expect("open B");
+        let pd = dev.alloc_pd().expect("pd");
+        let cq = dev.create_cq(1024).expect("cq");
+        let gidx = dev.info().default_gid_index(true);
+        let a_gid = Gid::of(IpAddr::V4(a_ip)).raw;
+        let all = Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_ATOMIC;
+        let mr = dev.reg_mr(pd, 1 << 20, all).expect("mr");
+        let rx = dev.reg_mr(pd, 4096, Access::LOCAL_WRITE).expect("mr");
+        let peer = Qpn::new(0x7f00);
+        let q = victim_qp(&dev, pd, cq, gidx, &a_gid, peer, &rx);
+        const N: u32 = 3000;
+        let frames: Vec<Vec<u8>> = (0..N)
+            .map(|i| {
+                let mut h = PktHdr::new(Opcode::RC_RDMA_READ_REQUEST, q, Psn::new(RQ_PSN + i));
+                h.reth = Some(Reth {
+                    va: mr.iova + u64::from(i % 1000) * 1024,
+                    rkey: mr.rkey,
+                    len: 1024,
+                });
+                atk.frame(&atk.path, &h, &[])
+            })
+            .collect();
+        let counters = |dev: &Device| {
+            dev.counters()
+                .1
+                .into_iter()
+                .find(|(x, _)| *x == q)
+                .map(|(_, c)| c)
+                .unwrap_or_default()
+        };
+        let rss0 = rss_kib();
+        let c0 = counters(&dev);
+        for f in &frames {
+            atk.port.send(f).expect("send");
+        }
+        // Let the endpoint finish answering.
+        let _ = atk.port.recv(Duration::from_secs(2)).expect("recv");
+        let c1 = counters(&dev);
+        let rss1 = rss_kib();
+        let d = c1.saturating_sub(&c0);
+        let state = dev.qp_state(q);
+        let guards = dev.mr_guard_violations();
+        dev.close();
+        (d, rss0, rss1, state, guards)
+    })
+    .expect("enter namespace B");
+    let (d, rss0, rss1, state, guards) = out;
+    eprintln!(
+        "READ flood: executed {}, refused {}, dropped {}, state {state:?}, VmRSS {rss0} -> {rss1} KiB",
+        d.rx_read_requests, d.resp_invalid_request, d.rx_dropped
+    );
+    assert_eq!(
+        d.rx_read_requests + d.resp_invalid_request + d.rx_dropped,
+        u64::from(3000u32),
+        "every READ accounted once: {d:?}"
+    );
+    assert!(d.resp_invalid_request <= 1, "{d:?}");
+    if d.resp_invalid_request == 1 {
+        assert_eq!(state, Some(QpState::Err));
+    } else {
+        assert_eq!(state, Some(QpState::Rts));
+    }
+    assert!(
+        rss1 < rss0 + 32 * 1024,
+        "VmRSS grew from {rss0} to {rss1} KiB under the flood"
+    );
+    assert!(guards.is_empty(), "canaries changed: {guards:?}");
 }
