@@ -111,6 +111,18 @@ pub struct PerfArgs {
     /// Milliseconds between two trace samples.
     #[arg(long, value_name = "MS", default_value_t = 1.0, requires = "trace")]
     pub trace_interval: f64,
+    /// Most QPs this endpoint creates (`DeviceConfig::max_qp`); `-q` beyond it is refused.
+    #[arg(long, value_name = "N", default_value_t = roce::transport::DeviceConfig::default().max_qp)]
+    pub max_qp: usize,
+    /// Most memory regions this endpoint registers (`DeviceConfig::max_mr`, at most 65535).
+    #[arg(long, value_name = "N", default_value_t = roce::transport::DeviceConfig::default().max_mr)]
+    pub max_mr: usize,
+    /// READs and atomics the peer may have outstanding per QP, the responder resources
+    /// (`max_dest_rd_atomic`, rxe's limit 128): one more while all are answering is refused
+    /// with a NAK invalid request and counted in `resp_invalid_request`.
+    #[arg(long, value_name = "N", default_value_t = OUT_READS,
+          value_parser = clap::value_parser!(u8).range(1..=128))]
+    pub max_rd_atomic: u8,
 }
 
 /// Samples every QP's congestion state into a [`Trace`] while a test runs.
@@ -219,7 +231,8 @@ fn cc_config(a: &PerfArgs) -> anyhow::Result<roce::transport::CcConfig> {
 /// expose must cover `max(size, CYCLE_BUFFER)` bytes, as perftest's own does (`BUFF_SIZE`).
 const CYCLE_BUFFER: u32 = 4096;
 
-/// The outstanding RDMA READs and atomics we accept as responder (`max_dest_rd_atomic`).
+/// The outstanding RDMA READs and atomics we accept as responder (`max_dest_rd_atomic`) unless
+/// `--max-rd-atomic` says otherwise.
 const OUT_READS: u8 = 16;
 
 fn mtu_enum(bytes: u32) -> Option<u8> {
@@ -284,6 +297,9 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         ..DeviceOptions::default()
     };
     opts.transport.cc = cc_config(a)?;
+    opts.transport.max_qp = a.max_qp;
+    opts.transport.max_mr = a.max_mr;
+    opts.transport.max_qp_rd_atom = opts.transport.max_qp_rd_atom.max(a.max_rd_atomic);
     let dev = Device::open(&a.dev, &opts)?;
     let pd = dev.alloc_pd()?;
     let gid_idx = a
@@ -385,7 +401,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         // perftest announces its device's limit for READ and atomics, 1 otherwise; its requester
         // uses the peer's value as max_rd_atomic.
         out_reads: if matches!(a.op, PerfOp::Read | PerfOp::Atomic) {
-            u16::from(OUT_READS)
+            u16::from(a.max_rd_atomic)
         } else {
             1
         },
@@ -407,9 +423,10 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         let r = qp.remote.context("missing remote key")?;
         let path = dev.path_to(gid_idx, &r.gid, qp.qpn, r.qpn)?;
         let mut c = RcConnect::new(path, mtu, r.qpn, r.psn, qp.psn);
-        c.max_dest_rd_atomic = OUT_READS;
+        c.max_dest_rd_atomic = a.max_rd_atomic;
         // Never more READs/atomics in flight than the responder accepts.
-        c.max_rd_atomic = u8::try_from(r.out_reads.clamp(1, u16::from(OUT_READS))).unwrap_or(1);
+        c.max_rd_atomic =
+            u8::try_from(r.out_reads.clamp(1, u16::from(a.max_rd_atomic))).unwrap_or(1);
         c.retry_cnt = a.retry_cnt;
         dev.qp_connect(qp.qpn, &c)?;
     }
