@@ -281,6 +281,17 @@ counter_struct! {
 }
 
 counter_struct! {
+    /// Counters of a listening endpoint's out-of-band connection setup (the perftest or
+    /// ibv_rc_pingpong TCP exchange).
+    pub struct CmStats {
+        /// roce-xdp: TCP connections accepted while waiting for a client.
+        cm_accepted,
+        /// roce-xdp: connections refused because their exchange failed (malformed, old version, closed, timed out).
+        cm_refused,
+    }
+}
+
+counter_struct! {
     /// Counters of a device that no single QP owns.
     pub struct DeviceCounters {
         /// rxe: frames received (all, before QP lookup).

@@ -1214,3 +1214,119 @@ fn perf_refuses_more_qps_than_max_qp() {
         .expect("run roce");
     assert_eq!(o.status.code(), Some(2));
 }
+
+/// VmRSS of process `pid`, in KiB.
+fn rss_of(pid: u32) -> u64 {
+    std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .expect("/proc/PID/status")
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .expect("VmRSS")
+}
+
+/// A flood of bad connection attempts at a listening `roce perf` server (garbage instead of
+/// perftest's version string, or closed at once): each is refused and counted (`cm_refused`),
+/// the server's VmRSS stays within 8 MiB of what it was, and the real client that comes next
+/// is served with its data verified.
+#[test]
+fn connection_flood_is_refused_and_counted() {
+    require_root();
+    let pair = VethPair::new(
+        &tag("hc"),
+        &VethOptions {
+            subnet: 94,
+            ..VethOptions::default()
+        },
+    )
+    .expect("veth pair");
+    let _unpin = Unpin(vec![pair.a.ifname.clone(), pair.b.ifname.clone()]);
+    let server = Reaper(Some(
+        Command::new(roce_bin())
+            .args([
+                "-j",
+                "--netns",
+                &pair.b.netns,
+                "perf",
+                "write",
+                "-s",
+                "4096",
+            ])
+            .args(["-n", "20", "-p", "18730", "-d", &pair.b.ifname])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn server"),
+    ));
+    let pid = server.0.as_ref().map(Child::id).expect("pid");
+    thread::sleep(Duration::from_millis(1000));
+    let rss0 = rss_of(pid);
+    const GARBAGE: u32 = 200;
+    const CLOSED: u32 = 50;
+    let b_ip = pair.b.ipv4;
+    let sent = netns::in_netns(&pair.a.netns, move || -> Result<u32, String> {
+        use std::io::Write;
+        let mut n = 0;
+        for i in 0..GARBAGE + CLOSED {
+            let mut s =
+                TcpStream::connect((b_ip, 18730)).map_err(|e| format!("connect {i}: {e}"))?;
+            if i < GARBAGE {
+                let _ = s.write_all(b"GET / HTTP/1.0\r\n\r\n\0\0\0\0\0\0\0\0\0\0");
+            }
+            drop(s);
+            n += 1;
+        }
+        Ok(n)
+    })
+    .expect("enter namespace A")
+    .expect("flood");
+    assert_eq!(sent, GARBAGE + CLOSED);
+    thread::sleep(Duration::from_millis(500));
+    let rss1 = rss_of(pid);
+    let client = Command::new(roce_bin())
+        .args([
+            "-j",
+            "--netns",
+            &pair.a.netns,
+            "perf",
+            "write",
+            "-s",
+            "4096",
+            "-n",
+            "20",
+        ])
+        .args([
+            "-p",
+            "18730",
+            "-d",
+            &pair.a.ifname,
+            &pair.b.ipv4.to_string(),
+        ])
+        .output()
+        .expect("client");
+    assert!(
+        client.status.success(),
+        "client: {}{}",
+        String::from_utf8_lossy(&client.stdout),
+        String::from_utf8_lossy(&client.stderr)
+    );
+    let (ok, out) = server_finish(server);
+    assert!(ok, "server: {out}");
+    let v: serde_json::Value = serde_json::from_str(out.lines().next().unwrap_or_default())
+        .unwrap_or_else(|e| panic!("server JSON ({e}): {out}"));
+    eprintln!(
+        "connection flood: cm {}, server VmRSS {rss0} -> {rss1} KiB",
+        v["cm"]
+    );
+    assert_eq!(v["verified"], true, "{v}");
+    assert_eq!(v["cm"]["cm_refused"], u64::from(GARBAGE + CLOSED), "{v}");
+    assert_eq!(
+        v["cm"]["cm_accepted"],
+        u64::from(GARBAGE + CLOSED + 1),
+        "{v}"
+    );
+    assert!(
+        rss1 < rss0 + 8 * 1024,
+        "server VmRSS grew from {rss0} to {rss1} KiB under the flood"
+    );
+}

@@ -24,6 +24,7 @@ use roce::{
     cm::perftest::{self, BwReport, Comm, KeyMsg, pattern},
     wire::types::{Psn, RKey},
 };
+use roce_common::counters::CmStats;
 use serde_json::json;
 
 use super::{Output, interrupted};
@@ -231,6 +232,36 @@ fn cc_config(a: &PerfArgs) -> anyhow::Result<roce::transport::CcConfig> {
 /// expose must cover `max(size, CYCLE_BUFFER)` bytes, as perftest's own does (`BUFF_SIZE`).
 const CYCLE_BUFFER: u32 = 4096;
 
+/// How long a connecting client may take over each step of perftest's setup exchange.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Waits for a client whose setup exchange (versions, system data, MTU) succeeds, and returns
+/// it with the MTU agreed. Call it once, as the server, before the key exchange. Connections
+/// whose exchange fails (garbage, an old version, closed early, silent for
+/// [`SETUP_TIMEOUT`]) are refused: dropped, counted in `cm_refused`, and the server listens
+/// on, so a flood of bad connection attempts costs one connection's memory at a time.
+fn accept_client(l: &TcpListener, mtu_code: u8, cm: &mut CmStats) -> anyhow::Result<(Comm, u8)> {
+    loop {
+        let (stream, _) = l.accept().context("accepting the client")?;
+        cm.cm_accepted += 1;
+        stream.set_read_timeout(Some(SETUP_TIMEOUT))?;
+        stream.set_write_timeout(Some(SETUP_TIMEOUT))?;
+        let mut comm = Comm::new(stream, false);
+        match comm.setup(4096, 64, mtu_code) {
+            Ok(used) => {
+                // The run itself may pause between syncs for as long as the client runs.
+                comm.stream().set_read_timeout(None)?;
+                comm.stream().set_write_timeout(None)?;
+                return Ok((comm, used));
+            }
+            Err(e) => {
+                cm.cm_refused += 1;
+                log::info!("refused a connection: {e}");
+            }
+        }
+    }
+}
+
 /// The outstanding RDMA READs and atomics we accept as responder (`max_dest_rd_atomic`) unless
 /// `--max-rd-atomic` says otherwise.
 const OUT_READS: u8 = 16;
@@ -375,17 +406,23 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     }
 
     // perftest's setup: versions, system data, MTU, then one key message per QP.
-    let stream = match &a.host {
-        Some(h) => roce::cm::connect_tcp(h, a.port, Duration::from_secs(5))?,
+    let mut cm = CmStats::default();
+    let (mut comm, used_mtu) = match &a.host {
+        Some(h) => {
+            let mut comm = Comm::new(
+                roce::cm::connect_tcp(h, a.port, Duration::from_secs(5))?,
+                client,
+            );
+            let used = comm.setup(4096, 64, mtu_code)?;
+            (comm, used)
+        }
         None => {
             let l = TcpListener::bind(("::", a.port))
                 .or_else(|_| TcpListener::bind(("0.0.0.0", a.port)))
                 .with_context(|| format!("couldn't listen on port {}", a.port))?;
-            l.accept().context("accepting the client")?.0
+            accept_client(&l, mtu_code, &mut cm)?
         }
     };
-    let mut comm = Comm::new(stream, client);
-    let used_mtu = comm.setup(4096, 64, mtu_code)?;
     let mtu = [
         Mtu::Mtu256,
         Mtu::Mtu512,
@@ -525,6 +562,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         "latency_us": { "p50": shown.lat.0, "p99": shown.lat.1, "p999": shown.lat.2, "max": shown.lat.3 },
         "verified": if a.no_verify { serde_json::Value::Null } else { verified.into() },
         "peer_version": comm.remote_version,
+        "cm": CmStats::NAMES.iter().zip(cm.values()).map(|(n, v)| ((*n).to_owned(), v.into())).collect::<serde_json::Map<_, _>>(),
         "cc": cc_json(&dev),
     });
     out.emit(&v, &text);
