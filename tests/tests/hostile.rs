@@ -410,6 +410,30 @@ fn run(b_if: &str, a_ip: std::net::Ipv4Addr, atk: &mut Attacker) -> (Vec<String>
         1,
         &mut fails,
     );
+    // An RC QP addressed as if from another QP: a UD SEND whose DETH names some source QP.
+    // The opcode's transport is not the QP's (rxe_recv.c), so it is dropped and counted.
+    let c0 = qc(&dev, q);
+    let mut h = PktHdr::new(Opcode::UD_SEND_ONLY, q, Psn::new(RQ_PSN + 1));
+    h.deth = Some(roce::transport::pkt::Deth {
+        qkey: roce::wire::QKey::new(0x8001_0000),
+        src_qp: Qpn::new(0x1234),
+    });
+    let got = atk.exchange(&[atk.frame(&atk.path, &h, &[0xee; 64])], peer);
+    check(
+        "UD SEND from another QP to an RC QP",
+        got,
+        &[Answer::Silent],
+        &mut fails,
+        &mut log,
+    );
+    let c1 = qc(&dev, q);
+    expect_counter(
+        "UD SEND from another QP to an RC QP",
+        "rx_dropped",
+        c1.rx_dropped - c0.rx_dropped,
+        1,
+        &mut fails,
+    );
 
     // 3. PSNs far ahead: one NAK sequence error carrying the expected PSN, then silence; far
     // behind: a duplicate, re-ACKed with the last PSN done (C9-105), nothing written.
