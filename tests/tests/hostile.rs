@@ -1200,8 +1200,9 @@ fn read_flood_is_bounded_and_accounted() {
     assert!(guards.is_empty(), "canaries changed: {guards:?}");
 }
 
-/// The CLI's limits are enforced: `roce perf -q 4 --max-qp 2` is refused with the reason, and
-/// `--max-rd-atomic` outside 1..=128 is a usage error.
+/// The CLI's limits are enforced: `roce perf -q 4 --max-qp 2` and a receive queue deeper
+/// than `max_qp_wr` are refused with the reason, and `--max-rd-atomic` outside 1..=128 is a
+/// usage error.
 #[test]
 fn perf_refuses_more_qps_than_max_qp() {
     require_root();
@@ -1232,6 +1233,25 @@ fn perf_refuses_more_qps_than_max_qp() {
     let err = String::from_utf8_lossy(&o.stdout);
     assert_eq!(o.status.code(), Some(1), "{err}");
     assert!(err.contains("too many queue pairs (max 2)"), "{err}");
+    let o = Command::new(roce_bin())
+        .args([
+            "-j",
+            "--netns",
+            &pair.a.netns,
+            "perf",
+            "send",
+            "--rx-depth",
+            "20000",
+        ])
+        .args(["-d", &pair.a.ifname, &pair.b.ipv4.to_string()])
+        .output()
+        .expect("run roce");
+    let err = String::from_utf8_lossy(&o.stdout);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(
+        err.contains("requested size 20000 exceeds the device limit 16384"),
+        "{err}"
+    );
     let o = Command::new(roce_bin())
         .args(["perf", "read", "--max-rd-atomic", "0", "-d", &pair.a.ifname])
         .output()

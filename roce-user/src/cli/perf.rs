@@ -74,6 +74,11 @@ pub struct PerfArgs {
     /// Outstanding work requests per QP.
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     pub tx_depth: u32,
+    /// Receive queue depth per QP (perftest's `-r`): the receive WRs a SEND receiver keeps
+    /// posted, and each QP's `max_recv_wr` (at most `DeviceConfig::max_qp_wr`, 16384).
+    /// Default: the tx depth.
+    #[arg(short = 'r', long = "rx-depth", value_name = "N")]
+    pub rx_depth: Option<u32>,
     /// Local GID index.
     #[arg(short = 'g', long = "gid-index")]
     pub gid_idx: Option<usize>,
@@ -339,7 +344,8 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     let gid = dev.gid(gid_idx)?;
     dev.check_path_mtu(a.mtu, gid.ip.is_ipv6())?;
     let depth = a.tx_depth.max(1);
-    let cq = dev.create_cq(((depth as usize) * 2 + 16) * a.qps as usize)?;
+    let rx_depth = a.rx_depth.unwrap_or(depth).max(1);
+    let cq = dev.create_cq((depth as usize + rx_depth as usize + 16) * a.qps as usize)?;
     let remote_access =
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let mut qps = Vec::new();
@@ -351,7 +357,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
             recv_cq: cq,
             cap: QpCap {
                 max_send_wr: depth,
-                max_recv_wr: depth,
+                max_recv_wr: rx_depth,
                 max_sge: 1,
             },
             sq_sig_all: true,
@@ -389,7 +395,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     }
     if a.op == PerfOp::Send && (!client || a.lat) {
         for qp in &qps {
-            for _ in 0..depth {
+            for _ in 0..rx_depth {
                 dev.post_recv(
                     qp.qpn,
                     RecvWr {
