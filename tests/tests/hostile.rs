@@ -85,6 +85,8 @@ enum Answer {
 
 struct Attacker {
     port: RawPort,
+    /// How many times the last [`Attacker::exchange`] sent its frames.
+    tries: u64,
     /// Path of frames from A to B.
     path: PathRepr,
 }
@@ -97,10 +99,22 @@ impl Attacker {
         buf
     }
 
-    /// Sends `frames` and returns what B sent to `peer`, in order: everything until 200 ms
-    /// after the first answer, or nothing if none came within 800 ms (a silent drop). A late
-    /// answer is not lost: the next exchange sees it and fails its case.
+    /// Sends `frames` and returns what B sent to `peer`, as [`Attacker::exchange_once`]; when
+    /// nothing came back, sends them again, up to 3 times in all ([`Attacker::tries`] says how
+    /// many), so that a frame lost on the way (a busy AF_XDP fill ring drops frames, as any
+    /// NIC may) is not taken for a silent drop. Counters of silent cases move once per try.
     fn exchange(&mut self, frames: &[Vec<u8>], peer: Qpn) -> Vec<Answer> {
+        for t in 1..=3 {
+            self.tries = t;
+            let got = self.exchange_once(frames, peer);
+            if !got.is_empty() || t == 3 {
+                return got;
+            }
+        }
+        unreachable!()
+    }
+
+    fn exchange_once(&mut self, frames: &[Vec<u8>], peer: Qpn) -> Vec<Answer> {
         for f in frames {
             self.port.send(f).expect("raw send");
         }
@@ -206,6 +220,7 @@ fn hostile_frames_get_the_prescribed_answer_and_touch_nothing() {
     let port = RawPort::open(&a.netns, &a.ifname).expect("raw port on A");
     let mut atk = Attacker {
         port,
+        tries: 0,
         path: PathRepr::new(
             EthernetAddress(a.mac),
             EthernetAddress(b.mac),
@@ -340,14 +355,19 @@ fn run(b_if: &str, a_ip: std::net::Ipv4Addr, atk: &mut Attacker) -> (Vec<String>
             fails.push(format!("{what}: got {got:?}, want {want:?}"));
         }
     };
-    let expect_counter =
-        |what: &str, name: &str, delta: u64, want: u64, fails: &mut Vec<String>| {
-            if delta != want {
-                fails.push(format!(
-                    "{what}: counter {name} moved by {delta}, want {want}"
-                ));
-            }
-        };
+    // A silent case's frames are sent up to 3 times (`Attacker::exchange`), so its counter
+    // moves once per try that reached the endpoint: between 1 and `atk.tries`.
+    let expect_counter = |what: &str,
+                          name: &str,
+                          delta: u64,
+                          want: std::ops::RangeInclusive<u64>,
+                          fails: &mut Vec<String>| {
+        if !want.contains(&delta) {
+            fails.push(format!(
+                "{what}: counter {name} moved by {delta}, want {want:?}"
+            ));
+        }
+    };
     let state_is = |dev: &Device, qpn: Qpn, want: QpState, what: &str, fails: &mut Vec<String>| {
         let s = dev.qp_state(qpn);
         if s != Some(want) {
@@ -379,7 +399,7 @@ fn run(b_if: &str, a_ip: std::net::Ipv4Addr, atk: &mut Attacker) -> (Vec<String>
         "wrong P_Key",
         "bad_pkey_cntr",
         d1.bad_pkey_cntr - d0.bad_pkey_cntr,
-        1,
+        1..=atk.tries,
         &mut fails,
     );
 
@@ -407,7 +427,7 @@ fn run(b_if: &str, a_ip: std::net::Ipv4Addr, atk: &mut Attacker) -> (Vec<String>
         "wrong source address",
         "rx_dropped",
         c1.rx_dropped - c0.rx_dropped,
-        1,
+        1..=atk.tries,
         &mut fails,
     );
     // An RC QP addressed as if from another QP: a UD SEND whose DETH names some source QP.
@@ -431,7 +451,7 @@ fn run(b_if: &str, a_ip: std::net::Ipv4Addr, atk: &mut Attacker) -> (Vec<String>
         "UD SEND from another QP to an RC QP",
         "rx_dropped",
         c1.rx_dropped - c0.rx_dropped,
-        1,
+        1..=atk.tries,
         &mut fails,
     );
 
@@ -484,14 +504,14 @@ fn run(b_if: &str, a_ip: std::net::Ipv4Addr, atk: &mut Attacker) -> (Vec<String>
         "PSN far ahead",
         "out_of_sequence",
         c1.out_of_sequence - c0.out_of_sequence,
-        2,
+        2..=2,
         &mut fails,
     );
     expect_counter(
         "PSN far behind",
         "duplicate_request",
         c1.duplicate_request - c0.duplicate_request,
-        1,
+        1..=1,
         &mut fails,
     );
     // The QP still serves its peer in sequence.
@@ -558,7 +578,7 @@ fn run(b_if: &str, a_ip: std::net::Ipv4Addr, atk: &mut Attacker) -> (Vec<String>
         "ACK for a PSN never sent",
         "rx_dropped",
         c1.rx_dropped - c0.rx_dropped,
-        1,
+        1..=atk.tries,
         &mut fails,
     );
     state_is(
@@ -595,12 +615,18 @@ fn run(b_if: &str, a_ip: std::net::Ipv4Addr, atk: &mut Attacker) -> (Vec<String>
         .filter(|(qq, _)| *qq == q)
         .map(|(_, s)| s.stats.rp_cnp_handled + s.stats.rp_cnp_ignored)
         .sum();
-    expect_counter("CNP flood", "xdp cnp", x1.cnp - x0.cnp, CNPS, &mut fails);
+    expect_counter(
+        "CNP flood",
+        "xdp cnp",
+        x1.cnp - x0.cnp,
+        CNPS * atk.tries..=CNPS * atk.tries,
+        &mut fails,
+    );
     expect_counter(
         "CNP flood",
         "rp_cnp_handled + rp_cnp_ignored",
         cc1 - cc0,
-        CNPS,
+        CNPS * atk.tries * 9 / 10..=CNPS * atk.tries,
         &mut fails,
     );
     state_is(&dev, q, QpState::Rts, "CNP flood", &mut fails);
@@ -620,7 +646,7 @@ fn run(b_if: &str, a_ip: std::net::Ipv4Addr, atk: &mut Attacker) -> (Vec<String>
         "unknown QPN",
         "xdp pass_foreign_qp",
         x1.pass_foreign_qp - x0.pass_foreign_qp,
-        1,
+        1..=atk.tries,
         &mut fails,
     );
 
@@ -651,7 +677,7 @@ fn run(b_if: &str, a_ip: std::net::Ipv4Addr, atk: &mut Attacker) -> (Vec<String>
         cuts.len(),
         dx.redirected
     ));
-    if not_delivered + delivered_malformed < cuts.len() as u64
+    if not_delivered + delivered_malformed < cuts.len() as u64 * atk.tries
         || dx.redirected != delivered_malformed
     {
         fails.push(format!(
@@ -1116,6 +1142,7 @@ fn read_flood_is_bounded_and_accounted() {
     let port = RawPort::open(&a.netns, &a.ifname).expect("raw port on A");
     let mut atk = Attacker {
         port,
+        tries: 0,
         path: PathRepr::new(
             EthernetAddress(a.mac),
             EthernetAddress(b.mac),
