@@ -248,6 +248,8 @@ counter_struct! {
         req_remote_access_errors,
         /// mlx5: remote access errors detected as responder (NAK sent).
         resp_remote_access_errors,
+        /// roce-xdp: invalid requests detected as responder (NAK invalid request sent, QP to error).
+        resp_invalid_request,
         /// mlx5: receive WRs flushed.
         resp_cqe_flush_error,
         /// mlx5: send WRs flushed.
@@ -277,6 +279,17 @@ counter_struct! {
         rp_cnp_handled,
         /// CNPs received and not acted on: within rate_reduce_monitor_period of the last cut, or RP disabled.
         rp_cnp_ignored,
+    }
+}
+
+counter_struct! {
+    /// Counters of a listening endpoint's out-of-band connection setup (the perftest or
+    /// ibv_rc_pingpong TCP exchange).
+    pub struct CmStats {
+        /// roce-xdp: TCP connections accepted while waiting for a client.
+        cm_accepted,
+        /// roce-xdp: connections refused because their exchange failed (malformed, old version, closed, timed out).
+        cm_refused,
     }
 }
 

@@ -844,6 +844,14 @@ impl Device {
         Ok(f(buf))
     }
 
+    /// The regions whose canary bytes changed ([`transport::MR_GUARD_LEN`] bytes kept before
+    /// and after every region): empty unless something wrote outside a registered region.
+    /// Check it after hostile traffic, as `tests/tests/hostile.rs` does.
+    #[must_use]
+    pub fn mr_guard_violations(&self) -> Vec<LKey> {
+        self.shared.lock().mrs().guard_violations()
+    }
+
     /// Creates a CQ of `depth` entries.
     ///
     /// # Errors

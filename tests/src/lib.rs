@@ -234,3 +234,144 @@ impl Frame {
         }
     }
 }
+
+/// The attacker side of hostile-packet tests: an `AF_PACKET` raw socket on one interface of a
+/// namespace, run by a small Python helper (stdlib only) so the test process keeps no raw
+/// socket and needs no unsafe code. Frames go out exactly as given; every frame received on
+/// the interface (not our own outgoing ones) is queued until [`RawPort::recv`] collects it.
+/// Dropping it kills the helper.
+pub struct RawPort {
+    child: std::process::Child,
+    stdin: std::process::ChildStdin,
+    stdout: std::io::BufReader<std::process::ChildStdout>,
+}
+
+const RAW_PORT_PY: &str = r#"
+import select, socket, sys, time
+s = socket.socket(socket.AF_PACKET, socket.SOCK_RAW, socket.htons(3))
+s.bind((sys.argv[1], 0))
+print("ready", flush=True)
+for line in sys.stdin:
+    cmd, _, arg = line.strip().partition(" ")
+    if cmd == "S":
+        s.send(bytes.fromhex(arg))
+        print("ok", flush=True)
+    elif cmd == "R":
+        end = time.monotonic() + int(arg) / 1000.0
+        out = []
+        while True:
+            left = end - time.monotonic()
+            r, _, _ = select.select([s], [], [], max(left, 0))
+            if not r:
+                break
+            data, addr = s.recvfrom(65536)
+            if addr[2] != socket.PACKET_OUTGOING:
+                out.append(data.hex())
+        print("frames " + " ".join(out), flush=True)
+"#;
+
+impl RawPort {
+    /// Opens a raw socket on `ifname` in namespace `netns` (`ip netns exec` runs the helper;
+    /// that is fine for Python, only `roce` itself needs `--netns`).
+    ///
+    /// # Errors
+    /// If the helper cannot start or does not report ready.
+    pub fn open(netns: &str, ifname: &str) -> std::io::Result<Self> {
+        use std::{
+            io::{BufRead, BufReader},
+            process::{Command, Stdio},
+        };
+        let mut child = Command::new("ip")
+            .args([
+                "netns",
+                "exec",
+                netns,
+                "python3",
+                "-u",
+                "-c",
+                RAW_PORT_PY,
+                ifname,
+            ])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()?;
+        let stdin = child
+            .stdin
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stdin"))?;
+        let stdout = child
+            .stdout
+            .take()
+            .ok_or_else(|| std::io::Error::other("no stdout"))?;
+        let mut port = Self {
+            child,
+            stdin,
+            stdout: BufReader::new(stdout),
+        };
+        let mut line = String::new();
+        port.stdout.read_line(&mut line)?;
+        if line.trim() != "ready" {
+            return Err(std::io::Error::other(format!(
+                "raw port helper said {line:?}"
+            )));
+        }
+        Ok(port)
+    }
+
+    fn line(&mut self) -> std::io::Result<String> {
+        use std::io::BufRead;
+        let mut line = String::new();
+        if self.stdout.read_line(&mut line)? == 0 {
+            return Err(std::io::Error::other("raw port helper exited"));
+        }
+        Ok(line)
+    }
+
+    /// Sends one frame as it is.
+    ///
+    /// # Errors
+    /// If the helper is gone or the kernel refused the frame.
+    pub fn send(&mut self, frame: &[u8]) -> std::io::Result<()> {
+        use std::io::Write;
+        let hex: String = frame.iter().map(|b| format!("{b:02x}")).collect();
+        writeln!(self.stdin, "S {hex}")?;
+        self.stdin.flush()?;
+        let l = self.line()?;
+        if l.trim() == "ok" {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(format!("send: {l:?}")))
+        }
+    }
+
+    /// Every frame received since the last call, and those arriving within `wait` from now.
+    ///
+    /// # Errors
+    /// If the helper is gone.
+    pub fn recv(&mut self, wait: std::time::Duration) -> std::io::Result<Vec<Vec<u8>>> {
+        use std::io::Write;
+        writeln!(self.stdin, "R {}", wait.as_millis())?;
+        self.stdin.flush()?;
+        let l = self.line()?;
+        let rest = l
+            .trim()
+            .strip_prefix("frames")
+            .ok_or_else(|| std::io::Error::other(format!("recv: {l:?}")))?;
+        rest.split_whitespace()
+            .map(|h| {
+                (0..h.len())
+                    .step_by(2)
+                    .map(|i| u8::from_str_radix(&h[i..i + 2], 16))
+                    .collect::<Result<Vec<u8>, _>>()
+                    .map_err(std::io::Error::other)
+            })
+            .collect()
+    }
+}
+
+impl Drop for RawPort {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}

@@ -134,3 +134,16 @@ pub(crate) fn all(fuzz: bool, fuzz_secs: u32, soak: bool) -> anyhow::Result<()> 
     println!("tests: {} passed, {} failed", tally.passed, tally.failed);
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    /// `cargo xtask test` smokes every target of the fuzz manifest: the wire parser, the
+    /// responder and the completer.
+    #[test]
+    fn every_fuzz_target_is_smoked() {
+        let t = super::fuzz_targets();
+        for want in ["parse_frame", "responder", "completer"] {
+            assert!(t.iter().any(|n| n == want), "{want} missing from {t:?}");
+        }
+    }
+}

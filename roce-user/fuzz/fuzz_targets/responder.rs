@@ -278,6 +278,10 @@ fn check(w: &mut World) {
     assert!(q.send_queue_len() <= CAP.max_send_wr as usize);
     let mrs = w.d.mrs();
     assert!(
+        mrs.guard_violations().is_empty(),
+        "a canary byte next to a region changed"
+    );
+    assert!(
         mrs.bytes(w.canary).unwrap().iter().all(|&b| b == 0xcc),
         "local-only region written"
     );

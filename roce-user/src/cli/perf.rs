@@ -24,6 +24,7 @@ use roce::{
     cm::perftest::{self, BwReport, Comm, KeyMsg, pattern},
     wire::types::{Psn, RKey},
 };
+use roce_common::counters::CmStats;
 use serde_json::json;
 
 use super::{Output, interrupted};
@@ -73,6 +74,11 @@ pub struct PerfArgs {
     /// Outstanding work requests per QP.
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     pub tx_depth: u32,
+    /// Receive queue depth per QP (perftest's `-r`): the receive WRs a SEND receiver keeps
+    /// posted, and each QP's `max_recv_wr` (at most `DeviceConfig::max_qp_wr`, 16384).
+    /// Default: the tx depth.
+    #[arg(short = 'r', long = "rx-depth", value_name = "N")]
+    pub rx_depth: Option<u32>,
     /// Local GID index.
     #[arg(short = 'g', long = "gid-index")]
     pub gid_idx: Option<usize>,
@@ -126,6 +132,18 @@ pub struct PerfArgs {
     /// "done": [..]}}`), for watching a long run for stuck QPs.
     #[arg(long, value_name = "SECS")]
     pub progress: Option<f64>,
+    /// Most QPs this endpoint creates (`DeviceConfig::max_qp`); `-q` beyond it is refused.
+    #[arg(long, value_name = "N", default_value_t = roce::transport::DeviceConfig::default().max_qp)]
+    pub max_qp: usize,
+    /// Most memory regions this endpoint registers (`DeviceConfig::max_mr`, at most 65535).
+    #[arg(long, value_name = "N", default_value_t = roce::transport::DeviceConfig::default().max_mr)]
+    pub max_mr: usize,
+    /// READs and atomics the peer may have outstanding per QP, the responder resources
+    /// (`max_dest_rd_atomic`, rxe's limit 128): one more while all are still answering takes
+    /// the oldest one's place, as in rxe's ring, counted in `rd_atomic_evicted`.
+    #[arg(long, value_name = "N", default_value_t = OUT_READS,
+          value_parser = clap::value_parser!(u8).range(1..=128))]
+    pub max_rd_atomic: u8,
 }
 
 /// Samples every QP's congestion state into a [`Trace`] while a test runs.
@@ -234,7 +252,38 @@ fn cc_config(a: &PerfArgs) -> anyhow::Result<roce::transport::CcConfig> {
 /// expose must cover `max(size, CYCLE_BUFFER)` bytes, as perftest's own does (`BUFF_SIZE`).
 const CYCLE_BUFFER: u32 = 4096;
 
-/// The outstanding RDMA READs and atomics we accept as responder (`max_dest_rd_atomic`).
+/// How long a connecting client may take over each step of perftest's setup exchange.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Waits for a client whose setup exchange (versions, system data, MTU) succeeds, and returns
+/// it with the MTU agreed. Call it once, as the server, before the key exchange. Connections
+/// whose exchange fails (garbage, an old version, closed early, silent for
+/// [`SETUP_TIMEOUT`]) are refused: dropped, counted in `cm_refused`, and the server listens
+/// on, so a flood of bad connection attempts costs one connection's memory at a time.
+fn accept_client(l: &TcpListener, mtu_code: u8, cm: &mut CmStats) -> anyhow::Result<(Comm, u8)> {
+    loop {
+        let (stream, _) = l.accept().context("accepting the client")?;
+        cm.cm_accepted += 1;
+        stream.set_read_timeout(Some(SETUP_TIMEOUT))?;
+        stream.set_write_timeout(Some(SETUP_TIMEOUT))?;
+        let mut comm = Comm::new(stream, false);
+        match comm.setup(4096, 64, mtu_code) {
+            Ok(used) => {
+                // The run itself may pause between syncs for as long as the client runs.
+                comm.stream().set_read_timeout(None)?;
+                comm.stream().set_write_timeout(None)?;
+                return Ok((comm, used));
+            }
+            Err(e) => {
+                cm.cm_refused += 1;
+                log::info!("refused a connection: {e}");
+            }
+        }
+    }
+}
+
+/// The outstanding RDMA READs and atomics we accept as responder (`max_dest_rd_atomic`) unless
+/// `--max-rd-atomic` says otherwise.
 const OUT_READS: u8 = 16;
 
 fn mtu_enum(bytes: u32) -> Option<u8> {
@@ -373,13 +422,13 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         && (a.lat
             || a.op == PerfOp::Atomic
             || !a.span.is_multiple_of(u64::from(size))
-            || a.span < u64::from(size) * u64::from(a.tx_depth)
+            || a.span < u64::from(size) * u64::from(a.tx_depth.max(a.rx_depth.unwrap_or(0)))
             || a.span > 1 << 32)
     {
         bail!(
             "--span is for write, read and send bandwidth runs: a multiple of --size, at least \
-             size x tx-depth ({}), at most 4 GiB",
-            u64::from(size) * u64::from(a.tx_depth)
+             size x the deeper of tx-depth and rx-depth ({}), at most 4 GiB",
+            u64::from(size) * u64::from(a.tx_depth.max(a.rx_depth.unwrap_or(0)))
         );
     }
     let span = a.span as usize;
@@ -388,6 +437,9 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         ..DeviceOptions::default()
     };
     opts.transport.cc = cc_config(a)?;
+    opts.transport.max_qp = a.max_qp;
+    opts.transport.max_mr = a.max_mr;
+    opts.transport.max_qp_rd_atom = opts.transport.max_qp_rd_atom.max(a.max_rd_atomic);
     let dev = Device::open(&a.dev, &opts)?;
     let pd = dev.alloc_pd()?;
     let gid_idx = a
@@ -396,7 +448,8 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     let gid = dev.gid(gid_idx)?;
     dev.check_path_mtu(a.mtu, gid.ip.is_ipv6())?;
     let depth = a.tx_depth.max(1);
-    let cq = dev.create_cq(((depth as usize) * 2 + 16) * a.qps as usize)?;
+    let rx_depth = a.rx_depth.unwrap_or(depth).max(1);
+    let cq = dev.create_cq((depth as usize + rx_depth as usize + 16) * a.qps as usize)?;
     let remote_access =
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let mut qps = Vec::new();
@@ -408,7 +461,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
             recv_cq: cq,
             cap: QpCap {
                 max_send_wr: depth,
-                max_recv_wr: depth,
+                max_recv_wr: rx_depth,
                 max_sge: 1,
             },
             sq_sig_all: true,
@@ -459,7 +512,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     }
     if a.op == PerfOp::Send && (!client || a.lat) {
         for qp in &qps {
-            for slot in 0..depth {
+            for slot in 0..rx_depth {
                 // With --span each receive has a slot of its own (wr_id = slot), checked and
                 // reposted by run_server; without it they all share the first `size` bytes.
                 let off = if span == 0 {
@@ -483,17 +536,23 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     }
 
     // perftest's setup: versions, system data, MTU, then one key message per QP.
-    let stream = match &a.host {
-        Some(h) => roce::cm::connect_tcp(h, a.port, Duration::from_secs(5))?,
+    let mut cm = CmStats::default();
+    let (mut comm, used_mtu) = match &a.host {
+        Some(h) => {
+            let mut comm = Comm::new(
+                roce::cm::connect_tcp(h, a.port, Duration::from_secs(5))?,
+                client,
+            );
+            let used = comm.setup(4096, 64, mtu_code)?;
+            (comm, used)
+        }
         None => {
             let l = TcpListener::bind(("::", a.port))
                 .or_else(|_| TcpListener::bind(("0.0.0.0", a.port)))
                 .with_context(|| format!("couldn't listen on port {}", a.port))?;
-            l.accept().context("accepting the client")?.0
+            accept_client(&l, mtu_code, &mut cm)?
         }
     };
-    let mut comm = Comm::new(stream, client);
-    let used_mtu = comm.setup(4096, 64, mtu_code)?;
     let mtu = [
         Mtu::Mtu256,
         Mtu::Mtu512,
@@ -509,7 +568,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         // perftest announces its device's limit for READ and atomics, 1 otherwise; its requester
         // uses the peer's value as max_rd_atomic.
         out_reads: if matches!(a.op, PerfOp::Read | PerfOp::Atomic) {
-            u16::from(OUT_READS)
+            u16::from(a.max_rd_atomic)
         } else {
             1
         },
@@ -531,9 +590,10 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         let r = qp.remote.context("missing remote key")?;
         let path = dev.path_to(gid_idx, &r.gid, qp.qpn, r.qpn)?;
         let mut c = RcConnect::new(path, mtu, r.qpn, r.psn, qp.psn);
-        c.max_dest_rd_atomic = OUT_READS;
+        c.max_dest_rd_atomic = a.max_rd_atomic;
         // Never more READs/atomics in flight than the responder accepts.
-        c.max_rd_atomic = u8::try_from(r.out_reads.clamp(1, u16::from(OUT_READS))).unwrap_or(1);
+        c.max_rd_atomic =
+            u8::try_from(r.out_reads.clamp(1, u16::from(a.max_rd_atomic))).unwrap_or(1);
         c.retry_cnt = a.retry_cnt;
         c.timeout = a.qp_timeout;
         dev.qp_connect(qp.qpn, &c)?;
@@ -634,6 +694,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         "latency_us": { "p50": shown.lat.0, "p99": shown.lat.1, "p999": shown.lat.2, "max": shown.lat.3 },
         "verified": if a.no_verify { serde_json::Value::Null } else { verified.into() },
         "peer_version": comm.remote_version,
+        "cm": CmStats::NAMES.iter().zip(cm.values()).map(|(n, v)| ((*n).to_owned(), v.into())).collect::<serde_json::Map<_, _>>(),
         "cc": cc_json(&dev),
     });
     out.emit(&v, &text);

@@ -73,7 +73,9 @@ pub use self::cc::{CcConfig, QpCc};
 pub use self::counters::{DeviceCounters, QpCounters};
 pub use self::cq::{Cq, CqId, CqOverflow, Wc, WcFlags, WcOpcode, WcStatus};
 pub use self::ids::{LKey, Msn, PKey, Psn, QKey, Qpn, RKey};
-pub use self::mr::{Access, AccessError, MrError, MrInfo, MrTable, PdId, Sge};
+pub use self::mr::{
+    Access, AccessError, MR_GUARD_BYTE, MR_GUARD_LEN, MrError, MrInfo, MrTable, PdId, Sge,
+};
 pub use self::pkt::{PktHdr, RxPkt};
 pub use self::qp::{PostError, Qp, QpCap, QpInit};
 pub use self::state::{AttrMask, ModifyError, Mtu, QpAttr, QpState, QpType};
@@ -98,23 +100,27 @@ pub const MAX_FRAME_LEN: usize = max_frame_len(Mtu::Mtu4096);
 /// Limits of a device (`struct ibv_device_attr`, the part roce-xdp enforces).
 #[derive(Clone, Debug)]
 pub struct DeviceConfig {
-    /// Protection domains.
+    /// Protection domains (default 1024); more are refused ([`DeviceError::TooManyPds`]).
     pub max_pd: usize,
-    /// QPs.
+    /// QPs (default 1024; `roce perf --max-qp`); more are refused ([`DeviceError::TooManyQps`]).
     pub max_qp: usize,
-    /// Memory regions (at most 65535).
+    /// Memory regions (default 4096, at most 65535; `roce perf --max-mr`); more are refused
+    /// ([`MrError::TableFull`]).
     pub max_mr: usize,
-    /// CQs.
+    /// CQs (default 1024).
     pub max_cq: usize,
-    /// Entries per CQ.
+    /// Entries per CQ (default 65536).
     pub max_cqe: usize,
-    /// Send or receive WRs per QP.
+    /// Send or receive WRs per QP (default 16384, rxe's `RXE_MAX_QP_WR`): the bound on a QP's
+    /// send and receive queue depth (`QpCap`); a post beyond the QP's own cap is refused.
     pub max_qp_wr: u32,
-    /// Scatter/gather entries per WR.
+    /// Scatter/gather entries per WR (default 32).
     pub max_sge: u32,
-    /// `max_rd_atomic` / `max_dest_rd_atomic` per QP (rxe: 128).
+    /// `max_rd_atomic` / `max_dest_rd_atomic` per QP (default 16; rxe: 128): the responder
+    /// resources a peer's READs and atomics can hold. One more while all are still answering
+    /// takes the oldest one's place, as rxe's ring does (counted in `rd_atomic_evicted`).
     pub max_qp_rd_atom: u8,
-    /// Async events queued before new ones are counted as lost.
+    /// Async events queued before new ones are counted as lost (default 256).
     pub max_events: usize,
     /// Seed of the CSPRNG that draws the key bits of memory regions. Inject real entropy in
     /// production; tests inject a constant to be reproducible.

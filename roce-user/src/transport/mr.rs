@@ -119,14 +119,37 @@ pub enum AccessError {
     OutOfBounds,
 }
 
+/// Canary bytes kept before and after every registered region, inside the same allocation.
+/// Nothing the transport does may change them: [`MrTable::guard_violations`] checks them.
+pub const MR_GUARD_LEN: usize = 64;
+
+/// The value of every canary byte.
+pub const MR_GUARD_BYTE: u8 = 0xc5;
+
 struct Mr {
     pd: PdId,
     iova: u64,
+    /// `MR_GUARD_LEN` canary bytes, the region, `MR_GUARD_LEN` canary bytes.
     buf: Box<[u8]>,
     access: Access,
     lkey: LKey,
     rkey: RKey,
     rkey_valid: bool,
+}
+
+impl Mr {
+    fn len(&self) -> usize {
+        self.buf.len() - 2 * MR_GUARD_LEN
+    }
+
+    fn region(&self) -> &[u8] {
+        &self.buf[MR_GUARD_LEN..self.buf.len() - MR_GUARD_LEN]
+    }
+
+    fn region_mut(&mut self) -> &mut [u8] {
+        let n = self.buf.len();
+        &mut self.buf[MR_GUARD_LEN..n - MR_GUARD_LEN]
+    }
 }
 
 /// The table of registered memory regions of a device.
@@ -201,10 +224,12 @@ impl MrTable {
         let (lb, rb) = (self.fresh_bits(ol), self.fresh_bits(or));
         self.last_bits[slot] = (lb, rb);
         let hi = ((slot as u32) + 1) << 16;
+        let mut guarded = vec![MR_GUARD_BYTE; buf.len() + 2 * MR_GUARD_LEN];
+        guarded[MR_GUARD_LEN..MR_GUARD_LEN + buf.len()].copy_from_slice(&buf);
         let mr = Mr {
             pd,
             iova,
-            buf: buf.into_boxed_slice(),
+            buf: guarded.into_boxed_slice(),
             access,
             lkey: LKey::new(hi | u32::from(lb)),
             rkey: RKey::new(hi | u32::from(rb)),
@@ -240,7 +265,26 @@ impl MrTable {
         let mr = self.slots[slot]
             .take()
             .ok_or(MrError::UnknownKey(lkey.value()))?;
-        Ok(mr.buf.into_vec())
+        Ok(mr.region().to_vec())
+    }
+
+    /// The regions whose canary bytes (the [`MR_GUARD_LEN`] bytes before and after each
+    /// region) changed: always empty unless something wrote outside a region. Call it after
+    /// hostile input to prove that every access stayed inside the region it named.
+    #[must_use]
+    pub fn guard_violations(&self) -> Vec<LKey> {
+        self.slots
+            .iter()
+            .flatten()
+            .filter(|m| {
+                let n = m.buf.len();
+                m.buf[..MR_GUARD_LEN]
+                    .iter()
+                    .chain(&m.buf[n - MR_GUARD_LEN..])
+                    .any(|&b| b != MR_GUARD_BYTE)
+            })
+            .map(|m| m.lkey)
+            .collect()
     }
 
     /// The registration info of `lkey`.
@@ -250,7 +294,7 @@ impl MrTable {
             lkey: m.lkey,
             rkey: m.rkey,
             iova: m.iova,
-            len: m.buf.len() as u64,
+            len: m.len() as u64,
             access: m.access,
             pd: m.pd,
         })
@@ -259,12 +303,12 @@ impl MrTable {
     /// The memory of the region of `lkey`, for the application to read.
     #[must_use]
     pub fn bytes(&self, lkey: LKey) -> Option<&[u8]> {
-        self.by_lkey(lkey).map(|m| &m.buf[..])
+        self.by_lkey(lkey).map(Mr::region)
     }
 
     /// The memory of the region of `lkey`, for the application to write.
     pub fn bytes_mut(&mut self, lkey: LKey) -> Option<&mut [u8]> {
-        self.by_lkey_mut(lkey).map(|m| &mut m.buf[..])
+        self.by_lkey_mut(lkey).map(Mr::region_mut)
     }
 
     /// Invalidates the R_Key `rkey` (SEND with invalidate, IBA 10.6.5): remote accesses with it
@@ -329,11 +373,11 @@ impl MrTable {
     fn range(m: &Mr, addr: u64, len: u64) -> Result<core::ops::Range<usize>, AccessError> {
         let off = addr.checked_sub(m.iova).ok_or(AccessError::OutOfBounds)?;
         let end = off.checked_add(len).ok_or(AccessError::OutOfBounds)?;
-        if end > m.buf.len() as u64 {
+        if end > m.len() as u64 {
             return Err(AccessError::OutOfBounds);
         }
-        // Both fit in usize: they are at most buf.len().
-        Ok(off as usize..end as usize)
+        // Both fit in usize: they are at most the region's length. Shifted past the front guard.
+        Ok(off as usize + MR_GUARD_LEN..end as usize + MR_GUARD_LEN)
     }
 
     /// Checks a remote access of `len` bytes at `va` with `rkey` needing `need`, without doing it
@@ -492,6 +536,28 @@ mod tests {
     use super::*;
 
     const P: PdId = PdId(1);
+
+    #[test]
+    fn canaries_surround_every_region_and_a_stray_write_is_reported() {
+        let mut t = table();
+        let a = t.register(P, vec![7; 100], 0x1000, Access::all()).unwrap();
+        // The region is exactly what was registered; accesses up to its last byte work.
+        assert_eq!(t.bytes(a.lkey).unwrap(), &[7; 100][..]);
+        t.remote_mut(P, a.rkey, 0x1000, 100, Access::REMOTE_WRITE)
+            .unwrap()
+            .fill(9);
+        assert_eq!(
+            t.remote_mut(P, a.rkey, 0x1000 + 1, 100, Access::REMOTE_WRITE),
+            Err(AccessError::OutOfBounds)
+        );
+        assert!(t.guard_violations().is_empty());
+        assert_eq!(t.deregister(a.lkey).unwrap(), vec![9; 100]);
+        // A write past the end (here by hand) is caught.
+        let b = t.register(P, vec![0; 16], 0, Access::all()).unwrap();
+        let slot = slot_of(b.lkey.value()).unwrap();
+        t.slots[slot].as_mut().unwrap().buf[MR_GUARD_LEN + 16] = 0;
+        assert_eq!(t.guard_violations(), vec![b.lkey]);
+    }
 
     #[test]
     fn another_pd_sees_an_invalid_key() {

@@ -56,6 +56,8 @@ impl Qp {
                     self.complete_recv_head(status, 0, None, false, ctx);
                 }
                 self.counters.resp_cqe_error += u64::from(status.is_some());
+                self.counters.resp_invalid_request +=
+                    u64::from(nak == syndrome::NAK_INVALID_REQUEST);
                 self.queue_ctrl(nak, psn);
                 self.enter_error(ctx);
             }
