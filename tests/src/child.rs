@@ -24,6 +24,18 @@ impl Reaper {
     pub fn pid(&self) -> u32 {
         self.0.as_ref().expect("running child").id()
     }
+
+    /// Kills the child now (SIGKILL) and reaps it; a later [`finish`] is not possible.
+    ///
+    /// # Errors
+    /// When the signal or the wait fails.
+    pub fn kill(&mut self) -> std::io::Result<()> {
+        if let Some(mut c) = self.0.take() {
+            c.kill()?;
+            c.wait()?;
+        }
+        Ok(())
+    }
 }
 
 impl Drop for Reaper {

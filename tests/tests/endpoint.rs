@@ -3,7 +3,7 @@
 
 use std::{
     net::TcpStream,
-    process::{Child, Command, Output, Stdio},
+    process::Command,
     thread,
     time::{Duration, Instant},
 };
@@ -19,7 +19,10 @@ use roce::{
     wire::types::Psn,
 };
 use roce_common::counters::{QpCounters, XdpStats};
-use roce_tests::{require_root, roce_bin, tag};
+use roce_tests::{
+    child::{finish, json_ok, spawn},
+    require_root, roce_bin, tag,
+};
 use serde_json::Value;
 
 /// roce_xdp on both ends for the whole test, so counters accumulate across processes.
@@ -49,49 +52,6 @@ impl Drop for Loaded {
             let _ = loader::unload(n);
         }
     }
-}
-
-/// Kills a child process on drop, so a failing test leaves no endpoint running.
-struct Reaper(Option<Child>);
-
-impl Drop for Reaper {
-    fn drop(&mut self) {
-        if let Some(c) = &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-fn spawn(ns: &str, args: &[String]) -> Reaper {
-    let c = Command::new(roce_bin())
-        .args(["-j", "--netns", ns])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("spawn roce");
-    Reaper(Some(c))
-}
-
-fn finish(mut r: Reaper) -> Output {
-    r.0.take().unwrap().wait_with_output().unwrap()
-}
-
-#[track_caller]
-fn json_ok(o: &Output, what: &str) -> Value {
-    assert!(
-        o.status.success(),
-        "{what} failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout).unwrap_or_else(|e| {
-        panic!(
-            "{what}: bad JSON ({e}): {}",
-            String::from_utf8_lossy(&o.stdout)
-        )
-    })
 }
 
 /// Runs `args` as server in B and client in A; returns (client, server) JSON.
@@ -512,10 +472,7 @@ fn remote_loss_ends_in_retry_exceeded_and_others_keep_going() {
             return Err(format!("before the kill: {before:?}"));
         }
         // The far end on C disappears.
-        if let Some(ch) = sc.0.as_mut() {
-            ch.kill().map_err(|x| e(&x))?;
-            ch.wait().map_err(|x| e(&x))?;
-        }
+        sc.kill().map_err(|x| e(&x))?;
         for id in 20..30 {
             write(1, 1000 + id).map_err(|x| e(&x))?;
         }
