@@ -561,7 +561,14 @@ impl Device {
     /// in [`DeviceCounters`] and dropped, never a panic.
     pub fn handle_packet(&mut self, now: Instant, frame: &[u8]) {
         self.counters.rcvd_pkts += 1;
-        let f = match parse_frame(frame) {
+        let parsed = parse_frame(frame);
+        self.handle_parsed(now, parsed);
+    }
+
+    /// The rest of [`Device::handle_packet`] and [`Device::handle_packet_mut`] once the frame
+    /// is parsed: frames that did not parse or whose ICRC is wrong are counted and dropped.
+    fn handle_parsed(&mut self, now: Instant, parsed: crate::wire::Result<crate::wire::Frame<'_>>) {
+        let f = match parsed {
             Ok(f) if f.icrc_ok => f,
             _ => {
                 self.counters.rx_malformed += 1;
@@ -584,21 +591,8 @@ impl Device {
     /// whose received frames are writable (UMEM frames about to be recycled).
     pub fn handle_packet_mut(&mut self, now: Instant, frame: &mut [u8]) {
         self.counters.rcvd_pkts += 1;
-        let f = match crate::wire::parse_frame_in_place(frame) {
-            Ok(f) if f.icrc_ok => f,
-            _ => {
-                self.counters.rx_malformed += 1;
-                return;
-            }
-        };
-        let hdr = PktHdr::from_repr(&f.roce);
-        let (src, dst) = (f.src_ip(), f.dst_ip());
-        let pkt = RxPkt {
-            hdr,
-            payload: f.payload,
-            ce: f.ecn() == Ecn::Ce,
-        };
-        self.handle_decoded(now, &pkt, Some((src, dst)));
+        let parsed = crate::wire::parse_frame_in_place(frame);
+        self.handle_parsed(now, parsed);
     }
 
     /// Handles one received packet that is already decoded (the frame path calls this after
