@@ -354,6 +354,7 @@ impl Device {
         if let Some(c) = qp.cc.as_deref_mut() {
             c.on_cnp(now);
         }
+        self.sched.touch(qp);
     }
 
     /// Changes one congestion-control parameter of QP `qpn` (names as [`CcConfig::set`]). The
@@ -379,6 +380,7 @@ impl Device {
         fresh.cnp = c.cnp;
         fresh.cnps_due = c.cnps_due;
         *c = fresh;
+        self.sched.touch(qp);
         Ok(())
     }
 

@@ -58,6 +58,7 @@ pub mod ids;
 pub mod mr;
 pub mod pkt;
 pub mod qp;
+mod sched;
 pub mod sim;
 pub mod state;
 #[cfg(test)]
@@ -290,7 +291,8 @@ pub struct Device {
     events: VecDeque<Event>,
     counters: DeviceCounters,
     scratch: Vec<u8>,
-    rr: u32,
+    /// Ready queue and timer set (transport/sched.rs).
+    sched: sched::Schedule,
 }
 
 impl Device {
@@ -307,7 +309,7 @@ impl Device {
             events: VecDeque::new(),
             counters: DeviceCounters::default(),
             scratch: vec![0; 4096],
-            rr: 0,
+            sched: sched::Schedule::default(),
             config,
         }
     }
@@ -473,10 +475,12 @@ impl Device {
     /// # Errors
     /// [`DeviceError::NoSuchQp`].
     pub fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), DeviceError> {
-        self.qps
+        let qp = self
+            .qps
             .remove(&qpn.value())
-            .map(|_| ())
-            .ok_or(DeviceError::NoSuchQp(qpn))
+            .ok_or(DeviceError::NoSuchQp(qpn))?;
+        self.sched.forget(&qp);
+        Ok(())
     }
 
     /// A QP, to query its state, attributes and counters.
@@ -485,15 +489,16 @@ impl Device {
         self.qps.get(&qpn.value())
     }
 
-    fn split(&mut self) -> (&mut BTreeMap<u32, Qp>, Ctx<'_>, &mut Vec<u8>) {
+    /// The QP table, the context its QPs act on, and the schedule, borrowed apart.
+    fn split(&mut self) -> (&mut BTreeMap<u32, Qp>, Ctx<'_>, &mut sched::Schedule) {
         let Self {
             qps,
             mrs,
             cqs,
             events,
             counters,
-            scratch,
             config,
+            sched,
             ..
         } = self;
         (
@@ -505,7 +510,7 @@ impl Device {
                 max_events: config.max_events,
                 counters,
             },
-            scratch,
+            sched,
         )
     }
 
@@ -521,12 +526,13 @@ impl Device {
         mask: AttrMask,
     ) -> Result<(), DeviceError> {
         let max = self.config.max_qp_rd_atom;
-        let (qps, mut ctx, _) = self.split();
+        let (qps, mut ctx, sched) = self.split();
         let qp = qps
             .get_mut(&qpn.value())
             .ok_or(DeviceError::NoSuchQp(qpn))?;
         let to = state::check_modify(qp.qp_type, qp.state, attr, mask, max)?;
         qp.apply_modify(to, attr, mask, &mut ctx);
+        sched.touch(qp);
         Ok(())
     }
 
@@ -536,10 +542,12 @@ impl Device {
     /// [`PostError`] if the QP state, queue depth, SG list or request is wrong.
     pub fn post_send(&mut self, qpn: Qpn, wr: SendWr<Path>) -> Result<(), PostError> {
         let max_sge = self.config.max_sge as usize;
-        let (qps, mut ctx, _) = self.split();
+        let (qps, mut ctx, sched) = self.split();
         let qp = qps.get_mut(&qpn.value()).ok_or(PostError::NoSuchQp(qpn))?;
         let max_sge = max_sge.min(qp.init.cap.max_sge as usize);
-        qp.post_send(wr, max_sge, &mut ctx)
+        let r = qp.post_send(wr, max_sge, &mut ctx);
+        sched.touch(qp);
+        r
     }
 
     /// Posts a receive WR (`ibv_post_recv`). In ERR it completes at once with a flush error.
@@ -548,10 +556,12 @@ impl Device {
     /// [`PostError`] if the QP state, queue depth or SG list is wrong.
     pub fn post_recv(&mut self, qpn: Qpn, wr: RecvWr) -> Result<(), PostError> {
         let max_sge = self.config.max_sge as usize;
-        let (qps, mut ctx, _) = self.split();
+        let (qps, mut ctx, sched) = self.split();
         let qp = qps.get_mut(&qpn.value()).ok_or(PostError::NoSuchQp(qpn))?;
         let max_sge = max_sge.min(qp.init.cap.max_sge as usize);
-        qp.post_recv(wr, max_sge, &mut ctx)
+        let r = qp.post_recv(wr, max_sge, &mut ctx);
+        sched.touch(qp);
+        r
     }
 
     // -------------------------------------------------------------- packets
@@ -623,7 +633,7 @@ impl Device {
             self.counters.bad_pkey_cntr += 1;
             return;
         }
-        let (qps, mut ctx, _) = self.split();
+        let (qps, mut ctx, sched) = self.split();
         let Some(qp) = qps.get_mut(&hdr.dest_qp.value()) else {
             ctx.counters.rx_unknown_qp += 1;
             return;
@@ -654,17 +664,26 @@ impl Device {
         } else {
             qp.handle_request(pkt, &mut ctx);
         }
+        sched.touch(qp);
     }
 
     /// Writes the next frame to send into `buf` and says how long it is, or `None` when
     /// nothing is ready. Call after every input until it returns `None`. Only QPs whose
     /// largest frame ([`max_frame_len`] of their path MTU) fits in `buf` are served, so a
-    /// 4 KiB UMEM frame serves every QP with a path MTU up to 2048. QPs are served
-    /// round-robin; on each, responses (ACK/NAK, READ responses, atomic ACKs) go before new
-    /// requests.
+    /// 4 KiB UMEM frame serves every QP with a path MTU up to 2048. The QPs an input reached
+    /// are served round-robin, one frame each in turn (transport/sched.rs), so a call costs
+    /// what the ready QPs cost, not what every QP costs; on each, responses (ACK/NAK, READ
+    /// responses, atomic ACKs) go before new requests.
     #[must_use]
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
-        use core::ops::Bound::{Excluded, Included, Unbounded};
+        let out = self.transmit_next(now, buf);
+        self.sched.end_transmit();
+        out
+    }
+
+    /// The body of [`Device::poll_transmit`], which then returns the QPs deferred here to the
+    /// ready queue.
+    fn transmit_next(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         let Self {
             qps,
             mrs,
@@ -673,7 +692,7 @@ impl Device {
             counters,
             scratch,
             config,
-            rr,
+            sched,
             ..
         } = self;
         let mut ctx = Ctx {
@@ -683,81 +702,95 @@ impl Device {
             max_events: config.max_events,
             counters,
         };
-        let start = *rr;
-        // Round-robin: the QPs after the last one served, then the rest.
-        for range in [(Excluded(start), Unbounded), (Unbounded, Included(start))] {
-            for (&k, qp) in qps.range_mut(range) {
-                let max_frame = max_frame_len(qp.attr.path_mtu);
-                if max_frame > buf.len() {
-                    continue;
-                }
-                // Congestion notifications first (transport/cc.rs).
-                while let Some(r) = qp.cc_emit_cnp(buf) {
-                    if let Ok(size) = r {
-                        ctx.counters.sent_pkts += 1;
-                        *rr = k;
-                        return Some(Transmit {
-                            size,
-                            qpn: Qpn::new(k),
-                        });
-                    }
-                    qp.counters.send_err += 1;
-                }
-                loop {
-                    // The DCQCN pacer holds data back; ACKs and NAKs always go.
-                    let data_ok = qp.cc_data_ok(now, max_frame);
-                    let Some(out) = qp.poll_transmit(now, &mut ctx, scratch, data_ok) else {
-                        break;
-                    };
-                    let Some(mut path) = out.ud_path.or(qp.attr.ah_attr) else {
-                        qp.counters.send_err += 1;
-                        continue;
-                    };
-                    if out.ud_path.is_none() {
-                        qp.cc_apply(&mut path);
-                    }
-                    let repr = out.hdr.to_repr();
-                    match emit_frame(&path, &repr, &scratch[..out.payload_len], buf) {
-                        Ok(size) => {
-                            qp.cc_on_sent(now, size);
-                            ctx.counters.sent_pkts += 1;
-                            *rr = k;
-                            return Some(Transmit {
-                                size,
-                                qpn: Qpn::new(k),
-                            });
-                        }
-                        Err(_) => qp.counters.send_err += 1,
-                    }
-                }
+        while let Some(k) = sched.pop_ready() {
+            let Some(qp) = qps.get_mut(&k) else {
+                continue; // destroyed since it was queued
+            };
+            if !qp.sched.queued {
+                continue; // a second entry of a QP already served to exhaustion
             }
+            let max_frame = max_frame_len(qp.attr.path_mtu);
+            if max_frame > buf.len() {
+                sched.defer(k);
+                continue;
+            }
+            if let Some(size) = Self::transmit_qp(qp, now, &mut ctx, scratch, buf) {
+                sched.refresh(qp);
+                sched.requeue(k);
+                return Some(Transmit {
+                    size,
+                    qpn: Qpn::new(k),
+                });
+            }
+            qp.sched.queued = false;
+            sched.refresh(qp);
         }
         None
+    }
+
+    /// One frame of `qp` into `buf`, if it has one to send now: a due CNP first
+    /// (transport/cc.rs), then its responses and requests as the pacer allows.
+    fn transmit_qp(
+        qp: &mut Qp,
+        now: Instant,
+        ctx: &mut Ctx<'_>,
+        scratch: &mut [u8],
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        let max_frame = max_frame_len(qp.attr.path_mtu);
+        while let Some(r) = qp.cc_emit_cnp(buf) {
+            if let Ok(size) = r {
+                ctx.counters.sent_pkts += 1;
+                return Some(size);
+            }
+            qp.counters.send_err += 1;
+        }
+        loop {
+            // The DCQCN pacer holds data back; ACKs and NAKs always go.
+            let data_ok = qp.cc_data_ok(now, max_frame);
+            let out = qp.poll_transmit(now, ctx, scratch, data_ok)?;
+            let Some(mut path) = out.ud_path.or(qp.attr.ah_attr) else {
+                qp.counters.send_err += 1;
+                continue;
+            };
+            if out.ud_path.is_none() {
+                qp.cc_apply(&mut path);
+            }
+            let repr = out.hdr.to_repr();
+            match emit_frame(&path, &repr, &scratch[..out.payload_len], buf) {
+                Ok(size) => {
+                    qp.cc_on_sent(now, size);
+                    ctx.counters.sent_pkts += 1;
+                    return Some(size);
+                }
+                Err(_) => qp.counters.send_err += 1,
+            }
+        }
     }
 
     /// The next time [`Device::handle_timeout`] must be called, if any timer is armed. May
     /// change after any input.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.qps
-            .values()
-            .filter_map(|q| match (q.timers.next_timeout(), q.cc_poll_timeout()) {
-                (Some(a), Some(b)) => Some(a.min(b)),
-                (a, b) => a.or(b),
-            })
-            .min()
+        self.sched.next_timeout()
     }
 
     /// Runs the timers due at `now` (retransmission, RNR back-off, DCQCN). Spurious calls are
     /// no-ops.
     pub fn handle_timeout(&mut self, now: Instant) {
-        let (qps, mut ctx, _) = self.split();
-        for qp in qps.values_mut() {
+        let (qps, mut ctx, sched) = self.split();
+        // Only the QPs whose earliest deadline is due (transport/sched.rs).
+        let due = sched.take_due(now);
+        for k in &due {
+            let Some(qp) = qps.get_mut(k) else { continue };
+            qp.sched.deadline = None; // its entry left the set in take_due
             if qp.timers.next_timeout().is_some_and(|t| t <= now) {
                 qp.handle_timeout(now, &mut ctx);
             }
             qp.cc_handle_timeout(now);
+            sched.touch(qp);
         }
+        sched.put_due(due);
     }
 
     /// The next asynchronous event (`ibv_get_async_event`).

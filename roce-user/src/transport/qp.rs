@@ -254,6 +254,8 @@ pub struct Qp {
     pub(crate) counters: QpCounters,
     /// Congestion control (RC QPs; see transport/cc.rs).
     pub(crate) cc: Option<Box<super::cc::QpCc>>,
+    /// Its place in the device's ready queue and timer set (transport/sched.rs).
+    pub(crate) sched: super::sched::QpSched,
 }
 
 fn opcode_for(kind: Operation, pos: Position, imm: bool, inv: bool) -> Opcode {
@@ -338,6 +340,7 @@ impl Qp {
             timers: TimerTable::default(),
             counters: QpCounters::default(),
             cc: None,
+            sched: super::sched::QpSched::default(),
         }
     }
 
@@ -722,6 +725,15 @@ impl Qp {
         {
             self.timers
                 .set(Timer::Retransmit, now + d * (1u32 << self.backoff));
+        }
+    }
+
+    /// The earliest of its armed timers: retransmission or RNR back-off, and DCQCN's timers
+    /// and pacer release. The device keeps this in its timer set (transport/sched.rs).
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        match (self.timers.next_timeout(), self.cc_poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
         }
     }
 

@@ -2183,3 +2183,102 @@ fn reads_complete_against_a_slow_bursty_responder_without_a_retry_storm() {
         "{secs:.2} simulated s for 1.31 s of data ({sent} sent, {dropped} dropped, {retries} retries)"
     );
 }
+
+/// The ready queue and timer set (transport/sched.rs): with many connected QPs, an input
+/// queues only the QP it reached, every QP's messages are served in turn, and once the
+/// traffic is acknowledged no QP is left queued or with an armed timer.
+#[test]
+fn sched_serves_only_the_qps_an_input_reached_and_forgets_idle_ones() {
+    const QPS: usize = 64;
+    let mut p = Pair::new(3, DeviceConfig::default(), Link::default());
+    let cfg = RcConfig::default();
+    let mut eps = Vec::new();
+    for _ in 0..QPS {
+        let (a, b) = connect_rc(&mut p, &cfg);
+        let ma =
+            p.a.reg_mr(a.pd, vec![7; 4096], 0x1000, Access::LOCAL_WRITE)
+                .unwrap();
+        let mb =
+            p.b.reg_mr(b.pd, vec![0; 4096], 0x1000, Access::all())
+                .unwrap();
+        eps.push((a, b, ma, mb));
+    }
+    // Bringing the QPs up touched them all; none has anything to send.
+    let mut buf = vec![0; 4096];
+    assert!(p.a.poll_transmit(Instant::ZERO, &mut buf).is_none());
+    assert_eq!(
+        p.a.sched.ready_len(),
+        0,
+        "a QP with nothing to send left the queue"
+    );
+    assert_eq!(
+        p.a.sched.timer_len(),
+        0,
+        "no timer is armed before any traffic"
+    );
+    // One WRITE on every second QP: only those are queued, and each gets its frames in turn.
+    for (a, _, ma, mb) in eps.iter().step_by(2) {
+        let mut wr = SendWr::new(
+            u64::from(a.qpn.value()),
+            SendOp::Write {
+                remote_addr: 0x1000,
+                rkey: mb.rkey,
+            },
+            vec![Sge {
+                addr: 0x1000,
+                length: 4096,
+                lkey: ma.lkey,
+            }],
+        );
+        wr.flags = SendFlags::SIGNALED;
+        p.a.post_send(a.qpn, wr).unwrap();
+    }
+    assert_eq!(p.a.sched.ready_len(), QPS / 2);
+    let mut order = Vec::new();
+    while let Some(t) = p.a.poll_transmit(Instant::ZERO, &mut buf) {
+        order.push(t.qpn);
+    }
+    // 4 KiB at MTU 1024 is 4 packets per QP, served round-robin: the first 32 frames are
+    // one per QP.
+    assert_eq!(order.len(), 4 * QPS / 2);
+    let first: std::collections::BTreeSet<_> = order[..QPS / 2].iter().collect();
+    assert_eq!(first.len(), QPS / 2, "round-robin over the ready QPs");
+    assert_eq!(
+        p.a.sched.timer_len(),
+        QPS / 2,
+        "a retransmission timer per sending QP"
+    );
+    // Those frames were taken off the device, not put on the link: the QPs recover them with
+    // their retransmission timers, which the timer set must fire.
+    let mut done = 0;
+    let finished = p.drive_until(1_000_000, |p| {
+        for (a, ..) in &eps {
+            while let Some(wc) = p.a.poll_cq(a.cq) {
+                if wc.opcode == WcOpcode::RdmaWrite {
+                    assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+                    done += 1;
+                }
+            }
+        }
+        done == QPS / 2
+    });
+    assert!(finished, "{done} of {} WRITEs completed", QPS / 2);
+    for (.., mb) in eps.iter().step_by(2) {
+        assert_eq!(p.b.mrs().bytes(mb.lkey).unwrap(), &[7; 4096][..]);
+    }
+    for (.., mb) in eps.iter().skip(1).step_by(2) {
+        assert_eq!(
+            p.b.mrs().bytes(mb.lkey).unwrap(),
+            &[0; 4096][..],
+            "untouched QP"
+        );
+    }
+    assert!(p.a.poll_transmit(p.time, &mut buf).is_none());
+    assert_eq!(p.a.sched.ready_len(), 0);
+    assert_eq!(
+        p.a.sched.timer_len(),
+        0,
+        "every timer stopped once all was acknowledged"
+    );
+    assert_eq!(p.a.poll_timeout(), None);
+}
