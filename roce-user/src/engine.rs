@@ -114,6 +114,12 @@ pub trait Handler {
 pub struct EngineConfig {
     /// Frames per receive batch.
     pub batch: u32,
+    /// Most frames the handler may queue for transmit per turn (default 256). A turn that
+    /// transmitted thousands of frames (1024 QPs with data to send) left received frames
+    /// in the RX ring for milliseconds: the kernel found the fill ring empty and dropped the
+    /// peer's ACKs (`fill_ring_empty`), which cost retransmissions. Transmit still goes
+    /// through in batches, one flush per turn.
+    pub tx_per_turn: u32,
     /// Longest poll(2) wait, so that the stop flag is seen.
     pub max_wait: Duration,
     /// How long to keep flushing and reaping after stop so that in-flight frames come home.
@@ -124,6 +130,7 @@ impl Default for EngineConfig {
     fn default() -> Self {
         Self {
             batch: 64,
+            tx_per_turn: 256,
             max_wait: Duration::from_millis(50),
             drain_timeout: Duration::from_secs(1),
         }
@@ -206,7 +213,7 @@ impl<H: Handler> Engine<H> {
         if h.next_timeout().is_some_and(|t| t <= now) {
             h.on_timeout(now);
         }
-        q.with_tx_sink(|tx| h.poll_transmit(now, tx));
+        q.with_tx_sink_limit(self.cfg.tx_per_turn as usize, |tx| h.poll_transmit(now, tx));
         let sent = q.flush_tx();
         u64::from(completed) + u64::from(received) + sent as u64
     }

@@ -61,6 +61,8 @@ pub struct TxSink<'q> {
     book: &'q mut FrameBook,
     backlog: &'q mut Backlog,
     stats: &'q mut XskStats,
+    /// Frames this sink may still queue ([`XskQueue::with_tx_sink_limit`]).
+    left: usize,
 }
 
 impl TxSink<'_> {
@@ -70,6 +72,7 @@ impl TxSink<'_> {
         self.book
             .pool_len()
             .min(self.backlog.cap - self.backlog.q.len())
+            .min(self.left)
     }
 
     /// Bytes available per frame.
@@ -82,6 +85,9 @@ impl TxSink<'_> {
     /// Call when the handler has something to transmit; on [`TxError::Full`] retry on a later
     /// turn (the engine polls again once completions free frames).
     pub fn send(&mut self, write: impl FnOnce(&mut [u8]) -> usize) -> Result<(), TxError> {
+        if self.left == 0 {
+            return Err(TxError::Full);
+        }
         if self.backlog.q.len() >= self.backlog.cap {
             self.stats.tx_backpressure += 1;
             return Err(TxError::Full);
@@ -105,6 +111,7 @@ impl TxSink<'_> {
             off: 0,
             len: len as u32,
         });
+        self.left -= 1;
         Ok(())
     }
 }
@@ -154,6 +161,7 @@ impl RxBatch<'_> {
                 book: self.book,
                 backlog: self.backlog,
                 stats: self.stats,
+                left: usize::MAX,
             };
             match handle(buf, &mut sink) {
                 RxVerdict::Recycle => self.book.free(idx),
@@ -545,10 +553,18 @@ impl XskQueue {
 
     /// Lets `f` queue frames for transmit.
     pub fn with_tx_sink<R>(&mut self, f: impl FnOnce(&mut TxSink<'_>) -> R) -> R {
+        self.with_tx_sink_limit(usize::MAX, f)
+    }
+
+    /// [`XskQueue::with_tx_sink`] for at most `max` frames: an engine turn bounds its transmit
+    /// work so that it comes back to the RX ring before the ring and the fill ring run out
+    /// (see [`crate::engine::EngineConfig::tx_per_turn`]).
+    pub fn with_tx_sink_limit<R>(&mut self, max: usize, f: impl FnOnce(&mut TxSink<'_>) -> R) -> R {
         let mut sink = TxSink {
             book: &mut self.book,
             backlog: &mut self.backlog,
             stats: &mut self.stats,
+            left: max,
         };
         f(&mut sink)
     }
