@@ -128,6 +128,14 @@ pub struct DeviceConfig {
     pub key_seed: [u8; 32],
     /// The first QP number handed out (rxe: `RXE_MIN_QP_INDEX` 16).
     pub first_qpn: u32,
+    /// Unacknowledged packets (PSNs sent and not yet acknowledged, READ responses included)
+    /// over all QPs together (default 1024; 0: no limit; `roce perf --max-inflight`). When the
+    /// sum reaches it, QPs send no new packets until ACKs come back; retransmissions, ACKs and
+    /// responses still go. Each QP's own window is [`qp::MAX_UNACKED_PSNS`] (128, rxe's), so
+    /// one QP never meets this limit, but 1024 QPs would put 131,072 packets in flight: far
+    /// more than the peer's receive ring (4096 frames) holds, so they were lost and
+    /// retransmitted (BENCHMARKS.md, Scaling).
+    pub max_inflight_pkts: u32,
     /// Congestion control (ECN, CNPs, DCQCN) of every RC QP created; see [`cc`]. Validate
     /// `cc.dcqcn` before use ([`crate::cc::DcqcnConfig::validate`]): values out of range are
     /// clamped.
@@ -148,6 +156,7 @@ impl Default for DeviceConfig {
             max_events: 256,
             key_seed: [0; 32],
             first_qpn: 16,
+            max_inflight_pkts: 1024,
             cc: CcConfig::default(),
         }
     }
@@ -309,7 +318,7 @@ impl Device {
             events: VecDeque::new(),
             counters: DeviceCounters::default(),
             scratch: vec![0; 4096],
-            sched: sched::Schedule::default(),
+            sched: sched::Schedule::new(config.max_inflight_pkts),
             config,
         }
     }
@@ -706,15 +715,18 @@ impl Device {
             let Some(qp) = qps.get_mut(&k) else {
                 continue; // destroyed since it was queued
             };
-            if !qp.sched.queued {
+            if !qp.sched.queued && !qp.sched.blocked {
                 continue; // a second entry of a QP already served to exhaustion
             }
+            qp.sched.queued = true;
+            qp.sched.blocked = false;
             let max_frame = max_frame_len(qp.attr.path_mtu);
             if max_frame > buf.len() {
                 sched.defer(k);
                 continue;
             }
-            if let Some(size) = Self::transmit_qp(qp, now, &mut ctx, scratch, buf) {
+            let fresh_ok = sched.fresh_ok();
+            if let Some(size) = Self::transmit_qp(qp, now, &mut ctx, scratch, buf, fresh_ok) {
                 sched.refresh(qp);
                 sched.requeue(k);
                 return Some(Transmit {
@@ -723,19 +735,25 @@ impl Device {
                 });
             }
             qp.sched.queued = false;
+            if !fresh_ok && qp.has_unsent_requests() {
+                // Waits for the device's in-flight budget (DeviceConfig::max_inflight_pkts).
+                sched.block(qp);
+            }
             sched.refresh(qp);
         }
         None
     }
 
     /// One frame of `qp` into `buf`, if it has one to send now: a due CNP first
-    /// (transport/cc.rs), then its responses and requests as the pacer allows.
+    /// (transport/cc.rs), then its responses and requests as the pacer allows, new request
+    /// packets only if `fresh_ok` (the device's in-flight budget has room).
     fn transmit_qp(
         qp: &mut Qp,
         now: Instant,
         ctx: &mut Ctx<'_>,
         scratch: &mut [u8],
         buf: &mut [u8],
+        fresh_ok: bool,
     ) -> Option<usize> {
         let max_frame = max_frame_len(qp.attr.path_mtu);
         while let Some(r) = qp.cc_emit_cnp(buf) {
@@ -748,7 +766,7 @@ impl Device {
         loop {
             // The DCQCN pacer holds data back; ACKs and NAKs always go.
             let data_ok = qp.cc_data_ok(now, max_frame);
-            let out = qp.poll_transmit(now, ctx, scratch, data_ok)?;
+            let out = qp.poll_transmit(now, ctx, scratch, data_ok, fresh_ok)?;
             let Some(mut path) = out.ud_path.or(qp.attr.ah_attr) else {
                 qp.counters.send_err += 1;
                 continue;

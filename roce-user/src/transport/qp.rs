@@ -857,13 +857,16 @@ impl Qp {
     // ---------------------------------------------------------------- requester output
 
     /// The next packet to send. With `data_ok` false (the congestion-control pacer holds the
-    /// QP back) only control packets (ACK/NAK) are returned.
+    /// QP back) only control packets (ACK/NAK) are returned; with `fresh_ok` false (the
+    /// device's in-flight budget is used up) no first packet of a new message, though started
+    /// messages, retransmissions and responses still go.
     pub(crate) fn poll_transmit(
         &mut self,
         now: Instant,
         ctx: &mut Ctx<'_>,
         scratch: &mut [u8],
         data_ok: bool,
+        fresh_ok: bool,
     ) -> Option<OutPkt> {
         if let Some(c) = self.ctrl.pop_front() {
             return Some(self.ctrl_pkt(c));
@@ -887,8 +890,33 @@ impl Qp {
         }
         match self.qp_type {
             QpType::Ud => self.next_ud_request(ctx, scratch),
-            QpType::Rc => self.next_rc_request(now, ctx, scratch),
+            QpType::Rc => self.next_rc_request(now, ctx, scratch, fresh_ok),
         }
+    }
+
+    /// PSNs sent and not yet acknowledged (READ responses still due included), plus the rest
+    /// of the message being sent (at most a window): this QP's share of the device's in-flight
+    /// budget. Zero outside RTS/SQD/SQE and for UD.
+    pub(crate) fn unacked_psns(&self) -> u32 {
+        if self.qp_type != QpType::Rc
+            || !matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Sqe)
+        {
+            return 0;
+        }
+        let sent = u32::try_from(self.sent_psn.distance(self.comp_psn)).unwrap_or(0);
+        let rest = self
+            .sq
+            .get(self.req_idx)
+            .filter(|w| w.first_psn.is_some())
+            .map_or(0, |w| {
+                w.npkts.saturating_sub(self.req_pkt).min(MAX_UNACKED_PSNS)
+            });
+        sent.saturating_add(rest)
+    }
+
+    /// Whether a send WR still has packets to send for the first time or again.
+    pub(crate) fn has_unsent_requests(&self) -> bool {
+        self.req_idx < self.sq.len()
     }
 
     fn ctrl_pkt(&mut self, c: Ctrl) -> OutPkt {
@@ -985,6 +1013,7 @@ impl Qp {
         now: Instant,
         ctx: &mut Ctx<'_>,
         scratch: &mut [u8],
+        fresh_ok: bool,
     ) -> Option<OutPkt> {
         if self.rnr_wait {
             return None;
@@ -1011,6 +1040,13 @@ impl Qp {
         let psn = wqe
             .first_psn
             .map_or(self.next_psn, |f| f.wrapping_add(pkt_idx));
+        if !fresh_ok && wqe.first_psn.is_none() {
+            // A message not started yet, and the device's in-flight budget is used up. A
+            // started message goes on: its remaining packets are already counted in
+            // `unacked_psns`, and holding it back would hold back the AckReq of its last
+            // packet, leaving its PSNs unacknowledged until the retransmission timer fired.
+            return None;
+        }
         // A READ or atomic request never sent before (not a re-request) needs an
         // initiator-depth slot (rxe `check_init_depth`).
         if wqe.wr.op.is_read_or_atomic()

@@ -8,6 +8,14 @@
 //! more to send now. A QP whose pacer holds data back leaves the queue too; its pacer deadline
 //! is in the timer set, and firing it makes the QP ready again.
 //!
+//! The in-flight budget bounds the PSNs sent and not yet acknowledged over all QPs, each QP
+//! counting the rest of the message it is sending too
+//! ([`DeviceConfig::max_inflight_pkts`](super::DeviceConfig::max_inflight_pkts)). Each QP's
+//! count is refreshed with its timer entry; a QP with a new message to start while the sum is
+//! at the limit waits in a blocked list until ACKs bring the sum down. Started messages,
+//! retransmissions, ACKs and READ responses are never held back by it, so the sum may pass
+//! the limit by up to one window per QP that started a message just under it.
+//!
 //! The timer set holds one `(deadline, QPN)` entry per QP with an armed timer (its
 //! retransmission or RNR timer, or a DCQCN timer or pacer release), refreshed after every
 //! input to that QP. `poll_timeout` is the set's first entry; `handle_timeout` visits only the
@@ -25,11 +33,24 @@ pub(crate) struct QpSched {
     pub(crate) queued: bool,
     /// The deadline of its entry in the timer set, if it has one.
     pub(crate) deadline: Option<Instant>,
+    /// Whether it waits in the blocked list for the in-flight budget.
+    pub(crate) blocked: bool,
+    /// Its unacknowledged PSNs as last counted into [`Schedule::inflight`].
+    pub(crate) inflight: u32,
 }
 
-/// The ready queue and the timer set of a device.
+/// The ready queue, the timer set and the in-flight budget of a device.
 #[derive(Debug, Default)]
 pub(crate) struct Schedule {
+    /// Unacknowledged PSNs over all QPs (the sum of their `QpSched::inflight`).
+    inflight: u64,
+    /// `DeviceConfig::max_inflight_pkts` (0: no limit).
+    max_inflight: u32,
+    /// QPs that had a new message to start when the budget was used up, in the order they
+    /// asked; while the sum is under the limit they go back to the ready queue one at a time
+    /// (each refresh releases one), not all at once: releasing every waiting QP on each ACK
+    /// had each of them refused again, an O(QPs) cost per ACK with 1024 QPs.
+    blocked: VecDeque<u32>,
     /// QPNs that may have a frame to send, in service order. An entry whose QP is gone or no
     /// longer `queued` is skipped.
     ready: VecDeque<u32>,
@@ -43,6 +64,28 @@ pub(crate) struct Schedule {
 }
 
 impl Schedule {
+    /// An empty schedule whose in-flight budget is `max_inflight` PSNs (0: no limit).
+    pub(crate) fn new(max_inflight: u32) -> Self {
+        Self {
+            max_inflight,
+            ..Self::default()
+        }
+    }
+
+    /// Whether QPs may send packets with new PSNs: the in-flight sum is under the budget.
+    pub(crate) fn fresh_ok(&self) -> bool {
+        self.max_inflight == 0 || self.inflight < u64::from(self.max_inflight)
+    }
+
+    /// Call when `qp` had new packets to send but [`Schedule::fresh_ok`] said no: it waits in
+    /// the blocked list (it stays out of the ready queue until then).
+    pub(crate) fn block(&mut self, qp: &mut Qp) {
+        if !qp.sched.blocked {
+            qp.sched.blocked = true;
+            self.blocked.push_back(qp.qpn.value());
+        }
+    }
+
     /// Call after any input that reached `qp`: queues it for transmission and refreshes its
     /// timer entry.
     pub(crate) fn touch(&mut self, qp: &mut Qp) {
@@ -56,6 +99,19 @@ impl Schedule {
     /// Call after `qp`'s timers may have changed without a reason to queue it (it was just
     /// served by `poll_transmit`).
     pub(crate) fn refresh(&mut self, qp: &mut Qp) {
+        let unacked = qp.unacked_psns();
+        let was = qp.sched.inflight;
+        if unacked != was {
+            self.inflight = self.inflight + u64::from(unacked) - u64::from(was);
+            qp.sched.inflight = unacked;
+        }
+        if self.fresh_ok()
+            && let Some(k) = self.blocked.pop_front()
+        {
+            // There is room: the longest-waiting QP goes back in the queue (it keeps its
+            // `blocked` mark until it is served).
+            self.ready.push_back(k);
+        }
         let next = qp.next_deadline();
         if next == qp.sched.deadline {
             return;
@@ -70,11 +126,13 @@ impl Schedule {
         qp.sched.deadline = next;
     }
 
-    /// Call when `qp` is destroyed: drops its timer entry (a stale ready entry is skipped).
+    /// Call when `qp` is destroyed: drops its timer entry and its share of the in-flight sum
+    /// (a stale ready or blocked entry is skipped).
     pub(crate) fn forget(&mut self, qp: &Qp) {
         if let Some(old) = qp.sched.deadline {
             self.timers.remove(&(old, qp.qpn.value()));
         }
+        self.inflight -= u64::from(qp.sched.inflight);
     }
 
     /// The next QPN to serve, if any.
@@ -126,6 +184,12 @@ impl Schedule {
     #[cfg(test)]
     pub(crate) fn ready_len(&self) -> usize {
         self.ready.len()
+    }
+
+    /// The in-flight sum; for tests.
+    #[cfg(test)]
+    pub(crate) fn inflight(&self) -> u64 {
+        self.inflight
     }
 
     /// How many timer entries there are; for tests.

@@ -2282,3 +2282,76 @@ fn sched_serves_only_the_qps_an_input_reached_and_forgets_idle_ones() {
     );
     assert_eq!(p.a.poll_timeout(), None);
 }
+
+/// The device's in-flight budget (`DeviceConfig::max_inflight_pkts`): with many QPs sending
+/// at once the PSNs in flight stay within the budget plus one message, every message
+/// completes, and nothing is retransmitted (a started message is never held back, so its
+/// AckReq goes out).
+#[test]
+fn sched_in_flight_budget_bounds_all_qps_together_without_retransmissions() {
+    const QPS: usize = 32;
+    const BUDGET: u32 = 64;
+    const MSG: u32 = 8 * 1024; // 8 packets at MTU 1024
+    const MSGS: u64 = 4;
+    let config = DeviceConfig {
+        max_inflight_pkts: BUDGET,
+        ..DeviceConfig::default()
+    };
+    let mut p = Pair::new(5, config, Link::default());
+    let cfg = RcConfig::default();
+    let mut eps = Vec::new();
+    for _ in 0..QPS {
+        let (a, b) = connect_rc(&mut p, &cfg);
+        let ma =
+            p.a.reg_mr(a.pd, vec![3; MSG as usize], 0x1000, Access::LOCAL_WRITE)
+                .unwrap();
+        let mb =
+            p.b.reg_mr(b.pd, vec![0; MSG as usize], 0x1000, Access::all())
+                .unwrap();
+        for i in 0..MSGS {
+            let mut wr = SendWr::new(
+                i,
+                SendOp::Write {
+                    remote_addr: 0x1000,
+                    rkey: mb.rkey,
+                },
+                vec![Sge {
+                    addr: 0x1000,
+                    length: MSG,
+                    lkey: ma.lkey,
+                }],
+            );
+            wr.flags = SendFlags::SIGNALED;
+            p.a.post_send(a.qpn, wr).unwrap();
+        }
+        eps.push((a, mb));
+    }
+    let mut done = 0u64;
+    let mut most = 0u64;
+    let finished = p.drive_until(1_000_000, |p| {
+        most = most.max(p.a.sched.inflight());
+        for (a, _) in &eps {
+            while let Some(wc) = p.a.poll_cq(a.cq) {
+                assert_eq!(wc.status, WcStatus::Success, "{wc:?}");
+                done += 1;
+            }
+        }
+        done == QPS as u64 * MSGS
+    });
+    assert!(finished, "{done} of {} WRITEs completed", QPS as u64 * MSGS);
+    assert!(
+        most <= u64::from(BUDGET + MSG / 1024),
+        "{most} PSNs in flight with a budget of {BUDGET}"
+    );
+    assert!(
+        most >= u64::from(BUDGET) / 2,
+        "the budget was used ({most})"
+    );
+    let c = p.a.qp_counters();
+    assert_eq!(c.completer_retry_err, 0, "{c:?}");
+    assert_eq!(c.local_ack_timeout_err, 0, "{c:?}");
+    assert_eq!(p.a.sched.inflight(), 0);
+    for (_, mb) in &eps {
+        assert_eq!(p.b.mrs().bytes(mb.lkey).unwrap(), &[3; MSG as usize][..]);
+    }
+}
