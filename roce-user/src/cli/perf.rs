@@ -8,7 +8,7 @@
 //! the client checks what it read back, and atomics are checked against the exact sum.
 
 use std::{
-    collections::VecDeque,
+    collections::{HashMap, VecDeque},
     net::TcpListener,
     time::{Duration, Instant},
 };
@@ -132,6 +132,11 @@ pub struct PerfArgs {
     /// "done": [..]}}`), for watching a long run for stuck QPs.
     #[arg(long, value_name = "SECS")]
     pub progress: Option<f64>,
+    /// Most packets in flight (sent, not yet acknowledged) over all QPs together
+    /// (`DeviceConfig::max_inflight_pkts`; 0: no limit). Each QP's own window is 128 PSNs, so
+    /// this matters with many QPs: 1024 QPs without it overrun the peer's receive ring.
+    #[arg(long, value_name = "PKTS", default_value_t = roce::transport::DeviceConfig::default().max_inflight_pkts)]
+    pub max_inflight: u32,
     /// Most QPs this endpoint creates (`DeviceConfig::max_qp`); `-q` beyond it is refused.
     #[arg(long, value_name = "N", default_value_t = roce::transport::DeviceConfig::default().max_qp)]
     pub max_qp: usize,
@@ -438,6 +443,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     };
     opts.transport.cc = cc_config(a)?;
     opts.transport.max_qp = a.max_qp;
+    opts.transport.max_inflight_pkts = a.max_inflight;
     opts.transport.max_mr = a.max_mr;
     opts.transport.max_qp_rd_atom = opts.transport.max_qp_rd_atom.max(a.max_rd_atomic);
     let dev = Device::open(&a.dev, &opts)?;
@@ -696,6 +702,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
         "peer_version": comm.remote_version,
         "cm": CmStats::NAMES.iter().zip(cm.values()).map(|(n, v)| ((*n).to_owned(), v.into())).collect::<serde_json::Map<_, _>>(),
         "cc": cc_json(&dev),
+        "peak_rss_kib": peak_rss_kib(),
     });
     out.emit(&v, &text);
     if !verified && !a.no_verify {
@@ -703,6 +710,14 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     }
     dev.close();
     Ok(())
+}
+
+/// This process's peak resident set size in KiB (`VmHWM` of /proc/self/status), for the JSON
+/// report: how memory grows with `-q` (UMEM, memory regions and QP state together).
+fn peak_rss_kib() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?;
+    line.trim().trim_end_matches("kB").trim().parse().ok()
 }
 
 /// Each QP's DCQCN state and counters, and its transport counters, for the JSON report.
@@ -764,6 +779,12 @@ impl PerfResult {
     }
 }
 
+/// Each QP's position in `qps`, to find a completion's QP in constant time (a run may have
+/// 1024 QPs and a completion per message).
+fn qp_index(qps: &[QpCtx]) -> HashMap<Qpn, usize> {
+    qps.iter().enumerate().map(|(i, q)| (q.qpn, i)).collect()
+}
+
 fn run_client(
     dev: &Device,
     a: &PerfArgs,
@@ -777,6 +798,7 @@ fn run_client(
         .duration
         .map(|d| Instant::now() + Duration::from_secs_f64(d));
     let target = a.iters;
+    let index = qp_index(qps);
     let mut posted = vec![0u64; qps.len()];
     let mut done = vec![0u64; qps.len()];
     let mut inflight: Vec<VecDeque<Instant>> = vec![VecDeque::new(); qps.len()];
@@ -881,7 +903,7 @@ fn run_client(
                     wc.status
                 );
             }
-            let Some(i) = qps.iter().position(|q| q.qpn == wc.qp_num) else {
+            let Some(&i) = index.get(&wc.qp_num) else {
                 bail!("a completion for QP {:?}, which is not ours", wc.qp_num);
             };
             // RC completes a QP's send WRs once each, in the order they were posted (IBA
@@ -1127,6 +1149,7 @@ fn run_server(
     // With --span: receives completed per QP, which tells where in the pattern each one's
     // message came from (RC delivers a QP's messages once each, in order).
     let mut recvd = vec![0u64; qps.len()];
+    let index = qp_index(qps);
     let mut peek = [0u8; 1];
     comm.stream().set_nonblocking(true)?;
     let mut first: Option<Instant> = None;
@@ -1142,7 +1165,7 @@ fn run_server(
                 if wc.status != WcStatus::Success {
                     bail!("receive on QP {:?} failed: {:?}", wc.qp_num, wc.status);
                 }
-                let Some(i) = qps.iter().position(|q| q.qpn == wc.qp_num) else {
+                let Some(&i) = index.get(&wc.qp_num) else {
                     continue;
                 };
                 first.get_or_insert_with(Instant::now);
