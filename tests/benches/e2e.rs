@@ -4,6 +4,8 @@
 //! - WRITE goodput (`roce perf write -D`) for 64 B, 1 KiB, 64 KiB and 1 MiB messages, against a UDP
 //!   blaster whose datagrams carry the same payload per packet: the message size up to the
 //!   path MTU (2048), so neither side fragments. Goodput is what the receiver got.
+//! - Scaling: 64 KiB WRITEs over 1, 16, 256 and 1024 QPs (`roce perf -q N -t 16`), against 1
+//!   QP in the same run, and the client's peak RSS (`peak_rss_kib`) at each count.
 //! - Ping-pong round trip of 64-byte messages, p50 and p99: `roce pingpong` against a UDP echo.
 //!
 //! Each figure is the median of REPS runs, with min and max.
@@ -198,6 +200,49 @@ fn main() {
         };
         table.push_str(&format!("| WRITE goodput {size} B, MB/s | {rm:.1} ({rmin:.1}..{rmax:.1}) | {um:.1} | {ratio:.2}x | {target}{met} |\n"));
         rows.push(json!({"name": format!("WRITE goodput {size} B"), "value": rm, "unit": "MB/s", "baseline": um, "ratio": ratio, "target": target, "min": rmin, "max": rmax}));
+    }
+    // Scaling: the same 64 KiB WRITE load spread over 1..1024 QPs (16 WRs posted per QP),
+    // against 1 QP in the same run; and the client's peak RSS at each count.
+    let mut one = (0.0, 0.0);
+    for q in [1u32, 16, 256, 1024] {
+        let runs: Vec<Value> = (0..REPS)
+            .map(|_| {
+                pair_json(
+                    &pair,
+                    &format!("perf write -s 65536 -D {SECS} -m 2048 -t 16 -q {q} --max-qp {q}"),
+                )
+            })
+            .collect();
+        let bw = stats(
+            runs.iter()
+                .map(|v| v["bw_mb_per_sec"].as_f64().unwrap())
+                .collect(),
+        );
+        let rss = stats(
+            runs.iter()
+                .map(|v| v["peak_rss_kib"].as_f64().unwrap() / 1024.0)
+                .collect(),
+        );
+        if q == 1 {
+            one = (bw.0, rss.0);
+        }
+        let ratio = bw.0 / one.0.max(1e-9);
+        let (target, met) = if q == 1024 {
+            ("≥ 0.9x", if ratio >= 0.9 { " (met)" } else { " (NOT met)" })
+        } else {
+            ("-", "")
+        };
+        table.push_str(&format!(
+            "| WRITE goodput 64 KiB over {q} QPs, MB/s | {:.1} ({:.1}..{:.1}) | {:.1} (1 QP) | {ratio:.2}x | {target}{met} |\n",
+            bw.0, bw.1, bw.2, one.0
+        ));
+        rows.push(json!({"name": format!("WRITE goodput 64 KiB, {q} QPs"), "value": bw.0, "unit": "MB/s", "baseline": one.0, "ratio": ratio, "target": target, "min": bw.1, "max": bw.2}));
+        let mem_ratio = rss.0 / one.1.max(1e-9);
+        table.push_str(&format!(
+            "| peak RSS of the client with {q} QPs, MiB | {:.1} ({:.1}..{:.1}) | {:.1} (1 QP) | {mem_ratio:.2}x | - |\n",
+            rss.0, rss.1, rss.2, one.1
+        ));
+        rows.push(json!({"name": format!("peak RSS, {q} QPs"), "value": rss.0, "unit": "MiB", "baseline": one.1, "ratio": mem_ratio, "target": "-", "min": rss.1, "max": rss.2}));
     }
     let mut p50s = Vec::new();
     let mut p99s = Vec::new();
