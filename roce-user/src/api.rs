@@ -23,7 +23,7 @@ use std::{
     pin::Pin,
     sync::{
         Arc, Condvar, Mutex, MutexGuard,
-        atomic::{AtomicBool, Ordering},
+        atomic::{AtomicBool, AtomicU64, Ordering},
     },
     task::{Context, Poll, Waker},
     time::{Duration, Instant as StdInstant},
@@ -40,7 +40,9 @@ pub use crate::transport::{
     SendWr, Sge, Wc, WcFlags, WcOpcode, WcStatus,
 };
 use crate::{
-    engine::{EngineConfig, EngineThread, Handler, Nanos, RxVerdict, TxSink, spawn_engines},
+    engine::{
+        Clock, Engine, EngineConfig, EngineThread, Handler, Nanos, RxVerdict, TxSink, spawn_engines,
+    },
     loader::{self, AttachMode, LoadError, LoadOptions, Pins},
     netinfo::{self, Gid, IfInfo, NetInfoError},
     transport::{self, Instant},
@@ -178,7 +180,19 @@ pub struct DeviceOptions {
     pub engine: EngineConfig,
     /// Network namespace name, recorded in the load info.
     pub netns: Option<String>,
+    /// Run to completion: no engine thread per queue; the threads that post and poll drive
+    /// the queues themselves ([`Device::post_send`], [`Device::poll_cq`] and
+    /// [`Device::wait_cq`] run an engine turn), so a message crosses no thread hand-off on
+    /// either side. For latency-bound applications that keep calling `poll_cq` or `wait_cq`
+    /// (ping-pong, `roce pingpong --inline`). A helper thread runs a turn when no application
+    /// thread did for [`INLINE_IDLE_TURN`], so ACKs and retransmissions go on while the
+    /// application does other things, only later.
+    pub inline: bool,
 }
+
+/// How often the helper thread of an inline device ([`DeviceOptions::inline`]) drives the
+/// queues when no application thread has.
+pub const INLINE_IDLE_TURN: Duration = Duration::from_millis(1);
 
 impl Default for DeviceOptions {
     fn default() -> Self {
@@ -188,6 +202,7 @@ impl Default for DeviceOptions {
             transport: DeviceConfig::default(),
             engine: EngineConfig::default(),
             netns: None,
+            inline: false,
         }
     }
 }
@@ -230,6 +245,46 @@ impl Shared {
 
     fn kick(&self) {
         let _ = self.wake.write(1);
+    }
+}
+
+/// The engines of an inline device and when one last ran.
+struct Inline {
+    engines: Mutex<Vec<Engine<TransportHandler>>>,
+    clock: Clock,
+    /// [`Clock`] time of the last turn.
+    last_turn: AtomicU64,
+}
+
+impl std::fmt::Debug for Inline {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Inline").finish_non_exhaustive()
+    }
+}
+
+impl Inline {
+    /// One turn of every queue's engine, unless another thread is running them right now
+    /// (then that thread's turn serves this caller too). Returns whether it ran.
+    fn turn(&self) -> bool {
+        let Ok(mut engines) = self.engines.try_lock() else {
+            return false;
+        };
+        let now = self.clock.now();
+        for e in engines.iter_mut() {
+            e.turn_and_report(now);
+        }
+        self.last_turn.store(now.0, Ordering::Relaxed);
+        true
+    }
+
+    /// Waits up to `timeout` for a frame on any queue (or transmit room); called with no
+    /// engine running so that the caller's next turn handles it.
+    fn wait(&self, timeout: Duration, wake: &EventFd) {
+        let Ok(engines) = self.engines.lock() else {
+            return;
+        };
+        let queues: Vec<&XskQueue> = engines.iter().map(Engine::queue).collect();
+        let _ = XskQueue::wait_any(&queues, Some(timeout), Some(wake.as_fd()));
     }
 }
 
@@ -438,6 +493,10 @@ pub struct Device {
     pins: Pins,
     stop: Arc<AtomicBool>,
     engines: Vec<EngineThread<TransportHandler>>,
+    /// The queues' engines of an inline device ([`DeviceOptions::inline`]), driven by the
+    /// application's threads and the helper thread.
+    inline: Option<Arc<Inline>>,
+    inline_thread: Option<std::thread::JoinHandle<()>>,
     loaded_here: bool,
     bind_modes: Vec<(u32, BindMode)>,
     qpns: Arc<Mutex<Vec<u32>>>,
@@ -607,16 +666,45 @@ impl Device {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let s = Arc::clone(&shared);
-        let engines = spawn_engines(
-            queues,
-            move |_| TransportHandler {
-                shared: Arc::clone(&s),
-                activity: false,
-            },
-            opts.engine,
-            &stop,
-        )
-        .map_err(os("starting engine threads"))?;
+        let handler = move |_| TransportHandler {
+            shared: Arc::clone(&s),
+            activity: false,
+        };
+        let (engines, inline, inline_thread) = if opts.inline {
+            let make = handler;
+            let inline = Arc::new(Inline {
+                engines: Mutex::new(
+                    queues
+                        .into_iter()
+                        .map(|q| {
+                            let h = make(q.queue_id());
+                            Engine::new(q, h, opts.engine)
+                        })
+                        .collect(),
+                ),
+                clock: Clock::new(),
+                last_turn: AtomicU64::new(0),
+            });
+            let (i, st) = (Arc::clone(&inline), Arc::clone(&stop));
+            let t = std::thread::Builder::new()
+                .name("roce-inline".into())
+                .spawn(move || {
+                    let idle = u64::try_from(INLINE_IDLE_TURN.as_nanos()).unwrap_or(u64::MAX);
+                    while !st.load(Ordering::Relaxed) {
+                        std::thread::sleep(INLINE_IDLE_TURN);
+                        let last = i.last_turn.load(Ordering::Relaxed);
+                        if i.clock.now().0.saturating_sub(last) >= idle {
+                            i.turn();
+                        }
+                    }
+                })
+                .map_err(os("starting the inline helper thread"))?;
+            (Vec::new(), Some(inline), Some(t))
+        } else {
+            let engines = spawn_engines(queues, handler, opts.engine, &stop)
+                .map_err(os("starting engine threads"))?;
+            (engines, None, None)
+        };
         let qpns = Arc::new(Mutex::new(Vec::new()));
         let live_id = register_live(LiveDevice {
             id: 0,
@@ -652,6 +740,8 @@ impl Device {
             pins,
             stop,
             engines,
+            inline,
+            inline_thread,
             loaded_here,
             bind_modes,
             qpns,
@@ -1004,6 +1094,7 @@ impl Device {
     pub fn post_send(&self, qpn: Qpn, wr: SendWr<Path>) -> Result<(), ApiError> {
         self.shared.lock().post_send(qpn, wr)?;
         self.shared.kick();
+        self.drive();
         Ok(())
     }
 
@@ -1014,12 +1105,14 @@ impl Device {
     pub fn post_recv(&self, qpn: Qpn, wr: RecvWr) -> Result<(), ApiError> {
         self.shared.lock().post_recv(qpn, wr)?;
         self.shared.kick();
+        self.drive();
         Ok(())
     }
 
     /// Takes up to `max` completions without waiting (`ibv_poll_cq`).
     #[must_use]
     pub fn poll_cq(&self, cq: CqId, max: usize) -> Vec<Wc> {
+        self.drive();
         let mut dev = self.shared.lock();
         let mut out = Vec::new();
         while out.len() < max {
@@ -1036,6 +1129,9 @@ impl Device {
     #[must_use]
     pub fn wait_cq(&self, cq: CqId, timeout: Duration) -> Option<Wc> {
         let deadline = StdInstant::now() + timeout;
+        if let Some(inline) = &self.inline {
+            return self.wait_cq_inline(inline, cq, deadline);
+        }
         let mut dev = self.shared.lock();
         loop {
             if let Some(wc) = dev.poll_cq(cq) {
@@ -1048,6 +1144,38 @@ impl Device {
                 .wait_timeout(dev, left.min(Duration::from_millis(50)))
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
                 .0;
+        }
+    }
+
+    /// [`Device::wait_cq`] of an inline device: turns, and waits on the sockets in between.
+    fn wait_cq_inline(&self, inline: &Inline, cq: CqId, deadline: StdInstant) -> Option<Wc> {
+        loop {
+            inline.turn();
+            let next = {
+                let mut dev = self.shared.lock();
+                if let Some(wc) = dev.poll_cq(cq) {
+                    return Some(wc);
+                }
+                dev.poll_timeout()
+            };
+            let left = deadline.checked_duration_since(StdInstant::now())?;
+            // Until a frame arrives, another thread posts (the eventfd), the next transport
+            // timer, or 1 ms (completions another thread's turn produced).
+            let mut wait = left.min(INLINE_IDLE_TURN);
+            if let Some(t) = next {
+                let now = inline.clock.now().0;
+                wait = wait.min(Duration::from_nanos(t.as_nanos().saturating_sub(now)));
+            }
+            if !wait.is_zero() {
+                inline.wait(wait, &self.shared.wake);
+            }
+        }
+    }
+
+    /// Runs an engine turn on an inline device ([`DeviceOptions::inline`]); nothing otherwise.
+    fn drive(&self) {
+        if let Some(inline) = &self.inline {
+            inline.turn();
         }
     }
 
@@ -1090,6 +1218,7 @@ impl Device {
 
     fn shutdown(&mut self) {
         if self.engines.is_empty()
+            && self.inline.is_none()
             && self.qpns.lock().map_or(true, |q| q.is_empty())
             && !self.loaded_here
         {
@@ -1099,6 +1228,16 @@ impl Device {
         self.shared.kick();
         for e in self.engines.drain(..) {
             let _ = e.join();
+        }
+        if let Some(t) = self.inline_thread.take() {
+            let _ = t.join();
+        }
+        if let Some(inline) = self.inline.take()
+            && let Ok(mut engines) = inline.engines.lock()
+        {
+            for e in engines.iter_mut() {
+                let _ = e.finish();
+            }
         }
         if let Some(t) = self.stats_thread.take() {
             let _ = t.join();

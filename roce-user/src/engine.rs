@@ -218,6 +218,28 @@ impl<H: Handler> Engine<H> {
         u64::from(completed) + u64::from(received) + sent as u64
     }
 
+    /// [`Engine::turn`] for a thread that drives the engine itself between other work (an
+    /// inline device): also hands the queue's AF_XDP counters to the handler when the turn
+    /// was idle or every 4096 turns, as [`Engine::run`] does.
+    pub fn turn_and_report(&mut self, now: Nanos) -> u64 {
+        let moved = self.turn(now);
+        if moved == 0 || self.turns.is_multiple_of(4096) {
+            self.handler
+                .on_queue_stats(self.queue.queue_id(), &self.queue.stats());
+        }
+        moved
+    }
+
+    /// Flushes what is left to transmit, as [`Engine::run`] does when it stops, and reports
+    /// the queue's counters a last time. Call before dropping an engine driven with
+    /// [`Engine::turn_and_report`].
+    pub fn finish(&mut self) -> Result<(), XskError> {
+        self.drain()?;
+        self.handler
+            .on_queue_stats(self.queue.queue_id(), &self.queue.stats());
+        Ok(())
+    }
+
     /// Runs until `stop` is set or the handler is done, then drains in-flight transmits.
     pub fn run(&mut self, stop: &AtomicBool) -> Result<EngineReport, XskError> {
         let start = self.clock.now();

@@ -675,6 +675,59 @@ impl XskQueue {
         Ok(rc > 0)
     }
 
+    /// [`XskQueue::wait_with`] over several queues at once: returns when any of them has a
+    /// received frame (or transmit room, if it has a backlog), `wake` is readable, or `timeout`
+    /// passes. For a thread that drives every queue of a device itself (an inline device).
+    pub fn wait_any(
+        queues: &[&Self],
+        timeout: Option<Duration>,
+        wake: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<bool, XskError> {
+        use std::os::fd::AsRawFd as _;
+        if let [one] = queues {
+            return one.wait_with(timeout, wake);
+        }
+        let mut pfds: Vec<libc::pollfd> = queues
+            .iter()
+            .map(|q| libc::pollfd {
+                fd: q.as_raw_fd(),
+                events: libc::POLLIN
+                    | if q.backlog.q.is_empty() {
+                        0
+                    } else {
+                        libc::POLLOUT
+                    },
+                revents: 0,
+            })
+            .collect();
+        if let Some(w) = wake {
+            pfds.push(libc::pollfd {
+                fd: w.as_raw_fd(),
+                events: libc::POLLIN,
+                revents: 0,
+            });
+        }
+        let ts = timeout.map(|t| libc::timespec {
+            tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
+            tv_nsec: libc::c_long::from(t.subsec_nanos()),
+        });
+        let ts_ptr = ts.as_ref().map_or(core::ptr::null(), core::ptr::from_ref);
+        let nfds = libc::nfds_t::try_from(pfds.len()).unwrap_or(libc::nfds_t::MAX);
+        // SAFETY: `pfds` holds `nfds` valid, initialised pollfds for the duration of the call;
+        // the sockets are borrowed through `queues` and the wake fd through `wake` for this
+        // call, so they stay open; `ts_ptr` is null or points to `ts`, which outlives the call;
+        // a null signal mask leaves the mask unchanged.
+        let rc = unsafe { libc::ppoll(pfds.as_mut_ptr(), nfds, ts_ptr, core::ptr::null()) };
+        if rc < 0 {
+            let e = io::Error::last_os_error();
+            if e.kind() == io::ErrorKind::Interrupted {
+                return Ok(false);
+            }
+            return Err(XskError::Poll(e));
+        }
+        Ok(rc > 0)
+    }
+
     /// Sets how many frames at most a refill tops up per turn below which it counts the pool
     /// as running dry (default 64, the engine's batch size).
     pub fn set_batch(&mut self, batch: u32) {
