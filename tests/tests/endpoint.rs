@@ -123,15 +123,17 @@ fn every_operation_and_size_at_two_mtus() {
     let host = pair.b.ipv4.to_string();
     let sizes = [1u64, 4095, 4096, 65536, 1 << 20, 8 << 20];
     for mtu in [1024, 2048] {
+        // At MTU 2048 the client runs to completion (`--inline`: no engine thread).
+        let inline = if mtu == 2048 { "--inline" } else { "" };
         for op in ["write", "read", "send"] {
             for size in sizes {
                 let n = (16u64 << 20).div_ceil(size).clamp(2, 200);
                 let (c, s) = pair_run(
                     &pair,
-                    &format!("perf {op} -s {size} -n {n} -m {mtu} -t 16"),
+                    &format!("perf {op} -s {size} -n {n} -m {mtu} -t 16 {inline}"),
                     &host,
                 );
-                let what = format!("{op} {size} B at MTU {mtu}");
+                let what = format!("{op} {size} B at MTU {mtu} {inline}");
                 assert_eq!(c["verified"], true, "{what}: client");
                 assert_eq!(s["verified"], true, "{what}: server");
                 assert_eq!(c["messages"], n, "{what}");

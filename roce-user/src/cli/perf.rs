@@ -85,6 +85,12 @@ pub struct PerfArgs {
     /// Atomics: compare-and-swap instead of fetch-and-add.
     #[arg(long)]
     pub cmp_swap: bool,
+    /// Run to completion on the client: this thread drives the AF_XDP queues each time it
+    /// posts or polls, instead of handing work to an engine thread per queue. The server
+    /// always keeps its engine threads (it waits on the out-of-band socket while the client
+    /// sends, and someone must answer). roce-xdp's own flag, not perftest's.
+    #[arg(long)]
+    pub inline: bool,
     /// Don't check the data: for a peer that is the real perftest, whose buffers hold random
     /// bytes (perftest never checks data either).
     #[arg(long)]
@@ -439,6 +445,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     let span = a.span as usize;
     let mut opts = DeviceOptions {
         netns,
+        inline: a.inline && client,
         ..DeviceOptions::default()
     };
     opts.transport.cc = cc_config(a)?;
