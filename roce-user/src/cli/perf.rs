@@ -820,6 +820,10 @@ fn run_client(
         .filter(|p| p.is_finite() && *p > 0.0)
         .map(Duration::from_secs_f64);
     let mut next_report = every.map(|e| start + e);
+    // The QPs to top up this turn: all at first, then those that just completed something,
+    // so a turn costs what completed, not what exists (1024 QPs).
+    let mut refill: Vec<usize> = (0..qps.len()).collect();
+    let mut outstanding = 0usize;
     loop {
         if let (Some(e), Some(at)) = (every, next_report)
             && Instant::now() >= at
@@ -835,7 +839,8 @@ fn run_client(
             );
         }
         let stop_posting = deadline.is_some_and(|d| Instant::now() >= d);
-        for (i, qp) in qps.iter().enumerate() {
+        for i in refill.drain(..) {
+            let qp = &qps[i];
             let r = qp.remote.expect("remote keys exchanged");
             while inflight[i].len() < depth
                 && !stop_posting
@@ -877,9 +882,10 @@ fn run_client(
                 dev.post_send(qp.qpn, SendWr::new(posted[i], op, vec![sge]))?;
                 posted[i] += 1;
                 inflight[i].push_back(Instant::now());
+                outstanding += 1;
             }
         }
-        if inflight.iter().all(VecDeque::is_empty)
+        if outstanding == 0
             && (stop_posting || posted.iter().all(|p| *p >= target) && deadline.is_none())
         {
             break;
@@ -926,8 +932,12 @@ fn run_client(
             }
             if let Some(t) = inflight[i].pop_front() {
                 lats.record(t.elapsed().as_secs_f64() * 1e6);
+                outstanding -= 1;
             }
             done[i] += 1;
+            if inflight[i].len() + 1 == depth {
+                refill.push(i); // it was full: top it up next turn
+            }
             if a.op == PerfOp::Read && done[i] == 1 {
                 let ok = dev.with_mr(qps[i].local.lkey, |b| {
                     b.get(..size as usize) == Some(pattern(i as u32, size as usize).as_slice())
