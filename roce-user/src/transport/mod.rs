@@ -787,10 +787,20 @@ impl Device {
     }
 
     /// The next time [`Device::handle_timeout`] must be called, if any timer is armed. May
-    /// change after any input.
+    /// change after any input. Takes `&mut self` because it brings the timer set's first
+    /// entries up to date (they are moved lazily, transport/sched.rs), so the answer is exact.
     #[must_use]
-    pub fn poll_timeout(&self) -> Option<Instant> {
-        self.sched.next_timeout()
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        loop {
+            let (t, k) = self.sched.first_timer()?;
+            let real = self.qps.get(&k).and_then(Qp::next_deadline);
+            if real == Some(t) {
+                return Some(t);
+            }
+            // Stale: its QP's timer moved later, stopped, or the QP is gone. Each entry is
+            // fixed once, so this loop ends.
+            self.sched.rekey(t, k, self.qps.get_mut(&k), real);
+        }
     }
 
     /// Runs the timers due at `now` (retransmission, RNR back-off, DCQCN). Spurious calls are

@@ -16,9 +16,10 @@
 //! retransmissions, ACKs and READ responses are never held back by it, so the sum may pass
 //! the limit by up to one window per QP that started a message just under it.
 //!
-//! The timer set holds one `(deadline, QPN)` entry per QP with an armed timer (its
-//! retransmission or RNR timer, or a DCQCN timer or pacer release), refreshed after every
-//! input to that QP. `poll_timeout` is the set's first entry; `handle_timeout` visits only the
+//! The timer set holds at most one `(deadline, QPN)` entry per QP, no later than the QP's
+//! earliest armed timer (its retransmission or RNR timer, or a DCQCN timer or pacer release),
+//! refreshed after every input to that QP. An entry is moved only when the QP's deadline comes
+//! earlier; one left early fires, finds nothing due and is put back at the real deadline. `poll_timeout` is the set's first entry; `handle_timeout` visits only the
 //! due QPs. quinn-proto keeps its connections' timers the same way (a heap of deadlines in the
 //! endpoint driver), and so does the kernel's rxe, with one kernel timer per QP.
 
@@ -31,7 +32,8 @@ use super::{qp::Qp, timer::Instant};
 pub(crate) struct QpSched {
     /// Whether the QP has an entry in the ready queue.
     pub(crate) queued: bool,
-    /// The deadline of its entry in the timer set, if it has one.
+    /// The deadline of its entry in the timer set, if it has one: no later than its earliest
+    /// armed timer (earlier if that timer moved later or stopped since).
     pub(crate) deadline: Option<Instant>,
     /// Whether it waits in the blocked list for the in-flight budget.
     pub(crate) blocked: bool,
@@ -112,18 +114,22 @@ impl Schedule {
             // `blocked` mark until it is served).
             self.ready.push_back(k);
         }
-        let next = qp.next_deadline();
-        if next == qp.sched.deadline {
+        // Entries are lazy: one that is due no later than the QP's real deadline stays (it
+        // fires, finds nothing due, and is put back at the real deadline). The retransmission
+        // timer moves later on every ACK, and re-keying the set for each cost more than the
+        // old scan of one QP did.
+        let Some(next) = qp.next_deadline() else {
+            return;
+        };
+        if qp.sched.deadline.is_some_and(|old| old <= next) {
             return;
         }
         let k = qp.qpn.value();
         if let Some(old) = qp.sched.deadline {
             self.timers.remove(&(old, k));
         }
-        if let Some(new) = next {
-            self.timers.insert((new, k));
-        }
-        qp.sched.deadline = next;
+        self.timers.insert((next, k));
+        qp.sched.deadline = Some(next);
     }
 
     /// Call when `qp` is destroyed: drops its timer entry and its share of the in-flight sum
@@ -152,12 +158,26 @@ impl Schedule {
 
     /// Call at the end of every `poll_transmit` call: the deferred QPs go back in the queue.
     pub(crate) fn end_transmit(&mut self) {
-        self.ready.extend(self.deferred.drain(..));
+        if !self.deferred.is_empty() {
+            self.ready.extend(self.deferred.drain(..));
+        }
     }
 
-    /// The earliest deadline in the timer set.
-    pub(crate) fn next_timeout(&self) -> Option<Instant> {
-        self.timers.first().map(|&(t, _)| t)
+    /// The earliest entry of the timer set, which may be stale (earlier than its QP's real
+    /// deadline): see [`Schedule::rekey`].
+    pub(crate) fn first_timer(&self) -> Option<(Instant, u32)> {
+        self.timers.first().copied()
+    }
+
+    /// Replaces the stale first entry `(t, k)` with the QP's real deadline `real` (none: the
+    /// entry goes). `qp` is QP `k`, if it still exists.
+    pub(crate) fn rekey(&mut self, t: Instant, k: u32, qp: Option<&mut Qp>, real: Option<Instant>) {
+        self.timers.remove(&(t, k));
+        let Some(qp) = qp else { return };
+        qp.sched.deadline = real;
+        if let Some(r) = real {
+            self.timers.insert((r, k));
+        }
     }
 
     /// Removes the entries due at `now` and returns their QPNs, to be handed back with
