@@ -653,26 +653,8 @@ impl XskQueue {
                 revents: 0,
             },
         ];
-        let nfds: libc::nfds_t = if wake.is_some() { 2 } else { 1 };
-        // ppoll, not poll: a nanosecond timeout, so that a pacer's or timer's sub-millisecond
-        // deadline (DCQCN pacing at a few hundred Mb/s) is not rounded up to a millisecond.
-        let ts = timeout.map(|t| libc::timespec {
-            tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
-            tv_nsec: libc::c_long::from(t.subsec_nanos()),
-        });
-        let ts_ptr = ts.as_ref().map_or(core::ptr::null(), core::ptr::from_ref);
-        // SAFETY: `pfds` holds `nfds` valid, initialised pollfds for the duration of the call;
-        // the wake fd is borrowed for this call, so it stays open; `ts_ptr` is null or points
-        // to `ts`, which outlives the call; a null signal mask leaves the mask unchanged.
-        let rc = unsafe { libc::ppoll(pfds.as_mut_ptr(), nfds, ts_ptr, core::ptr::null()) };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                return Ok(false);
-            }
-            return Err(XskError::Poll(e));
-        }
-        Ok(rc > 0)
+        let n = if wake.is_some() { 2 } else { 1 };
+        ppoll(&mut pfds[..n], timeout)
     }
 
     /// [`XskQueue::wait_with`] over several queues at once: returns when any of them has a
@@ -707,25 +689,7 @@ impl XskQueue {
                 revents: 0,
             });
         }
-        let ts = timeout.map(|t| libc::timespec {
-            tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
-            tv_nsec: libc::c_long::from(t.subsec_nanos()),
-        });
-        let ts_ptr = ts.as_ref().map_or(core::ptr::null(), core::ptr::from_ref);
-        let nfds = libc::nfds_t::try_from(pfds.len()).unwrap_or(libc::nfds_t::MAX);
-        // SAFETY: `pfds` holds `nfds` valid, initialised pollfds for the duration of the call;
-        // the sockets are borrowed through `queues` and the wake fd through `wake` for this
-        // call, so they stay open; `ts_ptr` is null or points to `ts`, which outlives the call;
-        // a null signal mask leaves the mask unchanged.
-        let rc = unsafe { libc::ppoll(pfds.as_mut_ptr(), nfds, ts_ptr, core::ptr::null()) };
-        if rc < 0 {
-            let e = io::Error::last_os_error();
-            if e.kind() == io::ErrorKind::Interrupted {
-                return Ok(false);
-            }
-            return Err(XskError::Poll(e));
-        }
-        Ok(rc > 0)
+        ppoll(&mut pfds, timeout)
     }
 
     /// Sets how many frames at most a refill tops up per turn below which it counts the pool
@@ -769,6 +733,32 @@ pub fn rx_queue_count(ifname: &str) -> Result<u32, XskError> {
         .and_then(|n| u32::try_from(n).ok())
         .filter(|n| *n > 0)
         .ok_or_else(|| fail(io::Error::other("no num_rx_queues in `ip -d -j link show`")))
+}
+
+/// `ppoll(2)` on `pfds` (their fds borrowed by the caller for the call) for up to `timeout`
+/// (`None`: forever). ppoll, not poll: a nanosecond timeout, so that a pacer's or timer's
+/// sub-millisecond deadline (DCQCN pacing at a few hundred Mb/s) is not rounded up to a
+/// millisecond. Returns whether any fd is ready; an interrupted wait returns `Ok(false)`.
+fn ppoll(pfds: &mut [libc::pollfd], timeout: Option<Duration>) -> Result<bool, XskError> {
+    let ts = timeout.map(|t| libc::timespec {
+        tv_sec: libc::time_t::try_from(t.as_secs()).unwrap_or(libc::time_t::MAX),
+        tv_nsec: libc::c_long::from(t.subsec_nanos()),
+    });
+    let ts_ptr = ts.as_ref().map_or(core::ptr::null(), core::ptr::from_ref);
+    let nfds = libc::nfds_t::try_from(pfds.len()).unwrap_or(libc::nfds_t::MAX);
+    // SAFETY: `pfds` holds `nfds` valid, initialised pollfds for the duration of the call, and
+    // the callers keep their fds open across it (borrowed sockets and wake fds); `ts_ptr` is
+    // null or points to `ts`, which outlives the call; a null signal mask leaves the mask
+    // unchanged.
+    let rc = unsafe { libc::ppoll(pfds.as_mut_ptr(), nfds, ts_ptr, core::ptr::null()) };
+    if rc < 0 {
+        let e = io::Error::last_os_error();
+        if e.kind() == io::ErrorKind::Interrupted {
+            return Ok(false);
+        }
+        return Err(XskError::Poll(e));
+    }
+    Ok(rc > 0)
 }
 
 impl AsRawFd for XskQueue {
