@@ -629,7 +629,7 @@ pub struct Dissection {
     /// Expert-info lines of severity warning or error, and malformed packets, in the headers.
     pub problems: Vec<String>,
     /// Frames a payload-guessing dissector found "malformed" (test data is no upper-layer
-    /// protocol); counted, not failed.
+    /// protocol; see [`is_payload_guess`]); counted, not failed.
     pub payload_guesses: u64,
     /// RoCE frames over IPv6 with UDP checksum 0 (illegal for IPv6, RFC 8200), by source.
     pub ipv6_zero_udp_csum: BTreeMap<String, u64>,
@@ -648,7 +648,10 @@ pub fn dissect(pcap: &Path) -> Dissection {
     // The upper-layer dissectors that guess at InfiniBand payloads (RPC-over-RDMA, SMB
     // Direct, NVMe-oF, ...) misread test data: RPCoRDMA throws on every 1-byte SEND, rxe's own
     // included ("[Malformed Packet: RPCoRDMA]"). They are switched off; the InfiniBand
-    // dissector itself stays on. tshark must succeed (a bad option fails the test).
+    // dissector itself stays on. tshark must succeed (a bad option fails the test). Its
+    // EtherType guess cannot be switched off in tshark 4.0 (`--disable-heuristic`, the
+    // heuristic_protos file and `--disable-protocol ethertype` have no effect on it): what it
+    // throws is sorted out by `is_payload_guess`.
     let mut no_heur = Vec::new();
     for h in [
         "smc",
@@ -697,12 +700,16 @@ pub fn dissect(pcap: &Path) -> Dissection {
             "fields",
             "-E",
             "separator=|",
+            "-E",
+            "aggregator=^",
             "-e",
             "frame.number",
             "-e",
-            "_ws.col.Protocol",
+            "frame.protocols",
             "-e",
-            "eth.type",
+            "_ws.malformed",
+            "-e",
+            "_ws.expert.message",
             "-e",
             "_ws.col.Info",
         ])
@@ -732,23 +739,65 @@ pub fn dissect(pcap: &Path) -> Dissection {
         *d.ipv6_zero_udp_csum.entry(l.trim().to_owned()).or_default() += 1;
     }
     for l in String::from_utf8_lossy(&bad.stdout).lines() {
-        // A problem in the Ethernet, IP, UDP or InfiniBand headers shows under that protocol;
-        // one that a payload guesser raised while misreading test data (the "ethertype"
-        // heuristic on a 2-byte WRITE leads to CRTP, for example) shows under the guessed one.
-        let mut f = l.split('|');
-        let (proto, ethertype) = (f.nth(1).unwrap_or(""), f.next().unwrap_or(""));
-        // An "IPv6" inside an IPv4 frame is a guess at the payload (the ethertype heuristic
-        // reading 0x86dd out of test data), not the outer header.
-        let outer_v6 = ethertype.split(',').next() == Some("0x86dd");
-        let header = ["RRoCE", "InfiniBand", "UDP", "IPv4", "Ethernet", "ETH"].contains(&proto)
-            || (proto == "IPv6" && outer_v6);
-        if header {
-            d.problems.push(l.trim().to_owned());
-        } else {
+        let mut f = l.splitn(5, '|');
+        let (_, protocols, malformed, messages) = (
+            f.next(),
+            f.next().unwrap_or(""),
+            f.next().unwrap_or(""),
+            f.next().unwrap_or(""),
+        );
+        if is_payload_guess(protocols, malformed, messages) {
             d.payload_guesses += 1;
+        } else {
+            d.problems.push(l.trim().to_owned());
         }
     }
     d
+}
+
+/// Whether tshark's complaint about one frame comes from a payload guesser misreading test
+/// data rather than from the frame's headers. `protocols` is `frame.protocols`, `malformed`
+/// the `_ws.malformed` items and `messages` the `_ws.expert.message`s, `^`-separated.
+///
+/// The InfiniBand dissector hands a payload to guessers, and one of them is not a heuristic
+/// that can be switched off in tshark 4.0: when payload bytes 2..4 are zero it reads bytes
+/// 0..2 as an EtherType and calls that protocol's dissector on the rest. A 2-byte SEND or
+/// WRITE has exactly that shape (2 bytes of data, then the 2 pad bytes, which rxe and we send
+/// as zero), so 139 of the 65,536 possible payloads throw in IPv4, PPP LCP, GMHDR, CRTP, ...
+/// (`docs/interop.md`). An exception aborts the dissection of the layer it is thrown in, so
+/// when the protocol chain goes past `infiniband` into such a layer, the Ethernet, IP, UDP and
+/// InfiniBand headers were dissected to their end without one. A complaint is a payload guess
+/// when that is the case, every expert item is a caught exception ("Malformed Packet
+/// (Exception occurred)"), and none of them was caught in the outer InfiniBand dissector
+/// (unless the guess itself went on into InfiniBand, as EtherType 0x8915 does). Anything
+/// else (a truncated RETH, a bad UDP length, an IPv6 UDP checksum 0 of ours) is a header
+/// problem.
+#[must_use]
+pub fn is_payload_guess(protocols: &str, malformed: &str, messages: &str) -> bool {
+    let layers: Vec<&str> = protocols.split(':').collect();
+    let Some(ib) = layers.iter().position(|l| *l == "infiniband") else {
+        return false;
+    };
+    let guessed = &layers[ib + 1..];
+    if guessed.iter().all(|l| *l == "data") {
+        return false;
+    }
+    let labels: Vec<&str> = malformed
+        .split('^')
+        .filter(|m| m.starts_with("[Malformed Packet"))
+        .collect();
+    let ib_inside = guessed.contains(&"infiniband");
+    !labels.is_empty()
+        && messages
+            .split('^')
+            .all(|m| m == "Malformed Packet (Exception occurred)")
+        && labels.iter().all(|m| {
+            let proto = m
+                .strip_prefix("[Malformed Packet: ")
+                .and_then(|r| r.strip_suffix(']'))
+                .unwrap_or("");
+            !proto.is_empty() && (ib_inside || !["IB", "InfiniBand", "RRoCE"].contains(&proto))
+        })
 }
 
 /// Every RoCE v2 frame (UDP 4791) of a classic pcap file (as tcpdump -w writes it), parsed by
@@ -822,6 +871,84 @@ mod tests {
             total += c.good;
         }
         assert_eq!(total, 250);
+    }
+
+    /// Frames as a classic little-endian pcap (what tcpdump -w writes).
+    fn write_pcap(path: &Path, frames: &[Vec<u8>]) {
+        let mut b = Vec::new();
+        for w in [0xa1b2_c3d4u32, 0x0004_0002, 0, 0, 65535, 1] {
+            b.extend_from_slice(&w.to_le_bytes());
+        }
+        for (i, f) in frames.iter().enumerate() {
+            let len = u32::try_from(f.len()).unwrap();
+            for w in [0, u32::try_from(i).unwrap(), len, len] {
+                b.extend_from_slice(&w.to_le_bytes());
+            }
+            b.extend_from_slice(f);
+        }
+        fs::write(path, b).unwrap();
+    }
+
+    /// A 2-byte SEND Only (data `v`, 2 zero pad bytes), optionally with another opcode or UDP
+    /// length written over the real ones.
+    fn send2(v: u16, opcode: Option<u8>, udp_len: Option<u16>) -> Vec<u8> {
+        let fr = crate::Frame {
+            payload: 2,
+            udp_len,
+            psn: u32::from(v),
+            ..crate::Frame::default()
+        };
+        let mut b = fr.build();
+        let bth = fr.udp_offset() + 8;
+        b[bth + 12..bth + 14].copy_from_slice(&v.to_be_bytes());
+        if let Some(op) = opcode {
+            b[bth] = op;
+        }
+        b
+    }
+
+    /// tshark's EtherType guess on 2-byte payloads (the cause of the "RC Send Only [Malformed
+    /// Packet]" frames rxe sent in one CI run of `ib_send_bw -q 4 -s 2`): every one of the
+    /// 65,536 payloads is either dissected cleanly or recognised as a guess, while header
+    /// errors are still problems, also in a frame whose payload is guessed at too.
+    #[test]
+    fn payload_guesses_are_not_header_problems() {
+        let dir = std::env::temp_dir().join(format!("roce-dissect-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let all = dir.join("send2.pcap");
+        write_pcap(
+            &all,
+            &(0..=u16::MAX)
+                .map(|v| send2(v, None, None))
+                .collect::<Vec<_>>(),
+        );
+        let d = dissect(&all);
+        assert_eq!(d.roce, 65_536);
+        assert!(d.problems.is_empty(), "{:?}", d.problems);
+        // 139 with tshark 4.0.17 (IPv4 0x0800, PPP LCP 0xc021, ...).
+        assert!(d.payload_guesses > 100, "{}", d.payload_guesses);
+
+        let bad = dir.join("headers.pcap");
+        write_pcap(
+            &bad,
+            &[
+                send2(0xe0ca, None, None),     // clean
+                send2(0xe0ca, Some(10), None), // WRITE Only: RETH cut short
+                send2(0xe0ca, Some(12), None), // READ request: RETH cut short
+                send2(0xe0ca, None, Some(60)), // UDP length past the frame
+                send2(0x0800, None, Some(60)), // the same, with an EtherType guess
+                send2(0xc021, Some(10), None), // a RETH cut short, payload guessable
+            ],
+        );
+        let d = dissect(&bad);
+        let frames: Vec<&str> = d
+            .problems
+            .iter()
+            .map(|p| p.split('|').next().unwrap())
+            .collect();
+        assert_eq!(frames, ["2", "3", "4", "5", "6"], "{:?}", d.problems);
+        assert_eq!(d.payload_guesses, 0);
+        let _ = fs::remove_dir_all(&dir);
     }
 }
 
