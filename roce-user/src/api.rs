@@ -184,9 +184,9 @@ pub struct DeviceOptions {
     /// the queues themselves ([`Device::post_send`], [`Device::poll_cq`] and
     /// [`Device::wait_cq`] run an engine turn), so a message crosses no thread hand-off on
     /// either side. For latency-bound applications that keep calling `poll_cq` or `wait_cq`
-    /// (ping-pong, `roce pingpong --inline`). A helper thread runs a turn when no application
-    /// thread did for [`INLINE_IDLE_TURN`], so ACKs and retransmissions go on while the
-    /// application does other things, only later.
+    /// (`roce pingpong` without `-e`, `roce perf --inline`). A helper thread runs a turn when
+    /// no application thread did for [`INLINE_IDLE_TURN`], so ACKs and retransmissions go on
+    /// while the application does other things, only later.
     pub inline: bool,
 }
 
@@ -671,13 +671,12 @@ impl Device {
             activity: false,
         };
         let (engines, inline, inline_thread) = if opts.inline {
-            let make = handler;
             let inline = Arc::new(Inline {
                 engines: Mutex::new(
                     queues
                         .into_iter()
                         .map(|q| {
-                            let h = make(q.queue_id());
+                            let h = handler(q.queue_id());
                             Engine::new(q, h, opts.engine)
                         })
                         .collect(),
