@@ -242,17 +242,40 @@ fn without_cc_the_bottleneck_drops_and_the_sender_retransmits() {
         drops(&off) > 0 && retx_off > 0,
         "without CC the bottleneck must drop and the sender retry: {off:?}, {retx_off} retries"
     );
+    // Compared as fractions of what reached the queue: the CC run offers more packets (it is
+    // not retransmitting), and it starts at line rate, so its first round trip overflows the
+    // queue before the first CNP arrives; how many that drops depends on how fast the loaded
+    // machine turns the CNP around (3,061 in a quiet run, 7,059 of 125,684 (5.6 %) in a loaded CI run), while
+    // without CC more than half of everything is dropped (60-75 %).
+    let fraction = |st: &ImpairStats| drops(st) as f64 / st.seen.max(1) as f64;
     assert!(
-        drops(&off) > 10 * drops(&on).max(1),
-        "CC should keep the queue from dropping: {} drops with it, {} without",
+        fraction(&off) > 5.0 * fraction(&on),
+        "CC should keep the queue from dropping: {} of {} dropped with it ({:.1} %), {} of {} \
+         without ({:.1} %)",
         drops(&on),
-        drops(&off)
+        on.seen,
+        100.0 * fraction(&on),
+        drops(&off),
+        off.seen,
+        100.0 * fraction(&off)
     );
-    // Retries differ less than drops (go-back-N retries once per loss event, and the CC run's
-    // start at line rate has a few): 8x in a loaded CI run, 70x on a quiet machine.
+    // Retries differ less than drops (go-back-N retries once per loss event, not per lost
+    // packet): 70x on a quiet machine, under 2x in a CI run that shared the machine with a
+    // second test run (434 with CC, 844 without). The goodput is what the retries cost, and it
+    // stayed 3.5x apart in that run (52 vs 181 Mb/s).
     assert!(
-        retx_off > 2 * retx_on.max(1),
+        retx_off > retx_on,
         "{retx_off} retries without CC, {retx_on} with"
+    );
+    let (goodput_on, goodput_off) = (
+        c_on["gbit_per_sec"].as_f64().unwrap(),
+        c_off["gbit_per_sec"].as_f64().unwrap(),
+    );
+    assert!(
+        goodput_on > 1.5 * goodput_off,
+        "goodput {:.1} Mb/s with CC, {:.1} without",
+        goodput_on * 1e3,
+        goodput_off * 1e3
     );
     // Without CC nothing is ECT, so nothing is marked (RED drops instead) and no CNP is sent;
     // with CC, ECT(0) data is marked, not dropped early.
