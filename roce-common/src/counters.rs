@@ -304,6 +304,8 @@ counter_struct! {
         rx_malformed,
         /// roce-xdp: frames for a QP number that does not exist.
         rx_unknown_qp,
+        /// roce-xdp: frames that arrived on an RX queue whose transport does not own their QP (sharded devices) and were handed to the owner's.
+        rx_other_queue,
         /// IB port counter name: P_Key mismatches.
         bad_pkey_cntr,
         /// IB port counter name: Q_Key violations (UD).

@@ -136,6 +136,10 @@ pub struct DeviceConfig {
     /// more than the peer's receive ring (4096 frames) holds, so they were lost and
     /// retransmitted (BENCHMARKS.md, Scaling).
     pub max_inflight_pkts: u32,
+    /// The part of the QPN and memory-key space this device draws from (default
+    /// [`Shard::ONE`], all of it). A sharded api device runs one transport per RX queue
+    /// (`DeviceOptions::sharded`), each with its own [`Shard`].
+    pub shard: Shard,
     /// Congestion control (ECN, CNPs, DCQCN) of every RC QP created; see [`cc`]. Validate
     /// `cc.dcqcn` before use ([`crate::cc::DcqcnConfig::validate`]): values out of range are
     /// clamped.
@@ -157,8 +161,66 @@ impl Default for DeviceConfig {
             key_seed: [0; 32],
             first_qpn: 16,
             max_inflight_pkts: 1024,
+            shard: Shard::ONE,
             cc: CcConfig::default(),
         }
+    }
+}
+
+/// One of `count` transports that share an interface, one per RX queue: it hands out only the
+/// QP numbers `n` with `n % count == index` and memory keys whose low 16 bits are `index`
+/// modulo `count`. The numbers stay unique over all of them without coordination, and a QP
+/// number or key names its transport (`Shard::of_qpn`, `Shard::of_key`) without a table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Shard {
+    /// This transport's place, below `count`.
+    pub index: u32,
+    /// How many transports share the interface: 1 to [`Shard::MAX_COUNT`].
+    pub count: u32,
+}
+
+impl Shard {
+    /// The whole space: one transport for the interface.
+    pub const ONE: Self = Self { index: 0, count: 1 };
+
+    /// The most transports one interface is split into: keeps 8 of the 16 low key bits
+    /// random (rxe draws 8 key bits).
+    pub const MAX_COUNT: u32 = 256;
+
+    /// Shard `index` of `count`, if `index < count <= MAX_COUNT`.
+    #[must_use]
+    pub const fn new(index: u32, count: u32) -> Option<Self> {
+        if count == 0 || count > Self::MAX_COUNT || index >= count {
+            None
+        } else {
+            Some(Self { index, count })
+        }
+    }
+
+    /// The index of the shard that owns QP number `qpn` among `count`.
+    #[must_use]
+    pub const fn of_qpn(count: u32, qpn: u32) -> u32 {
+        qpn % count
+    }
+
+    /// The index of the shard that owns memory key (L_Key or R_Key) `key` among `count`.
+    #[must_use]
+    pub const fn of_key(count: u32, key: u32) -> u32 {
+        (key & 0xffff) % count
+    }
+
+    /// Whether this shard hands out `qpn`.
+    #[must_use]
+    pub const fn owns_qpn(self, qpn: u32) -> bool {
+        Self::of_qpn(self.count, qpn) == self.index
+    }
+
+    /// `bits` moved to the nearest value this shard owns (same high bits, low bits ≡ index).
+    #[must_use]
+    pub const fn key_bits(self, bits: u16) -> u16 {
+        let (b, c) = (bits as u32, self.count);
+        let v = b - b % c + self.index;
+        (if v > 0xffff { v - c } else { v }) as u16
     }
 }
 
@@ -311,7 +373,7 @@ impl Device {
         Self {
             pds: BTreeSet::new(),
             next_pd: 1,
-            mrs: MrTable::new(config.max_mr, config.key_seed),
+            mrs: MrTable::for_shard(config.max_mr, config.key_seed, config.shard),
             cqs: CqTable::default(),
             qps: BTreeMap::new(),
             next_qpn: config.first_qpn.max(2),
@@ -468,7 +530,7 @@ impl Device {
             ));
         }
         let mut n = self.next_qpn;
-        while self.qps.contains_key(&n) || n < 2 {
+        while self.qps.contains_key(&n) || n < 2 || !self.config.shard.owns_qpn(n) {
             n = (n + 1) & 0x00ff_ffff;
         }
         self.next_qpn = (n + 1) & 0x00ff_ffff;
@@ -824,6 +886,18 @@ impl Device {
     /// The next asynchronous event (`ibv_get_async_event`).
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
+    }
+
+    /// Counts a frame that another shard's RX queue received and handed to this device
+    /// (`rx_other_queue`); call it before [`Device::handle_packet_mut`] for such a frame.
+    pub const fn count_rx_other_queue(&mut self) {
+        self.counters.rx_other_queue += 1;
+    }
+
+    /// Whether this device has QP `qpn`.
+    #[must_use]
+    pub fn has_qp(&self, qpn: u32) -> bool {
+        self.qps.contains_key(&qpn)
     }
 
     /// The device's own counters.

@@ -13,6 +13,7 @@ use core::fmt;
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
+use super::Shard;
 use super::ids::{LKey, RKey};
 
 /// Memory access rights (`enum ibv_access_flags`).
@@ -158,6 +159,8 @@ pub struct MrTable {
     /// Key bits last used by each slot, so a new registration never reuses them.
     last_bits: Vec<(u16, u16)>,
     rng: StdRng,
+    /// The keys this table may hand out: those of its shard ([`Shard::owns_key`]).
+    shard: Shard,
 }
 
 impl fmt::Debug for MrTable {
@@ -178,17 +181,26 @@ impl MrTable {
     /// seeded with `seed` (the caller injects its entropy; tests inject a constant).
     #[must_use]
     pub fn new(capacity: usize, seed: [u8; 32]) -> Self {
+        Self::for_shard(capacity, seed, Shard::ONE)
+    }
+
+    /// As [`MrTable::new`], handing out only the keys of `shard` (the low 16 key bits are
+    /// `shard.index` modulo `shard.count`), so that the keys of the devices sharing one
+    /// interface never collide and an API call finds a key's device without a lookup.
+    #[must_use]
+    pub fn for_shard(capacity: usize, seed: [u8; 32], shard: Shard) -> Self {
         let capacity = capacity.min(0xffff);
         Self {
             slots: (0..capacity).map(|_| None).collect(),
             last_bits: vec![(0, 0); capacity],
             rng: StdRng::from_seed(seed),
+            shard,
         }
     }
 
     fn fresh_bits(&mut self, old: u16) -> u16 {
         loop {
-            let b = (self.rng.next_u32() & 0xffff) as u16;
+            let b = self.shard.key_bits((self.rng.next_u32() & 0xffff) as u16);
             if b != old {
                 return b;
             }

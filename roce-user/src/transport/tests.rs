@@ -2352,3 +2352,58 @@ fn sched_in_flight_budget_bounds_all_qps_together_without_retransmissions() {
         assert_eq!(p.b.mrs().bytes(mb.lkey).unwrap(), &[3; MSG as usize][..]);
     }
 }
+
+/// Shards of one interface hand out disjoint QP numbers and memory keys, and a number or key
+/// names its shard (`Shard::of_qpn`, `Shard::of_key`), also after an R_Key is re-validated.
+#[test]
+fn shards_hand_out_disjoint_qpns_and_keys_that_name_their_shard() {
+    const COUNT: u32 = 3; // not a power of two: the key mapping must not overflow 16 bits
+    let mut qpns = BTreeSet::new();
+    for index in 0..COUNT {
+        let shard = Shard::new(index, COUNT).unwrap();
+        let mut d = Device::new(DeviceConfig {
+            shard,
+            key_seed: [index as u8; 32],
+            ..DeviceConfig::default()
+        });
+        let pd = d.alloc_pd().unwrap();
+        let cq = d.create_cq(16).unwrap();
+        for _ in 0..50 {
+            let qpn = d
+                .create_qp(QpInit {
+                    pd,
+                    qp_type: QpType::Rc,
+                    send_cq: cq,
+                    recv_cq: cq,
+                    cap: QpCap::default(),
+                    sq_sig_all: false,
+                })
+                .unwrap();
+            assert_eq!(Shard::of_qpn(COUNT, qpn.value()), index);
+            assert!(d.has_qp(qpn.value()));
+            assert!(qpns.insert(qpn.value()), "QPN {qpn:?} handed out twice");
+        }
+        for _ in 0..200 {
+            let mr = d.reg_mr(pd, vec![0; 64], 0x1000, Access::all()).unwrap();
+            let again = d.mrs_mut().revalidate_rkey(mr.lkey).unwrap();
+            for k in [mr.lkey.value(), mr.rkey.value(), again.value()] {
+                assert_eq!(Shard::of_key(COUNT, k), index, "key {k:#x}");
+            }
+            d.dereg_mr(mr.lkey).unwrap();
+        }
+    }
+    // The bit mapping stays in range for every input and keeps the high bits when it can.
+    for count in [1, 2, 3, 7, 16, 255, 256] {
+        for index in [0, count - 1] {
+            let s = Shard::new(index, count).unwrap();
+            for b in [0u16, 1, 0x7fff, 0xfffe, 0xffff] {
+                let k = s.key_bits(b);
+                assert_eq!(u32::from(k) % count, index, "{b:#x} in {s:?}");
+                assert!(u32::from(k).abs_diff(u32::from(b)) < count);
+            }
+        }
+    }
+    assert_eq!(Shard::new(3, 3), None);
+    assert_eq!(Shard::new(0, 0), None);
+    assert_eq!(Shard::new(0, Shard::MAX_COUNT + 1), None);
+}
