@@ -112,6 +112,34 @@ pub enum ApiError {
     /// An engine thread failed.
     #[error("engine thread: {0}")]
     Engine(String),
+    /// A sharded device was asked for more queues than QP numbers and keys can be split into.
+    #[error("{queues} RX queues: a sharded device splits into at most {max}")]
+    TooManyQueues {
+        /// RX queues of the interface.
+        queues: u32,
+        /// [`transport::Shard::MAX_COUNT`].
+        max: u32,
+    },
+    /// A queue number beyond the device's shards ([`Device::alloc_pd_on`]).
+    #[error("queue {queue}: this device has {shards} transport(s) (sharded: one per RX queue)")]
+    NoSuchQueue {
+        /// Asked for.
+        queue: u32,
+        /// [`Device::shards`].
+        shards: u32,
+    },
+    /// A QP's PD and CQs were made on different queues of a sharded device.
+    #[error(
+        "the QP's protection domain is on queue {pd} but its {which} CQ on queue {cq}: a sharded device keeps a QP's PD, CQs and regions on one queue"
+    )]
+    OtherQueue {
+        /// The PD's queue.
+        pd: u32,
+        /// `send` or `recv`.
+        which: &'static str,
+        /// The CQ's queue.
+        cq: u32,
+    },
 }
 
 fn os(what: &'static str) -> impl FnOnce(std::io::Error) -> ApiError {
@@ -188,6 +216,15 @@ pub struct DeviceOptions {
     /// no application thread did for [`INLINE_IDLE_TURN`], so ACKs and retransmissions go on
     /// while the application does other things, only later.
     pub inline: bool,
+    /// One transport per RX queue, QPs sharded by queue: each queue's engine thread owns its
+    /// own transport and lock, so queues never wait for each other. Protection domains and
+    /// CQs are made on a chosen queue ([`Device::alloc_pd_on`], [`Device::create_cq_on`]); a
+    /// QP lives on its PD's queue and uses that queue's CQs and memory regions. QP numbers
+    /// and memory keys name their queue ([`transport::Shard`]), so calls find their
+    /// transport without a table. A frame that arrives on another queue than its QP's (the
+    /// peer's hash put it there) is handed to the owner and counted in `rx_other_queue`.
+    /// Without it (the default) every queue's engine serves one shared transport.
+    pub sharded: bool,
 }
 
 /// How often the helper thread of an inline device ([`DeviceOptions::inline`]) drives the
@@ -203,6 +240,7 @@ impl Default for DeviceOptions {
             engine: EngineConfig::default(),
             netns: None,
             inline: false,
+            sharded: false,
         }
     }
 }
@@ -290,8 +328,27 @@ impl Inline {
 
 /// The engine handler that drives the transport: frames in, frames out, timers.
 struct TransportHandler {
+    /// This queue's transport.
     shared: Arc<Shared>,
+    /// This queue's place in `all`.
+    index: usize,
+    /// Every transport of the device (one unless sharded), for frames of other queues' QPs.
+    all: Arc<[Arc<Shared>]>,
     activity: bool,
+}
+
+impl TransportHandler {
+    /// The transport that owns `frame`'s QP: this queue's, unless the device is sharded and
+    /// the DestQP names another one ([`transport::Shard::of_qpn`]).
+    fn owner(&self, frame: &[u8]) -> usize {
+        let count = self.all.len();
+        if count == 1 {
+            return self.index;
+        }
+        crate::wire::peek::dest_qpn(frame).map_or(self.index, |qpn| {
+            transport::Shard::of_qpn(count as u32, qpn) as usize
+        })
+    }
 }
 
 const fn at(now: Nanos) -> Instant {
@@ -300,8 +357,22 @@ const fn at(now: Nanos) -> Instant {
 
 impl Handler for TransportHandler {
     fn on_rx(&mut self, now: Nanos, frame: &mut [u8], _tx: &mut TxSink<'_>) -> RxVerdict {
-        self.shared.lock().handle_packet_mut(at(now), frame);
-        self.activity = true;
+        let owner = self.owner(frame);
+        if owner == self.index {
+            self.shared.lock().handle_packet_mut(at(now), frame);
+            self.activity = true;
+        } else {
+            // Another queue's QP: its transport handles the frame, and its engine sends what
+            // that produced (ACKs, responses) on its own queue.
+            let other = &self.all[owner];
+            {
+                let mut dev = other.lock();
+                dev.count_rx_other_queue();
+                dev.handle_packet_mut(at(now), frame);
+            }
+            other.kick();
+            other.notify();
+        }
         RxVerdict::Recycle
     }
 
@@ -358,7 +429,7 @@ impl Handler for TransportHandler {
 /// read them. Runs every [`PUBLISH_EVERY`] on its own thread, and once more at close.
 #[derive(Clone)]
 struct Publisher {
-    shared: Arc<Shared>,
+    shards: Arc<[Arc<Shared>]>,
     pins: Pins,
     bind_modes: Vec<(u32, BindMode)>,
 }
@@ -381,17 +452,16 @@ const fn state_code(s: QpState) -> u32 {
 impl Publisher {
     fn publish(&self) -> Result<(), ApiError> {
         let pid = std::process::id();
-        let (devc, qps) = {
-            let dev = self.shared.lock();
-            let qps: Vec<_> = dev
-                .qps()
-                .map(|q| {
-                    let cc = q.congestion().map(transport::QpCc::snapshot);
-                    (q.qpn(), q.state(), *q.counters(), cc)
-                })
-                .collect();
-            (*dev.device_counters(), qps)
-        };
+        let mut devc = DeviceCounters::default();
+        let mut qps = Vec::new();
+        for shard in self.shards.iter() {
+            let dev = shard.lock();
+            qps.extend(dev.qps().map(|q| {
+                let cc = q.congestion().map(transport::QpCc::snapshot);
+                (q.qpn(), q.state(), *q.counters(), cc)
+            }));
+            devc.add(dev.device_counters());
+        }
         let mut qmap = self.pins.qp_stats()?;
         for (qpn, state, counters, cc) in qps {
             let rec = QpStatsRecord {
@@ -409,12 +479,17 @@ impl Publisher {
             .dev_stats()?
             .insert(pid, devc, 0)
             .map_err(LoadError::from)?;
-        let xsk = self
-            .shared
-            .xsk
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .clone();
+        let mut xsk = std::collections::BTreeMap::new();
+        for shard in self.shards.iter() {
+            xsk.extend(
+                shard
+                    .xsk
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .iter()
+                    .map(|(q, st)| (*q, *st)),
+            );
+        }
         let mut xmap = self.pins.xsk_stats()?;
         for (q, stats) in xsk {
             let bind = self
@@ -488,7 +563,8 @@ impl Publisher {
 pub struct Device {
     publisher: Publisher,
     stats_thread: Option<std::thread::JoinHandle<()>>,
-    shared: Arc<Shared>,
+    /// The transports: one, or one per RX queue ([`DeviceOptions::sharded`]), in queue order.
+    shards: Arc<[Arc<Shared>]>,
     info: IfInfo,
     pins: Pins,
     stop: Arc<AtomicBool>,
@@ -641,20 +717,35 @@ impl Device {
             .dcqcn
             .validate()
             .map_err(transport::DeviceError::from)?;
-        config.key_seed = random_seed()?;
         config.first_qpn = roce_common::maps::FIRST_QPN;
-        let wake = EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
-            .map_err(|e| ApiError::Os {
-                what: "eventfd",
-                source: e.into(),
+        let count = if opts.sharded {
+            info.rx_queues.max(1)
+        } else {
+            1
+        };
+        let mut shards = Vec::new();
+        for index in 0..count {
+            let mut config = config.clone();
+            config.key_seed = random_seed()?;
+            config.shard = transport::Shard::new(index, count).ok_or(ApiError::TooManyQueues {
+                queues: count,
+                max: transport::Shard::MAX_COUNT,
             })?;
-        let shared = Arc::new(Shared {
-            dev: Mutex::new(transport::Device::new(config)),
-            progress: Condvar::new(),
-            wakers: Mutex::new(Vec::new()),
-            wake,
-            xsk: Mutex::new(std::collections::BTreeMap::new()),
-        });
+            let wake =
+                EventFd::from_value_and_flags(0, EfdFlags::EFD_NONBLOCK | EfdFlags::EFD_CLOEXEC)
+                    .map_err(|e| ApiError::Os {
+                        what: "eventfd",
+                        source: e.into(),
+                    })?;
+            shards.push(Arc::new(Shared {
+                dev: Mutex::new(transport::Device::new(config)),
+                progress: Condvar::new(),
+                wakers: Mutex::new(Vec::new()),
+                wake,
+                xsk: Mutex::new(std::collections::BTreeMap::new()),
+            }));
+        }
+        let shards: Arc<[Arc<Shared>]> = shards.into();
         let mut queues = Vec::new();
         let mut bind_modes = Vec::new();
         let mut xsks = pins.xsks()?;
@@ -665,10 +756,15 @@ impl Device {
             queues.push(queue);
         }
         let stop = Arc::new(AtomicBool::new(false));
-        let s = Arc::clone(&shared);
-        let handler = move |_| TransportHandler {
-            shared: Arc::clone(&s),
-            activity: false,
+        let all = Arc::clone(&shards);
+        let handler = move |queue: u32| {
+            let index = if all.len() == 1 { 0 } else { queue as usize };
+            TransportHandler {
+                shared: Arc::clone(&all[index]),
+                index,
+                all: Arc::clone(&all),
+                activity: false,
+            }
         };
         let (engines, inline, inline_thread) = if opts.inline {
             let inline = Arc::new(Inline {
@@ -713,7 +809,7 @@ impl Device {
             qpns: Arc::clone(&qpns),
         });
         let publisher = Publisher {
-            shared: Arc::clone(&shared),
+            shards: Arc::clone(&shards),
             pins: pins.clone(),
             bind_modes: bind_modes.clone(),
         };
@@ -735,7 +831,7 @@ impl Device {
         Ok(Self {
             publisher,
             stats_thread: Some(stats_thread),
-            shared,
+            shards,
             pins,
             stop,
             engines,
@@ -847,7 +943,59 @@ impl Device {
     /// # Errors
     /// Too many protection domains.
     pub fn alloc_pd(&self) -> Result<PdId, ApiError> {
-        Ok(self.shared.lock().alloc_pd()?)
+        self.alloc_pd_on(0)
+    }
+
+    /// How many transports the device runs: 1, or one per RX queue when it was opened
+    /// [`DeviceOptions::sharded`]. Queues `0..shards()` are valid for [`Device::alloc_pd_on`]
+    /// and [`Device::create_cq_on`].
+    #[must_use]
+    pub fn shards(&self) -> u32 {
+        self.shards.len() as u32
+    }
+
+    /// Allocates a protection domain on `queue`'s transport: the QPs made in it live on that
+    /// queue ([`DeviceOptions::sharded`]). Without sharding, queue 0 is the one transport.
+    ///
+    /// # Errors
+    /// No such queue, or too many protection domains.
+    pub fn alloc_pd_on(&self, queue: u32) -> Result<PdId, ApiError> {
+        let sh = self.shard(queue)?;
+        let raw = sh.lock().alloc_pd()?;
+        Ok(PdId(raw.0 * self.shards() + queue))
+    }
+
+    fn shard(&self, queue: u32) -> Result<&Shared, ApiError> {
+        self.shards
+            .get(queue as usize)
+            .map(AsRef::as_ref)
+            .ok_or(ApiError::NoSuchQueue {
+                queue,
+                shards: self.shards(),
+            })
+    }
+
+    /// The transport of QP `qpn` ([`transport::Shard::of_qpn`]).
+    fn by_qpn(&self, qpn: Qpn) -> &Shared {
+        &self.shards[transport::Shard::of_qpn(self.shards(), qpn.value()) as usize]
+    }
+
+    /// The transport of memory key `key` ([`transport::Shard::of_key`]).
+    fn by_key(&self, key: u32) -> &Shared {
+        &self.shards[transport::Shard::of_key(self.shards(), key) as usize]
+    }
+
+    /// A PD's queue and its number in that queue's transport. The API numbers PDs and CQs
+    /// `raw * shards + queue`, so with one transport they are the transport's own.
+    fn split_pd(&self, pd: PdId) -> (u32, PdId) {
+        let n = self.shards.len() as u32;
+        (pd.0 % n, PdId(pd.0 / n))
+    }
+
+    /// A CQ's queue and its number in that queue's transport (see [`Device::split_pd`]).
+    fn split_cq(&self, cq: CqId) -> (u32, CqId) {
+        let n = self.shards.len() as u32;
+        (cq.0 % n, CqId(cq.0 / n))
     }
 
     /// Registers a zeroed region of `len` bytes in `pd` (`ibv_reg_mr`).
@@ -862,7 +1010,13 @@ impl Device {
         let iova = *next;
         *next = next.saturating_add((len as u64).div_ceil(4096).max(1) * 4096 + 4096);
         drop(next);
-        Ok(self.shared.lock().reg_mr(pd, vec![0; len], iova, access)?)
+        let (queue, raw) = self.split_pd(pd);
+        let mut info =
+            self.shards[queue as usize]
+                .lock()
+                .reg_mr(raw, vec![0; len], iova, access)?;
+        info.pd = pd;
+        Ok(info)
     }
 
     /// Deregisters a region; in-flight operations on it fail with access errors, never touch freed memory.
@@ -870,7 +1024,7 @@ impl Device {
     /// # Errors
     /// Unknown key.
     pub fn dereg_mr(&self, lkey: LKey) -> Result<(), ApiError> {
-        self.shared.lock().dereg_mr(lkey)?;
+        self.by_key(lkey.value()).lock().dereg_mr(lkey)?;
         Ok(())
     }
 
@@ -879,7 +1033,7 @@ impl Device {
     /// # Errors
     /// Unknown key or out of bounds.
     pub fn mr_write(&self, lkey: LKey, offset: usize, data: &[u8]) -> Result<(), ApiError> {
-        let mut dev = self.shared.lock();
+        let mut dev = self.by_key(lkey.value()).lock();
         let buf = dev
             .mrs_mut()
             .bytes_mut(lkey)
@@ -902,7 +1056,7 @@ impl Device {
     /// # Errors
     /// Unknown key or out of bounds.
     pub fn mr_read(&self, lkey: LKey, offset: usize, out: &mut [u8]) -> Result<(), ApiError> {
-        let dev = self.shared.lock();
+        let dev = self.by_key(lkey.value()).lock();
         let buf = dev
             .mrs()
             .bytes(lkey)
@@ -925,7 +1079,7 @@ impl Device {
     /// # Errors
     /// Unknown key.
     pub fn with_mr<R>(&self, lkey: LKey, f: impl FnOnce(&[u8]) -> R) -> Result<R, ApiError> {
-        let dev = self.shared.lock();
+        let dev = self.by_key(lkey.value()).lock();
         let buf = dev
             .mrs()
             .bytes(lkey)
@@ -938,7 +1092,10 @@ impl Device {
     /// Check it after hostile traffic, as `tests/tests/hostile.rs` does.
     #[must_use]
     pub fn mr_guard_violations(&self) -> Vec<LKey> {
-        self.shared.lock().mrs().guard_violations()
+        self.shards
+            .iter()
+            .flat_map(|sh| sh.lock().mrs().guard_violations())
+            .collect()
     }
 
     /// Creates a CQ of `depth` entries.
@@ -946,7 +1103,17 @@ impl Device {
     /// # Errors
     /// Too many CQs or too deep.
     pub fn create_cq(&self, depth: usize) -> Result<CqId, ApiError> {
-        Ok(self.shared.lock().create_cq(depth)?)
+        self.create_cq_on(0, depth)
+    }
+
+    /// Creates a CQ of `depth` entries on `queue`'s transport, for the QPs of that queue's
+    /// PDs ([`DeviceOptions::sharded`]).
+    ///
+    /// # Errors
+    /// No such queue, too many CQs or too deep.
+    pub fn create_cq_on(&self, queue: u32, depth: usize) -> Result<CqId, ApiError> {
+        let raw = self.shard(queue)?.lock().create_cq(depth)?;
+        Ok(CqId(raw.0 * self.shards() + queue))
     }
 
     /// Creates a QP in RESET (`ibv_create_qp`) and claims its QPN in the XDP QP map, so that
@@ -955,14 +1122,33 @@ impl Device {
     /// # Errors
     /// Limits, or no free QPN.
     pub fn create_qp(&self, init: QpInit) -> Result<Qpn, ApiError> {
+        let (queue, pd) = self.split_pd(init.pd);
+        let (sq, send_cq) = self.split_cq(init.send_cq);
+        let (rq, recv_cq) = self.split_cq(init.recv_cq);
+        for (which, cq) in [("send", sq), ("recv", rq)] {
+            if cq != queue {
+                return Err(ApiError::OtherQueue {
+                    pd: queue,
+                    which,
+                    cq,
+                });
+            }
+        }
+        let init = QpInit {
+            pd,
+            send_cq,
+            recv_cq,
+            ..init
+        };
+        let sh = &self.shards[queue as usize];
         let _lock = lock_file(&self.info.ifname)?;
         let qps = self.pins.qps()?;
         let me = std::process::id();
         for _ in 0..MAX_QPS {
-            let qpn = self.shared.lock().create_qp(init)?;
+            let qpn = sh.lock().create_qp(init)?;
             let n = qpn.value();
             if n >= MAX_QPS {
-                self.shared.lock().destroy_qp(qpn)?;
+                sh.lock().destroy_qp(qpn)?;
                 return Err(ApiError::NoQpn(self.info.ifname.clone()));
             }
             let owner = qps.get(&n, 0).map_or(0, |e| e.owner);
@@ -975,7 +1161,7 @@ impl Device {
                     .push(n);
                 return Ok(qpn);
             }
-            self.shared.lock().destroy_qp(qpn)?;
+            sh.lock().destroy_qp(qpn)?;
         }
         Err(ApiError::NoQpn(self.info.ifname.clone()))
     }
@@ -985,7 +1171,7 @@ impl Device {
     /// # Errors
     /// No such QP.
     pub fn destroy_qp(&self, qpn: Qpn) -> Result<(), ApiError> {
-        self.shared.lock().destroy_qp(qpn)?;
+        self.by_qpn(qpn).lock().destroy_qp(qpn)?;
         let _ = self
             .pins
             .qps()
@@ -1014,8 +1200,9 @@ impl Device {
                 });
             }
         }
-        self.shared.lock().modify_qp(qpn, attr, mask)?;
-        self.shared.kick();
+        let sh = self.by_qpn(qpn);
+        sh.lock().modify_qp(qpn, attr, mask)?;
+        sh.kick();
         Ok(())
     }
 
@@ -1083,7 +1270,7 @@ impl Device {
     /// The state of a QP.
     #[must_use]
     pub fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
-        self.shared.lock().qp(qpn).map(transport::Qp::state)
+        self.by_qpn(qpn).lock().qp(qpn).map(transport::Qp::state)
     }
 
     /// Posts a send WR (`ibv_post_send`).
@@ -1091,8 +1278,9 @@ impl Device {
     /// # Errors
     /// As the transport's `post_send`.
     pub fn post_send(&self, qpn: Qpn, wr: SendWr<Path>) -> Result<(), ApiError> {
-        self.shared.lock().post_send(qpn, wr)?;
-        self.shared.kick();
+        let sh = self.by_qpn(qpn);
+        sh.lock().post_send(qpn, wr)?;
+        sh.kick();
         self.drive();
         Ok(())
     }
@@ -1102,8 +1290,9 @@ impl Device {
     /// # Errors
     /// As the transport's `post_recv`.
     pub fn post_recv(&self, qpn: Qpn, wr: RecvWr) -> Result<(), ApiError> {
-        self.shared.lock().post_recv(qpn, wr)?;
-        self.shared.kick();
+        let sh = self.by_qpn(qpn);
+        sh.lock().post_recv(qpn, wr)?;
+        sh.kick();
         self.drive();
         Ok(())
     }
@@ -1112,7 +1301,8 @@ impl Device {
     #[must_use]
     pub fn poll_cq(&self, cq: CqId, max: usize) -> Vec<Wc> {
         self.drive();
-        let mut dev = self.shared.lock();
+        let (queue, cq) = self.split_cq(cq);
+        let mut dev = self.shards[queue as usize].lock();
         let mut out = Vec::new();
         while out.len() < max {
             match dev.poll_cq(cq) {
@@ -1128,17 +1318,18 @@ impl Device {
     #[must_use]
     pub fn wait_cq(&self, cq: CqId, timeout: Duration) -> Option<Wc> {
         let deadline = StdInstant::now() + timeout;
+        let (queue, cq) = self.split_cq(cq);
+        let sh = &self.shards[queue as usize];
         if let Some(inline) = &self.inline {
-            return self.wait_cq_inline(inline, cq, deadline);
+            return Self::wait_cq_inline(sh, inline, cq, deadline);
         }
-        let mut dev = self.shared.lock();
+        let mut dev = sh.lock();
         loop {
             if let Some(wc) = dev.poll_cq(cq) {
                 return Some(wc);
             }
             let left = deadline.checked_duration_since(StdInstant::now())?;
-            dev = self
-                .shared
+            dev = sh
                 .progress
                 .wait_timeout(dev, left.min(Duration::from_millis(50)))
                 .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -1147,11 +1338,11 @@ impl Device {
     }
 
     /// [`Device::wait_cq`] of an inline device: turns, and waits on the sockets in between.
-    fn wait_cq_inline(&self, inline: &Inline, cq: CqId, deadline: StdInstant) -> Option<Wc> {
+    fn wait_cq_inline(sh: &Shared, inline: &Inline, cq: CqId, deadline: StdInstant) -> Option<Wc> {
         loop {
             inline.turn();
             let next = {
-                let mut dev = self.shared.lock();
+                let mut dev = sh.lock();
                 if let Some(wc) = dev.poll_cq(cq) {
                     return Some(wc);
                 }
@@ -1166,7 +1357,7 @@ impl Device {
                 wait = wait.min(Duration::from_nanos(t.as_nanos().saturating_sub(now)));
             }
             if !wait.is_zero() {
-                inline.wait(wait, &self.shared.wake);
+                inline.wait(wait, &sh.wake);
             }
         }
     }
@@ -1187,9 +1378,14 @@ impl Device {
     /// Transport counters: the device's own, and each QP's.
     #[must_use]
     pub fn counters(&self) -> (DeviceCounters, Vec<(Qpn, QpCounters)>) {
-        let dev = self.shared.lock();
-        let qps = dev.qps().map(|q| (q.qpn(), *q.counters())).collect();
-        (*dev.device_counters(), qps)
+        let mut devc = DeviceCounters::default();
+        let mut qps = Vec::new();
+        for sh in self.shards.iter() {
+            let dev = sh.lock();
+            qps.extend(dev.qps().map(|q| (q.qpn(), *q.counters())));
+            devc.add(dev.device_counters());
+        }
+        (devc, qps)
     }
 
     /// Changes one congestion-control parameter of an RC QP: a DCQCN parameter under its mlx5
@@ -1200,14 +1396,17 @@ impl Device {
     /// # Errors
     /// No such QP, a UD QP, an unknown name or a value out of range.
     pub fn set_cc_param(&self, qpn: Qpn, name: &str, value: u64) -> Result<(), ApiError> {
-        self.shared.lock().set_cc_param(qpn, name, value)?;
+        self.by_qpn(qpn).lock().set_cc_param(qpn, name, value)?;
         Ok(())
     }
 
     /// The DCQCN state of every RC QP of this device (rate, target, α, stage, counters).
     #[must_use]
     pub fn cc_snapshots(&self) -> Vec<(Qpn, crate::cc::CcSnapshot)> {
-        self.shared.lock().cc_snapshots()
+        self.shards
+            .iter()
+            .flat_map(|sh| sh.lock().cc_snapshots())
+            .collect()
     }
 
     /// Stops the engines and releases everything (also done on drop).
@@ -1224,7 +1423,9 @@ impl Device {
             return;
         }
         self.stop.store(true, Ordering::SeqCst);
-        self.shared.kick();
+        for sh in self.shards.iter() {
+            sh.kick();
+        }
         for e in self.engines.drain(..) {
             let _ = e.join();
         }
@@ -1284,15 +1485,15 @@ impl Future for CqReady<'_> {
     type Output = Wc;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Wc> {
-        let mut dev = self.dev.shared.lock();
-        if let Some(wc) = dev.poll_cq(self.cq) {
+        let (queue, cq) = self.dev.split_cq(self.cq);
+        let sh = &self.dev.shards[queue as usize];
+        let mut dev = sh.lock();
+        if let Some(wc) = dev.poll_cq(cq) {
             return Poll::Ready(wc);
         }
         // Register before releasing the device lock: engines notify only while not holding it
         // after their own updates, so a completion cannot slip between the check and this.
-        self.dev
-            .shared
-            .wakers
+        sh.wakers
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .push(cx.waker().clone());
