@@ -528,3 +528,258 @@ fn remote_loss_ends_in_retry_exceeded_and_others_keep_going() {
     let sb = json_ok(&finish(sb), "server on B");
     assert_eq!(sb["verified"], true);
 }
+
+/// The per-queue RX XDP redirect counts of a veth end (`ethtool -S`, the kernel's own
+/// `rx_queue_N_xdp_redirect`): what each queue's AF_XDP socket was given.
+fn queue_redirects(netns_name: &str, ifname: &str, queues: u32) -> Vec<u64> {
+    let ifname = ifname.to_owned();
+    let out = netns::in_netns(netns_name, move || {
+        Command::new("ethtool")
+            .args(["-S", &ifname])
+            .output()
+            .expect("ethtool")
+    })
+    .expect("enter namespace");
+    assert!(out.status.success(), "ethtool -S failed: {out:?}");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    (0..queues)
+        .map(|q| {
+            let key = format!("rx_queue_{q}_xdp_redirect:");
+            text.lines()
+                .find_map(|l| l.trim().strip_prefix(key.as_str()))
+                .unwrap_or_else(|| panic!("no {key} in ethtool -S: {text}"))
+                .trim()
+                .parse()
+                .unwrap()
+        })
+        .collect()
+}
+
+fn stats_json(ifname: &str) -> Value {
+    let o = Command::new(roce_bin())
+        .args(["stats", "-j", "-i", ifname])
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "roce stats: {o:?}");
+    serde_json::from_slice(&o.stdout).unwrap()
+}
+
+/// `roce perf --sharded` on both ends of a two-queue veth pair: QP k lives on queue k mod 2
+/// (its QPN says so), sends on that queue and the peer receives it on the same queue, so both
+/// queues carry half the traffic, every frame reaches its owner's queue directly
+/// (`rx_other_queue` 0), and the data arrives intact.
+#[test]
+fn sharded_perf_spreads_qps_over_both_queues() {
+    require_root();
+    let pair = VethPair::new(
+        &tag("es"),
+        &VethOptions {
+            subnet: 88,
+            queues: 2,
+            ..VethOptions::default()
+        },
+    )
+    .expect("veth pair");
+    let _l = Loaded::on(&[
+        (&pair.a.netns, &pair.a.ifname),
+        (&pair.b.netns, &pair.b.ifname),
+    ]);
+    let (c, s) = pair_run(
+        &pair,
+        "perf write --sharded -q 8 -s 4096 -n 200 -t 8",
+        &pair.b.ipv4.to_string(),
+    );
+    assert_eq!(c["messages"], 8 * 200);
+    assert_eq!(c["verified"], true);
+    assert_eq!(s["verified"], true);
+    // 8 QPs x 200 WRITEs of 4 packets (MTU 1024) arrive at B: 6400 frames, half per queue.
+    let at_b = queue_redirects(&pair.b.netns, &pair.b.ifname, 2);
+    assert_eq!(at_b.iter().sum::<u64>(), 6400, "{at_b:?}");
+    assert_eq!(at_b[0], at_b[1], "{at_b:?}");
+    // The ACKs come back the same way.
+    let at_a = queue_redirects(&pair.a.netns, &pair.a.ifname, 2);
+    assert!(at_a[0] > 0 && at_a[1] > 0, "{at_a:?}");
+    for ifname in [&pair.a.ifname, &pair.b.ifname] {
+        let st = stats_json(ifname);
+        assert_eq!(st["device"]["rx_other_queue"], 0, "{ifname}: {st}");
+    }
+}
+
+/// A frame that arrives on a queue whose transport does not own its QP is handed to the
+/// owner, on both sides: the in-process client puts its first QP on queue 1 (an odd QPN)
+/// facing the `--sharded` server's first QP (even, queue 0), and its second QP on queue 0
+/// facing the server's odd one. Each side's requests or ACKs therefore land on the other
+/// queue, every message still completes with the data intact, and both sides count the
+/// hand-overs (`rx_other_queue`). Also: a QP whose PD and CQ sit on different queues, and a
+/// queue beyond the device's, are refused with clear errors.
+#[test]
+fn sharded_devices_hand_frames_to_the_queue_that_owns_their_qp() {
+    require_root();
+    let pair = VethPair::new(
+        &tag("eh"),
+        &VethOptions {
+            subnet: 89,
+            queues: 2,
+            ..VethOptions::default()
+        },
+    )
+    .expect("veth pair");
+    let _l = Loaded::on(&[
+        (&pair.a.netns, &pair.a.ifname),
+        (&pair.b.netns, &pair.b.ifname),
+    ]);
+    const MSGS: u64 = 100;
+    let server = spawn(
+        &pair.b.netns,
+        &format!(
+            "perf write --sharded -q 2 -s 4096 -n {MSGS} -t 8 -p 18610 -d {}",
+            pair.b.ifname
+        )
+        .split(' ')
+        .map(String::from)
+        .collect::<Vec<_>>(),
+    );
+    thread::sleep(Duration::from_millis(500));
+    let (b_ip, ifname) = (pair.b.ipv4, pair.a.ifname.clone());
+    let outcome = netns::in_netns(&pair.a.netns, move || -> Result<u64, String> {
+        let e = |e: &dyn std::fmt::Display| e.to_string();
+        let opts = DeviceOptions {
+            sharded: true,
+            ..DeviceOptions::default()
+        };
+        let dev = Device::open(&ifname, &opts).map_err(|x| e(&x))?;
+        if dev.shards() != 2 {
+            return Err(format!("{} shards on a two-queue veth", dev.shards()));
+        }
+        let pds = [
+            dev.alloc_pd_on(0).map_err(|x| e(&x))?,
+            dev.alloc_pd_on(1).map_err(|x| e(&x))?,
+        ];
+        let cqs = [
+            dev.create_cq_on(0, 256).map_err(|x| e(&x))?,
+            dev.create_cq_on(1, 256).map_err(|x| e(&x))?,
+        ];
+        let init = |q: usize, cq: usize| QpInit {
+            pd: pds[q],
+            qp_type: QpType::Rc,
+            send_cq: cqs[cq],
+            recv_cq: cqs[cq],
+            cap: QpCap {
+                max_send_wr: 16,
+                max_recv_wr: 4,
+                max_sge: 1,
+            },
+            sq_sig_all: true,
+        };
+        match dev.create_qp(init(0, 1)) {
+            Err(roce::api::ApiError::OtherQueue { pd: 0, cq: 1, .. }) => {}
+            other => return Err(format!("PD on 0, CQ on 1: {other:?}")),
+        }
+        match dev.alloc_pd_on(2) {
+            Err(roce::api::ApiError::NoSuchQueue {
+                queue: 2,
+                shards: 2,
+            }) => {}
+            other => return Err(format!("queue 2 of 2: {other:?}")),
+        }
+        let gid = dev.info().default_gid_index(true);
+        let local_gid = dev.gid(gid).map_err(|x| e(&x))?;
+        let mut comm = Comm::new(TcpStream::connect((b_ip, 18610)).map_err(|x| e(&x))?, true);
+        comm.setup(4096, 64, 3).map_err(|x| e(&x))?;
+        // Our QP k faces the server's QP k; ours go on queues 1 and 0, the server's on 0, 1.
+        let mut qps = Vec::new();
+        for q in [1usize, 0] {
+            let qpn = dev.create_qp(init(q, q)).map_err(|x| e(&x))?;
+            if qpn.value() % 2 != q as u32 {
+                return Err(format!("QPN {qpn:?} on queue {q}"));
+            }
+            let mr = dev
+                .reg_mr(pds[q], 4096, Access::LOCAL_WRITE)
+                .map_err(|x| e(&x))?;
+            dev.qp_to_init(qpn, Access::empty()).map_err(|x| e(&x))?;
+            qps.push((q, qpn, mr));
+        }
+        let mut peers = Vec::new();
+        for (k, (q, qpn, mr)) in qps.iter().enumerate() {
+            dev.mr_write(mr.lkey, 0, &pattern(k as u32, 4096))
+                .map_err(|x| e(&x))?;
+            let mine = KeyMsg {
+                lid: 0,
+                out_reads: 1,
+                qpn: *qpn,
+                psn: Psn::new(0x100 * (k as u32 + 1)),
+                rkey: mr.rkey,
+                vaddr: mr.iova,
+                gid: local_gid.raw,
+                srqn: 0,
+            };
+            let r = comm.hand_shake(&mine).map_err(|x| e(&x))?;
+            if r.qpn.value() % 2 == *q as u32 {
+                return Err(format!("server QP {:?} is on our queue {q}", r.qpn));
+            }
+            peers.push((mine, r));
+        }
+        for ((_, qpn, _), (mine, r)) in qps.iter().zip(&peers) {
+            let path = dev.path_to(gid, &r.gid, *qpn, r.qpn).map_err(|x| e(&x))?;
+            let c = RcConnect::new(path, Mtu::Mtu1024, r.qpn, r.psn, mine.psn);
+            dev.qp_connect(*qpn, &c).map_err(|x| e(&x))?;
+        }
+        for (mine, _) in &peers {
+            comm.hand_shake(mine).map_err(|x| e(&x))?;
+        }
+        comm.hand_shake(&peers[0].0).map_err(|x| e(&x))?;
+        for id in 0..MSGS {
+            for ((q, qpn, mr), (_, r)) in qps.iter().zip(&peers) {
+                let wr = SendWr::new(
+                    id,
+                    SendOp::Write {
+                        remote_addr: r.vaddr,
+                        rkey: r.rkey,
+                    },
+                    vec![Sge {
+                        addr: mr.iova,
+                        length: 4096,
+                        lkey: mr.lkey,
+                    }],
+                );
+                dev.post_send(*qpn, wr).map_err(|x| e(&x))?;
+                let wc = dev
+                    .wait_cq(cqs[*q], Duration::from_secs(5))
+                    .ok_or_else(|| format!("WRITE {id} on queue {q} did not complete"))?;
+                if wc.status != WcStatus::Success || wc.qp_num != *qpn {
+                    return Err(format!("WRITE {id} on queue {q}: {wc:?}"));
+                }
+            }
+        }
+        // Finish as perftest does: sync, reports, sync, "done".
+        let mine = &peers[0].0;
+        comm.hand_shake(mine).map_err(|x| e(&x))?;
+        comm.xchg_bw_reports(&BwReport {
+            size: 4096,
+            iters: MSGS * 2,
+            ..BwReport::default()
+        })
+        .map_err(|x| e(&x))?;
+        comm.hand_shake(mine).map_err(|x| e(&x))?;
+        let mut done = [0u8; 5];
+        let _ = comm.stream().set_read_timeout(Some(Duration::from_secs(2)));
+        let _ = comm.xchg(b"done\0", &mut done);
+        Ok(dev.counters().0.rx_other_queue)
+    })
+    .expect("enter namespace A")
+    .expect("client side");
+    let s = json_ok(&finish(server), "perf server");
+    assert_eq!(s["verified"], true, "{s}");
+    // Every ACK (at least one per message) reached us on the other queue.
+    assert!(
+        outcome >= 2 * MSGS,
+        "{outcome} frames handed over at the client"
+    );
+    // Every request packet (4 per message) reached the server on the other queue.
+    let st = stats_json(&pair.b.ifname);
+    assert_eq!(
+        st["device"]["rx_other_queue"].as_u64(),
+        Some(2 * MSGS * 4),
+        "{st}"
+    );
+}

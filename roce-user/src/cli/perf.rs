@@ -143,6 +143,12 @@ pub struct PerfArgs {
     /// this matters with many QPs: 1024 QPs without it overrun the peer's receive ring.
     #[arg(long, value_name = "PKTS", default_value_t = roce::transport::DeviceConfig::default().max_inflight_pkts)]
     pub max_inflight: u32,
+    /// One transport per RX queue of the interface, each driven by its own queue's engine
+    /// thread (`DeviceOptions::sharded`): QP k lives on queue k mod queues, with a PD and CQ
+    /// per queue. The --max-inflight budget applies per queue. For interfaces with several
+    /// RX queues (`ip link add ... numrxqueues N`); with one queue it changes nothing.
+    #[arg(long)]
+    pub sharded: bool,
     /// Most QPs this endpoint creates (`DeviceConfig::max_qp`); `-q` beyond it is refused.
     #[arg(long, value_name = "N", default_value_t = roce::transport::DeviceConfig::default().max_qp)]
     pub max_qp: usize,
@@ -446,6 +452,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     let mut opts = DeviceOptions {
         netns,
         inline: a.inline && client,
+        sharded: a.sharded,
         ..DeviceOptions::default()
     };
     opts.transport.cc = cc_config(a)?;
@@ -454,7 +461,10 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     opts.transport.max_mr = a.max_mr;
     opts.transport.max_qp_rd_atom = opts.transport.max_qp_rd_atom.max(a.max_rd_atomic);
     let dev = Device::open(&a.dev, &opts)?;
-    let pd = dev.alloc_pd()?;
+    let shards = dev.shards();
+    let pds = (0..shards)
+        .map(|q| dev.alloc_pd_on(q))
+        .collect::<Result<Vec<_>, _>>()?;
     let gid_idx = a
         .gid_idx
         .unwrap_or_else(|| dev.info().default_gid_index(true));
@@ -462,11 +472,16 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     dev.check_path_mtu(a.mtu, gid.ip.is_ipv6())?;
     let depth = a.tx_depth.max(1);
     let rx_depth = a.rx_depth.unwrap_or(depth).max(1);
-    let cq = dev.create_cq((depth as usize + rx_depth as usize + 16) * a.qps as usize)?;
+    // One CQ per transport, deep enough for the QPs it holds (QP k on queue k mod shards).
+    let per_shard = a.qps.div_ceil(shards) as usize;
+    let cqs = (0..shards)
+        .map(|q| dev.create_cq_on(q, (depth as usize + rx_depth as usize + 16) * per_shard))
+        .collect::<Result<Vec<_>, _>>()?;
     let remote_access =
         Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
     let mut qps = Vec::new();
     for q in 0..a.qps {
+        let (pd, cq) = (pds[(q % shards) as usize], cqs[(q % shards) as usize]);
         let qpn = dev.create_qp(QpInit {
             pd,
             qp_type: QpType::Rc,
@@ -624,11 +639,11 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
 
     let mut tracer = Tracer::new(a)?;
     let result = if a.lat {
-        run_lat(&dev, a, cq, &qps[0], size, client)?
+        run_lat(&dev, a, &cqs, &qps[0], size, client)?
     } else if client {
-        run_client(&dev, a, cq, &qps, size, &mut tracer)?
+        run_client(&dev, a, &cqs, &qps, size, &mut tracer)?
     } else {
-        run_server(&dev, a, cq, &qps, size, &comm, &mut tracer)?
+        run_server(&dev, a, &cqs, &qps, size, &comm, &mut tracer)?
     };
     Tracer::poll(&mut tracer, &dev);
     if let (Some(t), Some(path)) = (&tracer, &a.trace) {
@@ -719,6 +734,14 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     Ok(())
 }
 
+/// Up to `max` completions from each of `cqs` (one per transport of a sharded device).
+fn poll_cqs(dev: &Device, cqs: &[CqId], max: usize) -> Vec<roce::api::Wc> {
+    match cqs {
+        [cq] => dev.poll_cq(*cq, max),
+        _ => cqs.iter().flat_map(|cq| dev.poll_cq(*cq, max)).collect(),
+    }
+}
+
 /// This process's peak resident set size in KiB (`VmHWM` of /proc/self/status), for the JSON
 /// report: how memory grows with `-q` (UMEM, memory regions and QP state together).
 fn peak_rss_kib() -> Option<u64> {
@@ -795,7 +818,7 @@ fn qp_index(qps: &[QpCtx]) -> HashMap<Qpn, usize> {
 fn run_client(
     dev: &Device,
     a: &PerfArgs,
-    cq: CqId,
+    cqs: &[CqId],
     qps: &[QpCtx],
     size: u32,
     tracer: &mut Option<Tracer>,
@@ -894,7 +917,7 @@ fn run_client(
             bail!("interrupted");
         }
         Tracer::poll(tracer, dev);
-        let wcs = dev.poll_cq(cq, 64);
+        let wcs = poll_cqs(dev, cqs, 64);
         if wcs.is_empty() {
             if last_progress.elapsed() > Duration::from_secs(10) {
                 bail!(
@@ -970,7 +993,7 @@ fn run_client(
     }
     // Nothing may complete after the last expected completion: a late one is a duplicate.
     std::thread::sleep(Duration::from_millis(20));
-    if let Some(wc) = dev.poll_cq(cq, 1).first() {
+    if let Some(wc) = poll_cqs(dev, cqs, 1).first() {
         bail!(
             "QP {:?} completed work request {} after all its work requests had completed",
             wc.qp_num,
@@ -1014,7 +1037,7 @@ fn run_client(
 fn run_lat(
     dev: &Device,
     a: &PerfArgs,
-    cq: CqId,
+    cqs: &[CqId],
     qp: &QpCtx,
     size: u32,
     client: bool,
@@ -1032,7 +1055,7 @@ fn run_lat(
     let start = Instant::now();
     // Polls the CQ once: counts send and receive completions, reposts receives.
     let pump = |sends_done: &mut u64, recvs_done: &mut u64| -> anyhow::Result<()> {
-        for wc in dev.poll_cq(cq, 16) {
+        for wc in poll_cqs(dev, cqs, 16) {
             if wc.status != WcStatus::Success {
                 bail!("work request {} failed: {:?}", wc.wr_id, wc.status);
             }
@@ -1152,7 +1175,7 @@ fn run_lat(
 fn run_server(
     dev: &Device,
     a: &PerfArgs,
-    cq: CqId,
+    cqs: &[CqId],
     qps: &[QpCtx],
     size: u32,
     comm: &Comm,
@@ -1178,7 +1201,7 @@ fn run_server(
         }
         Tracer::poll(tracer, dev);
         if a.op == PerfOp::Send {
-            for wc in dev.poll_cq(cq, 64) {
+            for wc in poll_cqs(dev, cqs, 64) {
                 if wc.status != WcStatus::Success {
                     bail!("receive on QP {:?} failed: {:?}", wc.qp_num, wc.status);
                 }
