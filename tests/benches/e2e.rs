@@ -7,6 +7,8 @@
 //! - Scaling: 64 KiB WRITEs over 1, 16, 256 and 1024 QPs (`roce perf -q N -t 16`), against 1
 //!   QP in the same run, and the client's peak RSS (`peak_rss_kib`) at each count.
 //! - Ping-pong round trip of 64-byte messages, p50 and p99: `roce pingpong` against a UDP echo.
+//! - Multi-queue: 64 KiB WRITEs over 16 and 1024 QPs on a veth pair with two queues per end,
+//!   `--sharded` (one transport per queue) against 16 QPs sharing one transport.
 //!
 //! Each figure is the median of REPS runs, with min and max.
 
@@ -144,6 +146,29 @@ fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
     (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
+/// roce_xdp on both ends of `pair` for the whole run.
+fn load_both(pair: &VethPair) {
+    for end in [&pair.a, &pair.b] {
+        let (ns, i) = (end.netns.clone(), end.ifname.clone());
+        let opts = LoadOptions {
+            netns: Some(ns.clone()),
+            ..LoadOptions::default()
+        };
+        netns::in_netns(&ns, move || loader::load(&i, &opts))
+            .unwrap()
+            .unwrap();
+    }
+}
+
+/// Median, min and max goodput (MB/s) of REPS runs of `args` over `pair`.
+fn goodput(pair: &VethPair, args: &str) -> (f64, f64, f64) {
+    stats(
+        (0..REPS)
+            .map(|_| pair_json(pair, args)["bw_mb_per_sec"].as_f64().unwrap())
+            .collect(),
+    )
+}
+
 fn main() {
     require_root();
     assert!(
@@ -160,16 +185,7 @@ fn main() {
         },
     )
     .expect("veth");
-    for end in [&pair.a, &pair.b] {
-        let (ns, i) = (end.netns.clone(), end.ifname.clone());
-        let opts = LoadOptions {
-            netns: Some(ns.clone()),
-            ..LoadOptions::default()
-        };
-        netns::in_netns(&ns, move || loader::load(&i, &opts))
-            .unwrap()
-            .unwrap();
-    }
+    load_both(&pair);
     let mut rows = Vec::new();
     let mut table = String::from(
         "| measure | roce (median, min..max) | UDP baseline | ratio | target |\n|---|---|---|---|---|\n",
@@ -275,6 +291,35 @@ fn main() {
         rows.push(json!({"name": format!("{name} 64 B"), "value": rm, "unit": "us", "baseline": um, "ratio": ratio, "target": target, "min": rmin, "max": rmax}));
     }
     for end in [&pair.a, &pair.b] {
+        let _ = loader::unload(&end.ifname);
+    }
+    // Multi-queue: a pair with two RX/TX queues per end. The baseline is one transport that
+    // both queues' engine threads share (the default); sharded, each queue's engine owns its
+    // own transport (`--sharded`: QP k on queue k mod 2, no lock shared between queues).
+    let mq = VethPair::new(
+        &tag("bm"),
+        &VethOptions {
+            mtu: 3000,
+            subnet: 96,
+            queues: 2,
+        },
+    )
+    .expect("two-queue veth");
+    load_both(&mq);
+    let write = |q: u32, extra: &str| {
+        format!("perf write -s 65536 -D {SECS} -m 2048 -t 16 -q {q} --max-qp {q} {extra}")
+    };
+    let shared = goodput(&mq, &write(16, ""));
+    for q in [16u32, 1024] {
+        let (m, min, max) = goodput(&mq, &write(q, "--sharded"));
+        let ratio = m / shared.0.max(1e-9);
+        table.push_str(&format!(
+            "| WRITE goodput 64 KiB over {q} QPs, 2 queues sharded, MB/s | {m:.1} ({min:.1}..{max:.1}) | {:.1} (16 QPs, one shared transport, {:.1}..{:.1}) | {ratio:.2}x | - |\n",
+            shared.0, shared.1, shared.2
+        ));
+        rows.push(json!({"name": format!("WRITE goodput 64 KiB, {q} QPs, 2 queues sharded"), "value": m, "unit": "MB/s", "baseline": shared.0, "ratio": ratio, "target": "-", "min": min, "max": max}));
+    }
+    for end in [&mq.a, &mq.b] {
         let _ = loader::unload(&end.ifname);
     }
     print!("{table}");
