@@ -579,6 +579,36 @@ pub struct Device {
     live_id: u64,
     frame_size: u32,
     next_iova: Mutex<u64>,
+    /// Next-hop MACs that [`Device::path_to`] resolved lately.
+    hops: Mutex<HopCache>,
+}
+
+/// How long [`Device::path_to`] reuses a destination's next-hop MAC before asking the routing
+/// and neighbour tables again. Connecting many QPs to one peer (`roce perf -q 1024`) then
+/// costs one `ip route get` and one neighbour lookup instead of one per QP; a QP keeps the
+/// path it was connected with either way.
+pub const PATH_CACHE_TTL: Duration = Duration::from_secs(10);
+
+/// Destination IP → (next-hop MAC, when it was resolved), for [`PATH_CACHE_TTL`].
+#[derive(Debug, Default)]
+struct HopCache(std::collections::HashMap<IpAddr, ([u8; 6], StdInstant)>);
+
+impl HopCache {
+    /// The MAC resolved for `dst` less than [`PATH_CACHE_TTL`] before `now`.
+    fn get(&self, dst: IpAddr, now: StdInstant) -> Option<[u8; 6]> {
+        self.0
+            .get(&dst)
+            .filter(|(_, at)| now.saturating_duration_since(*at) < PATH_CACHE_TTL)
+            .map(|(mac, _)| *mac)
+    }
+
+    /// Records `mac` for `dst`, resolved at `now`; forgets entries past their time, so the
+    /// cache holds only the destinations of the last [`PATH_CACHE_TTL`].
+    fn insert(&mut self, dst: IpAddr, mac: [u8; 6], now: StdInstant) {
+        self.0
+            .retain(|_, (_, at)| now.saturating_duration_since(*at) < PATH_CACHE_TTL);
+        self.0.insert(dst, (mac, now));
+    }
 }
 
 impl std::fmt::Debug for Device {
@@ -843,6 +873,7 @@ impl Device {
             live_id,
             frame_size: opts.xsk.frame_size,
             next_iova: Mutex::new(0x1000_0000),
+            hops: Mutex::new(HopCache::default()),
             info,
         })
     }
@@ -914,8 +945,24 @@ impl Device {
     ) -> Result<Path, ApiError> {
         let local = self.gid(gid_index)?;
         let remote_ip = crate::cm::gid_to_ip(remote_gid);
-        let hop = netinfo::next_hop(&self.info.ifname, remote_ip)?;
-        let dst_mac = netinfo::resolve_mac(&self.info.ifname, hop, Duration::from_secs(3))?;
+        let now = StdInstant::now();
+        let cached = self
+            .hops
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .get(remote_ip, now);
+        let dst_mac = match cached {
+            Some(mac) => mac,
+            None => {
+                let hop = netinfo::next_hop(&self.info.ifname, remote_ip)?;
+                let mac = netinfo::resolve_mac(&self.info.ifname, hop, Duration::from_secs(3))?;
+                self.hops
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .insert(remote_ip, mac, now);
+                mac
+            }
+        };
         let ip = match (local.ip, remote_ip) {
             (IpAddr::V4(src), IpAddr::V4(dst)) => IpPath::V4 { src, dst },
             (IpAddr::V6(src), IpAddr::V6(dst)) => IpPath::V6 {
@@ -1499,5 +1546,31 @@ impl Future for CqReady<'_> {
             .push(cx.waker().clone());
         drop(dev);
         Poll::Pending
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn hop_cache_reuses_a_mac_for_its_ttl_and_then_forgets_it() {
+        let t0 = StdInstant::now();
+        let (a, b) = (
+            IpAddr::from([10, 0, 0, 1]),
+            IpAddr::from([0xfd00, 0, 0, 0, 0, 0, 0, 2]),
+        );
+        let mut c = HopCache::default();
+        assert_eq!(c.get(a, t0), None);
+        c.insert(a, [2, 0, 0, 0, 0, 1], t0);
+        let later = t0 + PATH_CACHE_TTL - Duration::from_millis(1);
+        assert_eq!(c.get(a, later), Some([2, 0, 0, 0, 0, 1]));
+        assert_eq!(c.get(b, later), None);
+        let expired = t0 + PATH_CACHE_TTL;
+        assert_eq!(c.get(a, expired), None);
+        // Inserting another destination drops the expired entry: the cache stays bounded.
+        c.insert(b, [2, 0, 0, 0, 0, 2], expired);
+        assert_eq!(c.0.len(), 1);
+        assert_eq!(c.get(b, expired), Some([2, 0, 0, 0, 0, 2]));
     }
 }
