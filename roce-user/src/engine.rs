@@ -165,7 +165,14 @@ pub struct Engine<H> {
     clock: Clock,
     turns: u64,
     waits: u64,
+    /// When [`Engine::turn_and_report`] last handed the counters over.
+    last_report: Nanos,
 }
+
+/// How often [`Engine::turn_and_report`] hands the counters over while its turns stay idle:
+/// reading them is a `getsockopt(XDP_STATISTICS)` syscall, too much for every idle turn of a
+/// thread that polls in a loop; the stats thread publishes every 250 ms anyway.
+pub const IDLE_REPORT_EVERY: Duration = Duration::from_millis(1);
 
 impl<H: Handler> Engine<H> {
     /// An engine over an opened (and, for receive, registered in `ROCE_XSKS`) queue.
@@ -178,6 +185,7 @@ impl<H: Handler> Engine<H> {
             clock: Clock::new(),
             turns: 0,
             waits: 0,
+            last_report: Nanos(0),
         }
     }
 
@@ -219,11 +227,13 @@ impl<H: Handler> Engine<H> {
     }
 
     /// [`Engine::turn`] for a thread that drives the engine itself between other work (an
-    /// inline device): also hands the queue's AF_XDP counters to the handler when the turn
-    /// was idle or every 4096 turns, as [`Engine::run`] does.
+    /// inline device): also hands the queue's AF_XDP counters to the handler every 4096 turns
+    /// and after an idle turn, at most every [`IDLE_REPORT_EVERY`].
     pub fn turn_and_report(&mut self, now: Nanos) -> u64 {
         let moved = self.turn(now);
-        if moved == 0 || self.turns.is_multiple_of(4096) {
+        let idle_due = moved == 0 && now.duration_since(self.last_report) >= IDLE_REPORT_EVERY;
+        if idle_due || self.turns.is_multiple_of(4096) {
+            self.last_report = now;
             self.handler
                 .on_queue_stats(self.queue.queue_id(), &self.queue.stats());
         }
