@@ -323,6 +323,9 @@ impl Inline {
         };
         let queues: Vec<&XskQueue> = engines.iter().map(Engine::queue).collect();
         let _ = XskQueue::wait_any(&queues, Some(timeout), Some(wake.as_fd()));
+        // Cleared after the wait, as Handler::on_woken does: the caller's next turn sees what
+        // was posted before the signal.
+        let _ = wake.read();
     }
 }
 
@@ -377,8 +380,6 @@ impl Handler for TransportHandler {
     }
 
     fn poll_transmit(&mut self, now: Nanos, tx: &mut TxSink<'_>) {
-        // Clear a pending wake-up: everything posted so far is visible under the lock below.
-        let _ = self.shared.wake.read();
         let mut dev = self.shared.lock();
         while tx.room() > 0 {
             let mut sent = false;
@@ -414,6 +415,11 @@ impl Handler for TransportHandler {
 
     fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
         Some(self.shared.wake.as_fd())
+    }
+
+    fn on_woken(&mut self) {
+        // Everything posted before the signal is visible to the next turn, under the lock.
+        let _ = self.shared.wake.read();
     }
 
     fn on_queue_stats(&mut self, queue_id: u32, stats: &XskStats) {

@@ -96,6 +96,13 @@ pub trait Handler {
         None
     }
 
+    /// Called after each poll(2) wait, before the next turn: clear [`Handler::wake_fd`] here
+    /// (read the eventfd). Clearing it only after a wait, never on every turn, costs no
+    /// syscall per turn and loses no wake-up: whatever was posted before the signal is seen
+    /// by the turn that follows, and a signal given during a turn makes the next wait return
+    /// at once.
+    fn on_woken(&mut self) {}
+
     /// Called with the queue's counters before the engine sleeps, every 4096 busy turns, and at
     /// the end, so the handler can publish them while the engine runs.
     fn on_queue_stats(&mut self, queue_id: u32, stats: &XskStats) {
@@ -271,6 +278,7 @@ impl<H: Handler> Engine<H> {
                 if !wait.is_zero() {
                     self.waits += 1;
                     self.queue.wait_with(Some(wait), self.handler.wake_fd())?;
+                    self.handler.on_woken();
                 }
             }
         }
