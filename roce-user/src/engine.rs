@@ -103,8 +103,9 @@ pub trait Handler {
     /// at once.
     fn on_woken(&mut self) {}
 
-    /// Called with the queue's counters before the engine sleeps, every 4096 busy turns, and at
-    /// the end, so the handler can publish them while the engine runs.
+    /// Called with the queue's counters when the engine goes idle after moving frames (at most
+    /// every [`IDLE_REPORT_EVERY`], so they are at most that stale), every 4096 busy turns, and
+    /// at the end, so the handler can publish them while the engine runs.
     fn on_queue_stats(&mut self, queue_id: u32, stats: &XskStats) {
         let _ = (queue_id, stats);
     }
@@ -172,8 +173,10 @@ pub struct Engine<H> {
     clock: Clock,
     turns: u64,
     waits: u64,
-    /// When [`Engine::turn_and_report`] last handed the counters over.
+    /// When the counters were last handed over ([`Handler::on_queue_stats`]).
     last_report: Nanos,
+    /// Whether frames moved since then ([`Engine::run`]).
+    unreported: bool,
 }
 
 /// How often [`Engine::turn_and_report`] hands the counters over while its turns stay idle:
@@ -193,6 +196,7 @@ impl<H: Handler> Engine<H> {
             turns: 0,
             waits: 0,
             last_report: Nanos(0),
+            unreported: false,
         }
     }
 
@@ -266,12 +270,24 @@ impl<H: Handler> Engine<H> {
                 break;
             }
             let moved = self.turn(now);
-            if moved == 0 || self.turns.is_multiple_of(4096) {
+            self.unreported |= moved > 0;
+            // Before sleeping, hand over the counters if they changed, at most every
+            // IDLE_REPORT_EVERY (the read is a getsockopt; a queue that empties thousands of
+            // times a second would pay it each time); and every 4096 busy turns.
+            let since = now.duration_since(self.last_report);
+            let idle_due = moved == 0 && self.unreported && since >= IDLE_REPORT_EVERY;
+            if idle_due || self.turns.is_multiple_of(4096) {
+                self.last_report = now;
+                self.unreported = false;
                 self.handler
                     .on_queue_stats(self.queue.queue_id(), &self.queue.stats());
             }
             if moved == 0 {
                 let mut wait = self.cfg.max_wait;
+                if self.unreported {
+                    // Come back to report what the last turns did.
+                    wait = wait.min(IDLE_REPORT_EVERY.saturating_sub(since));
+                }
                 if let Some(t) = self.handler.next_timeout() {
                     wait = wait.min(t.duration_since(now));
                 }
