@@ -154,14 +154,7 @@ fn world() -> World {
     let pd = d.alloc_pd().unwrap();
     let cq = d.create_cq(CQ_DEPTH).unwrap();
     let qpn = d
-        .create_qp(QpInit {
-            pd,
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            cap: CAP,
-            sq_sig_all: true,
-        })
+        .create_qp(QpInit { cap: CAP, sq_sig_all: true, ..QpInit::new(QpType::Rc, pd, cq) })
         .unwrap();
     let cfg = RcConfig {
         cap: CAP,

@@ -110,6 +110,23 @@ pub struct QpInit {
     pub sq_sig_all: bool,
 }
 
+impl QpInit {
+    /// A QP of `qp_type` in `pd` whose sends and receives complete on `cq`, with default
+    /// queue sizes ([`QpCap::default`]) and only signalled sends completing; change fields
+    /// with struct update syntax.
+    #[must_use]
+    pub fn new(qp_type: QpType, pd: PdId, cq: CqId) -> Self {
+        Self {
+            pd,
+            qp_type,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: QpCap::default(),
+            sq_sig_all: false,
+        }
+    }
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum MsgKind {
     Send,

@@ -481,12 +481,8 @@ pub fn connect_rc(pair: &mut Pair, cfg: &RcConfig) -> (Endpoint, Endpoint) {
         let cq = d.create_cq(cfg.cq_depth).expect("create cq");
         let qpn = d
             .create_qp(QpInit {
-                pd,
-                qp_type: QpType::Rc,
-                send_cq: cq,
-                recv_cq: cq,
                 cap: cfg.cap,
-                sq_sig_all: false,
+                ..QpInit::new(QpType::Rc, pd, cq)
             })
             .expect("create qp");
         Endpoint { qpn, cq, pd }

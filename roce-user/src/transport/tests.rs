@@ -33,12 +33,8 @@ fn h_with(cfg: &RcConfig) -> H {
     let cq = d.create_cq(cfg.cq_depth).unwrap();
     let qpn = d
         .create_qp(QpInit {
-            pd,
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
             cap: cfg.cap,
-            sq_sig_all: false,
+            ..QpInit::new(QpType::Rc, pd, cq)
         })
         .unwrap();
     bring_up(
@@ -815,16 +811,7 @@ fn recv_requests_before_rtr_are_dropped() {
     let mut d = Device::new(DeviceConfig::default());
     let pd = d.alloc_pd().unwrap();
     let cq = d.create_cq(16).unwrap();
-    let qpn = d
-        .create_qp(QpInit {
-            pd,
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            cap: QpCap::default(),
-            sq_sig_all: false,
-        })
-        .unwrap();
+    let qpn = d.create_qp(QpInit::new(QpType::Rc, pd, cq)).unwrap();
     let mut p = hdr(Opcode::RC_SEND_ONLY, 0);
     p.dest_qp = qpn;
     d.handle_decoded(
@@ -1300,14 +1287,7 @@ fn comp_atomic_ack_delivers_the_original_value() {
 #[test]
 fn modify_enforces_the_state_table_and_masks() {
     let mut h = h();
-    let qpn = h.d.create_qp(QpInit {
-        pd: h.pd,
-        qp_type: QpType::Rc,
-        send_cq: h.cq,
-        recv_cq: h.cq,
-        cap: QpCap::default(),
-        sq_sig_all: false,
-    });
+    let qpn = h.d.create_qp(QpInit::new(QpType::Rc, h.pd, h.cq));
     let qpn = qpn.unwrap();
     let mut a: QpAttr<Path> = QpAttr {
         qp_state: QpState::Init,
@@ -2369,16 +2349,7 @@ fn shards_hand_out_disjoint_qpns_and_keys_that_name_their_shard() {
         let pd = d.alloc_pd().unwrap();
         let cq = d.create_cq(16).unwrap();
         for _ in 0..50 {
-            let qpn = d
-                .create_qp(QpInit {
-                    pd,
-                    qp_type: QpType::Rc,
-                    send_cq: cq,
-                    recv_cq: cq,
-                    cap: QpCap::default(),
-                    sq_sig_all: false,
-                })
-                .unwrap();
+            let qpn = d.create_qp(QpInit::new(QpType::Rc, pd, cq)).unwrap();
             assert_eq!(Shard::of_qpn(COUNT, qpn.value()), index);
             assert!(d.has_qp(qpn.value()));
             assert!(qpns.insert(qpn.value()), "QPN {qpn:?} handed out twice");
