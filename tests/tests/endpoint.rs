@@ -441,21 +441,7 @@ fn remote_loss_ends_in_retry_exceeded_and_others_keep_going() {
         }
         let write = |i: usize, id: u64| {
             let (qpn, mr, r, _, _) = &peers[i];
-            dev.post_send(
-                *qpn,
-                SendWr::new(
-                    id,
-                    SendOp::Write {
-                        remote_addr: r.vaddr,
-                        rkey: r.rkey,
-                    },
-                    vec![Sge {
-                        addr: mr.iova,
-                        length: 4096,
-                        lkey: mr.lkey,
-                    }],
-                ),
-            )
+            dev.post_send(*qpn, write_4k(id, mr, r))
         };
         let collect = |want: usize| -> Vec<roce::api::Wc> {
             let mut got = Vec::new();
@@ -500,17 +486,7 @@ fn remote_loss_ends_in_retry_exceeded_and_others_keep_going() {
         ];
         // Finish with B as perftest does: sync, reports, sync, "done".
         let (_, _, _, comm, mine) = &mut peers[0];
-        comm.hand_shake(mine).map_err(|x| e(&x))?;
-        comm.xchg_bw_reports(&BwReport {
-            size: 4096,
-            iters: 70,
-            ..BwReport::default()
-        })
-        .map_err(|x| e(&x))?;
-        comm.hand_shake(mine).map_err(|x| e(&x))?;
-        let mut done = [0u8; 5];
-        let _ = comm.stream().set_read_timeout(Some(Duration::from_secs(2)));
-        let _ = comm.xchg(b"done\0", &mut done);
+        finish_as_perftest(comm, mine, 70).map_err(|x| e(&x))?;
         let (dc, _) = dev.counters();
         report.push(format!("device rcvd {}", dc.rcvd_pkts));
         Ok(report)
@@ -555,6 +531,61 @@ fn queue_redirects(netns_name: &str, ifname: &str, queues: u32) -> Vec<u64> {
         .collect()
 }
 
+/// The end of a perftest WRITE client's run as write_bw.c does it: sync, bandwidth reports
+/// (`iters` 4 KiB messages), sync, then "done" (the server may already have closed).
+fn finish_as_perftest(
+    comm: &mut Comm,
+    mine: &KeyMsg,
+    iters: u64,
+) -> Result<(), roce::cm::CmError> {
+    comm.hand_shake(mine)?;
+    comm.xchg_bw_reports(&BwReport {
+        size: 4096,
+        iters,
+        ..BwReport::default()
+    })?;
+    comm.hand_shake(mine)?;
+    let mut done = [0u8; 5];
+    let _ = comm.stream().set_read_timeout(Some(Duration::from_secs(2)));
+    let _ = comm.xchg(b"done\0", &mut done);
+    Ok(())
+}
+
+/// A signalled 4 KiB WRITE of region `mr`'s start to the peer's advertised buffer `r`.
+fn write_4k(id: u64, mr: &roce::transport::MrInfo, r: &KeyMsg) -> SendWr<roce::api::Path> {
+    SendWr::new(
+        id,
+        SendOp::Write {
+            remote_addr: r.vaddr,
+            rkey: r.rkey,
+        },
+        vec![Sge {
+            addr: mr.iova,
+            length: 4096,
+            lkey: mr.lkey,
+        }],
+    )
+}
+
+/// A veth pair with two RX/TX queues per end and roce_xdp loaded on both ends. Root.
+fn two_queue_pair(t: &str, subnet: u8) -> (VethPair, Loaded) {
+    require_root();
+    let pair = VethPair::new(
+        &tag(t),
+        &VethOptions {
+            subnet,
+            queues: 2,
+            ..VethOptions::default()
+        },
+    )
+    .expect("veth pair");
+    let l = Loaded::on(&[
+        (&pair.a.netns, &pair.a.ifname),
+        (&pair.b.netns, &pair.b.ifname),
+    ]);
+    (pair, l)
+}
+
 fn stats_json(ifname: &str) -> Value {
     let o = Command::new(roce_bin())
         .args(["stats", "-j", "-i", ifname])
@@ -570,20 +601,7 @@ fn stats_json(ifname: &str) -> Value {
 /// (`rx_other_queue` 0), and the data arrives intact.
 #[test]
 fn sharded_perf_spreads_qps_over_both_queues() {
-    require_root();
-    let pair = VethPair::new(
-        &tag("es"),
-        &VethOptions {
-            subnet: 88,
-            queues: 2,
-            ..VethOptions::default()
-        },
-    )
-    .expect("veth pair");
-    let _l = Loaded::on(&[
-        (&pair.a.netns, &pair.a.ifname),
-        (&pair.b.netns, &pair.b.ifname),
-    ]);
+    let (pair, _l) = two_queue_pair("es", 88);
     let (c, s) = pair_run(
         &pair,
         "perf write --sharded -q 8 -s 4096 -n 200 -t 8",
@@ -614,20 +632,7 @@ fn sharded_perf_spreads_qps_over_both_queues() {
 /// queue beyond the device's, are refused with clear errors.
 #[test]
 fn sharded_devices_hand_frames_to_the_queue_that_owns_their_qp() {
-    require_root();
-    let pair = VethPair::new(
-        &tag("eh"),
-        &VethOptions {
-            subnet: 89,
-            queues: 2,
-            ..VethOptions::default()
-        },
-    )
-    .expect("veth pair");
-    let _l = Loaded::on(&[
-        (&pair.a.netns, &pair.a.ifname),
-        (&pair.b.netns, &pair.b.ifname),
-    ]);
+    let (pair, _l) = two_queue_pair("eh", 89);
     const MSGS: u64 = 100;
     let server = spawn(
         &pair.b.netns,
@@ -730,19 +735,8 @@ fn sharded_devices_hand_frames_to_the_queue_that_owns_their_qp() {
         comm.hand_shake(&peers[0].0).map_err(|x| e(&x))?;
         for id in 0..MSGS {
             for ((q, qpn, mr), (_, r)) in qps.iter().zip(&peers) {
-                let wr = SendWr::new(
-                    id,
-                    SendOp::Write {
-                        remote_addr: r.vaddr,
-                        rkey: r.rkey,
-                    },
-                    vec![Sge {
-                        addr: mr.iova,
-                        length: 4096,
-                        lkey: mr.lkey,
-                    }],
-                );
-                dev.post_send(*qpn, wr).map_err(|x| e(&x))?;
+                dev.post_send(*qpn, write_4k(id, mr, r))
+                    .map_err(|x| e(&x))?;
                 let wc = dev
                     .wait_cq(cqs[*q], Duration::from_secs(5))
                     .ok_or_else(|| format!("WRITE {id} on queue {q} did not complete"))?;
@@ -752,18 +746,7 @@ fn sharded_devices_hand_frames_to_the_queue_that_owns_their_qp() {
             }
         }
         // Finish as perftest does: sync, reports, sync, "done".
-        let mine = &peers[0].0;
-        comm.hand_shake(mine).map_err(|x| e(&x))?;
-        comm.xchg_bw_reports(&BwReport {
-            size: 4096,
-            iters: MSGS * 2,
-            ..BwReport::default()
-        })
-        .map_err(|x| e(&x))?;
-        comm.hand_shake(mine).map_err(|x| e(&x))?;
-        let mut done = [0u8; 5];
-        let _ = comm.stream().set_read_timeout(Some(Duration::from_secs(2)));
-        let _ = comm.xchg(b"done\0", &mut done);
+        finish_as_perftest(&mut comm, &peers[0].0, MSGS * 2).map_err(|x| e(&x))?;
         Ok(dev.counters().0.rx_other_queue)
     })
     .expect("enter namespace A")
