@@ -365,15 +365,25 @@ impl RoceRepr {
     /// ([`super::emit_frame`]) or [`super::icrc`] fills it.
     pub fn emit(&self, buf: &mut [u8], payload: &[u8]) -> Result<usize> {
         let info = self.validate(payload.len())?;
-        let len = self.buffer_len(payload.len());
+        let hl = bth::HEADER_LEN + info.ext_len();
+        let len = hl + payload.len() + pad_len(payload.len()) + ICRC_LEN;
         let have = buf.len();
         let buf = buf
             .get_mut(..len)
             .ok_or(WireError::BufferTooSmall { needed: len, have })?;
+        buf[hl..hl + payload.len()].copy_from_slice(payload);
+        self.emit_headers(info.hdrs, buf, payload.len());
+        Ok(len)
+    }
+
+    /// Writes the BTH (pad count from `payload_len`), the extended headers `hdrs` (validated
+    /// against the repr) and, after the payload, the zero pad and ICRC placeholder; the
+    /// payload bytes are left alone. `buf` is exactly the packet's length
+    /// ([`Self::buffer_len`]). Call it after [`Self::validate`], which gave `hdrs`.
+    pub(super) fn emit_headers(&self, hdrs: Hdrs, buf: &mut [u8], payload_len: usize) {
         let mut bth = self.bth;
-        bth.pad_count = pad_len(payload.len()) as u8;
+        bth.pad_count = pad_len(payload_len) as u8;
         bth.emit(&mut bth::Packet::new_unchecked(&mut buf[..bth::HEADER_LEN]));
-        let hdrs = info.hdrs;
         let ext = &mut buf[bth::HEADER_LEN..];
         if let Some(h) = &self.deth {
             h.emit(&mut deth::Packet::new_unchecked(slot(
@@ -434,10 +444,8 @@ impl RoceRepr {
         if let Some(h) = &self.cnp {
             h.emit(&mut cnp::Packet::new_unchecked(slot(ext, hdrs, Hdrs::CNP)));
         }
-        let hl = self.header_len();
-        buf[hl..hl + payload.len()].copy_from_slice(payload);
-        buf[hl + payload.len()..].fill(0);
-        Ok(len)
+        let end = bth::HEADER_LEN + hdrs.len() + payload_len;
+        buf[end..].fill(0);
     }
 }
 
