@@ -82,7 +82,7 @@ pub use self::qp::{PostError, Qp, QpCap, QpInit};
 pub use self::state::{AttrMask, ModifyError, Mtu, QpAttr, QpState, QpType};
 pub use self::timer::{Instant, Timer};
 pub use self::wr::{RecvWr, SendFlags, SendOp, SendWr, UdDest};
-use crate::wire::{Ecn, IpPath, emit_frame, parse_frame};
+use crate::wire::{Ecn, FrameTemplate, IpPath, parse_frame};
 
 /// The path a QP's frames take (its address vector): MACs, IPs, UDP ports, DSCP/ECN, TTL.
 pub type Path = crate::wire::PathRepr;
@@ -775,7 +775,10 @@ impl Device {
                 qp.cc_apply(&mut path);
             }
             let repr = out.hdr.to_repr();
-            match emit_frame(&path, &repr, &scratch[..out.payload_len], buf) {
+            // The path's headers as built for the previous frame, unless the path changed.
+            let sent = FrameTemplate::for_path(&mut qp.tx_template, &path)
+                .and_then(|t| t.emit(&repr, &scratch[..out.payload_len], buf));
+            match sent {
                 Ok(size) => {
                     qp.cc_on_sent(now, size);
                     ctx.counters.sent_pkts += 1;

@@ -16,6 +16,7 @@ use super::state::{AttrMask, Mtu, QpAttr, QpState, QpType};
 use super::timer::{Instant, Timer, TimerTable, local_ack_timeout, rnr_timer};
 use super::wr::{RecvWr, SendOp, SendWr};
 use super::{Ctx, Event, Path};
+use crate::wire::FrameTemplate;
 
 mod completer;
 mod responder;
@@ -203,14 +204,15 @@ pub(crate) struct OutPkt {
 ///
 /// # Memory bound
 /// Measured on x86_64 (a `const` assertion below checks these limits at compile time):
-/// the fixed state is 672 B; a send WQE is 184 B plus 16 B per SGE; a receive WQE 32 B plus
-/// 16 B per SGE; a responder resource at most 64 B; a queued control response 12 B. The
+/// the fixed state is 888 B (152 B of it the transmit header template); a send WQE is 184 B
+/// plus 16 B per SGE; a receive WQE 32 B plus 16 B per SGE; a responder resource at most
+/// 64 B; a queued control response 12 B. The
 /// queues are bounded: at most `max_send_wr` send WQEs and `max_recv_wr` receive WQEs (both
 /// posted by the local application, never by a peer), at most `max_dest_rd_atomic` responder
 /// resources (a ring: one more evicts the oldest, as in rxe) and at most
 /// [`MAX_PENDING_ACKS`] control responses (newer ACKs replace older ones, NAKs beyond are
 /// counted in `ack_queue_full`). With the defaults (256 + 256 WRs of 4 SGEs, 16 resources) a
-/// QP holds at most 256 × 248 + 256 × 96 + 16 × 64 + 16 × 12 + 672 ≈ 88 KiB; nothing a peer
+/// QP holds at most 256 × 248 + 256 × 96 + 16 × 64 + 16 × 12 + 888 ≈ 88 KiB; nothing a peer
 /// sends can grow it.
 #[derive(Debug)]
 pub struct Qp {
@@ -256,6 +258,9 @@ pub struct Qp {
     pub(crate) cc: Option<Box<super::cc::QpCc>>,
     /// Its place in the device's ready queue and timer set (transport/sched.rs).
     pub(crate) sched: super::sched::QpSched,
+    /// The Ethernet/IP/UDP headers of the path its last frame took, rebuilt when the path
+    /// changes (see [`super::Device::poll_transmit`]).
+    pub(crate) tx_template: Option<FrameTemplate>,
 }
 
 fn opcode_for(kind: Operation, pos: Position, imm: bool, inv: bool) -> Opcode {
@@ -341,6 +346,7 @@ impl Qp {
             counters: QpCounters::default(),
             cc: None,
             sched: super::sched::QpSched::default(),
+            tx_template: None,
         }
     }
 
