@@ -389,6 +389,7 @@ proptest! {
         q in path(),
         fill in any::<u8>(),
         short in 0..64usize,
+        shift in 1..40usize,
     ) {
         let (roce, payload) = roce(&r);
         let mut want = vec![0xa5u8; 1600];
@@ -399,12 +400,15 @@ proptest! {
         let mut got = vec![fill; 1600];
         prop_assert_eq!(t.emit(&roce, &payload, &mut got), Ok(n));
         prop_assert_eq!(&got[..n], &want[..n]);
-        // The payload gathered into the frame first.
-        let mut got = vec![fill; 1600];
+        // The payload gathered into the frame first, where it goes or anywhere else.
         let at = p.bth_offset() + roce.header_len();
-        got[at..at + payload.len()].copy_from_slice(&payload);
-        prop_assert_eq!(t.emit_around_payload(&roce, payload.len(), &mut got), Ok(n));
-        prop_assert_eq!(&got[..n], &want[..n]);
+        for from in [at, at.saturating_sub(shift), at + shift] {
+            let mut got = vec![fill; 1700];
+            got[from..from + payload.len()].copy_from_slice(&payload);
+            let range = from..from + payload.len();
+            prop_assert_eq!(t.emit_around_payload(&roce, range, &mut got), Ok(n));
+            prop_assert_eq!(&got[..n], &want[..n]);
+        }
         // Too short a buffer: the same error.
         let mut a = vec![0u8; n.saturating_sub(short)];
         let mut b = a.clone();

@@ -611,35 +611,47 @@ impl FrameTemplate {
     /// errors, as [`emit_frame`] with this template's path.
     pub fn emit(&self, roce: &RoceRepr, payload: &[u8], buf: &mut [u8]) -> Result<usize> {
         let at = self.bth_offset() + roce.header_len();
-        if let Some(dst) = buf.get_mut(at..at + payload.len()) {
+        let range = at..at + payload.len();
+        if let Some(dst) = buf.get_mut(range.clone()) {
             dst.copy_from_slice(payload);
         }
-        self.emit_around_payload(roce, payload.len(), buf)
+        self.emit_around_payload(roce, range, buf)
     }
 
-    /// [`Self::emit`] for a payload already in place in `buf`: its `payload_len` bytes at
-    /// `self.bth_offset() + roce.header_len()`. Call it after gathering the payload straight
-    /// into the frame buffer (one copy, memory region to frame); the payload bytes are read
-    /// (for the ICRC and UDP checksum), not written.
+    /// [`Self::emit`] for a payload that is already in `buf`, at `payload`. Call it after
+    /// gathering the payload straight into the frame buffer (one copy, memory region to
+    /// frame), best at `self.bth_offset() + roce.header_len()`, where it goes: from anywhere
+    /// else it is moved there first (one more copy, for a sender that guessed the headers'
+    /// length wrong). Otherwise the payload bytes are only read (for the ICRC and UDP
+    /// checksum). Errors as [`Self::emit`]; a `payload` range past the end of `buf` is
+    /// [`WireError::BufferTooSmall`].
     pub fn emit_around_payload(
         &self,
         roce: &RoceRepr,
-        payload_len: usize,
+        payload: core::ops::Range<usize>,
         buf: &mut [u8],
     ) -> Result<usize> {
+        let payload_len = payload.len();
         let info = roce.validate(payload_len)?;
-        let roce_len =
-            bth::HEADER_LEN + info.ext_len() + payload_len + pad_len(payload_len) + ICRC_LEN;
+        let hl = bth::HEADER_LEN + info.ext_len();
+        let roce_len = hl + payload_len + pad_len(payload_len) + ICRC_LEN;
         let udp_len = udp::HEADER_LEN + roce_len;
         let udp_len16 = u16::try_from(udp_len)
             .map_err(|_| WireError::InvalidRepr("UDP datagram over 65535 bytes"))?;
         let (l3, bth_off) = (usize::from(self.l3), self.bth_offset());
         let total = bth_off + roce_len;
         let have = buf.len();
-        let buf = buf.get_mut(..total).ok_or(WireError::BufferTooSmall {
-            needed: total,
-            have,
-        })?;
+        if total > have || payload.end > have {
+            return Err(WireError::BufferTooSmall {
+                needed: total.max(payload.end),
+                have,
+            });
+        }
+        let at = bth_off + hl;
+        if payload_len != 0 && payload.start != at {
+            buf.copy_within(payload, at);
+        }
+        let buf = &mut buf[..total];
         buf[..bth_off].copy_from_slice(&self.hdrs[..bth_off]);
         let l4 = bth_off - udp::HEADER_LEN;
         let (ip_buf, l4_buf) = buf[l3..].split_at_mut(l4 - l3);
@@ -656,7 +668,7 @@ impl FrameTemplate {
         }
         let (udp_buf, roce_buf) = l4_buf.split_at_mut(udp::HEADER_LEN);
         udp::Packet::new_unchecked(udp_buf).set_length(udp_len16);
-        roce.emit_headers(info.hdrs, roce_buf, payload_len);
+        roce.emit_headers(info.hdrs, roce_buf, hl + payload_len);
         let crc = icrc::compute_in_place(&mut buf[l3..total - ICRC_LEN])?;
         let (udp_buf, roce_buf) = buf[l4..].split_at_mut(udp::HEADER_LEN);
         RocePacket::new_unchecked(&mut *roce_buf).set_icrc(crc);
