@@ -6,10 +6,10 @@ use std::net::{Ipv4Addr, Ipv6Addr};
 use proptest::prelude::*;
 use roce::wire::{
     AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, CnpRepr, DethRepr, Ecn,
-    EthernetAddress, EthernetRepr, FethRepr, IethRepr, ImmDtRepr, IpPath, IpRepr, Msn, Opcode,
-    PKey, PathRepr, Psn, QKey, Qpn, RKey, RethRepr, RocePacket, RoceRepr, VlanTag, aeth, atomic,
-    bth, cnp, deth, emit_frame, ethernet, feth, frame_len, ieth, immdt, ipv4, ipv6, parse_frame,
-    reth, udp,
+    EthernetAddress, EthernetRepr, FethRepr, FrameTemplate, IethRepr, ImmDtRepr, IpPath, IpRepr,
+    Msn, Opcode, PKey, PathRepr, Psn, QKey, Qpn, RKey, RethRepr, RocePacket, RoceRepr, VlanTag,
+    aeth, atomic, bth, cnp, deth, emit_frame, ethernet, feth, frame_len, ieth, immdt, ipv4, ipv6,
+    parse_frame, reth, udp,
 };
 use roce_common::opcode::Hdrs;
 
@@ -377,6 +377,53 @@ proptest! {
             prop_assert_eq!(b.distance(a), -d);
         }
         prop_assert_eq!(b.wrapping_add(d as u32), a);
+    }
+
+    /// The header template writes the bytes `emit_frame` writes, into buffers holding
+    /// anything, with the payload copied by it or already in place, and after a change of
+    /// path (congestion control setting other ECN/DSCP bits, or another address vector).
+    #[test]
+    fn template_frames_equal_emit_frame(
+        r in raw(),
+        p in path(),
+        q in path(),
+        fill in any::<u8>(),
+        short in 0..64usize,
+        shift in 1..40usize,
+    ) {
+        let (roce, payload) = roce(&r);
+        let mut want = vec![0xa5u8; 1600];
+        let n = emit_frame(&p, &roce, &payload, &mut want).unwrap();
+        let mut slot = None;
+        let t = FrameTemplate::for_path(&mut slot, &p).unwrap();
+        prop_assert_eq!(t.bth_offset(), p.bth_offset());
+        let mut got = vec![fill; 1600];
+        prop_assert_eq!(t.emit(&roce, &payload, &mut got), Ok(n));
+        prop_assert_eq!(&got[..n], &want[..n]);
+        // The payload gathered into the frame first, where it goes or anywhere else.
+        let at = p.bth_offset() + roce.header_len();
+        for from in [at, at.saturating_sub(shift), at + shift] {
+            let mut got = vec![fill; 1700];
+            got[from..from + payload.len()].copy_from_slice(&payload);
+            let range = from..from + payload.len();
+            prop_assert_eq!(t.emit_around_payload(&roce, range, &mut got), Ok(n));
+            prop_assert_eq!(&got[..n], &want[..n]);
+        }
+        // Too short a buffer: the same error.
+        let mut a = vec![0u8; n.saturating_sub(short)];
+        let mut b = a.clone();
+        prop_assert_eq!(t.emit(&roce, &payload, &mut a), emit_frame(&p, &roce, &payload, &mut b));
+        // Another path, then the first one with the second one's ECN and DSCP.
+        let mut p2 = p;
+        p2.ecn = q.ecn;
+        p2.dscp = q.dscp;
+        for path in [q, p2, p] {
+            let n = emit_frame(&path, &roce, &payload, &mut want).unwrap();
+            let t = FrameTemplate::for_path(&mut slot, &path).unwrap();
+            prop_assert_eq!(t.path(), &path);
+            prop_assert_eq!(t.emit(&roce, &payload, &mut got), Ok(n));
+            prop_assert_eq!(&got[..n], &want[..n]);
+        }
     }
 
     #[test]

@@ -24,8 +24,9 @@
 //! Everything is bounded by configuration, never by what a peer sends: at most
 //! [`DeviceConfig::max_qp`] QPs (see [`Qp`] for the per-QP bound, ~120 KiB with defaults),
 //! [`DeviceConfig::max_mr`] regions, [`DeviceConfig::max_cq`] CQs of at most
-//! [`DeviceConfig::max_cqe`] entries (48 B each), [`DeviceConfig::max_events`] async events,
-//! and one 4 KiB scratch buffer.
+//! [`DeviceConfig::max_cqe`] entries (48 B each) and [`DeviceConfig::max_events`] async
+//! events. Payloads are gathered straight into the caller's frame buffer, with no buffer of
+//! the device's own.
 //!
 //! Measured (`hotpath qp_memory`, heap bytes counted by a global allocator, x86_64): a
 //! connected RC QP with default caps holds about 2 KiB of heap while its queues are empty (the
@@ -78,11 +79,12 @@ pub use self::mr::{
     Access, AccessError, MR_GUARD_BYTE, MR_GUARD_LEN, MrError, MrInfo, MrTable, PdId, Sge,
 };
 pub use self::pkt::{PktHdr, RxPkt};
+use self::qp::TxBuf;
 pub use self::qp::{PostError, Qp, QpCap, QpInit};
 pub use self::state::{AttrMask, ModifyError, Mtu, QpAttr, QpState, QpType};
 pub use self::timer::{Instant, Timer};
 pub use self::wr::{RecvWr, SendFlags, SendOp, SendWr, UdDest};
-use crate::wire::{Ecn, IpPath, emit_frame, parse_frame};
+use crate::wire::{Ecn, FrameTemplate, IpPath, frame::MAX_BTH_OFFSET, parse_frame};
 
 /// The path a QP's frames take (its address vector): MACs, IPs, UDP ports, DSCP/ECN, TTL.
 pub type Path = crate::wire::PathRepr;
@@ -361,7 +363,6 @@ pub struct Device {
     next_qpn: u32,
     events: VecDeque<Event>,
     counters: DeviceCounters,
-    scratch: Vec<u8>,
     /// Ready queue and timer set (transport/sched.rs).
     sched: sched::Schedule,
 }
@@ -379,7 +380,6 @@ impl Device {
             next_qpn: config.first_qpn.max(2),
             events: VecDeque::new(),
             counters: DeviceCounters::default(),
-            scratch: vec![0; 4096],
             sched: sched::Schedule::new(config.max_inflight_pkts),
             config,
         }
@@ -761,7 +761,6 @@ impl Device {
             cqs,
             events,
             counters,
-            scratch,
             config,
             sched,
             ..
@@ -788,7 +787,7 @@ impl Device {
                 continue;
             }
             let fresh_ok = sched.fresh_ok();
-            if let Some(size) = Self::transmit_qp(qp, now, &mut ctx, scratch, buf, fresh_ok) {
+            if let Some(size) = Self::transmit_qp(qp, now, &mut ctx, buf, fresh_ok) {
                 sched.refresh(qp);
                 sched.requeue(k);
                 return Some(Transmit {
@@ -808,12 +807,13 @@ impl Device {
 
     /// One frame of `qp` into `buf`, if it has one to send now: a due CNP first
     /// (transport/cc.rs), then its responses and requests as the pacer allows, new request
-    /// packets only if `fresh_ok` (the device's in-flight budget has room).
+    /// packets only if `fresh_ok` (the device's in-flight budget has room). The QP gathers the
+    /// payload straight into `buf`, where it goes after the headers of the path its previous
+    /// frame took; the headers are then written around it from the QP's template.
     fn transmit_qp(
         qp: &mut Qp,
         now: Instant,
         ctx: &mut Ctx<'_>,
-        scratch: &mut [u8],
         buf: &mut [u8],
         fresh_ok: bool,
     ) -> Option<usize> {
@@ -825,10 +825,22 @@ impl Device {
             }
             qp.counters.send_err += 1;
         }
+        // Where the BTH goes: after the headers of the last frame's path (a guess for a first
+        // frame; a wrong guess costs one move of the payload).
+        let bth_off = qp.tx_template.as_ref().map_or_else(
+            || {
+                qp.attr
+                    .ah_attr
+                    .as_ref()
+                    .map_or(MAX_BTH_OFFSET, Path::bth_offset)
+            },
+            FrameTemplate::bth_offset,
+        );
+        let mut tx = TxBuf::new(buf, bth_off);
         loop {
             // The DCQCN pacer holds data back; ACKs and NAKs always go.
             let data_ok = qp.cc_data_ok(now, max_frame);
-            let out = qp.poll_transmit(now, ctx, scratch, data_ok, fresh_ok)?;
+            let out = qp.poll_transmit(now, ctx, &mut tx, data_ok, fresh_ok)?;
             let Some(mut path) = out.ud_path.or(qp.attr.ah_attr) else {
                 qp.counters.send_err += 1;
                 continue;
@@ -837,7 +849,10 @@ impl Device {
                 qp.cc_apply(&mut path);
             }
             let repr = out.hdr.to_repr();
-            match emit_frame(&path, &repr, &scratch[..out.payload_len], buf) {
+            // The path's headers as built for the previous frame, unless the path changed.
+            let sent = FrameTemplate::for_path(&mut qp.tx_template, &path)
+                .and_then(|t| t.emit_around_payload(&repr, out.payload, tx.frame()));
+            match sent {
                 Ok(size) => {
                     qp.cc_on_sent(now, size);
                     ctx.counters.sent_pkts += 1;

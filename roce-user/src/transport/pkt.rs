@@ -155,6 +155,7 @@ use crate::wire::{
 impl PktHdr {
     /// The transport's view of a parsed wire repr.
     #[must_use]
+    #[inline]
     pub fn from_repr(r: &RoceRepr) -> Self {
         let b = &r.bth;
         Self {
@@ -193,6 +194,7 @@ impl PktHdr {
 
     /// The wire repr to emit for this header.
     #[must_use]
+    #[inline]
     pub fn to_repr(&self) -> RoceRepr {
         let mut bth = BthRepr::new(self.opcode, self.dest_qp, self.psn);
         bth.solicited = self.se;

@@ -3,6 +3,7 @@
 //! executes requests, answers them). The split and the order of checks follow rxe
 //! (`rxe_req.c`, `rxe_comp.c`, `rxe_resp.c`); each rule cites its source in reference §2.
 
+use core::ops::Range;
 use std::collections::VecDeque;
 
 use roce_common::opcode::{Opcode, Operation, Position, Transport};
@@ -16,6 +17,7 @@ use super::state::{AttrMask, Mtu, QpAttr, QpState, QpType};
 use super::timer::{Instant, Timer, TimerTable, local_ack_timeout, rnr_timer};
 use super::wr::{RecvWr, SendOp, SendWr};
 use super::{Ctx, Event, Path};
+use crate::wire::{FrameTemplate, roce::payload_range};
 
 mod completer;
 mod responder;
@@ -206,13 +208,47 @@ const _: () = {
     assert!(CTRL_SIZE <= 12);
 };
 
-/// A packet the QP wants sent: its headers, how many payload bytes it wrote into the scratch
-/// buffer, and the path (UD WRs carry their own).
+/// A packet the QP wants sent: its headers, where in the frame buffer it wrote the payload
+/// ([`TxBuf::payload`]), and the path (UD WRs carry their own).
 #[derive(Debug)]
 pub(crate) struct OutPkt {
     pub hdr: PktHdr,
-    pub payload_len: usize,
+    pub payload: Range<usize>,
     pub ud_path: Option<Path>,
+}
+
+/// The frame buffer a packet is built in, as the QP sees it: the QP gathers the payload
+/// straight into its place after the headers ([`Self::payload`]), and the device writes the
+/// headers around it (`FrameTemplate::emit_around_payload`), so the payload is copied once,
+/// memory region to frame.
+pub(crate) struct TxBuf<'a> {
+    frame: &'a mut [u8],
+    /// Where the BTH is expected to start: the `bth_offset` of the path the QP's previous
+    /// frame took. A packet on a path with longer or shorter headers (a new address vector, a
+    /// UD WR's own path) has its payload moved once more.
+    bth_off: usize,
+}
+
+impl<'a> TxBuf<'a> {
+    /// A view of `frame` whose packets' BTH starts at `bth_off`.
+    pub(crate) const fn new(frame: &'a mut [u8], bth_off: usize) -> Self {
+        Self { frame, bth_off }
+    }
+
+    /// The whole frame buffer, for writing the headers once the QP has gathered the payload.
+    pub(crate) fn frame(&mut self) -> &mut [u8] {
+        self.frame
+    }
+
+    /// Where the `len` payload bytes of an `opcode` packet go (after the BTH and the extended
+    /// headers the opcode carries), and those bytes to gather them into. Call it once the
+    /// packet's opcode is chosen, before reading the payload from memory. `None` if the frame
+    /// has no room for them plus pad and ICRC, or the opcode is unknown.
+    fn payload(&mut self, opcode: Opcode, len: usize) -> Option<(Range<usize>, &mut [u8])> {
+        let range = payload_range(opcode, self.bth_off, len, self.frame.len())?;
+        let dst = self.frame.get_mut(range.clone())?;
+        Some((range, dst))
+    }
 }
 
 /// One queue pair. Created by [`super::Device::create_qp`]; all methods are called through the
@@ -220,14 +256,15 @@ pub(crate) struct OutPkt {
 ///
 /// # Memory bound
 /// Measured on x86_64 (a `const` assertion below checks these limits at compile time):
-/// the fixed state is 672 B; a send WQE is 184 B plus 16 B per SGE; a receive WQE 32 B plus
-/// 16 B per SGE; a responder resource at most 64 B; a queued control response 12 B. The
+/// the fixed state is 888 B (152 B of it the transmit header template); a send WQE is 184 B
+/// plus 16 B per SGE; a receive WQE 32 B plus 16 B per SGE; a responder resource at most
+/// 64 B; a queued control response 12 B. The
 /// queues are bounded: at most `max_send_wr` send WQEs and `max_recv_wr` receive WQEs (both
 /// posted by the local application, never by a peer), at most `max_dest_rd_atomic` responder
 /// resources (a ring: one more evicts the oldest, as in rxe) and at most
 /// [`MAX_PENDING_ACKS`] control responses (newer ACKs replace older ones, NAKs beyond are
 /// counted in `ack_queue_full`). With the defaults (256 + 256 WRs of 4 SGEs, 16 resources) a
-/// QP holds at most 256 × 248 + 256 × 96 + 16 × 64 + 16 × 12 + 672 ≈ 88 KiB; nothing a peer
+/// QP holds at most 256 × 248 + 256 × 96 + 16 × 64 + 16 × 12 + 888 ≈ 88 KiB; nothing a peer
 /// sends can grow it.
 #[derive(Debug)]
 pub struct Qp {
@@ -273,6 +310,9 @@ pub struct Qp {
     pub(crate) cc: Option<Box<super::cc::QpCc>>,
     /// Its place in the device's ready queue and timer set (transport/sched.rs).
     pub(crate) sched: super::sched::QpSched,
+    /// The Ethernet/IP/UDP headers of the path its last frame took, rebuilt when the path
+    /// changes (see [`super::Device::poll_transmit`]).
+    pub(crate) tx_template: Option<FrameTemplate>,
 }
 
 fn opcode_for(kind: Operation, pos: Position, imm: bool, inv: bool) -> Opcode {
@@ -358,6 +398,7 @@ impl Qp {
             counters: QpCounters::default(),
             cc: None,
             sched: super::sched::QpSched::default(),
+            tx_template: None,
         }
     }
 
@@ -881,7 +922,7 @@ impl Qp {
         &mut self,
         now: Instant,
         ctx: &mut Ctx<'_>,
-        scratch: &mut [u8],
+        tx: &mut TxBuf<'_>,
         data_ok: bool,
         fresh_ok: bool,
     ) -> Option<OutPkt> {
@@ -895,7 +936,7 @@ impl Qp {
             return None;
         }
         if self.state.responder_ready()
-            && let Some(p) = self.next_response(ctx, scratch)
+            && let Some(p) = self.next_response(ctx, tx)
         {
             return Some(p);
         }
@@ -906,8 +947,8 @@ impl Qp {
             return None;
         }
         match self.qp_type {
-            QpType::Ud => self.next_ud_request(ctx, scratch),
-            QpType::Rc => self.next_rc_request(now, ctx, scratch, fresh_ok),
+            QpType::Ud => self.next_ud_request(ctx, tx),
+            QpType::Rc => self.next_rc_request(now, ctx, tx, fresh_ok),
         }
     }
 
@@ -945,7 +986,7 @@ impl Qp {
         self.counters.sent_pkts += 1;
         OutPkt {
             hdr,
-            payload_len: 0,
+            payload: 0..0,
             ud_path: None,
         }
     }
@@ -972,7 +1013,7 @@ impl Qp {
         self.ctrl.push_back(c);
     }
 
-    fn next_ud_request(&mut self, ctx: &mut Ctx<'_>, scratch: &mut [u8]) -> Option<OutPkt> {
+    fn next_ud_request(&mut self, ctx: &mut Ctx<'_>, tx: &mut TxBuf<'_>) -> Option<OutPkt> {
         if self.state == QpState::Sqd {
             self.check_drained(ctx);
             return None;
@@ -985,21 +1026,17 @@ impl Qp {
             _ => (Opcode::UD_SEND_ONLY, None),
         };
         let se = wqe.wr.flags.contains(super::wr::SendFlags::SOLICITED);
-        if len > scratch.len()
-            || sg_gather(
-                ctx.mrs,
-                self.init.pd,
-                &wqe.wr.sg_list,
-                0,
-                &mut scratch[..len],
-            )
-            .is_err()
-        {
+        let gathered = tx.payload(op, len).and_then(|(range, dst)| {
+            sg_gather(ctx.mrs, self.init.pd, &wqe.wr.sg_list, 0, dst)
+                .ok()
+                .map(|()| range)
+        });
+        let Some(payload) = gathered else {
             self.counters.send_err += 1;
             self.complete_head(WcStatus::LocProtErr, ctx);
             self.state = QpState::Sqe;
             return None;
-        }
+        };
         // A Q_Key with the high bit set means "use the QP's own Q_Key" (IBA 10.2.5).
         let qkey = if ud.remote_qkey.value() & 0x8000_0000 != 0 {
             self.attr.qkey
@@ -1020,7 +1057,7 @@ impl Qp {
         self.complete_head(WcStatus::Success, ctx);
         Some(OutPkt {
             hdr,
-            payload_len: len,
+            payload,
             ud_path: Some(ud.path),
         })
     }
@@ -1029,7 +1066,7 @@ impl Qp {
         &mut self,
         now: Instant,
         ctx: &mut Ctx<'_>,
-        scratch: &mut [u8],
+        tx: &mut TxBuf<'_>,
         fresh_ok: bool,
     ) -> Option<OutPkt> {
         if self.rnr_wait {
@@ -1079,7 +1116,7 @@ impl Qp {
         let op = wqe.wr.op;
         let wqe_len = wqe.len;
         let mut hdr;
-        let mut payload_len = 0usize;
+        let mut payload = 0..0;
         let last;
         // PSNs this request takes (a READ piece: one per response packet).
         let mut read_pkts = 1;
@@ -1159,17 +1196,13 @@ impl Qp {
                         len: u32::try_from(wqe_len).unwrap_or(u32::MAX),
                     });
                 }
-                payload_len = usize::try_from((wqe_len - off.min(wqe_len)).min(m)).unwrap_or(0);
-                if payload_len > scratch.len()
-                    || sg_gather(
-                        ctx.mrs,
-                        self.init.pd,
-                        &self.sq[idx].wr.sg_list,
-                        off,
-                        &mut scratch[..payload_len],
-                    )
-                    .is_err()
-                {
+                let len = usize::try_from((wqe_len - off.min(wqe_len)).min(m)).unwrap_or(0);
+                let gathered = tx.payload(opcode, len).and_then(|(range, dst)| {
+                    sg_gather(ctx.mrs, self.init.pd, &self.sq[idx].wr.sg_list, off, dst)
+                        .ok()
+                        .map(|()| range)
+                });
+                let Some(range) = gathered else {
                     // rxe: a bad local SGE completes the WR with a local protection error.
                     // Earlier WRs may still be in flight: the failure is reported in order, when
                     // the completer reaches this WR (see `complete_acked`).
@@ -1182,7 +1215,8 @@ impl Qp {
                         self.enter_error(ctx);
                     }
                     return None;
-                }
+                };
+                payload = range;
                 hdr.se = ends && solicited && !matches!(op, SendOp::Write { .. });
                 last = ends;
             }
@@ -1222,14 +1256,14 @@ impl Qp {
         self.arm_retransmit(now, false);
         Some(OutPkt {
             hdr,
-            payload_len,
+            payload,
             ud_path: None,
         })
     }
 
     // ---------------------------------------------------------------- responder output
 
-    fn next_response(&mut self, ctx: &mut Ctx<'_>, scratch: &mut [u8]) -> Option<OutPkt> {
+    fn next_response(&mut self, ctx: &mut Ctx<'_>, tx: &mut TxBuf<'_>) -> Option<OutPkt> {
         let mtu = u64::from(self.mtu().bytes());
         let dest = self.attr.dest_qp_num;
         let msn = self.msn;
@@ -1246,7 +1280,7 @@ impl Qp {
                 self.counters.sent_pkts += 1;
                 Some(OutPkt {
                     hdr,
-                    payload_len: 0,
+                    payload: 0..0,
                     ud_path: None,
                 })
             }
@@ -1275,16 +1309,15 @@ impl Qp {
                 };
                 let (rkey, va) = (*rkey, va.wrapping_add(off));
                 let nn = usize::try_from(n).ok()?;
-                if nn > scratch.len() {
-                    return None;
-                }
+                let opcode = opcode_for(Operation::ReadResponse, pos, false, false);
+                let (payload, dst) = tx.payload(opcode, nn)?;
                 // A zero-length READ touches no memory and needs no R_Key.
                 let read = if n == 0 {
                     Ok(())
                 } else {
                     ctx.mrs
                         .remote_mut(self.init.pd, rkey, va, n, Access::REMOTE_READ)
-                        .map(|src| scratch[..nn].copy_from_slice(src))
+                        .map(|src| dst.copy_from_slice(src))
                 };
                 match read {
                     Ok(()) => {}
@@ -1312,11 +1345,7 @@ impl Qp {
                         *cur_psn = cur_psn.next();
                     }
                 }
-                let mut hdr = PktHdr::new(
-                    opcode_for(Operation::ReadResponse, pos, false, false),
-                    dest,
-                    psn,
-                );
+                let mut hdr = PktHdr::new(opcode, dest, psn);
                 if pos != Position::Middle {
                     hdr.aeth = Some(Aeth {
                         syndrome: syndrome::ACK_UNLIMITED,
@@ -1326,7 +1355,7 @@ impl Qp {
                 self.counters.sent_pkts += 1;
                 Some(OutPkt {
                     hdr,
-                    payload_len: nn,
+                    payload,
                     ud_path: None,
                 })
             }

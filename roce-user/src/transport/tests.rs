@@ -1849,6 +1849,92 @@ fn ud_local_error_moves_the_qp_to_sqe_and_rts_recovers_it() {
     assert_eq!(d.qp(qpn).unwrap().state(), QpState::Rts);
 }
 
+/// A UD QP's WRs each carry a path; when one's headers are longer or shorter than the
+/// previous frame's, the payload gathered into the frame is moved to its place. Every frame
+/// is still the one `emit_frame` writes, whatever the buffer held before.
+#[test]
+fn ud_frames_on_changing_paths_are_emit_frames_bytes() {
+    let mut d = Device::new(DeviceConfig::default());
+    let pd = d.alloc_pd().unwrap();
+    let cq = d.create_cq(16).unwrap();
+    let qpn = d
+        .create_qp(QpInit {
+            pd,
+            qp_type: QpType::Ud,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: QpCap::default(),
+            sq_sig_all: true,
+        })
+        .unwrap();
+    let mut a: QpAttr<Path> = QpAttr {
+        qp_state: QpState::Init,
+        qkey: QKey::new(7),
+        ..QpAttr::default()
+    };
+    d.modify_qp(
+        qpn,
+        &a,
+        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY,
+    )
+    .unwrap();
+    a.qp_state = QpState::Rtr;
+    d.modify_qp(qpn, &a, AttrMask::STATE).unwrap();
+    a.qp_state = QpState::Rts;
+    d.modify_qp(qpn, &a, AttrMask::STATE | AttrMask::SQ_PSN)
+        .unwrap();
+    let bytes: Vec<u8> = (0..1024u32).map(|i| (i * 7 + 3) as u8).collect();
+    let m = d.reg_mr(pd, bytes.clone(), 0x1000, Access::all()).unwrap();
+    let v4 = sim::path(Side::A);
+    let mut v4_vlan = v4;
+    v4_vlan.vlan[0] = Some(crate::wire::VlanTag::dot1q(3, 100));
+    let mut v6_qinq = Path::new(
+        v4.src_mac,
+        v4.dst_mac,
+        IpPath::V6 {
+            src: "fd00::1".parse().unwrap(),
+            dst: "fd00::2".parse().unwrap(),
+            flow_label: 0x12345,
+        },
+    );
+    v6_qinq.vlan = [
+        Some(crate::wire::VlanTag::dot1q(1, 10)),
+        Some(crate::wire::VlanTag::dot1q(2, 20)),
+    ];
+    let mut v6 = v6_qinq;
+    v6.vlan = [None; 2];
+    v6.ecn = Ecn::Ect0;
+    let paths = [v4, v6_qinq, v4_vlan, v4, v6, v6, v4_vlan];
+    let mut buf = vec![0xee; MAX_FRAME_LEN];
+    for (i, path) in paths.into_iter().enumerate() {
+        let (off, len) = (i as u64 * 61, 100 + i as u32 * 37);
+        let mut wr = SendWr::send(
+            i as u64,
+            vec![Sge {
+                addr: 0x1000 + off,
+                length: len,
+                lkey: m.lkey,
+            }],
+        );
+        wr.ud = Some(UdDest {
+            path,
+            remote_qpn: Qpn::new(5),
+            remote_qkey: QKey::new(7),
+        });
+        d.post_send(qpn, wr).unwrap();
+        buf.fill(0xee ^ i as u8);
+        let t = d.poll_transmit(Instant::ZERO, &mut buf).unwrap();
+        let f = parse_frame(&buf[..t.size]).unwrap();
+        assert!(f.icrc_ok);
+        let off = usize::try_from(off).unwrap();
+        assert_eq!(f.payload, &bytes[off..off + len as usize]);
+        let mut want = vec![0; MAX_FRAME_LEN];
+        let n = crate::wire::emit_frame(&path, &f.roce, f.payload, &mut want).unwrap();
+        assert_eq!(&buf[..t.size], &want[..n], "frame {i}");
+        assert_eq!(d.poll_cq(cq).unwrap().status, WcStatus::Success);
+    }
+}
+
 #[test]
 fn resp_solicited_event_fires_a_solicited_only_cq_notification() {
     let mut h = h();

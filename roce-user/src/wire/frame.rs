@@ -5,6 +5,7 @@
 //! the RoCE repr, the payload slice and whether the ICRC is right. [`emit_frame`] builds a
 //! frame from a [`PathRepr`] (what a QP's address vector says), a [`RoceRepr`] and a payload,
 //! computing every length, the IPv4 header checksum, the IPv6 UDP checksum and the ICRC.
+//! [`FrameTemplate`] writes the same bytes from the path's headers built once.
 
 use core::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
@@ -15,7 +16,7 @@ use roce_common::{
 
 use super::{
     EthernetAddress, EthernetRepr, Ipv4Repr, Ipv6Repr, Qpn, Result, RocePacket, RoceRepr, UdpRepr,
-    VlanTag, WireError, icrc, ipv4, ipv6, udp,
+    VlanTag, WireError, bth, ethernet, icrc, ipv4, ipv6, roce::pad_len, udp,
 };
 
 /// The ECN codepoint: the low two bits of the IPv4 TOS / IPv6 traffic class (RFC 3168).
@@ -142,6 +143,15 @@ impl PathRepr {
             IpPath::V4 { .. } => ipv4::HEADER_LEN,
             IpPath::V6 { .. } => ipv6::HEADER_LEN,
         }
+    }
+
+    /// Where the BTH starts in a frame on this path: the length of the Ethernet header with
+    /// its VLAN tags, the IP header and the UDP header. Call it to know where a packet's
+    /// payload will go before its headers are written (after the BTH and the extended headers
+    /// of the opcode, [`RoceRepr::header_len`]).
+    #[must_use]
+    pub fn bth_offset(&self) -> usize {
+        self.eth().buffer_len() + self.ip_header_len() + udp::HEADER_LEN
     }
 }
 
@@ -482,6 +492,194 @@ pub fn emit_frame(
     Ok(total)
 }
 
+/// The most bytes below the BTH: Ethernet with [`MAX_VLAN_TAGS`] tags, IPv6, UDP.
+pub const MAX_BTH_OFFSET: usize = ethernet::HEADER_LEN
+    + MAX_VLAN_TAGS * ethernet::VLAN_TAG_LEN
+    + ipv6::HEADER_LEN
+    + udp::HEADER_LEN;
+
+/// The Ethernet, IP and UDP headers of one path, built once; [`Self::emit`] and
+/// [`Self::emit_around_payload`] then write frames identical to [`emit_frame`]'s, patching only
+/// what varies per packet: the IPv4 total length and header checksum (the checksum from a sum
+/// of the other header words kept here, RFC 1071), the IPv6 payload length, the UDP length and,
+/// over IPv6, the UDP checksum; then the BTH, extended headers, pad and ICRC.
+///
+/// Keep one per sender and call [`Self::for_path`] with the path of each packet: it rebuilds
+/// the headers only when the path differs from the one they were built for (a new address
+/// vector, or congestion control changing the ECN or DSCP bits).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FrameTemplate {
+    path: PathRepr,
+    /// Ethernet, IP and UDP headers; lengths and checksums zero.
+    hdrs: [u8; MAX_BTH_OFFSET],
+    /// Where the IP header starts (at most 22).
+    l3: u8,
+    /// Where the BTH starts (`path.bth_offset()`, at most [`MAX_BTH_OFFSET`]).
+    bth_off: u8,
+    /// IPv4: the one's-complement sum (unfolded: ten words, at most 20 bits) of the header's
+    /// words, with the total length and the checksum zero.
+    ipv4_sum: u32,
+}
+
+impl FrameTemplate {
+    /// Builds the headers of `path`. Errors as [`emit_frame`] for a path it cannot write (an
+    /// inner VLAN tag without an outer one: [`WireError::InvalidRepr`]).
+    pub fn new(path: &PathRepr) -> Result<Self> {
+        let mut hdrs = [0u8; MAX_BTH_OFFSET];
+        let eth = path.eth();
+        let l3 = eth.emit(&mut hdrs)?;
+        let ip_len = path.ip_header_len();
+        let (ip_buf, l4) = hdrs[l3..].split_at_mut(ip_len);
+        let mut ipv4_sum = 0;
+        match path.ip {
+            IpPath::V4 { src, dst } => {
+                let mut p = ipv4::Packet::new_unchecked(&mut *ip_buf);
+                Ipv4Repr {
+                    src_addr: src,
+                    dst_addr: dst,
+                    tos: path.tos(),
+                    ident: path.ipv4_ident,
+                    dont_frag: true,
+                    ttl: path.ttl,
+                    protocol: IPPROTO_UDP,
+                    payload_len: 0,
+                }
+                .emit(&mut p)?;
+                p.set_total_len(0);
+                p.set_checksum(0);
+                ipv4_sum = ipv4::sum(ip_buf, 0) as u32;
+            }
+            IpPath::V6 {
+                src,
+                dst,
+                flow_label,
+            } => Ipv6Repr {
+                src_addr: src,
+                dst_addr: dst,
+                traffic_class: path.tos(),
+                flow_label,
+                next_header: IPPROTO_UDP,
+                hop_limit: path.ttl,
+                payload_len: 0,
+            }
+            .emit(&mut ipv6::Packet::new_unchecked(&mut *ip_buf)),
+        }
+        UdpRepr {
+            src_port: path.udp_src_port,
+            dst_port: path.udp_dst_port,
+            length: 0,
+            checksum: 0,
+        }
+        .emit(&mut udp::Packet::new_unchecked(&mut l4[..udp::HEADER_LEN]));
+        // Both fit a byte: the headers are at most MAX_BTH_OFFSET (70) bytes.
+        Ok(Self {
+            path: *path,
+            hdrs,
+            l3: l3 as u8,
+            bth_off: (l3 + ip_len + udp::HEADER_LEN) as u8,
+            ipv4_sum,
+        })
+    }
+
+    /// The template in `slot` if it was built for `path`, else a new one put there. Call it
+    /// for every packet, with the path the packet goes on (after congestion control set its
+    /// ECN and DSCP); it costs one comparison of paths when nothing changed. Errors as
+    /// [`Self::new`], leaving `slot` alone.
+    pub fn for_path<'a>(slot: &'a mut Option<Self>, path: &PathRepr) -> Result<&'a Self> {
+        if slot.as_ref().is_none_or(|t| t.path != *path) {
+            *slot = Some(Self::new(path)?);
+        }
+        // Never the error: `slot` was just filled (returning the borrow from the test above
+        // is what the borrow checker refuses).
+        slot.as_ref()
+            .ok_or(WireError::InvalidRepr("frame template missing"))
+    }
+
+    /// The path the headers were built for.
+    #[must_use]
+    pub const fn path(&self) -> &PathRepr {
+        &self.path
+    }
+
+    /// Where the BTH starts ([`PathRepr::bth_offset`] of [`Self::path`]).
+    #[must_use]
+    pub const fn bth_offset(&self) -> usize {
+        self.bth_off as usize
+    }
+
+    /// Writes a whole frame into `buf` and returns its length: the same bytes, and the same
+    /// errors, as [`emit_frame`] with this template's path.
+    pub fn emit(&self, roce: &RoceRepr, payload: &[u8], buf: &mut [u8]) -> Result<usize> {
+        let at = self.bth_offset() + roce.header_len();
+        let range = at..at + payload.len();
+        if let Some(dst) = buf.get_mut(range.clone()) {
+            dst.copy_from_slice(payload);
+        }
+        self.emit_around_payload(roce, range, buf)
+    }
+
+    /// [`Self::emit`] for a payload that is already in `buf`, at `payload`. Call it after
+    /// gathering the payload straight into the frame buffer (one copy, memory region to
+    /// frame), best at `self.bth_offset() + roce.header_len()`, where it goes: from anywhere
+    /// else it is moved there first (one more copy, for a sender that guessed the headers'
+    /// length wrong). Otherwise the payload bytes are only read (for the ICRC and UDP
+    /// checksum). Errors as [`Self::emit`]; a `payload` range past the end of `buf` is
+    /// [`WireError::BufferTooSmall`].
+    pub fn emit_around_payload(
+        &self,
+        roce: &RoceRepr,
+        payload: core::ops::Range<usize>,
+        buf: &mut [u8],
+    ) -> Result<usize> {
+        let payload_len = payload.len();
+        let info = roce.validate(payload_len)?;
+        let hl = bth::HEADER_LEN + info.ext_len();
+        let roce_len = hl + payload_len + pad_len(payload_len) + ICRC_LEN;
+        let udp_len = udp::HEADER_LEN + roce_len;
+        let udp_len16 = u16::try_from(udp_len)
+            .map_err(|_| WireError::InvalidRepr("UDP datagram over 65535 bytes"))?;
+        let (l3, bth_off) = (usize::from(self.l3), self.bth_offset());
+        let total = bth_off + roce_len;
+        let have = buf.len();
+        if total > have || payload.end > have {
+            return Err(WireError::BufferTooSmall {
+                needed: total.max(payload.end),
+                have,
+            });
+        }
+        let at = bth_off + hl;
+        if payload_len != 0 && payload.start != at {
+            buf.copy_within(payload, at);
+        }
+        let buf = &mut buf[..total];
+        buf[..bth_off].copy_from_slice(&self.hdrs[..bth_off]);
+        let l4 = bth_off - udp::HEADER_LEN;
+        let (ip_buf, l4_buf) = buf[l3..].split_at_mut(l4 - l3);
+        match self.path.ip {
+            IpPath::V4 { .. } => {
+                let tot_len = u16::try_from(udp_len + ipv4::HEADER_LEN)
+                    .map_err(|_| WireError::InvalidRepr("IPv4 packet over 65535 bytes"))?;
+                let mut p = ipv4::Packet::new_unchecked(ip_buf);
+                p.set_total_len(tot_len);
+                // RFC 1071: the sum of the other words, kept, plus the one that changed.
+                p.set_checksum(!ipv4::fold(u64::from(self.ipv4_sum) + u64::from(tot_len)));
+            }
+            IpPath::V6 { .. } => ipv6::Packet::new_unchecked(ip_buf).set_payload_len(udp_len16),
+        }
+        let (udp_buf, roce_buf) = l4_buf.split_at_mut(udp::HEADER_LEN);
+        udp::Packet::new_unchecked(udp_buf).set_length(udp_len16);
+        roce.emit_headers(info.hdrs, roce_buf, hl + payload_len);
+        let crc = icrc::compute_in_place(&mut buf[l3..total - ICRC_LEN])?;
+        let (udp_buf, roce_buf) = buf[l4..].split_at_mut(udp::HEADER_LEN);
+        RocePacket::new_unchecked(&mut *roce_buf).set_icrc(crc);
+        if let IpPath::V6 { src, dst, .. } = self.path.ip {
+            let c = udp6_checksum(&src, &dst, udp_buf, roce_buf);
+            udp::Packet::new_unchecked(&mut *udp_buf).set_checksum(c);
+        }
+        Ok(total)
+    }
+}
+
 /// The UDP checksum over IPv6 (RFC 8200 §8.1): pseudo header (addresses, length, next header
 /// 17) plus the UDP header (checksum field zero) and payload; 0 is sent as 0xffff.
 #[must_use]
@@ -687,6 +885,55 @@ mod tests {
         assert!(fr.icrc_ok);
         assert_eq!(fr.len, n);
         assert_eq!(fr.roce, roce);
+    }
+
+    #[test]
+    fn template_errors_as_emit_frame() {
+        let mut path = PathRepr::new(
+            MAC_A,
+            MAC_B,
+            IpPath::V4 {
+                src: Ipv4Addr::new(10, 0, 0, 1),
+                dst: Ipv4Addr::new(10, 0, 0, 2),
+            },
+        );
+        let roce = RoceRepr::new(BthRepr::new(
+            Opcode::RC_RDMA_WRITE_MIDDLE,
+            Qpn::new(0x11),
+            Psn::new(5),
+        ));
+        let mut a = vec![0u8; 70_000];
+        let mut b = a.clone();
+        // An IPv4 packet over 65535 bytes, then a UDP datagram over 65535 bytes.
+        for n in [65_500, 65_600] {
+            let payload = vec![1u8; n];
+            let t = FrameTemplate::new(&path).unwrap();
+            let want = emit_frame(&path, &roce, &payload, &mut b);
+            assert!(matches!(want, Err(WireError::InvalidRepr(_))));
+            assert_eq!(t.emit(&roce, &payload, &mut a), want);
+        }
+        // A payload on an opcode that carries none.
+        let ack = RoceRepr::ack(
+            Qpn::new(0x11),
+            Psn::new(5),
+            AethRepr {
+                syndrome: AethSyndrome::ACK_UNLIMITED,
+                msn: Msn::new(1),
+            },
+        );
+        let t = FrameTemplate::new(&path).unwrap();
+        assert_eq!(
+            t.emit(&ack, &[1, 2, 3, 4], &mut a),
+            emit_frame(&path, &ack, &[1, 2, 3, 4], &mut b)
+        );
+        // An inner VLAN tag without an outer one: no template, as emit_frame fails.
+        path.vlan[1] = Some(VlanTag::dot1q(0, 7));
+        let want = emit_frame(&path, &ack, &[], &mut b);
+        assert!(want.is_err());
+        assert_eq!(FrameTemplate::new(&path).map(|_| 0), want);
+        let mut slot = None;
+        assert!(FrameTemplate::for_path(&mut slot, &path).is_err());
+        assert!(slot.is_none());
     }
 
     #[test]

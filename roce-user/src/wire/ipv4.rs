@@ -136,6 +136,10 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn set_dst_addr(&mut self, a: Ipv4Addr) {
         self.buffer.as_mut()[field::DST].copy_from_slice(&a.octets());
     }
+    /// Sets the header checksum (see [`Self::fill_checksum`] to compute it).
+    pub fn set_checksum(&mut self, v: u16) {
+        put16(self.buffer.as_mut(), field::CHECKSUM.start, v);
+    }
     /// Computes and writes the header checksum over the 20-byte header.
     pub fn fill_checksum(&mut self) {
         put16(self.buffer.as_mut(), field::CHECKSUM.start, 0);

@@ -70,7 +70,8 @@ pub use drops::WireDrops;
 pub use ethernet::{EthernetAddress, EthernetRepr, VlanTag};
 pub use feth::FethRepr;
 pub use frame::{
-    Ecn, Frame, IpPath, IpRepr, PathRepr, emit_frame, frame_len, parse_frame, parse_frame_in_place,
+    Ecn, Frame, FrameTemplate, IpPath, IpRepr, PathRepr, emit_frame, frame_len, parse_frame,
+    parse_frame_in_place,
 };
 pub use ieth::IethRepr;
 pub use immdt::ImmDtRepr;

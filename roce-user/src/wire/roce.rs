@@ -22,6 +22,24 @@ pub const fn pad_len(payload_len: usize) -> usize {
     payload_len.wrapping_neg() & 3
 }
 
+/// Where the `payload_len` payload bytes of an `opcode` packet lie in a frame whose BTH starts
+/// at `bth_off` ([`super::PathRepr::bth_offset`]): after the BTH and the extended headers the
+/// opcode carries (the opcode table, IBA 9.2 and Annex A17.4). Call it to gather a payload
+/// into a frame buffer before its headers are written
+/// ([`super::FrameTemplate::emit_around_payload`]). `None` for an unknown opcode, or if a
+/// frame of `frame_len` bytes does not hold the payload with its pad and ICRC.
+#[must_use]
+pub fn payload_range(
+    opcode: Opcode,
+    bth_off: usize,
+    payload_len: usize,
+    frame_len: usize,
+) -> Option<core::ops::Range<usize>> {
+    let at = bth_off + bth::HEADER_LEN + opcode.ext_len()?;
+    let end = at + payload_len;
+    (end + pad_len(payload_len) + ICRC_LEN <= frame_len).then_some(at..end)
+}
+
 /// The slot of extended header `h` in `ext` (the bytes after the BTH), for the set `hdrs`.
 /// `hdrs` was validated against the repr, so `h` is in it.
 fn slot(ext: &mut [u8], hdrs: Hdrs, h: Hdrs) -> &mut [u8] {
@@ -365,15 +383,26 @@ impl RoceRepr {
     /// ([`super::emit_frame`]) or [`super::icrc`] fills it.
     pub fn emit(&self, buf: &mut [u8], payload: &[u8]) -> Result<usize> {
         let info = self.validate(payload.len())?;
-        let len = self.buffer_len(payload.len());
+        let hl = bth::HEADER_LEN + info.ext_len();
+        let len = hl + payload.len() + pad_len(payload.len()) + ICRC_LEN;
         let have = buf.len();
         let buf = buf
             .get_mut(..len)
             .ok_or(WireError::BufferTooSmall { needed: len, have })?;
+        buf[hl..hl + payload.len()].copy_from_slice(payload);
+        self.emit_headers(info.hdrs, buf, hl + payload.len());
+        Ok(len)
+    }
+
+    /// Writes the BTH (pad count from the payload's length), the extended headers `hdrs`
+    /// (validated against the repr) and, after the payload, which ends at `payload_end`, the
+    /// zero pad and ICRC placeholder; the payload bytes are left alone. `buf` is exactly the
+    /// packet's length ([`Self::buffer_len`]). Call it after [`Self::validate`], which gave
+    /// `hdrs`.
+    pub(super) fn emit_headers(&self, hdrs: Hdrs, buf: &mut [u8], payload_end: usize) {
         let mut bth = self.bth;
-        bth.pad_count = pad_len(payload.len()) as u8;
+        bth.pad_count = (buf.len() - payload_end - ICRC_LEN) as u8;
         bth.emit(&mut bth::Packet::new_unchecked(&mut buf[..bth::HEADER_LEN]));
-        let hdrs = info.hdrs;
         let ext = &mut buf[bth::HEADER_LEN..];
         if let Some(h) = &self.deth {
             h.emit(&mut deth::Packet::new_unchecked(slot(
@@ -434,10 +463,7 @@ impl RoceRepr {
         if let Some(h) = &self.cnp {
             h.emit(&mut cnp::Packet::new_unchecked(slot(ext, hdrs, Hdrs::CNP)));
         }
-        let hl = self.header_len();
-        buf[hl..hl + payload.len()].copy_from_slice(payload);
-        buf[hl + payload.len()..].fill(0);
-        Ok(len)
+        buf[payload_end..].fill(0);
     }
 }
 
