@@ -533,11 +533,7 @@ fn queue_redirects(netns_name: &str, ifname: &str, queues: u32) -> Vec<u64> {
 
 /// The end of a perftest WRITE client's run as write_bw.c does it: sync, bandwidth reports
 /// (`iters` 4 KiB messages), sync, then "done" (the server may already have closed).
-fn finish_as_perftest(
-    comm: &mut Comm,
-    mine: &KeyMsg,
-    iters: u64,
-) -> Result<(), roce::cm::CmError> {
+fn finish_as_perftest(comm: &mut Comm, mine: &KeyMsg, iters: u64) -> Result<(), roce::cm::CmError> {
     comm.hand_shake(mine)?;
     comm.xchg_bw_reports(&BwReport {
         size: 4096,
