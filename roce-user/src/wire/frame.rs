@@ -422,74 +422,9 @@ pub fn emit_frame(
     payload: &[u8],
     buf: &mut [u8],
 ) -> Result<usize> {
+    // The same bytes as a QP's kept template, built for this one frame.
     roce.validate(payload.len())?;
-    let roce_len = roce.buffer_len(payload.len());
-    let udp_len = udp::HEADER_LEN + roce_len;
-    let udp_len16 = u16::try_from(udp_len)
-        .map_err(|_| WireError::InvalidRepr("UDP datagram over 65535 bytes"))?;
-    let eth = path.eth();
-    let l3 = eth.buffer_len();
-    let ip_len = path.ip_header_len();
-    let total = l3 + ip_len + udp_len;
-    let have = buf.len();
-    let buf = buf.get_mut(..total).ok_or(WireError::BufferTooSmall {
-        needed: total,
-        have,
-    })?;
-    eth.emit(buf)?;
-    let (ip_buf, l4) = buf[l3..].split_at_mut(ip_len);
-    match path.ip {
-        IpPath::V4 { src, dst } => {
-            let payload_len = u16::try_from(udp_len + ipv4::HEADER_LEN)
-                .map(|_| udp_len16)
-                .map_err(|_| WireError::InvalidRepr("IPv4 packet over 65535 bytes"))?;
-            Ipv4Repr {
-                src_addr: src,
-                dst_addr: dst,
-                tos: path.tos(),
-                ident: path.ipv4_ident,
-                dont_frag: true,
-                ttl: path.ttl,
-                protocol: IPPROTO_UDP,
-                payload_len,
-            }
-            .emit(&mut ipv4::Packet::new_unchecked(&mut *ip_buf))?;
-        }
-        IpPath::V6 {
-            src,
-            dst,
-            flow_label,
-        } => {
-            Ipv6Repr {
-                src_addr: src,
-                dst_addr: dst,
-                traffic_class: path.tos(),
-                flow_label,
-                next_header: IPPROTO_UDP,
-                hop_limit: path.ttl,
-                payload_len: udp_len16,
-            }
-            .emit(&mut ipv6::Packet::new_unchecked(&mut *ip_buf));
-        }
-    }
-    let (udp_buf, roce_buf) = l4.split_at_mut(udp::HEADER_LEN);
-    UdpRepr {
-        src_port: path.udp_src_port,
-        dst_port: path.udp_dst_port,
-        length: udp_len16,
-        checksum: 0,
-    }
-    .emit(&mut udp::Packet::new_unchecked(&mut *udp_buf));
-    roce.emit(roce_buf, payload)?;
-    // One pass over the whole datagram, masking in place (no copy at all).
-    let crc = icrc::compute_in_place(&mut buf[l3..total - ICRC_LEN])?;
-    let (udp_buf, roce_buf) = buf[l3 + ip_len..].split_at_mut(udp::HEADER_LEN);
-    RocePacket::new_unchecked(&mut *roce_buf).set_icrc(crc);
-    if let IpPath::V6 { src, dst, .. } = path.ip {
-        let c = udp6_checksum(&src, &dst, udp_buf, roce_buf);
-        udp::Packet::new_unchecked(&mut *udp_buf).set_checksum(c);
-    }
-    Ok(total)
+    FrameTemplate::new(path)?.emit(roce, payload, buf)
 }
 
 /// The most bytes below the BTH: Ethernet with [`MAX_VLAN_TAGS`] tags, IPv6, UDP.
