@@ -1795,8 +1795,8 @@ fn sim_corrupted_frames_fail_the_icrc_and_are_recovered_by_retransmission() {
     let _ = b;
 }
 
-#[test]
-fn ud_local_error_moves_the_qp_to_sqe_and_rts_recovers_it() {
+/// A device with one signalled UD QP (Q_Key 7) brought to RTS, and the attributes used.
+fn ud_qp_in_rts() -> (Device, PdId, CqId, Qpn, QpAttr<Path>) {
     let mut d = Device::new(DeviceConfig::default());
     let pd = d.alloc_pd().unwrap();
     let cq = d.create_cq(16).unwrap();
@@ -1826,6 +1826,12 @@ fn ud_local_error_moves_the_qp_to_sqe_and_rts_recovers_it() {
     a.qp_state = QpState::Rts;
     d.modify_qp(qpn, &a, AttrMask::STATE | AttrMask::SQ_PSN)
         .unwrap();
+    (d, pd, cq, qpn, a)
+}
+
+#[test]
+fn ud_local_error_moves_the_qp_to_sqe_and_rts_recovers_it() {
+    let (mut d, _, cq, qpn, mut a) = ud_qp_in_rts();
     let mut wr = SendWr::send(
         1,
         vec![Sge {
@@ -1854,35 +1860,7 @@ fn ud_local_error_moves_the_qp_to_sqe_and_rts_recovers_it() {
 /// is still the one `emit_frame` writes, whatever the buffer held before.
 #[test]
 fn ud_frames_on_changing_paths_are_emit_frames_bytes() {
-    let mut d = Device::new(DeviceConfig::default());
-    let pd = d.alloc_pd().unwrap();
-    let cq = d.create_cq(16).unwrap();
-    let qpn = d
-        .create_qp(QpInit {
-            pd,
-            qp_type: QpType::Ud,
-            send_cq: cq,
-            recv_cq: cq,
-            cap: QpCap::default(),
-            sq_sig_all: true,
-        })
-        .unwrap();
-    let mut a: QpAttr<Path> = QpAttr {
-        qp_state: QpState::Init,
-        qkey: QKey::new(7),
-        ..QpAttr::default()
-    };
-    d.modify_qp(
-        qpn,
-        &a,
-        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY,
-    )
-    .unwrap();
-    a.qp_state = QpState::Rtr;
-    d.modify_qp(qpn, &a, AttrMask::STATE).unwrap();
-    a.qp_state = QpState::Rts;
-    d.modify_qp(qpn, &a, AttrMask::STATE | AttrMask::SQ_PSN)
-        .unwrap();
+    let (mut d, pd, cq, qpn, _) = ud_qp_in_rts();
     let bytes: Vec<u8> = (0..1024u32).map(|i| (i * 7 + 3) as u8).collect();
     let m = d.reg_mr(pd, bytes.clone(), 0x1000, Access::all()).unwrap();
     let v4 = sim::path(Side::A);
