@@ -909,12 +909,6 @@ impl Device {
         self.counters.rx_other_queue += 1;
     }
 
-    /// Whether this device has QP `qpn`.
-    #[must_use]
-    pub fn has_qp(&self, qpn: u32) -> bool {
-        self.qps.contains_key(&qpn)
-    }
-
     /// The device's own counters.
     #[must_use]
     pub const fn device_counters(&self) -> &DeviceCounters {

@@ -159,7 +159,7 @@ pub struct MrTable {
     /// Key bits last used by each slot, so a new registration never reuses them.
     last_bits: Vec<(u16, u16)>,
     rng: StdRng,
-    /// The keys this table may hand out: those of its shard ([`Shard::owns_key`]).
+    /// The keys this table may hand out: those of its shard ([`Shard::key_bits`], [`Shard::of_key`]).
     shard: Shard,
 }
 
