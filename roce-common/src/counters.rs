@@ -357,6 +357,12 @@ counter_struct! {
         tx_kicks,
         /// poll() wakeups of the fill ring because the kernel set need_wakeup.
         fill_kicks,
+        /// Received packets that came in more than one descriptor (multi-buffer, `XDP_PKT_CONTD`) and were joined.
+        rx_multi_buffer,
+        /// Received multi-buffer packets longer than the reassembly buffer, dropped.
+        rx_oversize,
+        /// Transmitted packets longer than a frame, split over several descriptors (multi-buffer).
+        tx_multi_buffer,
     }
 }
 

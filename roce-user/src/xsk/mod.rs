@@ -45,6 +45,17 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # Multi-buffer packets
+//! A socket opened with [`XskConfig::multi_buffer`] is bound with `XDP_USE_SG`, for links that
+//! carry frames longer than a UMEM frame holds (RoCE path MTU 4096 on a 9000-byte link). The
+//! kernel then hands a long packet over as several RX descriptors, all but the last flagged
+//! `XDP_PKT_CONTD`; [`RxBatch`] copies them into one buffer, pools their frames, and gives the
+//! handler the joined packet once (`rx_multi_buffer`; longer than [`MULTI_BUFFER_MAX_LEN`]:
+//! dropped, `rx_oversize`). [`TxSink::send`] lets the handler write up to
+//! [`MULTI_BUFFER_MAX_LEN`] bytes into a staging buffer and queues them as one descriptor per
+//! frame's worth, flagged the same way (`tx_multi_buffer`). A packet that fits one frame still
+//! takes one descriptor, and receiving it costs no copy.
+//!
 //! # Wakeups
 //! Sockets are bound with `XDP_USE_NEED_WAKEUP`; the TX ring is kicked with `sendto()` only when
 //! the kernel sets the need-wakeup flag (copy mode always does; it then sends about 32 frames per
@@ -118,7 +129,28 @@ pub struct XskConfig {
     pub tx_size: u32,
     /// Bind mode policy.
     pub bind: BindRequest,
+    /// Bind with `XDP_USE_SG` (AF_XDP multi-buffer, Linux 6.6+): a packet longer than a frame
+    /// holds (a receive frame holds `frame_size` - 256 bytes, the kernel's
+    /// `XDP_PACKET_HEADROOM`) comes in several RX descriptors, all but the last flagged
+    /// `XDP_PKT_CONTD`, and is joined into one buffer before the handler sees it; a frame the
+    /// handler writes may be up to [`MULTI_BUFFER_MAX_LEN`] bytes and goes out split over
+    /// several TX descriptors the same way. That lets a link whose MTU is larger than a frame
+    /// (a 9000-byte link carrying RoCE path MTU 4096) be served at all. It costs one copy per
+    /// transmitted frame (the handler writes into a staging buffer, then the bytes are copied
+    /// into as many frames as they need) and one per received multi-buffer packet, so leave
+    /// it off (the default) on links whose packets fit a frame.
+    pub multi_buffer: bool,
 }
+
+/// The longest packet a multi-buffer socket ([`XskConfig::multi_buffer`]) joins on receive or
+/// splits on transmit: a 9000-byte MTU frame with two VLAN tags, rounded up.
+pub const MULTI_BUFFER_MAX_LEN: usize = 9216 + 1024;
+
+/// `XDP_USE_SG` (linux/if_xdp.h): the bind flag for multi-buffer sockets.
+pub(crate) const XDP_USE_SG: u16 = 1 << 4;
+
+/// `XDP_PKT_CONTD` (linux/if_xdp.h): descriptor option bit, "more of this packet follows".
+pub(crate) const XDP_PKT_CONTD: u32 = 1;
 
 impl Default for XskConfig {
     /// 4096-byte frames, 2048-entry rings and 8192 frames: a 2048-frame fill ring ran empty at
@@ -132,6 +164,7 @@ impl Default for XskConfig {
             rx_size: 4096,
             tx_size: 2048,
             bind: BindRequest::Auto,
+            multi_buffer: false,
         }
     }
 }

@@ -14,7 +14,8 @@ use xdpilone::{
 };
 
 use super::{
-    BindMode, BindRequest, XskConfig, XskError, XskStats, errno_to_io,
+    BindMode, BindRequest, MULTI_BUFFER_MAX_LEN, XDP_PKT_CONTD, XDP_USE_SG, XskConfig, XskError,
+    XskStats, errno_to_io,
     umem::{FrameAccounting, FrameBook, FrameIdx, FrameLoc, UmemArea},
 };
 
@@ -47,6 +48,22 @@ struct TxDesc {
     idx: FrameIdx,
     off: u32,
     len: u32,
+    /// `XDP_PKT_CONTD` when the next descriptor continues this packet (multi-buffer).
+    options: u32,
+}
+
+/// The most descriptors one multi-buffer packet takes: [`MULTI_BUFFER_MAX_LEN`] over the
+/// smallest frame size (2048).
+const MAX_PARTS: usize = MULTI_BUFFER_MAX_LEN.div_ceil(2048);
+
+/// A multi-buffer packet being joined from its RX descriptors ([`XskConfig::multi_buffer`]).
+/// It lives in the queue, not the batch: a packet's descriptors may straddle two batches.
+struct Join {
+    buf: Vec<u8>,
+    /// Bytes of the packet so far.
+    len: usize,
+    /// The packet outgrew `buf`; its remaining descriptors are dropped with it.
+    overflow: bool,
 }
 
 /// Frames held by the application in order to be sent, waiting for room on the TX ring.
@@ -61,36 +78,93 @@ pub struct TxSink<'q> {
     book: &'q mut FrameBook,
     backlog: &'q mut Backlog,
     stats: &'q mut XskStats,
+    /// The staging buffer of a multi-buffer socket ([`XskConfig::multi_buffer`]).
+    stage: Option<&'q mut Vec<u8>>,
     /// Frames this sink may still queue ([`XskQueue::with_tx_sink_limit`]).
     left: usize,
 }
 
 impl TxSink<'_> {
-    /// How many more frames `send` would accept right now.
+    /// Frames one `send` may take: 1, or on a multi-buffer socket as many as the longest
+    /// packet needs, all of which must be free before the writer runs.
+    fn frames_per_send(&self) -> usize {
+        match self.stage {
+            None => 1,
+            Some(_) => MULTI_BUFFER_MAX_LEN.div_ceil(self.book.frame_size() as usize),
+        }
+    }
+
+    /// How many more `send` calls would be accepted right now.
     #[must_use]
     pub fn room(&self) -> usize {
-        self.book
-            .pool_len()
-            .min(self.backlog.cap - self.backlog.q.len())
+        let per = self.frames_per_send();
+        (self.book.pool_len() / per)
+            .min((self.backlog.cap - self.backlog.q.len()) / per)
             .min(self.left)
     }
 
-    /// Bytes available per frame.
+    /// The largest frame `send` takes: the UMEM frame size, or [`MULTI_BUFFER_MAX_LEN`] on a
+    /// multi-buffer socket.
     #[must_use]
-    pub const fn frame_size(&self) -> usize {
-        self.book.frame_size() as usize
+    pub fn frame_size(&self) -> usize {
+        match self.stage {
+            None => self.book.frame_size() as usize,
+            Some(_) => MULTI_BUFFER_MAX_LEN,
+        }
     }
 
-    /// Queues one frame: `write` gets the whole frame buffer and returns the length to send.
-    /// Call when the handler has something to transmit; on [`TxError::Full`] retry on a later
-    /// turn (the engine polls again once completions free frames).
+    /// Queues one frame: `write` gets a buffer of [`TxSink::frame_size`] bytes and returns the
+    /// length to send. Call when the handler has something to transmit; on [`TxError::Full`]
+    /// retry on a later turn (the engine polls again once completions free frames). `write`
+    /// runs only when the frame can be queued, so what it wrote is never lost for lack of room.
+    ///
+    /// On a multi-buffer socket the frame is written into the staging buffer and then copied
+    /// into as many UMEM frames as it needs, queued back to back, every descriptor but the
+    /// last flagged `XDP_PKT_CONTD`.
     pub fn send(&mut self, write: impl FnOnce(&mut [u8]) -> usize) -> Result<(), TxError> {
         if self.left == 0 {
             return Err(TxError::Full);
         }
-        if self.backlog.q.len() >= self.backlog.cap {
+        let per = self.frames_per_send();
+        if self.backlog.cap - self.backlog.q.len() < per || self.book.pool_len() < per {
             self.stats.tx_backpressure += 1;
             return Err(TxError::Full);
+        }
+        if let Some(stage) = self.stage.as_deref_mut() {
+            let len = write(stage.as_mut_slice());
+            if len == 0 || len > stage.len() {
+                return Err(TxError::BadLength);
+            }
+            let size = self.book.frame_size() as usize;
+            let parts = len.div_ceil(size);
+            let mut idxs = [FrameIdx(0); MAX_PARTS];
+            for k in 0..parts {
+                // `per` frames were checked to be free above, so this does not run dry.
+                let Some(idx) = self.book.alloc() else {
+                    idxs[..k].iter().for_each(|i| self.book.free(*i));
+                    self.stats.tx_backpressure += 1;
+                    return Err(TxError::Full);
+                };
+                idxs[k] = idx;
+            }
+            if parts > 1 {
+                self.stats.tx_multi_buffer += 1;
+            }
+            for (k, (chunk, idx)) in stage[..len].chunks(size).zip(idxs).enumerate() {
+                // SAFETY: `idx` was just taken from the pool, so it is held by the application
+                // and no other slice to it exists; `chunk` is at most one frame long; the
+                // slice is dropped at the end of this statement.
+                unsafe { self.book.bytes_mut_unchecked(idx, 0, chunk.len() as u32) }
+                    .copy_from_slice(chunk);
+                self.backlog.q.push_back(TxDesc {
+                    idx,
+                    off: 0,
+                    len: chunk.len() as u32,
+                    options: if k + 1 < parts { XDP_PKT_CONTD } else { 0 },
+                });
+            }
+            self.left -= 1;
+            return Ok(());
         }
         let Some(idx) = self.book.alloc() else {
             self.stats.tx_backpressure += 1;
@@ -110,6 +184,7 @@ impl TxSink<'_> {
             idx,
             off: 0,
             len: len as u32,
+            options: 0,
         });
         self.left -= 1;
         Ok(())
@@ -123,6 +198,8 @@ pub struct RxBatch<'q> {
     book: &'q mut FrameBook,
     backlog: &'q mut Backlog,
     stats: &'q mut XskStats,
+    join: Option<&'q mut Join>,
+    stage: Option<&'q mut Vec<u8>>,
 }
 
 impl RxBatch<'_> {
@@ -133,7 +210,8 @@ impl RxBatch<'_> {
     }
 
     /// Hands every frame of the batch to `handle`, with a [`TxSink`] for new frames, and applies
-    /// its verdict. Returns the number of frames handled.
+    /// its verdict. Returns the number of frames handled. On a multi-buffer socket a packet
+    /// that came in several descriptors is handed over once, joined, after its last one.
     pub fn for_each(
         &mut self,
         mut handle: impl FnMut(&mut [u8], &mut TxSink<'_>) -> RxVerdict,
@@ -150,6 +228,59 @@ impl RxBatch<'_> {
                 self.book.free(idx);
                 continue;
             }
+            if let Some(join) = self.join.as_deref_mut() {
+                let contd = desc.options & XDP_PKT_CONTD != 0;
+                if contd || join.len > 0 || join.overflow {
+                    // A part of a multi-buffer packet: copy it out and pool the frame.
+                    let end = join.len + desc.len as usize;
+                    if join.overflow || end > join.buf.len() {
+                        join.overflow = true;
+                    } else {
+                        // SAFETY: as below; the slice lives for this statement only.
+                        let part = unsafe { self.book.bytes_mut_unchecked(idx, off, desc.len) };
+                        join.buf[join.len..end].copy_from_slice(part);
+                        join.len = end;
+                    }
+                    self.book.free(idx);
+                    if contd {
+                        continue;
+                    }
+                    let (len, overflow) = (join.len, join.overflow);
+                    join.len = 0;
+                    join.overflow = false;
+                    if overflow {
+                        self.stats.rx_oversize += 1;
+                        continue;
+                    }
+                    n += 1;
+                    self.stats.rx_packets += 1;
+                    self.stats.rx_multi_buffer += 1;
+                    self.stats.rx_bytes += len as u64;
+                    let mut sink = TxSink {
+                        book: self.book,
+                        backlog: self.backlog,
+                        stats: self.stats,
+                        stage: self.stage.as_deref_mut(),
+                        left: usize::MAX,
+                    };
+                    let packet = &mut join.buf[..len];
+                    match handle(packet, &mut sink) {
+                        RxVerdict::Recycle => {}
+                        // Its frames are back in the pool: send a copy.
+                        RxVerdict::Transmit { len } if len > 0 && len <= packet.len() => {
+                            let sent = sink.send(|buf| {
+                                buf[..len].copy_from_slice(&packet[..len]);
+                                len
+                            });
+                            if sent.is_err() {
+                                self.stats.tx_dropped += 1;
+                            }
+                        }
+                        RxVerdict::Transmit { .. } => self.stats.tx_dropped += 1,
+                    }
+                    continue;
+                }
+            }
             n += 1;
             self.stats.rx_packets += 1;
             self.stats.rx_bytes += u64::from(desc.len);
@@ -161,6 +292,7 @@ impl RxBatch<'_> {
                 book: self.book,
                 backlog: self.backlog,
                 stats: self.stats,
+                stage: self.stage.as_deref_mut(),
                 left: usize::MAX,
             };
             match handle(buf, &mut sink) {
@@ -171,6 +303,7 @@ impl RxBatch<'_> {
                             idx,
                             off,
                             len: len as u32,
+                            options: 0,
                         });
                     } else {
                         self.stats.tx_dropped += 1;
@@ -222,6 +355,13 @@ impl TxBatch<'_> {
 
     /// Writes descriptors for as many backlog frames as the reservation holds; returns how many.
     /// The frames stay at the head of the backlog until [`TxBatch::commit`].
+    /// A multi-buffer packet may be split between two reservations: xdpilone refreshes its
+    /// view of the kernel's consumer head only when that view shows no room at all, so a
+    /// reservation that is one slot short of a whole packet would otherwise be offered again
+    /// and again while the ring is in fact empty. The kernel keeps a packet whose rest has not
+    /// been posted yet and completes it when the rest comes (Linux `__xsk_generic_xmit` keeps
+    /// `xs->skb` when the ring ends inside a packet); [`XskQueue::flush_tx`] posts the rest
+    /// in its second reservation before it kicks.
     pub fn stage_backlog(&mut self) -> usize {
         let fs = u64::from(self.book.frame_size());
         let room = (self.write.capacity() as usize).saturating_sub(self.staged);
@@ -235,7 +375,7 @@ impl TxBatch<'_> {
             .map(|d| XdpDesc {
                 addr: u64::from(d.idx.0) * fs + u64::from(d.off),
                 len: d.len,
-                options: 0,
+                options: d.options,
             });
         let n = self.write.insert(descs) as usize;
         self.staged += n;
@@ -277,6 +417,10 @@ pub struct XskQueue {
     batch: u32,
     stats: XskStats,
     backlog: Backlog,
+    /// Multi-buffer sockets only ([`XskConfig::multi_buffer`]): the packet being joined on
+    /// receive, and the buffer a frame is written into before it is split on transmit.
+    join: Option<Join>,
+    stage: Option<Vec<u8>>,
     book: FrameBook,
 }
 
@@ -350,7 +494,8 @@ impl XskQueue {
             | match mode {
                 BindMode::ZeroCopy => SocketConfig::XDP_BIND_ZEROCOPY,
                 BindMode::Copy => SocketConfig::XDP_BIND_COPY,
-            };
+            }
+            | if cfg.multi_buffer { XDP_USE_SG } else { 0 };
         let sock_cfg = SocketConfig {
             rx_size: cfg.rx_nz(),
             tx_size: cfg.tx_nz(),
@@ -383,6 +528,12 @@ impl XskQueue {
                 q: VecDeque::with_capacity(cfg.frame_count as usize),
                 cap: cfg.frame_count as usize,
             },
+            join: cfg.multi_buffer.then(|| Join {
+                buf: vec![0; MULTI_BUFFER_MAX_LEN],
+                len: 0,
+                overflow: false,
+            }),
+            stage: cfg.multi_buffer.then(|| vec![0; MULTI_BUFFER_MAX_LEN]),
             book: FrameBook::new(area, cfg.frame_size, cfg.frame_count),
         };
         q.refill();
@@ -428,6 +579,12 @@ impl XskQueue {
     #[must_use]
     pub const fn frame_size(&self) -> u32 {
         self.book.frame_size()
+    }
+
+    /// Whether the socket is bound for multi-buffer packets ([`XskConfig::multi_buffer`]).
+    #[must_use]
+    pub const fn multi_buffer(&self) -> bool {
+        self.stage.is_some()
     }
 
     /// Where the frames are now.
@@ -536,6 +693,8 @@ impl XskQueue {
             book: &mut self.book,
             backlog: &mut self.backlog,
             stats: &mut self.stats,
+            join: self.join.as_mut(),
+            stage: self.stage.as_mut(),
         }
     }
 
@@ -564,6 +723,7 @@ impl XskQueue {
             book: &mut self.book,
             backlog: &mut self.backlog,
             stats: &mut self.stats,
+            stage: self.stage.as_mut(),
             left: max,
         };
         f(&mut sink)

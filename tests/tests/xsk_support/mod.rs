@@ -41,6 +41,13 @@ pub struct Pair {
 impl Pair {
     #[track_caller]
     pub fn new(queues: u32) -> Self {
+        Self::with_mtu(queues, VethOptions::default().mtu)
+    }
+
+    /// [`Pair::new`] with links of IP MTU `mtu` (above ~3500 native XDP is refused on veth:
+    /// use [`XdpProg::attach_mode`] with [`AttachMode::Skb`]).
+    #[track_caller]
+    pub fn with_mtu(queues: u32, mtu: u32) -> Self {
         require_root();
         static N: AtomicU32 = AtomicU32::new(0);
         // Unique per process and pair, at most 14 characters (interface names add one).
@@ -53,6 +60,7 @@ impl Pair {
             &prefix,
             &VethOptions {
                 queues,
+                mtu,
                 ..VethOptions::default()
             },
         )
@@ -116,8 +124,19 @@ impl XdpProg {
     /// Like [`XdpProg::attach`]; `drop_foreign` drops RoCE for QPs that are not registered.
     #[track_caller]
     pub fn attach_with(ifname: &str, qpns: &[u32], drop_foreign: bool) -> Self {
+        Self::load(ifname, qpns, drop_foreign, AttachMode::Native)
+    }
+
+    /// Like [`XdpProg::attach`] in attach mode `mode`.
+    #[track_caller]
+    pub fn attach_mode(ifname: &str, qpns: &[u32], mode: AttachMode) -> Self {
+        Self::load(ifname, qpns, false, mode)
+    }
+
+    #[track_caller]
+    fn load(ifname: &str, qpns: &[u32], drop_foreign: bool, mode: AttachMode) -> Self {
         let opts = LoadOptions {
-            mode: AttachMode::Native,
+            mode,
             drop_foreign,
             ..LoadOptions::default()
         };
