@@ -10,9 +10,11 @@
 //! (`/run/roce/<ifname>.lock`), so several processes on one interface never take each other's
 //! QPNs; a QPN whose owner process has died can be reclaimed.
 //!
-//! Limits of this transport over AF_XDP: a frame is one UMEM frame (4096 bytes, of which the
-//! kernel keeps 256 for headroom on receive), so the largest path MTU is 2048; 4096 would need
-//! AF_XDP multi-buffer frames.
+//! Limits of this transport over AF_XDP: a UMEM frame holds 4096 bytes, of which the kernel
+//! keeps 256 for headroom on receive, so a frame of path MTU 4096 (up to 4194 bytes) does not
+//! fit one. When the link's MTU lets such frames through, [`Device::open`] binds its sockets for
+//! AF_XDP multi-buffer packets ([`XskConfig::multi_buffer`], Linux 6.6+), which carry them in
+//! two descriptors; on a link of MTU 1500 the largest path MTU is 1024 either way.
 
 use std::{
     fs::{self, File},
@@ -584,9 +586,23 @@ pub struct Device {
     qpns: Arc<Mutex<Vec<u32>>>,
     live_id: u64,
     frame_size: u32,
+    /// The sockets are bound for multi-buffer packets ([`XskConfig::multi_buffer`]).
+    multi_buffer: bool,
     next_iova: Mutex<u64>,
     /// Next-hop MACs that [`Device::path_to`] resolved lately.
     hops: Mutex<HopCache>,
+}
+
+/// Bytes the kernel keeps in front of a received packet in its UMEM frame in copy mode
+/// (`XDP_PACKET_HEADROOM`).
+const XDP_PACKET_HEADROOM: u32 = 256;
+
+/// Whether a link of IP MTU `mtu` carries frames (Ethernet, two VLAN tags) longer than a
+/// received UMEM frame of `frame_size` bytes holds, so that its sockets need multi-buffer
+/// packets to see them.
+#[must_use]
+pub const fn needs_multi_buffer(mtu: u32, frame_size: u32) -> bool {
+    mtu + 14 + 8 > frame_size.saturating_sub(XDP_PACKET_HEADROOM)
 }
 
 /// How long [`Device::path_to`] reuses a destination's next-hop MAC before asking the routing
@@ -785,8 +801,24 @@ impl Device {
         let mut queues = Vec::new();
         let mut bind_modes = Vec::new();
         let mut xsks = pins.xsks()?;
+        let mut xsk_cfg = opts.xsk;
+        let auto_multi = !xsk_cfg.multi_buffer && needs_multi_buffer(info.mtu, xsk_cfg.frame_size);
+        xsk_cfg.multi_buffer |= auto_multi;
         for q in 0..info.rx_queues.max(1) {
-            let queue = XskQueue::open(&info.ifname, q, &opts.xsk)?;
+            let queue = match XskQueue::open(&info.ifname, q, &xsk_cfg) {
+                // A kernel without AF_XDP multi-buffer (before 6.6) refuses XDP_USE_SG: serve
+                // the frames that fit, and let check_path_mtu refuse the larger path MTUs.
+                Err(e) if auto_multi && q == 0 => {
+                    log::warn!(
+                        "{}: binding for multi-buffer packets failed ({e}); path MTUs whose frames exceed {} bytes will be refused",
+                        info.ifname,
+                        xsk_cfg.frame_size - XDP_PACKET_HEADROOM
+                    );
+                    xsk_cfg.multi_buffer = false;
+                    XskQueue::open(&info.ifname, q, &xsk_cfg)?
+                }
+                r => r?,
+            };
             xsks.set(q, queue.as_raw_fd(), 0).map_err(LoadError::from)?;
             bind_modes.push((q, queue.bind_mode()));
             queues.push(queue);
@@ -878,6 +910,7 @@ impl Device {
             qpns,
             live_id,
             frame_size: opts.xsk.frame_size,
+            multi_buffer: xsk_cfg.multi_buffer,
             next_iova: Mutex::new(0x1000_0000),
             hops: Mutex::new(HopCache::default()),
             info,
@@ -904,14 +937,26 @@ impl Device {
         Ok(self.info.gid(index)?)
     }
 
-    /// The largest path MTU this device can carry, for IPv4 or IPv6 paths.
+    /// Whether the sockets are bound for multi-buffer packets, so that frames larger than a
+    /// UMEM frame pass ([`XskConfig::multi_buffer`]; chosen by [`Device::open`] when the link's
+    /// MTU lets such frames through).
+    #[must_use]
+    pub const fn multi_buffer(&self) -> bool {
+        self.multi_buffer
+    }
+
+    /// The largest path MTU this device can carry, for IPv4 or IPv6 paths: what the link's MTU
+    /// allows, and, unless the sockets take multi-buffer packets, what one UMEM frame holds.
     #[must_use]
     pub fn max_path_mtu(&self, ipv6: bool) -> u32 {
         let by_link = self.info.max_path_mtu(ipv6);
+        if self.multi_buffer {
+            return by_link;
+        }
         // A received frame starts 256 bytes (XDP_PACKET_HEADROOM) into its UMEM frame.
         let room = self
             .frame_size
-            .saturating_sub(256 + 14 + 8 + 40 + 8 + 12 + 28 + 4);
+            .saturating_sub(XDP_PACKET_HEADROOM + 14 + 8 + 40 + 8 + 12 + 28 + 4);
         let by_frame = [4096, 2048, 1024, 512, 256]
             .into_iter()
             .find(|m| *m <= room)
@@ -1558,6 +1603,19 @@ impl Future for CqReady<'_> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn multi_buffer_only_where_the_link_carries_frames_longer_than_a_receive_frame() {
+        // A received frame holds 4096 - 256 = 3840 bytes; a link frame is MTU + 14 + 8 (two
+        // VLAN tags) at most.
+        assert!(!needs_multi_buffer(1500, 4096));
+        assert!(!needs_multi_buffer(3000, 4096));
+        assert!(!needs_multi_buffer(3818, 4096));
+        assert!(needs_multi_buffer(3819, 4096));
+        assert!(needs_multi_buffer(9000, 4096));
+        assert!(needs_multi_buffer(1792 - 22 + 1, 2048));
+        assert!(!needs_multi_buffer(1500, 2048));
+    }
 
     #[test]
     fn hop_cache_reuses_a_mac_for_its_ttl_and_then_forgets_it() {

@@ -202,7 +202,7 @@ pub(crate) fn run(out: Output, count: u32, mode: AttachMode) -> anyhow::Result<(
         ));
     }
 
-    say("demo: RDMA between the endpoints (path MTU 2048, the largest an AF_XDP frame carries):");
+    say("demo: RDMA between the endpoints (path MTU 2048, the largest one AF_XDP frame carries):");
     let mut rdma = Vec::new();
     for step in &STEPS {
         if super::interrupted() {
