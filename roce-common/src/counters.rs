@@ -1,6 +1,6 @@
 //! Counter structs and drop reasons: the one source of truth for their names.
 //!
-//! [`counter_struct!`] turns a list of documented field names into a `#[repr(C)]` struct of `u64`s,
+//! [`counter_struct!`](crate::counter_struct) turns a list of documented field names into a `#[repr(C)]` struct of `u64`s,
 //! its `NAMES` and `HELP` tables, and element-wise addition (to sum per-CPU copies). The same
 //! struct is the value of a BTF map, so `bpftool map dump` prints these very field names.
 

@@ -178,7 +178,7 @@ pub struct VethEnd {
     pub ipv6: std::net::Ipv6Addr,
 }
 
-/// Two namespaces joined by a veth pair, addressed 10.<n>.0.1/24 and .2 and fd00:<n>::1/64 and ::2,
+/// Two namespaces joined by a veth pair, addressed `10.<n>.0.1/24` and `.2` and `fd00:<n>::1/64` and `::2`,
 /// with static neighbour entries both ways (no ARP or ND during tests). Dropping it deletes both
 /// namespaces, and with them the veth.
 #[derive(Debug)]
@@ -341,7 +341,7 @@ impl VethPair {
 }
 
 /// Hosts on one L2 segment: a switch namespace `<prefix>-s` holding a bridge, and one namespace
-/// `<prefix>-h<i>` per host with interface `<prefix>h<i>` (addressed 10.<subnet>.0.<i+1>/24),
+/// `<prefix>-h<i>` per host with interface `<prefix>h<i>` (addressed `10.<subnet>.0.<i+1>/24`),
 /// joined to the bridge by a veth, with static neighbour entries between all hosts. Dropping it
 /// deletes every namespace. `prefix` must be at most 11 characters.
 #[derive(Debug)]
@@ -435,9 +435,9 @@ impl Lan {
 
 /// A routed topology for congestion and fault tests: `n` sender hosts and one receiver, each in
 /// its own namespace and joined by its own veth to a router namespace `<prefix>-r` that forwards
-/// between them. Sender `i` is `<prefix>h<i>` at 10.<subnet>.<i+1>.1/24 (router side
-/// `<prefix>l<i>`, .254); the receiver is `<prefix>d` at 10.<subnet>.100.1/24 (router side
-/// [`Routed::bottleneck_if`], .254), with matching fd00:<subnet>:<net>::/64 IPv6 addresses. Every
+/// between them. Sender `i` is `<prefix>h<i>` at `10.<subnet>.<i+1>.1/24` (router side
+/// `<prefix>l<i>`, .254); the receiver is `<prefix>d` at `10.<subnet>.100.1/24` (router side
+/// [`Routed::bottleneck_if`], .254), with matching `fd00:<subnet>:<net>::/64` IPv6 addresses. Every
 /// host routes through the router, and all neighbour entries are static.
 ///
 /// All traffic to the receiver leaves the router through one interface, so a `roce impair` on

@@ -57,7 +57,7 @@ pub fn pattern(q: u32, len: usize) -> Vec<u8> {
 pub struct Comm {
     stream: TcpStream,
     is_client: bool,
-    /// The peer's version string, once [`Comm::exchange_versions`] ran.
+    /// The peer's version string, once [`Comm::setup`] exchanged versions.
     pub remote_version: String,
 }
 

@@ -68,7 +68,9 @@ mod umem;
 
 use std::{io, num::NonZeroU32};
 
-pub use r#gen::{GenConfig, GenHandler, GenQueueReport, GenReport, Rate, RoceTemplate, run_gen};
+pub use r#gen::{
+    GenConfig, GenHandler, GenQueueReport, GenReport, MIN_FRAME, Rate, RoceTemplate, run_gen,
+};
 pub use socket::{RxBatch, RxVerdict, TxBatch, TxError, TxSink, XskQueue, rx_queue_count};
 pub use stats::XskStats;
 pub use umem::{FrameAccounting, FrameIdx, FrameLoc};
