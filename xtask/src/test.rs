@@ -40,6 +40,10 @@ pub(crate) fn all(fuzz: bool, fuzz_secs: u32, soak: bool) -> anyhow::Result<()> 
         "-D",
         "warnings",
     ]))?;
+    // Doc comments link where they say and render as written.
+    run(cargo()
+        .env("RUSTDOCFLAGS", "-D warnings")
+        .args(["doc", "--workspace", "--no-deps"]))?;
 
     // 2. The default members build and test without the BPF toolchain (stub object).
     run_tests(
