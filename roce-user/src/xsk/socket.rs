@@ -64,6 +64,28 @@ struct Join {
     len: usize,
     /// The packet outgrew `buf`; its remaining descriptors are dropped with it.
     overflow: bool,
+    /// One of its descriptors was unusable (counted in `bad_ring_addr`); the packet is dropped.
+    broken: bool,
+}
+
+impl Join {
+    /// Marks the packet being joined as broken when an unusable descriptor belongs to it
+    /// (one is being joined, or the descriptor says more follows); a broken packet is dropped
+    /// whole at its last descriptor rather than handed over with a part missing.
+    fn skip_part(&mut self, options: u32) {
+        let contd = options & XDP_PKT_CONTD != 0;
+        if contd {
+            self.broken = true;
+        } else if self.len > 0 || self.overflow || self.broken {
+            self.reset();
+        }
+    }
+
+    fn reset(&mut self) {
+        self.len = 0;
+        self.overflow = false;
+        self.broken = false;
+    }
 }
 
 /// Frames held by the application in order to be sent, waiting for room on the TX ring.
@@ -220,17 +242,23 @@ impl RxBatch<'_> {
         while let Some(desc) = self.read.read() {
             let Some((idx, off)) = self.book.reclaim(desc.addr, FrameLoc::KernelRx) else {
                 self.stats.bad_ring_addr += 1;
+                if let Some(join) = self.join.as_deref_mut() {
+                    join.skip_part(desc.options);
+                }
                 continue;
             };
             if u64::from(off) + u64::from(desc.len) > u64::from(self.book.frame_size()) {
                 // The kernel never does this; the frame is ours again, so pool it.
                 self.stats.bad_ring_addr += 1;
                 self.book.free(idx);
+                if let Some(join) = self.join.as_deref_mut() {
+                    join.skip_part(desc.options);
+                }
                 continue;
             }
             if let Some(join) = self.join.as_deref_mut() {
                 let contd = desc.options & XDP_PKT_CONTD != 0;
-                if contd || join.len > 0 || join.overflow {
+                if contd || join.len > 0 || join.overflow || join.broken {
                     // A part of a multi-buffer packet: copy it out and pool the frame.
                     let end = join.len + desc.len as usize;
                     if join.overflow || end > join.buf.len() {
@@ -245,11 +273,12 @@ impl RxBatch<'_> {
                     if contd {
                         continue;
                     }
-                    let (len, overflow) = (join.len, join.overflow);
-                    join.len = 0;
-                    join.overflow = false;
+                    let (len, overflow, broken) = (join.len, join.overflow, join.broken);
+                    join.reset();
                     if overflow {
                         self.stats.rx_oversize += 1;
+                    }
+                    if overflow || broken {
                         continue;
                     }
                     n += 1;
@@ -532,6 +561,7 @@ impl XskQueue {
                 buf: vec![0; MULTI_BUFFER_MAX_LEN],
                 len: 0,
                 overflow: false,
+                broken: false,
             }),
             stage: cfg.multi_buffer.then(|| vec![0; MULTI_BUFFER_MAX_LEN]),
             book: FrameBook::new(area, cfg.frame_size, cfg.frame_count),
@@ -936,5 +966,37 @@ impl core::fmt::Debug for XskQueue {
             .field("mode", &self.mode)
             .field("accounting", &self.book.accounting())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn join() -> Join {
+        Join {
+            buf: vec![0; 16],
+            len: 0,
+            overflow: false,
+            broken: false,
+        }
+    }
+
+    #[test]
+    fn an_unusable_descriptor_breaks_only_the_packet_it_belongs_to() {
+        // Alone, not continued: nothing is being joined, nothing changes.
+        let mut j = join();
+        j.skip_part(0);
+        assert!(!j.broken && j.len == 0);
+        // Continued: the packet it starts or continues is broken until its last part.
+        j.skip_part(XDP_PKT_CONTD);
+        assert!(j.broken);
+        // The last part of a packet being joined: the packet is dropped and the join starts over.
+        j.len = 8;
+        j.skip_part(0);
+        assert!(!j.broken && j.len == 0 && !j.overflow);
+        j.overflow = true;
+        j.skip_part(0);
+        assert!(!j.overflow);
     }
 }
