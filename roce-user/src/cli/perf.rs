@@ -68,7 +68,9 @@ pub struct PerfArgs {
     /// Number of QPs.
     #[arg(short = 'q', long = "qp", default_value_t = 1)]
     pub qps: u32,
-    /// Path MTU (256 .. 2048 on AF_XDP frames; see `roce gids` and the README).
+    /// Path MTU: 256, 512, 1024, 2048 or 4096, at most what the link's MTU carries (1024 on a
+    /// 1500-byte link). 4096 needs a jumbo link, where the AF_XDP sockets take multi-buffer
+    /// packets (Linux 6.6+); a path MTU the device cannot carry is refused up front.
     #[arg(short, long, default_value_t = 1024)]
     pub mtu: u32,
     /// Outstanding work requests per QP.

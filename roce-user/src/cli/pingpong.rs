@@ -39,7 +39,9 @@ pub struct PingpongArgs {
     /// Size of message to exchange.
     #[arg(short, long, default_value_t = 4096)]
     pub size: u32,
-    /// Path MTU (256, 512, 1024, 2048, 4096).
+    /// Path MTU: 256, 512, 1024, 2048 or 4096, at most what the link's MTU carries (1024 on a
+    /// 1500-byte link). 4096 needs a jumbo link, where the AF_XDP sockets take multi-buffer
+    /// packets (Linux 6.6+); a path MTU the device cannot carry is refused up front.
     #[arg(short, long, default_value_t = 1024)]
     pub mtu: u32,
     /// Number of receives to post at a time.
