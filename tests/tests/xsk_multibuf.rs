@@ -14,14 +14,16 @@ use std::{
         atomic::{AtomicBool, Ordering},
         mpsc,
     },
+    thread::JoinHandle,
     time::Duration,
 };
 
 use roce::{
-    engine::{EchoHandler, Engine, EngineConfig},
+    engine::{EchoHandler, Engine, EngineConfig, EngineReport},
     loader::AttachMode,
-    xsk::{RoceTemplate, XskConfig, XskQueue},
+    xsk::{FrameAccounting, RoceTemplate, XskConfig, XskQueue},
 };
+use roce_common::counters::XdpStats;
 use xsk_support::*;
 
 const MTU: u32 = 9000;
@@ -38,17 +40,26 @@ fn multi() -> XskConfig {
     }
 }
 
-#[test]
-fn multi_buffer_frames_cross_split_and_joined_byte_for_byte() {
-    let pair = Pair::with_mtu(1, MTU);
-    let (a_if, b_if) = (pair.a().ifname.clone(), pair.b().ifname.clone());
+/// What A's echo engine did, and where its frames were before and after.
+struct EchoSide {
+    report: EngineReport,
+    start: FrameAccounting,
+    end: FrameAccounting,
+    echo: EchoHandler,
+    xdp: XdpStats,
+}
+
+/// Starts A: roce_xdp in skb mode and an echo engine on a socket opened with `cfg`, until the
+/// returned flag is set. Returns once the socket is registered.
+fn echo_in_a(pair: &Pair, cfg: XskConfig) -> (JoinHandle<EchoSide>, Arc<AtomicBool>) {
+    let a_if = pair.a().ifname.clone();
     let stop = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = mpsc::channel();
     let a_stop = Arc::clone(&stop);
     let a = pair.in_a(move || {
         let mut prog = XdpProg::attach_mode(&a_if, &[QPN], AttachMode::Skb);
-        let q = XskQueue::open(&a_if, 0, &multi()).expect("open A queue 0");
-        assert!(q.multi_buffer());
+        let q = XskQueue::open(&a_if, 0, &cfg).expect("open A queue 0");
+        assert_eq!(q.multi_buffer(), cfg.multi_buffer);
         let start = q.accounting();
         prog.set_xsk(&q);
         ready_tx.send(()).expect("ready");
@@ -56,12 +67,25 @@ fn multi_buffer_frames_cross_split_and_joined_byte_for_byte() {
         let report = e.run(&a_stop).expect("engine A");
         let (mut q, echo) = e.into_parts();
         q.refill();
-        (report, start, q.accounting(), echo)
+        EchoSide {
+            report,
+            start,
+            end: q.accounting(),
+            echo,
+            xdp: prog.stats(),
+        }
     });
     ready_rx
         .recv_timeout(Duration::from_secs(20))
         .expect("engine A did not come up");
+    (a, stop)
+}
 
+#[test]
+fn multi_buffer_frames_cross_split_and_joined_byte_for_byte() {
+    let pair = Pair::with_mtu(1, MTU);
+    let b_if = pair.b().ifname.clone();
+    let (a, stop) = echo_in_a(&pair, multi());
     let gens: Vec<_> = SIZES.iter().map(|s| pair.b_to_a(*s)).collect();
     let b = pair.in_b(move || {
         let mut prog = XdpProg::attach_mode(&b_if, &[QPN], AttachMode::Skb);
@@ -84,7 +108,13 @@ fn multi_buffer_frames_cross_split_and_joined_byte_for_byte() {
     });
     let b_res = b.join();
     stop.store(true, Ordering::Relaxed);
-    let (ra, a_start, a_end, echo) = a.join().expect("engine A thread");
+    let EchoSide {
+        report: ra,
+        start: a_start,
+        end: a_end,
+        echo,
+        ..
+    } = a.join().expect("engine A thread");
     let (runs, b_start, b_end, b_stats) = b_res.expect("sender thread");
 
     let total = FRAMES * SIZES.len() as u64;
@@ -133,23 +163,8 @@ fn multi_buffer_frames_cross_split_and_joined_byte_for_byte() {
 fn without_multi_buffer_long_frames_are_counted_drops() {
     const N: u64 = 200;
     let pair = Pair::with_mtu(1, MTU);
-    let (a_if, b_if) = (pair.a().ifname.clone(), pair.b().ifname.clone());
-    let stop = Arc::new(AtomicBool::new(false));
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let a_stop = Arc::clone(&stop);
-    let a = pair.in_a(move || {
-        let mut prog = XdpProg::attach_mode(&a_if, &[QPN], AttachMode::Skb);
-        let q = XskQueue::open(&a_if, 0, &XskConfig::default()).expect("open A queue 0");
-        assert!(!q.multi_buffer());
-        prog.set_xsk(&q);
-        ready_tx.send(()).expect("ready");
-        let mut e = Engine::new(q, EchoHandler::default(), EngineConfig::default());
-        let report = e.run(&a_stop).expect("engine A");
-        (report, prog.stats())
-    });
-    ready_rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("engine A did not come up");
+    let b_if = pair.b().ifname.clone();
+    let (a, stop) = echo_in_a(&pair, XskConfig::default());
     let g = pair.b_to_a(6000);
     let b = pair.in_b(move || {
         let _prog = XdpProg::attach_mode(&b_if, &[QPN], AttachMode::Skb);
@@ -164,7 +179,11 @@ fn without_multi_buffer_long_frames_are_counted_drops() {
     // Let A's idle turns read the socket's counters after the last frame.
     std::thread::sleep(Duration::from_millis(200));
     stop.store(true, Ordering::Relaxed);
-    let (ra, a_xdp) = a.join().expect("engine A thread");
+    let EchoSide {
+        report: ra,
+        xdp: a_xdp,
+        ..
+    } = a.join().expect("engine A thread");
     println!(
         "A {:?}\nA xdp {a_xdp:?}\nB {:?}\n{tally:?}",
         ra.stats, rb.stats

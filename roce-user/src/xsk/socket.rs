@@ -106,7 +106,24 @@ pub struct TxSink<'q> {
     left: usize,
 }
 
-impl TxSink<'_> {
+impl<'q> TxSink<'q> {
+    /// A sink over the queue's pool and backlog that takes at most `left` frames.
+    fn new(
+        book: &'q mut FrameBook,
+        backlog: &'q mut Backlog,
+        stats: &'q mut XskStats,
+        stage: Option<&'q mut Vec<u8>>,
+        left: usize,
+    ) -> Self {
+        Self {
+            book,
+            backlog,
+            stats,
+            stage,
+            left,
+        }
+    }
+
     /// Frames one `send` may take: 1, or on a multi-buffer socket as many as the longest
     /// packet needs, all of which must be free before the writer runs.
     fn frames_per_send(&self) -> usize {
@@ -256,10 +273,15 @@ impl RxBatch<'_> {
                 }
                 continue;
             }
-            if let Some(join) = self.join.as_deref_mut() {
-                let contd = desc.options & XDP_PKT_CONTD != 0;
-                if contd || join.len > 0 || join.overflow || join.broken {
-                    // A part of a multi-buffer packet: copy it out and pool the frame.
+            // The packet's bytes: the frame itself, or (multi-buffer) the joined copy, whose
+            // frames are already back in the pool.
+            let (buf, frame): (&mut [u8], Option<FrameIdx>) = match self.join.as_deref_mut() {
+                Some(join)
+                    if desc.options & XDP_PKT_CONTD != 0
+                        || join.len > 0
+                        || join.overflow
+                        || join.broken =>
+                {
                     let end = join.len + desc.len as usize;
                     if join.overflow || end > join.buf.len() {
                         join.overflow = true;
@@ -270,7 +292,7 @@ impl RxBatch<'_> {
                         join.len = end;
                     }
                     self.book.free(idx);
-                    if contd {
+                    if desc.options & XDP_PKT_CONTD != 0 {
                         continue;
                     }
                     let (len, overflow, broken) = (join.len, join.overflow, join.broken);
@@ -281,52 +303,44 @@ impl RxBatch<'_> {
                     if overflow || broken {
                         continue;
                     }
-                    n += 1;
-                    self.stats.rx_packets += 1;
                     self.stats.rx_multi_buffer += 1;
-                    self.stats.rx_bytes += len as u64;
-                    let mut sink = TxSink {
-                        book: self.book,
-                        backlog: self.backlog,
-                        stats: self.stats,
-                        stage: self.stage.as_deref_mut(),
-                        left: usize::MAX,
-                    };
-                    let packet = &mut join.buf[..len];
-                    match handle(packet, &mut sink) {
-                        RxVerdict::Recycle => {}
-                        // Its frames are back in the pool: send a copy.
-                        RxVerdict::Transmit { len } if len > 0 && len <= packet.len() => {
-                            let sent = sink.send(|buf| {
-                                buf[..len].copy_from_slice(&packet[..len]);
-                                len
-                            });
-                            if sent.is_err() {
-                                self.stats.tx_dropped += 1;
-                            }
-                        }
-                        RxVerdict::Transmit { .. } => self.stats.tx_dropped += 1,
-                    }
-                    continue;
+                    (&mut join.buf[..len], None)
                 }
-            }
+                // SAFETY: `reclaim` moved the frame to the application, so no other slice to it
+                // exists (the TxSink below only touches frames it takes from the pool); `off +
+                // len` was checked to lie inside the frame; the slice lives only until the
+                // verdict is applied, within this iteration.
+                _ => (
+                    unsafe { self.book.bytes_mut_unchecked(idx, off, desc.len) },
+                    Some(idx),
+                ),
+            };
             n += 1;
             self.stats.rx_packets += 1;
-            self.stats.rx_bytes += u64::from(desc.len);
-            // SAFETY: `reclaim` moved the frame to the application, so no other slice to it
-            // exists (the TxSink below only touches frames it takes from the pool); `off + len`
-            // was checked to lie inside the frame; the slice lives only for the `handle` call.
-            let buf = unsafe { self.book.bytes_mut_unchecked(idx, off, desc.len) };
-            let mut sink = TxSink {
-                book: self.book,
-                backlog: self.backlog,
-                stats: self.stats,
-                stage: self.stage.as_deref_mut(),
-                left: usize::MAX,
-            };
-            match handle(buf, &mut sink) {
-                RxVerdict::Recycle => self.book.free(idx),
-                RxVerdict::Transmit { len } if len > 0 && len <= desc.len as usize => {
+            self.stats.rx_bytes += buf.len() as u64;
+            let mut sink = TxSink::new(
+                self.book,
+                self.backlog,
+                self.stats,
+                self.stage.as_deref_mut(),
+                usize::MAX,
+            );
+            let verdict = handle(buf, &mut sink);
+            match (verdict, frame) {
+                (RxVerdict::Recycle, None) => {}
+                (RxVerdict::Transmit { len }, None) if len > 0 && len <= buf.len() => {
+                    // Joined: send a copy, split again as it needs.
+                    let sent = sink.send(|out| {
+                        out[..len].copy_from_slice(&buf[..len]);
+                        len
+                    });
+                    if sent.is_err() {
+                        self.stats.tx_dropped += 1;
+                    }
+                }
+                (RxVerdict::Transmit { .. }, None) => self.stats.tx_dropped += 1,
+                (RxVerdict::Recycle, Some(idx)) => self.book.free(idx),
+                (RxVerdict::Transmit { len }, Some(idx)) if len > 0 && len <= desc.len as usize => {
                     if self.backlog.q.len() < self.backlog.cap {
                         self.backlog.q.push_back(TxDesc {
                             idx,
@@ -339,7 +353,7 @@ impl RxBatch<'_> {
                         self.book.free(idx);
                     }
                 }
-                RxVerdict::Transmit { .. } => {
+                (RxVerdict::Transmit { .. }, Some(idx)) => {
                     self.stats.tx_dropped += 1;
                     self.book.free(idx);
                 }
@@ -749,13 +763,13 @@ impl XskQueue {
     /// work so that it comes back to the RX ring before the ring and the fill ring run out
     /// (see [`crate::engine::EngineConfig::tx_per_turn`]).
     pub fn with_tx_sink_limit<R>(&mut self, max: usize, f: impl FnOnce(&mut TxSink<'_>) -> R) -> R {
-        let mut sink = TxSink {
-            book: &mut self.book,
-            backlog: &mut self.backlog,
-            stats: &mut self.stats,
-            stage: self.stage.as_mut(),
-            left: max,
-        };
+        let mut sink = TxSink::new(
+            &mut self.book,
+            &mut self.backlog,
+            &mut self.stats,
+            self.stage.as_mut(),
+            max,
+        );
         f(&mut sink)
     }
 
