@@ -5,17 +5,11 @@
 
 mod xsk_support;
 
-use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-        mpsc,
-    },
-    time::Duration,
-};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use roce::{
-    engine::{EchoHandler, Engine, EngineConfig},
+    engine::{Engine, EngineConfig},
+    loader::AttachMode,
     xsk::{BindMode, RoceTemplate, XskConfig, XskQueue},
 };
 use xsk_support::*;
@@ -29,26 +23,8 @@ const WINDOW: u64 = 128;
 #[test]
 fn echo_one_million_frames_byte_identical() {
     let pair = Pair::new(1);
-    let (a_if, b_if) = (pair.a().ifname.clone(), pair.b().ifname.clone());
-    let stop = Arc::new(AtomicBool::new(false));
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let a_stop = Arc::clone(&stop);
-    let a = pair.in_a(move || {
-        let mut prog = XdpProg::attach(&a_if, &[QPN]);
-        let q = XskQueue::open(&a_if, 0, &XskConfig::default()).expect("open A queue 0");
-        let start = q.accounting();
-        let mode = q.bind_mode();
-        prog.set_xsk(&q);
-        ready_tx.send(()).expect("ready");
-        let mut e = Engine::new(q, EchoHandler::default(), EngineConfig::default());
-        let report = e.run(&a_stop).expect("engine A");
-        let (mut q, echo) = e.into_parts();
-        q.refill();
-        (report, start, q.accounting(), echo, prog.stats(), mode)
-    });
-    ready_rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("engine A did not come up");
+    let b_if = pair.b().ifname.clone();
+    let (a, stop) = echo_in_a(&pair, XskConfig::default(), AttachMode::Native);
 
     let gen_cfg = pair.b_to_a(128);
     let b = pair.in_b(move || {
@@ -66,7 +42,14 @@ fn echo_one_million_frames_byte_identical() {
     });
     let b_res = b.join();
     stop.store(true, Ordering::Relaxed);
-    let (ra, a_start, a_end, echo, a_xdp, mode) = a.join().expect("engine A thread");
+    let EchoSide {
+        report: ra,
+        start: a_start,
+        end: a_end,
+        echo,
+        xdp: a_xdp,
+        bind: mode,
+    } = a.join().expect("engine A thread");
     let (rb, b_start, b_end, tally, b_xdp) = b_res.expect("sender thread");
 
     for end in [pair.a(), pair.b()] {

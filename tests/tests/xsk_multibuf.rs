@@ -9,21 +9,15 @@
 mod xsk_support;
 
 use std::{
-    sync::{
-        Arc,
-        atomic::{AtomicBool, Ordering},
-        mpsc,
-    },
-    thread::JoinHandle,
+    sync::atomic::{AtomicBool, Ordering},
     time::Duration,
 };
 
 use roce::{
-    engine::{EchoHandler, Engine, EngineConfig, EngineReport},
+    engine::{Engine, EngineConfig},
     loader::AttachMode,
-    xsk::{FrameAccounting, RoceTemplate, XskConfig, XskQueue},
+    xsk::{RoceTemplate, XskConfig, XskQueue},
 };
-use roce_common::counters::XdpStats;
 use xsk_support::*;
 
 const MTU: u32 = 9000;
@@ -40,52 +34,11 @@ fn multi() -> XskConfig {
     }
 }
 
-/// What A's echo engine did, and where its frames were before and after.
-struct EchoSide {
-    report: EngineReport,
-    start: FrameAccounting,
-    end: FrameAccounting,
-    echo: EchoHandler,
-    xdp: XdpStats,
-}
-
-/// Starts A: roce_xdp in skb mode and an echo engine on a socket opened with `cfg`, until the
-/// returned flag is set. Returns once the socket is registered.
-fn echo_in_a(pair: &Pair, cfg: XskConfig) -> (JoinHandle<EchoSide>, Arc<AtomicBool>) {
-    let a_if = pair.a().ifname.clone();
-    let stop = Arc::new(AtomicBool::new(false));
-    let (ready_tx, ready_rx) = mpsc::channel();
-    let a_stop = Arc::clone(&stop);
-    let a = pair.in_a(move || {
-        let mut prog = XdpProg::attach_mode(&a_if, &[QPN], AttachMode::Skb);
-        let q = XskQueue::open(&a_if, 0, &cfg).expect("open A queue 0");
-        assert_eq!(q.multi_buffer(), cfg.multi_buffer);
-        let start = q.accounting();
-        prog.set_xsk(&q);
-        ready_tx.send(()).expect("ready");
-        let mut e = Engine::new(q, EchoHandler::default(), EngineConfig::default());
-        let report = e.run(&a_stop).expect("engine A");
-        let (mut q, echo) = e.into_parts();
-        q.refill();
-        EchoSide {
-            report,
-            start,
-            end: q.accounting(),
-            echo,
-            xdp: prog.stats(),
-        }
-    });
-    ready_rx
-        .recv_timeout(Duration::from_secs(20))
-        .expect("engine A did not come up");
-    (a, stop)
-}
-
 #[test]
 fn multi_buffer_frames_cross_split_and_joined_byte_for_byte() {
     let pair = Pair::with_mtu(1, MTU);
     let b_if = pair.b().ifname.clone();
-    let (a, stop) = echo_in_a(&pair, multi());
+    let (a, stop) = echo_in_a(&pair, multi(), AttachMode::Skb);
     let gens: Vec<_> = SIZES.iter().map(|s| pair.b_to_a(*s)).collect();
     let b = pair.in_b(move || {
         let mut prog = XdpProg::attach_mode(&b_if, &[QPN], AttachMode::Skb);
@@ -164,7 +117,7 @@ fn without_multi_buffer_long_frames_are_counted_drops() {
     const N: u64 = 200;
     let pair = Pair::with_mtu(1, MTU);
     let b_if = pair.b().ifname.clone();
-    let (a, stop) = echo_in_a(&pair, XskConfig::default());
+    let (a, stop) = echo_in_a(&pair, XskConfig::default(), AttachMode::Skb);
     let g = pair.b_to_a(6000);
     let b = pair.in_b(move || {
         let _prog = XdpProg::attach_mode(&b_if, &[QPN], AttachMode::Skb);

@@ -6,16 +6,23 @@
 
 use std::{
     os::fd::AsRawFd,
-    sync::atomic::{AtomicU32, Ordering},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU32, Ordering},
+        mpsc,
+    },
     thread::JoinHandle,
     time::Duration,
 };
 
 use roce::{
-    engine::{Handler, Nanos, RxVerdict, TxSink, swap_addresses},
+    engine::{
+        EchoHandler, Engine, EngineConfig, EngineReport, Handler, Nanos, RxVerdict, TxSink,
+        swap_addresses,
+    },
     loader::{self, AttachMode, LoadOptions, Pins},
     netns::{self, VethEnd, VethOptions, VethPair},
-    xsk::{GenConfig, RoceTemplate, XskQueue},
+    xsk::{BindMode, FrameAccounting, GenConfig, RoceTemplate, XskConfig, XskQueue},
 };
 use roce_common::counters::XdpStats;
 
@@ -275,4 +282,54 @@ impl Handler for WindowSender {
     fn is_done(&self, _now: Nanos) -> bool {
         self.tally.ok == self.total || self.tally.stalled
     }
+}
+
+/// What A's echo engine did, and where its frames were before and after.
+pub struct EchoSide {
+    pub report: EngineReport,
+    pub start: FrameAccounting,
+    pub end: FrameAccounting,
+    pub echo: EchoHandler,
+    pub xdp: XdpStats,
+    /// How A's socket was bound.
+    pub bind: BindMode,
+}
+
+/// Starts A: roce_xdp attached in `mode` and an echo engine on a socket opened with `cfg`,
+/// until the returned flag is set. Returns once the socket is registered.
+#[track_caller]
+pub fn echo_in_a(
+    pair: &Pair,
+    cfg: XskConfig,
+    mode: AttachMode,
+) -> (JoinHandle<EchoSide>, Arc<AtomicBool>) {
+    let a_if = pair.a().ifname.clone();
+    let stop = Arc::new(AtomicBool::new(false));
+    let (ready_tx, ready_rx) = mpsc::channel();
+    let a_stop = Arc::clone(&stop);
+    let a = pair.in_a(move || {
+        let mut prog = XdpProg::attach_mode(&a_if, &[QPN], mode);
+        let q = XskQueue::open(&a_if, 0, &cfg).expect("open A queue 0");
+        assert_eq!(q.multi_buffer(), cfg.multi_buffer);
+        let start = q.accounting();
+        let bind = q.bind_mode();
+        prog.set_xsk(&q);
+        ready_tx.send(()).expect("ready");
+        let mut e = Engine::new(q, EchoHandler::default(), EngineConfig::default());
+        let report = e.run(&a_stop).expect("engine A");
+        let (mut q, echo) = e.into_parts();
+        q.refill();
+        EchoSide {
+            report,
+            start,
+            end: q.accounting(),
+            echo,
+            xdp: prog.stats(),
+            bind,
+        }
+    });
+    ready_rx
+        .recv_timeout(Duration::from_secs(20))
+        .expect("engine A did not come up");
+    (a, stop)
 }
