@@ -168,6 +168,8 @@ pub struct Peer {
     pub share: PathBuf,
     /// Seconds from launch until rxe0 was up.
     pub boot_secs: f64,
+    /// The namespace is this peer's to delete on drop ([`Peer::boot_beside`]'s is not).
+    owns_netns: bool,
     next: std::cell::Cell<usize>,
     stopped: std::cell::Cell<bool>,
 }
@@ -209,7 +211,7 @@ impl Step {
     pub fn wait_timeout(&self, timeout: Duration) -> Option<StepOut> {
         let deadline = Instant::now() + timeout;
         let rc = self.base.with_extension("rc");
-        while Instant::now() < deadline {
+        loop {
             if let Ok(s) = fs::read_to_string(&rc)
                 && let Ok(code) = s.trim().parse()
             {
@@ -218,9 +220,11 @@ impl Step {
                     out: self.output(),
                 });
             }
+            if Instant::now() >= deadline {
+                return None;
+            }
             thread::sleep(Duration::from_millis(50));
         }
-        None
     }
 
     /// Waits for the step to exit.
@@ -270,82 +274,18 @@ impl Peer {
     /// When the image cannot be built or the VM does not come up (with its console output).
     #[must_use]
     pub fn boot(tag: &str, subnet: u8, opts: &PeerOptions) -> Self {
-        ensure_image();
         let name = format!("rxi{tag}");
-        let netns = name.clone();
         let host_ip = Ipv4Addr::new(10, 79, subnet, 1);
         let guest_ip = Ipv4Addr::new(10, 79, subnet, 2);
-        let tap = tap_for(guest_ip);
-        let bridge = format!("br{tag}");
-        let ifname = format!("ve{tag}");
-        let share = peer_dir().join("share").join(&name);
-        let _ = fs::remove_dir_all(&share);
-        fs::create_dir_all(&share).expect("share dir");
-        fs::write(share.join("agent.sh"), AGENT).expect("write agent");
-        let mut cmd = Command::new(tools_dir().join("start-peer.sh"));
-        cmd.args([
-            "--bg", "-q", "--name", &name, "--bridge", &bridge, "--share",
-        ])
-        .arg(&share)
-        .args(["--mtu", &opts.mtu.to_string()])
-        .args(["--mem", &opts.mem_mb.to_string()])
-        .args(["--timeout", &opts.timeout_secs.to_string()])
-        .args(["--bg-timeout", "300"]);
-        if opts.ipv6 {
-            cmd.arg("--ipv6");
-        }
-        // On a loaded host the guest kernel's check that the 8254 timer reaches the IO-APIC can
-        // fail under TCG, and the guest then sleeps forever before init (seen here: console
-        // stuck at "..MP-BIOS bug: 8254 timer not connected to IO-APIC", boot timeout).
-        if std::env::var_os("RXE_PEER_KERNEL_ARGS").is_none() {
-            cmd.env("RXE_PEER_KERNEL_ARGS", "no_timer_check");
-        }
-        cmd.args([
-            &netns,
-            "-",
-            &guest_ip.to_string(),
-            "--",
-            "bash",
-            "/share/agent.sh",
-        ]);
-        let t = Instant::now();
-        // Built before the VM starts, so that a failed boot is still cleaned up by Drop.
-        let mut peer = Self {
+        let peer = Self::launch(
+            name.clone(),
             name,
-            netns,
-            tap,
-            bridge,
-            ifname,
+            format!("br{tag}"),
+            format!("ve{tag}"),
             host_ip,
             guest_ip,
-            ready: BTreeMap::new(),
-            share,
-            boot_secs: 0.0,
-            next: std::cell::Cell::new(0),
-            stopped: std::cell::Cell::new(false),
-        };
-        let out = cmd.output().expect("run start-peer.sh");
-        peer.boot_secs = t.elapsed().as_secs_f64();
-        let console = fs::read_to_string(peer.run_dir().join("console.log")).unwrap_or_default();
-        assert!(
-            out.status.success(),
-            "rxe peer {} did not come up ({}):\n{}\n{}\nconsole:\n{}",
-            peer.name,
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr),
-            tail(&console, 30)
-        );
-        for line in String::from_utf8_lossy(&out.stdout).lines() {
-            if let Some((k, v)) = line.split_once('=') {
-                peer.ready.insert(k.trim().to_owned(), v.trim().to_owned());
-            }
-        }
-        assert!(
-            peer.ready.contains_key("RXE_GID_INDEX"),
-            "no ready file from {}: {:?}",
-            peer.name,
-            String::from_utf8_lossy(&out.stdout)
+            true,
+            opts,
         );
         let vb = format!("vb{tag}");
         let ip = |args: &[&str]| {
@@ -411,6 +351,119 @@ impl Peer {
             assert_eq!(o.rc, 0, "guest IPv6 address / GID: {}", o.out);
         }
         ip(&["link", "set", &peer.ifname, "up"]);
+        peer
+    }
+
+    /// Boots a second rxe VM on `first`'s bridge, guest address .3 of its subnet, for rxe ↔ rxe
+    /// references measured in the same run as the scenarios against `first` (see
+    /// [`rxe_pair`]). It shares `first`'s namespace and leaves it alone on drop (`first` owns
+    /// it), so drop it before `first`. `host_ip` and `ifname` are `first`'s: this VM has no veth
+    /// of ours.
+    ///
+    /// # Panics
+    /// As [`Peer::boot`].
+    #[must_use]
+    pub fn boot_beside(first: &Self, opts: &PeerOptions) -> Self {
+        let o = first.guest_ip.octets();
+        Self::launch(
+            format!("{}b", first.name),
+            first.netns.clone(),
+            first.bridge.clone(),
+            first.ifname.clone(),
+            first.host_ip,
+            Ipv4Addr::new(o[0], o[1], o[2], 3),
+            false,
+            opts,
+        )
+    }
+
+    /// Starts the VM (start-peer.sh in the background, the agent as its command) on `bridge` in
+    /// `netns` and waits until rxe0 is up. `owns_netns`: the namespace is this peer's to delete
+    /// on drop (start-peer.sh creates it when it is missing, and stop-peer.sh deletes only
+    /// namespaces it created). The bridge gets no address from here.
+    #[allow(clippy::too_many_arguments)]
+    fn launch(
+        name: String,
+        netns: String,
+        bridge: String,
+        ifname: String,
+        host_ip: Ipv4Addr,
+        guest_ip: Ipv4Addr,
+        owns_netns: bool,
+        opts: &PeerOptions,
+    ) -> Self {
+        ensure_image();
+        let tap = tap_for(guest_ip);
+        let share = peer_dir().join("share").join(&name);
+        let _ = fs::remove_dir_all(&share);
+        fs::create_dir_all(&share).expect("share dir");
+        fs::write(share.join("agent.sh"), AGENT).expect("write agent");
+        let mut cmd = Command::new(tools_dir().join("start-peer.sh"));
+        cmd.args([
+            "--bg", "-q", "--name", &name, "--bridge", &bridge, "--share",
+        ])
+        .arg(&share)
+        .args(["--mtu", &opts.mtu.to_string()])
+        .args(["--mem", &opts.mem_mb.to_string()])
+        .args(["--timeout", &opts.timeout_secs.to_string()])
+        .args(["--bg-timeout", "300"]);
+        if opts.ipv6 {
+            cmd.arg("--ipv6");
+        }
+        // On a loaded host the guest kernel's check that the 8254 timer reaches the IO-APIC can
+        // fail under TCG, and the guest then sleeps forever before init (seen here: console
+        // stuck at "..MP-BIOS bug: 8254 timer not connected to IO-APIC", boot timeout).
+        if std::env::var_os("RXE_PEER_KERNEL_ARGS").is_none() {
+            cmd.env("RXE_PEER_KERNEL_ARGS", "no_timer_check");
+        }
+        cmd.args([
+            &netns,
+            "-",
+            &guest_ip.to_string(),
+            "--",
+            "bash",
+            "/share/agent.sh",
+        ]);
+        let t = Instant::now();
+        // Built before the VM starts, so that a failed boot is still cleaned up by Drop.
+        let mut peer = Self {
+            name,
+            netns,
+            tap,
+            bridge,
+            ifname,
+            host_ip,
+            guest_ip,
+            ready: BTreeMap::new(),
+            share,
+            boot_secs: 0.0,
+            owns_netns,
+            next: std::cell::Cell::new(0),
+            stopped: std::cell::Cell::new(false),
+        };
+        let out = cmd.output().expect("run start-peer.sh");
+        peer.boot_secs = t.elapsed().as_secs_f64();
+        let console = fs::read_to_string(peer.run_dir().join("console.log")).unwrap_or_default();
+        assert!(
+            out.status.success(),
+            "rxe peer {} did not come up ({}):\n{}\n{}\nconsole:\n{}",
+            peer.name,
+            out.status,
+            String::from_utf8_lossy(&out.stdout),
+            String::from_utf8_lossy(&out.stderr),
+            tail(&console, 30)
+        );
+        for line in String::from_utf8_lossy(&out.stdout).lines() {
+            if let Some((k, v)) = line.split_once('=') {
+                peer.ready.insert(k.trim().to_owned(), v.trim().to_owned());
+            }
+        }
+        assert!(
+            peer.ready.contains_key("RXE_GID_INDEX"),
+            "no ready file from {}: {:?}",
+            peer.name,
+            String::from_utf8_lossy(&out.stdout)
+        );
         peer
     }
 
@@ -519,6 +572,26 @@ impl Peer {
             .collect()
     }
 
+    /// Waits for `step` at most `timeout`; a step still running then is killed (its shell and
+    /// the shell's children), and its output so far is returned with status -1.
+    #[must_use]
+    pub fn wait_or_kill(&self, step: &Step, timeout: Duration) -> StepOut {
+        step.wait_timeout(timeout).unwrap_or_else(|| {
+            if let Some(pid) = step.pid() {
+                let _ = self
+                    .spawn(&format!("pkill -P {pid}; kill {pid}"))
+                    .wait_timeout(Duration::from_secs(10));
+            }
+            StepOut {
+                rc: -1,
+                out: format!(
+                    "(did not exit within {timeout:?}; killed) {}",
+                    step.output()
+                ),
+            }
+        })
+    }
+
     /// Powers the VM off now (as if the peer's host died); the tap goes with it.
     pub fn kill_vm(&self) {
         let _ = Command::new(tools_dir().join("stop-peer.sh"))
@@ -538,9 +611,11 @@ impl Drop for Peer {
         // The VM's start-peer.sh removes the tap when qemu exits; give it a moment, then delete
         // the namespace (stop-peer.sh does so only if start-peer.sh created it).
         thread::sleep(Duration::from_millis(300));
-        let _ = Command::new(tools_dir().join("stop-peer.sh"))
-            .args(["--netns", &self.netns])
-            .output();
+        if self.owns_netns {
+            let _ = Command::new(tools_dir().join("stop-peer.sh"))
+                .args(["--netns", &self.netns])
+                .output();
+        }
         let _ = fs::remove_dir_all(&self.share);
     }
 }
@@ -1370,22 +1445,9 @@ impl<'a> Harness<'a> {
                     Ok(()) => Roce::spawn(&self.peer.netns, ours).wait(self.timeout),
                     Err(e) => Err(format!("not started: {e}")),
                 };
-                let g = step
-                    .wait_timeout(Duration::from_secs(30))
-                    .unwrap_or_else(|| {
-                        // The guest server is stuck (for example waiting for a peer that failed):
-                        // end it so the next scenario gets the port.
-                        if let Some(pid) = step.pid() {
-                            let _ = self.peer.exec(
-                                &format!("pkill -P {pid}; kill {pid}"),
-                                Duration::from_secs(10),
-                            );
-                        }
-                        StepOut {
-                            rc: -1,
-                            out: format!("(did not exit; killed) {}", step.output()),
-                        }
-                    });
+                // A stuck guest server (for example waiting for a peer that failed) is ended so
+                // that the next scenario gets the port.
+                let g = self.peer.wait_or_kill(&step, Duration::from_secs(30));
                 (o, g)
             }
             Roles::OurServer { ours, guest } => {
@@ -1598,6 +1660,85 @@ impl Peer {
             })
             .unwrap_or_else(|| panic!("no GID for {ip} on {}: {v}", self.ifname)) as usize
     }
+}
+
+/// One rxe ↔ rxe run, the reference a scenario against roce-xdp is compared with: `server_cmd`
+/// (bash, in the guest; it must listen on TCP `port`) on `server`, then `client_cmd` followed by
+/// the server guest's address on `client` (a VM from [`Peer::boot_beside`]). Call it after the
+/// scenarios it is a reference for, once the second VM is up; both tools read `$RXE_GID_INDEX`
+/// of their own guest. Returns the client's output.
+///
+/// # Errors
+/// When the server does not listen within 60 s, or either side fails or runs past `timeout`
+/// (then it is killed), with both outputs.
+pub fn rxe_pair(
+    server: &Peer,
+    client: &Peer,
+    server_cmd: &str,
+    client_cmd: &str,
+    port: u16,
+    timeout: Duration,
+) -> Result<StepOut, String> {
+    let s = server.spawn(server_cmd);
+    if let Err(e) = server.try_wait_listen(port, &s, Duration::from_secs(60)) {
+        let _ = server.wait_or_kill(&s, Duration::ZERO);
+        return Err(e);
+    }
+    let c = client.spawn(&format!("{client_cmd} {}", server.guest_ip));
+    let c = client.wait_or_kill(&c, timeout);
+    let s = server.wait_or_kill(&s, Duration::from_secs(30));
+    if c.rc != 0 || s.rc != 0 {
+        return Err(format!(
+            "rxe ↔ rxe `{client_cmd}`: client exit {}: {}\nserver exit {}: {}",
+            c.rc,
+            tail(&c.out, 10),
+            s.rc,
+            tail(&s.out, 10)
+        ));
+    }
+    Ok(c)
+}
+
+/// Checks that the rxe ↔ rxe references could be measured. A reference is a measurement of
+/// rxe, not of roce-xdp: one that failed twice (rxe ↔ rxe runs hang now and then under TCG,
+/// e.g. `ib_send_bw -q 4 -s 64K` once in 26) is shown as failed in the results and does not
+/// fail the test; a `group` (a tool, a path MTU) without a single measured reference means
+/// the reference set-up itself is broken, and does. Call it last, after the results are
+/// written.
+///
+/// # Panics
+/// When some group has no reference that succeeded.
+pub fn assert_references<K: std::fmt::Debug, V>(
+    refs: &BTreeMap<K, Result<V, String>>,
+    group: impl Fn(&K) -> String,
+) {
+    let mut ok: BTreeMap<String, usize> = BTreeMap::new();
+    for (k, v) in refs {
+        *ok.entry(group(k)).or_default() += usize::from(v.is_ok());
+    }
+    let bad: Vec<String> = refs
+        .iter()
+        .filter(|(k, _)| ok[&group(k)] == 0)
+        .filter_map(|(k, v)| v.as_ref().err().map(|e| format!("{k:?}: {e}")))
+        .collect();
+    assert!(
+        bad.is_empty(),
+        "no rxe ↔ rxe reference could be measured for {:?}:\n{}",
+        ok.iter()
+            .filter(|(_, n)| **n == 0)
+            .map(|(g, _)| g)
+            .collect::<Vec<_>>(),
+        bad.join("\n")
+    );
+}
+
+/// Runs `f` (one rxe ↔ rxe reference) up to twice: a TCG guest stalls now and then, and one
+/// failed run says little about rxe.
+///
+/// # Errors
+/// The second failure, with the first.
+pub fn twice<T>(mut f: impl FnMut() -> Result<T, String>) -> Result<T, String> {
+    f().or_else(|first| f().map_err(|second| format!("{second} (and before: {first})")))
 }
 
 /// rxe ↔ rxe bandwidth from selftest.sh (two VMs on a bridge), MB/s by test name.

@@ -1,8 +1,10 @@
 //! `roce perf write|send --lat` against perftest's ib_write_lat and ib_send_lat on Linux
 //! Soft-RoCE in a VM, both directions, 2 B and 4 KiB, 500 iterations each (1000 with
-//! `ROCE_INTEROP_FULL=1`), each scenario captured and checked like the others. Root.
+//! `ROCE_INTEROP_FULL=1`), each scenario captured and checked like the others, then the same
+//! tool and size between two rxe VMs (a second one boots beside the first after the scenarios):
+//! the rxe ↔ rxe reference of the same run. Root.
 
-use std::fmt::Write as _;
+use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 
 use roce_tests::{
     require_root,
@@ -84,19 +86,52 @@ fn perftest_latency_both_directions() {
             }
         }
     }
+    // rxe ↔ rxe: the same tool and size between two rxe VMs.
+    let mut refs: BTreeMap<(String, u32), Result<f64, String>> = BTreeMap::new();
+    {
+        let second = Peer::boot_beside(&peer, &PeerOptions::default());
+        for op in ["write", "send"] {
+            for size in [2u32, 4096] {
+                let v = rxe::twice(|| {
+                    port += 1;
+                    let tool = format!(
+                        "ib_{op}_lat -d rxe0 -x $RXE_GID_INDEX -F -p {port} -s {size} -n {n} -m 1024"
+                    );
+                    let o = rxe::rxe_pair(
+                        &peer,
+                        &second,
+                        &tool,
+                        &tool,
+                        port,
+                        Duration::from_secs(120),
+                    )?;
+                    match lat_line(&o.out) {
+                        Some((_, it, t)) if it == u64::from(n) => Ok(t),
+                        other => Err(format!("latency line {other:?}: {}", o.out)),
+                    }
+                });
+                refs.insert((format!("ib_{op}_lat"), size), v);
+            }
+        }
+    }
     let mut text = String::from(
-        "| tool | server | size | result | roce p50 µs | perftest t_typical µs | packets |\n|---|---|---|---|---|---|---|\n",
+        "| tool | server | size | result | roce p50 µs | perftest t_typical µs | rxe↔rxe t_typical µs | packets |\n|---|---|---|---|---|---|---|---|\n",
     );
     for (tool, r) in &rows {
+        let size = r.name.rsplit("-s").next().unwrap_or("?");
+        let reference = match refs.get(&(tool.clone(), size.parse().unwrap_or(0))) {
+            Some(Ok(t)) => format!("{t:.1}"),
+            Some(Err(_)) => "failed".into(),
+            None => "-".into(),
+        };
         let _ = writeln!(
             text,
-            "| {tool} | {} | {} | {} | {} | {} | {} |",
+            "| {tool} | {} | {size} | {} | {} | {} | {reference} | {} |",
             if r.name.contains("server_rxe") {
                 "rxe"
             } else {
                 "roce"
             },
-            r.name.rsplit("-s").next().unwrap_or("?"),
             if r.ok() {
                 "ok".to_owned()
             } else {
@@ -118,4 +153,5 @@ fn perftest_latency_both_directions() {
         rows.iter().all(|(_, r)| r.ok()),
         "perftest latency interop failures:\n{text}"
     );
+    rxe::assert_references(&refs, |(tool, _)| tool.clone());
 }

@@ -8,10 +8,11 @@
 //! both directions; and 4096 and 65536 B at path MTU 2048 on the 9000-byte link. A frame of path
 //! MTU 4096 does not fit one AF_XDP frame (4096 bytes, 256 of them headroom): on the 9000-byte
 //! link our sockets are bound for multi-buffer packets, and every such frame crosses as two
-//! descriptors (the test checks that they did). `ROCE_INTEROP_ITERS=N` changes the iteration
-//! count.
+//! descriptors (the test checks that they did). After the scenarios a second VM boots beside the
+//! first and the two run the same sizes and MTUs against each other: the rxe ↔ rxe reference of
+//! the same run. `ROCE_INTEROP_ITERS=N` changes the iteration count.
 
-use std::{fmt::Write as _, time::Duration};
+use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 
 use roce_tests::{
     require_root,
@@ -104,7 +105,64 @@ fn check_outputs(r: &mut SceneReport, size: u32) {
     }
 }
 
-fn summarize(reports: &[SceneReport]) -> String {
+/// The rxe ↔ rxe reference for (size, mtu): the same ibv_rc_pingpong between `server` and
+/// `client` (two rxe VMs on one bridge), in µs per iteration as the client reports it.
+fn rxe_reference(
+    server: &Peer,
+    client: &Peer,
+    size: u32,
+    mtu: u32,
+    port: &mut u16,
+) -> Result<f64, String> {
+    rxe::twice(|| {
+        *port += 1;
+        let n = iters();
+        let cmd = format!(
+            "ibv_rc_pingpong -d rxe0 -g $RXE_GID_INDEX -p {port} -s {size} -n {n} -m {mtu}"
+        );
+        let out = rxe::rxe_pair(server, client, &cmd, &cmd, *port, Duration::from_secs(300))?;
+        match rxe::pingpong_summary(&out.out) {
+            Some((it, us)) if it == u64::from(n) => Ok(us),
+            other => Err(format!(
+                "rxe ↔ rxe ibv_rc_pingpong -s {size} -m {mtu}: summary {other:?}: {}",
+                out.out
+            )),
+        }
+    })
+}
+
+/// Boots a second VM beside `peer` and measures the rxe ↔ rxe reference of every (size, mtu)
+/// the reports cover, after the scenarios, so that the idle VM does not load them.
+fn references(
+    peer: &Peer,
+    opts: &PeerOptions,
+    reports: &[SceneReport],
+    port: &mut u16,
+) -> References {
+    let second = Peer::boot_beside(peer, opts);
+    let mut refs = References::new();
+    for r in reports {
+        let key = size_mtu(&r.name);
+        refs.entry(key)
+            .or_insert_with(|| rxe_reference(peer, &second, key.0, key.1, port));
+    }
+    refs
+}
+
+/// ibv_rc_pingpong µs per iteration between two rxe VMs, by (size, path MTU).
+type References = BTreeMap<(u32, u32), Result<f64, String>>;
+
+/// (size, mtu) from a scenario name `...-s{size}-m{mtu}`.
+fn size_mtu(name: &str) -> (u32, u32) {
+    let num = |tag: &str| {
+        name.rsplit_once(tag)
+            .and_then(|(_, rest)| rest.split('-').next()?.parse().ok())
+            .unwrap_or(0)
+    };
+    (num("-s"), num("-m"))
+}
+
+fn summarize(reports: &[SceneReport], refs: &References) -> String {
     let mut s = String::new();
     for r in reports {
         let ours_us = r
@@ -114,13 +172,19 @@ fn summarize(reports: &[SceneReport]) -> String {
             .and_then(|v| v["usec_per_iter"].as_f64())
             .unwrap_or(f64::NAN);
         let guest_us = rxe::pingpong_summary(&r.guest.out).map_or(f64::NAN, |x| x.1);
+        let ref_us = refs
+            .get(&size_mtu(&r.name))
+            .and_then(|x| x.as_ref().ok())
+            .copied()
+            .unwrap_or(f64::NAN);
         let _ = writeln!(
             s,
-            "{:<48} {:<4} ours {:>9.1} us/iter  rxe {:>9.1} us/iter  pcap {:>6}/{:<6} retx rxe {} ours {}  {:>5.1}s {}",
+            "{:<48} {:<4} ours {:>9.1} us/iter  rxe {:>9.1} us/iter  rxe<->rxe {:>9.1} us/iter  pcap {:>6}/{:<6} retx rxe {} ours {}  {:>5.1}s {}",
             r.name,
             if r.ok() { "ok" } else { "FAIL" },
             ours_us,
             guest_us,
+            ref_us,
             r.icrc.good,
             r.rxe.get("sent_pkts").copied().unwrap_or(0)
                 + r.ours_ctr.get("sent_pkts").copied().unwrap_or(0),
@@ -131,6 +195,11 @@ fn summarize(reports: &[SceneReport]) -> String {
         );
         if !r.ok() {
             let _ = writeln!(s, "    rxe {:?}\n    ours {:?}", r.rxe, r.ours_ctr);
+        }
+    }
+    for ((size, mtu), v) in refs {
+        if let Err(e) = v {
+            let _ = writeln!(s, "rxe<->rxe s{size} m{mtu} FAILED: {e}");
         }
     }
     s
@@ -155,13 +224,15 @@ fn ibv_rc_pingpong_both_directions_mtu_1024() {
             reports.push(r);
         }
     }
-    let text = summarize(&reports);
+    let refs = references(&peer, &PeerOptions::default(), &reports, &mut port);
+    let text = summarize(&reports, &refs);
     println!("boot {:.1}s\n{text}", peer.boot_secs);
     write_results("pingpong-mtu1024.txt", &text);
     assert!(
         reports.iter().all(SceneReport::ok),
         "ibv_rc_pingpong interop failures:\n{text}"
     );
+    rxe::assert_references(&refs, |(_, mtu)| format!("MTU {mtu}"));
 }
 
 /// A 9000-byte link, where rxe runs path MTU 4096: ibv_rc_pingpong at path MTU 4096 (every
@@ -171,14 +242,11 @@ fn ibv_rc_pingpong_both_directions_mtu_1024() {
 #[test]
 fn ibv_rc_pingpong_jumbo_link_mtu_4096_and_2048() {
     require_root();
-    let peer = Peer::boot(
-        &tag("pj"),
-        62,
-        &PeerOptions {
-            mtu: 9000,
-            ..PeerOptions::default()
-        },
-    );
+    let opts = PeerOptions {
+        mtu: 9000,
+        ..PeerOptions::default()
+    };
+    let peer = Peer::boot(&tag("pj"), 62, &opts);
     let o = peer.exec(
         "ibv_devinfo -d rxe0 | grep active_mtu",
         Duration::from_secs(20),
@@ -206,13 +274,15 @@ fn ibv_rc_pingpong_jumbo_link_mtu_4096_and_2048() {
             }
         }
     }
-    let text = summarize(&reports);
+    let refs = references(&peer, &opts, &reports, &mut port);
+    let text = summarize(&reports, &refs);
     println!("boot {:.1}s\n{text}", peer.boot_secs);
     write_results("pingpong-jumbo.txt", &text);
     assert!(
         reports.iter().all(SceneReport::ok),
         "ibv_rc_pingpong interop failures on the 9000-byte link:\n{text}"
     );
+    rxe::assert_references(&refs, |(_, mtu)| format!("MTU {mtu}"));
 }
 
 /// At path MTU 4096 every full-payload frame is longer than an AF_XDP frame holds, so each one
