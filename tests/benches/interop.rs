@@ -1,5 +1,6 @@
 //! `cargo xtask bench interop`: ib_write_bw from a Linux Soft-RoCE VM to roce-xdp, against
-//! ib_write_bw between two Soft-RoCE VMs (`selftest.sh`), in the same run. Needs root, the
+//! ib_write_bw between that VM and a second Soft-RoCE VM booted beside it on the same bridge
+//! (`Peer::boot_beside`, once roce-xdp's runs are done), in the same run. Needs root, the
 //! rxe-peer image (`$RXE_PEER_DIR/rootfs.img`, see docs/interop.md) and the release `roce`
 //! binary (xtask builds it; or set ROCE_BIN). xtask runs it only when the peer is available.
 //!
@@ -72,13 +73,20 @@ fn main() {
         );
         ours.extend(bw);
     }
-    drop(peer);
+    let second = Peer::boot_beside(&peer, &PeerOptions::default());
     let mut theirs = Vec::new();
-    for _ in 0..REPS {
-        let r = rxe::selftest_bw("bench", 71, SIZE, ITERS, "", &["write"])
+    for rep in 0..REPS {
+        let port = 19650 + rep as u16;
+        let tool = format!(
+            "ib_write_bw -d rxe0 -x $RXE_GID_INDEX -F -p {port} -s {SIZE} -n {ITERS} -m 1024"
+        );
+        let out = rxe::rxe_pair(&second, &peer, &tool, &tool, port, Duration::from_secs(120))
             .unwrap_or_else(|e| panic!("rxe ↔ rxe reference: {e}"));
-        theirs.push(r.first().map(|x| x.1).expect("selftest.sh write result"));
+        let bw = rxe::perftest_bw_line(&out.out).map(|x| x.3);
+        theirs.push(bw.unwrap_or_else(|| panic!("rxe ↔ rxe: no result line: {}", out.out)));
     }
+    drop(second);
+    drop(peer);
     let ((om, omin, omax), (tm, _, _)) = (stats(ours), stats(theirs.clone()));
     let ratio = om / tm.max(1e-9);
     let (tmin, tmax) = (
