@@ -30,6 +30,8 @@ fn main() {
     // The endpoint under test: xtask points ROCE_BIN at the release build.
     let _ = roce_tests::roce_bin();
     let peer = Peer::boot(&roce_tests::tag("bi"), 66, &PeerOptions::default());
+    // The guest's ib_write_bw, the same for both measurements (a client adds the server).
+    let tool = |port: u16| rxe::perftest_cmd("ib_write_bw", port, &format!("-s {SIZE} -n {ITERS}"));
     let mut ours = Vec::new();
     for rep in 0..REPS {
         let port = 19600 + rep as u16;
@@ -54,10 +56,7 @@ fn main() {
         );
         wait_host_listen(&peer.netns, port, Duration::from_secs(30));
         let g = peer
-            .spawn(&format!(
-                "ib_write_bw -d rxe0 -x $RXE_GID_INDEX -F -p {port} -s {SIZE} -n {ITERS} -m 1024 {}",
-                peer.host_ip
-            ))
+            .spawn(&format!("{} {}", tool(port), peer.host_ip))
             .wait_timeout(Duration::from_secs(120))
             .unwrap_or(StepOut {
                 rc: -1,
@@ -77,10 +76,7 @@ fn main() {
     let mut theirs = Vec::new();
     for rep in 0..REPS {
         let port = 19650 + rep as u16;
-        let tool = format!(
-            "ib_write_bw -d rxe0 -x $RXE_GID_INDEX -F -p {port} -s {SIZE} -n {ITERS} -m 1024"
-        );
-        let out = rxe::rxe_pair(&second, &peer, &tool, &tool, port, Duration::from_secs(120))
+        let out = rxe::rxe_pair(&second, &peer, &tool(port), port, Duration::from_secs(120))
             .unwrap_or_else(|e| panic!("rxe ↔ rxe reference: {e}"));
         let bw = rxe::perftest_bw_line(&out.out).map(|x| x.3);
         theirs.push(bw.unwrap_or_else(|| panic!("rxe ↔ rxe: no result line: {}", out.out)));

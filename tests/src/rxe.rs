@@ -1662,11 +1662,28 @@ impl Peer {
     }
 }
 
-/// One rxe ↔ rxe run, the reference a scenario against roce-xdp is compared with: `server_cmd`
-/// (bash, in the guest; it must listen on TCP `port`) on `server`, then `client_cmd` followed by
-/// the server guest's address on `client` (a VM from [`Peer::boot_beside`]). Call it after the
-/// scenarios it is a reference for, once the second VM is up; both tools read `$RXE_GID_INDEX`
-/// of their own guest. Returns the client's output.
+/// A perftest command line for the guest: `tool` (`ib_write_bw`, `ib_send_lat`, ...) on rxe0
+/// with the guest's RoCE v2 GID index (`$RXE_GID_INDEX`), `-F` (no warning about the TCG
+/// guest's CPU frequency), out-of-band TCP `port`, path MTU 1024, then `args` (size,
+/// iterations, QPs; a client adds the server's address last).
+#[must_use]
+pub fn perftest_cmd(tool: &str, port: u16, args: &str) -> String {
+    format!("{tool} -d rxe0 -x $RXE_GID_INDEX -F -p {port} -m 1024 {args}")
+}
+
+/// An ibv_rc_pingpong command line for the guest: rxe0 with the guest's RoCE v2 GID index,
+/// out-of-band TCP `port`, `size` bytes, `iters` round trips, path MTU `mtu` (a client adds the
+/// server's address after it).
+#[must_use]
+pub fn pingpong_cmd(port: u16, size: u32, iters: u32, mtu: u32) -> String {
+    format!("ibv_rc_pingpong -d rxe0 -g $RXE_GID_INDEX -p {port} -s {size} -n {iters} -m {mtu}")
+}
+
+/// One rxe ↔ rxe run, the reference a scenario against roce-xdp is compared with: `cmd` (bash,
+/// in the guest; as a server it must listen on TCP `port`) on `server`, then the same `cmd`
+/// followed by the server guest's address on `client` (a VM from [`Peer::boot_beside`]). Call
+/// it after the scenarios it is a reference for, once the second VM is up; both tools read
+/// `$RXE_GID_INDEX` of their own guest. Returns the client's output.
 ///
 /// # Errors
 /// When the server does not listen within 60 s, or either side fails or runs past `timeout`
@@ -1674,22 +1691,21 @@ impl Peer {
 pub fn rxe_pair(
     server: &Peer,
     client: &Peer,
-    server_cmd: &str,
-    client_cmd: &str,
+    cmd: &str,
     port: u16,
     timeout: Duration,
 ) -> Result<StepOut, String> {
-    let s = server.spawn(server_cmd);
+    let s = server.spawn(cmd);
     if let Err(e) = server.try_wait_listen(port, &s, Duration::from_secs(60)) {
         let _ = server.wait_or_kill(&s, Duration::ZERO);
         return Err(e);
     }
-    let c = client.spawn(&format!("{client_cmd} {}", server.guest_ip));
+    let c = client.spawn(&format!("{cmd} {}", server.guest_ip));
     let c = client.wait_or_kill(&c, timeout);
     let s = server.wait_or_kill(&s, Duration::from_secs(30));
     if c.rc != 0 || s.rc != 0 {
         return Err(format!(
-            "rxe ↔ rxe `{client_cmd}`: client exit {}: {}\nserver exit {}: {}",
+            "rxe ↔ rxe `{cmd}`: client exit {}: {}\nserver exit {}: {}",
             c.rc,
             tail(&c.out, 10),
             s.rc,

@@ -276,17 +276,16 @@ fn without_cc_the_bottleneck_drops_and_the_sender_retransmits() {
     // run overflow the queue more often, so the raw counts came out 479 without CC and 493 with
     // it, with goodput 16.8 vs 176.5 Mb/s over 5 s: 5,702 retries per delivered Gbit without
     // CC, 559 with it (10x). On a quiet machine the ratio is 30-80x; another loaded run, 6.8x.
-    let per_gbit = |retx: u64, goodput: f64| retx as f64 / (goodput * 5.0).max(1e-9);
+    let gbit = |c: &Value| c["bytes"].as_u64().expect("perf reports bytes") as f64 * 8e-9;
+    let (gbit_on, gbit_off) = (gbit(&c_on), gbit(&c_off));
     let (rate_on, rate_off) = (
-        per_gbit(retx_on, goodput_on),
-        per_gbit(retx_off, goodput_off),
+        retx_on as f64 / gbit_on.max(1e-9),
+        retx_off as f64 / gbit_off.max(1e-9),
     );
     assert!(
         rate_off > 2.0 * rate_on,
-        "{retx_off} retries for {:.2} Gbit delivered without CC ({rate_off:.0}/Gbit), \
-         {retx_on} for {:.2} Gbit with it ({rate_on:.0}/Gbit)",
-        goodput_off * 5.0,
-        goodput_on * 5.0
+        "{retx_off} retries for {gbit_off:.2} Gbit delivered without CC ({rate_off:.0}/Gbit), \
+         {retx_on} for {gbit_on:.2} Gbit with it ({rate_on:.0}/Gbit)"
     );
     // Without CC nothing is ECT, so nothing is marked (RED drops instead) and no CNP is sent;
     // with CC, ECT(0) data is marked, not dropped early.

@@ -26,8 +26,11 @@ fn vm_killed_mid_transfer_ends_in_retry_exceeded() {
     let peer = Peer::boot(&tag("fk"), 64, &PeerOptions::default());
     let h = Harness::new(&peer, &rxe::out_dir().join("pcap"));
     let before = h.xdp.stats();
-    let step =
-        peer.spawn("ib_write_bw -d rxe0 -x $RXE_GID_INDEX -F -p 19501 -s 65536 -n 100000 -m 1024");
+    let step = peer.spawn(&rxe::perftest_cmd(
+        "ib_write_bw",
+        19501,
+        "-s 65536 -n 100000",
+    ));
     peer.wait_listen(19501, &step, Duration::from_secs(60));
     let client = Roce::spawn(
         &peer.netns,
@@ -100,9 +103,10 @@ fn endpoint_killed_mid_transfer_rxe_reports_and_we_restart_cleanly() {
         .map(String::from),
     );
     rxe::wait_host_listen(&peer.netns, 19601, Duration::from_secs(30));
-    let step = peer.spawn(&format!(
-        "ib_write_bw -d rxe0 -x $RXE_GID_INDEX -F -p 19601 -s 65536 -n 100000 -m 1024 {}",
-        peer.host_ip
+    let step = peer.spawn(&rxe::perftest_cmd(
+        "ib_write_bw",
+        19601,
+        &format!("-s 65536 -n 100000 {}", peer.host_ip),
     ));
     thread::sleep(Duration::from_secs(4));
     assert!(
@@ -158,9 +162,10 @@ fn endpoint_killed_mid_transfer_rxe_reports_and_we_restart_cleanly() {
             ]
             .map(String::from)
             .to_vec(),
-            guest: format!(
-                "ib_write_bw -d rxe0 -x $RXE_GID_INDEX -F -p 19602 -s 4096 -n 500 -m 1024 {}",
-                peer.host_ip
+            guest: rxe::perftest_cmd(
+                "ib_write_bw",
+                19602,
+                &format!("-s 4096 -n 500 {}", peer.host_ip),
             ),
         },
         19602,

@@ -36,9 +36,8 @@ fn perftest_latency_both_directions() {
         for size in [2u32, 4096] {
             for guest_server in [true, false] {
                 port += 1;
-                let tool = format!(
-                    "ib_{op}_lat -d rxe0 -x $RXE_GID_INDEX -F -p {port} -s {size} -n {n} -m 1024"
-                );
+                let tool =
+                    rxe::perftest_cmd(&format!("ib_{op}_lat"), port, &format!("-s {size} -n {n}"));
                 let mut ours: Vec<String> = [
                     "perf",
                     op,
@@ -94,17 +93,12 @@ fn perftest_latency_both_directions() {
             for size in [2u32, 4096] {
                 let v = rxe::twice(|| {
                     port += 1;
-                    let tool = format!(
-                        "ib_{op}_lat -d rxe0 -x $RXE_GID_INDEX -F -p {port} -s {size} -n {n} -m 1024"
-                    );
-                    let o = rxe::rxe_pair(
-                        &peer,
-                        &second,
-                        &tool,
-                        &tool,
+                    let tool = rxe::perftest_cmd(
+                        &format!("ib_{op}_lat"),
                         port,
-                        Duration::from_secs(120),
-                    )?;
+                        &format!("-s {size} -n {n}"),
+                    );
+                    let o = rxe::rxe_pair(&peer, &second, &tool, port, Duration::from_secs(120))?;
                     match lat_line(&o.out) {
                         Some((_, it, t)) if it == u64::from(n) => Ok(t),
                         other => Err(format!("latency line {other:?}: {}", o.out)),

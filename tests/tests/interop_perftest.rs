@@ -76,9 +76,10 @@ fn tool(op: Op, size: u32, qps: u32, port: u16) -> String {
         Op::Atomic => String::new(),
         _ => format!("-s {size}"),
     };
-    format!(
-        "ib_{}_bw -d rxe0 -x $RXE_GID_INDEX -F -p {port} {size_arg} -n {n} -q {qps} -m 1024",
-        op.name()
+    rxe::perftest_cmd(
+        &format!("ib_{}_bw", op.name()),
+        port,
+        &format!("{size_arg} -n {n} -q {qps}"),
     )
 }
 
@@ -162,7 +163,7 @@ fn rxe_reference(
     rxe::twice(|| {
         *port += 1;
         let t = tool(op, size, qps, *port);
-        let out = rxe::rxe_pair(server, client, &t, &t, *port, Duration::from_secs(120))?;
+        let out = rxe::rxe_pair(server, client, &t, *port, Duration::from_secs(120))?;
         let want = u64::from(iters(op, size)) * u64::from(qps);
         match rxe::perftest_bw_line(&out.out) {
             Some((_, it, _, bw, rate)) if it == want && rate > 0.0 => Ok((bw, rate)),

@@ -37,9 +37,7 @@ fn both_ways(h: &Harness<'_>, size: u32, mtu: u32, port: &mut u16) -> Vec<SceneR
         h.run(
             &format!("ibv_rc_pingpong-server_rxe-s{size}-m{mtu}"),
             &Roles::GuestServer {
-                guest: format!(
-                    "ibv_rc_pingpong -d rxe0 -g $RXE_GID_INDEX -p {port} -s {size} -n {n} -m {mtu}"
-                ),
+                guest: rxe::pingpong_cmd(*port, size, n, mtu),
                 ours: [
                     "pingpong",
                     "-d",
@@ -61,31 +59,30 @@ fn both_ways(h: &Harness<'_>, size: u32, mtu: u32, port: &mut u16) -> Vec<SceneR
         ),
     );
     *port += 1;
-    out.push(h.run(
-        &format!("ibv_rc_pingpong-server_roce-s{size}-m{mtu}"),
-        &Roles::OurServer {
-            ours: [
-                "pingpong",
-                "-d",
-                &p.ifname,
-                "-p",
-                &port.to_string(),
-                "-s",
-                &size.to_string(),
-                "-n",
-                &n.to_string(),
-                "-m",
-                &mtu.to_string(),
-            ]
-            .map(String::from)
-            .to_vec(),
-            guest: format!(
-                "ibv_rc_pingpong -d rxe0 -g $RXE_GID_INDEX -p {port} -s {size} -n {n} -m {mtu} {}",
-                p.host_ip
-            ),
-        },
-        *port,
-    ));
+    out.push(
+        h.run(
+            &format!("ibv_rc_pingpong-server_roce-s{size}-m{mtu}"),
+            &Roles::OurServer {
+                ours: [
+                    "pingpong",
+                    "-d",
+                    &p.ifname,
+                    "-p",
+                    &port.to_string(),
+                    "-s",
+                    &size.to_string(),
+                    "-n",
+                    &n.to_string(),
+                    "-m",
+                    &mtu.to_string(),
+                ]
+                .map(String::from)
+                .to_vec(),
+                guest: format!("{} {}", rxe::pingpong_cmd(*port, size, n, mtu), p.host_ip),
+            },
+            *port,
+        ),
+    );
     out
 }
 
@@ -117,10 +114,8 @@ fn rxe_reference(
     rxe::twice(|| {
         *port += 1;
         let n = iters();
-        let cmd = format!(
-            "ibv_rc_pingpong -d rxe0 -g $RXE_GID_INDEX -p {port} -s {size} -n {n} -m {mtu}"
-        );
-        let out = rxe::rxe_pair(server, client, &cmd, &cmd, *port, Duration::from_secs(300))?;
+        let cmd = rxe::pingpong_cmd(*port, size, n, mtu);
+        let out = rxe::rxe_pair(server, client, &cmd, *port, Duration::from_secs(300))?;
         match rxe::pingpong_summary(&out.out) {
             Some((it, us)) if it == u64::from(n) => Ok(us),
             other => Err(format!(
