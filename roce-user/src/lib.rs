@@ -15,6 +15,7 @@ pub mod loader;
 pub mod netinfo;
 pub mod netns;
 pub mod stats;
+pub mod time;
 pub mod transport;
 pub mod wire;
 pub mod xsk;

@@ -3,44 +3,9 @@
 //! The transport never reads a clock: every entry point takes `now: Instant`, and the caller
 //! asks [`crate::transport::Device::poll_timeout`] when to call `handle_timeout` next.
 
-use core::{ops::Add, time::Duration};
+use core::time::Duration;
 
-/// A point in time, in nanoseconds since an arbitrary epoch chosen by the caller.
-///
-/// The engine converts its clock into this; tests start at zero and advance by hand.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Debug)]
-pub struct Instant(u64);
-
-impl Instant {
-    /// The epoch.
-    pub const ZERO: Self = Self(0);
-
-    /// An instant `nanos` nanoseconds after the epoch.
-    #[must_use]
-    pub const fn from_nanos(nanos: u64) -> Self {
-        Self(nanos)
-    }
-
-    /// Nanoseconds since the epoch.
-    #[must_use]
-    pub const fn as_nanos(self) -> u64 {
-        self.0
-    }
-
-    /// `self - earlier`, zero if `earlier` is later.
-    #[must_use]
-    pub const fn saturating_duration_since(self, earlier: Self) -> Duration {
-        Duration::from_nanos(self.0.saturating_sub(earlier.0))
-    }
-}
-
-impl Add<Duration> for Instant {
-    type Output = Self;
-    fn add(self, d: Duration) -> Self {
-        let nanos = u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
-        Self(self.0.saturating_add(nanos))
-    }
-}
+pub use crate::time::Instant;
 
 /// The timers of one queue pair.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
