@@ -33,8 +33,11 @@ use nix::sys::socket::{
     MsgFlags, MultiHeaders, SockaddrIn, recvmmsg, sendmmsg, setsockopt, sockopt,
 };
 use roce::{
-    engine::{EchoHandler, Engine, EngineConfig, Handler, Nanos, RxVerdict, TxSink},
-    xsk::{GenConfig, Rate, RoceTemplate, XskConfig, XskQueue, run_gen},
+    engine::{
+        EchoHandler, Engine, EngineConfig, GenConfig, Handler, Rate, RoceTemplate, RxVerdict,
+        TxSink, run_gen,
+    },
+    xsk::{XskConfig, XskQueue},
 };
 use roce_common::ROCE_V2_UDP_PORT;
 use xsk_support::*;
@@ -51,7 +54,12 @@ const ECHO_SIZE: usize = 128;
 struct DropCounter(Arc<AtomicU64>);
 
 impl Handler for DropCounter {
-    fn on_rx(&mut self, _now: Nanos, _frame: &mut [u8], _tx: &mut TxSink<'_>) -> RxVerdict {
+    fn on_rx(
+        &mut self,
+        _now: roce::time::Instant,
+        _frame: &mut [u8],
+        _tx: &mut TxSink<'_>,
+    ) -> RxVerdict {
         self.0.fetch_add(1, Ordering::Relaxed);
         RxVerdict::Recycle
     }

@@ -150,12 +150,14 @@ fn tail_rate(t: &Trace, qpn: u64, frac: f64) -> f64 {
         .filter(|r| u64::from(r.qpn.value()) == qpn)
         .collect();
     let (first, last) = (rows[0], rows[rows.len() - 1]);
-    let from_t = last.time.0 - ((last.time.0 - first.time.0) as f64 * frac) as u64;
+    let from_t = last.time.as_nanos()
+        - ((last.time.as_nanos() - first.time.as_nanos()) as f64 * frac) as u64;
     let from = rows
         .iter()
-        .find(|r| r.time.0 >= from_t)
+        .find(|r| r.time.as_nanos() >= from_t)
         .expect("a sample in the tail");
-    (last.bytes - from.bytes) as f64 * 8.0 / ((last.time.0 - from.time.0) as f64 / 1e9)
+    (last.bytes - from.bytes) as f64 * 8.0
+        / ((last.time.as_nanos() - from.time.as_nanos()) as f64 / 1e9)
 }
 
 fn qpns(v: &Value) -> Vec<u64> {

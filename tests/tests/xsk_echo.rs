@@ -8,9 +8,9 @@ mod xsk_support;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use roce::{
-    engine::{Engine, EngineConfig},
+    engine::{Engine, EngineConfig, RoceTemplate},
     loader::AttachMode,
-    xsk::{BindMode, RoceTemplate, XskConfig, XskQueue},
+    xsk::{BindMode, XskConfig, XskQueue},
 };
 use xsk_support::*;
 

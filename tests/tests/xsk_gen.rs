@@ -15,8 +15,8 @@ use std::{
 };
 
 use roce::{
-    engine::{Engine, EngineConfig, Handler, Nanos, RxVerdict, TxSink},
-    xsk::{RoceTemplate, XskConfig, XskQueue},
+    engine::{Engine, EngineConfig, Handler, Instant, RoceTemplate, RxVerdict, TxSink},
+    xsk::{XskConfig, XskQueue},
 };
 use xsk_support::*;
 
@@ -33,7 +33,7 @@ struct Checker {
 }
 
 impl Handler for Checker {
-    fn on_rx(&mut self, _now: Nanos, frame: &mut [u8], _tx: &mut TxSink<'_>) -> RxVerdict {
+    fn on_rx(&mut self, _now: Instant, frame: &mut [u8], _tx: &mut TxSink<'_>) -> RxVerdict {
         let good = RoceTemplate::seq_of(frame).is_some_and(|seq| {
             let len = self.tmpl.write(&mut self.scratch, seq);
             let fresh = self.seen.get(seq as usize).is_some_and(|s| !s);

@@ -7,8 +7,9 @@ mod xsk_support;
 use std::time::{Duration, Instant};
 
 use roce::{
+    engine::RoceTemplate,
     engine::RxVerdict,
-    xsk::{FrameAccounting, RoceTemplate, XskConfig, XskQueue},
+    xsk::{FrameAccounting, XskConfig, XskQueue},
 };
 use xsk_support::*;
 

@@ -14,9 +14,9 @@ use std::{
 };
 
 use roce::{
-    engine::{Engine, EngineConfig},
+    engine::{Engine, EngineConfig, RoceTemplate},
     loader::AttachMode,
-    xsk::{RoceTemplate, XskConfig, XskQueue},
+    xsk::{XskConfig, XskQueue},
 };
 use xsk_support::*;
 

@@ -15,9 +15,9 @@ use std::{
 };
 
 use roce::{
-    engine::{EchoHandler, EngineConfig, spawn_engines},
+    engine::{EchoHandler, EngineConfig, RoceTemplate, spawn_engines},
     loader::Pins,
-    xsk::{RoceTemplate, XskConfig, XskQueue, rx_queue_count},
+    xsk::{XskConfig, XskQueue, rx_queue_count},
 };
 use xsk_support::*;
 

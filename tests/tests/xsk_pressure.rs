@@ -17,8 +17,8 @@ use std::{
 };
 
 use roce::{
-    engine::{EchoHandler, Engine, EngineConfig, Handler, Nanos, RxVerdict, TxSink},
-    xsk::{RoceTemplate, XskConfig, XskQueue},
+    engine::{EchoHandler, Engine, EngineConfig, Handler, RoceTemplate, RxVerdict, TxSink},
+    xsk::{XskConfig, XskQueue},
 };
 use xsk_support::*;
 
@@ -29,7 +29,12 @@ struct SlowEcho {
 }
 
 impl Handler for SlowEcho {
-    fn on_rx(&mut self, now: Nanos, frame: &mut [u8], tx: &mut TxSink<'_>) -> RxVerdict {
+    fn on_rx(
+        &mut self,
+        now: roce::time::Instant,
+        frame: &mut [u8],
+        tx: &mut TxSink<'_>,
+    ) -> RxVerdict {
         let t = Instant::now();
         while t.elapsed() < self.spin {
             std::hint::spin_loop();

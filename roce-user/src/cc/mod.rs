@@ -2,7 +2,7 @@
 //! reaction point (rate control per QP) and pacing.
 //!
 //! Deterministic, in the quinn-proto style: nothing here reads a clock, does I/O or draws a
-//! random number. Time is a [`Nanos`] timestamp passed in by the caller; every input is an
+//! random number. Time is a [`Instant`] timestamp passed in by the caller; every input is an
 //! `on_*` callback taking `now`, timers are polled with `poll_timeout` and fired with
 //! `handle_timeout(now)`. The same code therefore runs in the engine, in unit tests with
 //! synthetic time, and in the bottleneck simulator ([`sim`]).
@@ -39,8 +39,6 @@ mod rp;
 pub mod sim;
 pub mod trace;
 
-use core::{fmt, ops::Add, time::Duration};
-
 pub use config::{ConfigError, DcqcnConfig};
 pub use np::{NotificationPoint, cnp_frame};
 pub use pacing::Pacer;
@@ -48,55 +46,9 @@ pub use qp::{CcSnapshot, QpCongestion};
 pub use rp::{Phase, ReactionPoint, Stage};
 pub use trace::{Trace, TraceError, TraceRow};
 
-/// A point in time, in nanoseconds since an arbitrary epoch chosen by the caller (the engine uses
-/// a monotonic clock; tests and the simulator start at zero).
-///
-/// It is the only notion of time in `cc`: the caller converts its clock to `Nanos` at the edge
-/// (`Nanos(instant.duration_since(epoch).as_nanos() as u64)`), which keeps this module
-/// deterministic. Durations are [`core::time::Duration`]. If the transport grows its own
-/// `Instant` type, a `From` conversion in either direction is all that is needed.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
-pub struct Nanos(pub u64);
-
-impl Nanos {
-    /// Time zero.
-    pub const ZERO: Self = Self(0);
-
-    /// `us` microseconds after the epoch.
-    #[must_use]
-    pub const fn from_micros(us: u64) -> Self {
-        Self(us.saturating_mul(1000))
-    }
-
-    /// The time elapsed from `earlier` to `self`, zero if `earlier` is later.
-    #[must_use]
-    pub const fn saturating_duration_since(self, earlier: Self) -> Duration {
-        Duration::from_nanos(self.0.saturating_sub(earlier.0))
-    }
-
-    /// Nanoseconds since the epoch.
-    #[must_use]
-    pub const fn as_nanos(self) -> u64 {
-        self.0
-    }
-}
-
-impl Add<Duration> for Nanos {
-    type Output = Self;
-    /// Saturating: a time past `u64::MAX` ns (584 years) stays at the end of time.
-    fn add(self, d: Duration) -> Self {
-        Self(
-            self.0
-                .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
-        )
-    }
-}
-
-impl fmt::Debug for Nanos {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "{}ns", self.0)
-    }
-}
+/// Time in `cc` is the core's one clock, [`crate::time::Instant`]; durations are
+/// [`core::time::Duration`].
+pub use crate::time::Instant;
 
 /// Congestion-control counters (defined in `roce_common` so the published per-QP record can
 /// carry them).

@@ -1,6 +1,6 @@
 //! The DCQCN notification point: CE-marked packets in, CNPs out.
 
-use super::{CcStats, DcqcnConfig, Nanos};
+use super::{CcStats, DcqcnConfig, Instant};
 use crate::wire::{Ecn, PathRepr, Qpn, RoceRepr};
 
 /// The notification point of one QP (the side that receives data).
@@ -14,7 +14,7 @@ use crate::wire::{Ecn, PathRepr, Qpn, RoceRepr};
 pub struct NotificationPoint {
     enabled: bool,
     interval: core::time::Duration,
-    last_cnp: Option<Nanos>,
+    last_cnp: Option<Instant>,
     stats: CcStats,
 }
 
@@ -35,7 +35,7 @@ impl NotificationPoint {
     /// build it with [`cnp_frame`]. Counts `np_ecn_marked_roce_packets` and `np_cnp_sent` (the
     /// caller must send the CNP when told to, or the count is wrong).
     #[must_use]
-    pub fn on_packet(&mut self, now: Nanos, ecn: Ecn) -> bool {
+    pub fn on_packet(&mut self, now: Instant, ecn: Ecn) -> bool {
         if ecn != Ecn::Ce {
             return false;
         }
@@ -55,7 +55,7 @@ impl NotificationPoint {
 
     /// Time of the last CNP decided, if any.
     #[must_use]
-    pub const fn last_cnp(&self) -> Option<Nanos> {
+    pub const fn last_cnp(&self) -> Option<Instant> {
         self.last_cnp
     }
 
@@ -94,7 +94,7 @@ mod tests {
             ..DcqcnConfig::default()
         };
         let mut np = NotificationPoint::new(&cfg);
-        let us = Nanos::from_micros;
+        let us = Instant::from_micros;
         assert!(!np.on_packet(us(0), Ecn::Ect0));
         assert!(np.on_packet(us(1), Ecn::Ce));
         assert!(!np.on_packet(us(2), Ecn::Ce));
@@ -116,7 +116,7 @@ mod tests {
             ..DcqcnConfig::default()
         };
         let mut np = NotificationPoint::new(&cfg);
-        assert!(!np.on_packet(Nanos(0), Ecn::Ce));
+        assert!(!np.on_packet(Instant::from_nanos(0), Ecn::Ce));
         assert_eq!(np.stats().np_ecn_marked_roce_packets, 1);
         assert_eq!(np.stats().np_cnp_sent, 0);
     }

@@ -2,7 +2,7 @@
 
 use core::time::Duration;
 
-use super::Nanos;
+use super::Instant;
 
 const NS_PER_S: u128 = 1_000_000_000;
 
@@ -18,13 +18,13 @@ const NS_PER_S: u128 = 1_000_000_000;
 pub struct Pacer {
     capacity: i128,
     tokens: i128,
-    last: Nanos,
+    last: Instant,
 }
 
 impl Pacer {
     /// A full bucket of `burst_bytes` at time `now`.
     #[must_use]
-    pub fn new(now: Nanos, burst_bytes: u32) -> Self {
+    pub fn new(now: Instant, burst_bytes: u32) -> Self {
         let capacity = i128::from(burst_bytes) * 8 * NS_PER_S as i128;
         Self {
             capacity,
@@ -35,11 +35,11 @@ impl Pacer {
 
     /// Adds the tokens earned at `rate_bps` from the last update to `now`. Times before the last
     /// update are ignored (time never runs backwards here).
-    pub fn advance(&mut self, now: Nanos, rate_bps: u64) {
+    pub fn advance(&mut self, now: Instant, rate_bps: u64) {
         if now <= self.last {
             return;
         }
-        let dt = i128::from(now.0 - self.last.0);
+        let dt = i128::from(now.as_nanos() - self.last.as_nanos());
         self.tokens = self
             .tokens
             .saturating_add(dt.saturating_mul(i128::from(rate_bps)))
@@ -51,11 +51,13 @@ impl Pacer {
     /// bucket holds enough tokens, else when it will. A packet larger than the bucket waits for
     /// a full bucket and then goes (the bucket goes into debt).
     #[must_use]
-    pub fn next_send_time(&self, now: Nanos, bytes: u32, rate_bps: u64) -> Nanos {
+    pub fn next_send_time(&self, now: Instant, bytes: u32, rate_bps: u64) -> Instant {
         let mut tokens = self.tokens;
         if now > self.last {
             tokens = tokens
-                .saturating_add(i128::from(now.0 - self.last.0) * i128::from(rate_bps))
+                .saturating_add(
+                    i128::from(now.as_nanos() - self.last.as_nanos()) * i128::from(rate_bps),
+                )
                 .min(self.capacity);
         }
         let cost = (i128::from(bytes) * 8 * NS_PER_S as i128).min(self.capacity);
@@ -63,7 +65,7 @@ impl Pacer {
             return now.max(self.last);
         }
         if rate_bps == 0 {
-            return Nanos(u64::MAX);
+            return Instant::from_nanos(u64::MAX);
         }
         let deficit = (cost - tokens) as u128;
         let wait = deficit.div_ceil(u128::from(rate_bps));
@@ -71,13 +73,13 @@ impl Pacer {
     }
 
     /// Takes the tokens of a packet of `bytes` sent at `now`.
-    pub fn on_sent(&mut self, now: Nanos, bytes: u32, rate_bps: u64) {
+    pub fn on_sent(&mut self, now: Instant, bytes: u32, rate_bps: u64) {
         self.advance(now, rate_bps);
         self.tokens -= i128::from(bytes) * 8 * NS_PER_S as i128;
     }
 
     /// Fills the bucket (when the QP stops being rate limited).
-    pub fn fill(&mut self, now: Nanos) {
+    pub fn fill(&mut self, now: Instant) {
         self.tokens = self.capacity;
         self.last = self.last.max(now);
     }
@@ -91,38 +93,50 @@ mod tests {
     fn paces_at_the_rate_after_the_burst() {
         // 1000 B burst at 8 Mb/s: one 1000 B packet takes 1 ms of tokens.
         let rate = 8_000_000;
-        let mut p = Pacer::new(Nanos(0), 1000);
-        assert_eq!(p.next_send_time(Nanos(0), 1000, rate), Nanos(0));
-        p.on_sent(Nanos(0), 1000, rate);
-        assert_eq!(p.next_send_time(Nanos(0), 1000, rate), Nanos(1_000_000));
-        assert_eq!(p.next_send_time(Nanos(250_000), 500, rate), Nanos(500_000));
-        p.on_sent(Nanos(1_000_000), 1000, rate);
+        let mut p = Pacer::new(Instant::from_nanos(0), 1000);
         assert_eq!(
-            p.next_send_time(Nanos(1_000_000), 100, rate),
-            Nanos(1_100_000)
+            p.next_send_time(Instant::from_nanos(0), 1000, rate),
+            Instant::from_nanos(0)
+        );
+        p.on_sent(Instant::from_nanos(0), 1000, rate);
+        assert_eq!(
+            p.next_send_time(Instant::from_nanos(0), 1000, rate),
+            Instant::from_nanos(1_000_000)
+        );
+        assert_eq!(
+            p.next_send_time(Instant::from_nanos(250_000), 500, rate),
+            Instant::from_nanos(500_000)
+        );
+        p.on_sent(Instant::from_nanos(1_000_000), 1000, rate);
+        assert_eq!(
+            p.next_send_time(Instant::from_nanos(1_000_000), 100, rate),
+            Instant::from_nanos(1_100_000)
         );
         // Idle for long: the bucket is capped at one burst.
-        p.advance(Nanos(100_000_000), rate);
-        p.on_sent(Nanos(100_000_000), 1000, rate);
+        p.advance(Instant::from_nanos(100_000_000), rate);
+        p.on_sent(Instant::from_nanos(100_000_000), 1000, rate);
         assert_eq!(
-            p.next_send_time(Nanos(100_000_000), 1, rate),
-            Nanos(100_001_000)
+            p.next_send_time(Instant::from_nanos(100_000_000), 1, rate),
+            Instant::from_nanos(100_001_000)
         );
     }
 
     #[test]
     fn rate_changes_apply_from_the_change_on() {
-        let mut p = Pacer::new(Nanos(0), 1000);
-        p.on_sent(Nanos(0), 1000, 8_000_000);
+        let mut p = Pacer::new(Instant::from_nanos(0), 1000);
+        p.on_sent(Instant::from_nanos(0), 1000, 8_000_000);
         // Half a millisecond at 8 Mb/s earns 500 B; then the rate drops to 4 Mb/s.
-        p.advance(Nanos(500_000), 8_000_000);
+        p.advance(Instant::from_nanos(500_000), 8_000_000);
         assert_eq!(
-            p.next_send_time(Nanos(500_000), 1000, 4_000_000),
-            Nanos(1_500_000)
+            p.next_send_time(Instant::from_nanos(500_000), 1000, 4_000_000),
+            Instant::from_nanos(1_500_000)
         );
         // An empty bucket at rate 0 never fills.
-        let mut z = Pacer::new(Nanos(0), 1000);
-        z.on_sent(Nanos(0), 1000, 0);
-        assert_eq!(z.next_send_time(Nanos(5), 1, 0), Nanos(u64::MAX));
+        let mut z = Pacer::new(Instant::from_nanos(0), 1000);
+        z.on_sent(Instant::from_nanos(0), 1000, 0);
+        assert_eq!(
+            z.next_send_time(Instant::from_nanos(5), 1, 0),
+            Instant::from_nanos(u64::MAX)
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! Everything congestion control keeps for one RC QP, behind the calls the transport makes.
 
-use super::{CcStats, DcqcnConfig, Nanos, NotificationPoint, ReactionPoint, Stage, cnp_frame};
+use super::{CcStats, DcqcnConfig, Instant, NotificationPoint, ReactionPoint, Stage, cnp_frame};
 use crate::wire::{Ecn, PathRepr, Qpn, RoceRepr};
 
 /// The congestion state of one QP as `roce stats -s` and JSON show it.
@@ -47,7 +47,7 @@ pub struct QpCongestion {
 impl QpCongestion {
     /// Congestion control for a QP created at `now` on a link of `line_rate_bps`.
     #[must_use]
-    pub fn new(config: &DcqcnConfig, line_rate_bps: u64, now: Nanos) -> Self {
+    pub fn new(config: &DcqcnConfig, line_rate_bps: u64, now: Instant) -> Self {
         Self {
             config: *config,
             np: NotificationPoint::new(config),
@@ -72,7 +72,7 @@ impl QpCongestion {
     #[must_use]
     pub fn on_data_received(
         &mut self,
-        now: Nanos,
+        now: Instant,
         ecn: Ecn,
         path_to_peer: &PathRepr,
         peer_qpn: Qpn,
@@ -83,29 +83,29 @@ impl QpCongestion {
     }
 
     /// A CNP arrived for this QP.
-    pub fn on_cnp_received(&mut self, now: Nanos) {
+    pub fn on_cnp_received(&mut self, now: Instant) {
         self.rp.on_cnp(now);
     }
 
     /// The earliest time a packet of `bytes` may be sent.
     #[must_use]
-    pub fn next_send_time(&self, now: Nanos, bytes: u32) -> Nanos {
+    pub fn next_send_time(&self, now: Instant, bytes: u32) -> Instant {
         self.rp.next_send_time(now, bytes)
     }
 
     /// A packet of `bytes` (frame length) was sent.
-    pub fn on_sent(&mut self, now: Nanos, bytes: u32) {
+    pub fn on_sent(&mut self, now: Instant, bytes: u32) {
         self.rp.on_sent(now, bytes);
     }
 
     /// When [`Self::handle_timeout`] must next be called.
     #[must_use]
-    pub fn poll_timeout(&self) -> Option<Nanos> {
+    pub fn poll_timeout(&self) -> Option<Instant> {
         self.rp.poll_timeout()
     }
 
     /// Fires due timers.
-    pub fn handle_timeout(&mut self, now: Nanos) {
+    pub fn handle_timeout(&mut self, now: Instant) {
         self.rp.handle_timeout(now);
     }
 
@@ -157,7 +157,7 @@ mod tests {
     fn two_qps_close_the_loop() {
         // Requester R sends to responder S; a CE mark at S makes a CNP that cuts R.
         let cfg = DcqcnConfig::default();
-        let us = Nanos::from_micros;
+        let us = Instant::from_micros;
         let mut r = QpCongestion::new(&cfg, 10_000_000_000, us(0));
         let mut s = QpCongestion::new(&cfg, 10_000_000_000, us(0));
         assert_eq!(r.data_ecn(), Ecn::Ect0);

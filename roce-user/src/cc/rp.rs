@@ -2,7 +2,7 @@
 
 use core::time::Duration;
 
-use super::{CcStats, DcqcnConfig, Nanos, Pacer, config::mbps};
+use super::{CcStats, DcqcnConfig, Instant, Pacer, config::mbps};
 
 /// α is kept in 1024ths (10 fractional bits), as mlx5 firmware keeps it.
 const ALPHA_ONE: u32 = 1024;
@@ -93,8 +93,8 @@ pub struct ReactionPoint {
     timer_stage: u32,
     byte_stage: u32,
     byte_count: u64,
-    last_cut: Option<Nanos>,
-    timers: [Option<Nanos>; 2],
+    last_cut: Option<Instant>,
+    timers: [Option<Instant>; 2],
     pacer: Pacer,
     cnps: u64,
     bytes_sent: u64,
@@ -126,7 +126,7 @@ impl ReactionPoint {
     /// `config` should be validated ([`DcqcnConfig::validate`]); values out of range are
     /// clamped into it rather than trusted.
     #[must_use]
-    pub fn new(config: &DcqcnConfig, line_rate_bps: u64, now: Nanos) -> Self {
+    pub fn new(config: &DcqcnConfig, line_rate_bps: u64, now: Instant) -> Self {
         Self::with_burst(config, line_rate_bps, now, DEFAULT_PACING_BURST)
     }
 
@@ -135,7 +135,7 @@ impl ReactionPoint {
     pub fn with_burst(
         config: &DcqcnConfig,
         line_rate_bps: u64,
-        now: Nanos,
+        now: Instant,
         burst_bytes: u32,
     ) -> Self {
         let line_rate = line_rate_bps.max(1);
@@ -172,7 +172,7 @@ impl ReactionPoint {
     }
 
     /// Call for every CNP received for this QP (BTH opcode 0x81 to our QPN).
-    pub fn on_cnp(&mut self, now: Nanos) {
+    pub fn on_cnp(&mut self, now: Instant) {
         self.cnps += 1;
         if !self.enabled {
             self.stats.rp_cnp_ignored += 1;
@@ -264,7 +264,7 @@ impl ReactionPoint {
 
     /// Call after each packet of this QP is handed to the NIC/ring: `bytes` is its length on
     /// the wire (the frame). Feeds the pacer and the byte counter.
-    pub fn on_sent(&mut self, now: Nanos, bytes: u32) {
+    pub fn on_sent(&mut self, now: Instant, bytes: u32) {
         self.bytes_sent += u64::from(bytes);
         if !self.limited {
             return;
@@ -298,7 +298,7 @@ impl ReactionPoint {
     /// when the pacing bucket (filled at the current rate) holds `bytes`. Call before emitting
     /// each packet; if it is later than `now`, wake up then.
     #[must_use]
-    pub fn next_send_time(&self, now: Nanos, bytes: u32) -> Nanos {
+    pub fn next_send_time(&self, now: Instant, bytes: u32) -> Instant {
         if self.limited {
             self.pacer.next_send_time(now, bytes, self.rate)
         } else {
@@ -309,13 +309,13 @@ impl ReactionPoint {
     /// The next time [`Self::handle_timeout`] must be called, if any (quinn-proto style). It
     /// changes after `on_cnp`, `on_sent` and `handle_timeout`.
     #[must_use]
-    pub fn poll_timeout(&self) -> Option<Nanos> {
+    pub fn poll_timeout(&self) -> Option<Instant> {
         self.timers.iter().flatten().min().copied()
     }
 
     /// Fires every timer that is due at `now`, in time order, each at its own deadline (so a
     /// late call gives the same result as calls on time). Spurious calls do nothing.
-    pub fn handle_timeout(&mut self, now: Nanos) {
+    pub fn handle_timeout(&mut self, now: Instant) {
         loop {
             let due = [Timer::Alpha, Timer::Increase]
                 .into_iter()
@@ -425,8 +425,8 @@ mod tests {
     const LINE: u64 = 10_000_000_000;
     const FIRST_CUT: u64 = 5_004_882_813;
 
-    fn us(v: u64) -> Nanos {
-        Nanos::from_micros(v)
+    fn us(v: u64) -> Instant {
+        Instant::from_micros(v)
     }
 
     /// A config whose timers do not fire unless a test wants them to.
@@ -665,7 +665,7 @@ mod tests {
         let mut rp = ReactionPoint::new(&quiet(), LINE, us(0));
         rp.on_cnp(us(0));
         rp.on_cnp(us(2));
-        rp.on_cnp(Nanos(3_999));
+        rp.on_cnp(Instant::from_nanos(3_999));
         assert_eq!(rp.rate_bps(), FIRST_CUT);
         rp.on_cnp(us(4));
         // 5_004_882_813 − ⌊5_004_882_813·1023/2048⌋

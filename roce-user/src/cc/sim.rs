@@ -11,7 +11,7 @@
 use core::time::Duration;
 use std::{cmp::Reverse, collections::BinaryHeap};
 
-use super::{CcStats, DcqcnConfig, Nanos, NotificationPoint, ReactionPoint, Trace};
+use super::{CcStats, DcqcnConfig, Instant, NotificationPoint, ReactionPoint, Trace};
 use crate::wire::{Ecn, Qpn};
 
 /// What to simulate.
@@ -103,9 +103,9 @@ struct Flow {
     qpn: Qpn,
     rp: ReactionPoint,
     np: NotificationPoint,
-    start: Nanos,
+    start: Instant,
     /// The sender's link is free again at this time.
-    link_free: Nanos,
+    link_free: Instant,
 }
 
 /// xorshift64* (Vigna 2016): small, fast, deterministic.
@@ -128,10 +128,10 @@ fn tx_time(bytes: u32, rate_bps: u64) -> Duration {
 /// Runs the simulation.
 #[must_use]
 pub fn run(cfg: &SimConfig) -> SimResult {
-    let end = Nanos::ZERO + cfg.duration;
+    let end = Instant::ZERO + cfg.duration;
     let mut flows: Vec<Flow> = (0..cfg.flows)
         .map(|i| {
-            let start = Nanos::ZERO + cfg.stagger * i;
+            let start = Instant::ZERO + cfg.stagger * i;
             Flow {
                 qpn: Qpn::new(cfg.first_qpn + i),
                 rp: ReactionPoint::new(&cfg.dcqcn, cfg.line_rate_bps, start),
@@ -142,12 +142,12 @@ pub fn run(cfg: &SimConfig) -> SimResult {
         })
         .collect();
     let mut rng = Rng(cfg.seed.max(1));
-    let mut cnps: BinaryHeap<Reverse<(Nanos, usize)>> = BinaryHeap::new();
-    let mut queue_empty_at = Nanos::ZERO;
+    let mut cnps: BinaryHeap<Reverse<(Instant, usize)>> = BinaryHeap::new();
+    let mut queue_empty_at = Instant::ZERO;
     let mut trace = Trace::new();
     let mut delivered = vec![0u64; flows.len()];
     let (mut marked, mut dropped, mut max_backlog) = (0u64, 0u64, 0u64);
-    let mut next_sample = Nanos::ZERO;
+    let mut next_sample = Instant::ZERO;
     let pkt = cfg.packet_bytes;
     let service = tx_time(pkt, cfg.bottleneck_bps);
 
@@ -194,7 +194,9 @@ pub fn run(cfg: &SimConfig) -> SimResult {
             // The switch queue, as the time it drains empty.
             let start_service = queue_empty_at.max(t);
             let backlog = u64::try_from(
-                u128::from(start_service.0 - t.0) * u128::from(cfg.bottleneck_bps) / 8_000_000_000,
+                u128::from(start_service.as_nanos() - t.as_nanos())
+                    * u128::from(cfg.bottleneck_bps)
+                    / 8_000_000_000,
             )
             .unwrap_or(u64::MAX);
             max_backlog = max_backlog.max(backlog);
@@ -257,7 +259,7 @@ mod tests {
         let rows = &r.trace.rows;
         let at = |ms: u64| {
             rows.iter()
-                .find(|x| x.time >= Nanos::from_micros(ms * 1000))
+                .find(|x| x.time >= Instant::from_micros(ms * 1000))
                 .unwrap()
         };
         let bytes = at(20).bytes - at(10).bytes;

@@ -7,13 +7,13 @@
 //! time_ns,qpn,rate_bps,target_bps,alpha,cnps,bytes
 //! ```
 //!
-//! `time_ns` is a [`Nanos`] value, `qpn` the QP number in decimal, `alpha` a fraction in
+//! `time_ns` is a [`Instant`] value, `qpn` the QP number in decimal, `alpha` a fraction in
 //! [0, 1) (α/1024, printed exactly), `cnps` the CNPs the QP has received so far (handled and
 //! ignored) and `bytes` the bytes it has sent so far.
 
 use core::fmt;
 
-use super::{Nanos, ReactionPoint};
+use super::{Instant, ReactionPoint};
 use crate::wire::Qpn;
 
 /// The CSV header line (without the newline).
@@ -23,7 +23,7 @@ pub const CSV_HEADER: &str = "time_ns,qpn,rate_bps,target_bps,alpha,cnps,bytes";
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct TraceRow {
     /// When.
-    pub time: Nanos,
+    pub time: Instant,
     /// Which QP.
     pub qpn: Qpn,
     /// Current rate, bits/s.
@@ -41,7 +41,7 @@ pub struct TraceRow {
 impl TraceRow {
     /// A sample of `rp` at `now`.
     #[must_use]
-    pub fn sample(now: Nanos, qpn: Qpn, rp: &ReactionPoint) -> Self {
+    pub fn sample(now: Instant, qpn: Qpn, rp: &ReactionPoint) -> Self {
         Self {
             time: now,
             qpn,
@@ -85,7 +85,7 @@ impl Trace {
     }
 
     /// Appends a sample of `rp`.
-    pub fn record(&mut self, now: Nanos, qpn: Qpn, rp: &ReactionPoint) {
+    pub fn record(&mut self, now: Instant, qpn: Qpn, rp: &ReactionPoint) {
         self.rows.push(TraceRow::sample(now, qpn, rp));
     }
 
@@ -152,7 +152,7 @@ pub fn write_row(out: &mut impl fmt::Write, r: &TraceRow) -> fmt::Result {
     writeln!(
         out,
         "{},{},{},{},{},{},{}",
-        r.time.0,
+        r.time.as_nanos(),
         r.qpn.value(),
         r.rate_bps,
         r.target_bps,
@@ -177,7 +177,7 @@ fn parse_row(line: &str) -> Result<TraceRow, String> {
     }
     let qpn = int(1, "qpn")?;
     Ok(TraceRow {
-        time: Nanos(int(0, "time_ns")?),
+        time: Instant::from_nanos(int(0, "time_ns")?),
         qpn: Qpn::new(u32::try_from(qpn).map_err(|_| format!("qpn {qpn} too large"))?),
         rate_bps: int(2, "rate_bps")?,
         target_bps: int(3, "target_bps")?,
@@ -195,7 +195,7 @@ mod tests {
     fn csv_round_trip_and_errors() {
         let rows = vec![
             TraceRow {
-                time: Nanos(0),
+                time: Instant::from_nanos(0),
                 qpn: Qpn::new(17),
                 rate_bps: 10_000_000_000,
                 target_bps: 10_000_000_000,
@@ -204,7 +204,7 @@ mod tests {
                 bytes: 0,
             },
             TraceRow {
-                time: Nanos(1500),
+                time: Instant::from_nanos(1500),
                 qpn: Qpn::new(18),
                 rate_bps: 5_002_441_406,
                 target_bps: 10_000_000_000,

@@ -8,7 +8,8 @@ use std::{
 };
 
 use anyhow::{Context as _, bail};
-use roce::xsk::{self, GenConfig, Rate, XskConfig, XskStats};
+use roce::engine::{GenConfig, Rate};
+use roce::xsk::{XskConfig, XskStats};
 use serde_json::json;
 
 use super::Output;
@@ -141,7 +142,7 @@ pub(crate) fn run(out: Output, a: &GenArgs) -> anyhow::Result<()> {
         frame_size: a.frame_size,
         ..XskConfig::default()
     };
-    let r = xsk::run_gen(&cfg, &xcfg, &Arc::new(AtomicBool::new(false)))
+    let r = roce::engine::run_gen(&cfg, &xcfg, &Arc::new(AtomicBool::new(false)))
         .with_context(|| format!("generating on {}", a.iface))?;
 
     let secs = r.elapsed.as_secs_f64();

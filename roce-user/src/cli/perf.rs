@@ -20,7 +20,7 @@ use roce::{
         Access, CqId, Device, DeviceOptions, MrInfo, Mtu, QpCap, QpInit, QpType, Qpn, RcConnect,
         RecvWr, SendOp, SendWr, Sge, WcStatus,
     },
-    cc::{Nanos, Trace, TraceRow},
+    cc::{Trace, TraceRow},
     cm::perftest::{self, BwReport, Comm, KeyMsg, pattern},
     wire::types::{Psn, RKey},
 };
@@ -198,7 +198,9 @@ impl Tracer {
             return;
         }
         t.next = (t.next + t.every).max(now);
-        let at = Nanos(u64::try_from(now.duration_since(t.start).as_nanos()).unwrap_or(u64::MAX));
+        let at = roce::time::Instant::from_nanos(
+            u64::try_from(now.duration_since(t.start).as_nanos()).unwrap_or(u64::MAX),
+        );
         for (qpn, s) in dev.cc_snapshots() {
             t.trace.rows.push(TraceRow {
                 time: at,

@@ -132,7 +132,7 @@ pub(crate) fn run(out: Output, args: &PlotArgs) -> anyhow::Result<()> {
         }
     }
     let view = View {
-        origin_ns: trace.rows.iter().map(|r| r.time.0).min(),
+        origin_ns: trace.rows.iter().map(|r| r.time.as_nanos()).min(),
         ..view
     };
     let trace = view.window(&trace);
@@ -207,9 +207,9 @@ impl View {
     fn window(&self, t: &Trace) -> Trace {
         let t0 = self
             .origin_ns
-            .or_else(|| t.rows.iter().map(|r| r.time.0).min())
+            .or_else(|| t.rows.iter().map(|r| r.time.as_nanos()).min())
             .unwrap_or(0);
-        let ms = |r: &TraceRow| r.time.0.saturating_sub(t0) as f64 / 1e6;
+        let ms = |r: &TraceRow| r.time.as_nanos().saturating_sub(t0) as f64 / 1e6;
         Trace {
             rows: t
                 .rows
@@ -231,14 +231,14 @@ fn throughput(rows: &[&TraceRow], window_ns: u64) -> Vec<(u64, f64)> {
         return out;
     };
     for r in rows.iter().skip(1) {
-        if r.bytes < from.bytes || r.time.0 < from.time.0 {
+        if r.bytes < from.bytes || r.time.as_nanos() < from.time.as_nanos() {
             from = r;
             continue;
         }
-        let dt = r.time.0 - from.time.0;
+        let dt = r.time.as_nanos() - from.time.as_nanos();
         if dt >= window_ns.max(1) {
             out.push((
-                r.time.0,
+                r.time.as_nanos(),
                 (r.bytes - from.bytes) as f64 * 8.0 / (dt as f64 / 1e9),
             ));
             from = r;
@@ -283,9 +283,9 @@ pub fn render_svg(
         }
         v
     };
-    let first = rows.iter().map(|r| r.time.0).min().unwrap_or(0);
+    let first = rows.iter().map(|r| r.time.as_nanos()).min().unwrap_or(0);
     let t0 = view.origin_ns.unwrap_or(first).min(first);
-    let t1 = rows.iter().map(|r| r.time.0).max().unwrap_or(0);
+    let t1 = rows.iter().map(|r| r.time.as_nanos()).max().unwrap_or(0);
     let ms = |t: u64| (t - t0) as f64 / 1e6;
     let x_min = ms(first);
     let x_max = ms(t1).max(x_min + 1e-3);
@@ -335,7 +335,8 @@ pub fn render_svg(
             let mine: Vec<&&TraceRow> = rows.iter().filter(|r| r.qpn.value() == *q).collect();
             let c = color(i);
             rate.draw_series(LineSeries::new(
-                mine.iter().map(|r| (ms(r.time.0), r.rate_bps as f64 / 1e9)),
+                mine.iter()
+                    .map(|r| (ms(r.time.as_nanos()), r.rate_bps as f64 / 1e9)),
                 ShapeStyle::from(&c).stroke_width(2),
             ))
             .map_err(draw_err)?
@@ -344,7 +345,7 @@ pub fn render_svg(
             let faded = c.mix(0.45);
             rate.draw_series(LineSeries::new(
                 mine.iter()
-                    .map(|r| (ms(r.time.0), r.target_bps as f64 / 1e9)),
+                    .map(|r| (ms(r.time.as_nanos()), r.target_bps as f64 / 1e9)),
                 faded.stroke_width(1),
             ))
             .map_err(draw_err)?
@@ -364,7 +365,7 @@ pub fn render_svg(
             let marks: Vec<(f64, f64)> = mine
                 .windows(2)
                 .filter(|w| w[1].cnps > w[0].cnps)
-                .map(|w| (ms(w[1].time.0), w[1].rate_bps as f64 / 1e9))
+                .map(|w| (ms(w[1].time.as_nanos()), w[1].rate_bps as f64 / 1e9))
                 .collect();
             let n = marks.len();
             rate.draw_series(
@@ -400,7 +401,7 @@ pub fn render_svg(
                 .draw_series(LineSeries::new(
                     rows.iter()
                         .filter(|r| r.qpn.value() == *q)
-                        .map(|r| (ms(r.time.0), r.alpha)),
+                        .map(|r| (ms(r.time.as_nanos()), r.alpha)),
                     c.stroke_width(2),
                 ))
                 .map_err(draw_err)?
@@ -450,7 +451,7 @@ mod tests {
     fn throughput_is_bytes_over_each_window() {
         let q = roce::wire::Qpn::new(17);
         let row = |t_ms: u64, bytes: u64| TraceRow {
-            time: roce::cc::Nanos(t_ms * 1_000_000),
+            time: roce::time::Instant::from_nanos(t_ms * 1_000_000),
             qpn: q,
             rate_bps: 0,
             target_bps: 0,

@@ -98,8 +98,6 @@ pub(crate) fn status(out: Output) -> anyhow::Result<()> {
     Ok(())
 }
 
-const QP_STATES: [&str; 7] = ["RESET", "INIT", "RTR", "RTS", "SQD", "SQE", "ERR"];
-
 /// The counters of one interface: XDP (summed over CPUs), transport (summed over QPs), device
 /// (summed over endpoint processes), AF_XDP per queue, and with `per_qp` each QP.
 pub(crate) fn snapshot(
@@ -166,7 +164,8 @@ pub(crate) fn snapshot(
     }
     if per_qp {
         for (q, r) in qps.iter().filter(|(q, _)| *q != 0) {
-            let state = QP_STATES.get(r.state as usize).copied().unwrap_or("?");
+            let state = roce::transport::QpState::from_code(r.state)
+                .map_or_else(|| "?".to_owned(), |s| s.to_string());
             // DCQCN state (rate and target in bits/s, α in 1024ths as mlx5 keeps it), then
             // the congestion counters, then the transport counters.
             let mut names: Vec<&'static str> = vec!["rate_bps", "target_bps", "alpha_1024"];
@@ -178,7 +177,7 @@ pub(crate) fn snapshot(
             sections.push(
                 Section::from_names(&format!("qp_0x{q:06x}"), &names, &values)
                     .label("qpn", &q.to_string())
-                    .label("state", state)
+                    .label("state", &state)
                     .label("owner", &r.owner.to_string()),
             );
         }

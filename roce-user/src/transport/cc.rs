@@ -20,29 +20,16 @@
 //! The transport's only change for this is a `data_ok` flag on the QP's `poll_transmit`
 //! (transport/qp.rs): when false it returns control packets only.
 //!
-//! Time: `transport::Instant` and `cc::Nanos` are both nanoseconds since the caller's epoch;
-//! `From` converts between them.
+//! Time: the transport and `cc` share the core's one clock, [`crate::time::Instant`].
 
 use super::{Device, DeviceError, Instant, Path, Qp, QpType, Qpn};
 use crate::{
-    cc::{CcSnapshot, CcStats, ConfigError, DcqcnConfig, Nanos, QpCongestion},
+    cc::{CcSnapshot, CcStats, ConfigError, DcqcnConfig, QpCongestion},
     wire::{Ecn, IpPath, RoceRepr, emit_frame},
 };
 
 /// How late a DCQCN timer may be served (see `QpCc::poll_timeout`).
 pub const CC_TIMER_GRANULARITY: core::time::Duration = core::time::Duration::from_micros(50);
-
-impl From<Instant> for Nanos {
-    fn from(t: Instant) -> Self {
-        Self(t.as_nanos())
-    }
-}
-
-impl From<Nanos> for Instant {
-    fn from(t: Nanos) -> Self {
-        Self::from_nanos(t.as_nanos())
-    }
-}
 
 /// Congestion-control settings of a device, applied to every RC QP it creates
 /// (part of [`super::DeviceConfig`]).
@@ -143,7 +130,7 @@ impl QpCc {
     pub fn new(config: &CcConfig) -> Self {
         Self {
             config: *config,
-            cc: QpCongestion::new(&config.dcqcn, config.line_rate_bps, Nanos::ZERO),
+            cc: QpCongestion::new(&config.dcqcn, config.line_rate_bps, Instant::ZERO),
             cnp: None,
             cnps_due: 0,
             wake: None,
@@ -181,7 +168,7 @@ impl QpCc {
     }
 
     fn on_cnp(&mut self, now: Instant) {
-        self.cc.on_cnp_received(now.into());
+        self.cc.on_cnp_received(now);
     }
 
     fn on_packet(&mut self, now: Instant, ce: bool, path: Option<&Path>, peer: Qpn) {
@@ -191,7 +178,7 @@ impl QpCc {
             // nowhere to send a CNP.
             return;
         };
-        if let Some(cnp) = self.cc.on_data_received(now.into(), ecn, path, peer) {
+        if let Some(cnp) = self.cc.on_data_received(now, ecn, path, peer) {
             self.cnp = Some(cnp);
             self.cnps_due = self.cnps_due.saturating_add(1);
         }
@@ -210,7 +197,7 @@ impl QpCc {
     /// Whether a data frame of up to `max_frame` bytes may leave at `now`; if not, remembers
     /// when it may.
     fn data_ok(&mut self, now: Instant, max_frame: u32) -> bool {
-        let at = Instant::from(self.cc.next_send_time(now.into(), max_frame));
+        let at = self.cc.next_send_time(now, max_frame);
         if at <= now {
             self.wake = None;
             true
@@ -232,8 +219,7 @@ impl QpCc {
     }
 
     fn on_sent(&mut self, now: Instant, len: usize) {
-        self.cc
-            .on_sent(now.into(), u32::try_from(len).unwrap_or(u32::MAX));
+        self.cc.on_sent(now, u32::try_from(len).unwrap_or(u32::MAX));
     }
 
     /// The DCQCN timers rounded up to [`CC_TIMER_GRANULARITY`] (the α timer runs every
@@ -253,12 +239,8 @@ impl QpCc {
     }
 
     fn handle_timeout(&mut self, now: Instant) {
-        if self
-            .cc
-            .poll_timeout()
-            .is_some_and(|t| Instant::from(t) <= now)
-        {
-            self.cc.handle_timeout(now.into());
+        if self.cc.poll_timeout().is_some_and(|t| t <= now) {
+            self.cc.handle_timeout(now);
         }
         if self.wake.is_some_and(|t| t <= now) {
             self.wake = None;
@@ -636,12 +618,5 @@ mod tests {
             before.np_ecn_marked_roce_packets + 4
         );
         assert_eq!(s.p.b.cc_snapshots().len(), 1);
-    }
-
-    #[test]
-    fn time_types_convert() {
-        let t = Instant::from_nanos(123);
-        assert_eq!(Nanos::from(t), Nanos(123));
-        assert_eq!(Instant::from(Nanos(77)), Instant::from_nanos(77));
     }
 }

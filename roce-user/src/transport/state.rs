@@ -13,17 +13,17 @@ use super::mr::Access;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
 pub enum QpState {
     /// Just created or reset: no packet is processed, no WR is accepted for sending.
-    Reset,
+    Reset = 0,
     /// Initialised: receive WRs may be posted; packets are still ignored.
-    Init,
+    Init = 1,
     /// Ready to receive: the responder answers requests.
-    Rtr,
+    Rtr = 2,
     /// Ready to send: requester and responder both run.
-    Rts,
+    Rts = 3,
     /// Send queue drain: no new send WR is started; those started finish.
-    Sqd,
+    Sqd = 4,
     /// Send queue error (UD only): a send WR failed locally; receives continue.
-    Sqe,
+    Sqe = 5,
     /// Error: every outstanding WR was flushed; new WRs complete with a flush error.
     Err,
 }
@@ -43,6 +43,31 @@ impl fmt::Display for QpState {
 }
 
 impl QpState {
+    /// Every state, in the order of `enum ibv_qp_state`: a state's index is its code.
+    pub const ALL: [Self; 7] = [
+        Self::Reset,
+        Self::Init,
+        Self::Rtr,
+        Self::Rts,
+        Self::Sqd,
+        Self::Sqe,
+        Self::Err,
+    ];
+
+    /// The state's number in `enum ibv_qp_state` (`IBV_QPS_RESET` = 0 .. `IBV_QPS_ERR` = 6),
+    /// as the published per-QP counter records and the drop-in libibverbs carry it.
+    #[must_use]
+    pub const fn code(self) -> u32 {
+        self as u32
+    }
+
+    /// The state numbered `code` in `enum ibv_qp_state`, if there is one (the inverse of
+    /// [`QpState::code`]).
+    #[must_use]
+    pub fn from_code(code: u32) -> Option<Self> {
+        Self::ALL.get(usize::try_from(code).ok()?).copied()
+    }
+
     /// Whether the responder processes requests in this state (rxe: `resp.state == READY`).
     #[must_use]
     pub const fn responder_ready(self) -> bool {
@@ -493,4 +518,20 @@ pub fn check_modify<P>(
         return bad(AttrMask::DEST_QPN, "QP 0 is not used on RoCE");
     }
     Ok(to)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::QpState;
+
+    #[test]
+    fn state_codes_are_ibv_qp_state_and_round_trip() {
+        assert_eq!(QpState::Reset.code(), 0);
+        assert_eq!(QpState::Rts.code(), 3);
+        assert_eq!(QpState::Err.code(), 6);
+        for s in QpState::ALL {
+            assert_eq!(QpState::from_code(s.code()), Some(s));
+        }
+        assert_eq!(QpState::from_code(7), None);
+    }
 }

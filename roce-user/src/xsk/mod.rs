@@ -61,16 +61,12 @@
 //! the kernel sets the need-wakeup flag (copy mode always does; it then sends about 32 frames per
 //! kick, so a flush kicks until the ring is drained or the kernel stops making progress).
 
-mod r#gen;
 mod socket;
 mod stats;
 mod umem;
 
 use std::{io, num::NonZeroU32};
 
-pub use r#gen::{
-    GenConfig, GenHandler, GenQueueReport, GenReport, MIN_FRAME, Rate, RoceTemplate, run_gen,
-};
 pub use socket::{RxBatch, RxVerdict, TxBatch, TxError, TxSink, XskQueue, rx_queue_count};
 pub use stats::XskStats;
 pub use umem::{FrameAccounting, FrameIdx, FrameLoc};

@@ -17,12 +17,12 @@ use std::{
 
 use roce::{
     engine::{
-        EchoHandler, Engine, EngineConfig, EngineReport, Handler, Nanos, RxVerdict, TxSink,
-        swap_addresses,
+        EchoHandler, Engine, EngineConfig, EngineReport, GenConfig, Handler, Instant, RoceTemplate,
+        RxVerdict, TxSink, swap_addresses,
     },
     loader::{self, AttachMode, LoadOptions, Pins},
     netns::{self, VethEnd, VethOptions, VethPair},
-    xsk::{BindMode, FrameAccounting, GenConfig, RoceTemplate, XskConfig, XskQueue},
+    xsk::{BindMode, FrameAccounting, XskConfig, XskQueue},
 };
 use roce_common::counters::XdpStats;
 
@@ -205,7 +205,7 @@ pub struct WindowSender {
     window: Option<u64>,
     seen: Vec<u64>,
     pub tally: SenderTally,
-    last_progress: Option<Nanos>,
+    last_progress: Option<Instant>,
     /// With a window: give up after this long without progress. Without: stop after this
     /// long without an echo once everything is sent.
     pub quiet: Duration,
@@ -228,7 +228,7 @@ impl WindowSender {
 }
 
 impl Handler for WindowSender {
-    fn on_rx(&mut self, now: Nanos, frame: &mut [u8], _tx: &mut TxSink<'_>) -> RxVerdict {
+    fn on_rx(&mut self, now: Instant, frame: &mut [u8], _tx: &mut TxSink<'_>) -> RxVerdict {
         self.last_progress = Some(now);
         let Some(seq) = RoceTemplate::seq_of(frame) else {
             self.tally.foreign += 1;
@@ -254,7 +254,7 @@ impl Handler for WindowSender {
         RxVerdict::Recycle
     }
 
-    fn poll_transmit(&mut self, now: Nanos, tx: &mut TxSink<'_>) {
+    fn poll_transmit(&mut self, now: Instant, tx: &mut TxSink<'_>) {
         self.last_progress.get_or_insert(now);
         let mut n = self.total - self.tally.sent;
         if let Some(w) = self.window {
@@ -271,15 +271,15 @@ impl Handler for WindowSender {
         }
     }
 
-    fn next_timeout(&self) -> Option<Nanos> {
+    fn next_timeout(&self) -> Option<Instant> {
         self.last_progress.map(|t| t.saturating_add(self.quiet))
     }
 
-    fn on_timeout(&mut self, _now: Nanos) {
+    fn on_timeout(&mut self, _now: Instant) {
         self.tally.stalled = true;
     }
 
-    fn is_done(&self, _now: Nanos) -> bool {
+    fn is_done(&self, _now: Instant) -> bool {
         self.tally.ok == self.total || self.tally.stalled
     }
 }

@@ -16,9 +16,9 @@ use roce_common::{
     hdr::{Bth, EthHdr, ICRC_LEN, Ipv4Hdr, UdpHdr},
 };
 
-use super::{BindMode, XskConfig, XskError, XskQueue, XskStats};
+use crate::xsk::{BindMode, XskConfig, XskError, XskQueue, XskStats};
 use crate::{
-    engine::{Engine, EngineConfig, Handler, Nanos, RxVerdict, TxSink},
+    engine::{Engine, EngineConfig, Handler, Instant, RxVerdict, TxSink},
     wire::{
         BthRepr, EthernetAddress, IpPath, Opcode, PathRepr, Psn, Qpn, RoceRepr, emit_frame, icrc,
     },
@@ -218,8 +218,8 @@ pub struct GenHandler {
     /// Per-queue rate in packets per second; `None` is flat out.
     pps: Option<u64>,
     count: Option<u64>,
-    stop_at: Option<Nanos>,
-    start: Option<Nanos>,
+    stop_at: Option<Instant>,
+    start: Option<Instant>,
     next_seq: u64,
     seq_step: u64,
     /// Frames queued for transmit.
@@ -244,7 +244,8 @@ impl GenHandler {
             template,
             pps,
             count,
-            stop_at: duration.map(|d| Nanos(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))),
+            stop_at: duration
+                .map(|d| Instant::from_nanos(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX))),
             start: None,
             next_seq: first,
             seq_step: step.max(1),
@@ -256,11 +257,11 @@ impl GenHandler {
     /// Frames to queue now. With a rate, at most [`RATE_BURST`] per turn, so that a thread
     /// that was descheduled catches up in ring-sized steps instead of one burst that would
     /// overflow the receiver's queue (veth's XDP ring holds 256 frames).
-    fn budget(&self, now: Nanos) -> u64 {
+    fn budget(&self, now: Instant) -> u64 {
         let left = self.count.map_or(u64::MAX, |c| c.saturating_sub(self.sent));
         match (self.pps, self.start) {
             (Some(pps), Some(start)) => {
-                let due = (u128::from(now.duration_since(start).as_nanos() as u64)
+                let due = (u128::from(now.saturating_duration_since(start).as_nanos() as u64)
                     * u128::from(pps)
                     / 1_000_000_000) as u64;
                 due.saturating_sub(self.sent).min(left).min(RATE_BURST)
@@ -271,15 +272,15 @@ impl GenHandler {
 }
 
 impl Handler for GenHandler {
-    fn on_rx(&mut self, _now: Nanos, _frame: &mut [u8], _tx: &mut TxSink<'_>) -> RxVerdict {
+    fn on_rx(&mut self, _now: Instant, _frame: &mut [u8], _tx: &mut TxSink<'_>) -> RxVerdict {
         self.received += 1;
         RxVerdict::Recycle
     }
 
-    fn poll_transmit(&mut self, now: Nanos, tx: &mut TxSink<'_>) {
+    fn poll_transmit(&mut self, now: Instant, tx: &mut TxSink<'_>) {
         let start = *self.start.get_or_insert(now);
         if let Some(d) = self.stop_at
-            && now.0.saturating_sub(start.0) >= d.0
+            && now.as_nanos().saturating_sub(start.as_nanos()) >= d.as_nanos()
         {
             return;
         }
@@ -294,17 +295,17 @@ impl Handler for GenHandler {
         }
     }
 
-    fn next_timeout(&self) -> Option<Nanos> {
+    fn next_timeout(&self) -> Option<Instant> {
         let (pps, start) = (self.pps?, self.start?);
         // When the next frame is due.
         let next = (u128::from(self.sent + 1) * 1_000_000_000 / u128::from(pps.max(1))) as u64;
-        Some(Nanos(start.0.saturating_add(next)))
+        Some(Instant::from_nanos(start.as_nanos().saturating_add(next)))
     }
 
-    fn is_done(&self, now: Nanos) -> bool {
+    fn is_done(&self, now: Instant) -> bool {
         let by_count = self.count.is_some_and(|c| self.sent >= c);
         let by_time = match (self.stop_at, self.start) {
-            (Some(d), Some(s)) => now.0.saturating_sub(s.0) >= d.0,
+            (Some(d), Some(s)) => now.as_nanos().saturating_sub(s.as_nanos()) >= d.as_nanos(),
             _ => false,
         };
         by_count || by_time
@@ -468,13 +469,13 @@ mod tests {
         let mut cfg = GenConfig::new("x");
         cfg.size = 64;
         let mut h = GenHandler::new(RoceTemplate::new(&cfg), Some(1000), Some(10), None, 0, 1);
-        h.start = Some(Nanos(0));
-        assert_eq!(h.budget(Nanos(5_000_000)), 5);
+        h.start = Some(Instant::from_nanos(0));
+        assert_eq!(h.budget(Instant::from_nanos(5_000_000)), 5);
         h.sent = 5;
-        assert_eq!(h.budget(Nanos(5_000_000)), 0);
-        assert_eq!(h.next_timeout(), Some(Nanos(6_000_000)));
-        assert_eq!(h.budget(Nanos(1_000_000_000)), 5);
+        assert_eq!(h.budget(Instant::from_nanos(5_000_000)), 0);
+        assert_eq!(h.next_timeout(), Some(Instant::from_nanos(6_000_000)));
+        assert_eq!(h.budget(Instant::from_nanos(1_000_000_000)), 5);
         h.count = None;
-        assert_eq!(h.budget(Nanos(1_000_000_000)), RATE_BURST);
+        assert_eq!(h.budget(Instant::from_nanos(1_000_000_000)), RATE_BURST);
     }
 }

@@ -10,38 +10,27 @@ use std::{
         atomic::{AtomicBool, Ordering},
     },
     thread::JoinHandle,
-    time::{Duration, Instant},
+    time::{Duration, Instant as StdInstant},
 };
 
+pub(crate) mod driver;
+pub(crate) mod exit;
+mod r#gen;
+pub(crate) mod publish;
+
+pub use r#gen::{
+    GenConfig, GenHandler, GenQueueReport, GenReport, MIN_FRAME, Rate, RoceTemplate, run_gen,
+};
+
+pub use crate::time::Instant;
 use crate::xsk::{BindMode, FrameAccounting, XskError, XskQueue, XskStats};
 pub use crate::xsk::{RxVerdict, TxError, TxSink};
 
-/// Monotonic time in nanoseconds since the engine's clock started. The transport takes time as
-/// this plain value (sans-I/O); only the engine reads the system clock.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, PartialOrd, Ord, Hash)]
-pub struct Nanos(pub u64);
-
-impl Nanos {
-    /// `self + d`, saturating.
-    #[must_use]
-    pub fn saturating_add(self, d: Duration) -> Self {
-        Self(
-            self.0
-                .saturating_add(u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)),
-        )
-    }
-
-    /// `self - earlier` as a duration, zero if `earlier` is later.
-    #[must_use]
-    pub const fn duration_since(self, earlier: Self) -> Duration {
-        Duration::from_nanos(self.0.saturating_sub(earlier.0))
-    }
-}
-
-/// The engine's clock: `std::time::Instant` (CLOCK_MONOTONIC) turned into [`Nanos`].
+/// The engine's clock, the only place the data path reads the system clock:
+/// `std::time::Instant` (CLOCK_MONOTONIC) turned into the core's [`Instant`].
 #[derive(Clone, Copy, Debug)]
 pub struct Clock {
-    base: Instant,
+    base: StdInstant,
 }
 
 impl Clock {
@@ -49,14 +38,14 @@ impl Clock {
     #[must_use]
     pub fn new() -> Self {
         Self {
-            base: Instant::now(),
+            base: StdInstant::now(),
         }
     }
 
     /// The current time.
     #[must_use]
-    pub fn now(&self) -> Nanos {
-        Nanos(u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX))
+    pub fn now(&self) -> Instant {
+        Instant::from_nanos(u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX))
     }
 }
 
@@ -72,21 +61,21 @@ pub trait Handler {
     /// header on, writable in place; return [`RxVerdict::Transmit`] to send it back out on
     /// this queue (e.g. after rewriting headers), or [`RxVerdict::Recycle`]. New frames
     /// (ACKs, responses) go through `tx`.
-    fn on_rx(&mut self, now: Nanos, frame: &mut [u8], tx: &mut TxSink<'_>) -> RxVerdict;
+    fn on_rx(&mut self, now: Instant, frame: &mut [u8], tx: &mut TxSink<'_>) -> RxVerdict;
 
     /// Called once per turn after the receive batch: queue whatever is due. On
     /// [`TxError::Full`] stop and wait for the next turn.
-    fn poll_transmit(&mut self, now: Nanos, tx: &mut TxSink<'_>) {
+    fn poll_transmit(&mut self, now: Instant, tx: &mut TxSink<'_>) {
         let _ = (now, tx);
     }
 
     /// The next time [`Handler::on_timeout`] must run, if any; bounds the poll(2) wait.
-    fn next_timeout(&self) -> Option<Nanos> {
+    fn next_timeout(&self) -> Option<Instant> {
         None
     }
 
     /// Called when `next_timeout` has passed.
-    fn on_timeout(&mut self, now: Nanos) {
+    fn on_timeout(&mut self, now: Instant) {
         let _ = now;
     }
 
@@ -111,7 +100,7 @@ pub trait Handler {
     }
 
     /// True when the handler has finished its work and the engine should drain and stop.
-    fn is_done(&self, now: Nanos) -> bool {
+    fn is_done(&self, now: Instant) -> bool {
         let _ = now;
         false
     }
@@ -174,7 +163,7 @@ pub struct Engine<H> {
     turns: u64,
     waits: u64,
     /// When the counters were last handed over ([`Handler::on_queue_stats`]).
-    last_report: Nanos,
+    last_report: Instant,
     /// Whether frames moved since then ([`Engine::run`]).
     unreported: bool,
 }
@@ -195,7 +184,7 @@ impl<H: Handler> Engine<H> {
             clock: Clock::new(),
             turns: 0,
             waits: 0,
-            last_report: Nanos(0),
+            last_report: Instant::from_nanos(0),
             unreported: false,
         }
     }
@@ -222,7 +211,7 @@ impl<H: Handler> Engine<H> {
 
     /// One turn: completions, refill, a receive batch through the handler, the handler's own
     /// transmits, and the flush to the TX ring. Returns the number of frames moved.
-    pub fn turn(&mut self, now: Nanos) -> u64 {
+    pub fn turn(&mut self, now: Instant) -> u64 {
         self.turns += 1;
         let q = &mut self.queue;
         let h = &mut self.handler;
@@ -240,9 +229,10 @@ impl<H: Handler> Engine<H> {
     /// [`Engine::turn`] for a thread that drives the engine itself between other work (an
     /// inline device): also hands the queue's AF_XDP counters to the handler every 4096 turns
     /// and after an idle turn, at most every [`IDLE_REPORT_EVERY`].
-    pub fn turn_and_report(&mut self, now: Nanos) -> u64 {
+    pub fn turn_and_report(&mut self, now: Instant) -> u64 {
         let moved = self.turn(now);
-        let idle_due = moved == 0 && now.duration_since(self.last_report) >= IDLE_REPORT_EVERY;
+        let idle_due =
+            moved == 0 && now.saturating_duration_since(self.last_report) >= IDLE_REPORT_EVERY;
         if idle_due || self.turns.is_multiple_of(4096) {
             self.last_report = now;
             self.handler
@@ -274,7 +264,7 @@ impl<H: Handler> Engine<H> {
             // Before sleeping, hand over the counters if they changed, at most every
             // IDLE_REPORT_EVERY (the read is a getsockopt; a queue that empties thousands of
             // times a second would pay it each time); and every 4096 busy turns.
-            let since = now.duration_since(self.last_report);
+            let since = now.saturating_duration_since(self.last_report);
             let idle_due = moved == 0 && self.unreported && since >= IDLE_REPORT_EVERY;
             if idle_due || self.turns.is_multiple_of(4096) {
                 self.last_report = now;
@@ -289,7 +279,7 @@ impl<H: Handler> Engine<H> {
                     wait = wait.min(IDLE_REPORT_EVERY.saturating_sub(since));
                 }
                 if let Some(t) = self.handler.next_timeout() {
-                    wait = wait.min(t.duration_since(now));
+                    wait = wait.min(t.saturating_duration_since(now));
                 }
                 if !wait.is_zero() {
                     self.waits += 1;
@@ -309,7 +299,7 @@ impl<H: Handler> Engine<H> {
             waits: self.waits,
             stats: self.queue.stats(),
             accounting: self.queue.accounting(),
-            elapsed: end.duration_since(start),
+            elapsed: end.saturating_duration_since(start),
         })
     }
 
@@ -373,7 +363,7 @@ pub struct EchoHandler {
 }
 
 impl Handler for EchoHandler {
-    fn on_rx(&mut self, _now: Nanos, frame: &mut [u8], _tx: &mut TxSink<'_>) -> RxVerdict {
+    fn on_rx(&mut self, _now: Instant, frame: &mut [u8], _tx: &mut TxSink<'_>) -> RxVerdict {
         if swap_addresses(frame) {
             self.echoed += 1;
             RxVerdict::Transmit { len: frame.len() }
@@ -438,13 +428,5 @@ mod tests {
         assert!(swap_addresses(&mut f));
         assert_eq!(f, orig);
         assert!(!swap_addresses(&mut f[..20]));
-    }
-
-    #[test]
-    fn nanos_arithmetic() {
-        let t = Nanos(5).saturating_add(Duration::from_nanos(10));
-        assert_eq!(t, Nanos(15));
-        assert_eq!(Nanos(3).duration_since(t), Duration::ZERO);
-        assert_eq!(t.duration_since(Nanos(5)), Duration::from_nanos(10));
     }
 }

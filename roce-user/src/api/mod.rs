@@ -16,25 +16,24 @@
 //! AF_XDP multi-buffer packets ([`XskConfig::multi_buffer`], Linux 6.6+), which carry them in
 //! two descriptors; on a link of MTU 1500 the largest path MTU is 1024 either way.
 
+mod claims;
+mod cq;
+mod error;
+mod path;
+
 use std::{
-    fs::{self, File},
-    future::Future,
+    fs::File,
     io::Read as _,
-    net::IpAddr,
-    os::fd::{AsFd as _, AsRawFd as _},
-    pin::Pin,
+    os::fd::AsRawFd as _,
     sync::{
-        Arc, Condvar, Mutex, MutexGuard,
+        Arc, Condvar, Mutex,
         atomic::{AtomicBool, AtomicU64, Ordering},
     },
-    task::{Context, Poll, Waker},
-    time::{Duration, Instant as StdInstant},
+    time::Duration,
 };
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use roce_common::maps::{
-    BIND_COPY, BIND_ZEROCOPY, MAX_QPS, QpEntry, QpStatsRecord, XskQueueRecord,
-};
+use roce_common::maps::{MAX_QPS, QpEntry};
 
 pub use crate::transport::{
     Access, AttrMask, CqId, DeviceConfig, DeviceCounters, LKey, MrInfo, Mtu, Path, PdId, PostError,
@@ -42,111 +41,30 @@ pub use crate::transport::{
     SendWr, Sge, Wc, WcFlags, WcOpcode, WcStatus,
 };
 use crate::{
-    engine::{
-        Clock, Engine, EngineConfig, EngineThread, Handler, Nanos, RxVerdict, TxSink, spawn_engines,
-    },
+    engine::{Clock, Engine, EngineConfig, EngineThread, spawn_engines},
     loader::{self, AttachMode, LoadError, LoadOptions, Pins},
-    netinfo::{self, Gid, IfInfo, NetInfoError},
-    transport::{self, Instant},
-    wire::{EthernetAddress, IpPath, PathRepr, frame::udp_src_port},
-    xsk::{BindMode, XskConfig, XskError, XskQueue, XskStats},
+    netinfo::{Gid, IfInfo},
+    transport::{self},
+    wire::IpPath,
+    xsk::{BindMode, XskConfig, XskQueue},
 };
 
-/// Why a device call failed.
-#[derive(Debug, thiserror::Error)]
-pub enum ApiError {
-    /// Loading, pinning or a map operation failed.
-    #[error(transparent)]
-    Load(#[from] LoadError),
-    /// An AF_XDP socket could not be opened.
-    #[error("AF_XDP: {0}")]
-    Xsk(#[from] XskError),
-    /// Interface facts could not be read.
-    #[error(transparent)]
-    NetInfo(#[from] NetInfoError),
-    /// The transport refused.
-    #[error(transparent)]
-    Device(#[from] transport::DeviceError),
-    /// A post was refused.
-    #[error(transparent)]
-    Post(#[from] PostError),
-    /// A memory region call failed.
-    #[error(transparent)]
-    Mr(#[from] transport::MrError),
-    /// No QPN below the XDP map's capacity is free.
-    #[error("no free QP number below {MAX_QPS} on {0}")]
-    NoQpn(String),
-    /// The path MTU does not fit the frames.
-    #[error(
-        "path MTU {asked} does not fit this device: at most {max} (AF_XDP frames of {frame} bytes, link MTU {link})"
-    )]
-    Mtu {
-        /// Asked for.
-        asked: u32,
-        /// Largest possible.
-        max: u32,
-        /// UMEM frame size.
-        frame: u32,
-        /// Link MTU.
-        link: u32,
-    },
-    /// A memory region access out of bounds.
-    #[error("memory region {lkey:?}: bytes {offset}..{end} are outside its {len} bytes")]
-    OutOfBounds {
-        /// Region.
-        lkey: LKey,
-        /// Start.
-        offset: usize,
-        /// End.
-        end: usize,
-        /// Region length.
-        len: usize,
-    },
-    /// Something else the OS refused.
-    #[error("{what}: {source}")]
-    Os {
-        /// What.
-        what: &'static str,
-        /// The error.
-        #[source]
-        source: std::io::Error,
-    },
-    /// An engine thread failed.
-    #[error("engine thread: {0}")]
-    Engine(String),
-    /// A sharded device was asked for more queues than QP numbers and keys can be split into.
-    #[error("{queues} RX queues: a sharded device splits into at most {max}")]
-    TooManyQueues {
-        /// RX queues of the interface.
-        queues: u32,
-        /// [`transport::Shard::MAX_COUNT`].
-        max: u32,
-    },
-    /// A queue number beyond the device's shards ([`Device::alloc_pd_on`]).
-    #[error("queue {queue}: this device has {shards} transport(s) (sharded: one per RX queue)")]
-    NoSuchQueue {
-        /// Asked for.
-        queue: u32,
-        /// [`Device::shards`].
-        shards: u32,
-    },
-    /// A QP's PD and CQs were made on different queues of a sharded device.
-    #[error(
-        "the QP's protection domain is on queue {pd} but its {which} CQ on queue {cq}: a sharded device keeps a QP's PD, CQs and regions on one queue"
-    )]
-    OtherQueue {
-        /// The PD's queue.
-        pd: u32,
-        /// `send` or `recv`.
-        which: &'static str,
-        /// The CQ's queue.
-        cq: u32,
-    },
-}
-
-fn os(what: &'static str) -> impl FnOnce(std::io::Error) -> ApiError {
-    move |source| ApiError::Os { what, source }
-}
+use self::claims::lock_file;
+pub use self::{
+    cq::CqReady,
+    error::ApiError,
+    path::{PATH_CACHE_TTL, needs_multi_buffer},
+};
+use self::{
+    error::os,
+    path::{HopCache, XDP_PACKET_HEADROOM},
+};
+use crate::engine::{
+    driver::{Inline, Shared, TransportHandler},
+    exit::{LiveDevice, process_alive, register_live, unregister_live},
+    publish::Publisher,
+};
+pub use crate::engine::{exit::release_all_for_exit, publish::PUBLISH_EVERY};
 
 /// How an RC QP is connected: what `ibv_modify_qp` gets for RTR and RTS. [`RcConnect::new`]
 /// takes ibv_rc_pingpong's values (`pp_connect_ctx`), which perftest also uses.
@@ -247,325 +165,6 @@ impl Default for DeviceOptions {
     }
 }
 
-/// What the engines and the application threads share.
-#[derive(Debug)]
-struct Shared {
-    dev: Mutex<transport::Device>,
-    /// Signalled by the engines after input that may have completed work.
-    progress: Condvar,
-    /// Async waiters, woken with `progress`.
-    wakers: Mutex<Vec<Waker>>,
-    /// Makes the engines' poll(2) return, after a post.
-    wake: EventFd,
-    /// The latest AF_XDP counters of each queue, as the engines report them.
-    xsk: Mutex<std::collections::BTreeMap<u32, XskStats>>,
-}
-
-impl Shared {
-    fn lock(&self) -> MutexGuard<'_, transport::Device> {
-        // A panic while holding the lock leaves the transport in an unknown state; the poison
-        // is reported by the next call that sees it, here treated as fatal for the device.
-        self.dev
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn notify(&self) {
-        self.progress.notify_all();
-        let wakers = std::mem::take(
-            &mut *self
-                .wakers
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner),
-        );
-        for w in wakers {
-            w.wake();
-        }
-    }
-
-    fn kick(&self) {
-        let _ = self.wake.write(1);
-    }
-}
-
-/// The engines of an inline device and when one last ran.
-struct Inline {
-    engines: Mutex<Vec<Engine<TransportHandler>>>,
-    clock: Clock,
-    /// [`Clock`] time of the last turn.
-    last_turn: AtomicU64,
-}
-
-impl std::fmt::Debug for Inline {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Inline").finish_non_exhaustive()
-    }
-}
-
-impl Inline {
-    /// One turn of every queue's engine, unless another thread is running them right now
-    /// (then that thread's turn serves this caller too). Returns whether it ran.
-    fn turn(&self) -> bool {
-        let Ok(mut engines) = self.engines.try_lock() else {
-            return false;
-        };
-        let now = self.clock.now();
-        for e in engines.iter_mut() {
-            e.turn_and_report(now);
-        }
-        self.last_turn.store(now.0, Ordering::Relaxed);
-        true
-    }
-
-    /// Waits up to `timeout` for a frame on any queue (or transmit room); called with no
-    /// engine running so that the caller's next turn handles it.
-    fn wait(&self, timeout: Duration, wake: &EventFd) {
-        let Ok(engines) = self.engines.lock() else {
-            return;
-        };
-        let queues: Vec<&XskQueue> = engines.iter().map(Engine::queue).collect();
-        let _ = XskQueue::wait_any(&queues, Some(timeout), Some(wake.as_fd()));
-        // Cleared after the wait, as Handler::on_woken does: the caller's next turn sees what
-        // was posted before the signal.
-        let _ = wake.read();
-    }
-}
-
-/// The engine handler that drives the transport: frames in, frames out, timers.
-struct TransportHandler {
-    /// This queue's transport.
-    shared: Arc<Shared>,
-    /// This queue's place in `all`.
-    index: usize,
-    /// Every transport of the device (one unless sharded), for frames of other queues' QPs.
-    all: Arc<[Arc<Shared>]>,
-    activity: bool,
-}
-
-impl TransportHandler {
-    /// The transport that owns `frame`'s QP: this queue's, unless the device is sharded and
-    /// the DestQP names another one ([`transport::Shard::of_qpn`]).
-    fn owner(&self, frame: &[u8]) -> usize {
-        let count = self.all.len();
-        if count == 1 {
-            return self.index;
-        }
-        crate::wire::peek::dest_qpn(frame).map_or(self.index, |qpn| {
-            transport::Shard::of_qpn(count as u32, qpn) as usize
-        })
-    }
-}
-
-const fn at(now: Nanos) -> Instant {
-    Instant::from_nanos(now.0)
-}
-
-impl Handler for TransportHandler {
-    fn on_rx(&mut self, now: Nanos, frame: &mut [u8], _tx: &mut TxSink<'_>) -> RxVerdict {
-        let owner = self.owner(frame);
-        if owner == self.index {
-            self.shared.lock().handle_packet_mut(at(now), frame);
-            self.activity = true;
-        } else {
-            // Another queue's QP: its transport handles the frame, and its engine sends what
-            // that produced (ACKs, responses) on its own queue.
-            let other = &self.all[owner];
-            {
-                let mut dev = other.lock();
-                dev.count_rx_other_queue();
-                dev.handle_packet_mut(at(now), frame);
-            }
-            other.kick();
-            other.notify();
-        }
-        RxVerdict::Recycle
-    }
-
-    fn poll_transmit(&mut self, now: Nanos, tx: &mut TxSink<'_>) {
-        let mut dev = self.shared.lock();
-        while tx.room() > 0 {
-            let mut sent = false;
-            let _ = tx.send(|buf| match dev.poll_transmit(at(now), buf) {
-                Some(t) => {
-                    sent = true;
-                    t.size
-                }
-                None => 0,
-            });
-            if !sent {
-                break;
-            }
-            self.activity = true;
-        }
-        drop(dev);
-        if std::mem::take(&mut self.activity) {
-            self.shared.notify();
-        }
-    }
-
-    fn next_timeout(&self) -> Option<Nanos> {
-        self.shared
-            .lock()
-            .poll_timeout()
-            .map(|t| Nanos(t.as_nanos()))
-    }
-
-    fn on_timeout(&mut self, now: Nanos) {
-        self.shared.lock().handle_timeout(at(now));
-        self.activity = true;
-    }
-
-    fn wake_fd(&self) -> Option<std::os::fd::BorrowedFd<'_>> {
-        Some(self.shared.wake.as_fd())
-    }
-
-    fn on_woken(&mut self) {
-        // Everything posted before the signal is visible to the next turn, under the lock.
-        let _ = self.shared.wake.read();
-    }
-
-    fn on_queue_stats(&mut self, queue_id: u32, stats: &XskStats) {
-        self.shared
-            .xsk
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .insert(queue_id, *stats);
-    }
-}
-
-/// Writes the device's counters into the pinned stats maps, where `roce stats` and bpftool
-/// read them. Runs every [`PUBLISH_EVERY`] on its own thread, and once more at close.
-#[derive(Clone)]
-struct Publisher {
-    shards: Arc<[Arc<Shared>]>,
-    pins: Pins,
-    bind_modes: Vec<(u32, BindMode)>,
-}
-
-/// How often the counters are published.
-pub const PUBLISH_EVERY: Duration = Duration::from_millis(250);
-
-const fn state_code(s: QpState) -> u32 {
-    match s {
-        QpState::Reset => 0,
-        QpState::Init => 1,
-        QpState::Rtr => 2,
-        QpState::Rts => 3,
-        QpState::Sqd => 4,
-        QpState::Sqe => 5,
-        QpState::Err => 6,
-    }
-}
-
-impl Publisher {
-    fn publish(&self) -> Result<(), ApiError> {
-        let pid = std::process::id();
-        let mut devc = DeviceCounters::default();
-        let mut qps = Vec::new();
-        for shard in self.shards.iter() {
-            let dev = shard.lock();
-            qps.extend(dev.qps().map(|q| {
-                let cc = q.congestion().map(transport::QpCc::snapshot);
-                (q.qpn(), q.state(), *q.counters(), cc)
-            }));
-            devc.add(dev.device_counters());
-        }
-        let mut qmap = self.pins.qp_stats()?;
-        for (qpn, state, counters, cc) in qps {
-            let rec = QpStatsRecord {
-                owner: pid,
-                state: state_code(state),
-                counters,
-                rate_bps: cc.map_or(0, |c| c.rate_bps),
-                target_bps: cc.map_or(0, |c| c.target_bps),
-                alpha_1024: cc.map_or(0, |c| u64::from(c.alpha_fixed)),
-                cc: cc.map(|c| c.stats).unwrap_or_default(),
-            };
-            qmap.insert(qpn.value(), rec, 0).map_err(LoadError::from)?;
-        }
-        self.pins
-            .dev_stats()?
-            .insert(pid, devc, 0)
-            .map_err(LoadError::from)?;
-        let mut xsk = std::collections::BTreeMap::new();
-        for shard in self.shards.iter() {
-            xsk.extend(
-                shard
-                    .xsk
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .iter()
-                    .map(|(q, st)| (*q, *st)),
-            );
-        }
-        let mut xmap = self.pins.xsk_stats()?;
-        for (q, stats) in xsk {
-            let bind = self
-                .bind_modes
-                .iter()
-                .find(|(n, _)| *n == q)
-                .map_or(BIND_COPY, |(_, m)| match m {
-                    BindMode::ZeroCopy => BIND_ZEROCOPY,
-                    BindMode::Copy => BIND_COPY,
-                });
-            xmap.insert(
-                q,
-                XskQueueRecord {
-                    owner: pid,
-                    bind_mode: bind,
-                    stats,
-                },
-                0,
-            )
-            .map_err(LoadError::from)?;
-        }
-        Ok(())
-    }
-
-    /// Folds the records of `owner` (or, with `None`, of every process that no longer exists)
-    /// into the retired records (QPN 0 and PID 0), so per-interface totals stay cumulative like
-    /// a NIC's while the maps stay bounded. Call with the QPN lock held.
-    fn retire(&self, owner: Option<u32>) {
-        let gone = |o: u32| o != 0 && owner.map_or(!process_alive(o), |me| o == me);
-        if let Ok(mut m) = self.pins.qp_stats() {
-            let mut retired = m.get(&0, 0).unwrap_or_default();
-            let old: Vec<(u32, QpStatsRecord)> = m
-                .iter()
-                .filter_map(Result::ok)
-                .filter(|(k, r)| *k != 0 && gone(r.owner))
-                .collect();
-            if !old.is_empty() {
-                for (k, r) in &old {
-                    retired.counters.add(&r.counters);
-                    retired.cc.add(&r.cc);
-                    let _ = m.remove(k);
-                }
-                retired.owner = 0;
-                retired.state = 0;
-                retired.rate_bps = 0;
-                retired.target_bps = 0;
-                retired.alpha_1024 = 0;
-                let _ = m.insert(0, retired, 0);
-            }
-        }
-        if let Ok(mut m) = self.pins.dev_stats() {
-            let mut retired = m.get(&0, 0).unwrap_or_default();
-            let old: Vec<(u32, DeviceCounters)> = m
-                .iter()
-                .filter_map(Result::ok)
-                .filter(|(pid, _)| gone(*pid))
-                .collect();
-            if !old.is_empty() {
-                for (pid, d) in &old {
-                    retired.add(d);
-                    let _ = m.remove(pid);
-                }
-                let _ = m.insert(0, retired, 0);
-            }
-        }
-    }
-}
-
 /// A RoCE v2 device on a Linux interface. Dropping it stops the engines, releases its QPNs and,
 /// if it loaded roce_xdp, unloads it.
 pub struct Device {
@@ -593,46 +192,6 @@ pub struct Device {
     hops: Mutex<HopCache>,
 }
 
-/// Bytes the kernel keeps in front of a received packet in its UMEM frame in copy mode
-/// (`XDP_PACKET_HEADROOM`).
-const XDP_PACKET_HEADROOM: u32 = 256;
-
-/// Whether a link of IP MTU `mtu` carries frames (Ethernet, two VLAN tags) longer than a
-/// received UMEM frame of `frame_size` bytes holds, so that its sockets need multi-buffer
-/// packets to see them.
-#[must_use]
-pub const fn needs_multi_buffer(mtu: u32, frame_size: u32) -> bool {
-    mtu + 14 + 8 > frame_size.saturating_sub(XDP_PACKET_HEADROOM)
-}
-
-/// How long [`Device::path_to`] reuses a destination's next-hop MAC before asking the routing
-/// and neighbour tables again. Connecting many QPs to one peer (`roce perf -q 1024`) then
-/// costs one `ip route get` and one neighbour lookup instead of one per QP; a QP keeps the
-/// path it was connected with either way.
-pub const PATH_CACHE_TTL: Duration = Duration::from_secs(10);
-
-/// Destination IP → (next-hop MAC, when it was resolved), for [`PATH_CACHE_TTL`].
-#[derive(Debug, Default)]
-struct HopCache(std::collections::HashMap<IpAddr, ([u8; 6], StdInstant)>);
-
-impl HopCache {
-    /// The MAC resolved for `dst` less than [`PATH_CACHE_TTL`] before `now`.
-    fn get(&self, dst: IpAddr, now: StdInstant) -> Option<[u8; 6]> {
-        self.0
-            .get(&dst)
-            .filter(|(_, at)| now.saturating_duration_since(*at) < PATH_CACHE_TTL)
-            .map(|(mac, _)| *mac)
-    }
-
-    /// Records `mac` for `dst`, resolved at `now`; forgets entries past their time, so the
-    /// cache holds only the destinations of the last [`PATH_CACHE_TTL`].
-    fn insert(&mut self, dst: IpAddr, mac: [u8; 6], now: StdInstant) {
-        self.0
-            .retain(|_, (_, at)| now.saturating_duration_since(*at) < PATH_CACHE_TTL);
-        self.0.insert(dst, (mac, now));
-    }
-}
-
 impl std::fmt::Debug for Device {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Device")
@@ -648,86 +207,6 @@ fn random_seed() -> Result<[u8; 32], ApiError> {
         .and_then(|mut f| f.read_exact(&mut seed))
         .map_err(os("reading /dev/urandom"))?;
     Ok(seed)
-}
-
-/// What must be undone for a device if the process has to exit without running destructors.
-#[derive(Debug)]
-struct LiveDevice {
-    id: u64,
-    ifname: String,
-    loaded_here: bool,
-    queues: Vec<u32>,
-    qpns: Arc<Mutex<Vec<u32>>>,
-}
-
-static LIVE: Mutex<Vec<LiveDevice>> = Mutex::new(Vec::new());
-static NEXT_LIVE_ID: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
-
-fn register_live(mut d: LiveDevice) -> u64 {
-    d.id = NEXT_LIVE_ID.fetch_add(1, Ordering::Relaxed);
-    let id = d.id;
-    LIVE.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .push(d);
-    id
-}
-
-fn unregister_live(id: u64) {
-    LIVE.lock()
-        .unwrap_or_else(std::sync::PoisonError::into_inner)
-        .retain(|d| d.id != id);
-}
-
-/// Undoes what every open [`Device`] of this process set up in the kernel — its QPNs in the XDP
-/// QP map, its sockets in the XSK map, and roce_xdp itself where the device loaded it — without
-/// stopping its threads. Call it only right before the process exits on a signal, when the
-/// devices' destructors will not run (for example while blocked in an out-of-band `accept`).
-pub fn release_all_for_exit() {
-    let live = std::mem::take(
-        &mut *LIVE
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner),
-    );
-    for d in live {
-        let pins = Pins::new(&d.ifname);
-        if let Ok(mut xsks) = pins.xsks() {
-            for q in &d.queues {
-                let _ = xsks.unset(*q);
-            }
-        }
-        for n in d
-            .qpns
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .drain(..)
-        {
-            let _ = pins.remove_qp(n);
-        }
-        if d.loaded_here {
-            let _ = loader::unload(&d.ifname);
-        }
-    }
-}
-
-/// Takes the per-interface lock (`/run/roce/<ifname>.lock`) that serialises QPN claims and the
-/// folding of counters between processes.
-fn lock_file(ifname: &str) -> Result<nix::fcntl::Flock<File>, ApiError> {
-    fs::create_dir_all("/run/roce").map_err(os("creating /run/roce"))?;
-    let path = format!("/run/roce/{ifname}.lock");
-    let f = File::options()
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(os("opening the QPN lock file"))?;
-    nix::fcntl::Flock::lock(f, nix::fcntl::FlockArg::LockExclusive).map_err(|(_, e)| ApiError::Os {
-        what: "locking the QPN lock file",
-        source: e.into(),
-    })
-}
-
-fn process_alive(pid: u32) -> bool {
-    pid != 0 && std::path::Path::new(&format!("/proc/{pid}")).exists()
 }
 
 impl Device {
@@ -856,7 +335,7 @@ impl Device {
                     while !st.load(Ordering::Relaxed) {
                         std::thread::sleep(INLINE_IDLE_TURN);
                         let last = i.last_turn.load(Ordering::Relaxed);
-                        if i.clock.now().0.saturating_sub(last) >= idle {
+                        if i.clock.now().as_nanos().saturating_sub(last) >= idle {
                             i.turn();
                         }
                     }
@@ -943,97 +422,6 @@ impl Device {
     #[must_use]
     pub const fn multi_buffer(&self) -> bool {
         self.multi_buffer
-    }
-
-    /// The largest path MTU this device can carry, for IPv4 or IPv6 paths: what the link's MTU
-    /// allows, and, unless the sockets take multi-buffer packets, what one UMEM frame holds.
-    #[must_use]
-    pub fn max_path_mtu(&self, ipv6: bool) -> u32 {
-        let by_link = self.info.max_path_mtu(ipv6);
-        if self.multi_buffer {
-            return by_link;
-        }
-        // A received frame starts 256 bytes (XDP_PACKET_HEADROOM) into its UMEM frame.
-        let room = self
-            .frame_size
-            .saturating_sub(XDP_PACKET_HEADROOM + 14 + 8 + 40 + 8 + 12 + 28 + 4);
-        let by_frame = [4096, 2048, 1024, 512, 256]
-            .into_iter()
-            .find(|m| *m <= room)
-            .unwrap_or(256);
-        by_link.min(by_frame)
-    }
-
-    /// Fails unless a path MTU of `mtu` bytes fits this device (see [`Device::max_path_mtu`]).
-    /// Tools call it before their connection setup, so a bad `-m` is reported at once.
-    ///
-    /// # Errors
-    /// [`ApiError::Mtu`], saying what the limit is and why.
-    pub fn check_path_mtu(&self, mtu: u32, ipv6: bool) -> Result<(), ApiError> {
-        let max = self.max_path_mtu(ipv6);
-        if mtu > max {
-            return Err(ApiError::Mtu {
-                asked: mtu,
-                max,
-                frame: self.frame_size,
-                link: self.info.mtu,
-            });
-        }
-        Ok(())
-    }
-
-    /// The address vector from local GID `gid_index` to `remote_gid`: MACs (the next hop's from the
-    /// neighbour table, resolved if needed: the peer's on-link, the gateway's when routed), IPs, and the RoCE v2 UDP source port of the QP pair.
-    ///
-    /// # Errors
-    /// Bad GID index, mixed address families, or the peer's MAC does not resolve.
-    pub fn path_to(
-        &self,
-        gid_index: usize,
-        remote_gid: &[u8; 16],
-        local_qpn: Qpn,
-        remote_qpn: Qpn,
-    ) -> Result<Path, ApiError> {
-        let local = self.gid(gid_index)?;
-        let remote_ip = crate::cm::gid_to_ip(remote_gid);
-        let now = StdInstant::now();
-        let cached = self
-            .hops
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .get(remote_ip, now);
-        let dst_mac = match cached {
-            Some(mac) => mac,
-            None => {
-                let hop = netinfo::next_hop(&self.info.ifname, remote_ip)?;
-                let mac = netinfo::resolve_mac(&self.info.ifname, hop, Duration::from_secs(3))?;
-                self.hops
-                    .lock()
-                    .unwrap_or_else(std::sync::PoisonError::into_inner)
-                    .insert(remote_ip, mac, now);
-                mac
-            }
-        };
-        let ip = match (local.ip, remote_ip) {
-            (IpAddr::V4(src), IpAddr::V4(dst)) => IpPath::V4 { src, dst },
-            (IpAddr::V6(src), IpAddr::V6(dst)) => IpPath::V6 {
-                src,
-                dst,
-                flow_label: 0,
-            },
-            _ => {
-                return Err(ApiError::NetInfo(NetInfoError::Ip {
-                    args: "path".into(),
-                    msg: format!(
-                        "local GID {} and remote GID {remote_ip} are of different families",
-                        local.ip
-                    ),
-                }));
-            }
-        };
-        let mut p = PathRepr::new(EthernetAddress(self.info.mac), EthernetAddress(dst_mac), ip);
-        p.udp_src_port = udp_src_port(local_qpn, remote_qpn);
-        Ok(p)
     }
 
     /// Allocates a protection domain (`ibv_alloc_pd`): QPs reach only the regions of their own.
@@ -1411,66 +799,11 @@ impl Device {
         out
     }
 
-    /// Waits up to `timeout` for a completion on `cq` (the blocking form of `ibv_get_cq_event`
-    /// plus `ibv_poll_cq`).
-    #[must_use]
-    pub fn wait_cq(&self, cq: CqId, timeout: Duration) -> Option<Wc> {
-        let deadline = StdInstant::now() + timeout;
-        let (queue, cq) = self.split_cq(cq);
-        let sh = &self.shards[queue as usize];
-        if let Some(inline) = &self.inline {
-            return Self::wait_cq_inline(sh, inline, cq, deadline);
-        }
-        let mut dev = sh.lock();
-        loop {
-            if let Some(wc) = dev.poll_cq(cq) {
-                return Some(wc);
-            }
-            let left = deadline.checked_duration_since(StdInstant::now())?;
-            dev = sh
-                .progress
-                .wait_timeout(dev, left.min(Duration::from_millis(50)))
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .0;
-        }
-    }
-
-    /// [`Device::wait_cq`] of an inline device: turns, and waits on the sockets in between.
-    fn wait_cq_inline(sh: &Shared, inline: &Inline, cq: CqId, deadline: StdInstant) -> Option<Wc> {
-        loop {
-            inline.turn();
-            let next = {
-                let mut dev = sh.lock();
-                if let Some(wc) = dev.poll_cq(cq) {
-                    return Some(wc);
-                }
-                dev.poll_timeout()
-            };
-            let left = deadline.checked_duration_since(StdInstant::now())?;
-            // Until a frame arrives, another thread posts (the eventfd), the next transport
-            // timer, or 1 ms (completions another thread's turn produced).
-            let mut wait = left.min(INLINE_IDLE_TURN);
-            if let Some(t) = next {
-                let now = inline.clock.now().0;
-                wait = wait.min(Duration::from_nanos(t.as_nanos().saturating_sub(now)));
-            }
-            if !wait.is_zero() {
-                inline.wait(wait, &sh.wake);
-            }
-        }
-    }
-
     /// Runs an engine turn on an inline device ([`DeviceOptions::inline`]); nothing otherwise.
     fn drive(&self) {
         if let Some(inline) = &self.inline {
             inline.turn();
         }
-    }
-
-    /// A future that resolves with the next completion of `cq` (async wait).
-    #[must_use]
-    pub fn cq_ready(&self, cq: CqId) -> CqReady<'_> {
-        CqReady { dev: self, cq }
     }
 
     /// Transport counters: the device's own, and each QP's.
@@ -1569,72 +902,5 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         self.shutdown();
-    }
-}
-
-/// The future of [`Device::cq_ready`].
-#[derive(Debug)]
-pub struct CqReady<'a> {
-    dev: &'a Device,
-    cq: CqId,
-}
-
-impl Future for CqReady<'_> {
-    type Output = Wc;
-
-    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Wc> {
-        let (queue, cq) = self.dev.split_cq(self.cq);
-        let sh = &self.dev.shards[queue as usize];
-        let mut dev = sh.lock();
-        if let Some(wc) = dev.poll_cq(cq) {
-            return Poll::Ready(wc);
-        }
-        // Register before releasing the device lock: engines notify only while not holding it
-        // after their own updates, so a completion cannot slip between the check and this.
-        sh.wakers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(cx.waker().clone());
-        drop(dev);
-        Poll::Pending
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn multi_buffer_only_where_the_link_carries_frames_longer_than_a_receive_frame() {
-        // A received frame holds 4096 - 256 = 3840 bytes; a link frame is MTU + 14 + 8 (two
-        // VLAN tags) at most.
-        assert!(!needs_multi_buffer(1500, 4096));
-        assert!(!needs_multi_buffer(3000, 4096));
-        assert!(!needs_multi_buffer(3818, 4096));
-        assert!(needs_multi_buffer(3819, 4096));
-        assert!(needs_multi_buffer(9000, 4096));
-        assert!(needs_multi_buffer(1792 - 22 + 1, 2048));
-        assert!(!needs_multi_buffer(1500, 2048));
-    }
-
-    #[test]
-    fn hop_cache_reuses_a_mac_for_its_ttl_and_then_forgets_it() {
-        let t0 = StdInstant::now();
-        let (a, b) = (
-            IpAddr::from([10, 0, 0, 1]),
-            IpAddr::from([0xfd00, 0, 0, 0, 0, 0, 0, 2]),
-        );
-        let mut c = HopCache::default();
-        assert_eq!(c.get(a, t0), None);
-        c.insert(a, [2, 0, 0, 0, 0, 1], t0);
-        let later = t0 + PATH_CACHE_TTL - Duration::from_millis(1);
-        assert_eq!(c.get(a, later), Some([2, 0, 0, 0, 0, 1]));
-        assert_eq!(c.get(b, later), None);
-        let expired = t0 + PATH_CACHE_TTL;
-        assert_eq!(c.get(a, expired), None);
-        // Inserting another destination drops the expired entry: the cache stays bounded.
-        c.insert(b, [2, 0, 0, 0, 0, 2], expired);
-        assert_eq!(c.0.len(), 1);
-        assert_eq!(c.get(b, expired), Some([2, 0, 0, 0, 0, 2]));
     }
 }
