@@ -306,6 +306,8 @@ counter_struct! {
         rx_unknown_qp,
         /// roce-xdp: frames that arrived on an RX queue whose transport does not own their QP (sharded devices) and were handed to the owner's.
         rx_other_queue,
+        /// roce-xdp: frames for another RX queue's QP (sharded devices) lost because that queue's bounded hand-over ring was full (or the frame longer than a ring slot); the peer retransmits them.
+        rx_other_queue_dropped,
         /// IB port counter name: P_Key mismatches.
         bad_pkey_cntr,
         /// IB port counter name: Q_Key violations (UD).

@@ -60,7 +60,7 @@ use self::{
     path::{HopCache, XDP_PACKET_HEADROOM},
 };
 use crate::engine::{
-    driver::{Inline, Shared, TransportHandler},
+    driver::{INBOX_SLOTS, Inbox, Inline, Shared, TransportHandler},
     exit::{LiveDevice, process_alive, register_live, unregister_live},
     publish::Publisher,
 };
@@ -274,6 +274,12 @@ impl Device {
                 wakers: Mutex::new(Vec::new()),
                 wake,
                 xsk: Mutex::new(std::collections::BTreeMap::new()),
+                inbox: Inbox::new(
+                    if opts.sharded { INBOX_SLOTS } else { 0 },
+                    // The longest frame a queue delivers: the link MTU, Ethernet and two VLAN
+                    // tags.
+                    info.mtu as usize + 14 + 8,
+                ),
             }));
         }
         let shards: Arc<[Arc<Shared>]> = shards.into();

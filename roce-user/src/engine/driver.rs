@@ -13,9 +13,10 @@ use std::{
     time::Duration,
 };
 
+use crossbeam_queue::ArrayQueue;
 use nix::sys::eventfd::EventFd;
 
-use super::{Clock, Engine, Handler, Instant, RxVerdict, TxSink};
+use super::{Clock, Engine, Handler, Instant, RxFrameFn, RxVerdict, TxSink};
 use crate::{
     transport,
     xsk::{XskQueue, XskStats},
@@ -33,6 +34,82 @@ pub(crate) struct Shared {
     pub(crate) wake: EventFd,
     /// The latest AF_XDP counters of each queue, as the engines report them.
     pub(crate) xsk: Mutex<std::collections::BTreeMap<u32, XskStats>>,
+    /// Frames of this transport's QPs that other queues received (sharded devices).
+    pub(crate) inbox: Inbox,
+}
+
+/// How many frames a queue's hand-over ring holds: two receive batches of the default size
+/// from each other queue fit, and a burst beyond that is dropped and counted
+/// (`rx_other_queue_dropped`), as a full RX ring would drop it.
+pub(crate) const INBOX_SLOTS: usize = 256;
+
+/// A bounded lock-free hand-over of received frames to the queue whose transport owns their QP
+/// (ARCHITECTURE.md: "handed over through a lock-free channel, never a shared lock on the hot
+/// path"). Any queue's engine pushes, only the owner's pops.
+///
+/// Its buffers are allocated once, when the device opens, and circulate between `free` and
+/// `full`, so a hand-over copies the frame once and allocates nothing.
+#[derive(Debug)]
+pub(crate) struct Inbox {
+    /// Empty buffers, each with room for `slot_len` bytes.
+    free: ArrayQueue<Vec<u8>>,
+    /// Frames handed over, oldest first.
+    full: ArrayQueue<Vec<u8>>,
+    slot_len: usize,
+}
+
+impl Inbox {
+    /// A ring of `slots` frames of up to `slot_len` bytes each (the longest frame the queue can
+    /// receive).
+    pub(crate) fn new(slots: usize, slot_len: usize) -> Self {
+        let free = ArrayQueue::new(slots.max(1));
+        for _ in 0..slots.max(1) {
+            let _ = free.push(Vec::with_capacity(slot_len));
+        }
+        Self {
+            free,
+            full: ArrayQueue::new(slots.max(1)),
+            slot_len,
+        }
+    }
+
+    /// Copies `frame` into the ring for the owner to handle in its own turn. Returns false,
+    /// and keeps nothing, when every slot is taken or the frame is longer than a slot: the
+    /// caller counts the drop.
+    pub(crate) fn push(&self, frame: &[u8]) -> bool {
+        if frame.len() > self.slot_len {
+            return false;
+        }
+        let Some(mut buf) = self.free.pop() else {
+            return false;
+        };
+        buf.clear();
+        buf.extend_from_slice(frame);
+        // Cannot fail: a buffer popped from `free` always has a place in `full`, which holds
+        // as many as there are buffers. Should it ever, the buffer goes back to `free`.
+        if let Err(buf) = self.full.push(buf) {
+            let _ = self.free.push(buf);
+            return false;
+        }
+        true
+    }
+
+    /// Hands every frame waiting in the ring to `handle`, oldest first, and returns how many
+    /// there were. Call it from the owner's engine only.
+    pub(crate) fn drain(&self, mut handle: impl FnMut(&mut [u8])) -> usize {
+        let mut n = 0;
+        while let Some(mut buf) = self.full.pop() {
+            handle(&mut buf);
+            let _ = self.free.push(buf);
+            n += 1;
+        }
+        n
+    }
+
+    /// Whether no frame is waiting.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.full.is_empty()
+    }
 }
 
 impl Shared {
@@ -130,25 +207,92 @@ impl TransportHandler {
     }
 }
 
-impl Handler for TransportHandler {
-    fn on_rx(&mut self, now: Instant, frame: &mut [u8], _tx: &mut TxSink<'_>) -> RxVerdict {
+impl TransportHandler {
+    /// Handles one received frame with this queue's transport, locked at most once for the
+    /// whole batch (`dev` holds the guard from the first frame that needs it on). A frame of
+    /// another queue's QP is copied into that queue's [`Inbox`] and `kick` gets the queue's
+    /// bit, so that its engine is woken once after the batch.
+    fn route<'a>(
+        &'a self,
+        now: Instant,
+        frame: &mut [u8],
+        dev: &mut Option<MutexGuard<'a, transport::Device>>,
+        kick: &mut u64,
+    ) {
         let owner = self.owner(frame);
         if owner == self.index {
-            self.shared.lock().handle_packet_mut(now, frame);
-            self.activity = true;
+            dev.get_or_insert_with(|| self.shared.lock())
+                .handle_packet_mut(now, frame);
+        } else if self.all[owner].inbox.push(frame) {
+            *kick |= 1u64 << (owner % 64);
         } else {
-            // Another queue's QP: its transport handles the frame, and its engine sends what
-            // that produced (ACKs, responses) on its own queue.
-            let other = &self.all[owner];
-            {
-                let mut dev = other.lock();
-                dev.count_rx_other_queue();
-                dev.handle_packet_mut(now, frame);
-            }
-            other.kick();
-            other.notify();
+            dev.get_or_insert_with(|| self.shared.lock())
+                .count_rx_other_queue_dropped();
         }
+    }
+
+    /// Wakes the engines of the queues whose bits are set in `kick`.
+    fn kick(&self, kick: u64) {
+        if kick == 0 {
+            return;
+        }
+        for (i, other) in self.all.iter().enumerate() {
+            if kick & (1u64 << (i % 64)) != 0 {
+                other.kick();
+            }
+        }
+    }
+
+    /// Handles the frames other queues handed to this one, with this queue's transport
+    /// (locked at most once), and counts them (`rx_other_queue`).
+    fn drain_inbox<'a>(
+        &'a self,
+        now: Instant,
+        dev: &mut Option<MutexGuard<'a, transport::Device>>,
+    ) -> bool {
+        let inbox = &self.shared.inbox;
+        if inbox.is_empty() {
+            return false;
+        }
+        let dev = dev.get_or_insert_with(|| self.shared.lock());
+        inbox.drain(|frame| {
+            dev.count_rx_other_queue();
+            dev.handle_packet_mut(now, frame);
+        }) > 0
+    }
+}
+
+impl Handler for TransportHandler {
+    fn on_rx(&mut self, now: Instant, frame: &mut [u8], _tx: &mut TxSink<'_>) -> RxVerdict {
+        let (mut dev, mut kick) = (None, 0);
+        self.route(now, frame, &mut dev, &mut kick);
+        let activity = dev.is_some();
+        drop(dev);
+        self.kick(kick);
+        self.activity |= activity;
         RxVerdict::Recycle
+    }
+
+    /// The receive path: this queue's transport is locked once for the batch (and not at all
+    /// for a batch with nothing for it), frames of other queues' QPs go to their owners'
+    /// rings without a lock, and the frames other queues handed over are handled here.
+    fn on_rx_batch(
+        &mut self,
+        now: Instant,
+        receive: &mut dyn FnMut(&mut RxFrameFn<'_>) -> u32,
+    ) -> u32 {
+        let (mut dev, mut kick) = (None, 0u64);
+        let this = &*self;
+        let n = receive(&mut |frame, _tx| {
+            this.route(now, frame, &mut dev, &mut kick);
+            RxVerdict::Recycle
+        });
+        let handed = this.drain_inbox(now, &mut dev);
+        let activity = dev.is_some() || handed;
+        drop(dev);
+        self.kick(kick);
+        self.activity |= activity;
+        n
     }
 
     fn poll_transmit(&mut self, now: Instant, tx: &mut TxSink<'_>) {
@@ -197,5 +341,57 @@ impl Handler for TransportHandler {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .insert(queue_id, *stats);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Inbox;
+
+    #[test]
+    fn inbox_hands_frames_over_in_order_and_counts_a_full_ring_as_refused() {
+        let inbox = Inbox::new(2, 8);
+        assert!(inbox.is_empty());
+        assert!(inbox.push(b"one"));
+        assert!(inbox.push(b"two"));
+        // Full: the third frame is refused (the caller counts it), nothing is overwritten.
+        assert!(!inbox.push(b"three"));
+        let mut seen = Vec::new();
+        assert_eq!(inbox.drain(|f| seen.push(f.to_vec())), 2);
+        assert_eq!(seen, [b"one".to_vec(), b"two".to_vec()]);
+        assert!(inbox.is_empty());
+        // The buffers came back: the ring takes two more.
+        assert!(inbox.push(b"3"));
+        assert!(inbox.push(b"4"));
+        assert_eq!(inbox.drain(|_| {}), 2);
+    }
+
+    #[test]
+    fn inbox_refuses_a_frame_longer_than_a_slot_and_never_reallocates() {
+        let inbox = Inbox::new(1, 4);
+        assert!(!inbox.push(b"12345"));
+        assert!(inbox.push(b"1234"));
+        inbox.drain(|f| {
+            assert_eq!(f, b"1234");
+        });
+    }
+
+    #[test]
+    fn inbox_is_shared_by_producer_threads_without_a_lock() {
+        let inbox = std::sync::Arc::new(Inbox::new(64, 16));
+        let producers: Vec<_> = (0..2u8)
+            .map(|t| {
+                let inbox = std::sync::Arc::clone(&inbox);
+                std::thread::spawn(move || (0..32u8).filter(|i| inbox.push(&[t, *i])).count())
+            })
+            .collect();
+        let pushed: usize = producers.into_iter().map(|p| p.join().unwrap()).sum();
+        let mut per_producer = [Vec::new(), Vec::new()];
+        let drained = inbox.drain(|f| per_producer[usize::from(f[0])].push(f[1]));
+        assert_eq!((pushed, drained), (64, 64));
+        // Each producer's frames arrive in the order it sent them.
+        for seq in per_producer {
+            assert_eq!(seq, (0..32).collect::<Vec<u8>>());
+        }
     }
 }

@@ -55,6 +55,10 @@ impl Default for Clock {
     }
 }
 
+/// The per-frame callback of a receive batch: the frame from the Ethernet header on, writable in
+/// place, and the queue's transmit sink (see [`Handler::on_rx`]).
+pub type RxFrameFn<'a> = dyn FnMut(&mut [u8], &mut TxSink<'_>) -> RxVerdict + 'a;
+
 /// What runs on a queue: the transport, an echo, a generator.
 pub trait Handler {
     /// Called for every received frame, in ring order. `frame` is the packet from the Ethernet
@@ -62,6 +66,20 @@ pub trait Handler {
     /// this queue (e.g. after rewriting headers), or [`RxVerdict::Recycle`]. New frames
     /// (ACKs, responses) go through `tx`.
     fn on_rx(&mut self, now: Instant, frame: &mut [u8], tx: &mut TxSink<'_>) -> RxVerdict;
+
+    /// Called once per turn for the turn's receive batch. `receive` takes the batch from the
+    /// RX ring, calls its argument for every frame in ring order, and returns how many frames
+    /// it took; return that count. The default hands each frame to [`Handler::on_rx`].
+    /// Override it to do per-batch work once around the frames, as the transport driver does:
+    /// it takes its transport's lock once per batch rather than once per frame, and hands
+    /// frames of other queues' QPs over without locking anything.
+    fn on_rx_batch(
+        &mut self,
+        now: Instant,
+        receive: &mut dyn FnMut(&mut RxFrameFn<'_>) -> u32,
+    ) -> u32 {
+        receive(&mut |frame, tx| self.on_rx(now, frame, tx))
+    }
 
     /// Called once per turn after the receive batch: queue whatever is due. On
     /// [`TxError::Full`] stop and wait for the next turn.
@@ -217,7 +235,8 @@ impl<H: Handler> Engine<H> {
         let h = &mut self.handler;
         let completed = q.reap_completions();
         q.refill();
-        let received = q.receive(self.cfg.batch, |frame, tx| h.on_rx(now, frame, tx));
+        let batch = self.cfg.batch;
+        let received = h.on_rx_batch(now, &mut |per_frame| q.receive(batch, per_frame));
         if h.next_timeout().is_some_and(|t| t <= now) {
             h.on_timeout(now);
         }

@@ -909,6 +909,12 @@ impl Device {
         self.counters.rx_other_queue += 1;
     }
 
+    /// Counts a frame for another shard's QP that this device's RX queue received but could not
+    /// hand over, because the owner's hand-over ring was full (`rx_other_queue_dropped`).
+    pub const fn count_rx_other_queue_dropped(&mut self) {
+        self.counters.rx_other_queue_dropped += 1;
+    }
+
     /// The device's own counters.
     #[must_use]
     pub const fn device_counters(&self) -> &DeviceCounters {
