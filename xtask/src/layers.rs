@@ -449,12 +449,18 @@ fn drop_test_items(t: &[(usize, Tok)]) -> (Vec<(usize, Tok)>, Vec<String>) {
 }
 
 /// The end (exclusive) of the item, statement, field or arm that starts at `i`: after a `;` or
-/// `,` at its own depth, after the `}` that closes its body, or before a closer that belongs to
-/// the enclosing block.
+/// `,` at its own depth (a `,` between generic arguments, as in `Result<(), E>`, does not
+/// count), after the `}` that closes its body, or before a closer that belongs to the
+/// enclosing block.
 fn item_end(t: &[(usize, Tok)], mut i: usize) -> usize {
     let mut depth = 0usize;
+    // `<`s open at depth 0 (generics of a signature, a type or a path), `->` and `=>` aside.
+    let mut angles = 0usize;
     while i < t.len() {
+        let arrow = i > 0 && matches!(t[i - 1].1, Tok::Punct('-' | '='));
         match t[i].1 {
+            Tok::Punct('<') if depth == 0 => angles += 1,
+            Tok::Punct('>') if depth == 0 && !arrow => angles = angles.saturating_sub(1),
             Tok::Punct('(' | '[' | '{') => depth += 1,
             Tok::Punct(')' | ']' | '}') => {
                 if depth == 0 {
@@ -467,7 +473,8 @@ fn item_end(t: &[(usize, Tok)], mut i: usize) -> usize {
                     return i + 1;
                 }
             }
-            Tok::Punct(';' | ',') if depth == 0 => return i + 1,
+            Tok::Punct(';') if depth == 0 => return i + 1,
+            Tok::Punct(',') if depth == 0 && angles == 0 => return i + 1,
             _ => {}
         }
         i += 1;
@@ -614,6 +621,18 @@ pub fn f(now: Instant, c: char, l: &'static str) -> Duration {
 use std::sync::Mutex;
 
 #[cfg(test)]
+fn helper(m: &std::sync::Mutex<u8>) -> Result<(), std::io::Error> {
+    let _ = std::fs::read("/etc/hostname")?;
+    Ok(())
+}
+
+pub struct S {
+    #[cfg(test)]
+    lock: std::collections::HashMap<u32, std::sync::Mutex<u8>>,
+    n: u32,
+}
+
+#[cfg(test)]
 mod tests {
     use std::{thread, time::Instant};
     #[test]
@@ -656,6 +675,19 @@ mod more_tests;
     fn a_clean_file_passes_and_its_test_modules_are_named() {
         assert_eq!(check_source("core.rs", CLEAN), Vec::new());
         assert_eq!(scan("core.rs", CLEAN).test_mods, ["more_tests"]);
+    }
+
+    /// A test item ends where it ends: generic commas do not cut it short, and the code after
+    /// it is checked again.
+    #[test]
+    fn code_after_a_test_item_is_checked() {
+        let text = "#[cfg(test)]\nfn h() -> Result<(), E> { std::fs::read(\"x\"); }\n\
+                    fn g() { std::thread::yield_now(); }\n";
+        let got: Vec<(usize, String)> = check_source("core.rs", text)
+            .into_iter()
+            .map(|v| (v.line, v.path))
+            .collect();
+        assert_eq!(got, [(3, "std::thread::yield_now".to_owned())]);
     }
 
     #[test]
