@@ -1,5 +1,5 @@
 //! Builds the `roce-ebpf` object with aya-build (nightly, `bpfel-unknown-none`, bpf-linker) into
-//! OUT_DIR, where `loader.rs` embeds it.
+//! OUT_DIR, where `loader/mod.rs` embeds it.
 //!
 //! With `AYA_BUILD_SKIP=1`, aya-build builds nothing; we then write an empty stub object so that
 //! `cargo build` and `cargo test` of the default members work without the BPF toolchain. Loading the

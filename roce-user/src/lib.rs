@@ -10,7 +10,7 @@ pub mod api;
 pub mod cc;
 pub mod cm;
 pub mod engine;
-pub mod impair;
+pub use loader::impair;
 pub mod loader;
 pub mod netinfo;
 pub mod netns;

@@ -1,10 +1,11 @@
-//! Project tasks: `cargo xtask setup | test | demo | bench`.
+//! Project tasks: `cargo xtask setup | test | check-layers | demo | bench`.
 //!
 //! `setup` installs what a fresh machine lacks (apt packages, nightly rust-src, bpf-linker,
 //! cargo-fuzz, scapy) and is quick when everything is already there. `test` and `demo` run
 //! `setup` first, so the README's two commands work on a fresh machine.
 
 mod bench;
+mod layers;
 mod setup;
 mod test;
 
@@ -41,6 +42,10 @@ enum Task {
         #[arg(long)]
         soak: bool,
     },
+    /// Check the sans-I/O rule: wire/, transport/, cc/, time.rs and stats.rs use no clock,
+    /// socket, file, thread, lock, I/O crate or upper layer outside `#[cfg(test)]` code (also
+    /// the first step of `test`).
+    CheckLayers,
     /// Set up, build, and run `roce demo` on a veth pair it makes itself (needs root).
     Demo {
         /// Arguments passed to `roce demo`.
@@ -140,6 +145,7 @@ fn main() -> anyhow::Result<()> {
             setup::ensure()?;
             test::all(!no_fuzz, fuzz_secs, soak)
         }
+        Task::CheckLayers => layers::check(&root()),
         Task::Demo { args } => {
             setup::ensure()?;
             run(cargo().args(["build", "--package", "roce-user", "--bin", "roce"]))?;

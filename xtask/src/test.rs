@@ -32,6 +32,8 @@ pub(crate) fn all(fuzz: bool, fuzz_secs: u32, soak: bool) -> anyhow::Result<()> 
     let mut tally = Tally::default();
     // 1. Hygiene.
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
+    // The sans-I/O core imports no clock, socket, thread, lock, I/O crate or upper layer.
+    crate::layers::check(&root())?;
     run(cargo().args([
         "clippy",
         "--workspace",

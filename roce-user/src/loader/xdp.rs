@@ -16,10 +16,7 @@ use std::{
 use aya::{
     EbpfLoader,
     maps::{Array, MapData, PerCpuArray, XskMap},
-    programs::{
-        Xdp, XdpMode,
-        links::{FdLink, PinnedLink},
-    },
+    programs::{Xdp, XdpMode, links::FdLink},
 };
 use roce_common::{
     ROCE_V2_UDP_PORT,
@@ -31,25 +28,13 @@ use roce_common::{
     },
 };
 
-/// The eBPF object built by build.rs (empty when built with `AYA_BUILD_SKIP=1`).
-pub static EBPF_OBJECT: &[u8] = aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/roce-ebpf"));
-
-/// The `roce_impair` tc program (empty with `AYA_BUILD_SKIP=1`), loaded by [`crate::impair`].
-pub static IMPAIR_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/roce-impair"));
-
-/// A trivial XDP_PASS program (empty with `AYA_BUILD_SKIP=1`): the baseline that
-/// `cargo xtask bench xdp` measures roce_xdp against.
-pub static XDP_PASS_OBJECT: &[u8] =
-    aya::include_bytes_aligned!(concat!(env!("OUT_DIR"), "/xdp-pass"));
+use super::{
+    EBPF_OBJECT,
+    pins::{self, PIN_LINK, io_err, is_bpffs},
+};
 
 /// Where all roce-xdp pins live.
 pub const PIN_ROOT: &str = "/sys/fs/bpf/roce";
-/// Name of the pinned XDP link inside an interface's pin directory.
-pub const PIN_LINK: &str = "link";
-
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
-
 /// How to attach the XDP program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -213,11 +198,6 @@ pub enum LoadError {
     Missing(&'static str),
 }
 
-fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) -> LoadError {
-    let path = path.display().to_string();
-    move |source| LoadError::Io { what, path, source }
-}
-
 /// The pin directory of an interface: `/sys/fs/bpf/roce/<ifname>`.
 #[must_use]
 pub fn pin_dir(ifname: &str) -> PathBuf {
@@ -267,8 +247,6 @@ pub fn ifindex(ifname: &str) -> Result<u32, LoadError> {
 /// Makes sure a BPF filesystem is mounted at /sys/fs/bpf. Mounts one only in the initial mount
 /// namespace; in a private one (such as `ip netns exec` makes) pins would vanish with the process.
 fn ensure_bpffs() -> Result<(), LoadError> {
-    let is_bpffs =
-        |p: &str| nix::sys::statfs::statfs(p).is_ok_and(|s| s.filesystem_type().0 == BPF_FS_MAGIC);
     if is_bpffs("/sys/fs/bpf") {
         return Ok(());
     }
@@ -351,17 +329,7 @@ pub fn load(ifname: &str, opts: &LoadOptions) -> Result<LoadReport, LoadError> {
             dir: dir.display().to_string(),
         });
     }
-    // A directory without a link is what a crash between pinning steps leaves: clear it.
-    if dir.exists() {
-        remove_pins(&dir)?;
-    }
-    fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
-    let result = load_into(ifname, ifindex, opts, &dir);
-    if result.is_err() {
-        // Leave nothing behind on failure; the error that matters is the first one.
-        let _ = remove_pins(&dir);
-    }
-    result
+    pins::populate_fresh(&dir, PIN_ROOT, |dir| load_into(ifname, ifindex, opts, dir))
 }
 
 fn load_into(
@@ -442,8 +410,7 @@ fn load_into(
     let fd_link: FdLink = link
         .try_into()
         .map_err(|_| LoadError::NoLink(ifname.to_owned()))?;
-    let kernel_link_id = fd_link.info()?.id();
-    fd_link.pin(dir.join(PIN_LINK))?;
+    let kernel_link_id = pins::pin_link(fd_link, dir)?;
     Ok(LoadReport {
         ifname: ifname.to_owned(),
         ifindex,
@@ -454,22 +421,6 @@ fn load_into(
         drop_foreign: opts.drop_foreign,
         pin_dir: dir.display().to_string(),
     })
-}
-
-fn remove_pins(dir: &Path) -> Result<Vec<String>, LoadError> {
-    let mut removed = Vec::new();
-    let entries = fs::read_dir(dir).map_err(io_err("read", dir))?;
-    for entry in entries {
-        let entry = entry.map_err(io_err("read", dir))?;
-        let path = entry.path();
-        fs::remove_file(&path).map_err(io_err("unpin", &path))?;
-        removed.push(entry.file_name().to_string_lossy().into_owned());
-    }
-    fs::remove_dir(dir).map_err(io_err("remove", dir))?;
-    // Remove the shared root once the last interface is gone.
-    let _ = fs::remove_dir(PIN_ROOT);
-    removed.sort();
-    Ok(removed)
 }
 
 /// What [`unload`] did.
@@ -495,20 +446,7 @@ pub fn unload(ifname: &str) -> Result<UnloadReport, LoadError> {
     if !dir.is_dir() {
         return Err(LoadError::NotLoaded(ifname.to_owned()));
     }
-    let link_path = dir.join(PIN_LINK);
-    let mut detached = false;
-    if link_path.exists() {
-        let link = PinnedLink::from_pin(&link_path)?;
-        let fd_link = link.unpin().map_err(io_err("unpin", &link_path))?;
-        // Dropping the last reference to the link detaches the program.
-        drop(fd_link);
-        detached = true;
-    }
-    let mut removed = remove_pins(&dir)?;
-    if detached {
-        removed.push(PIN_LINK.to_owned());
-        removed.sort();
-    }
+    let pins::Detached { detached, removed } = pins::detach(&dir, PIN_ROOT)?;
     Ok(UnloadReport {
         ifname: ifname.to_owned(),
         detached,
@@ -572,17 +510,7 @@ pub fn status() -> Result<Vec<Status>, LoadError> {
             .collect();
         pins.sort();
         let info = Pins::new(&ifname).load_info().unwrap_or_default();
-        let (prog_id, link_id) = match PinnedLink::from_pin(dir.join(PIN_LINK)) {
-            Ok(link) => {
-                let fd: FdLink = link.into();
-                match fd.info() {
-                    Ok(i) => (Some(i.program_id()), Some(i.id())),
-                    Err(_) => (None, None),
-                }
-            }
-            Err(_) => (None, None),
-        };
-        // Dropping an FdLink opened from a pin only closes our fd; the pin keeps it attached.
+        let (prog_id, link_id) = pins::link_ids(&dir);
         let qps = Pins::new(&ifname).our_qps().map_or(0, |q| q.len());
         let netns = name_from_bytes(&info.netns);
         out.push(Status {

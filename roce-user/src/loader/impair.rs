@@ -11,18 +11,12 @@
 //!
 //! This is an I/O edge: it talks to the kernel through aya.
 
-use std::{
-    fs,
-    path::{Path, PathBuf},
-};
+use std::path::{Path, PathBuf};
 
 use aya::{
     EbpfLoader,
     maps::{Array, MapData, PerCpuArray},
-    programs::{
-        SchedClassifier, TcAttachType,
-        links::{FdLink, PinnedLink},
-    },
+    programs::{SchedClassifier, TcAttachType, links::FdLink},
 };
 use roce_common::{
     ROCE_V2_UDP_PORT,
@@ -32,12 +26,14 @@ use roce_common::{
     },
 };
 
-use crate::loader::{self, IMPAIR_OBJECT, LoadError};
+use super::{
+    IMPAIR_OBJECT, LoadError,
+    pins::{self, PIN_LINK},
+    xdp as loader,
+};
 
 /// Where all roce_impair pins live.
 pub const IMPAIR_PIN_ROOT: &str = "/sys/fs/bpf/roce-impair";
-
-const BPF_FS_MAGIC: i64 = 0xcafe_4a11;
 
 /// The pin directory of an interface: `/sys/fs/bpf/roce-impair/<ifname>`.
 #[must_use]
@@ -86,11 +82,6 @@ impl From<aya::programs::links::LinkError> for ImpairError {
     fn from(e: aya::programs::links::LinkError) -> Self {
         Self::Load(e.into())
     }
-}
-
-fn io_err(what: &'static str, path: &Path) -> impl FnOnce(std::io::Error) -> ImpairError {
-    let path = path.display().to_string();
-    move |source| ImpairError::Load(LoadError::Io { what, path, source })
 }
 
 /// A RED-marking bottleneck (see `roce_common::impair::ImpairConfig`).
@@ -253,9 +244,7 @@ pub struct ApplyReport {
 }
 
 fn check_bpffs() -> Result<(), ImpairError> {
-    let ok = nix::sys::statfs::statfs("/sys/fs/bpf")
-        .is_ok_and(|s| s.filesystem_type().0 == BPF_FS_MAGIC);
-    if ok {
+    if pins::is_bpffs("/sys/fs/bpf") {
         Ok(())
     } else {
         Err(LoadError::NoBpfFs.into())
@@ -282,11 +271,11 @@ pub fn apply(ifname: &str, settings: &ImpairSettings) -> Result<ApplyReport, Imp
     loader::ifindex(ifname)?;
     let config = settings.to_config()?;
     let dir = pin_dir(ifname);
-    if dir.join("link").exists() {
+    if dir.join(PIN_LINK).exists() {
         let mut arr: Array<_, ImpairConfig> =
             Array::try_from(open_map(&dir, ifname, MAP_IMPAIR_CONFIG)?)?;
         arr.set(0, config, 0)?;
-        let (prog_id, link_id) = link_ids(&dir);
+        let (prog_id, link_id) = pins::link_ids(&dir);
         return Ok(ApplyReport {
             ifname: ifname.to_owned(),
             attached: false,
@@ -300,15 +289,8 @@ pub fn apply(ifname: &str, settings: &ImpairSettings) -> Result<ApplyReport, Imp
         return Err(LoadError::StubObject.into());
     }
     check_bpffs()?;
-    if dir.exists() {
-        remove_pins(&dir)?;
-    }
-    fs::create_dir_all(&dir).map_err(io_err("create", &dir))?;
-    let r = attach(ifname, config, &dir);
-    if r.is_err() {
-        let _ = remove_pins(&dir);
-    }
-    let (prog_id, link_id) = r?;
+    let (prog_id, link_id) =
+        pins::populate_fresh(&dir, IMPAIR_PIN_ROOT, |dir| attach(ifname, config, dir))?;
     Ok(ApplyReport {
         ifname: ifname.to_owned(),
         attached: true,
@@ -348,34 +330,8 @@ fn attach(ifname: &str, config: ImpairConfig, dir: &Path) -> Result<(u32, u32), 
     let fd_link: FdLink = link
         .try_into()
         .map_err(|_| ImpairError::NoTcx(ifname.to_owned()))?;
-    let kernel_link_id = fd_link.info()?.id();
-    fd_link.pin(dir.join("link"))?;
+    let kernel_link_id = pins::pin_link(fd_link, dir)?;
     Ok((prog_id, kernel_link_id))
-}
-
-fn link_ids(dir: &Path) -> (Option<u32>, Option<u32>) {
-    match PinnedLink::from_pin(dir.join("link")) {
-        Ok(link) => {
-            let fd: FdLink = link.into();
-            fd.info()
-                .map_or((None, None), |i| (Some(i.program_id()), Some(i.id())))
-        }
-        Err(_) => (None, None),
-    }
-}
-
-fn remove_pins(dir: &Path) -> Result<Vec<String>, ImpairError> {
-    let mut removed = Vec::new();
-    for entry in fs::read_dir(dir).map_err(io_err("read", dir))? {
-        let entry = entry.map_err(io_err("read", dir))?;
-        let path = entry.path();
-        fs::remove_file(&path).map_err(io_err("unpin", &path))?;
-        removed.push(entry.file_name().to_string_lossy().into_owned());
-    }
-    fs::remove_dir(dir).map_err(io_err("remove", dir))?;
-    let _ = fs::remove_dir(IMPAIR_PIN_ROOT);
-    removed.sort();
-    Ok(removed)
 }
 
 /// What [`off`] did.
@@ -401,20 +357,7 @@ pub fn off(ifname: &str) -> Result<OffReport, ImpairError> {
     if !dir.is_dir() {
         return Err(ImpairError::NotAttached(ifname.to_owned()));
     }
-    let link_path = dir.join("link");
-    let mut detached = false;
-    if link_path.exists() {
-        let link = PinnedLink::from_pin(&link_path)?;
-        let fd_link = link.unpin().map_err(io_err("unpin", &link_path))?;
-        // The last reference to a TCX link going away detaches the program.
-        drop(fd_link);
-        detached = true;
-    }
-    let mut removed = remove_pins(&dir)?;
-    if detached {
-        removed.push("link".to_owned());
-        removed.sort();
-    }
+    let pins::Detached { detached, removed } = pins::detach(&dir, IMPAIR_PIN_ROOT)?;
     Ok(OffReport {
         ifname: ifname.to_owned(),
         detached,
@@ -467,7 +410,7 @@ pub fn show(ifname: &str) -> Result<ImpairShow, ImpairError> {
     } else {
         0
     };
-    let (prog_id, link_id) = link_ids(&dir);
+    let (prog_id, link_id) = pins::link_ids(&dir);
     Ok(ImpairShow {
         ifname: ifname.to_owned(),
         prog_id,

@@ -1,0 +1,358 @@
+//! The bandwidth runs: the client posts WRITE, READ, SEND or atomic work requests on every QP
+//! and checks each completion; the server waits for the client's next sync, and for SEND
+//! receives, checks and reposts every message.
+
+use std::{
+    collections::VecDeque,
+    time::{Duration, Instant},
+};
+
+use anyhow::bail;
+use roce::{
+    api::{CqId, Device, RecvWr, SendOp, SendWr, Sge, WcStatus},
+    cm::perftest::{Comm, pattern},
+    wire::types::RKey,
+};
+use serde_json::json;
+
+use super::{
+    PerfArgs, PerfOp, interrupted,
+    lat::LatHist,
+    report::PerfResult,
+    setup::{QpCtx, poll_cqs, qp_index},
+    trace::Tracer,
+    verify::{msg_offset, pattern_at, verify_len},
+};
+
+pub(super) fn run_client(
+    dev: &Device,
+    a: &PerfArgs,
+    cqs: &[CqId],
+    qps: &[QpCtx],
+    size: u32,
+    tracer: &mut Option<Tracer>,
+) -> anyhow::Result<PerfResult> {
+    let depth = a.tx_depth as usize;
+    let deadline = a
+        .duration
+        .map(|d| Instant::now() + Duration::from_secs_f64(d));
+    let target = a.iters;
+    let index = qp_index(qps);
+    let mut posted = vec![0u64; qps.len()];
+    let mut done = vec![0u64; qps.len()];
+    let mut inflight: Vec<VecDeque<Instant>> = vec![VecDeque::new(); qps.len()];
+    // A histogram, not a Vec of every WR's latency: a -D run of hours must not grow.
+    let mut lats = LatHist::new();
+    let mut fetched_ok = true;
+    let mut atomic_mismatches = 0u64;
+    let start = Instant::now();
+    let mut last_progress = start;
+    let every = a
+        .progress
+        .filter(|p| p.is_finite() && *p > 0.0)
+        .map(Duration::from_secs_f64);
+    let mut next_report = every.map(|e| start + e);
+    // The QPs to top up this turn: all at first, then those that just completed something,
+    // so a turn costs what completed, not what exists (1024 QPs).
+    let mut refill: Vec<usize> = (0..qps.len()).collect();
+    let mut outstanding = 0usize;
+    loop {
+        if let (Some(e), Some(at)) = (every, next_report)
+            && Instant::now() >= at
+        {
+            next_report = Some(at + e);
+            eprintln!(
+                "{}",
+                json!({ "progress": {
+                    "secs": start.elapsed().as_secs_f64(),
+                    "qpn": qps.iter().map(|q| q.qpn.value()).collect::<Vec<_>>(),
+                    "posted": posted, "done": done,
+                }})
+            );
+        }
+        let stop_posting = deadline.is_some_and(|d| Instant::now() >= d);
+        for i in refill.drain(..) {
+            let qp = &qps[i];
+            let r = qp.remote.expect("remote keys exchanged");
+            while inflight[i].len() < depth
+                && !stop_posting
+                && (deadline.is_some() || posted[i] < target)
+            {
+                let off = if a.op == PerfOp::Atomic {
+                    (posted[i] % depth as u64) * 8
+                } else {
+                    msg_offset(a.span, posted[i], size)
+                };
+                let sge = Sge {
+                    addr: qp.local.iova + off,
+                    length: size,
+                    lkey: qp.local.lkey,
+                };
+                let remote_addr = r.vaddr + if a.op == PerfOp::Atomic { 0 } else { off };
+                let op = match a.op {
+                    PerfOp::Write => SendOp::Write {
+                        remote_addr,
+                        rkey: r.rkey,
+                    },
+                    PerfOp::Read => SendOp::Read {
+                        remote_addr,
+                        rkey: r.rkey,
+                    },
+                    PerfOp::Send => SendOp::Send,
+                    PerfOp::Atomic if a.cmp_swap => SendOp::CompareSwap {
+                        remote_addr: r.vaddr,
+                        rkey: RKey::new(r.rkey.value()),
+                        compare: posted[i],
+                        swap: posted[i] + 1,
+                    },
+                    PerfOp::Atomic => SendOp::FetchAdd {
+                        remote_addr: r.vaddr,
+                        rkey: RKey::new(r.rkey.value()),
+                        add: 1,
+                    },
+                };
+                dev.post_send(qp.qpn, SendWr::new(posted[i], op, vec![sge]))?;
+                posted[i] += 1;
+                inflight[i].push_back(Instant::now());
+                outstanding += 1;
+            }
+        }
+        if outstanding == 0
+            && (stop_posting || posted.iter().all(|p| *p >= target) && deadline.is_none())
+        {
+            break;
+        }
+        if interrupted() {
+            bail!("interrupted");
+        }
+        Tracer::poll(tracer, dev);
+        let wcs = poll_cqs(dev, cqs, 64);
+        if wcs.is_empty() {
+            if last_progress.elapsed() > Duration::from_secs(10) {
+                bail!(
+                    "no completion for 10 s ({} of {} done)",
+                    done.iter().sum::<u64>(),
+                    posted.iter().sum::<u64>()
+                );
+            }
+            std::thread::yield_now();
+            continue;
+        }
+        last_progress = Instant::now();
+        for wc in wcs {
+            if wc.status != WcStatus::Success {
+                bail!(
+                    "work request {} on QP {:?} failed: {:?}",
+                    wc.wr_id,
+                    wc.qp_num,
+                    wc.status
+                );
+            }
+            let Some(&i) = index.get(&wc.qp_num) else {
+                bail!("a completion for QP {:?}, which is not ours", wc.qp_num);
+            };
+            // RC completes a QP's send WRs once each, in the order they were posted (IBA
+            // 10.8.3.1): any other wr_id is a lost, duplicated or reordered completion.
+            if wc.wr_id != done[i] || inflight[i].is_empty() {
+                bail!(
+                    "QP {:?} completed work request {} where {} was next ({} posted)",
+                    wc.qp_num,
+                    wc.wr_id,
+                    done[i],
+                    posted[i]
+                );
+            }
+            if let Some(t) = inflight[i].pop_front() {
+                lats.record(t.elapsed().as_secs_f64() * 1e6);
+                outstanding -= 1;
+            }
+            done[i] += 1;
+            if inflight[i].len() + 1 == depth {
+                refill.push(i); // it was full: top it up next turn
+            }
+            if a.op == PerfOp::Read && done[i] == 1 {
+                let ok = dev.with_mr(qps[i].local.lkey, |b| {
+                    b.get(..size as usize) == Some(pattern(i as u32, size as usize).as_slice())
+                })?;
+                fetched_ok &= ok;
+            }
+            if a.op == PerfOp::Atomic {
+                // Linearizable atomics on one counter that starts at 0: the k-th fetch-and-add
+                // (or compare-and-swap of k for k + 1) of this QP returns exactly k (IBA 9.4.5:
+                // a responder executes each atomic once, in PSN order, and answers a duplicate
+                // from its saved result).
+                let mut b = [0u8; 8];
+                dev.mr_read(
+                    qps[i].local.lkey,
+                    (wc.wr_id % depth as u64) as usize * 8,
+                    &mut b,
+                )?;
+                let got = u64::from_le_bytes(b);
+                if got != wc.wr_id {
+                    atomic_mismatches += 1;
+                    if atomic_mismatches == 1 {
+                        eprintln!(
+                            "atomic {} on QP {:?} returned {got}, not {}",
+                            wc.wr_id, wc.qp_num, wc.wr_id
+                        );
+                    }
+                }
+            }
+        }
+    }
+    // Nothing may complete after the last expected completion: a late one is a duplicate.
+    std::thread::sleep(Duration::from_millis(20));
+    if let Some(wc) = poll_cqs(dev, cqs, 1).first() {
+        bail!(
+            "QP {:?} completed work request {} after all its work requests had completed",
+            wc.qp_num,
+            wc.wr_id
+        );
+    }
+    let secs = start.elapsed().as_secs_f64();
+    let msgs: u64 = done.iter().sum();
+    let bytes = msgs as f64 * f64::from(size);
+    let mut verified = fetched_ok && atomic_mismatches == 0;
+    if a.op == PerfOp::Read {
+        for (i, qp) in qps.iter().enumerate() {
+            let n = verify_len(a.span, done[i], size);
+            verified &= dev.with_mr(qp.local.lkey, |b| {
+                b.get(..n) == Some(pattern(i as u32, n).as_slice())
+            })?;
+        }
+    }
+    Ok(PerfResult {
+        msgs,
+        secs,
+        mb_per_sec: bytes / secs.max(1e-9) / 1_048_576.0,
+        mpps: msgs as f64 / secs.max(1e-9) / 1e6,
+        lat: (
+            lats.percentile(0.5),
+            lats.percentile(0.99),
+            lats.percentile(0.999),
+            lats.max,
+        ),
+        verified,
+        posted: posted.iter().sum(),
+        atomic_mismatches,
+    })
+}
+
+pub(super) fn run_server(
+    dev: &Device,
+    a: &PerfArgs,
+    cqs: &[CqId],
+    qps: &[QpCtx],
+    size: u32,
+    comm: &Comm,
+    tracer: &mut Option<Tracer>,
+) -> anyhow::Result<PerfResult> {
+    // The server does nothing for WRITE/READ/atomics but wait for the client's next sync. For
+    // SEND it receives, reposts and checks every message.
+    let start = Instant::now();
+    let mut msgs = 0u64;
+    let mut good = true;
+    // With --span: receives completed per QP, which tells where in the pattern each one's
+    // message came from (RC delivers a QP's messages once each, in order).
+    let mut recvd = vec![0u64; qps.len()];
+    let index = qp_index(qps);
+    let mut peek = [0u8; 1];
+    comm.stream().set_nonblocking(true)?;
+    let mut first: Option<Instant> = None;
+    let mut last = start;
+    let mut closing = false;
+    loop {
+        if interrupted() {
+            bail!("interrupted");
+        }
+        Tracer::poll(tracer, dev);
+        if a.op == PerfOp::Send {
+            for wc in poll_cqs(dev, cqs, 64) {
+                if wc.status != WcStatus::Success {
+                    bail!("receive on QP {:?} failed: {:?}", wc.qp_num, wc.status);
+                }
+                let Some(&i) = index.get(&wc.qp_num) else {
+                    continue;
+                };
+                first.get_or_insert_with(Instant::now);
+                last = Instant::now();
+                msgs += 1;
+                let slot = if a.span == 0 {
+                    0
+                } else {
+                    wc.wr_id * u64::from(size)
+                };
+                let want = if a.span == 0 {
+                    pattern(i as u32, size as usize)
+                } else {
+                    let off = msg_offset(a.span, recvd[i], size) as usize;
+                    pattern_at(i as u32, off, size as usize)
+                };
+                recvd[i] += 1;
+                let ok = wc.byte_len == size
+                    && dev.with_mr(qps[i].mr.lkey, |b| {
+                        b.get(slot as usize..slot as usize + size as usize) == Some(want.as_slice())
+                    })?;
+                if !ok && good {
+                    eprintln!(
+                        "SEND {} on QP {:?} ({} bytes) does not hold its data",
+                        recvd[i] - 1,
+                        wc.qp_num,
+                        wc.byte_len
+                    );
+                }
+                good &= ok;
+                dev.post_recv(
+                    qps[i].qpn,
+                    RecvWr {
+                        wr_id: wc.wr_id,
+                        sg_list: vec![Sge {
+                            addr: qps[i].mr.iova + slot,
+                            length: size,
+                            lkey: qps[i].mr.lkey,
+                        }],
+                    },
+                )?;
+            }
+        }
+        if closing {
+            break;
+        }
+        match comm.stream().peek(&mut peek) {
+            Ok(0) => bail!("the client closed the connection"),
+            // One more pass over the CQ: receives completed just before the client's sync.
+            Ok(_) => closing = true,
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                std::thread::sleep(Duration::from_micros(if a.op == PerfOp::Send {
+                    20
+                } else if tracer.is_some() {
+                    100
+                } else {
+                    2000
+                }));
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+    comm.stream().set_nonblocking(false)?;
+    let secs = first.map_or(0.0, |f| last.duration_since(f).as_secs_f64());
+    let bytes = msgs as f64 * f64::from(size);
+    Ok(PerfResult {
+        msgs,
+        secs,
+        mb_per_sec: if secs > 0.0 {
+            bytes / secs / 1_048_576.0
+        } else {
+            0.0
+        },
+        mpps: if secs > 0.0 {
+            msgs as f64 / secs / 1e6
+        } else {
+            0.0
+        },
+        lat: (0.0, 0.0, 0.0, 0.0),
+        verified: good,
+        posted: 0,
+        atomic_mismatches: 0,
+    })
+}

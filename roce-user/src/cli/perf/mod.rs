@@ -1,0 +1,340 @@
+//! `roce perf write|read|send|atomic`: bandwidth tests between two endpoints, set up with
+//! perftest's out-of-band exchange (see `roce::cm::perftest`), so that either side can be
+//! ib_write_bw, ib_read_bw, ib_send_bw or ib_atomic_bw.
+//!
+//! The client (given a host) is the active side; the server exposes its buffers (WRITE, READ,
+//! atomics) or receives (SEND). Both sides verify the data: each QP's buffer holds a pattern
+//! derived from the QP index and the size. The server checks what was written or sent into it,
+//! the client checks what it read back, and atomics are checked against the exact sum.
+//!
+//! The run goes in steps, one file each: check the arguments ([`Plan`]), set up the device and
+//! the QPs (`setup.rs`), perftest's exchange that connects them (`exchange.rs`), the test
+//! itself (`bw.rs` for bandwidth, `lat.rs` for `--lat`, sampled by `trace.rs`), the data
+//! checks (`verify.rs`) and the report (`report.rs`).
+
+mod bw;
+mod exchange;
+mod lat;
+mod report;
+mod setup;
+mod trace;
+mod verify;
+
+use anyhow::{Context as _, bail};
+use clap::{Args, ValueEnum};
+use roce::{
+    api::{Device, Mtu},
+    cm::perftest,
+};
+
+use self::{
+    exchange::Session,
+    report::{Outcome, PerfResult},
+    setup::Local,
+    trace::Tracer,
+};
+use super::{Output, interrupted};
+
+/// The operation to measure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum PerfOp {
+    /// RDMA WRITE (ib_write_bw).
+    Write,
+    /// RDMA READ (ib_read_bw).
+    Read,
+    /// SEND/RECV (ib_send_bw).
+    Send,
+    /// Atomics (ib_atomic_bw): fetch-and-add, or compare-and-swap with `--cmp-swap`.
+    Atomic,
+}
+
+/// perftest-like flags.
+#[derive(Debug, Args)]
+pub struct PerfArgs {
+    /// What to measure.
+    #[arg(value_enum)]
+    pub op: PerfOp,
+    /// Server to connect to; without it, wait for a client.
+    pub host: Option<String>,
+    /// Interface to use (perftest: IB device).
+    #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
+    pub dev: String,
+    /// TCP port of the out-of-band exchange.
+    #[arg(short, long, default_value_t = perftest::DEFAULT_PORT)]
+    pub port: u16,
+    /// Message size in bytes (atomics: 8).
+    #[arg(short, long, default_value_t = 65536)]
+    pub size: u32,
+    /// Messages per QP (ignored with -D).
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    pub iters: u64,
+    /// Run for SECS seconds instead of a number of messages.
+    #[arg(short = 'D', long, value_name = "SECS")]
+    pub duration: Option<f64>,
+    /// Number of QPs.
+    #[arg(short = 'q', long = "qp", default_value_t = 1)]
+    pub qps: u32,
+    /// Path MTU: 256, 512, 1024, 2048 or 4096, at most what the link's MTU carries (1024 on a
+    /// 1500-byte link). 4096 needs a jumbo link, where the AF_XDP sockets take multi-buffer
+    /// packets (Linux 6.6+); a path MTU the device cannot carry is refused up front.
+    #[arg(short, long, default_value_t = 1024)]
+    pub mtu: u32,
+    /// Outstanding work requests per QP.
+    #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
+    pub tx_depth: u32,
+    /// Receive queue depth per QP (perftest's `-r`): the receive WRs a SEND receiver keeps
+    /// posted, and each QP's `max_recv_wr` (at most `DeviceConfig::max_qp_wr`, 16384).
+    /// Default: the tx depth.
+    #[arg(short = 'r', long = "rx-depth", value_name = "N")]
+    pub rx_depth: Option<u32>,
+    /// Local GID index.
+    #[arg(short = 'g', long = "gid-index")]
+    pub gid_idx: Option<usize>,
+    /// Atomics: compare-and-swap instead of fetch-and-add.
+    #[arg(long)]
+    pub cmp_swap: bool,
+    /// Run to completion on the client: this thread drives the AF_XDP queues each time it
+    /// posts or polls, instead of handing work to an engine thread per queue. The server
+    /// always keeps its engine threads (it waits on the out-of-band socket while the client
+    /// sends, and someone must answer). roce-xdp's own flag, not perftest's.
+    #[arg(long)]
+    pub inline: bool,
+    /// Don't check the data: for a peer that is the real perftest, whose buffers hold random
+    /// bytes (perftest never checks data either).
+    #[arg(long)]
+    pub no_verify: bool,
+    /// Latency instead of bandwidth, as ib_write_lat / ib_send_lat: one message at a time,
+    /// each side answering the other's (WRITE: the last byte of the message carries the
+    /// iteration number, polled in memory; SEND: one receive completion per message). 1 QP.
+    #[arg(long)]
+    pub lat: bool,
+    /// Transport retries before a WR fails with retry exceeded (perftest's 7 means "forever"
+    /// to rxe and to us, as to rxe's completer).
+    #[arg(long, default_value_t = 7, value_parser = clap::value_parser!(u8).range(0..=7))]
+    pub retry_cnt: u8,
+    /// Local ACK timeout exponent, as perftest's: 4.096 µs × 2^TIMEOUT (14: 67 ms).
+    #[arg(short = 'u', long = "qp-timeout", default_value_t = 14,
+          value_parser = clap::value_parser!(u8).range(1..=31))]
+    pub qp_timeout: u8,
+    /// Congestion control (ECN-marked data, CNPs, DCQCN pacing): on or off.
+    #[arg(long, value_enum, default_value_t = CcMode::On)]
+    pub cc: CcMode,
+    /// A congestion-control parameter under its mlx5 name, e.g. `--cc-set rpg_ai_rate=10`,
+    /// `--cc-set min_time_between_cnps=50` (repeatable; also rp_enabled / np_enabled = 0|1).
+    #[arg(long = "cc-set", value_name = "NAME=VALUE")]
+    pub cc_set: Vec<String>,
+    /// The line rate DCQCN starts from and recovers to (e.g. 10gbit, 1gbit, bits/s).
+    #[arg(long, value_name = "RATE", default_value = "10gbit", value_parser = parse_rate)]
+    pub line_rate: u64,
+    /// Record each QP's DCQCN state over the run (rate, target rate, α, CNPs received, bytes
+    /// sent) as CSV, for `roce plot FILE.csv -o rate.svg`. The sending side's trace shows the
+    /// sawtooth (the client for write/send/atomic, the server for read, whose responses carry
+    /// the data).
+    #[arg(long, value_name = "FILE.csv")]
+    pub trace: Option<String>,
+    /// Milliseconds between two trace samples.
+    #[arg(long, value_name = "MS", default_value_t = 1.0, requires = "trace")]
+    pub trace_interval: f64,
+    /// WRITE/READ/SEND: give message k its own place, offset (k × size) mod SPAN, in SPAN-byte
+    /// buffers holding the QP's pattern at every offset, so every byte of every message is
+    /// checked at the far end (a lost or stale packet shows), not only the last message. Both
+    /// sides need the same SPAN; it is a multiple of the size and at least size × tx-depth.
+    #[arg(long, value_name = "BYTES", default_value_t = 0)]
+    pub span: u64,
+    /// Client: every SECS seconds, print a JSON line on stderr with each QP's work requests
+    /// posted and completed so far (`{"progress": {"secs": .., "qpn": [..], "posted": [..],
+    /// "done": [..]}}`), for watching a long run for stuck QPs.
+    #[arg(long, value_name = "SECS")]
+    pub progress: Option<f64>,
+    /// Most packets in flight (sent, not yet acknowledged) over all QPs together
+    /// (`DeviceConfig::max_inflight_pkts`; 0: no limit). Each QP's own window is 128 PSNs, so
+    /// this matters with many QPs: 1024 QPs without it overrun the peer's receive ring.
+    #[arg(long, value_name = "PKTS", default_value_t = roce::transport::DeviceConfig::default().max_inflight_pkts)]
+    pub max_inflight: u32,
+    /// One transport per RX queue of the interface, each driven by its own queue's engine
+    /// thread (`DeviceOptions::sharded`): QP k lives on queue k mod queues, with a PD and CQ
+    /// per queue. The --max-inflight budget applies per queue. For interfaces with several
+    /// RX queues (`ip link add ... numrxqueues N`); with one queue it changes nothing.
+    #[arg(long)]
+    pub sharded: bool,
+    /// Most QPs this endpoint creates (`DeviceConfig::max_qp`); `-q` beyond it is refused.
+    #[arg(long, value_name = "N", default_value_t = roce::transport::DeviceConfig::default().max_qp)]
+    pub max_qp: usize,
+    /// Most memory regions this endpoint registers (`DeviceConfig::max_mr`, at most 65535).
+    #[arg(long, value_name = "N", default_value_t = roce::transport::DeviceConfig::default().max_mr)]
+    pub max_mr: usize,
+    /// READs and atomics the peer may have outstanding per QP, the responder resources
+    /// (`max_dest_rd_atomic`, rxe's limit 128): one more while all are still answering takes
+    /// the oldest one's place, as in rxe's ring, counted in `rd_atomic_evicted`.
+    #[arg(long, value_name = "N", default_value_t = OUT_READS,
+          value_parser = clap::value_parser!(u8).range(1..=128))]
+    pub max_rd_atomic: u8,
+}
+
+/// `--cc`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum CcMode {
+    /// DCQCN on (default).
+    On,
+    /// No ECT on data, no CNPs, no rate limit.
+    Off,
+}
+
+fn parse_rate(s: &str) -> Result<u64, String> {
+    let l = s.trim().to_ascii_lowercase();
+    let body = ["bit/s", "bps", "bit"]
+        .iter()
+        .find_map(|t| l.strip_suffix(t))
+        .unwrap_or(&l);
+    let (num, mult) = match body.chars().last() {
+        Some('k') => (&body[..body.len() - 1], 1e3),
+        Some('m') => (&body[..body.len() - 1], 1e6),
+        Some('g') => (&body[..body.len() - 1], 1e9),
+        _ => (body, 1.0),
+    };
+    let v: f64 = num
+        .parse()
+        .map_err(|_| format!("{s:?} is not a rate such as 10gbit or 200mbit"))?;
+    let v = v * mult;
+    if !(1.0..1e13).contains(&v) {
+        return Err(format!("{s:?} is out of range"));
+    }
+    Ok(v as u64)
+}
+
+/// The outstanding RDMA READs and atomics we accept as responder (`max_dest_rd_atomic`) unless
+/// `--max-rd-atomic` says otherwise: 128, rxe's limit and the most the transport takes.
+/// perftest announces its device's limit and the peer's requester keeps that many in flight;
+/// with 16 (mlx5's) an `ib_read_bw -q 4 -s 4096` from rxe ran at 0.54-0.95x of rxe ↔ rxe,
+/// with 128 at 0.82-1.91x (docs/interop.md). A resource is ~48 bytes and held only while
+/// in use, so the larger table costs nothing until a peer fills it.
+const OUT_READS: u8 = 128;
+
+fn mtu_enum(bytes: u32) -> Option<u8> {
+    Some(match bytes {
+        256 => 1,
+        512 => 2,
+        1024 => 3,
+        2048 => 4,
+        4096 => 5,
+        _ => return None,
+    })
+}
+
+/// The arguments checked, and what follows from them. Built first, before anything is opened.
+struct Plan {
+    /// We connect (`host` given) rather than wait for a client.
+    client: bool,
+    /// Bytes per message (8 for atomics).
+    size: u32,
+    /// The MTU asked for (the agreed one is the session's).
+    mtu: Mtu,
+    /// `mtu` as perftest's exchange codes it (1 for 256 .. 5 for 4096).
+    mtu_code: u8,
+    /// `--span` in bytes (0 without).
+    span: usize,
+    /// Send queue depth.
+    depth: u32,
+    /// Receive queue depth.
+    rx_depth: u32,
+}
+
+impl Plan {
+    /// Checks the combination of arguments clap cannot.
+    fn new(a: &PerfArgs) -> anyhow::Result<Self> {
+        let client = a.host.is_some();
+        let size = if a.op == PerfOp::Atomic { 8 } else { a.size };
+        if size == 0 || a.qps == 0 || a.tx_depth == 0 {
+            bail!("--size, --qp and --tx-depth must be positive");
+        }
+        let mtu = Mtu::from_bytes(a.mtu).with_context(|| format!("invalid MTU {}", a.mtu))?;
+        let mtu_code = mtu_enum(a.mtu).with_context(|| format!("invalid MTU {}", a.mtu))?;
+        if let Some(d) = a.duration
+            && !(d.is_finite() && d > 0.0)
+        {
+            bail!("-D takes a positive number of seconds");
+        }
+        if a.lat
+            && (a.qps != 1 || !matches!(a.op, PerfOp::Write | PerfOp::Send) || a.duration.is_some())
+        {
+            bail!("--lat measures write or send, on 1 QP, for -n iterations");
+        }
+        if a.span != 0
+            && (a.lat
+                || a.op == PerfOp::Atomic
+                || !a.span.is_multiple_of(u64::from(size))
+                || a.span < u64::from(size) * u64::from(a.tx_depth.max(a.rx_depth.unwrap_or(0)))
+                || a.span > 1 << 32)
+        {
+            bail!(
+                "--span is for write, read and send bandwidth runs: a multiple of --size, at least \
+                 size x the deeper of tx-depth and rx-depth ({}), at most 4 GiB",
+                u64::from(size) * u64::from(a.tx_depth.max(a.rx_depth.unwrap_or(0)))
+            );
+        }
+        let span = a.span as usize;
+        let depth = a.tx_depth.max(1);
+        Ok(Self {
+            client,
+            size,
+            mtu,
+            mtu_code,
+            span,
+            depth,
+            rx_depth: a.rx_depth.unwrap_or(depth).max(1),
+        })
+    }
+}
+
+/// `roce perf`: checks the arguments, sets up, connects, runs the test, exchanges the reports,
+/// verifies and prints. Fails (exit 1) when the data do not check out.
+pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::Result<()> {
+    let plan = Plan::new(a)?;
+    let dev = setup::open_device(a, &plan, netns)?;
+    let mut local = Local::new(&dev, a, &plan)?;
+    let mut session = Session::connect(&dev, a, &plan, &mut local)?;
+    let result = measure(&dev, a, &plan, &local, &session)?;
+    let theirs = session.finish(a, &plan, &local.qps, &result)?;
+    // The passive side verifies what landed in its buffers, now that the client is finished.
+    let mut verified = result.verified;
+    if !plan.client && !a.no_verify && !a.lat {
+        verified = verify::verify_server(&dev, a, &local.qps, plan.size, theirs.iters)?;
+    }
+    let outcome = Outcome {
+        result,
+        theirs,
+        verified,
+    };
+    report::emit(out, a, &plan, &dev, &session, &outcome);
+    if !verified && !a.no_verify {
+        bail!("data verification failed");
+    }
+    dev.close();
+    Ok(())
+}
+
+/// Runs the test the arguments ask for (latency, or bandwidth as client or server), sampling
+/// `--trace` as it goes and writing it at the end.
+fn measure(
+    dev: &Device,
+    a: &PerfArgs,
+    plan: &Plan,
+    local: &Local,
+    session: &Session,
+) -> anyhow::Result<PerfResult> {
+    let (cqs, qps, size) = (&local.cqs, &local.qps, plan.size);
+    let mut tracer = Tracer::new(a)?;
+    let result = if a.lat {
+        lat::run_lat(dev, a, cqs, &qps[0], size, plan.client)?
+    } else if plan.client {
+        bw::run_client(dev, a, cqs, qps, size, &mut tracer)?
+    } else {
+        bw::run_server(dev, a, cqs, qps, size, &session.comm, &mut tracer)?
+    };
+    Tracer::poll(&mut tracer, dev);
+    if let (Some(t), Some(path)) = (&tracer, &a.trace) {
+        std::fs::write(path, t.trace.to_csv())
+            .with_context(|| format!("writing the trace {path}"))?;
+    }
+    Ok(result)
+}
