@@ -8,16 +8,19 @@ use std::collections::VecDeque;
 
 use roce_common::opcode::{Opcode, Operation, Position, Transport};
 
+use super::RxPkt;
 use super::counters::QpCounters;
 use super::cq::{CqId, Wc, WcFlags, WcOpcode, WcStatus};
 use super::ids::{Msn, Psn, Qpn, RKey};
 use super::mr::{Access, PdId, Sge, sg_gather, sg_len, sg_scatter};
-use super::pkt::{Aeth, AtomicEth, Deth, PktHdr, Reth, RxPkt, syndrome};
 use super::state::{AttrMask, Mtu, QpAttr, QpState, QpType};
 use super::timer::{Instant, Timer, TimerTable, local_ack_timeout, rnr_timer};
 use super::wr::{RecvWr, SendOp, SendWr};
 use super::{Ctx, Event, Path};
-use crate::wire::{FrameTemplate, roce::payload_range};
+use crate::wire::{
+    AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FrameTemplate,
+    IethRepr, ImmDtRepr, NakCode, RethRepr, RnrTimer, RoceRepr, roce::payload_range,
+};
 
 mod completer;
 mod responder;
@@ -187,7 +190,7 @@ impl Resource {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Ctrl {
-    syndrome: u8,
+    syndrome: AethSyndrome,
     psn: Psn,
     msn: Msn,
 }
@@ -212,7 +215,7 @@ const _: () = {
 /// ([`TxBuf::payload`]), and the path (UD WRs carry their own).
 #[derive(Debug)]
 pub(crate) struct OutPkt {
-    pub hdr: PktHdr,
+    pub repr: RoceRepr,
     pub payload: Range<usize>,
     pub ud_path: Option<Path>,
 }
@@ -978,20 +981,23 @@ impl Qp {
     }
 
     fn ctrl_pkt(&mut self, c: Ctrl) -> OutPkt {
-        let mut hdr = PktHdr::new(Opcode::RC_ACKNOWLEDGE, self.attr.dest_qp_num, c.psn);
-        hdr.aeth = Some(Aeth {
-            syndrome: c.syndrome,
-            msn: c.msn,
-        });
+        let repr = RoceRepr::ack(
+            self.attr.dest_qp_num,
+            c.psn,
+            AethRepr {
+                syndrome: c.syndrome,
+                msn: c.msn,
+            },
+        );
         self.counters.sent_pkts += 1;
         OutPkt {
-            hdr,
+            repr,
             payload: 0..0,
             ud_path: None,
         }
     }
 
-    fn queue_ctrl(&mut self, syndrome: u8, psn: Psn) {
+    fn queue_ctrl(&mut self, syndrome: AethSyndrome, psn: Psn) {
         let c = Ctrl {
             syndrome,
             psn,
@@ -1000,8 +1006,8 @@ impl Qp {
         if self.ctrl.len() >= MAX_PENDING_ACKS {
             // ACKs are cumulative: a newer ACK replaces an older one at the tail.
             if let Some(last) = self.ctrl.back_mut()
-                && last.syndrome & syndrome::TYPE_MASK == syndrome::ACK
-                && syndrome & syndrome::TYPE_MASK == syndrome::ACK
+                && last.syndrome.is_ack()
+                && syndrome.is_ack()
             {
                 *last = c;
                 self.counters.ack_deferred += 1;
@@ -1043,10 +1049,11 @@ impl Qp {
         } else {
             ud.remote_qkey
         };
-        let mut hdr = PktHdr::new(op, ud.remote_qpn, self.next_psn);
-        hdr.se = se;
-        hdr.imm = imm;
-        hdr.deth = Some(Deth {
+        let mut bth = BthRepr::new(op, ud.remote_qpn, self.next_psn);
+        bth.solicited = se;
+        let mut repr = RoceRepr::new(bth);
+        repr.immdt = imm.map(|imm| ImmDtRepr { imm });
+        repr.deth = Some(DethRepr {
             qkey,
             src_qp: self.qpn,
         });
@@ -1056,7 +1063,7 @@ impl Qp {
         self.counters.sent_pkts += 1;
         self.complete_head(WcStatus::Success, ctx);
         Some(OutPkt {
-            hdr,
+            repr,
             payload,
             ud_path: Some(ud.path),
         })
@@ -1115,7 +1122,7 @@ impl Qp {
         let solicited = wqe.wr.flags.contains(super::wr::SendFlags::SOLICITED);
         let op = wqe.wr.op;
         let wqe_len = wqe.len;
-        let mut hdr;
+        let mut repr;
         let mut payload = 0..0;
         let last;
         // PSNs this request takes (a READ piece: one per response packet).
@@ -1127,11 +1134,11 @@ impl Qp {
                 let start = u64::from(pkt_idx) * m;
                 let piece_end = ((pkt_idx / READ_CHUNK_PKTS + 1) * READ_CHUNK_PKTS).min(npkts);
                 let end = (u64::from(piece_end) * m).min(wqe_len);
-                hdr = PktHdr::new(Opcode::RC_RDMA_READ_REQUEST, dest, psn);
-                hdr.reth = Some(Reth {
+                repr = RoceRepr::new(BthRepr::new(Opcode::RC_RDMA_READ_REQUEST, dest, psn));
+                repr.reth = Some(RethRepr {
                     va: remote_addr.wrapping_add(start),
                     rkey,
-                    len: u32::try_from(end.saturating_sub(start)).unwrap_or(u32::MAX),
+                    dma_len: u32::try_from(end.saturating_sub(start)).unwrap_or(u32::MAX),
                 });
                 read_pkts = piece_end.saturating_sub(pkt_idx).max(1);
                 last = piece_end >= npkts;
@@ -1142,8 +1149,8 @@ impl Qp {
                 compare,
                 swap,
             } => {
-                hdr = PktHdr::new(Opcode::RC_COMPARE_SWAP, dest, psn);
-                hdr.atomic = Some(AtomicEth {
+                repr = RoceRepr::new(BthRepr::new(Opcode::RC_COMPARE_SWAP, dest, psn));
+                repr.atomic_eth = Some(AtomicEthRepr {
                     va: remote_addr,
                     rkey,
                     swap_add: swap,
@@ -1156,8 +1163,8 @@ impl Qp {
                 rkey,
                 add,
             } => {
-                hdr = PktHdr::new(Opcode::RC_FETCH_ADD, dest, psn);
-                hdr.atomic = Some(AtomicEth {
+                repr = RoceRepr::new(BthRepr::new(Opcode::RC_FETCH_ADD, dest, psn));
+                repr.atomic_eth = Some(AtomicEthRepr {
                     va: remote_addr,
                     rkey,
                     swap_add: add,
@@ -1179,10 +1186,10 @@ impl Qp {
                 };
                 let ends = matches!(pos, Position::Last | Position::Only);
                 let opcode = opcode_for(kind, pos, imm.is_some(), inv.is_some());
-                hdr = PktHdr::new(opcode, dest, psn);
+                repr = RoceRepr::new(BthRepr::new(opcode, dest, psn));
                 if ends {
-                    hdr.imm = imm;
-                    hdr.ieth = inv;
+                    repr.immdt = imm.map(|imm| ImmDtRepr { imm });
+                    repr.ieth = inv.map(|rkey| IethRepr { rkey });
                 }
                 if let SendOp::Write { remote_addr, rkey }
                 | SendOp::WriteWithImm {
@@ -1190,10 +1197,10 @@ impl Qp {
                 } = op
                     && matches!(pos, Position::First | Position::Only)
                 {
-                    hdr.reth = Some(Reth {
+                    repr.reth = Some(RethRepr {
                         va: remote_addr,
                         rkey,
-                        len: u32::try_from(wqe_len).unwrap_or(u32::MAX),
+                        dma_len: u32::try_from(wqe_len).unwrap_or(u32::MAX),
                     });
                 }
                 let len = usize::try_from((wqe_len - off.min(wqe_len)).min(m)).unwrap_or(0);
@@ -1217,7 +1224,7 @@ impl Qp {
                     return None;
                 };
                 payload = range;
-                hdr.se = ends && solicited && !matches!(op, SendOp::Write { .. });
+                repr.bth.solicited = ends && solicited && !matches!(op, SendOp::Write { .. });
                 last = ends;
             }
         }
@@ -1235,8 +1242,8 @@ impl Qp {
         let is_read = matches!(op, SendOp::Read { .. });
         let consumed = read_pkts;
         self.noack_pkts += 1;
-        hdr.ack_req = last || is_read || self.noack_pkts >= MAX_PKT_PER_ACK;
-        if hdr.ack_req {
+        repr.bth.ack_req = last || is_read || self.noack_pkts >= MAX_PKT_PER_ACK;
+        if repr.bth.ack_req {
             self.noack_pkts = 0;
         }
         let next = psn.wrapping_add(consumed);
@@ -1255,7 +1262,7 @@ impl Qp {
         self.counters.sent_pkts += 1;
         self.arm_retransmit(now, false);
         Some(OutPkt {
-            hdr,
+            repr,
             payload,
             ud_path: None,
         })
@@ -1271,15 +1278,16 @@ impl Qp {
         match &mut self.resources[i] {
             Resource::Atomic { psn, orig, pending } => {
                 *pending = false;
-                let mut hdr = PktHdr::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest, *psn);
-                hdr.aeth = Some(Aeth {
-                    syndrome: syndrome::ACK_UNLIMITED,
+                let mut repr =
+                    RoceRepr::new(BthRepr::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest, *psn));
+                repr.aeth = Some(AethRepr {
+                    syndrome: AethSyndrome::ACK_UNLIMITED,
                     msn,
                 });
-                hdr.atomic_ack = Some(*orig);
+                repr.atomic_ack_eth = Some(AtomicAckEthRepr { orig: *orig });
                 self.counters.sent_pkts += 1;
                 Some(OutPkt {
-                    hdr,
+                    repr,
                     payload: 0..0,
                     ud_path: None,
                 })
@@ -1325,7 +1333,7 @@ impl Qp {
                         // The region went away mid-response: NAK remote access, class C.
                         self.counters.resp_remote_access_errors += 1;
                         self.resources.clear();
-                        self.queue_ctrl(syndrome::NAK_REMOTE_ACCESS_ERROR, psn);
+                        self.queue_ctrl(AethSyndrome::Nak(NakCode::RemoteAccessError), psn);
                         self.enter_error(ctx);
                         let c = self.ctrl.pop_front()?;
                         return Some(self.ctrl_pkt(c));
@@ -1345,16 +1353,16 @@ impl Qp {
                         *cur_psn = cur_psn.next();
                     }
                 }
-                let mut hdr = PktHdr::new(opcode, dest, psn);
+                let mut repr = RoceRepr::new(BthRepr::new(opcode, dest, psn));
                 if pos != Position::Middle {
-                    hdr.aeth = Some(Aeth {
-                        syndrome: syndrome::ACK_UNLIMITED,
+                    repr.aeth = Some(AethRepr {
+                        syndrome: AethSyndrome::ACK_UNLIMITED,
                         msn,
                     });
                 }
                 self.counters.sent_pkts += 1;
                 Some(OutPkt {
-                    hdr,
+                    repr,
                     payload,
                     ud_path: None,
                 })

@@ -6,11 +6,18 @@
 
 use core::net::IpAddr;
 
-use super::pkt::{AtomicEth, Deth, Reth, syndrome};
 use super::sim::{Bottleneck, Link, Pair, RcConfig, Side, bring_up, connect_rc, ip};
 use super::timer::local_ack_timeout;
 use super::*;
-use crate::wire::parse_frame;
+use crate::wire::{
+    AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, IethRepr,
+    ImmDtRepr,
+    NakCode::{
+        InvalidRequest, PsnSequenceError, RemoteAccessError, RemoteOperationalError, Unknown,
+    },
+    RethRepr, RnrTimer, RoceRepr, parse_frame,
+};
+use AethSyndrome::Nak;
 
 const PEER: u32 = 0x77;
 const RQ_PSN: u32 = 100;
@@ -62,19 +69,19 @@ fn h() -> H {
     h_with(&RcConfig::default())
 }
 
-fn hdr(op: Opcode, psn: u32) -> PktHdr {
-    let mut h = PktHdr::new(op, Qpn::new(0), Psn::new(psn));
-    h.ack_req = op.info().unwrap().ends_message();
+fn hdr(op: Opcode, psn: u32) -> RoceRepr {
+    let mut bth = BthRepr::new(op, Qpn::new(0), Psn::new(psn));
+    bth.ack_req = op.info().unwrap().ends_message();
+    RoceRepr::new(bth)
+}
+
+fn with_reth(mut h: RoceRepr, va: u64, rkey: RKey, dma_len: u32) -> RoceRepr {
+    h.reth = Some(RethRepr { va, rkey, dma_len });
     h
 }
 
-fn with_reth(mut h: PktHdr, va: u64, rkey: RKey, len: u32) -> PktHdr {
-    h.reth = Some(Reth { va, rkey, len });
-    h
-}
-
-fn with_atomic(mut h: PktHdr, va: u64, rkey: RKey, swap_add: u64, compare: u64) -> PktHdr {
-    h.atomic = Some(AtomicEth {
+fn with_atomic(mut h: RoceRepr, va: u64, rkey: RKey, swap_add: u64, compare: u64) -> RoceRepr {
+    h.atomic_eth = Some(AtomicEthRepr {
         va,
         rkey,
         swap_add,
@@ -83,20 +90,27 @@ fn with_atomic(mut h: PktHdr, va: u64, rkey: RKey, swap_add: u64, compare: u64) 
     h
 }
 
-fn aeth_hdr(op: Opcode, psn: u32, syn: u8, msn: u32) -> PktHdr {
-    let mut h = PktHdr::new(op, Qpn::new(0), Psn::new(psn));
-    h.aeth = Some(pkt::Aeth {
-        syndrome: syn,
+fn aeth_hdr(op: Opcode, psn: u32, syndrome: AethSyndrome, msn: u32) -> RoceRepr {
+    let mut h = RoceRepr::new(BthRepr::new(op, Qpn::new(0), Psn::new(psn)));
+    h.aeth = Some(AethRepr {
+        syndrome,
         msn: Msn::new(msn),
     });
     h
 }
 
+/// An RNR NAK syndrome with timer `code`.
+fn rnr(code: u8) -> AethSyndrome {
+    AethSyndrome::RnrNak {
+        timer: RnrTimer::new(code),
+    }
+}
+
 impl H {
-    fn rx(&mut self, mut hdr: PktHdr, payload: &[u8]) {
-        hdr.dest_qp = self.qpn;
+    fn rx(&mut self, mut repr: RoceRepr, payload: &[u8]) {
+        repr.bth.dest_qp = self.qpn;
         let pkt = RxPkt {
-            hdr,
+            repr,
             payload,
             ce: false,
         };
@@ -104,22 +118,22 @@ impl H {
         self.d.handle_decoded(self.now, &pkt, addrs);
     }
 
-    fn tx(&mut self) -> Vec<(PktHdr, Vec<u8>)> {
+    fn tx(&mut self) -> Vec<(RoceRepr, Vec<u8>)> {
         let mut buf = vec![0; MAX_FRAME_LEN];
         let mut out = Vec::new();
         while let Some(t) = self.d.poll_transmit(self.now, &mut buf) {
             let f = parse_frame(&buf[..t.size]).expect("own frames parse");
             assert!(f.icrc_ok);
             assert_eq!(f.roce.bth.dest_qp, Qpn::new(PEER));
-            out.push((PktHdr::from_repr(&f.roce), f.payload.to_vec()));
+            out.push((f.roce, f.payload.to_vec()));
         }
         out
     }
 
-    fn acks(&mut self) -> Vec<(u8, u32)> {
+    fn acks(&mut self) -> Vec<(AethSyndrome, u32)> {
         self.tx()
             .into_iter()
-            .map(|(h, _)| (h.aeth.unwrap().syndrome, h.psn.value()))
+            .map(|(h, _)| (h.aeth.unwrap().syndrome, h.bth.psn.value()))
             .collect()
     }
 
@@ -169,7 +183,7 @@ impl H {
     }
 }
 
-const ACK: u8 = syndrome::ACK_UNLIMITED;
+const ACK: AethSyndrome = AethSyndrome::ACK_UNLIMITED;
 
 // ------------------------------------------------------------------ responder: check_psn
 
@@ -180,7 +194,7 @@ fn resp_psn_ahead_naks_psn_sequence_error_once_per_gap() {
         h.recv(i, 0, 64);
     }
     h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 2), &[1; 8]);
-    assert_eq!(h.acks(), vec![(syndrome::NAK_PSN_SEQ_ERROR, RQ_PSN)]);
+    assert_eq!(h.acks(), vec![(Nak(PsnSequenceError), RQ_PSN)]);
     h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 3), &[1; 8]);
     assert_eq!(
         h.acks(),
@@ -194,7 +208,7 @@ fn resp_psn_ahead_naks_psn_sequence_error_once_per_gap() {
     h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 3), &[1; 8]);
     assert_eq!(
         h.acks(),
-        vec![(syndrome::NAK_PSN_SEQ_ERROR, RQ_PSN + 1)],
+        vec![(Nak(PsnSequenceError), RQ_PSN + 1)],
         "a new gap gets its own NAK"
     );
     assert_eq!(h.state(), QpState::Rts, "class B: no state change");
@@ -209,7 +223,7 @@ fn resp_duplicate_send_is_reacked_with_previous_psn() {
     h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1), &[2; 8]);
     assert_eq!(h.acks().len(), 2);
     let mut dup = hdr(Opcode::RC_SEND_ONLY, RQ_PSN);
-    dup.ack_req = false;
+    dup.bth.ack_req = false;
     h.rx(dup, &[9; 8]);
     // C9-105: ACK again with the PSN before the expected one, even without AckReq.
     assert_eq!(h.acks(), vec![(ACK, RQ_PSN + 1)]);
@@ -260,10 +274,10 @@ fn resp_duplicate_read_is_replayed_from_the_requested_psn() {
     );
     let replay = h.tx();
     assert_eq!(replay.len(), 2);
-    assert_eq!(replay[0].0.opcode, Opcode::RC_RDMA_READ_RESPONSE_FIRST);
-    assert_eq!(replay[0].0.psn, Psn::new(RQ_PSN + 1));
+    assert_eq!(replay[0].0.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_FIRST);
+    assert_eq!(replay[0].0.bth.psn, Psn::new(RQ_PSN + 1));
     assert_eq!(replay[0].1, data[1024..2048]);
-    assert_eq!(replay[1].0.opcode, Opcode::RC_RDMA_READ_RESPONSE_LAST);
+    assert_eq!(replay[1].0.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_LAST);
     assert_eq!(replay[1].1, data[2048..]);
     assert_eq!(h.c().duplicate_request, 1);
     assert_eq!(h.c().rx_read_requests, 1, "a replay is not a new READ");
@@ -299,13 +313,17 @@ fn resp_duplicate_atomic_returns_the_saved_result_without_reexecuting() {
     let fa = with_atomic(hdr(Opcode::RC_FETCH_ADD, RQ_PSN), BASE, rkey, 3, 0);
     h.rx(fa, &[]);
     let out = h.tx();
-    assert_eq!(out[0].0.opcode, Opcode::RC_ATOMIC_ACKNOWLEDGE);
-    assert_eq!(out[0].0.atomic_ack, Some(5));
+    assert_eq!(out[0].0.bth.opcode, Opcode::RC_ATOMIC_ACKNOWLEDGE);
+    assert_eq!(out[0].0.atomic_ack_eth, Some(AtomicAckEthRepr { orig: 5 }));
     assert_eq!(h.mem(0, 8), 8u64.to_le_bytes());
     h.rx(fa, &[]);
     let out = h.tx();
     assert_eq!(out.len(), 1);
-    assert_eq!(out[0].0.atomic_ack, Some(5), "the saved original value");
+    assert_eq!(
+        out[0].0.atomic_ack_eth,
+        Some(AtomicAckEthRepr { orig: 5 }),
+        "the saved original value"
+    );
     assert_eq!(h.mem(0, 8), 8u64.to_le_bytes(), "executed exactly once");
 }
 
@@ -316,7 +334,7 @@ fn resp_op_seq_middle_without_first_is_invalid_request() {
     let mut h = h();
     h.recv(1, 0, 4096);
     h.rx(hdr(Opcode::RC_SEND_MIDDLE, RQ_PSN), &[0; 1024]);
-    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN)]);
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN)]);
     assert_eq!(h.state(), QpState::Err, "class C: the QP goes to ERR");
     let w = h.wcs();
     assert_eq!(w.len(), 1);
@@ -328,10 +346,10 @@ fn resp_op_seq_first_inside_a_message_is_invalid_request() {
     let mut h = h();
     h.recv(1, 0, 4096);
     let mut f = hdr(Opcode::RC_SEND_FIRST, RQ_PSN);
-    f.ack_req = false;
+    f.bth.ack_req = false;
     h.rx(f, &[0; 1024]);
     h.rx(hdr(Opcode::RC_SEND_FIRST, RQ_PSN + 1), &[0; 1024]);
-    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN + 1)]);
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN + 1)]);
     assert_eq!(h.wcs()[0].status, WcStatus::RemInvReqErr);
 }
 
@@ -340,10 +358,10 @@ fn resp_op_seq_write_middle_inside_a_send_is_invalid_request() {
     let mut h = h();
     h.recv(1, 0, 4096);
     let mut f = hdr(Opcode::RC_SEND_FIRST, RQ_PSN);
-    f.ack_req = false;
+    f.bth.ack_req = false;
     h.rx(f, &[0; 1024]);
     h.rx(hdr(Opcode::RC_RDMA_WRITE_LAST, RQ_PSN + 1), &[0; 10]);
-    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN + 1)]);
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN + 1)]);
     assert_eq!(h.state(), QpState::Err);
 }
 
@@ -376,11 +394,7 @@ fn resp_op_valid_needs_the_qp_access_flag_of_each_operation() {
             with_reth(hdr(op, RQ_PSN), BASE, rkey, 0)
         };
         h.rx(p, &[]);
-        assert_eq!(
-            h.acks(),
-            vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN)],
-            "{op:?}"
-        );
+        assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN)], "{op:?}");
         assert_eq!(h.state(), QpState::Err);
     }
 }
@@ -393,7 +407,7 @@ fn resp_op_valid_unsupported_opcode_is_invalid_request() {
         with_reth(hdr(Opcode::RC_ATOMIC_WRITE, RQ_PSN), BASE, rkey, 8),
         &[0; 8],
     );
-    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN)]);
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN)]);
 }
 
 // ------------------------------------------------------------------ responder: resources
@@ -405,7 +419,7 @@ fn resp_resource_send_without_receive_wqe_sends_rnr_nak() {
         ..RcConfig::default()
     });
     h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[1; 8]);
-    assert_eq!(h.acks(), vec![(syndrome::RNR_NAK | 14, RQ_PSN)]);
+    assert_eq!(h.acks(), vec![(rnr(14), RQ_PSN)]);
     assert_eq!(h.c().send_rnr_err, 1);
     assert_eq!(h.c().out_of_buffer, 1);
     assert_eq!(h.state(), QpState::Rts, "class B");
@@ -427,7 +441,7 @@ fn resp_resource_read_needs_max_dest_rd_atomic() {
         with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 8),
         &[],
     );
-    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN)]);
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN)]);
 }
 
 #[test]
@@ -449,9 +463,9 @@ fn resp_resource_a_read_past_the_table_evicts_the_oldest() {
     );
     let out = h.tx();
     assert_eq!(out.len(), 1, "{out:?}");
-    assert_eq!(out[0].0.opcode, Opcode::RC_RDMA_READ_RESPONSE_ONLY);
+    assert_eq!(out[0].0.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_ONLY);
     assert_eq!(
-        out[0].0.psn,
+        out[0].0.bth.psn,
         Psn::new(RQ_PSN + 1),
         "only the newer READ is answered"
     );
@@ -492,16 +506,12 @@ fn resp_length_checks_against_path_mtu() {
         let mut psn = RQ_PSN;
         if let Some(f) = first {
             let mut p = hdr(f, psn);
-            p.ack_req = false;
+            p.bth.ack_req = false;
             h.rx(p, &vec![0; m]);
             psn += 1;
         }
         h.rx(hdr(op, psn), &vec![0; len]);
-        assert_eq!(
-            h.acks(),
-            vec![(syndrome::NAK_INVALID_REQUEST, psn)],
-            "{name}"
-        );
+        assert_eq!(h.acks(), vec![(Nak(InvalidRequest), psn)], "{name}");
         assert_eq!(h.state(), QpState::Err, "{name}");
     }
 }
@@ -511,7 +521,7 @@ fn resp_length_send_longer_than_the_receive_buffer_is_local_length_error() {
     let mut h = h();
     h.recv(1, 0, 100);
     h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[0; 200]);
-    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN)]);
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN)]);
     let w = h.wcs();
     assert_eq!(w[0].status, WcStatus::LocLenErr);
     assert_eq!(h.c().resp_local_length_error, 1);
@@ -526,7 +536,7 @@ fn resp_length_write_payload_must_match_the_reth_length() {
         with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN), BASE, rkey, 100),
         &[0; 50],
     );
-    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN)]);
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN)]);
 }
 
 // ------------------------------------------------------------------ responder: rkey
@@ -551,7 +561,7 @@ fn resp_rkey_violations_nak_remote_access_error() {
             h.rx(with_reth(hdr(op, RQ_PSN), va, rkey, len), &payload);
             assert_eq!(
                 h.acks(),
-                vec![(syndrome::NAK_REMOTE_ACCESS_ERROR, RQ_PSN)],
+                vec![(Nak(RemoteAccessError), RQ_PSN)],
                 "{name} {op:?}"
             );
             assert_eq!(h.c().resp_remote_access_errors, 1);
@@ -570,7 +580,7 @@ fn resp_rkey_region_without_remote_write_right_is_remote_access_error() {
         with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN), 0x9000, ro.rkey, 8),
         &[0; 8],
     );
-    assert_eq!(h.acks(), vec![(syndrome::NAK_REMOTE_ACCESS_ERROR, RQ_PSN)]);
+    assert_eq!(h.acks(), vec![(Nak(RemoteAccessError), RQ_PSN)]);
 }
 
 #[test]
@@ -601,7 +611,7 @@ fn resp_read_responses_are_segmented_with_aeth_on_first_and_last() {
         &[],
     );
     let out = h.tx();
-    let ops: Vec<_> = out.iter().map(|(h, _)| h.opcode).collect();
+    let ops: Vec<_> = out.iter().map(|(h, _)| h.bth.opcode).collect();
     assert_eq!(
         ops,
         [
@@ -613,7 +623,7 @@ fn resp_read_responses_are_segmented_with_aeth_on_first_and_last() {
     assert!(out[1].0.aeth.is_none());
     assert_eq!(out[0].0.aeth.unwrap().msn, Msn::new(1), "C9-148");
     assert_eq!(out[2].0.aeth.unwrap().syndrome, ACK);
-    let psns: Vec<_> = out.iter().map(|(h, _)| h.psn.value()).collect();
+    let psns: Vec<_> = out.iter().map(|(h, _)| h.bth.psn.value()).collect();
     assert_eq!(psns, [RQ_PSN, RQ_PSN + 1, RQ_PSN + 2]);
     let got: Vec<u8> = out.iter().flat_map(|(_, p)| p.clone()).collect();
     assert_eq!(got, data);
@@ -634,7 +644,7 @@ fn resp_zero_length_read_gets_one_empty_response_only() {
     );
     let out = h.tx();
     assert_eq!(out.len(), 1, "{out:?}");
-    assert_eq!(out[0].0.opcode, Opcode::RC_RDMA_READ_RESPONSE_ONLY);
+    assert_eq!(out[0].0.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_ONLY);
     assert!(out[0].1.is_empty());
 }
 
@@ -646,7 +656,7 @@ fn resp_atomic_requires_8_byte_alignment() {
         with_atomic(hdr(Opcode::RC_COMPARE_SWAP, RQ_PSN), BASE + 4, rkey, 1, 0),
         &[],
     );
-    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN)]);
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN)]);
 }
 
 #[test]
@@ -658,7 +668,10 @@ fn resp_atomic_compare_swap_swaps_only_on_equal() {
         with_atomic(hdr(Opcode::RC_COMPARE_SWAP, RQ_PSN), BASE + 8, rkey, 9, 5),
         &[],
     );
-    assert_eq!(h.tx()[0].0.atomic_ack, Some(5));
+    assert_eq!(
+        h.tx()[0].0.atomic_ack_eth,
+        Some(AtomicAckEthRepr { orig: 5 })
+    );
     h.rx(
         with_atomic(
             hdr(Opcode::RC_COMPARE_SWAP, RQ_PSN + 1),
@@ -669,7 +682,10 @@ fn resp_atomic_compare_swap_swaps_only_on_equal() {
         ),
         &[],
     );
-    assert_eq!(h.tx()[0].0.atomic_ack, Some(9));
+    assert_eq!(
+        h.tx()[0].0.atomic_ack_eth,
+        Some(AtomicAckEthRepr { orig: 9 })
+    );
     assert_eq!(h.mem(8, 8), 9u64.to_le_bytes());
     assert_eq!(h.c().rx_atomic_requests, 2);
 }
@@ -680,7 +696,7 @@ fn resp_ack_is_sent_only_when_ackreq_is_set() {
     h.recv(1, 0, 64);
     h.recv(2, 64, 64);
     let mut p = hdr(Opcode::RC_SEND_ONLY, RQ_PSN);
-    p.ack_req = false;
+    p.bth.ack_req = false;
     h.rx(p, &[1; 4]);
     assert!(h.tx().is_empty());
     h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1), &[1; 4]);
@@ -694,7 +710,7 @@ fn resp_msn_counts_completed_messages() {
         h.recv(i, 0, 4096);
     }
     let mut f = hdr(Opcode::RC_SEND_FIRST, RQ_PSN);
-    f.ack_req = true;
+    f.bth.ack_req = true;
     h.rx(f, &[0; 1024]);
     h.rx(hdr(Opcode::RC_SEND_LAST, RQ_PSN + 1), &[0; 10]);
     h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 2), &[0; 10]);
@@ -711,7 +727,7 @@ fn resp_send_with_invalidate_invalidates_the_rkey() {
     let mut h = h();
     h.recv(1, 0, 64);
     let mut p = hdr(Opcode::RC_SEND_ONLY_WITH_INVALIDATE, RQ_PSN);
-    p.ieth = Some(h.mr.rkey);
+    p.ieth = Some(IethRepr { rkey: h.mr.rkey });
     h.rx(p, &[3; 4]);
     assert_eq!(h.acks(), vec![(ACK, RQ_PSN)]);
     let w = h.wcs();
@@ -722,10 +738,7 @@ fn resp_send_with_invalidate_invalidates_the_rkey() {
         with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN + 1), BASE, rkey, 4),
         &[0; 4],
     );
-    assert_eq!(
-        h.acks(),
-        vec![(syndrome::NAK_REMOTE_ACCESS_ERROR, RQ_PSN + 1)]
-    );
+    assert_eq!(h.acks(), vec![(Nak(RemoteAccessError), RQ_PSN + 1)]);
 }
 
 #[test]
@@ -733,9 +746,11 @@ fn resp_send_with_invalidate_of_an_invalid_rkey_is_an_error() {
     let mut h = h();
     h.recv(1, 0, 64);
     let mut p = hdr(Opcode::RC_SEND_ONLY_WITH_INVALIDATE, RQ_PSN);
-    p.ieth = Some(RKey::new(0x1234_5678));
+    p.ieth = Some(IethRepr {
+        rkey: RKey::new(0x1234_5678),
+    });
     h.rx(p, &[3; 4]);
-    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN)]);
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN)]);
     assert_eq!(h.wcs()[0].status, WcStatus::RemInvReqErr);
 }
 
@@ -749,13 +764,9 @@ fn resp_write_with_immediate_consumes_a_receive_wqe() {
         rkey,
         6,
     );
-    p.imm = Some(0xabcd);
+    p.immdt = Some(ImmDtRepr { imm: 0xabcd });
     h.rx(p, &[5; 6]);
-    assert_eq!(
-        h.acks(),
-        vec![(syndrome::RNR_NAK | 1, RQ_PSN)],
-        "no receive WQE: RNR"
-    );
+    assert_eq!(h.acks(), vec![(rnr(1), RQ_PSN)], "no receive WQE: RNR");
     h.recv(9, 0, 0);
     h.rx(p, &[5; 6]);
     assert_eq!(h.acks(), vec![(ACK, RQ_PSN)]);
@@ -772,10 +783,10 @@ fn resp_multi_packet_write_lands_at_consecutive_addresses() {
     let rkey = h.mr.rkey;
     let data: Vec<u8> = (0..2100u32).map(|i| (i % 251) as u8).collect();
     let mut f = with_reth(hdr(Opcode::RC_RDMA_WRITE_FIRST, RQ_PSN), BASE, rkey, 2100);
-    f.ack_req = false;
+    f.bth.ack_req = false;
     h.rx(f, &data[..1024]);
     let mut m = hdr(Opcode::RC_RDMA_WRITE_MIDDLE, RQ_PSN + 1);
-    m.ack_req = false;
+    m.bth.ack_req = false;
     h.rx(m, &data[1024..2048]);
     h.rx(hdr(Opcode::RC_RDMA_WRITE_LAST, RQ_PSN + 2), &data[2048..]);
     assert_eq!(h.acks(), vec![(ACK, RQ_PSN + 2)]);
@@ -790,13 +801,13 @@ fn recv_wrong_pkey_or_foreign_source_is_dropped() {
     let mut h = h();
     h.recv(1, 0, 64);
     let mut p = hdr(Opcode::RC_SEND_ONLY, RQ_PSN);
-    p.pkey = PKey::new(0x1234);
+    p.bth.pkey = PKey::new(0x1234);
     h.rx(p, &[0; 4]);
     assert_eq!(h.d.device_counters().bad_pkey_cntr, 1);
     let mut p = hdr(Opcode::RC_SEND_ONLY, RQ_PSN);
-    p.dest_qp = h.qpn;
+    p.bth.dest_qp = h.qpn;
     let pkt = RxPkt {
-        hdr: p,
+        repr: p,
         payload: &[0; 4],
         ce: false,
     };
@@ -813,11 +824,11 @@ fn recv_requests_before_rtr_are_dropped() {
     let cq = d.create_cq(16).unwrap();
     let qpn = d.create_qp(QpInit::new(QpType::Rc, pd, cq)).unwrap();
     let mut p = hdr(Opcode::RC_SEND_ONLY, 0);
-    p.dest_qp = qpn;
+    p.bth.dest_qp = qpn;
     d.handle_decoded(
         Instant::ZERO,
         &RxPkt {
-            hdr: p,
+            repr: p,
             payload: &[],
             ce: false,
         },
@@ -834,11 +845,11 @@ fn recv_unknown_qp_and_garbage_frames_are_counted() {
     h.d.handle_packet(h.now, &[0u8; 60]);
     assert_eq!(h.d.device_counters().rx_malformed, 1);
     let mut p = hdr(Opcode::RC_SEND_ONLY, RQ_PSN);
-    p.dest_qp = Qpn::new(0x4242);
+    p.bth.dest_qp = Qpn::new(0x4242);
     h.d.handle_decoded(
         h.now,
         &RxPkt {
-            hdr: p,
+            repr: p,
             payload: &[],
             ce: false,
         },
@@ -876,7 +887,7 @@ fn req_segments_messages_by_path_mtu() {
         let out = h.tx();
         let got: Vec<_> = out
             .iter()
-            .map(|(h, p)| (h.opcode, p.len() as u32, h.psn.value()))
+            .map(|(h, p)| (h.bth.opcode, p.len() as u32, h.bth.psn.value()))
             .collect();
         assert_eq!(
             got,
@@ -913,7 +924,7 @@ fn req_ackreq_on_the_last_packet_and_every_64_packets() {
     let with: Vec<usize> = out
         .iter()
         .enumerate()
-        .filter(|(_, (h, _))| h.ack_req)
+        .filter(|(_, (h, _))| h.bth.ack_req)
         .map(|(i, _)| i)
         .collect();
     assert_eq!(with, [63, 99]);
@@ -970,7 +981,7 @@ fn req_max_rd_atomic_limits_outstanding_reads() {
     );
     let out = h.tx();
     assert_eq!(out.len(), 1);
-    assert_eq!(out[0].0.psn, Psn::new(SQ_PSN + 2));
+    assert_eq!(out[0].0.bth.psn, Psn::new(SQ_PSN + 2));
     assert_eq!(h.wcs().len(), 1);
 }
 
@@ -983,11 +994,11 @@ fn req_solicited_event_only_on_the_last_packet() {
     wr.flags = SendFlags::SIGNALED | SendFlags::SOLICITED;
     h.d.post_send(h.qpn, wr).unwrap();
     let out = h.tx();
-    assert_eq!(out[0].0.opcode, Opcode::RC_SEND_FIRST);
-    assert!(!out[0].0.se && out[0].0.imm.is_none());
-    assert_eq!(out[1].0.opcode, Opcode::RC_SEND_LAST_WITH_IMMEDIATE);
-    assert!(out[1].0.se);
-    assert_eq!(out[1].0.imm, Some(0x55));
+    assert_eq!(out[0].0.bth.opcode, Opcode::RC_SEND_FIRST);
+    assert!(!out[0].0.bth.solicited && out[0].0.immdt.is_none());
+    assert_eq!(out[1].0.bth.opcode, Opcode::RC_SEND_LAST_WITH_IMMEDIATE);
+    assert!(out[1].0.bth.solicited);
+    assert_eq!(out[1].0.immdt, Some(ImmDtRepr { imm: 0x55 }));
 }
 
 // ------------------------------------------------------------------ completer
@@ -1029,8 +1040,8 @@ fn comp_ack_covering_an_unanswered_read_is_an_implied_nak() {
     assert!(h.wcs().is_empty());
     assert_eq!(h.c().implied_nak_seq_err, 1);
     let out = h.tx();
-    assert_eq!(out[0].0.opcode, Opcode::RC_RDMA_READ_REQUEST);
-    assert_eq!(out[0].0.psn, Psn::new(SQ_PSN));
+    assert_eq!(out[0].0.bth.opcode, Opcode::RC_RDMA_READ_REQUEST);
+    assert_eq!(out[0].0.bth.psn, Psn::new(SQ_PSN));
 }
 
 #[test]
@@ -1038,10 +1049,7 @@ fn comp_rnr_nak_waits_the_rnr_timer_then_retries() {
     let mut h = h();
     sends(&mut h, 1, 8);
     let _ = h.tx();
-    h.rx(
-        aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, syndrome::RNR_NAK | 14, 0),
-        &[],
-    );
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, rnr(14), 0), &[]);
     assert!(h.tx().is_empty(), "stalled during the RNR timer");
     assert_eq!(
         h.d.poll_timeout(),
@@ -1050,7 +1058,7 @@ fn comp_rnr_nak_waits_the_rnr_timer_then_retries() {
     h.advance_to_timeout();
     let out = h.tx();
     assert_eq!(out.len(), 1);
-    assert_eq!(out[0].0.psn, Psn::new(SQ_PSN));
+    assert_eq!(out[0].0.bth.psn, Psn::new(SQ_PSN));
     assert_eq!(h.c().rcvd_rnr_err, 1);
 }
 
@@ -1063,10 +1071,7 @@ fn comp_rnr_retry_exhausted_completes_with_rnr_retry_exceeded() {
     sends(&mut h, 2, 8);
     let _ = h.tx();
     for _ in 0..2 {
-        h.rx(
-            aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, syndrome::RNR_NAK | 1, 0),
-            &[],
-        );
+        h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, rnr(1), 0), &[]);
         if h.state() == QpState::Rts {
             h.advance_to_timeout();
             let _ = h.tx();
@@ -1089,10 +1094,7 @@ fn comp_rnr_retry_7_retries_forever() {
     sends(&mut h, 1, 8);
     let _ = h.tx();
     for _ in 0..50 {
-        h.rx(
-            aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, syndrome::RNR_NAK | 1, 0),
-            &[],
-        );
+        h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, rnr(1), 0), &[]);
         h.advance_to_timeout();
         assert_eq!(h.tx().len(), 1);
     }
@@ -1106,17 +1108,12 @@ fn comp_nak_psn_sequence_error_goes_back_n_from_the_nak_psn() {
     sends(&mut h, 4, 8);
     assert_eq!(h.tx().len(), 4);
     h.rx(
-        aeth_hdr(
-            Opcode::RC_ACKNOWLEDGE,
-            SQ_PSN + 2,
-            syndrome::NAK_PSN_SEQ_ERROR,
-            2,
-        ),
+        aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 2, Nak(PsnSequenceError), 2),
         &[],
     );
     let ids: Vec<u64> = h.wcs().iter().map(|w| w.wr_id).collect();
     assert_eq!(ids, [1, 2], "the NAK implicitly acks the earlier PSNs");
-    let psns: Vec<u32> = h.tx().iter().map(|(h, _)| h.psn.value()).collect();
+    let psns: Vec<u32> = h.tx().iter().map(|(h, _)| h.bth.psn.value()).collect();
     assert_eq!(psns, [SQ_PSN + 2, SQ_PSN + 3]);
     assert_eq!(h.c().rcvd_seq_err, 1);
     assert_eq!(h.c().packet_seq_err, 1);
@@ -1125,17 +1122,17 @@ fn comp_nak_psn_sequence_error_goes_back_n_from_the_nak_psn() {
 #[test]
 fn comp_nak_codes_map_to_work_completion_statuses() {
     for (code, status) in [
-        (syndrome::NAK_INVALID_REQUEST, WcStatus::RemInvReqErr),
-        (syndrome::NAK_REMOTE_ACCESS_ERROR, WcStatus::RemAccessErr),
-        (syndrome::NAK_REMOTE_OPERATIONAL_ERROR, WcStatus::RemOpErr),
-        (0x6f, WcStatus::RemOpErr),
+        (Nak(InvalidRequest), WcStatus::RemInvReqErr),
+        (Nak(RemoteAccessError), WcStatus::RemAccessErr),
+        (Nak(RemoteOperationalError), WcStatus::RemOpErr),
+        (Nak(Unknown(0x0f)), WcStatus::RemOpErr),
     ] {
         let mut h = h();
         sends(&mut h, 2, 8);
         let _ = h.tx();
         h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, code, 0), &[]);
         let w = h.wcs();
-        assert_eq!(w[0].status, status, "{code:#x}");
+        assert_eq!(w[0].status, status, "{code:?}");
         assert_eq!(w[1].status, WcStatus::WrFlushErr);
         assert_eq!(h.state(), QpState::Err);
         assert_eq!(
@@ -1205,8 +1202,8 @@ fn comp_read_resumes_mid_way_after_a_lost_response() {
     let out = h.tx();
     assert_eq!(out.len(), 1);
     let r = out[0].0.reth.unwrap();
-    assert_eq!(out[0].0.psn, Psn::new(SQ_PSN + 1));
-    assert_eq!((r.va, r.len), (0x5000 + 1024, 3000 - 1024));
+    assert_eq!(out[0].0.bth.psn, Psn::new(SQ_PSN + 1));
+    assert_eq!((r.va, r.dma_len), (0x5000 + 1024, 3000 - 1024));
     h.rx(
         aeth_hdr(Opcode::RC_RDMA_READ_RESPONSE_FIRST, SQ_PSN + 1, ACK, 1),
         &data[1024..2048],
@@ -1273,9 +1270,9 @@ fn comp_atomic_ack_delivers_the_original_value() {
     )
     .unwrap();
     let out = h.tx();
-    assert_eq!(out[0].0.opcode, Opcode::RC_FETCH_ADD);
+    assert_eq!(out[0].0.bth.opcode, Opcode::RC_FETCH_ADD);
     let mut ack = aeth_hdr(Opcode::RC_ATOMIC_ACKNOWLEDGE, SQ_PSN, ACK, 1);
-    ack.atomic_ack = Some(42);
+    ack.atomic_ack_eth = Some(AtomicAckEthRepr { orig: 42 });
     h.rx(ack, &[]);
     let w = h.wcs();
     assert_eq!(w[0].opcode, WcOpcode::FetchAdd);
@@ -1496,15 +1493,12 @@ fn dereg_mr_during_a_remote_write_naks_remote_access() {
     let mut h = h();
     let rkey = h.mr.rkey;
     let mut f = with_reth(hdr(Opcode::RC_RDMA_WRITE_FIRST, RQ_PSN), BASE, rkey, 2048);
-    f.ack_req = false;
+    f.bth.ack_req = false;
     h.rx(f, &[1; 1024]);
     let lkey = h.mr.lkey;
     h.d.dereg_mr(lkey).unwrap();
     h.rx(hdr(Opcode::RC_RDMA_WRITE_LAST, RQ_PSN + 1), &[1; 1024]);
-    assert_eq!(
-        h.acks(),
-        vec![(syndrome::NAK_REMOTE_ACCESS_ERROR, RQ_PSN + 1)]
-    );
+    assert_eq!(h.acks(), vec![(Nak(RemoteAccessError), RQ_PSN + 1)]);
 }
 
 // ------------------------------------------------------------------ UD
@@ -1589,7 +1583,6 @@ fn ud_send_carries_deth_and_qkey_and_the_receiver_gets_a_grh() {
     assert!(wb[0].wc_flags.contains(WcFlags::GRH));
     assert_eq!(p.b.device_counters().qkey_viol_cntr, 1);
     assert_eq!(&p.b.mrs().bytes(mb.lkey).unwrap()[40..140], &[0x33; 100]);
-    let _ = Deth::default();
 }
 
 // ------------------------------------------------------------------ end to end
@@ -1922,7 +1915,7 @@ fn resp_solicited_event_fires_a_solicited_only_cq_notification() {
     h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[1; 4]);
     assert_eq!(h.d.poll_event(), None, "not solicited");
     let mut p = hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1);
-    p.se = true;
+    p.bth.solicited = true;
     h.rx(p, &[1; 4]);
     assert_eq!(h.d.poll_event(), Some(Event::CqNotify { cq: h.cq }));
     assert_eq!(h.wcs().len(), 2);
@@ -1963,16 +1956,14 @@ fn comp_retry_resends_a_partially_acked_write_from_the_first_unacked_packet() {
     assert_eq!(h.tx().len(), 5);
     // The responder got PSN..PSN+1 and NAKs PSN+2 (rxe req_retry skips the acked packets).
     h.rx(
-        aeth_hdr(
-            Opcode::RC_ACKNOWLEDGE,
-            SQ_PSN + 2,
-            syndrome::NAK_PSN_SEQ_ERROR,
-            0,
-        ),
+        aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 2, Nak(PsnSequenceError), 0),
         &[],
     );
     let out = h.tx();
-    let got: Vec<(Opcode, u32)> = out.iter().map(|(h, _)| (h.opcode, h.psn.value())).collect();
+    let got: Vec<(Opcode, u32)> = out
+        .iter()
+        .map(|(h, _)| (h.bth.opcode, h.bth.psn.value()))
+        .collect();
     assert_eq!(
         got,
         [
@@ -1996,12 +1987,7 @@ fn comp_only_one_retry_sequence_at_a_time() {
     });
     sends(&mut h, 3, 8);
     let _ = h.tx();
-    let nak = aeth_hdr(
-        Opcode::RC_ACKNOWLEDGE,
-        SQ_PSN + 1,
-        syndrome::NAK_PSN_SEQ_ERROR,
-        1,
-    );
+    let nak = aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 1, Nak(PsnSequenceError), 1);
     h.rx(nak, &[]);
     assert_eq!(h.tx().len(), 2, "go back to PSN+1");
     // A second NAK for the same gap (a duplicate) starts no second retry and costs none.
@@ -2054,7 +2040,7 @@ fn resp_length_reth_longer_than_2_31_is_invalid_request() {
         ),
         &[],
     );
-    assert_eq!(h.acks(), vec![(syndrome::NAK_INVALID_REQUEST, RQ_PSN)]);
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN)]);
 }
 
 #[test]
@@ -2062,10 +2048,13 @@ fn recv_opcode_of_another_transport_is_dropped() {
     let mut h = h();
     h.recv(1, 0, 64);
     let mut p = hdr(Opcode::UD_SEND_ONLY, RQ_PSN);
-    p.deth = Some(Deth::default());
+    p.deth = Some(DethRepr {
+        qkey: QKey::new(0),
+        src_qp: Qpn::new(0),
+    });
     h.rx(p, &[0; 4]);
     let mut p = hdr(Opcode::UC_SEND_ONLY, RQ_PSN);
-    p.ack_req = false;
+    p.bth.ack_req = false;
     h.rx(p, &[0; 4]);
     assert!(h.tx().is_empty());
     assert_eq!(h.c().rx_dropped, 2);
@@ -2076,12 +2065,12 @@ fn recv_opcode_of_another_transport_is_dropped() {
 fn resp_rnr_nak_stands_for_its_gap_until_the_retry() {
     let mut h = h();
     let mut f = hdr(Opcode::RC_SEND_ONLY, RQ_PSN);
-    f.ack_req = true;
+    f.bth.ack_req = true;
     h.rx(f, &[0; 8]);
     h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1), &[0; 8]);
     assert_eq!(
         h.acks(),
-        vec![(syndrome::RNR_NAK | 1, RQ_PSN)],
+        vec![(rnr(1), RQ_PSN)],
         "no PSN NAK for the packet behind the RNR NAK"
     );
     h.recv(1, 0, 64);
@@ -2102,7 +2091,7 @@ fn resp_rkey_of_another_protection_domain_is_remote_access_error() {
         with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN), 0x9000, m.rkey, 8),
         &[0; 8],
     );
-    assert_eq!(h.acks(), vec![(syndrome::NAK_REMOTE_ACCESS_ERROR, RQ_PSN)]);
+    assert_eq!(h.acks(), vec![(Nak(RemoteAccessError), RQ_PSN)]);
     assert!(matches!(
         h.d.dealloc_pd(other),
         Err(DeviceError::PdInUse(_))

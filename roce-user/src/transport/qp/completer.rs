@@ -10,11 +10,11 @@ impl Qp {
             self.counters.rx_dropped += 1;
             return;
         }
-        let Some(info) = pkt.hdr.opcode.info() else {
+        let Some(info) = pkt.repr.bth.opcode.info() else {
             self.counters.rx_dropped += 1;
             return;
         };
-        let psn = pkt.hdr.psn;
+        let psn = pkt.repr.bth.psn;
         // A response for a PSN never sent is a ghost: drop it (rxe check_psn).
         if psn.distance(self.sent_psn) >= 0 {
             self.counters.rx_dropped += 1;
@@ -23,37 +23,37 @@ impl Qp {
         let d_comp = psn.distance(self.comp_psn);
         match info.operation {
             Operation::Acknowledge => {
-                let Some(aeth) = pkt.hdr.aeth else {
+                let Some(aeth) = pkt.repr.aeth else {
                     self.counters.rx_dropped += 1;
                     return;
                 };
-                match aeth.syndrome & syndrome::TYPE_MASK {
-                    syndrome::ACK => {
+                match aeth.syndrome {
+                    AethSyndrome::Ack { .. } => {
                         if d_comp < -1 {
                             // An old ACK (already covered): harmless, ignore.
                             return;
                         }
                         self.ack_through(now, psn, ctx);
                     }
-                    syndrome::RNR_NAK => {
+                    AethSyndrome::RnrNak { timer } => {
                         if d_comp < 0 {
                             return;
                         }
                         if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
                             return;
                         }
-                        self.on_rnr_nak(now, aeth.syndrome, ctx);
+                        self.on_rnr_nak(now, timer, ctx);
                     }
-                    syndrome::NAK => {
+                    AethSyndrome::Nak(code) => {
                         if d_comp < 0 {
                             return;
                         }
                         if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
                             return;
                         }
-                        self.on_nak(now, aeth.syndrome, ctx);
+                        self.on_nak(now, code, ctx);
                     }
-                    _ => self.counters.rx_dropped += 1,
+                    AethSyndrome::Reserved(_) => self.counters.rx_dropped += 1,
                 }
             }
             Operation::ReadResponse => {
@@ -153,7 +153,7 @@ impl Qp {
         self.check_drained(ctx);
     }
 
-    fn on_rnr_nak(&mut self, now: Instant, syn: u8, ctx: &mut Ctx<'_>) {
+    fn on_rnr_nak(&mut self, now: Instant, timer: RnrTimer, ctx: &mut Ctx<'_>) {
         self.counters.rcvd_rnr_err += 1;
         // An RNR NAK is a valid answer, not a transport error: the transport retry count
         // starts over, the RNR retry count goes on.
@@ -172,13 +172,12 @@ impl Qp {
         }
         self.rnr_wait = true;
         self.timers.stop(Timer::Retransmit);
-        self.timers
-            .set(Timer::RnrRetry, now + rnr_timer(syn & 0x1f));
+        self.timers.set(Timer::RnrRetry, now + rnr_timer(timer));
     }
 
-    fn on_nak(&mut self, now: Instant, syn: u8, ctx: &mut Ctx<'_>) {
-        let status = match syn {
-            syndrome::NAK_PSN_SEQ_ERROR => {
+    fn on_nak(&mut self, now: Instant, code: NakCode, ctx: &mut Ctx<'_>) {
+        let status = match code {
+            NakCode::PsnSequenceError => {
                 // Go back N from the NAK's PSN (it implicitly acked everything before).
                 self.counters.rcvd_seq_err += 1;
                 self.counters.packet_seq_err += 1;
@@ -189,11 +188,11 @@ impl Qp {
                 }
                 return;
             }
-            syndrome::NAK_INVALID_REQUEST => {
+            NakCode::InvalidRequest => {
                 self.counters.req_remote_invalid_request += 1;
                 WcStatus::RemInvReqErr
             }
-            syndrome::NAK_REMOTE_ACCESS_ERROR => {
+            NakCode::RemoteAccessError => {
                 self.counters.req_remote_access_errors += 1;
                 WcStatus::RemAccessErr
             }
@@ -211,7 +210,7 @@ impl Qp {
         pos: Position,
         ctx: &mut Ctx<'_>,
     ) {
-        let psn = pkt.hdr.psn;
+        let psn = pkt.repr.bth.psn;
         let m = u64::from(self.mtu().bytes());
         let Some(w) = self.sq.front() else {
             self.counters.rx_dropped += 1;
@@ -263,7 +262,7 @@ impl Qp {
     }
 
     fn on_atomic_ack(&mut self, now: Instant, pkt: &RxPkt<'_>, ctx: &mut Ctx<'_>) {
-        let psn = pkt.hdr.psn;
+        let psn = pkt.repr.bth.psn;
         let Some(w) = self.sq.front() else {
             self.counters.rx_dropped += 1;
             return;
@@ -272,7 +271,7 @@ impl Qp {
             self.counters.rx_dropped += 1;
             return;
         }
-        let Some(orig) = pkt.hdr.atomic_ack else {
+        let Some(AtomicAckEthRepr { orig }) = pkt.repr.atomic_ack_eth else {
             self.counters.rx_dropped += 1;
             return;
         };
