@@ -580,3 +580,170 @@ impl Qp {
         self.push_wc(self.init.recv_cq, wc, pkt.repr.bth.solicited, ctx);
     }
 }
+
+impl Qp {
+    pub(crate) fn post_recv(
+        &mut self,
+        wr: RecvWr,
+        max_sge: usize,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), PostError> {
+        if self.state == QpState::Reset {
+            return Err(PostError::InvalidState(self.state));
+        }
+        if wr.sg_list.len() > max_sge {
+            return Err(PostError::TooManySge(wr.sg_list.len(), max_sge));
+        }
+        if self.rq.len() >= self.init.cap.max_recv_wr as usize {
+            return Err(PostError::QueueFull(self.rq.len()));
+        }
+        self.rq.push_back(wr);
+        if self.state == QpState::Err {
+            self.flush(ctx);
+        }
+        Ok(())
+    }
+
+    pub(super) fn ctrl_pkt(&mut self, c: Ctrl) -> OutPkt {
+        let repr = RoceRepr::ack(
+            self.attr.dest_qp_num,
+            c.psn,
+            AethRepr {
+                syndrome: c.syndrome,
+                msn: c.msn,
+            },
+        );
+        self.counters.sent_pkts += 1;
+        OutPkt {
+            repr,
+            payload: 0..0,
+            ud_path: None,
+        }
+    }
+
+    pub(super) fn queue_ctrl(&mut self, syndrome: AethSyndrome, psn: Psn) {
+        let c = Ctrl {
+            syndrome,
+            psn,
+            msn: self.msn,
+        };
+        if self.ctrl.len() >= MAX_PENDING_ACKS {
+            // ACKs are cumulative: a newer ACK replaces an older one at the tail.
+            if let Some(last) = self.ctrl.back_mut()
+                && last.syndrome.is_ack()
+                && syndrome.is_ack()
+            {
+                *last = c;
+                self.counters.ack_deferred += 1;
+                return;
+            }
+            self.counters.ack_queue_full += 1;
+            return;
+        }
+        self.ctrl.push_back(c);
+    }
+
+    pub(super) fn next_response(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        tx: &mut TxBuf<'_>,
+    ) -> Option<OutPkt> {
+        let mtu = u64::from(self.mtu().bytes());
+        let dest = self.attr.dest_qp_num;
+        let msn = self.msn;
+        let i = self.resources.iter().position(Resource::pending)?;
+        match &mut self.resources[i] {
+            Resource::Atomic { psn, orig, pending } => {
+                *pending = false;
+                let mut repr =
+                    RoceRepr::new(BthRepr::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest, *psn));
+                repr.aeth = Some(AethRepr {
+                    syndrome: AethSyndrome::ACK_UNLIMITED,
+                    msn,
+                });
+                repr.atomic_ack_eth = Some(AtomicAckEthRepr { orig: *orig });
+                self.counters.sent_pkts += 1;
+                Some(OutPkt {
+                    repr,
+                    payload: 0..0,
+                    ud_path: None,
+                })
+            }
+            Resource::Read {
+                first_psn,
+                last_psn,
+                va,
+                rkey,
+                len,
+                cur_psn,
+                pending: _,
+                restart,
+            } => {
+                let idx = cur_psn.distance(*first_psn) as u64;
+                let off = idx * mtu;
+                let n = (*len - off.min(*len)).min(mtu);
+                let is_last = *cur_psn == *last_psn;
+                let psn = *cur_psn;
+                // The first packet of a (re)played response is FIRST/ONLY (a replay answers a
+                // new READ request from that PSN), the others MIDDLE/LAST.
+                let pos = match (idx == 0 || *restart, is_last) {
+                    (true, true) => Position::Only,
+                    (true, false) => Position::First,
+                    (false, true) => Position::Last,
+                    (false, false) => Position::Middle,
+                };
+                let (rkey, va) = (*rkey, va.wrapping_add(off));
+                let nn = usize::try_from(n).ok()?;
+                let opcode = opcode_for(Operation::ReadResponse, pos, false, false);
+                let (payload, dst) = tx.payload(opcode, nn)?;
+                // A zero-length READ touches no memory and needs no R_Key.
+                let read = if n == 0 {
+                    Ok(())
+                } else {
+                    ctx.mrs
+                        .remote_mut(self.init.pd, rkey, va, n, Access::REMOTE_READ)
+                        .map(|src| dst.copy_from_slice(src))
+                };
+                match read {
+                    Ok(()) => {}
+                    Err(_) => {
+                        // The region went away mid-response: NAK remote access, class C.
+                        self.counters.resp_remote_access_errors += 1;
+                        self.resources.clear();
+                        self.queue_ctrl(AethSyndrome::Nak(NakCode::RemoteAccessError), psn);
+                        self.enter_error(ctx);
+                        let c = self.ctrl.pop_front()?;
+                        return Some(self.ctrl_pkt(c));
+                    }
+                }
+                if let Resource::Read {
+                    cur_psn,
+                    pending,
+                    restart,
+                    ..
+                } = &mut self.resources[i]
+                {
+                    *restart = false;
+                    if is_last {
+                        *pending = false;
+                    } else {
+                        *cur_psn = cur_psn.next();
+                    }
+                }
+                let mut repr = RoceRepr::new(BthRepr::new(opcode, dest, psn));
+                if pos != Position::Middle {
+                    repr.aeth = Some(AethRepr {
+                        syndrome: AethSyndrome::ACK_UNLIMITED,
+                        msn,
+                    });
+                }
+                self.counters.sent_pkts += 1;
+                Some(OutPkt {
+                    repr,
+                    payload,
+                    ud_path: None,
+                })
+            }
+        }
+    }
+}
