@@ -1317,10 +1317,7 @@ impl Device {
             port_num: 1,
             ..QpAttr::default()
         };
-        let mask = AttrMask::STATE
-            .with(AttrMask::PKEY_INDEX)
-            .with(AttrMask::PORT)
-            .with(AttrMask::ACCESS_FLAGS);
+        let mask = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
         self.modify_qp(qpn, &attr, mask)
     }
 
@@ -1340,12 +1337,12 @@ impl Device {
             ..QpAttr::default()
         };
         let mask = AttrMask::STATE
-            .with(AttrMask::AV)
-            .with(AttrMask::PATH_MTU)
-            .with(AttrMask::DEST_QPN)
-            .with(AttrMask::RQ_PSN)
-            .with(AttrMask::MAX_DEST_RD_ATOMIC)
-            .with(AttrMask::MIN_RNR_TIMER);
+            | AttrMask::AV
+            | AttrMask::PATH_MTU
+            | AttrMask::DEST_QPN
+            | AttrMask::RQ_PSN
+            | AttrMask::MAX_DEST_RD_ATOMIC
+            | AttrMask::MIN_RNR_TIMER;
         self.modify_qp(qpn, &rtr, mask)?;
         let rts = QpAttr {
             qp_state: QpState::Rts,
@@ -1357,11 +1354,11 @@ impl Device {
             ..rtr
         };
         let mask = AttrMask::STATE
-            .with(AttrMask::TIMEOUT)
-            .with(AttrMask::RETRY_CNT)
-            .with(AttrMask::RNR_RETRY)
-            .with(AttrMask::SQ_PSN)
-            .with(AttrMask::MAX_QP_RD_ATOMIC);
+            | AttrMask::TIMEOUT
+            | AttrMask::RETRY_CNT
+            | AttrMask::RNR_RETRY
+            | AttrMask::SQ_PSN
+            | AttrMask::MAX_QP_RD_ATOMIC;
         self.modify_qp(qpn, &rts, mask)
     }
 

@@ -77,10 +77,10 @@ impl Qp {
         let (opcode, imm, inv) = extra.unwrap_or((WcOpcode::Recv, None, None));
         let mut flags = WcFlags::default();
         if imm.is_some() {
-            flags = flags | WcFlags::WITH_IMM;
+            flags |= WcFlags::WITH_IMM;
         }
         if inv.is_some() {
-            flags = flags | WcFlags::WITH_INV;
+            flags |= WcFlags::WITH_INV;
         }
         let wc = Wc {
             wr_id: r.wr_id,
@@ -561,7 +561,7 @@ impl Qp {
         let Some(r) = self.rq.pop_front() else { return };
         let mut flags = WcFlags::GRH;
         if pkt.repr.immdt.is_some() {
-            flags = flags | WcFlags::WITH_IMM;
+            flags |= WcFlags::WITH_IMM;
         }
         if status != WcStatus::Success {
             self.counters.resp_cqe_error += 1;
