@@ -351,7 +351,7 @@ impl TransportHandler {
             return self.index;
         }
         crate::wire::peek::dest_qpn(frame).map_or(self.index, |qpn| {
-            transport::Shard::of_qpn(count as u32, qpn) as usize
+            transport::Shard::of_qpn(count as u32, transport::Qpn::new(qpn)) as usize
         })
     }
 }
@@ -1075,7 +1075,7 @@ impl Device {
 
     /// The transport of QP `qpn` ([`transport::Shard::of_qpn`]).
     fn by_qpn(&self, qpn: Qpn) -> &Shared {
-        &self.shards[transport::Shard::of_qpn(self.shards(), qpn.value()) as usize]
+        &self.shards[transport::Shard::of_qpn(self.shards(), qpn) as usize]
     }
 
     /// The transport of memory key `key` ([`transport::Shard::of_key`]).
@@ -1135,7 +1135,7 @@ impl Device {
         let buf = dev
             .mrs_mut()
             .bytes_mut(lkey)
-            .ok_or(transport::MrError::UnknownKey(lkey.value()))?;
+            .ok_or(transport::MrError::UnknownKey(lkey))?;
         let end = offset
             .checked_add(data.len())
             .filter(|e| *e <= buf.len())
@@ -1158,7 +1158,7 @@ impl Device {
         let buf = dev
             .mrs()
             .bytes(lkey)
-            .ok_or(transport::MrError::UnknownKey(lkey.value()))?;
+            .ok_or(transport::MrError::UnknownKey(lkey))?;
         let end = offset
             .checked_add(out.len())
             .filter(|e| *e <= buf.len())
@@ -1181,7 +1181,7 @@ impl Device {
         let buf = dev
             .mrs()
             .bytes(lkey)
-            .ok_or(transport::MrError::UnknownKey(lkey.value()))?;
+            .ok_or(transport::MrError::UnknownKey(lkey))?;
         Ok(f(buf))
     }
 

@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use super::ids::Qpn;
+use super::ids::{Qpn, RKey};
 
 /// Status of a work completion (`enum ibv_wc_status`, same numeric values).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -82,7 +82,7 @@ pub struct Wc {
     /// Immediate data (host order), valid with [`WcFlags::WITH_IMM`].
     pub imm: u32,
     /// The R_Key invalidated by a SEND with invalidate, valid with [`WcFlags::WITH_INV`].
-    pub invalidated_rkey: u32,
+    pub invalidated_rkey: RKey,
     /// The local QP.
     pub qp_num: Qpn,
     /// The remote QP (UD receives).
@@ -198,7 +198,7 @@ mod tests {
             opcode: WcOpcode::Send,
             byte_len: 0,
             imm: 0,
-            invalidated_rkey: 0,
+            invalidated_rkey: RKey::new(0),
             qp_num: Qpn::new(1),
             src_qp: Qpn::new(0),
             wc_flags: WcFlags::default(),

@@ -210,8 +210,8 @@ impl Shard {
 
     /// The index of the shard that owns QP number `qpn` among `count`.
     #[must_use]
-    pub const fn of_qpn(count: u32, qpn: u32) -> u32 {
-        qpn % count
+    pub const fn of_qpn(count: u32, qpn: Qpn) -> u32 {
+        qpn.value() % count
     }
 
     /// The index of the shard that owns memory key (L_Key or R_Key) `key` among `count`.
@@ -222,7 +222,7 @@ impl Shard {
 
     /// Whether this shard hands out `qpn`.
     #[must_use]
-    pub const fn owns_qpn(self, qpn: u32) -> bool {
+    pub const fn owns_qpn(self, qpn: Qpn) -> bool {
         Self::of_qpn(self.count, qpn) == self.index
     }
 
@@ -539,7 +539,7 @@ impl Device {
             ));
         }
         let mut n = self.next_qpn;
-        while self.qps.contains_key(&n) || n < 2 || !self.config.shard.owns_qpn(n) {
+        while self.qps.contains_key(&n) || n < 2 || !self.config.shard.owns_qpn(Qpn::new(n)) {
             n = (n + 1) & 0x00ff_ffff;
         }
         self.next_qpn = (n + 1) & 0x00ff_ffff;

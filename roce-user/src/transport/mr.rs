@@ -73,8 +73,8 @@ pub enum MrError {
     #[error("remote write/atomic access requires local write")]
     NeedsLocalWrite,
     /// No region has this key.
-    #[error("no memory region with key {0:#x}")]
-    UnknownKey(u32),
+    #[error("no memory region with key {0}")]
+    UnknownKey(LKey),
 }
 
 /// Why an access to registered memory was refused.
@@ -244,10 +244,8 @@ impl MrTable {
                     .and_then(Option::as_ref)
                     .is_some_and(|m| m.lkey == lkey)
             })
-            .ok_or(MrError::UnknownKey(lkey.value()))?;
-        let mr = self.slots[slot]
-            .take()
-            .ok_or(MrError::UnknownKey(lkey.value()))?;
+            .ok_or(MrError::UnknownKey(lkey))?;
+        let mr = self.slots[slot].take().ok_or(MrError::UnknownKey(lkey))?;
         Ok(mr.region().to_vec())
     }
 

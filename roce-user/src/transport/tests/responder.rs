@@ -536,7 +536,7 @@ fn resp_send_with_invalidate_invalidates_the_rkey() {
     assert_eq!(h.acks(), vec![(ACK, RQ_PSN)]);
     let w = h.wcs();
     assert!(w[0].wc_flags.contains(WcFlags::WITH_INV));
-    assert_eq!(w[0].invalidated_rkey, h.mr.rkey.value());
+    assert_eq!(w[0].invalidated_rkey, h.mr.rkey);
     let rkey = h.mr.rkey;
     h.rx(
         with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN + 1), BASE, rkey, 4),
