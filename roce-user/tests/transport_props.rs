@@ -8,13 +8,12 @@ use std::net::IpAddr;
 use proptest::prelude::*;
 use roce::{
     transport::{
-        Access, CqId, Device, DeviceConfig, Instant, MAX_FRAME_LEN, Mtu, PktHdr, Psn, QpCap,
-        QpInit, QpType, Qpn, RKey, RxPkt, SendOp, SendWr, Sge, WcStatus,
-        pkt::{Aeth, syndrome},
+        Access, CqId, Device, DeviceConfig, Instant, MAX_FRAME_LEN, Mtu, Psn, QpCap, QpInit,
+        QpType, Qpn, RKey, RxPkt, SendOp, SendWr, Sge, WcStatus,
         qp::{MAX_PKT_PER_ACK, MAX_UNACKED_PSNS, packets_for},
         sim::{RcConfig, Side, bring_up, ip},
     },
-    wire::{Msn, Opcode, parse_frame},
+    wire::{AethRepr, AethSyndrome, Msn, RoceRepr, parse_frame},
 };
 
 struct Req {
@@ -64,24 +63,26 @@ fn req(mtu: Mtu, sq_psn: u32) -> Req {
     }
 }
 
-fn drain(r: &mut Req) -> Vec<(PktHdr, Vec<u8>)> {
+fn drain(r: &mut Req) -> Vec<(RoceRepr, Vec<u8>)> {
     let mut buf = vec![0; MAX_FRAME_LEN];
     let mut out = Vec::new();
     while let Some(t) = r.d.poll_transmit(Instant::ZERO, &mut buf) {
         let f = parse_frame(&buf[..t.size]).unwrap();
-        out.push((PktHdr::from_repr(&f.roce), f.payload.to_vec()));
+        out.push((f.roce, f.payload.to_vec()));
     }
     out
 }
 
 fn ack(r: &mut Req, psn: Psn) {
-    let mut h = PktHdr::new(Opcode::RC_ACKNOWLEDGE, r.qpn, psn);
-    h.aeth = Some(Aeth {
-        syndrome: syndrome::ACK_UNLIMITED,
-        msn: Msn::new(0),
-    });
     let pkt = RxPkt {
-        hdr: h,
+        repr: RoceRepr::ack(
+            r.qpn,
+            psn,
+            AethRepr {
+                syndrome: AethSyndrome::ACK_UNLIMITED,
+                msn: Msn::new(0),
+            },
+        ),
         payload: &[],
         ce: false,
     };
@@ -125,7 +126,7 @@ proptest! {
             if out.is_empty() {
                 break;
             }
-            let last = out.last().unwrap().0.psn;
+            let last = out.last().unwrap().0.bth.psn;
             pkts.extend(out);
             ack(&mut r, last);
         }
@@ -134,8 +135,8 @@ proptest! {
         let m = mtu.bytes() as usize;
         let mut bytes = Vec::new();
         for (i, (h, p)) in pkts.iter().enumerate() {
-            prop_assert_eq!(h.psn, Psn::new(start).wrapping_add(i as u32));
-            let info = h.opcode.info().unwrap();
+            prop_assert_eq!(h.bth.psn, Psn::new(start).wrapping_add(i as u32));
+            let info = h.bth.opcode.info().unwrap();
             let pos = info.position;
             use roce_common::opcode::Position::*;
             let want = if n == 1 { Only } else if i == 0 { First } else if i + 1 == n { Last } else { Middle };
@@ -147,9 +148,9 @@ proptest! {
             }
             prop_assert_eq!(h.reth.is_some(), write && i == 0);
             if let Some(reth) = h.reth {
-                prop_assert_eq!(reth.len, len);
+                prop_assert_eq!(reth.dma_len, len);
             }
-            prop_assert_eq!(h.ack_req, i + 1 == n || (i + 1) % MAX_PKT_PER_ACK as usize == 0);
+            prop_assert_eq!(h.bth.ack_req, i + 1 == n || (i + 1) % MAX_PKT_PER_ACK as usize == 0);
             bytes.extend_from_slice(p);
         }
         let want: Vec<u8> = (7..7 + len).map(|i| (i % 253) as u8).collect();
@@ -191,11 +192,11 @@ proptest! {
         for pick in ack_picks {
             for (h, _) in drain(&mut r) {
                 if let Some(prev) = sent.last() {
-                    prop_assert!(h.psn.distance(*prev) > 0, "PSNs only increase without retries");
+                    prop_assert!(h.bth.psn.distance(*prev) > 0, "PSNs only increase without retries");
                 }
-                sent.push(h.psn);
+                sent.push(h.bth.psn);
                 let base = acked.map_or(Psn::new(start), |a| a.next());
-                prop_assert!(h.psn.distance(base) < MAX_UNACKED_PSNS as i32);
+                prop_assert!(h.bth.psn.distance(base) < MAX_UNACKED_PSNS as i32);
             }
             if sent.is_empty() || sends == 0 {
                 break;

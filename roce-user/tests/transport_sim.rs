@@ -18,8 +18,8 @@
 
 use rand::{RngExt, SeedableRng, rngs::StdRng};
 use roce::transport::{
-    Access, Device, DeviceConfig, LKey, QpState, RKey, RecvWr, SendOp, SendWr, Sge, WcOpcode,
-    WcStatus,
+    Access, Device, DeviceConfig, LKey, QpState, RKey, RecvWr, SendOp, SendWr, Sge, WcFlags,
+    WcOpcode, WcStatus,
     sim::{Endpoint, Link, Pair, RcConfig, connect_rc},
 };
 
@@ -413,7 +413,7 @@ impl Run {
                 match m.op {
                     Op::Send { imm } => {
                         assert_eq!(w.opcode, WcOpcode::Recv);
-                        assert_eq!(imm.is_some(), w.wc_flags.0 & 2 != 0);
+                        assert_eq!(imm.is_some(), w.wc_flags.contains(WcFlags::WITH_IMM));
                     }
                     _ => assert_eq!(w.opcode, WcOpcode::RecvRdmaWithImm),
                 }

@@ -16,13 +16,15 @@ use std::collections::BTreeSet;
 use libfuzzer_sys::fuzz_target;
 use roce::{
     transport::{
-        Access, CqId, Device, DeviceConfig, Instant, LKey, MAX_FRAME_LEN, PKey, PktHdr, Psn,
-        QpCap, QpInit, QpType, Qpn, RKey, SendOp, SendWr, Sge,
-        pkt::Aeth,
-        sim::{RcConfig, Side, bring_up, path},
+        Access, CqId, Device, Instant, LKey, MAX_FRAME_LEN, PKey, Psn, QpCap, Qpn, RKey, SendOp,
+        SendWr, Sge,
+        sim::{Side, path},
     },
-    wire::{Msn, Opcode, emit_frame},
+    wire::{AethRepr, AethSyndrome, AtomicAckEthRepr, BthRepr, Msn, Opcode, RoceRepr, emit_frame},
 };
+
+mod common;
+use common::{Cursor, rc_device};
 
 /// Our send queue's first PSN: near the 24-bit wrap, so PSN arithmetic wraps during the run.
 const SQ_PSN: u32 = 0xff_fffa;
@@ -38,31 +40,6 @@ const BASE: u64 = 0x10_0000;
 const LEN: usize = 16 * 1024;
 const PATTERN: u8 = 0xa5;
 const CANARY: u8 = 0x5a;
-
-struct Cursor<'a>(&'a [u8]);
-
-impl Cursor<'_> {
-    fn u8(&mut self) -> Option<u8> {
-        let (b, rest) = self.0.split_first()?;
-        self.0 = rest;
-        Some(*b)
-    }
-    fn u16(&mut self) -> Option<u16> {
-        Some(u16::from(self.u8()?) << 8 | u16::from(self.u8()?))
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from(self.u16()?) << 16 | u32::from(self.u16()?))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from(self.u32()?) << 32 | u64::from(self.u32()?))
-    }
-    fn bytes(&mut self, n: usize) -> &[u8] {
-        let n = n.min(self.0.len());
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        a
-    }
-}
 
 struct World {
     d: Device,
@@ -147,31 +124,7 @@ impl World {
 }
 
 fn world() -> World {
-    let mut d = Device::new(DeviceConfig {
-        max_events: 32,
-        ..DeviceConfig::default()
-    });
-    let pd = d.alloc_pd().unwrap();
-    let cq = d.create_cq(CQ_DEPTH).unwrap();
-    let qpn = d
-        .create_qp(QpInit { cap: CAP, sq_sig_all: true, ..QpInit::new(QpType::Rc, pd, cq) })
-        .unwrap();
-    let cfg = RcConfig {
-        cap: CAP,
-        cq_depth: CQ_DEPTH,
-        rd_atomic: 4,
-        mtu: roce::transport::Mtu::Mtu256,
-        ..RcConfig::default()
-    };
-    bring_up(
-        &mut d,
-        qpn,
-        Side::B,
-        Qpn::new(0x77),
-        Psn::new(SQ_PSN),
-        Psn::new(RQ_PSN),
-        &cfg,
-    );
+    let (mut d, pd, qpn) = rc_device(CAP, CQ_DEPTH, 4, SQ_PSN, RQ_PSN);
     let canary = d
         .reg_mr(pd, vec![CANARY; 4096], BASE - 0x1000, Access::all())
         .unwrap();
@@ -224,11 +177,12 @@ fn response(w: &World, c: &mut Cursor<'_>) -> Option<Vec<u8>> {
     } else {
         w.qpn
     };
-    let mut h = PktHdr::new(op, qpn, psn);
-    h.ack_req = flags & 1 != 0;
+    let mut bth = BthRepr::new(op, qpn, psn);
+    bth.ack_req = flags & 1 != 0;
     if flags & 0x80 != 0 {
-        h.pkey = PKey::new(c.u16()?);
+        bth.pkey = PKey::new(c.u16()?);
     }
+    let mut repr = RoceRepr::new(bth);
     use roce_common::opcode::Hdrs;
     if info.hdrs.contains(Hdrs::AETH) {
         // Syndromes: ACK with credits, RNR NAK, or a NAK code (0..=4 and beyond), or anything.
@@ -239,15 +193,14 @@ fn response(w: &World, c: &mut Cursor<'_>) -> Option<Vec<u8>> {
             2 => 0x60 | (s & 0x07),
             _ => c.u8()?,
         };
-        h.aeth = Some(Aeth {
-            syndrome,
+        repr.aeth = Some(AethRepr {
+            syndrome: AethSyndrome::from_byte(syndrome),
             msn: Msn::new(u32::from(c.u8()?)),
         });
     }
     if info.hdrs.contains(Hdrs::ATOMIC_ACK_ETH) {
-        h.atomic_ack = Some(c.u64()?);
+        repr.atomic_ack_eth = Some(AtomicAckEthRepr { orig: c.u64()? });
     }
-    let repr = h.to_repr();
     let plen = if info.payload {
         // Whole words mostly (the parser drops others), up to a little past MTU 256.
         let n = usize::from(c.u16()? % 320);

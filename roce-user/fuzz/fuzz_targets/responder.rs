@@ -11,14 +11,19 @@
 use libfuzzer_sys::fuzz_target;
 use roce::{
     transport::{
-        Access, Device, DeviceConfig, Instant, LKey, MAX_FRAME_LEN, PKey, PktHdr, Psn, QpCap,
-        QpInit, QpType, Qpn, RKey, RecvWr, SendOp, SendWr, Sge,
-        pkt::{Aeth, AtomicEth, Deth, Reth},
+        Access, Device, Instant, LKey, MAX_FRAME_LEN, PKey, Psn, QpCap, Qpn, RKey, RecvWr, SendOp,
+        SendWr, Sge,
         qp::MAX_PENDING_ACKS,
-        sim::{RcConfig, Side, bring_up, path},
+        sim::{Side, path},
     },
-    wire::{Msn, Opcode, QKey, emit_frame},
+    wire::{
+        AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, IethRepr,
+        ImmDtRepr, Msn, Opcode, QKey, RethRepr, RoceRepr, emit_frame,
+    },
 };
+
+mod common;
+use common::{Cursor, PEER, rc_device};
 
 const RQ_PSN: u32 = 0xff_fff0;
 const SQ_PSN: u32 = 0x10;
@@ -28,31 +33,6 @@ const CAP: QpCap = QpCap {
     max_sge: 2,
 };
 const CQ_DEPTH: usize = 64;
-
-struct Cursor<'a>(&'a [u8]);
-
-impl Cursor<'_> {
-    fn u8(&mut self) -> Option<u8> {
-        let (b, rest) = self.0.split_first()?;
-        self.0 = rest;
-        Some(*b)
-    }
-    fn u16(&mut self) -> Option<u16> {
-        Some(u16::from(self.u8()?) << 8 | u16::from(self.u8()?))
-    }
-    fn u32(&mut self) -> Option<u32> {
-        Some(u32::from(self.u16()?) << 16 | u32::from(self.u16()?))
-    }
-    fn u64(&mut self) -> Option<u64> {
-        Some(u64::from(self.u32()?) << 32 | u64::from(self.u32()?))
-    }
-    fn bytes(&mut self, n: usize) -> &[u8] {
-        let n = n.min(self.0.len());
-        let (a, b) = self.0.split_at(n);
-        self.0 = b;
-        a
-    }
-}
 
 struct World {
     d: Device,
@@ -67,32 +47,8 @@ struct World {
 }
 
 fn world() -> World {
-    let mut d = Device::new(DeviceConfig {
-        max_events: 32,
-        ..DeviceConfig::default()
-    });
-    let pd = d.alloc_pd().unwrap();
-    let cq = d.create_cq(CQ_DEPTH).unwrap();
-    let qpn = d
-        .create_qp(QpInit { cap: CAP, sq_sig_all: true, ..QpInit::new(QpType::Rc, pd, cq) })
-        .unwrap();
-    let peer = Qpn::new(0x77);
-    let cfg = RcConfig {
-        cap: CAP,
-        cq_depth: CQ_DEPTH,
-        rd_atomic: 2,
-        mtu: roce::transport::Mtu::Mtu256,
-        ..RcConfig::default()
-    };
-    bring_up(
-        &mut d,
-        qpn,
-        Side::B,
-        peer,
-        Psn::new(SQ_PSN),
-        Psn::new(RQ_PSN),
-        &cfg,
-    );
+    let (mut d, pd, qpn) = rc_device(CAP, CQ_DEPTH, 2, SQ_PSN, RQ_PSN);
+    let peer = PEER;
     let t = d.reg_mr(pd, vec![0; 4096], 0x1000, Access::all()).unwrap();
     let c = d
         .reg_mr(pd, vec![0xcc; 4096], 0x3000, Access::LOCAL_WRITE)
@@ -166,7 +122,7 @@ fn structured(w: &mut World, c: &mut Cursor<'_>) -> Option<Vec<u8>> {
     let psn = Psn::new(base)
         .wrapping_add(u32::from(c.u8()?))
         .wrapping_sub(8);
-    let mut h = PktHdr::new(
+    let mut bth = BthRepr::new(
         op,
         if flags & 0x40 != 0 {
             Qpn::new(c.u32()?)
@@ -175,11 +131,13 @@ fn structured(w: &mut World, c: &mut Cursor<'_>) -> Option<Vec<u8>> {
         },
         psn,
     );
-    h.ack_req = flags & 1 != 0;
-    h.se = flags & 2 != 0;
+    bth.ack_req = flags & 1 != 0;
+    bth.solicited = flags & 2 != 0;
+    bth.mig_req = flags & 4 != 0;
     if flags & 0x80 != 0 {
-        h.pkey = PKey::new(c.u16()?);
+        bth.pkey = PKey::new(c.u16()?);
     }
+    let mut h = RoceRepr::new(bth);
     // Addresses mostly near the regions, sometimes anywhere.
     let mut va = || -> Option<u64> {
         let v = c.u16()?;
@@ -204,14 +162,14 @@ fn structured(w: &mut World, c: &mut Cursor<'_>) -> Option<Vec<u8>> {
     let hdrs = info.hdrs;
     use roce_common::opcode::Hdrs;
     if hdrs.contains(Hdrs::RETH) {
-        h.reth = Some(Reth {
+        h.reth = Some(RethRepr {
             va: va1,
             rkey: key,
-            len: u32::from(c.u16()?),
+            dma_len: u32::from(c.u16()?),
         });
     }
     if hdrs.contains(Hdrs::ATOMIC_ETH) {
-        h.atomic = Some(AtomicEth {
+        h.atomic_eth = Some(AtomicEthRepr {
             va: va2,
             rkey: key,
             swap_add: c.u64()?,
@@ -219,32 +177,31 @@ fn structured(w: &mut World, c: &mut Cursor<'_>) -> Option<Vec<u8>> {
         });
     }
     if hdrs.contains(Hdrs::AETH) {
-        h.aeth = Some(Aeth {
-            syndrome: c.u8()?,
+        h.aeth = Some(AethRepr {
+            syndrome: AethSyndrome::from_byte(c.u8()?),
             msn: Msn::new(c.u32()?),
         });
     }
     if hdrs.contains(Hdrs::ATOMIC_ACK_ETH) {
-        h.atomic_ack = Some(c.u64()?);
+        h.atomic_ack_eth = Some(AtomicAckEthRepr { orig: c.u64()? });
     }
     if hdrs.contains(Hdrs::IMMDT) {
-        h.imm = Some(c.u32()?);
+        h.immdt = Some(ImmDtRepr { imm: c.u32()? });
     }
     if hdrs.contains(Hdrs::IETH) {
-        h.ieth = Some(key);
+        h.ieth = Some(IethRepr { rkey: key });
     }
     if hdrs.contains(Hdrs::DETH) {
-        h.deth = Some(Deth {
+        h.deth = Some(DethRepr {
             qkey: QKey::new(c.u32()?),
             src_qp: Qpn::new(c.u32()?),
         });
     }
-    let mut repr = h.to_repr();
     if hdrs.contains(Hdrs::FETH) || hdrs.contains(Hdrs::CNP) {
         // Headers the transport never builds: leave such packets to the raw path.
         return None;
     }
-    repr.bth.mig_req = flags & 4 != 0;
+    let repr = h;
     let plen = if info.payload {
         usize::from(c.u16()? % 600)
     } else {

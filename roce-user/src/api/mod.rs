@@ -469,7 +469,7 @@ impl Device {
 
     /// The transport of QP `qpn` ([`transport::Shard::of_qpn`]).
     fn by_qpn(&self, qpn: Qpn) -> &Shared {
-        &self.shards[transport::Shard::of_qpn(self.shards(), qpn.value()) as usize]
+        &self.shards[transport::Shard::of_qpn(self.shards(), qpn) as usize]
     }
 
     /// The transport of memory key `key` ([`transport::Shard::of_key`]).
@@ -529,7 +529,7 @@ impl Device {
         let buf = dev
             .mrs_mut()
             .bytes_mut(lkey)
-            .ok_or(transport::MrError::UnknownKey(lkey.value()))?;
+            .ok_or(transport::MrError::UnknownKey(lkey))?;
         let end = offset
             .checked_add(data.len())
             .filter(|e| *e <= buf.len())
@@ -552,7 +552,7 @@ impl Device {
         let buf = dev
             .mrs()
             .bytes(lkey)
-            .ok_or(transport::MrError::UnknownKey(lkey.value()))?;
+            .ok_or(transport::MrError::UnknownKey(lkey))?;
         let end = offset
             .checked_add(out.len())
             .filter(|e| *e <= buf.len())
@@ -575,7 +575,7 @@ impl Device {
         let buf = dev
             .mrs()
             .bytes(lkey)
-            .ok_or(transport::MrError::UnknownKey(lkey.value()))?;
+            .ok_or(transport::MrError::UnknownKey(lkey))?;
         Ok(f(buf))
     }
 
@@ -711,10 +711,7 @@ impl Device {
             port_num: 1,
             ..QpAttr::default()
         };
-        let mask = AttrMask::STATE
-            .with(AttrMask::PKEY_INDEX)
-            .with(AttrMask::PORT)
-            .with(AttrMask::ACCESS_FLAGS);
+        let mask = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
         self.modify_qp(qpn, &attr, mask)
     }
 
@@ -734,12 +731,12 @@ impl Device {
             ..QpAttr::default()
         };
         let mask = AttrMask::STATE
-            .with(AttrMask::AV)
-            .with(AttrMask::PATH_MTU)
-            .with(AttrMask::DEST_QPN)
-            .with(AttrMask::RQ_PSN)
-            .with(AttrMask::MAX_DEST_RD_ATOMIC)
-            .with(AttrMask::MIN_RNR_TIMER);
+            | AttrMask::AV
+            | AttrMask::PATH_MTU
+            | AttrMask::DEST_QPN
+            | AttrMask::RQ_PSN
+            | AttrMask::MAX_DEST_RD_ATOMIC
+            | AttrMask::MIN_RNR_TIMER;
         self.modify_qp(qpn, &rtr, mask)?;
         let rts = QpAttr {
             qp_state: QpState::Rts,
@@ -751,11 +748,11 @@ impl Device {
             ..rtr
         };
         let mask = AttrMask::STATE
-            .with(AttrMask::TIMEOUT)
-            .with(AttrMask::RETRY_CNT)
-            .with(AttrMask::RNR_RETRY)
-            .with(AttrMask::SQ_PSN)
-            .with(AttrMask::MAX_QP_RD_ATOMIC);
+            | AttrMask::TIMEOUT
+            | AttrMask::RETRY_CNT
+            | AttrMask::RNR_RETRY
+            | AttrMask::SQ_PSN
+            | AttrMask::MAX_QP_RD_ATOMIC;
         self.modify_qp(qpn, &rts, mask)
     }
 

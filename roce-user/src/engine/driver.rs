@@ -202,7 +202,7 @@ impl TransportHandler {
             return self.index;
         }
         crate::wire::peek::dest_qpn(frame).map_or(self.index, |qpn| {
-            transport::Shard::of_qpn(count as u32, qpn) as usize
+            transport::Shard::of_qpn(count as u32, transport::Qpn::new(qpn)) as usize
         })
     }
 }

@@ -7,7 +7,7 @@
 
 use std::collections::VecDeque;
 
-use super::ids::Qpn;
+use super::ids::{Qpn, RKey};
 
 /// Status of a work completion (`enum ibv_wc_status`, same numeric values).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
@@ -55,29 +55,16 @@ pub enum WcOpcode {
     RecvRdmaWithImm = 129,
 }
 
-/// Work completion flags (`enum ibv_wc_flags`).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
-pub struct WcFlags(pub u32);
-
-impl WcFlags {
-    /// `IBV_WC_GRH`: the first 40 bytes of the receive buffer hold a GRH (UD).
-    pub const GRH: Self = Self(1);
-    /// `IBV_WC_WITH_IMM`: `imm` is valid.
-    pub const WITH_IMM: Self = Self(2);
-    /// `IBV_WC_WITH_INV`: `invalidated_rkey` is valid.
-    pub const WITH_INV: Self = Self(8);
-
-    /// Whether every flag of `o` is set.
-    #[must_use]
-    pub const fn contains(self, o: Self) -> bool {
-        self.0 & o.0 == o.0
-    }
-}
-
-impl core::ops::BitOr for WcFlags {
-    type Output = Self;
-    fn bitor(self, o: Self) -> Self {
-        Self(self.0 | o.0)
+bitflags::bitflags! {
+    /// Work completion flags (`enum ibv_wc_flags`).
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
+    pub struct WcFlags: u32 {
+        /// `IBV_WC_GRH`: the first 40 bytes of the receive buffer hold a GRH (UD).
+        const GRH = 1;
+        /// `IBV_WC_WITH_IMM`: `imm` is valid.
+        const WITH_IMM = 2;
+        /// `IBV_WC_WITH_INV`: `invalidated_rkey` is valid.
+        const WITH_INV = 8;
     }
 }
 
@@ -95,7 +82,7 @@ pub struct Wc {
     /// Immediate data (host order), valid with [`WcFlags::WITH_IMM`].
     pub imm: u32,
     /// The R_Key invalidated by a SEND with invalidate, valid with [`WcFlags::WITH_INV`].
-    pub invalidated_rkey: u32,
+    pub invalidated_rkey: RKey,
     /// The local QP.
     pub qp_num: Qpn,
     /// The remote QP (UD receives).
@@ -211,7 +198,7 @@ mod tests {
             opcode: WcOpcode::Send,
             byte_len: 0,
             imm: 0,
-            invalidated_rkey: 0,
+            invalidated_rkey: RKey::new(0),
             qp_num: Qpn::new(1),
             src_qp: Qpn::new(0),
             wc_flags: WcFlags::default(),

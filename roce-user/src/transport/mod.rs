@@ -57,7 +57,6 @@ pub mod counters;
 pub mod cq;
 pub mod ids;
 pub mod mr;
-pub mod pkt;
 pub mod qp;
 mod sched;
 pub mod sim;
@@ -78,13 +77,23 @@ pub use self::ids::{LKey, Msn, PKey, Psn, QKey, Qpn, RKey};
 pub use self::mr::{
     Access, AccessError, MR_GUARD_BYTE, MR_GUARD_LEN, MrError, MrInfo, MrTable, PdId, Sge,
 };
-pub use self::pkt::{PktHdr, RxPkt};
 use self::qp::TxBuf;
 pub use self::qp::{PostError, Qp, QpCap, QpInit};
 pub use self::state::{AttrMask, ModifyError, Mtu, QpAttr, QpState, QpType};
 pub use self::timer::{Instant, Timer};
 pub use self::wr::{RecvWr, SendFlags, SendOp, SendWr, UdDest};
-use crate::wire::{Ecn, FrameTemplate, IpPath, frame::MAX_BTH_OFFSET, parse_frame};
+use crate::wire::{Ecn, FrameTemplate, IpPath, RoceRepr, frame::MAX_BTH_OFFSET, parse_frame};
+
+/// A received packet as the QP logic sees it: the parsed headers, the payload and the ECN mark.
+#[derive(Clone, Copy, Debug)]
+pub struct RxPkt<'a> {
+    /// The BTH and the extended headers.
+    pub repr: RoceRepr,
+    /// Payload, pad and ICRC removed.
+    pub payload: &'a [u8],
+    /// Whether the IP header carried ECN Congestion Experienced.
+    pub ce: bool,
+}
 
 /// The path a QP's frames take (its address vector): MACs, IPs, UDP ports, DSCP/ECN, TTL.
 pub type Path = crate::wire::PathRepr;
@@ -201,8 +210,8 @@ impl Shard {
 
     /// The index of the shard that owns QP number `qpn` among `count`.
     #[must_use]
-    pub const fn of_qpn(count: u32, qpn: u32) -> u32 {
-        qpn % count
+    pub const fn of_qpn(count: u32, qpn: Qpn) -> u32 {
+        qpn.value() % count
     }
 
     /// The index of the shard that owns memory key (L_Key or R_Key) `key` among `count`.
@@ -213,7 +222,7 @@ impl Shard {
 
     /// Whether this shard hands out `qpn`.
     #[must_use]
-    pub const fn owns_qpn(self, qpn: u32) -> bool {
+    pub const fn owns_qpn(self, qpn: Qpn) -> bool {
         Self::of_qpn(self.count, qpn) == self.index
     }
 
@@ -530,7 +539,7 @@ impl Device {
             ));
         }
         let mut n = self.next_qpn;
-        while self.qps.contains_key(&n) || n < 2 || !self.config.shard.owns_qpn(n) {
+        while self.qps.contains_key(&n) || n < 2 || !self.config.shard.owns_qpn(Qpn::new(n)) {
             n = (n + 1) & 0x00ff_ffff;
         }
         self.next_qpn = (n + 1) & 0x00ff_ffff;
@@ -656,10 +665,9 @@ impl Device {
                 return;
             }
         };
-        let hdr = PktHdr::from_repr(&f.roce);
         let (src, dst) = (f.src_ip(), f.dst_ip());
         let pkt = RxPkt {
-            hdr,
+            repr: f.roce,
             payload: f.payload,
             ce: f.ecn() == Ecn::Ce,
         };
@@ -685,20 +693,18 @@ impl Device {
         pkt: &RxPkt<'_>,
         addrs: Option<(core::net::IpAddr, core::net::IpAddr)>,
     ) {
-        let hdr = &pkt.hdr;
+        let hdr = &pkt.repr.bth;
         if hdr.opcode == Opcode::CNP {
             // Congestion notifications go to the QP's reaction point (transport/cc.rs).
             self.cc_on_cnp(now, hdr.dest_qp, addrs);
             return;
         }
-        let Some(info) = hdr.opcode.info() else {
+        // The extended headers present must be exactly the opcode's, and a payload only where
+        // the opcode carries one (IBA 9.2, the opcode table).
+        let Ok(info) = pkt.repr.validate(pkt.payload.len()) else {
             self.counters.rx_malformed += 1;
             return;
         };
-        if !hdr.headers_match_opcode() || (!info.payload && !pkt.payload.is_empty()) {
-            self.counters.rx_malformed += 1;
-            return;
-        }
         // P_Key: match the low 15 bits against our one-entry table (rxe pkey_match).
         if hdr.pkey.value() & 0x7fff != state::PKEY_TABLE[0].value() & 0x7fff {
             self.counters.bad_pkey_cntr += 1;
@@ -848,7 +854,7 @@ impl Device {
             if out.ud_path.is_none() {
                 qp.cc_apply(&mut path);
             }
-            let repr = out.hdr.to_repr();
+            let repr = out.repr;
             // The path's headers as built for the previous frame, unless the path changed.
             let sent = FrameTemplate::for_path(&mut qp.tx_template, &path)
                 .and_then(|t| t.emit_around_payload(&repr, out.payload, tx.frame()));

@@ -16,49 +16,20 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 use super::Shard;
 use super::ids::{LKey, RKey};
 
-/// Memory access rights (`enum ibv_access_flags`).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct Access(pub u32);
-
-impl Access {
-    /// `IBV_ACCESS_LOCAL_WRITE`: the HCA may write the region (receives, READ responses, atomics).
-    pub const LOCAL_WRITE: Self = Self(1);
-    /// `IBV_ACCESS_REMOTE_WRITE`.
-    pub const REMOTE_WRITE: Self = Self(2);
-    /// `IBV_ACCESS_REMOTE_READ`.
-    pub const REMOTE_READ: Self = Self(4);
-    /// `IBV_ACCESS_REMOTE_ATOMIC`.
-    pub const REMOTE_ATOMIC: Self = Self(8);
-
-    /// No right.
-    #[must_use]
-    pub const fn empty() -> Self {
-        Self(0)
-    }
-
-    /// Every right.
-    #[must_use]
-    pub const fn all() -> Self {
-        Self(0xf)
-    }
-
-    /// Whether every right of `o` is granted.
-    #[must_use]
-    pub const fn contains(self, o: Self) -> bool {
-        self.0 & o.0 == o.0
-    }
-}
-
-impl core::ops::BitOr for Access {
-    type Output = Self;
-    fn bitor(self, o: Self) -> Self {
-        Self(self.0 | o.0)
-    }
-}
-
-impl fmt::Debug for Access {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Access({:#x})", self.0)
+bitflags::bitflags! {
+    /// Memory access rights (`enum ibv_access_flags`). [`Access::all`] is every right,
+    /// [`Access::empty`] none.
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
+    pub struct Access: u32 {
+        /// `IBV_ACCESS_LOCAL_WRITE`: the HCA may write the region (receives, READ responses,
+        /// atomics).
+        const LOCAL_WRITE = 1;
+        /// `IBV_ACCESS_REMOTE_WRITE`.
+        const REMOTE_WRITE = 2;
+        /// `IBV_ACCESS_REMOTE_READ`.
+        const REMOTE_READ = 4;
+        /// `IBV_ACCESS_REMOTE_ATOMIC`.
+        const REMOTE_ATOMIC = 8;
     }
 }
 
@@ -102,8 +73,8 @@ pub enum MrError {
     #[error("remote write/atomic access requires local write")]
     NeedsLocalWrite,
     /// No region has this key.
-    #[error("no memory region with key {0:#x}")]
-    UnknownKey(u32),
+    #[error("no memory region with key {0}")]
+    UnknownKey(LKey),
 }
 
 /// Why an access to registered memory was refused.
@@ -273,10 +244,8 @@ impl MrTable {
                     .and_then(Option::as_ref)
                     .is_some_and(|m| m.lkey == lkey)
             })
-            .ok_or(MrError::UnknownKey(lkey.value()))?;
-        let mr = self.slots[slot]
-            .take()
-            .ok_or(MrError::UnknownKey(lkey.value()))?;
+            .ok_or(MrError::UnknownKey(lkey))?;
+        let mr = self.slots[slot].take().ok_or(MrError::UnknownKey(lkey))?;
         Ok(mr.region().to_vec())
     }
 

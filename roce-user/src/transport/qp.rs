@@ -1,26 +1,35 @@
-//! One queue pair: requester (builds request packets from the send queue), completer
-//! (processes ACKs, NAKs and responses, completes send WRs, retries) and responder (checks and
-//! executes requests, answers them). The split and the order of checks follow rxe
-//! (`rxe_req.c`, `rxe_comp.c`, `rxe_resp.c`); each rule cites its source in reference §2.
+//! One queue pair: requester (builds request packets from the send queue, qp/requester.rs),
+//! completer (processes ACKs, NAKs and responses, completes send WRs, retries on timeouts and
+//! NAKs, qp/completer.rs) and responder (checks and executes requests, answers them,
+//! qp/responder.rs). This file holds the QP's state, accessors, modify, completions and flush.
+//! The split and the order of checks follow rxe (`rxe_req.c`, `rxe_comp.c`, `rxe_resp.c`);
+//! each rule cites its source in reference §2.
 
 use core::ops::Range;
 use std::collections::VecDeque;
 
 use roce_common::opcode::{Opcode, Operation, Position, Transport};
 
+use super::RxPkt;
 use super::counters::QpCounters;
 use super::cq::{CqId, Wc, WcFlags, WcOpcode, WcStatus};
 use super::ids::{Msn, Psn, Qpn, RKey};
 use super::mr::{Access, PdId, Sge, sg_gather, sg_len, sg_scatter};
-use super::pkt::{Aeth, AtomicEth, Deth, PktHdr, Reth, RxPkt, syndrome};
 use super::state::{AttrMask, Mtu, QpAttr, QpState, QpType};
 use super::timer::{Instant, Timer, TimerTable, local_ack_timeout, rnr_timer};
-use super::wr::{RecvWr, SendOp, SendWr};
+use super::wr::{RecvWr, SendFlags, SendOp, SendWr};
 use super::{Ctx, Event, Path};
-use crate::wire::{FrameTemplate, roce::payload_range};
+use crate::wire::{
+    AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FrameTemplate,
+    IethRepr, ImmDtRepr, NakCode, RethRepr, RnrTimer, RoceRepr, roce::payload_range,
+};
 
 mod completer;
+mod requester;
 mod responder;
+
+use requester::opcode_for;
+pub use requester::{packets_for, position_of};
 
 /// rxe `RXE_MAX_UNACKED_PSNS`: the requester stalls when this many PSNs are unacknowledged.
 pub const MAX_UNACKED_PSNS: u32 = 128;
@@ -187,7 +196,7 @@ impl Resource {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 struct Ctrl {
-    syndrome: u8,
+    syndrome: AethSyndrome,
     psn: Psn,
     msn: Msn,
 }
@@ -212,7 +221,7 @@ const _: () = {
 /// ([`TxBuf::payload`]), and the path (UD WRs carry their own).
 #[derive(Debug)]
 pub(crate) struct OutPkt {
-    pub hdr: PktHdr,
+    pub repr: RoceRepr,
     pub payload: Range<usize>,
     pub ud_path: Option<Path>,
 }
@@ -313,52 +322,6 @@ pub struct Qp {
     /// The Ethernet/IP/UDP headers of the path its last frame took, rebuilt when the path
     /// changes (see [`super::Device::poll_transmit`]).
     pub(crate) tx_template: Option<FrameTemplate>,
-}
-
-fn opcode_for(kind: Operation, pos: Position, imm: bool, inv: bool) -> Opcode {
-    use Position::*;
-    match (kind, pos, imm, inv) {
-        (Operation::Send, First, ..) => Opcode::RC_SEND_FIRST,
-        (Operation::Send, Middle, ..) => Opcode::RC_SEND_MIDDLE,
-        (Operation::Send, Last, true, _) => Opcode::RC_SEND_LAST_WITH_IMMEDIATE,
-        (Operation::Send, Last, _, true) => Opcode::RC_SEND_LAST_WITH_INVALIDATE,
-        (Operation::Send, Last, ..) => Opcode::RC_SEND_LAST,
-        (Operation::Send, Only, true, _) => Opcode::RC_SEND_ONLY_WITH_IMMEDIATE,
-        (Operation::Send, Only, _, true) => Opcode::RC_SEND_ONLY_WITH_INVALIDATE,
-        (Operation::Send, Only, ..) => Opcode::RC_SEND_ONLY,
-        (Operation::Write, First, ..) => Opcode::RC_RDMA_WRITE_FIRST,
-        (Operation::Write, Middle, ..) => Opcode::RC_RDMA_WRITE_MIDDLE,
-        (Operation::Write, Last, true, _) => Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
-        (Operation::Write, Last, ..) => Opcode::RC_RDMA_WRITE_LAST,
-        (Operation::Write, Only, true, _) => Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
-        (Operation::Write, Only, ..) => Opcode::RC_RDMA_WRITE_ONLY,
-        (Operation::ReadResponse, First, ..) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
-        (Operation::ReadResponse, Middle, ..) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
-        (Operation::ReadResponse, Last, ..) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
-        (Operation::ReadResponse, Only, ..) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
-        _ => Opcode::RC_SEND_ONLY,
-    }
-}
-
-/// The number of packets a message of `len` bytes takes at `mtu` (at least one).
-#[must_use]
-pub fn packets_for(len: u64, mtu: Mtu) -> u32 {
-    let m = u64::from(mtu.bytes());
-    u32::try_from(len.div_ceil(m).max(1)).unwrap_or(u32::MAX)
-}
-
-/// The position of packet `idx` (0-based) of a message of `npkts` packets.
-#[must_use]
-pub const fn position_of(idx: u32, npkts: u32) -> Position {
-    if npkts <= 1 {
-        Position::Only
-    } else if idx == 0 {
-        Position::First
-    } else if idx + 1 == npkts {
-        Position::Last
-    } else {
-        Position::Middle
-    }
 }
 
 impl Qp {
@@ -561,94 +524,6 @@ impl Qp {
         self.counters = counters;
     }
 
-    // ---------------------------------------------------------------- posting
-
-    pub(crate) fn post_send(
-        &mut self,
-        wr: SendWr<Path>,
-        max_sge: usize,
-        ctx: &mut Ctx<'_>,
-    ) -> Result<(), PostError> {
-        match self.state {
-            QpState::Reset | QpState::Init | QpState::Rtr => {
-                return Err(PostError::InvalidState(self.state));
-            }
-            _ => {}
-        }
-        if wr.sg_list.len() > max_sge {
-            return Err(PostError::TooManySge(wr.sg_list.len(), max_sge));
-        }
-        if self.sq.len() >= self.init.cap.max_send_wr as usize {
-            return Err(PostError::QueueFull(self.sq.len()));
-        }
-        let len = sg_len(&wr.sg_list);
-        match self.qp_type {
-            QpType::Ud => {
-                if wr.ud.is_none() {
-                    return Err(PostError::Invalid("UD send needs a destination"));
-                }
-                if !matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }) {
-                    return Err(PostError::Invalid("UD supports SEND only"));
-                }
-                if len > u64::from(self.mtu().bytes()) {
-                    return Err(PostError::Invalid("UD message longer than the path MTU"));
-                }
-            }
-            QpType::Rc => {
-                if wr.ud.is_some() {
-                    return Err(PostError::Invalid("RC send with a UD destination"));
-                }
-                if len > MAX_MSG_SIZE {
-                    return Err(PostError::Invalid("message longer than 2^31 bytes"));
-                }
-                if wr.op.is_atomic() && len != 8 {
-                    return Err(PostError::Invalid("atomics need one 8-byte result buffer"));
-                }
-            }
-        }
-        // Atomics take one PSN; everything else one per path-MTU segment (at least one).
-        let npkts = if wr.op.is_atomic() {
-            1
-        } else {
-            packets_for(len, self.mtu())
-        };
-        let wqe = SendWqe {
-            wr,
-            len,
-            first_psn: None,
-            npkts,
-            rcvd_pkts: 0,
-            done: None,
-        };
-        self.sq.push_back(wqe);
-        if self.state == QpState::Err {
-            self.flush(ctx);
-        }
-        Ok(())
-    }
-
-    pub(crate) fn post_recv(
-        &mut self,
-        wr: RecvWr,
-        max_sge: usize,
-        ctx: &mut Ctx<'_>,
-    ) -> Result<(), PostError> {
-        if self.state == QpState::Reset {
-            return Err(PostError::InvalidState(self.state));
-        }
-        if wr.sg_list.len() > max_sge {
-            return Err(PostError::TooManySge(wr.sg_list.len(), max_sge));
-        }
-        if self.rq.len() >= self.init.cap.max_recv_wr as usize {
-            return Err(PostError::QueueFull(self.rq.len()));
-        }
-        self.rq.push_back(wr);
-        if self.state == QpState::Err {
-            self.flush(ctx);
-        }
-        Ok(())
-    }
-
     // ---------------------------------------------------------------- completions
 
     fn push_wc(&mut self, cq: CqId, wc: Wc, solicited: bool, ctx: &mut Ctx<'_>) -> bool {
@@ -676,7 +551,7 @@ impl Qp {
             opcode,
             byte_len: u32::try_from(wqe.len).unwrap_or(u32::MAX),
             imm: 0,
-            invalidated_rkey: 0,
+            invalidated_rkey: RKey::new(0),
             qp_num: self.qpn,
             src_qp: Qpn::new(0),
             wc_flags: WcFlags::default(),
@@ -744,7 +619,7 @@ impl Qp {
                 opcode: WcOpcode::Recv,
                 byte_len: 0,
                 imm: 0,
-                invalidated_rkey: 0,
+                invalidated_rkey: RKey::new(0),
                 qp_num: self.qpn,
                 src_qp: Qpn::new(0),
                 wc_flags: WcFlags::default(),
@@ -765,154 +640,7 @@ impl Qp {
         }
     }
 
-    // ---------------------------------------------------------------- timers
-
-    /// Arms the local ACK timer (IBA 9.7.6.1.3) when requests are outstanding, or stops it when
-    /// none are; `restart` pushes an armed timer forward (progress, or proof the responder is
-    /// still working on our requests). The period is the QP's `timeout`, doubled per
-    /// consecutive expiry up to [`MAX_TIMEOUT_BACKOFF`] times; the doubling is forgotten once
-    /// everything sent has been acknowledged.
-    fn arm_retransmit(&mut self, now: Instant, restart: bool) {
-        if self.comp_psn == self.sent_psn {
-            self.timers.stop(Timer::Retransmit);
-            self.backoff = 0;
-            return;
-        }
-        if (restart || self.timers.get(Timer::Retransmit).is_none())
-            && let Some(d) = local_ack_timeout(self.attr.timeout)
-        {
-            self.timers
-                .set(Timer::Retransmit, now + d * (1u32 << self.backoff));
-        }
-    }
-
-    /// The earliest of its armed timers: retransmission or RNR back-off, and DCQCN's timers
-    /// and pacer release. The device keeps this in its timer set (transport/sched.rs).
-    pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        match (self.timers.next_timeout(), self.cc_poll_timeout()) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
-    }
-
-    pub(crate) fn handle_timeout(&mut self, now: Instant, ctx: &mut Ctx<'_>) {
-        for t in Timer::VALUES {
-            if !self.timers.is_expired(t, now) {
-                continue;
-            }
-            self.timers.stop(t);
-            match t {
-                Timer::Retransmit => {
-                    if self.comp_psn == self.sent_psn || !self.state.requester_ready() {
-                        continue;
-                    }
-                    self.counters.local_ack_timeout_err += 1;
-                    self.retry_guard = None;
-                    self.backoff = (self.backoff + 1).min(MAX_TIMEOUT_BACKOFF);
-                    self.retry(now, ctx, false);
-                }
-                Timer::RnrRetry => {
-                    if self.rnr_wait {
-                        self.rnr_wait = false;
-                        self.go_back(self.comp_psn);
-                        self.arm_retransmit(now, true);
-                    }
-                }
-            }
-        }
-    }
-
-    /// Starts a retry from `comp_psn` if retries remain, else fails the head WR with
-    /// RETRY_EXC_ERR (rxe_comp.c `COMPST_ERROR_RETRY`; retry_cnt 7 retries forever as in rxe).
-    /// An `implied` retry (a NAK or a response past a gap) starts only once per `comp_psn`
-    /// (rxe `started_retry`). Returns whether a retry sequence started.
-    fn retry(&mut self, now: Instant, ctx: &mut Ctx<'_>, implied: bool) -> bool {
-        if self.comp_psn == self.sent_psn {
-            return false;
-        }
-        if implied {
-            if self.retry_guard == Some(self.comp_psn) {
-                return false;
-            }
-            self.retry_guard = Some(self.comp_psn);
-        } else {
-            self.retry_guard = None;
-        }
-        if self.retry_left == 0 {
-            self.counters.retry_exceeded_err += 1;
-            self.counters.req_transport_retries_exceeded += 1;
-            self.complete_head(WcStatus::RetryExcErr, ctx);
-            self.enter_error(ctx);
-            return false;
-        }
-        if self.retry_left != 7 {
-            self.retry_left -= 1;
-        }
-        self.counters.completer_retry_err += 1;
-        self.go_back(self.comp_psn);
-        self.arm_retransmit(now, true);
-        true
-    }
-
-    /// Rewinds the requester to resend from `psn` (go back N; rxe `req_retry`).
-    fn go_back(&mut self, psn: Psn) {
-        for (i, w) in self.sq.iter().enumerate() {
-            let (Some(f), Some(l)) = (w.first_psn, w.last_psn()) else {
-                break;
-            };
-            if psn.distance(f) >= 0 && psn.distance(l) <= 0 {
-                self.req_idx = i;
-                self.req_pkt = psn.distance(f) as u32;
-                self.next_psn = psn;
-                self.noack_pkts = 0;
-                return;
-            }
-        }
-        // `psn` is past every started WQE: continue with the first one not started.
-        self.req_idx = self
-            .sq
-            .iter()
-            .position(|w| w.first_psn.is_none())
-            .unwrap_or(self.sq.len());
-        self.req_pkt = 0;
-        self.next_psn = psn;
-        self.noack_pkts = 0;
-    }
-
-    /// After an acknowledgement moved `comp_psn` past the requester (it had gone back and
-    /// the peer already had those packets), skip what is acknowledged instead of resending it.
-    fn skip_acked(&mut self) {
-        if self.comp_psn.distance(self.next_psn) > 0 {
-            self.go_back(self.comp_psn);
-        }
-    }
-
-    /// READ and atomic request messages sent and not yet fully answered: what the responder
-    /// holds resources for, at most `max_rd_atomic` (IBA 9.5: the initiator depth). A READ WR
-    /// counts one per piece sent and not answered ([`READ_CHUNK_PKTS`]).
-    fn rd_msgs_outstanding(&self) -> u32 {
-        let mut n = 0;
-        for w in &self.sq {
-            let Some(f) = w.first_psn else { break };
-            if w.done.is_some() {
-                continue;
-            }
-            match w.wr.op {
-                SendOp::Read { .. } => {
-                    let sent = u32::try_from(self.sent_psn.distance(f).max(0))
-                        .unwrap_or(0)
-                        .min(w.npkts);
-                    let pieces = |pkts: u32| pkts.div_ceil(READ_CHUNK_PKTS);
-                    n += pieces(sent).saturating_sub(w.rcvd_pkts / READ_CHUNK_PKTS);
-                }
-                op if op.is_atomic() => n += 1,
-                _ => {}
-            }
-        }
-        n
-    }
-
-    // ---------------------------------------------------------------- requester output
+    // ---------------------------------------------------------------- output
 
     /// The next packet to send. With `data_ok` false (the congestion-control pacer holds the
     /// QP back) only control packets (ACK/NAK) are returned; with `fresh_ok` false (the
@@ -949,416 +677,6 @@ impl Qp {
         match self.qp_type {
             QpType::Ud => self.next_ud_request(ctx, tx),
             QpType::Rc => self.next_rc_request(now, ctx, tx, fresh_ok),
-        }
-    }
-
-    /// PSNs sent and not yet acknowledged (READ responses still due included), plus the rest
-    /// of the message being sent (at most a window): this QP's share of the device's in-flight
-    /// budget. Zero outside RTS/SQD/SQE and for UD.
-    pub(crate) fn unacked_psns(&self) -> u32 {
-        if self.qp_type != QpType::Rc
-            || !matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Sqe)
-        {
-            return 0;
-        }
-        let sent = u32::try_from(self.sent_psn.distance(self.comp_psn)).unwrap_or(0);
-        let rest = self
-            .sq
-            .get(self.req_idx)
-            .filter(|w| w.first_psn.is_some())
-            .map_or(0, |w| {
-                w.npkts.saturating_sub(self.req_pkt).min(MAX_UNACKED_PSNS)
-            });
-        sent.saturating_add(rest)
-    }
-
-    /// Whether a send WR still has packets to send for the first time or again.
-    pub(crate) fn has_unsent_requests(&self) -> bool {
-        self.req_idx < self.sq.len()
-    }
-
-    fn ctrl_pkt(&mut self, c: Ctrl) -> OutPkt {
-        let mut hdr = PktHdr::new(Opcode::RC_ACKNOWLEDGE, self.attr.dest_qp_num, c.psn);
-        hdr.aeth = Some(Aeth {
-            syndrome: c.syndrome,
-            msn: c.msn,
-        });
-        self.counters.sent_pkts += 1;
-        OutPkt {
-            hdr,
-            payload: 0..0,
-            ud_path: None,
-        }
-    }
-
-    fn queue_ctrl(&mut self, syndrome: u8, psn: Psn) {
-        let c = Ctrl {
-            syndrome,
-            psn,
-            msn: self.msn,
-        };
-        if self.ctrl.len() >= MAX_PENDING_ACKS {
-            // ACKs are cumulative: a newer ACK replaces an older one at the tail.
-            if let Some(last) = self.ctrl.back_mut()
-                && last.syndrome & syndrome::TYPE_MASK == syndrome::ACK
-                && syndrome & syndrome::TYPE_MASK == syndrome::ACK
-            {
-                *last = c;
-                self.counters.ack_deferred += 1;
-                return;
-            }
-            self.counters.ack_queue_full += 1;
-            return;
-        }
-        self.ctrl.push_back(c);
-    }
-
-    fn next_ud_request(&mut self, ctx: &mut Ctx<'_>, tx: &mut TxBuf<'_>) -> Option<OutPkt> {
-        if self.state == QpState::Sqd {
-            self.check_drained(ctx);
-            return None;
-        }
-        let wqe = self.sq.front()?;
-        let ud = wqe.wr.ud.clone()?;
-        let len = usize::try_from(wqe.len).ok()?;
-        let (op, imm) = match wqe.wr.op {
-            SendOp::SendWithImm { imm } => (Opcode::UD_SEND_ONLY_WITH_IMMEDIATE, Some(imm)),
-            _ => (Opcode::UD_SEND_ONLY, None),
-        };
-        let se = wqe.wr.flags.contains(super::wr::SendFlags::SOLICITED);
-        let gathered = tx.payload(op, len).and_then(|(range, dst)| {
-            sg_gather(ctx.mrs, self.init.pd, &wqe.wr.sg_list, 0, dst)
-                .ok()
-                .map(|()| range)
-        });
-        let Some(payload) = gathered else {
-            self.counters.send_err += 1;
-            self.complete_head(WcStatus::LocProtErr, ctx);
-            self.state = QpState::Sqe;
-            return None;
-        };
-        // A Q_Key with the high bit set means "use the QP's own Q_Key" (IBA 10.2.5).
-        let qkey = if ud.remote_qkey.value() & 0x8000_0000 != 0 {
-            self.attr.qkey
-        } else {
-            ud.remote_qkey
-        };
-        let mut hdr = PktHdr::new(op, ud.remote_qpn, self.next_psn);
-        hdr.se = se;
-        hdr.imm = imm;
-        hdr.deth = Some(Deth {
-            qkey,
-            src_qp: self.qpn,
-        });
-        self.next_psn = self.next_psn.next();
-        self.comp_psn = self.next_psn;
-        self.sent_psn = self.next_psn;
-        self.counters.sent_pkts += 1;
-        self.complete_head(WcStatus::Success, ctx);
-        Some(OutPkt {
-            hdr,
-            payload,
-            ud_path: Some(ud.path),
-        })
-    }
-
-    fn next_rc_request(
-        &mut self,
-        now: Instant,
-        ctx: &mut Ctx<'_>,
-        tx: &mut TxBuf<'_>,
-        fresh_ok: bool,
-    ) -> Option<OutPkt> {
-        if self.rnr_wait {
-            return None;
-        }
-        if self.next_psn.distance(self.comp_psn) >= MAX_UNACKED_PSNS as i32 {
-            return None;
-        }
-        let mtu = self.mtu();
-        let max_rd = u32::from(self.attr.max_rd_atomic);
-        let idx = self.req_idx;
-        let wqe = self.sq.get(idx)?;
-        if wqe.done.is_some() {
-            return None;
-        }
-        if wqe.first_psn.is_none() {
-            // A new WQE: SQD starts none; READ/ATOMIC need an initiator-depth slot.
-            if self.state == QpState::Sqd {
-                self.check_drained(ctx);
-                return None;
-            }
-        }
-        let pkt_idx = self.req_pkt;
-        let npkts = wqe.npkts;
-        let psn = wqe
-            .first_psn
-            .map_or(self.next_psn, |f| f.wrapping_add(pkt_idx));
-        if !fresh_ok && wqe.first_psn.is_none() {
-            // A message not started yet, and the device's in-flight budget is used up. A
-            // started message goes on: its remaining packets are already counted in
-            // `unacked_psns`, and holding it back would hold back the AckReq of its last
-            // packet, leaving its PSNs unacknowledged until the retransmission timer fired.
-            return None;
-        }
-        // A READ or atomic request never sent before (not a re-request) needs an
-        // initiator-depth slot (rxe `check_init_depth`).
-        if wqe.wr.op.is_read_or_atomic()
-            && psn.distance(self.sent_psn) >= 0
-            && self.rd_msgs_outstanding() >= max_rd
-        {
-            return None;
-        }
-        let m = u64::from(mtu.bytes());
-        let off = u64::from(pkt_idx) * m;
-        let dest = self.attr.dest_qp_num;
-        let solicited = wqe.wr.flags.contains(super::wr::SendFlags::SOLICITED);
-        let op = wqe.wr.op;
-        let wqe_len = wqe.len;
-        let mut hdr;
-        let mut payload = 0..0;
-        let last;
-        // PSNs this request takes (a READ piece: one per response packet).
-        let mut read_pkts = 1;
-        match op {
-            SendOp::Read { remote_addr, rkey } => {
-                // One request per piece of READ_CHUNK_PKTS packets, from `pkt_idx` to the end of
-                // its piece; a retry resumes mid-piece (rxe req_retry).
-                let start = u64::from(pkt_idx) * m;
-                let piece_end = ((pkt_idx / READ_CHUNK_PKTS + 1) * READ_CHUNK_PKTS).min(npkts);
-                let end = (u64::from(piece_end) * m).min(wqe_len);
-                hdr = PktHdr::new(Opcode::RC_RDMA_READ_REQUEST, dest, psn);
-                hdr.reth = Some(Reth {
-                    va: remote_addr.wrapping_add(start),
-                    rkey,
-                    len: u32::try_from(end.saturating_sub(start)).unwrap_or(u32::MAX),
-                });
-                read_pkts = piece_end.saturating_sub(pkt_idx).max(1);
-                last = piece_end >= npkts;
-            }
-            SendOp::CompareSwap {
-                remote_addr,
-                rkey,
-                compare,
-                swap,
-            } => {
-                hdr = PktHdr::new(Opcode::RC_COMPARE_SWAP, dest, psn);
-                hdr.atomic = Some(AtomicEth {
-                    va: remote_addr,
-                    rkey,
-                    swap_add: swap,
-                    compare,
-                });
-                last = true;
-            }
-            SendOp::FetchAdd {
-                remote_addr,
-                rkey,
-                add,
-            } => {
-                hdr = PktHdr::new(Opcode::RC_FETCH_ADD, dest, psn);
-                hdr.atomic = Some(AtomicEth {
-                    va: remote_addr,
-                    rkey,
-                    swap_add: add,
-                    compare: 0,
-                });
-                last = true;
-            }
-            _ => {
-                let pos = position_of(pkt_idx, npkts);
-                let (kind, imm, inv) = match op {
-                    SendOp::Send => (Operation::Send, None, None),
-                    SendOp::SendWithImm { imm } => (Operation::Send, Some(imm), None),
-                    SendOp::SendWithInv { invalidate_rkey } => {
-                        (Operation::Send, None, Some(invalidate_rkey))
-                    }
-                    SendOp::Write { .. } => (Operation::Write, None, None),
-                    SendOp::WriteWithImm { imm, .. } => (Operation::Write, Some(imm), None),
-                    _ => (Operation::Send, None, None),
-                };
-                let ends = matches!(pos, Position::Last | Position::Only);
-                let opcode = opcode_for(kind, pos, imm.is_some(), inv.is_some());
-                hdr = PktHdr::new(opcode, dest, psn);
-                if ends {
-                    hdr.imm = imm;
-                    hdr.ieth = inv;
-                }
-                if let SendOp::Write { remote_addr, rkey }
-                | SendOp::WriteWithImm {
-                    remote_addr, rkey, ..
-                } = op
-                    && matches!(pos, Position::First | Position::Only)
-                {
-                    hdr.reth = Some(Reth {
-                        va: remote_addr,
-                        rkey,
-                        len: u32::try_from(wqe_len).unwrap_or(u32::MAX),
-                    });
-                }
-                let len = usize::try_from((wqe_len - off.min(wqe_len)).min(m)).unwrap_or(0);
-                let gathered = tx.payload(opcode, len).and_then(|(range, dst)| {
-                    sg_gather(ctx.mrs, self.init.pd, &self.sq[idx].wr.sg_list, off, dst)
-                        .ok()
-                        .map(|()| range)
-                });
-                let Some(range) = gathered else {
-                    // rxe: a bad local SGE completes the WR with a local protection error.
-                    // Earlier WRs may still be in flight: the failure is reported in order, when
-                    // the completer reaches this WR (see `complete_acked`).
-                    self.counters.send_err += 1;
-                    if let Some(w) = self.sq.get_mut(idx) {
-                        w.done = Some(WcStatus::LocProtErr);
-                    }
-                    if idx == 0 {
-                        self.complete_head(WcStatus::LocProtErr, ctx);
-                        self.enter_error(ctx);
-                    }
-                    return None;
-                };
-                payload = range;
-                hdr.se = ends && solicited && !matches!(op, SendOp::Write { .. });
-                last = ends;
-            }
-        }
-        // Commit.
-        let wqe = self.sq.get_mut(idx)?;
-        if wqe.first_psn.is_none() {
-            wqe.first_psn = Some(self.next_psn);
-            if !matches!(
-                op,
-                SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }
-            ) {
-                self.counters.rdma_sends += 1;
-            }
-        }
-        let is_read = matches!(op, SendOp::Read { .. });
-        let consumed = read_pkts;
-        self.noack_pkts += 1;
-        hdr.ack_req = last || is_read || self.noack_pkts >= MAX_PKT_PER_ACK;
-        if hdr.ack_req {
-            self.noack_pkts = 0;
-        }
-        let next = psn.wrapping_add(consumed);
-        if next.distance(self.next_psn) > 0 {
-            self.next_psn = next;
-        }
-        if next.distance(self.sent_psn) > 0 {
-            self.sent_psn = next;
-        }
-        if last {
-            self.req_idx += 1;
-            self.req_pkt = 0;
-        } else {
-            self.req_pkt += consumed;
-        }
-        self.counters.sent_pkts += 1;
-        self.arm_retransmit(now, false);
-        Some(OutPkt {
-            hdr,
-            payload,
-            ud_path: None,
-        })
-    }
-
-    // ---------------------------------------------------------------- responder output
-
-    fn next_response(&mut self, ctx: &mut Ctx<'_>, tx: &mut TxBuf<'_>) -> Option<OutPkt> {
-        let mtu = u64::from(self.mtu().bytes());
-        let dest = self.attr.dest_qp_num;
-        let msn = self.msn;
-        let i = self.resources.iter().position(Resource::pending)?;
-        match &mut self.resources[i] {
-            Resource::Atomic { psn, orig, pending } => {
-                *pending = false;
-                let mut hdr = PktHdr::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest, *psn);
-                hdr.aeth = Some(Aeth {
-                    syndrome: syndrome::ACK_UNLIMITED,
-                    msn,
-                });
-                hdr.atomic_ack = Some(*orig);
-                self.counters.sent_pkts += 1;
-                Some(OutPkt {
-                    hdr,
-                    payload: 0..0,
-                    ud_path: None,
-                })
-            }
-            Resource::Read {
-                first_psn,
-                last_psn,
-                va,
-                rkey,
-                len,
-                cur_psn,
-                pending: _,
-                restart,
-            } => {
-                let idx = cur_psn.distance(*first_psn) as u64;
-                let off = idx * mtu;
-                let n = (*len - off.min(*len)).min(mtu);
-                let is_last = *cur_psn == *last_psn;
-                let psn = *cur_psn;
-                // The first packet of a (re)played response is FIRST/ONLY (a replay answers a
-                // new READ request from that PSN), the others MIDDLE/LAST.
-                let pos = match (idx == 0 || *restart, is_last) {
-                    (true, true) => Position::Only,
-                    (true, false) => Position::First,
-                    (false, true) => Position::Last,
-                    (false, false) => Position::Middle,
-                };
-                let (rkey, va) = (*rkey, va.wrapping_add(off));
-                let nn = usize::try_from(n).ok()?;
-                let opcode = opcode_for(Operation::ReadResponse, pos, false, false);
-                let (payload, dst) = tx.payload(opcode, nn)?;
-                // A zero-length READ touches no memory and needs no R_Key.
-                let read = if n == 0 {
-                    Ok(())
-                } else {
-                    ctx.mrs
-                        .remote_mut(self.init.pd, rkey, va, n, Access::REMOTE_READ)
-                        .map(|src| dst.copy_from_slice(src))
-                };
-                match read {
-                    Ok(()) => {}
-                    Err(_) => {
-                        // The region went away mid-response: NAK remote access, class C.
-                        self.counters.resp_remote_access_errors += 1;
-                        self.resources.clear();
-                        self.queue_ctrl(syndrome::NAK_REMOTE_ACCESS_ERROR, psn);
-                        self.enter_error(ctx);
-                        let c = self.ctrl.pop_front()?;
-                        return Some(self.ctrl_pkt(c));
-                    }
-                }
-                if let Resource::Read {
-                    cur_psn,
-                    pending,
-                    restart,
-                    ..
-                } = &mut self.resources[i]
-                {
-                    *restart = false;
-                    if is_last {
-                        *pending = false;
-                    } else {
-                        *cur_psn = cur_psn.next();
-                    }
-                }
-                let mut hdr = PktHdr::new(opcode, dest, psn);
-                if pos != Position::Middle {
-                    hdr.aeth = Some(Aeth {
-                        syndrome: syndrome::ACK_UNLIMITED,
-                        msn,
-                    });
-                }
-                self.counters.sent_pkts += 1;
-                Some(OutPkt {
-                    hdr,
-                    payload,
-                    ud_path: None,
-                })
-            }
         }
     }
 }

@@ -126,94 +126,79 @@ impl Mtu {
     }
 }
 
-/// Which attributes of a [`QpAttr`] a `modify_qp` call sets (`enum ibv_qp_attr_mask`).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default)]
-pub struct AttrMask(pub u32);
-
-macro_rules! attr_bits {
-    ($($name:ident = $bit:literal,)*) => {
-        impl AttrMask {
-            $(
-                #[doc = concat!("`IBV_QP_", stringify!($name), "` (1 << ", stringify!($bit), ").")]
-                pub const $name: Self = Self(1 << $bit);
-            )*
-            const NAMES: &'static [(Self, &'static str)] = &[$((Self::$name, stringify!($name))),*];
-        }
-    };
-}
-
-attr_bits! {
-    STATE = 0, CUR_STATE = 1, EN_SQD_ASYNC_NOTIFY = 2, ACCESS_FLAGS = 3, PKEY_INDEX = 4, PORT = 5,
-    QKEY = 6, AV = 7, PATH_MTU = 8, TIMEOUT = 9, RETRY_CNT = 10, RNR_RETRY = 11, RQ_PSN = 12,
-    MAX_QP_RD_ATOMIC = 13, ALT_PATH = 14, MIN_RNR_TIMER = 15, SQ_PSN = 16, MAX_DEST_RD_ATOMIC = 17,
-    PATH_MIG_STATE = 18, CAP = 19, DEST_QPN = 20, RATE_LIMIT = 25,
-}
-
-impl AttrMask {
-    /// No attribute.
-    pub const NONE: Self = Self(0);
-
-    /// The union.
-    #[must_use]
-    pub const fn with(self, o: Self) -> Self {
-        Self(self.0 | o.0)
-    }
-
-    /// Whether every bit of `o` is set.
-    #[must_use]
-    pub const fn contains(self, o: Self) -> bool {
-        self.0 & o.0 == o.0
-    }
-
-    /// The bits of `self` not in `o`.
-    #[must_use]
-    pub const fn minus(self, o: Self) -> Self {
-        Self(self.0 & !o.0)
-    }
-
-    /// Whether no bit is set.
-    #[must_use]
-    pub const fn is_empty(self) -> bool {
-        self.0 == 0
-    }
-}
-
-impl core::ops::BitOr for AttrMask {
-    type Output = Self;
-    fn bitor(self, o: Self) -> Self {
-        self.with(o)
-    }
-}
-
-impl fmt::Debug for AttrMask {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut first = true;
-        let mut rest = self.0;
-        for (bit, name) in Self::NAMES {
-            if self.contains(*bit) {
-                if !first {
-                    f.write_str("|")?;
-                }
-                f.write_str(name)?;
-                first = false;
-                rest &= !bit.0;
-            }
-        }
-        if rest != 0 {
-            if !first {
-                f.write_str("|")?;
-            }
-            write!(f, "{rest:#x}")?;
-        } else if first {
-            f.write_str("NONE")?;
-        }
-        Ok(())
+bitflags::bitflags! {
+    /// Which attributes of a [`QpAttr`] a `modify_qp` call sets (`enum ibv_qp_attr_mask`).
+    /// Displayed as the names joined by `|` (`STATE|PORT`), `NONE` when empty.
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
+    pub struct AttrMask: u32 {
+        /// `IBV_QP_STATE`.
+        const STATE = 1 << 0;
+        /// `IBV_QP_CUR_STATE`.
+        const CUR_STATE = 1 << 1;
+        /// `IBV_QP_EN_SQD_ASYNC_NOTIFY`.
+        const EN_SQD_ASYNC_NOTIFY = 1 << 2;
+        /// `IBV_QP_ACCESS_FLAGS`.
+        const ACCESS_FLAGS = 1 << 3;
+        /// `IBV_QP_PKEY_INDEX`.
+        const PKEY_INDEX = 1 << 4;
+        /// `IBV_QP_PORT`.
+        const PORT = 1 << 5;
+        /// `IBV_QP_QKEY`.
+        const QKEY = 1 << 6;
+        /// `IBV_QP_AV`.
+        const AV = 1 << 7;
+        /// `IBV_QP_PATH_MTU`.
+        const PATH_MTU = 1 << 8;
+        /// `IBV_QP_TIMEOUT`.
+        const TIMEOUT = 1 << 9;
+        /// `IBV_QP_RETRY_CNT`.
+        const RETRY_CNT = 1 << 10;
+        /// `IBV_QP_RNR_RETRY`.
+        const RNR_RETRY = 1 << 11;
+        /// `IBV_QP_RQ_PSN`.
+        const RQ_PSN = 1 << 12;
+        /// `IBV_QP_MAX_QP_RD_ATOMIC`.
+        const MAX_QP_RD_ATOMIC = 1 << 13;
+        /// `IBV_QP_ALT_PATH`.
+        const ALT_PATH = 1 << 14;
+        /// `IBV_QP_MIN_RNR_TIMER`.
+        const MIN_RNR_TIMER = 1 << 15;
+        /// `IBV_QP_SQ_PSN`.
+        const SQ_PSN = 1 << 16;
+        /// `IBV_QP_MAX_DEST_RD_ATOMIC`.
+        const MAX_DEST_RD_ATOMIC = 1 << 17;
+        /// `IBV_QP_PATH_MIG_STATE`.
+        const PATH_MIG_STATE = 1 << 18;
+        /// `IBV_QP_CAP`.
+        const CAP = 1 << 19;
+        /// `IBV_QP_DEST_QPN`.
+        const DEST_QPN = 1 << 20;
+        /// `IBV_QP_RATE_LIMIT`.
+        const RATE_LIMIT = 1 << 25;
     }
 }
 
 impl fmt::Display for AttrMask {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        fmt::Debug::fmt(self, f)
+        if self.is_empty() {
+            return f.write_str("NONE");
+        }
+        let mut first = true;
+        for (name, _) in self.iter_names() {
+            if !first {
+                f.write_str("|")?;
+            }
+            f.write_str(name)?;
+            first = false;
+        }
+        let rest = self.bits() & !Self::all().bits();
+        if rest != 0 {
+            if !first {
+                f.write_str("|")?;
+            }
+            write!(f, "{rest:#x}")?;
+        }
+        Ok(())
     }
 }
 
@@ -346,7 +331,7 @@ pub fn transition_masks(
 ) -> Option<(AttrMask, AttrMask)> {
     use AttrMask as M;
     use QpState::*;
-    let none = M::NONE;
+    let none = M::empty();
     let rc = qp_type == QpType::Rc;
     Some(match (from, to) {
         (_, Reset) | (_, Err) => (none, none),
@@ -471,12 +456,12 @@ pub fn check_modify<P>(
         to,
         qp_type,
     })?;
-    let body = mask.minus(AttrMask::STATE);
-    let missing = req.minus(body);
+    let body = mask.difference(AttrMask::STATE);
+    let missing = req.difference(body);
     if !missing.is_empty() {
         return Err(ModifyError::MissingAttributes { from, to, missing });
     }
-    let extra = body.minus(req.with(opt));
+    let extra = body.difference(req | opt);
     if !extra.is_empty() {
         return Err(ModifyError::UnexpectedAttributes { from, to, extra });
     }

@@ -6,6 +6,7 @@
 use core::time::Duration;
 
 pub use crate::time::Instant;
+use crate::wire::RnrTimer;
 
 /// The timers of one queue pair.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -74,16 +75,11 @@ pub fn local_ack_timeout(timeout: u8) -> Option<Duration> {
     Some(Duration::from_nanos(4096u64 << timeout.min(31)))
 }
 
-/// The RNR NAK timer value for a 5-bit code (IBA Table 45, `enum ib_rnr_timeout`): code 0 is
-/// 655.36 ms, codes 1..=31 run from 10 µs to 491.52 ms.
+/// How long a requester waits after an RNR NAK with `timer` before it retries (IBA 9.7.5.2.8,
+/// table 46; the code table is [`crate::wire::aeth::RNR_TIMER_US`]).
 #[must_use]
-pub fn rnr_timer(code: u8) -> Duration {
-    const USEC: [u32; 32] = [
-        655_360, 10, 20, 30, 40, 60, 80, 120, 160, 240, 320, 480, 640, 960, 1280, 1920, 2560, 3840,
-        5120, 7680, 10240, 15360, 20480, 30720, 40960, 61440, 81920, 122_880, 163_840, 245_760,
-        327_680, 491_520,
-    ];
-    Duration::from_micros(u64::from(USEC[usize::from(code & 0x1f)]))
+pub fn rnr_timer(timer: RnrTimer) -> Duration {
+    Duration::from_micros(u64::from(timer.micros()))
 }
 
 #[cfg(test)]
@@ -111,7 +107,7 @@ mod tests {
             local_ack_timeout(14),
             Some(Duration::from_nanos(4096 << 14))
         );
-        assert_eq!(rnr_timer(12), Duration::from_micros(640));
-        assert_eq!(rnr_timer(0), Duration::from_micros(655_360));
+        assert_eq!(rnr_timer(RnrTimer::new(12)), Duration::from_micros(640));
+        assert_eq!(rnr_timer(RnrTimer::new(0)), Duration::from_micros(655_360));
     }
 }

@@ -81,27 +81,14 @@ impl SendOp {
     }
 }
 
-/// Send flags (`enum ibv_send_flags`).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
-pub struct SendFlags(pub u32);
-
-impl SendFlags {
-    /// `IBV_SEND_SIGNALED`: post a completion on success too.
-    pub const SIGNALED: Self = Self(2);
-    /// `IBV_SEND_SOLICITED`: set BTH.SE on the last packet.
-    pub const SOLICITED: Self = Self(4);
-
-    /// Whether every flag of `o` is set.
-    #[must_use]
-    pub const fn contains(self, o: Self) -> bool {
-        self.0 & o.0 == o.0
-    }
-}
-
-impl core::ops::BitOr for SendFlags {
-    type Output = Self;
-    fn bitor(self, o: Self) -> Self {
-        Self(self.0 | o.0)
+bitflags::bitflags! {
+    /// Send flags (`enum ibv_send_flags`).
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
+    pub struct SendFlags: u32 {
+        /// `IBV_SEND_SIGNALED`: post a completion on success too.
+        const SIGNALED = 2;
+        /// `IBV_SEND_SOLICITED`: set BTH.SE on the last packet.
+        const SOLICITED = 4;
     }
 }
 

@@ -10,11 +10,11 @@ impl Qp {
             self.counters.rx_dropped += 1;
             return;
         }
-        let Some(info) = pkt.hdr.opcode.info() else {
+        let Some(info) = pkt.repr.bth.opcode.info() else {
             self.counters.rx_dropped += 1;
             return;
         };
-        let psn = pkt.hdr.psn;
+        let psn = pkt.repr.bth.psn;
         // A response for a PSN never sent is a ghost: drop it (rxe check_psn).
         if psn.distance(self.sent_psn) >= 0 {
             self.counters.rx_dropped += 1;
@@ -23,37 +23,37 @@ impl Qp {
         let d_comp = psn.distance(self.comp_psn);
         match info.operation {
             Operation::Acknowledge => {
-                let Some(aeth) = pkt.hdr.aeth else {
+                let Some(aeth) = pkt.repr.aeth else {
                     self.counters.rx_dropped += 1;
                     return;
                 };
-                match aeth.syndrome & syndrome::TYPE_MASK {
-                    syndrome::ACK => {
+                match aeth.syndrome {
+                    AethSyndrome::Ack { .. } => {
                         if d_comp < -1 {
                             // An old ACK (already covered): harmless, ignore.
                             return;
                         }
                         self.ack_through(now, psn, ctx);
                     }
-                    syndrome::RNR_NAK => {
+                    AethSyndrome::RnrNak { timer } => {
                         if d_comp < 0 {
                             return;
                         }
                         if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
                             return;
                         }
-                        self.on_rnr_nak(now, aeth.syndrome, ctx);
+                        self.on_rnr_nak(now, timer, ctx);
                     }
-                    syndrome::NAK => {
+                    AethSyndrome::Nak(code) => {
                         if d_comp < 0 {
                             return;
                         }
                         if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
                             return;
                         }
-                        self.on_nak(now, aeth.syndrome, ctx);
+                        self.on_nak(now, code, ctx);
                     }
-                    _ => self.counters.rx_dropped += 1,
+                    AethSyndrome::Reserved(_) => self.counters.rx_dropped += 1,
                 }
             }
             Operation::ReadResponse => {
@@ -153,7 +153,7 @@ impl Qp {
         self.check_drained(ctx);
     }
 
-    fn on_rnr_nak(&mut self, now: Instant, syn: u8, ctx: &mut Ctx<'_>) {
+    fn on_rnr_nak(&mut self, now: Instant, timer: RnrTimer, ctx: &mut Ctx<'_>) {
         self.counters.rcvd_rnr_err += 1;
         // An RNR NAK is a valid answer, not a transport error: the transport retry count
         // starts over, the RNR retry count goes on.
@@ -172,13 +172,12 @@ impl Qp {
         }
         self.rnr_wait = true;
         self.timers.stop(Timer::Retransmit);
-        self.timers
-            .set(Timer::RnrRetry, now + rnr_timer(syn & 0x1f));
+        self.timers.set(Timer::RnrRetry, now + rnr_timer(timer));
     }
 
-    fn on_nak(&mut self, now: Instant, syn: u8, ctx: &mut Ctx<'_>) {
-        let status = match syn {
-            syndrome::NAK_PSN_SEQ_ERROR => {
+    fn on_nak(&mut self, now: Instant, code: NakCode, ctx: &mut Ctx<'_>) {
+        let status = match code {
+            NakCode::PsnSequenceError => {
                 // Go back N from the NAK's PSN (it implicitly acked everything before).
                 self.counters.rcvd_seq_err += 1;
                 self.counters.packet_seq_err += 1;
@@ -189,11 +188,11 @@ impl Qp {
                 }
                 return;
             }
-            syndrome::NAK_INVALID_REQUEST => {
+            NakCode::InvalidRequest => {
                 self.counters.req_remote_invalid_request += 1;
                 WcStatus::RemInvReqErr
             }
-            syndrome::NAK_REMOTE_ACCESS_ERROR => {
+            NakCode::RemoteAccessError => {
                 self.counters.req_remote_access_errors += 1;
                 WcStatus::RemAccessErr
             }
@@ -211,7 +210,7 @@ impl Qp {
         pos: Position,
         ctx: &mut Ctx<'_>,
     ) {
-        let psn = pkt.hdr.psn;
+        let psn = pkt.repr.bth.psn;
         let m = u64::from(self.mtu().bytes());
         let Some(w) = self.sq.front() else {
             self.counters.rx_dropped += 1;
@@ -263,7 +262,7 @@ impl Qp {
     }
 
     fn on_atomic_ack(&mut self, now: Instant, pkt: &RxPkt<'_>, ctx: &mut Ctx<'_>) {
-        let psn = pkt.hdr.psn;
+        let psn = pkt.repr.bth.psn;
         let Some(w) = self.sq.front() else {
             self.counters.rx_dropped += 1;
             return;
@@ -272,7 +271,7 @@ impl Qp {
             self.counters.rx_dropped += 1;
             return;
         }
-        let Some(orig) = pkt.hdr.atomic_ack else {
+        let Some(AtomicAckEthRepr { orig }) = pkt.repr.atomic_ack_eth else {
             self.counters.rx_dropped += 1;
             return;
         };
@@ -288,5 +287,127 @@ impl Qp {
         self.comp_psn = psn.next();
         self.complete_head(WcStatus::Success, ctx);
         self.on_progress(now, ctx);
+    }
+}
+
+impl Qp {
+    /// Arms the local ACK timer (IBA 9.7.6.1.3) when requests are outstanding, or stops it when
+    /// none are; `restart` pushes an armed timer forward (progress, or proof the responder is
+    /// still working on our requests). The period is the QP's `timeout`, doubled per
+    /// consecutive expiry up to [`MAX_TIMEOUT_BACKOFF`] times; the doubling is forgotten once
+    /// everything sent has been acknowledged.
+    pub(super) fn arm_retransmit(&mut self, now: Instant, restart: bool) {
+        if self.comp_psn == self.sent_psn {
+            self.timers.stop(Timer::Retransmit);
+            self.backoff = 0;
+            return;
+        }
+        if (restart || self.timers.get(Timer::Retransmit).is_none())
+            && let Some(d) = local_ack_timeout(self.attr.timeout)
+        {
+            self.timers
+                .set(Timer::Retransmit, now + d * (1u32 << self.backoff));
+        }
+    }
+
+    /// The earliest of its armed timers: retransmission or RNR back-off, and DCQCN's timers
+    /// and pacer release. The device keeps this in its timer set (transport/sched.rs).
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        match (self.timers.next_timeout(), self.cc_poll_timeout()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    pub(crate) fn handle_timeout(&mut self, now: Instant, ctx: &mut Ctx<'_>) {
+        for t in Timer::VALUES {
+            if !self.timers.is_expired(t, now) {
+                continue;
+            }
+            self.timers.stop(t);
+            match t {
+                Timer::Retransmit => {
+                    if self.comp_psn == self.sent_psn || !self.state.requester_ready() {
+                        continue;
+                    }
+                    self.counters.local_ack_timeout_err += 1;
+                    self.retry_guard = None;
+                    self.backoff = (self.backoff + 1).min(MAX_TIMEOUT_BACKOFF);
+                    self.retry(now, ctx, false);
+                }
+                Timer::RnrRetry => {
+                    if self.rnr_wait {
+                        self.rnr_wait = false;
+                        self.go_back(self.comp_psn);
+                        self.arm_retransmit(now, true);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Starts a retry from `comp_psn` if retries remain, else fails the head WR with
+    /// RETRY_EXC_ERR (rxe_comp.c `COMPST_ERROR_RETRY`; retry_cnt 7 retries forever as in rxe).
+    /// An `implied` retry (a NAK or a response past a gap) starts only once per `comp_psn`
+    /// (rxe `started_retry`). Returns whether a retry sequence started.
+    pub(super) fn retry(&mut self, now: Instant, ctx: &mut Ctx<'_>, implied: bool) -> bool {
+        if self.comp_psn == self.sent_psn {
+            return false;
+        }
+        if implied {
+            if self.retry_guard == Some(self.comp_psn) {
+                return false;
+            }
+            self.retry_guard = Some(self.comp_psn);
+        } else {
+            self.retry_guard = None;
+        }
+        if self.retry_left == 0 {
+            self.counters.retry_exceeded_err += 1;
+            self.counters.req_transport_retries_exceeded += 1;
+            self.complete_head(WcStatus::RetryExcErr, ctx);
+            self.enter_error(ctx);
+            return false;
+        }
+        if self.retry_left != 7 {
+            self.retry_left -= 1;
+        }
+        self.counters.completer_retry_err += 1;
+        self.go_back(self.comp_psn);
+        self.arm_retransmit(now, true);
+        true
+    }
+
+    /// Rewinds the requester to resend from `psn` (go back N; rxe `req_retry`).
+    pub(super) fn go_back(&mut self, psn: Psn) {
+        for (i, w) in self.sq.iter().enumerate() {
+            let (Some(f), Some(l)) = (w.first_psn, w.last_psn()) else {
+                break;
+            };
+            if psn.distance(f) >= 0 && psn.distance(l) <= 0 {
+                self.req_idx = i;
+                self.req_pkt = psn.distance(f) as u32;
+                self.next_psn = psn;
+                self.noack_pkts = 0;
+                return;
+            }
+        }
+        // `psn` is past every started WQE: continue with the first one not started.
+        self.req_idx = self
+            .sq
+            .iter()
+            .position(|w| w.first_psn.is_none())
+            .unwrap_or(self.sq.len());
+        self.req_pkt = 0;
+        self.next_psn = psn;
+        self.noack_pkts = 0;
+    }
+
+    /// After an acknowledgement moved `comp_psn` past the requester (it had gone back and
+    /// the peer already had those packets), skip what is acknowledged instead of resending it.
+    pub(super) fn skip_acked(&mut self) {
+        if self.comp_psn.distance(self.next_psn) > 0 {
+            self.go_back(self.comp_psn);
+        }
     }
 }

@@ -7,7 +7,7 @@ use super::*;
 /// An error class C outcome (IBA 9.9.3.1.3): NAK, complete the receive WR in use with
 /// `status` if there is one, and move the QP to ERR.
 struct Fatal {
-    nak: u8,
+    nak: NakCode,
     status: Option<WcStatus>,
 }
 
@@ -18,11 +18,11 @@ impl Qp {
             self.counters.rx_dropped += 1;
             return;
         }
-        let Some(info) = pkt.hdr.opcode.info() else {
+        let Some(info) = pkt.repr.bth.opcode.info() else {
             self.counters.rx_dropped += 1;
             return;
         };
-        match (self.qp_type, pkt.hdr.opcode.transport()) {
+        match (self.qp_type, pkt.repr.bth.opcode.transport()) {
             (QpType::Ud, Transport::Ud) => return self.handle_ud_request(pkt, ctx),
             (QpType::Rc, Transport::Rc) => {}
             // rxe_recv.c: the opcode's transport must match the QP type.
@@ -31,7 +31,7 @@ impl Qp {
                 return;
             }
         }
-        let psn = pkt.hdr.psn;
+        let psn = pkt.repr.bth.psn;
         // check_psn (rxe): ahead -> one NAK per gap; behind -> duplicate.
         let d = psn.distance(self.resp_psn);
         if d > 0 {
@@ -39,7 +39,7 @@ impl Qp {
             self.counters.out_of_sequence += 1;
             if !self.sent_psn_nak {
                 self.sent_psn_nak = true;
-                self.queue_ctrl(syndrome::NAK_PSN_SEQ_ERROR, self.resp_psn);
+                self.queue_ctrl(AethSyndrome::Nak(NakCode::PsnSequenceError), self.resp_psn);
             }
             return;
         }
@@ -56,9 +56,8 @@ impl Qp {
                     self.complete_recv_head(status, 0, None, false, ctx);
                 }
                 self.counters.resp_cqe_error += u64::from(status.is_some());
-                self.counters.resp_invalid_request +=
-                    u64::from(nak == syndrome::NAK_INVALID_REQUEST);
-                self.queue_ctrl(nak, psn);
+                self.counters.resp_invalid_request += u64::from(nak == NakCode::InvalidRequest);
+                self.queue_ctrl(AethSyndrome::Nak(nak), psn);
                 self.enter_error(ctx);
             }
         }
@@ -78,10 +77,10 @@ impl Qp {
         let (opcode, imm, inv) = extra.unwrap_or((WcOpcode::Recv, None, None));
         let mut flags = WcFlags::default();
         if imm.is_some() {
-            flags = flags | WcFlags::WITH_IMM;
+            flags |= WcFlags::WITH_IMM;
         }
         if inv.is_some() {
-            flags = flags | WcFlags::WITH_INV;
+            flags |= WcFlags::WITH_INV;
         }
         let wc = Wc {
             wr_id: r.wr_id,
@@ -89,7 +88,7 @@ impl Qp {
             opcode,
             byte_len: u32::try_from(byte_len).unwrap_or(u32::MAX),
             imm: imm.unwrap_or(0),
-            invalidated_rkey: inv.map_or(0, RKey::value),
+            invalidated_rkey: inv.unwrap_or_default(),
             qp_num: self.qpn,
             src_qp: self.attr.dest_qp_num,
             wc_flags: flags,
@@ -100,16 +99,16 @@ impl Qp {
     }
 
     fn execute(&mut self, pkt: &RxPkt<'_>, ctx: &mut Ctx<'_>) -> Result<(), Fatal> {
-        let hdr = &pkt.hdr;
-        let info = hdr.opcode.info().ok_or(Fatal {
-            nak: syndrome::NAK_INVALID_REQUEST,
+        let bth = &pkt.repr.bth;
+        let info = bth.opcode.info().ok_or(Fatal {
+            nak: NakCode::InvalidRequest,
             status: None,
         })?;
         let inv = |status| Fatal {
-            nak: syndrome::NAK_INVALID_REQUEST,
+            nak: NakCode::InvalidRequest,
             status,
         };
-        let psn = hdr.psn;
+        let psn = bth.psn;
         let mtu = u64::from(self.mtu().bytes());
         let plen = pkt.payload.len() as u64;
 
@@ -151,7 +150,12 @@ impl Qp {
             // The RNR NAK stands for the gap it opens: the packets behind it are dropped
             // without a PSN NAK until the retried request arrives (one NAK per gap).
             self.sent_psn_nak = true;
-            self.queue_ctrl(syndrome::RNR_NAK | (self.attr.min_rnr_timer & 0x1f), psn);
+            self.queue_ctrl(
+                AethSyndrome::RnrNak {
+                    timer: RnrTimer::new(self.attr.min_rnr_timer),
+                },
+                psn,
+            );
             return Ok(());
         }
         let rd_atomic = matches!(
@@ -170,7 +174,12 @@ impl Qp {
             (true, Position::First | Position::Middle) => plen == mtu,
             (true, Position::Last) => (1..=mtu).contains(&plen),
         };
-        if !len_ok || hdr.reth.is_some_and(|r| u64::from(r.len) > MAX_MSG_SIZE) {
+        if !len_ok
+            || pkt
+                .repr
+                .reth
+                .is_some_and(|r| u64::from(r.dma_len) > MAX_MSG_SIZE)
+        {
             let st = (kind == Some(MsgKind::Send)).then_some(WcStatus::RemInvReqErr);
             return Err(inv(st));
         }
@@ -182,8 +191,8 @@ impl Qp {
             _ => return self.exec_atomic(pkt, ctx),
         }
         self.resp_psn = psn.next();
-        if hdr.ack_req {
-            self.queue_ctrl(syndrome::ACK_UNLIMITED, psn);
+        if bth.ack_req {
+            self.queue_ctrl(AethSyndrome::ACK_UNLIMITED, psn);
         }
         Ok(())
     }
@@ -196,7 +205,7 @@ impl Qp {
     ) -> Result<(), Fatal> {
         let Some(rwqe) = self.rq.front() else {
             return Err(Fatal {
-                nak: syndrome::NAK_REMOTE_OPERATIONAL_ERROR,
+                nak: NakCode::RemoteOperationalError,
                 status: None,
             });
         };
@@ -209,7 +218,7 @@ impl Qp {
             // The message is longer than the receive buffer (rxe RESPST_ERR_LENGTH).
             self.counters.resp_local_length_error += 1;
             return Err(Fatal {
-                nak: syndrome::NAK_INVALID_REQUEST,
+                nak: NakCode::InvalidRequest,
                 status: Some(WcStatus::LocLenErr),
             });
         }
@@ -224,7 +233,7 @@ impl Qp {
         {
             // A malformed receive WQE (bad local key/range): class A, remote operational error.
             return Err(Fatal {
-                nak: syndrome::NAK_REMOTE_OPERATIONAL_ERROR,
+                nak: NakCode::RemoteOperationalError,
                 status: Some(WcStatus::LocProtErr),
             });
         }
@@ -234,12 +243,12 @@ impl Qp {
         }
         if matches!(pos, Position::Last | Position::Only) {
             self.in_msg = None;
-            if let Some(rkey) = pkt.hdr.ieth
+            if let Some(IethRepr { rkey }) = pkt.repr.ieth
                 && !ctx.mrs.invalidate_rkey(self.init.pd, rkey)
             {
                 // rxe class J: the R_Key to invalidate is not valid.
                 return Err(Fatal {
-                    nak: syndrome::NAK_INVALID_REQUEST,
+                    nak: NakCode::InvalidRequest,
                     status: Some(WcStatus::RemInvReqErr),
                 });
             }
@@ -247,8 +256,12 @@ impl Qp {
             self.complete_recv_head(
                 WcStatus::Success,
                 end,
-                Some((WcOpcode::Recv, pkt.hdr.imm, pkt.hdr.ieth)),
-                pkt.hdr.se,
+                Some((
+                    WcOpcode::Recv,
+                    pkt.repr.immdt.map(|i| i.imm),
+                    pkt.repr.ieth.map(|i| i.rkey),
+                )),
+                pkt.repr.bth.solicited,
                 ctx,
             );
         }
@@ -264,10 +277,10 @@ impl Qp {
         let mtu = u64::from(self.mtu().bytes());
         let access = |nak| Fatal { nak, status: None };
         if matches!(pos, Position::First | Position::Only) {
-            let Some(reth) = pkt.hdr.reth else {
-                return Err(access(syndrome::NAK_INVALID_REQUEST));
+            let Some(reth) = pkt.repr.reth else {
+                return Err(access(NakCode::InvalidRequest));
             };
-            let len = u64::from(reth.len);
+            let len = u64::from(reth.dma_len);
             // check_rkey: a zero-length WRITE needs no R_Key.
             if len > 0
                 && ctx
@@ -276,12 +289,12 @@ impl Qp {
                     .is_err()
             {
                 self.counters.resp_remote_access_errors += 1;
-                return Err(access(syndrome::NAK_REMOTE_ACCESS_ERROR));
+                return Err(access(NakCode::RemoteAccessError));
             }
             self.write_va = reth.va;
             self.write_rkey = reth.rkey;
             self.write_resid = len;
-            self.write_len = reth.len;
+            self.write_len = reth.dma_len;
             self.counters.rx_write_requests += 1;
             self.counters.rdma_recvs += 1;
         }
@@ -295,7 +308,7 @@ impl Qp {
             plen == self.write_resid && ends
         };
         if !ok {
-            return Err(access(syndrome::NAK_INVALID_REQUEST));
+            return Err(access(NakCode::InvalidRequest));
         }
         if plen > 0 {
             match ctx.mrs.remote_mut(
@@ -308,7 +321,7 @@ impl Qp {
                 Ok(dst) => dst.copy_from_slice(pkt.payload),
                 Err(_) => {
                     self.counters.resp_remote_access_errors += 1;
-                    return Err(access(syndrome::NAK_REMOTE_ACCESS_ERROR));
+                    return Err(access(NakCode::RemoteAccessError));
                 }
             }
         }
@@ -317,12 +330,12 @@ impl Qp {
         self.in_msg = if ends { None } else { Some(MsgKind::Write) };
         if ends {
             self.msn = self.msn.wrapping_add(1);
-            if let Some(imm) = pkt.hdr.imm {
+            if let Some(ImmDtRepr { imm }) = pkt.repr.immdt {
                 self.complete_recv_head(
                     WcStatus::Success,
                     u64::from(self.write_len),
                     Some((WcOpcode::RecvRdmaWithImm, Some(imm), None)),
-                    pkt.hdr.se,
+                    pkt.repr.bth.solicited,
                     ctx,
                 );
             }
@@ -356,13 +369,13 @@ impl Qp {
     }
 
     fn exec_read(&mut self, pkt: &RxPkt<'_>, ctx: &mut Ctx<'_>) -> Result<(), Fatal> {
-        let Some(reth) = pkt.hdr.reth else {
+        let Some(reth) = pkt.repr.reth else {
             return Err(Fatal {
-                nak: syndrome::NAK_INVALID_REQUEST,
+                nak: NakCode::InvalidRequest,
                 status: None,
             });
         };
-        let len = u64::from(reth.len);
+        let len = u64::from(reth.dma_len);
         if len > 0
             && ctx
                 .mrs
@@ -371,12 +384,12 @@ impl Qp {
         {
             self.counters.resp_remote_access_errors += 1;
             return Err(Fatal {
-                nak: syndrome::NAK_REMOTE_ACCESS_ERROR,
+                nak: NakCode::RemoteAccessError,
                 status: None,
             });
         }
         self.take_resource_slot();
-        let psn = pkt.hdr.psn;
+        let psn = pkt.repr.bth.psn;
         let npkts = packets_for(len, self.mtu());
         self.resources.push_back(Resource::Read {
             first_psn: psn,
@@ -397,9 +410,9 @@ impl Qp {
     }
 
     fn exec_atomic(&mut self, pkt: &RxPkt<'_>, ctx: &mut Ctx<'_>) -> Result<(), Fatal> {
-        let Some(a) = pkt.hdr.atomic else {
+        let Some(a) = pkt.repr.atomic_eth else {
             return Err(Fatal {
-                nak: syndrome::NAK_INVALID_REQUEST,
+                nak: NakCode::InvalidRequest,
                 status: None,
             });
         };
@@ -410,19 +423,19 @@ impl Qp {
         {
             self.counters.resp_remote_access_errors += 1;
             return Err(Fatal {
-                nak: syndrome::NAK_REMOTE_ACCESS_ERROR,
+                nak: NakCode::RemoteAccessError,
                 status: None,
             });
         }
         // Atomics need an 8-byte aligned address (rxe RESPST_ERR_MISALIGNED_ATOMIC).
         if a.va & 7 != 0 {
             return Err(Fatal {
-                nak: syndrome::NAK_INVALID_REQUEST,
+                nak: NakCode::InvalidRequest,
                 status: None,
             });
         }
         self.take_resource_slot();
-        let cas = pkt.hdr.opcode == Opcode::RC_COMPARE_SWAP;
+        let cas = pkt.repr.bth.opcode == Opcode::RC_COMPARE_SWAP;
         let orig = match ctx
             .mrs
             .remote_mut(self.init.pd, a.rkey, a.va, 8, Access::REMOTE_ATOMIC)
@@ -441,12 +454,12 @@ impl Qp {
             }
             Err(_) => {
                 return Err(Fatal {
-                    nak: syndrome::NAK_REMOTE_ACCESS_ERROR,
+                    nak: NakCode::RemoteAccessError,
                     status: None,
                 });
             }
         };
-        let psn = pkt.hdr.psn;
+        let psn = pkt.repr.bth.psn;
         self.resources.push_back(Resource::Atomic {
             psn,
             orig,
@@ -461,14 +474,14 @@ impl Qp {
 
     /// A request with a PSN before the expected one (rxe `duplicate_request`).
     fn duplicate_request(&mut self, pkt: &RxPkt<'_>, op: Operation) {
-        let psn = pkt.hdr.psn;
+        let psn = pkt.repr.bth.psn;
         match op {
             Operation::Send | Operation::Write => {
                 // C9-105: ACK again with the PSN before the expected one.
-                self.queue_ctrl(syndrome::ACK_UNLIMITED, self.resp_psn.wrapping_sub(1));
+                self.queue_ctrl(AethSyndrome::ACK_UNLIMITED, self.resp_psn.wrapping_sub(1));
             }
             Operation::ReadRequest => {
-                let Some(reth) = pkt.hdr.reth else { return };
+                let Some(reth) = pkt.repr.reth else { return };
                 let mtu = u64::from(self.mtu().bytes());
                 for r in &mut self.resources {
                     if let Resource::Read {
@@ -489,7 +502,7 @@ impl Qp {
                         let off = psn.distance(*first_psn) as u64 * mtu;
                         let same = reth.rkey == *rkey
                             && Some(reth.va) == va.checked_add(off)
-                            && u64::from(reth.len) == *len - off.min(*len);
+                            && u64::from(reth.dma_len) == *len - off.min(*len);
                         if same {
                             *cur_psn = psn;
                             *pending = true;
@@ -517,7 +530,7 @@ impl Qp {
     }
 
     fn handle_ud_request(&mut self, pkt: &RxPkt<'_>, ctx: &mut Ctx<'_>) {
-        let Some(deth) = pkt.hdr.deth else {
+        let Some(deth) = pkt.repr.deth else {
             self.counters.rx_dropped += 1;
             return;
         };
@@ -547,8 +560,8 @@ impl Qp {
         }
         let Some(r) = self.rq.pop_front() else { return };
         let mut flags = WcFlags::GRH;
-        if pkt.hdr.imm.is_some() {
-            flags = flags | WcFlags::WITH_IMM;
+        if pkt.repr.immdt.is_some() {
+            flags |= WcFlags::WITH_IMM;
         }
         if status != WcStatus::Success {
             self.counters.resp_cqe_error += 1;
@@ -558,12 +571,179 @@ impl Qp {
             status,
             opcode: WcOpcode::Recv,
             byte_len: u32::try_from(GRH_LEN + plen).unwrap_or(u32::MAX),
-            imm: pkt.hdr.imm.unwrap_or(0),
-            invalidated_rkey: 0,
+            imm: pkt.repr.immdt.map_or(0, |i| i.imm),
+            invalidated_rkey: RKey::new(0),
             qp_num: self.qpn,
             src_qp: deth.src_qp,
             wc_flags: flags,
         };
-        self.push_wc(self.init.recv_cq, wc, pkt.hdr.se, ctx);
+        self.push_wc(self.init.recv_cq, wc, pkt.repr.bth.solicited, ctx);
+    }
+}
+
+impl Qp {
+    pub(crate) fn post_recv(
+        &mut self,
+        wr: RecvWr,
+        max_sge: usize,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), PostError> {
+        if self.state == QpState::Reset {
+            return Err(PostError::InvalidState(self.state));
+        }
+        if wr.sg_list.len() > max_sge {
+            return Err(PostError::TooManySge(wr.sg_list.len(), max_sge));
+        }
+        if self.rq.len() >= self.init.cap.max_recv_wr as usize {
+            return Err(PostError::QueueFull(self.rq.len()));
+        }
+        self.rq.push_back(wr);
+        if self.state == QpState::Err {
+            self.flush(ctx);
+        }
+        Ok(())
+    }
+
+    pub(super) fn ctrl_pkt(&mut self, c: Ctrl) -> OutPkt {
+        let repr = RoceRepr::ack(
+            self.attr.dest_qp_num,
+            c.psn,
+            AethRepr {
+                syndrome: c.syndrome,
+                msn: c.msn,
+            },
+        );
+        self.counters.sent_pkts += 1;
+        OutPkt {
+            repr,
+            payload: 0..0,
+            ud_path: None,
+        }
+    }
+
+    pub(super) fn queue_ctrl(&mut self, syndrome: AethSyndrome, psn: Psn) {
+        let c = Ctrl {
+            syndrome,
+            psn,
+            msn: self.msn,
+        };
+        if self.ctrl.len() >= MAX_PENDING_ACKS {
+            // ACKs are cumulative: a newer ACK replaces an older one at the tail.
+            if let Some(last) = self.ctrl.back_mut()
+                && last.syndrome.is_ack()
+                && syndrome.is_ack()
+            {
+                *last = c;
+                self.counters.ack_deferred += 1;
+                return;
+            }
+            self.counters.ack_queue_full += 1;
+            return;
+        }
+        self.ctrl.push_back(c);
+    }
+
+    pub(super) fn next_response(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        tx: &mut TxBuf<'_>,
+    ) -> Option<OutPkt> {
+        let mtu = u64::from(self.mtu().bytes());
+        let dest = self.attr.dest_qp_num;
+        let msn = self.msn;
+        let i = self.resources.iter().position(Resource::pending)?;
+        match &mut self.resources[i] {
+            Resource::Atomic { psn, orig, pending } => {
+                *pending = false;
+                let mut repr =
+                    RoceRepr::new(BthRepr::new(Opcode::RC_ATOMIC_ACKNOWLEDGE, dest, *psn));
+                repr.aeth = Some(AethRepr {
+                    syndrome: AethSyndrome::ACK_UNLIMITED,
+                    msn,
+                });
+                repr.atomic_ack_eth = Some(AtomicAckEthRepr { orig: *orig });
+                self.counters.sent_pkts += 1;
+                Some(OutPkt {
+                    repr,
+                    payload: 0..0,
+                    ud_path: None,
+                })
+            }
+            Resource::Read {
+                first_psn,
+                last_psn,
+                va,
+                rkey,
+                len,
+                cur_psn,
+                pending: _,
+                restart,
+            } => {
+                let idx = cur_psn.distance(*first_psn) as u64;
+                let off = idx * mtu;
+                let n = (*len - off.min(*len)).min(mtu);
+                let is_last = *cur_psn == *last_psn;
+                let psn = *cur_psn;
+                // The first packet of a (re)played response is FIRST/ONLY (a replay answers a
+                // new READ request from that PSN), the others MIDDLE/LAST.
+                let pos = match (idx == 0 || *restart, is_last) {
+                    (true, true) => Position::Only,
+                    (true, false) => Position::First,
+                    (false, true) => Position::Last,
+                    (false, false) => Position::Middle,
+                };
+                let (rkey, va) = (*rkey, va.wrapping_add(off));
+                let nn = usize::try_from(n).ok()?;
+                let opcode = opcode_for(Operation::ReadResponse, pos, false, false);
+                let (payload, dst) = tx.payload(opcode, nn)?;
+                // A zero-length READ touches no memory and needs no R_Key.
+                let read = if n == 0 {
+                    Ok(())
+                } else {
+                    ctx.mrs
+                        .remote_mut(self.init.pd, rkey, va, n, Access::REMOTE_READ)
+                        .map(|src| dst.copy_from_slice(src))
+                };
+                match read {
+                    Ok(()) => {}
+                    Err(_) => {
+                        // The region went away mid-response: NAK remote access, class C.
+                        self.counters.resp_remote_access_errors += 1;
+                        self.resources.clear();
+                        self.queue_ctrl(AethSyndrome::Nak(NakCode::RemoteAccessError), psn);
+                        self.enter_error(ctx);
+                        let c = self.ctrl.pop_front()?;
+                        return Some(self.ctrl_pkt(c));
+                    }
+                }
+                if let Resource::Read {
+                    cur_psn,
+                    pending,
+                    restart,
+                    ..
+                } = &mut self.resources[i]
+                {
+                    *restart = false;
+                    if is_last {
+                        *pending = false;
+                    } else {
+                        *cur_psn = cur_psn.next();
+                    }
+                }
+                let mut repr = RoceRepr::new(BthRepr::new(opcode, dest, psn));
+                if pos != Position::Middle {
+                    repr.aeth = Some(AethRepr {
+                        syndrome: AethSyndrome::ACK_UNLIMITED,
+                        msn,
+                    });
+                }
+                self.counters.sent_pkts += 1;
+                Some(OutPkt {
+                    repr,
+                    payload,
+                    ud_path: None,
+                })
+            }
+        }
     }
 }

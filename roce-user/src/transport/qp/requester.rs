@@ -1,0 +1,481 @@
+//! The requester: turns send WRs into request packets (rxe_req.c; reference §2 "Requester"):
+//! posting, segmentation by path MTU, opcode choice, the PSN window and initiator depth.
+
+use super::*;
+
+/// The RC opcode of the packet at `pos` of a `kind` message (SEND, WRITE or READ response),
+/// with ImmDt (`imm`) or IETH (`inv`) on its last packet (IBA 9.2, table 38; rxe
+/// `next_opcode_rc`).
+pub(super) fn opcode_for(kind: Operation, pos: Position, imm: bool, inv: bool) -> Opcode {
+    use Position::*;
+    match (kind, pos, imm, inv) {
+        (Operation::Send, First, ..) => Opcode::RC_SEND_FIRST,
+        (Operation::Send, Middle, ..) => Opcode::RC_SEND_MIDDLE,
+        (Operation::Send, Last, true, _) => Opcode::RC_SEND_LAST_WITH_IMMEDIATE,
+        (Operation::Send, Last, _, true) => Opcode::RC_SEND_LAST_WITH_INVALIDATE,
+        (Operation::Send, Last, ..) => Opcode::RC_SEND_LAST,
+        (Operation::Send, Only, true, _) => Opcode::RC_SEND_ONLY_WITH_IMMEDIATE,
+        (Operation::Send, Only, _, true) => Opcode::RC_SEND_ONLY_WITH_INVALIDATE,
+        (Operation::Send, Only, ..) => Opcode::RC_SEND_ONLY,
+        (Operation::Write, First, ..) => Opcode::RC_RDMA_WRITE_FIRST,
+        (Operation::Write, Middle, ..) => Opcode::RC_RDMA_WRITE_MIDDLE,
+        (Operation::Write, Last, true, _) => Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
+        (Operation::Write, Last, ..) => Opcode::RC_RDMA_WRITE_LAST,
+        (Operation::Write, Only, true, _) => Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+        (Operation::Write, Only, ..) => Opcode::RC_RDMA_WRITE_ONLY,
+        (Operation::ReadResponse, First, ..) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+        (Operation::ReadResponse, Middle, ..) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+        (Operation::ReadResponse, Last, ..) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+        (Operation::ReadResponse, Only, ..) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+        _ => Opcode::RC_SEND_ONLY,
+    }
+}
+
+/// The number of packets a message of `len` bytes takes at `mtu` (at least one).
+#[must_use]
+pub fn packets_for(len: u64, mtu: Mtu) -> u32 {
+    let m = u64::from(mtu.bytes());
+    u32::try_from(len.div_ceil(m).max(1)).unwrap_or(u32::MAX)
+}
+
+/// The position of packet `idx` (0-based) of a message of `npkts` packets.
+#[must_use]
+pub const fn position_of(idx: u32, npkts: u32) -> Position {
+    if npkts <= 1 {
+        Position::Only
+    } else if idx == 0 {
+        Position::First
+    } else if idx + 1 == npkts {
+        Position::Last
+    } else {
+        Position::Middle
+    }
+}
+
+/// One RC request packet as built, before the requester moves past it
+/// ([`Qp::commit_rc_request`]).
+struct RcRequest {
+    repr: RoceRepr,
+    /// Where its payload lies in the frame buffer ([`TxBuf::payload`]).
+    payload: Range<usize>,
+    /// Whether it is the WR's last request.
+    last: bool,
+    /// PSNs it takes: one, or one per response packet of a READ piece.
+    psns: u32,
+}
+
+impl Qp {
+    pub(crate) fn post_send(
+        &mut self,
+        wr: SendWr<Path>,
+        max_sge: usize,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), PostError> {
+        match self.state {
+            QpState::Reset | QpState::Init | QpState::Rtr => {
+                return Err(PostError::InvalidState(self.state));
+            }
+            _ => {}
+        }
+        if wr.sg_list.len() > max_sge {
+            return Err(PostError::TooManySge(wr.sg_list.len(), max_sge));
+        }
+        if self.sq.len() >= self.init.cap.max_send_wr as usize {
+            return Err(PostError::QueueFull(self.sq.len()));
+        }
+        let len = sg_len(&wr.sg_list);
+        match self.qp_type {
+            QpType::Ud => {
+                if wr.ud.is_none() {
+                    return Err(PostError::Invalid("UD send needs a destination"));
+                }
+                if !matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }) {
+                    return Err(PostError::Invalid("UD supports SEND only"));
+                }
+                if len > u64::from(self.mtu().bytes()) {
+                    return Err(PostError::Invalid("UD message longer than the path MTU"));
+                }
+            }
+            QpType::Rc => {
+                if wr.ud.is_some() {
+                    return Err(PostError::Invalid("RC send with a UD destination"));
+                }
+                if len > MAX_MSG_SIZE {
+                    return Err(PostError::Invalid("message longer than 2^31 bytes"));
+                }
+                if wr.op.is_atomic() && len != 8 {
+                    return Err(PostError::Invalid("atomics need one 8-byte result buffer"));
+                }
+            }
+        }
+        // Atomics take one PSN; everything else one per path-MTU segment (at least one).
+        let npkts = if wr.op.is_atomic() {
+            1
+        } else {
+            packets_for(len, self.mtu())
+        };
+        let wqe = SendWqe {
+            wr,
+            len,
+            first_psn: None,
+            npkts,
+            rcvd_pkts: 0,
+            done: None,
+        };
+        self.sq.push_back(wqe);
+        if self.state == QpState::Err {
+            self.flush(ctx);
+        }
+        Ok(())
+    }
+
+    /// READ and atomic request messages sent and not yet fully answered: what the responder
+    /// holds resources for, at most `max_rd_atomic` (IBA 9.5: the initiator depth). A READ WR
+    /// counts one per piece sent and not answered ([`READ_CHUNK_PKTS`]).
+    pub(super) fn rd_msgs_outstanding(&self) -> u32 {
+        let mut n = 0;
+        for w in &self.sq {
+            let Some(f) = w.first_psn else { break };
+            if w.done.is_some() {
+                continue;
+            }
+            match w.wr.op {
+                SendOp::Read { .. } => {
+                    let sent = u32::try_from(self.sent_psn.distance(f).max(0))
+                        .unwrap_or(0)
+                        .min(w.npkts);
+                    let pieces = |pkts: u32| pkts.div_ceil(READ_CHUNK_PKTS);
+                    n += pieces(sent).saturating_sub(w.rcvd_pkts / READ_CHUNK_PKTS);
+                }
+                op if op.is_atomic() => n += 1,
+                _ => {}
+            }
+        }
+        n
+    }
+
+    /// PSNs sent and not yet acknowledged (READ responses still due included), plus the rest
+    /// of the message being sent (at most a window): this QP's share of the device's in-flight
+    /// budget. Zero outside RTS/SQD/SQE and for UD.
+    pub(crate) fn unacked_psns(&self) -> u32 {
+        if self.qp_type != QpType::Rc
+            || !matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Sqe)
+        {
+            return 0;
+        }
+        let sent = u32::try_from(self.sent_psn.distance(self.comp_psn)).unwrap_or(0);
+        let rest = self
+            .sq
+            .get(self.req_idx)
+            .filter(|w| w.first_psn.is_some())
+            .map_or(0, |w| {
+                w.npkts.saturating_sub(self.req_pkt).min(MAX_UNACKED_PSNS)
+            });
+        sent.saturating_add(rest)
+    }
+
+    /// Whether a send WR still has packets to send for the first time or again.
+    pub(crate) fn has_unsent_requests(&self) -> bool {
+        self.req_idx < self.sq.len()
+    }
+
+    pub(super) fn next_ud_request(
+        &mut self,
+        ctx: &mut Ctx<'_>,
+        tx: &mut TxBuf<'_>,
+    ) -> Option<OutPkt> {
+        if self.state == QpState::Sqd {
+            self.check_drained(ctx);
+            return None;
+        }
+        let wqe = self.sq.front()?;
+        let ud = wqe.wr.ud.clone()?;
+        let len = usize::try_from(wqe.len).ok()?;
+        let (op, imm) = match wqe.wr.op {
+            SendOp::SendWithImm { imm } => (Opcode::UD_SEND_ONLY_WITH_IMMEDIATE, Some(imm)),
+            _ => (Opcode::UD_SEND_ONLY, None),
+        };
+        let se = wqe.wr.flags.contains(SendFlags::SOLICITED);
+        let gathered = tx.payload(op, len).and_then(|(range, dst)| {
+            sg_gather(ctx.mrs, self.init.pd, &wqe.wr.sg_list, 0, dst)
+                .ok()
+                .map(|()| range)
+        });
+        let Some(payload) = gathered else {
+            self.counters.send_err += 1;
+            self.complete_head(WcStatus::LocProtErr, ctx);
+            self.state = QpState::Sqe;
+            return None;
+        };
+        // A Q_Key with the high bit set means "use the QP's own Q_Key" (IBA 10.2.5).
+        let qkey = if ud.remote_qkey.value() & 0x8000_0000 != 0 {
+            self.attr.qkey
+        } else {
+            ud.remote_qkey
+        };
+        let mut bth = BthRepr::new(op, ud.remote_qpn, self.next_psn);
+        bth.solicited = se;
+        let mut repr = RoceRepr::new(bth);
+        repr.immdt = imm.map(|imm| ImmDtRepr { imm });
+        repr.deth = Some(DethRepr {
+            qkey,
+            src_qp: self.qpn,
+        });
+        self.next_psn = self.next_psn.next();
+        self.comp_psn = self.next_psn;
+        self.sent_psn = self.next_psn;
+        self.counters.sent_pkts += 1;
+        self.complete_head(WcStatus::Success, ctx);
+        Some(OutPkt {
+            repr,
+            payload,
+            ud_path: Some(ud.path),
+        })
+    }
+
+    /// The next RC request packet, if the window, the initiator depth and the device's
+    /// in-flight budget allow one (rxe_req.c `rxe_requester`): the packet at `req_pkt` of the
+    /// WR at `req_idx`, after which the requester's PSNs and position move past it.
+    pub(super) fn next_rc_request(
+        &mut self,
+        now: Instant,
+        ctx: &mut Ctx<'_>,
+        tx: &mut TxBuf<'_>,
+        fresh_ok: bool,
+    ) -> Option<OutPkt> {
+        let psn = self.next_rc_psn(ctx, fresh_ok)?;
+        let op = self.sq.get(self.req_idx)?.wr.op;
+        let req = match op {
+            SendOp::Read { remote_addr, rkey } => self.read_request(psn, remote_addr, rkey)?,
+            SendOp::CompareSwap {
+                remote_addr,
+                rkey,
+                compare,
+                swap,
+            } => {
+                let eth = AtomicEthRepr {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: swap,
+                    compare,
+                };
+                self.atomic_request(psn, Opcode::RC_COMPARE_SWAP, eth)
+            }
+            SendOp::FetchAdd {
+                remote_addr,
+                rkey,
+                add,
+            } => {
+                let eth = AtomicEthRepr {
+                    va: remote_addr,
+                    rkey,
+                    swap_add: add,
+                    compare: 0,
+                };
+                self.atomic_request(psn, Opcode::RC_FETCH_ADD, eth)
+            }
+            _ => self.send_write_request(psn, op, ctx, tx)?,
+        };
+        Some(self.commit_rc_request(now, psn, op, req))
+    }
+
+    /// The PSN of the next RC request, or `None` if none may go now: during the RNR wait, with
+    /// [`MAX_UNACKED_PSNS`] unacknowledged, on a WR already failed, before a new WR in SQD or
+    /// without `fresh_ok`, and for a new READ/atomic without an initiator-depth slot.
+    fn next_rc_psn(&mut self, ctx: &mut Ctx<'_>, fresh_ok: bool) -> Option<Psn> {
+        if self.rnr_wait {
+            return None;
+        }
+        if self.next_psn.distance(self.comp_psn) >= MAX_UNACKED_PSNS as i32 {
+            return None;
+        }
+        let wqe = self.sq.get(self.req_idx)?;
+        if wqe.done.is_some() {
+            return None;
+        }
+        if wqe.first_psn.is_none() && self.state == QpState::Sqd {
+            // SQD starts no new WQE.
+            self.check_drained(ctx);
+            return None;
+        }
+        if !fresh_ok && wqe.first_psn.is_none() {
+            // A message not started yet, and the device's in-flight budget is used up. A
+            // started message goes on: its remaining packets are already counted in
+            // `unacked_psns`, and holding it back would hold back the AckReq of its last
+            // packet, leaving its PSNs unacknowledged until the retransmission timer fired.
+            return None;
+        }
+        let psn = wqe
+            .first_psn
+            .map_or(self.next_psn, |f| f.wrapping_add(self.req_pkt));
+        // A READ or atomic request never sent before (not a re-request) needs an
+        // initiator-depth slot (rxe `check_init_depth`).
+        if wqe.wr.op.is_read_or_atomic()
+            && psn.distance(self.sent_psn) >= 0
+            && self.rd_msgs_outstanding() >= u32::from(self.attr.max_rd_atomic)
+        {
+            return None;
+        }
+        Some(psn)
+    }
+
+    /// The READ request for the piece of the head-of-line READ WR that `req_pkt` is in: one
+    /// request per [`READ_CHUNK_PKTS`] response packets, from `req_pkt` to the end of its
+    /// piece, so a retry resumes mid-piece (rxe `req_retry`).
+    fn read_request(&self, psn: Psn, remote_addr: u64, rkey: RKey) -> Option<RcRequest> {
+        let wqe = self.sq.get(self.req_idx)?;
+        let (pkt_idx, npkts) = (self.req_pkt, wqe.npkts);
+        let m = u64::from(self.mtu().bytes());
+        let start = u64::from(pkt_idx) * m;
+        let piece_end = ((pkt_idx / READ_CHUNK_PKTS + 1) * READ_CHUNK_PKTS).min(npkts);
+        let end = (u64::from(piece_end) * m).min(wqe.len);
+        let bth = BthRepr::new(Opcode::RC_RDMA_READ_REQUEST, self.attr.dest_qp_num, psn);
+        let mut repr = RoceRepr::new(bth);
+        repr.reth = Some(RethRepr {
+            va: remote_addr.wrapping_add(start),
+            rkey,
+            dma_len: u32::try_from(end.saturating_sub(start)).unwrap_or(u32::MAX),
+        });
+        Some(RcRequest {
+            repr,
+            payload: 0..0,
+            last: piece_end >= npkts,
+            psns: piece_end.saturating_sub(pkt_idx).max(1),
+        })
+    }
+
+    /// The request of an atomic WR: one `opcode` packet carrying `eth` (IBA 9.4.5).
+    fn atomic_request(&self, psn: Psn, opcode: Opcode, eth: AtomicEthRepr) -> RcRequest {
+        let mut repr = RoceRepr::new(BthRepr::new(opcode, self.attr.dest_qp_num, psn));
+        repr.atomic_eth = Some(eth);
+        RcRequest {
+            repr,
+            payload: 0..0,
+            last: true,
+            psns: 1,
+        }
+    }
+
+    /// Packet `req_pkt` of a SEND or WRITE WR `op`: its opcode by position (IBA 9.2), the
+    /// RETH on a WRITE's first packet, ImmDt/IETH on the last, and the payload gathered into
+    /// `tx`. A bad local SGE fails the WR with LOC_PROT_ERR (rxe); `None` then.
+    fn send_write_request(
+        &mut self,
+        psn: Psn,
+        op: SendOp,
+        ctx: &mut Ctx<'_>,
+        tx: &mut TxBuf<'_>,
+    ) -> Option<RcRequest> {
+        let idx = self.req_idx;
+        let wqe = self.sq.get(idx)?;
+        let m = u64::from(self.mtu().bytes());
+        let off = u64::from(self.req_pkt) * m;
+        let pos = position_of(self.req_pkt, wqe.npkts);
+        let (kind, imm, inv) = match op {
+            SendOp::SendWithImm { imm } => (Operation::Send, Some(imm), None),
+            SendOp::SendWithInv { invalidate_rkey } => {
+                (Operation::Send, None, Some(invalidate_rkey))
+            }
+            SendOp::Write { .. } => (Operation::Write, None, None),
+            SendOp::WriteWithImm { imm, .. } => (Operation::Write, Some(imm), None),
+            _ => (Operation::Send, None, None),
+        };
+        let ends = matches!(pos, Position::Last | Position::Only);
+        let opcode = opcode_for(kind, pos, imm.is_some(), inv.is_some());
+        let mut repr = RoceRepr::new(BthRepr::new(opcode, self.attr.dest_qp_num, psn));
+        if ends {
+            repr.immdt = imm.map(|imm| ImmDtRepr { imm });
+            repr.ieth = inv.map(|rkey| IethRepr { rkey });
+        }
+        if let SendOp::Write { remote_addr, rkey }
+        | SendOp::WriteWithImm {
+            remote_addr, rkey, ..
+        } = op
+            && matches!(pos, Position::First | Position::Only)
+        {
+            repr.reth = Some(RethRepr {
+                va: remote_addr,
+                rkey,
+                dma_len: u32::try_from(wqe.len).unwrap_or(u32::MAX),
+            });
+        }
+        let solicited = wqe.wr.flags.contains(SendFlags::SOLICITED);
+        repr.bth.solicited = ends && solicited && !matches!(op, SendOp::Write { .. });
+        let len = usize::try_from((wqe.len - off.min(wqe.len)).min(m)).unwrap_or(0);
+        let gathered = tx.payload(opcode, len).and_then(|(range, dst)| {
+            sg_gather(ctx.mrs, self.init.pd, &wqe.wr.sg_list, off, dst)
+                .ok()
+                .map(|()| range)
+        });
+        let Some(payload) = gathered else {
+            // rxe: a bad local SGE completes the WR with a local protection error. Earlier
+            // WRs may still be in flight: the failure is reported in order, when the
+            // completer reaches this WR (see `complete_acked`).
+            self.counters.send_err += 1;
+            if let Some(w) = self.sq.get_mut(idx) {
+                w.done = Some(WcStatus::LocProtErr);
+            }
+            if idx == 0 {
+                self.complete_head(WcStatus::LocProtErr, ctx);
+                self.enter_error(ctx);
+            }
+            return None;
+        };
+        Some(RcRequest {
+            repr,
+            payload,
+            last: ends,
+            psns: 1,
+        })
+    }
+
+    /// Moves the requester past `req`, sent at `psn` for a WR `op`: the WR's first PSN, the
+    /// AckReq bit (on a message's last packet, a READ request, and at least every
+    /// [`MAX_PKT_PER_ACK`] packets), `next_psn`/`sent_psn`, the position in the send queue,
+    /// and the local ACK timer.
+    fn commit_rc_request(&mut self, now: Instant, psn: Psn, op: SendOp, req: RcRequest) -> OutPkt {
+        let RcRequest {
+            mut repr,
+            payload,
+            last,
+            psns,
+        } = req;
+        if let Some(wqe) = self.sq.get_mut(self.req_idx)
+            && wqe.first_psn.is_none()
+        {
+            wqe.first_psn = Some(self.next_psn);
+            if !matches!(
+                op,
+                SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }
+            ) {
+                self.counters.rdma_sends += 1;
+            }
+        }
+        let is_read = matches!(op, SendOp::Read { .. });
+        self.noack_pkts += 1;
+        repr.bth.ack_req = last || is_read || self.noack_pkts >= MAX_PKT_PER_ACK;
+        if repr.bth.ack_req {
+            self.noack_pkts = 0;
+        }
+        let next = psn.wrapping_add(psns);
+        if next.distance(self.next_psn) > 0 {
+            self.next_psn = next;
+        }
+        if next.distance(self.sent_psn) > 0 {
+            self.sent_psn = next;
+        }
+        if last {
+            self.req_idx += 1;
+            self.req_pkt = 0;
+        } else {
+            self.req_pkt += psns;
+        }
+        self.counters.sent_pkts += 1;
+        self.arm_retransmit(now, false);
+        OutPkt {
+            repr,
+            payload,
+            ud_path: None,
+        }
+    }
+}

@@ -1,0 +1,483 @@
+//! Completer rules (reference §2 "Completer", rxe_comp.c): ACKs, NAKs, RNR NAKs, READ and
+//! atomic responses, retries and the local ACK timer.
+
+use super::*;
+
+#[test]
+fn comp_ack_completes_every_covered_wr_in_order() {
+    let mut h = h();
+    sends(&mut h, 3, 8);
+    assert_eq!(h.tx().len(), 3);
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 2, ACK, 3), &[]);
+    let ids: Vec<u64> = h.wcs().iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, [1, 2, 3]);
+    assert_eq!(
+        h.d.poll_timeout(),
+        None,
+        "nothing outstanding: timer stopped"
+    );
+}
+
+#[test]
+fn comp_ack_covering_an_unanswered_read_is_an_implied_nak() {
+    let mut h = h();
+    let sg = h.sg(0, 8);
+    h.d.post_send(
+        h.qpn,
+        SendWr::new(
+            1,
+            SendOp::Read {
+                remote_addr: 0,
+                rkey: RKey::new(1),
+            },
+            sg,
+        ),
+    )
+    .unwrap();
+    sends(&mut h, 1, 8);
+    assert_eq!(h.tx().len(), 2);
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 1, ACK, 2), &[]);
+    assert!(h.wcs().is_empty());
+    assert_eq!(h.c().implied_nak_seq_err, 1);
+    let out = h.tx();
+    assert_eq!(out[0].0.bth.opcode, Opcode::RC_RDMA_READ_REQUEST);
+    assert_eq!(out[0].0.bth.psn, Psn::new(SQ_PSN));
+}
+
+#[test]
+fn comp_rnr_nak_waits_the_rnr_timer_then_retries() {
+    let mut h = h();
+    sends(&mut h, 1, 8);
+    let _ = h.tx();
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, rnr(14), 0), &[]);
+    assert!(h.tx().is_empty(), "stalled during the RNR timer");
+    assert_eq!(
+        h.d.poll_timeout(),
+        Some(h.now + core::time::Duration::from_micros(1280))
+    );
+    h.advance_to_timeout();
+    let out = h.tx();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0.bth.psn, Psn::new(SQ_PSN));
+    assert_eq!(h.c().rcvd_rnr_err, 1);
+}
+
+#[test]
+fn comp_rnr_retry_exhausted_completes_with_rnr_retry_exceeded() {
+    let mut h = h_with(&RcConfig {
+        rnr_retry: 1,
+        ..RcConfig::default()
+    });
+    sends(&mut h, 2, 8);
+    let _ = h.tx();
+    for _ in 0..2 {
+        h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, rnr(1), 0), &[]);
+        if h.state() == QpState::Rts {
+            h.advance_to_timeout();
+            let _ = h.tx();
+        }
+    }
+    let w = h.wcs();
+    assert_eq!(w[0].status, WcStatus::RnrRetryExcErr);
+    assert_eq!(w[1].status, WcStatus::WrFlushErr);
+    assert_eq!(h.state(), QpState::Err);
+    assert_eq!(h.c().retry_rnr_exceeded_err, 1);
+    assert_eq!(h.c().rnr_nak_retry_err, 1);
+}
+
+#[test]
+fn comp_rnr_retry_7_retries_forever() {
+    let mut h = h_with(&RcConfig {
+        rnr_retry: 7,
+        ..RcConfig::default()
+    });
+    sends(&mut h, 1, 8);
+    let _ = h.tx();
+    for _ in 0..50 {
+        h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, rnr(1), 0), &[]);
+        h.advance_to_timeout();
+        assert_eq!(h.tx().len(), 1);
+    }
+    assert_eq!(h.state(), QpState::Rts);
+    assert_eq!(h.c().rcvd_rnr_err, 50);
+}
+
+#[test]
+fn comp_nak_psn_sequence_error_goes_back_n_from_the_nak_psn() {
+    let mut h = h();
+    sends(&mut h, 4, 8);
+    assert_eq!(h.tx().len(), 4);
+    h.rx(
+        aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 2, Nak(PsnSequenceError), 2),
+        &[],
+    );
+    let ids: Vec<u64> = h.wcs().iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, [1, 2], "the NAK implicitly acks the earlier PSNs");
+    let psns: Vec<u32> = h.tx().iter().map(|(h, _)| h.bth.psn.value()).collect();
+    assert_eq!(psns, [SQ_PSN + 2, SQ_PSN + 3]);
+    assert_eq!(h.c().rcvd_seq_err, 1);
+    assert_eq!(h.c().packet_seq_err, 1);
+}
+
+#[test]
+fn comp_nak_codes_map_to_work_completion_statuses() {
+    for (code, status) in [
+        (Nak(InvalidRequest), WcStatus::RemInvReqErr),
+        (Nak(RemoteAccessError), WcStatus::RemAccessErr),
+        (Nak(RemoteOperationalError), WcStatus::RemOpErr),
+        (Nak(Unknown(0x0f)), WcStatus::RemOpErr),
+    ] {
+        let mut h = h();
+        sends(&mut h, 2, 8);
+        let _ = h.tx();
+        h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, code, 0), &[]);
+        let w = h.wcs();
+        assert_eq!(w[0].status, status, "{code:?}");
+        assert_eq!(w[1].status, WcStatus::WrFlushErr);
+        assert_eq!(h.state(), QpState::Err);
+        assert_eq!(
+            h.d.poll_event(),
+            Some(Event::QpFatal {
+                qpn: h.qpn,
+                from: QpState::Rts
+            })
+        );
+    }
+}
+
+#[test]
+fn comp_local_ack_timeout_retries_then_fails_with_retry_exceeded() {
+    let mut h = h_with(&RcConfig {
+        retry_cnt: 2,
+        timeout: 10,
+        ..RcConfig::default()
+    });
+    sends(&mut h, 1, 8);
+    let _ = h.tx();
+    assert_eq!(
+        h.d.poll_timeout(),
+        Some(h.now + local_ack_timeout(10).unwrap())
+    );
+    assert_eq!(local_ack_timeout(10).unwrap().as_nanos(), 4096 << 10);
+    for n in 1..=2 {
+        h.advance_to_timeout();
+        assert_eq!(h.tx().len(), 1, "retry {n}");
+    }
+    h.advance_to_timeout();
+    assert_eq!(h.wcs()[0].status, WcStatus::RetryExcErr);
+    assert_eq!(h.state(), QpState::Err);
+    assert_eq!(h.c().local_ack_timeout_err, 3);
+    assert_eq!(h.c().retry_exceeded_err, 1);
+    assert_eq!(h.c().req_transport_retries_exceeded, 1);
+}
+
+#[test]
+fn comp_read_resumes_mid_way_after_a_lost_response() {
+    let mut h = h();
+    let sg = h.sg(0, 3000);
+    h.d.post_send(
+        h.qpn,
+        SendWr::new(
+            1,
+            SendOp::Read {
+                remote_addr: 0x5000,
+                rkey: RKey::new(9),
+            },
+            sg,
+        ),
+    )
+    .unwrap();
+    let _ = h.tx();
+    let data: Vec<u8> = (0..3000u32).map(|i| (i * 3) as u8).collect();
+    h.rx(
+        aeth_hdr(Opcode::RC_RDMA_READ_RESPONSE_FIRST, SQ_PSN, ACK, 1),
+        &data[..1024],
+    );
+    // PSN+1 is lost; LAST arrives.
+    h.rx(
+        aeth_hdr(Opcode::RC_RDMA_READ_RESPONSE_LAST, SQ_PSN + 2, ACK, 1),
+        &data[2048..],
+    );
+    assert_eq!(h.c().implied_nak_seq_err, 1);
+    let out = h.tx();
+    assert_eq!(out.len(), 1);
+    let r = out[0].0.reth.unwrap();
+    assert_eq!(out[0].0.bth.psn, Psn::new(SQ_PSN + 1));
+    assert_eq!((r.va, r.dma_len), (0x5000 + 1024, 3000 - 1024));
+    h.rx(
+        aeth_hdr(Opcode::RC_RDMA_READ_RESPONSE_FIRST, SQ_PSN + 1, ACK, 1),
+        &data[1024..2048],
+    );
+    h.rx(
+        aeth_hdr(Opcode::RC_RDMA_READ_RESPONSE_LAST, SQ_PSN + 2, ACK, 1),
+        &data[2048..],
+    );
+    let w = h.wcs();
+    assert_eq!(w[0].status, WcStatus::Success);
+    assert_eq!(w[0].opcode, WcOpcode::RdmaRead);
+    assert_eq!(h.mem(0, 3000), data);
+}
+
+#[test]
+fn comp_response_for_an_unsent_psn_is_a_dropped_ghost() {
+    let mut h = h();
+    sends(&mut h, 1, 8);
+    let _ = h.tx();
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 5, ACK, 0), &[]);
+    assert!(h.wcs().is_empty());
+    assert_eq!(h.c().rx_dropped, 1);
+}
+
+#[test]
+fn comp_duplicate_read_response_is_dropped() {
+    let mut h = h();
+    let sg = h.sg(0, 8);
+    h.d.post_send(
+        h.qpn,
+        SendWr::new(
+            1,
+            SendOp::Read {
+                remote_addr: 0,
+                rkey: RKey::new(1),
+            },
+            sg,
+        ),
+    )
+    .unwrap();
+    let _ = h.tx();
+    let resp = aeth_hdr(Opcode::RC_RDMA_READ_RESPONSE_ONLY, SQ_PSN, ACK, 1);
+    h.rx(resp, &[4; 8]);
+    h.rx(resp, &[5; 8]);
+    assert_eq!(h.wcs().len(), 1);
+    assert_eq!(h.mem(0, 8), vec![4; 8]);
+}
+
+#[test]
+fn comp_atomic_ack_delivers_the_original_value() {
+    let mut h = h();
+    let sg = h.sg(0, 8);
+    h.d.post_send(
+        h.qpn,
+        SendWr::new(
+            1,
+            SendOp::FetchAdd {
+                remote_addr: 0x8,
+                rkey: RKey::new(1),
+                add: 2,
+            },
+            sg,
+        ),
+    )
+    .unwrap();
+    let out = h.tx();
+    assert_eq!(out[0].0.bth.opcode, Opcode::RC_FETCH_ADD);
+    let mut ack = aeth_hdr(Opcode::RC_ATOMIC_ACKNOWLEDGE, SQ_PSN, ACK, 1);
+    ack.atomic_ack_eth = Some(AtomicAckEthRepr { orig: 42 });
+    h.rx(ack, &[]);
+    let w = h.wcs();
+    assert_eq!(w[0].opcode, WcOpcode::FetchAdd);
+    assert_eq!(h.mem(0, 8), 42u64.to_le_bytes());
+}
+
+#[test]
+fn comp_retry_resends_a_partially_acked_write_from_the_first_unacked_packet() {
+    let mut h = h();
+    let sg = h.sg(0, 5 * 1024);
+    h.d.post_send(
+        h.qpn,
+        SendWr::new(
+            1,
+            SendOp::Write {
+                remote_addr: 0x9000,
+                rkey: RKey::new(3),
+            },
+            sg,
+        ),
+    )
+    .unwrap();
+    assert_eq!(h.tx().len(), 5);
+    // The responder got PSN..PSN+1 and NAKs PSN+2 (rxe req_retry skips the acked packets).
+    h.rx(
+        aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 2, Nak(PsnSequenceError), 0),
+        &[],
+    );
+    let out = h.tx();
+    let got: Vec<(Opcode, u32)> = out
+        .iter()
+        .map(|(h, _)| (h.bth.opcode, h.bth.psn.value()))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (Opcode::RC_RDMA_WRITE_MIDDLE, SQ_PSN + 2),
+            (Opcode::RC_RDMA_WRITE_MIDDLE, SQ_PSN + 3),
+            (Opcode::RC_RDMA_WRITE_LAST, SQ_PSN + 4)
+        ]
+    );
+    assert_eq!(
+        out[0].1,
+        h.mem(2048, 1024),
+        "the payload of the third packet"
+    );
+}
+
+#[test]
+fn comp_only_one_retry_sequence_at_a_time() {
+    let mut h = h_with(&RcConfig {
+        retry_cnt: 1,
+        ..RcConfig::default()
+    });
+    sends(&mut h, 3, 8);
+    let _ = h.tx();
+    let nak = aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 1, Nak(PsnSequenceError), 1);
+    h.rx(nak, &[]);
+    assert_eq!(h.tx().len(), 2, "go back to PSN+1");
+    // A second NAK for the same gap (a duplicate) starts no second retry and costs none.
+    h.rx(nak, &[]);
+    assert!(h.tx().is_empty());
+    assert_eq!(h.state(), QpState::Rts);
+    assert_eq!(h.c().completer_retry_err, 1);
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 2, ACK, 3), &[]);
+    assert_eq!(h.wcs().len(), 3);
+}
+
+#[test]
+fn comp_local_ack_timeout_0_disables_the_timer() {
+    let mut h = h_with(&RcConfig {
+        timeout: 0,
+        ..RcConfig::default()
+    });
+    sends(&mut h, 1, 8);
+    let _ = h.tx();
+    assert_eq!(h.d.poll_timeout(), None);
+}
+
+#[test]
+fn comp_retry_cnt_7_retries_forever_as_rxe() {
+    let mut h = h_with(&RcConfig {
+        retry_cnt: 7,
+        timeout: 1,
+        ..RcConfig::default()
+    });
+    sends(&mut h, 1, 8);
+    let _ = h.tx();
+    for _ in 0..40 {
+        h.advance_to_timeout();
+        assert_eq!(h.tx().len(), 1);
+    }
+    assert_eq!(h.state(), QpState::Rts);
+    assert_eq!(h.c().local_ack_timeout_err, 40);
+}
+
+/// `ib_read_bw -q 4 -s 1M` against rxe in a TCG guest, without the VM: B answers every READ
+/// at once (rxe's responder streams a whole READ response without pause) into a slow drop-tail
+/// transmit queue (the guest's qdisc, which drops silently), and A reads 8 × 1 MiB on each of
+/// 4 QPs with perftest's local ACK timeout (14: 67 ms), shorter than B takes to stream one
+/// round of 4 MiB. Returns (simulated seconds, READ response packets B sent, frames the queue
+/// dropped, A's retries).
+fn slow_bursty_read_responder(seed: u64) -> (f64, u64, u64, u64) {
+    const QPS: usize = 4;
+    const READS: u64 = 8;
+    const LEN: u32 = 1 << 20;
+    let link = Link {
+        bottleneck: Some(Bottleneck {
+            from: Side::B,
+            frames_per_sec: 25_000,
+            buffer: 3000,
+        }),
+        ..Link::default()
+    };
+    let config = DeviceConfig {
+        cc: CcConfig::off(),
+        ..DeviceConfig::default()
+    };
+    let mut p = Pair::new(seed, config, link);
+    let cfg = RcConfig {
+        timeout: 14,
+        rd_atomic: 16,
+        ..RcConfig::default()
+    };
+    let mut eps = Vec::new();
+    for q in 0..QPS {
+        let (a, b) = connect_rc(&mut p, &cfg);
+        let src: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8 ^ q as u8).collect();
+        let mb =
+            p.b.reg_mr(b.pd, src, 0x10_0000, Access::REMOTE_READ)
+                .unwrap();
+        let ma =
+            p.a.reg_mr(a.pd, vec![0; LEN as usize], 0x10_0000, Access::LOCAL_WRITE)
+                .unwrap();
+        for i in 0..READS {
+            let mut wr = SendWr::new(
+                i,
+                SendOp::Read {
+                    remote_addr: 0x10_0000,
+                    rkey: mb.rkey,
+                },
+                vec![Sge {
+                    addr: 0x10_0000,
+                    length: LEN,
+                    lkey: ma.lkey,
+                }],
+            );
+            wr.flags = SendFlags::SIGNALED;
+            p.a.post_send(a.qpn, wr).unwrap();
+        }
+        eps.push((a, b, ma));
+    }
+    let mut done = vec![0u64; QPS];
+    let limit = Instant::from_nanos(30_000_000_000);
+    let finished = p.drive_until(20_000_000, |p| {
+        for (i, (a, ..)) in eps.iter().enumerate() {
+            while let Some(wc) = p.a.poll_cq(a.cq) {
+                assert_eq!(wc.status, WcStatus::Success, "qp {i}: {wc:?}");
+                done[i] += 1;
+            }
+        }
+        done.iter().all(|&d| d == READS) || p.time > limit
+    });
+    let secs = p.time.as_nanos() as f64 / 1e9;
+    assert!(
+        finished && done.iter().all(|&d| d == READS),
+        "READs done per QP {done:?} after {secs:.2} simulated s; link {:?}",
+        p.stats
+    );
+    for (q, (a, _, ma)) in eps.iter().enumerate() {
+        let got = p.a.mrs().bytes(ma.lkey).unwrap();
+        assert!(
+            got.iter()
+                .enumerate()
+                .all(|(i, &x)| x == (i % 251) as u8 ^ q as u8),
+            "qp {q} read wrong data"
+        );
+        assert_eq!(p.a.qp(a.qpn).unwrap().state(), QpState::Rts);
+    }
+    let sent: u64 = eps
+        .iter()
+        .map(|(_, b, _)| p.b.qp(b.qpn).unwrap().counters().sent_pkts)
+        .sum();
+    let retries: u64 = eps
+        .iter()
+        .map(|(a, ..)| p.a.qp(a.qpn).unwrap().counters().completer_retry_err)
+        .sum();
+    (secs, sent, p.stats.queue_full, retries)
+}
+
+#[test]
+fn reads_complete_against_a_slow_bursty_responder_without_a_retry_storm() {
+    // 32 MiB = 32,768 response packets; at 25,000 frames/s B needs 1.31 s at best.
+    let (secs, sent, dropped, retries) = slow_bursty_read_responder(1);
+    eprintln!(
+        "{secs:.2} simulated s, {sent} response packets, {dropped} dropped, {retries} retries"
+    );
+    let needed = 4 * 8 * 1024;
+    assert!(
+        sent < needed * 2,
+        "the responder sent {sent} READ response packets for {needed} ({dropped} dropped by the \
+         queue, {retries} retries, {secs:.2} s)"
+    );
+    assert!(
+        secs < 1.31 * 2.0,
+        "{secs:.2} simulated s for 1.31 s of data ({sent} sent, {dropped} dropped, {retries} retries)"
+    );
+}

@@ -1,0 +1,193 @@
+//! End to end over the simulated link (transport/sim.rs): two devices, every operation, ECN
+//! marks and corrupted frames.
+
+use super::*;
+
+#[test]
+fn pair_send_write_read_atomic_end_to_end() {
+    let mut p = Pair::new(1, DeviceConfig::default(), Link::default());
+    let (a, b) = connect_rc(&mut p, &RcConfig::default());
+    let src: Vec<u8> = (0..5000u32).map(|i| i as u8).collect();
+    let ma =
+        p.a.reg_mr(a.pd, src.clone(), 0x1000, Access::LOCAL_WRITE)
+            .unwrap();
+    let mb =
+        p.b.reg_mr(b.pd, vec![0; 8192], 0x1000, Access::all())
+            .unwrap();
+    p.b.post_recv(
+        b.qpn,
+        RecvWr {
+            wr_id: 7,
+            sg_list: vec![Sge {
+                addr: 0x1000,
+                length: 8192,
+                lkey: mb.lkey,
+            }],
+        },
+    )
+    .unwrap();
+    let sg = |off: u64, len: u32| {
+        vec![Sge {
+            addr: 0x1000 + off,
+            length: len,
+            lkey: ma.lkey,
+        }]
+    };
+    p.a.post_send(a.qpn, SendWr::send(1, sg(0, 5000))).unwrap();
+    p.a.post_send(
+        a.qpn,
+        SendWr::new(
+            2,
+            SendOp::Write {
+                remote_addr: 0x1000 + 6000,
+                rkey: mb.rkey,
+            },
+            sg(0, 2000),
+        ),
+    )
+    .unwrap();
+    p.a.post_send(
+        a.qpn,
+        SendWr::new(
+            3,
+            SendOp::Read {
+                remote_addr: 0x1000 + 6000,
+                rkey: mb.rkey,
+            },
+            sg(3000, 2000),
+        ),
+    )
+    .unwrap();
+    p.a.post_send(
+        a.qpn,
+        SendWr::new(
+            4,
+            SendOp::CompareSwap {
+                remote_addr: 0x1000 + 8,
+                rkey: mb.rkey,
+                compare: u64::from_le_bytes(src[8..16].try_into().unwrap()),
+                swap: 77,
+            },
+            sg(4992, 8),
+        ),
+    )
+    .unwrap();
+    assert!(p.drive(10_000));
+    let wa: Vec<_> = core::iter::from_fn(|| p.a.poll_cq(a.cq)).collect();
+    let got: Vec<(u64, WcStatus)> = wa.iter().map(|w| (w.wr_id, w.status)).collect();
+    assert_eq!(
+        got,
+        [
+            (1, WcStatus::Success),
+            (2, WcStatus::Success),
+            (3, WcStatus::Success),
+            (4, WcStatus::Success)
+        ]
+    );
+    let mbytes = p.b.mrs().bytes(mb.lkey).unwrap();
+    assert_eq!(&mbytes[8..16], &77u64.to_le_bytes());
+    assert_eq!(&mbytes[6000..8000], &src[..2000]);
+    let abytes = p.a.mrs().bytes(ma.lkey).unwrap();
+    assert_eq!(&abytes[3000..4992], &src[..1992]);
+    assert_eq!(
+        &abytes[4992..5000],
+        &src[8..16],
+        "CAS returned the original"
+    );
+    let wb: Vec<_> = core::iter::from_fn(|| p.b.poll_cq(b.cq)).collect();
+    assert_eq!(wb.len(), 1);
+    assert_eq!(wb[0].byte_len, 5000);
+}
+
+#[test]
+fn sim_ce_marks_are_counted_by_the_receiving_qp() {
+    let link = Link {
+        ce: 1.0,
+        ..Link::default()
+    };
+    let mut p = Pair::new(9, DeviceConfig::default(), link);
+    let (a, b) = connect_rc(&mut p, &RcConfig::default());
+    let ma =
+        p.a.reg_mr(a.pd, vec![1; 4096], 0x1000, Access::empty())
+            .unwrap();
+    let mb =
+        p.b.reg_mr(b.pd, vec![0; 4096], 0x1000, Access::all())
+            .unwrap();
+    p.b.post_recv(
+        b.qpn,
+        RecvWr {
+            wr_id: 1,
+            sg_list: vec![Sge {
+                addr: 0x1000,
+                length: 4096,
+                lkey: mb.lkey,
+            }],
+        },
+    )
+    .unwrap();
+    let sg = vec![Sge {
+        addr: 0x1000,
+        length: 3000,
+        lkey: ma.lkey,
+    }];
+    p.a.post_send(a.qpn, SendWr::send(1, sg)).unwrap();
+    assert!(p.drive(1000));
+    let cb = *p.b.qp(b.qpn).unwrap().counters();
+    let ca = *p.a.qp(a.qpn).unwrap().counters();
+    assert_eq!(
+        cb.np_ecn_marked_roce_packets, 3,
+        "three SEND packets, all marked"
+    );
+    assert_eq!(
+        ca.np_ecn_marked_roce_packets, 1,
+        "one ACK back (ECT(0) too), marked"
+    );
+    // The CNPs the marks caused are Not-ECT, so the link (like a switch) leaves them alone.
+    let cnps: u64 = [(&p.a, a.qpn), (&p.b, b.qpn)]
+        .iter()
+        .map(|(d, q)| d.qp(*q).unwrap().congestion().unwrap().stats().np_cnp_sent)
+        .sum();
+    assert!(cnps > 0);
+    assert_eq!(p.stats.ce_marked, 4);
+    assert_eq!(p.a.poll_cq(a.cq).unwrap().status, WcStatus::Success);
+}
+
+#[test]
+fn sim_corrupted_frames_fail_the_icrc_and_are_recovered_by_retransmission() {
+    let link = Link {
+        corrupt: 0.3,
+        ..Link::default()
+    };
+    let mut p = Pair::new(5, DeviceConfig::default(), link);
+    let (a, b) = connect_rc(&mut p, &RcConfig::default());
+    let src: Vec<u8> = (0..8192u32).map(|i| (i % 241) as u8).collect();
+    let ma =
+        p.a.reg_mr(a.pd, src.clone(), 0x1000, Access::empty())
+            .unwrap();
+    let mb =
+        p.b.reg_mr(b.pd, vec![0; 8192], 0x1000, Access::all())
+            .unwrap();
+    let sg = vec![Sge {
+        addr: 0x1000,
+        length: 8192,
+        lkey: ma.lkey,
+    }];
+    p.a.post_send(
+        a.qpn,
+        SendWr::new(
+            1,
+            SendOp::Write {
+                remote_addr: 0x1000,
+                rkey: mb.rkey,
+            },
+            sg,
+        ),
+    )
+    .unwrap();
+    assert!(p.drive(100_000));
+    assert_eq!(p.a.poll_cq(a.cq).unwrap().status, WcStatus::Success);
+    assert_eq!(p.b.mrs().bytes(mb.lkey).unwrap(), &src[..]);
+    let malformed = p.a.device_counters().rx_malformed + p.b.device_counters().rx_malformed;
+    assert!(p.stats.corrupted > 0 && malformed > 0);
+    let _ = b;
+}

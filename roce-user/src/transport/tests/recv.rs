@@ -1,0 +1,84 @@
+//! Receive checks before a packet reaches a QP (rxe_recv.c): P_Key, source address, QP
+//! state, transport of the opcode, unknown QPs and garbage frames.
+
+use super::*;
+
+#[test]
+fn recv_wrong_pkey_or_foreign_source_is_dropped() {
+    let mut h = h();
+    h.recv(1, 0, 64);
+    let mut p = hdr(Opcode::RC_SEND_ONLY, RQ_PSN);
+    p.bth.pkey = PKey::new(0x1234);
+    h.rx(p, &[0; 4]);
+    assert_eq!(h.d.device_counters().bad_pkey_cntr, 1);
+    let mut p = hdr(Opcode::RC_SEND_ONLY, RQ_PSN);
+    p.bth.dest_qp = h.qpn;
+    let pkt = RxPkt {
+        repr: p,
+        payload: &[0; 4],
+        ce: false,
+    };
+    let stranger = IpAddr::V4(core::net::Ipv4Addr::new(10, 9, 9, 9));
+    h.d.handle_decoded(h.now, &pkt, Some((stranger, IpAddr::V4(ip(Side::B)))));
+    assert!(h.tx().is_empty());
+    assert_eq!(h.c().rx_dropped, 1);
+}
+
+#[test]
+fn recv_requests_before_rtr_are_dropped() {
+    let mut d = Device::new(DeviceConfig::default());
+    let pd = d.alloc_pd().unwrap();
+    let cq = d.create_cq(16).unwrap();
+    let qpn = d.create_qp(QpInit::new(QpType::Rc, pd, cq)).unwrap();
+    let mut p = hdr(Opcode::RC_SEND_ONLY, 0);
+    p.bth.dest_qp = qpn;
+    d.handle_decoded(
+        Instant::ZERO,
+        &RxPkt {
+            repr: p,
+            payload: &[],
+            ce: false,
+        },
+        None,
+    );
+    assert_eq!(d.qp(qpn).unwrap().counters().rx_dropped, 1);
+    let mut buf = vec![0; MAX_FRAME_LEN];
+    assert!(d.poll_transmit(Instant::ZERO, &mut buf).is_none());
+}
+
+#[test]
+fn recv_unknown_qp_and_garbage_frames_are_counted() {
+    let mut h = h();
+    h.d.handle_packet(h.now, &[0u8; 60]);
+    assert_eq!(h.d.device_counters().rx_malformed, 1);
+    let mut p = hdr(Opcode::RC_SEND_ONLY, RQ_PSN);
+    p.bth.dest_qp = Qpn::new(0x4242);
+    h.d.handle_decoded(
+        h.now,
+        &RxPkt {
+            repr: p,
+            payload: &[],
+            ce: false,
+        },
+        None,
+    );
+    assert_eq!(h.d.device_counters().rx_unknown_qp, 1);
+}
+
+#[test]
+fn recv_opcode_of_another_transport_is_dropped() {
+    let mut h = h();
+    h.recv(1, 0, 64);
+    let mut p = hdr(Opcode::UD_SEND_ONLY, RQ_PSN);
+    p.deth = Some(DethRepr {
+        qkey: QKey::new(0),
+        src_qp: Qpn::new(0),
+    });
+    h.rx(p, &[0; 4]);
+    let mut p = hdr(Opcode::UC_SEND_ONLY, RQ_PSN);
+    p.bth.ack_req = false;
+    h.rx(p, &[0; 4]);
+    assert!(h.tx().is_empty());
+    assert_eq!(h.c().rx_dropped, 2);
+    assert_eq!(h.d.qp(h.qpn).unwrap().expected_psn(), Psn::new(RQ_PSN));
+}

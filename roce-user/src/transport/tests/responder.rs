@@ -1,0 +1,676 @@
+//! Responder rules (reference §2 "Responder", rxe_resp.c): PSN check, opcode sequence and
+//! validity, resources, length, R_Key, execution and acknowledgement.
+
+use super::*;
+
+#[test]
+fn resp_psn_ahead_naks_psn_sequence_error_once_per_gap() {
+    let mut h = h();
+    for i in 0..4 {
+        h.recv(i, 0, 64);
+    }
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 2), &[1; 8]);
+    assert_eq!(h.acks(), vec![(Nak(PsnSequenceError), RQ_PSN)]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 3), &[1; 8]);
+    assert_eq!(
+        h.acks(),
+        vec![],
+        "a second packet of the same gap is dropped silently"
+    );
+    assert_eq!(h.c().out_of_seq_request, 2);
+    assert_eq!(h.c().out_of_sequence, 2);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[1; 8]);
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN)]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 3), &[1; 8]);
+    assert_eq!(
+        h.acks(),
+        vec![(Nak(PsnSequenceError), RQ_PSN + 1)],
+        "a new gap gets its own NAK"
+    );
+    assert_eq!(h.state(), QpState::Rts, "class B: no state change");
+}
+
+#[test]
+fn resp_duplicate_send_is_reacked_with_previous_psn() {
+    let mut h = h();
+    h.recv(1, 0, 64);
+    h.recv(2, 64, 64);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[1; 8]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1), &[2; 8]);
+    assert_eq!(h.acks().len(), 2);
+    let mut dup = hdr(Opcode::RC_SEND_ONLY, RQ_PSN);
+    dup.bth.ack_req = false;
+    h.rx(dup, &[9; 8]);
+    // C9-105: ACK again with the PSN before the expected one, even without AckReq.
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN + 1)]);
+    assert_eq!(h.c().duplicate_request, 1);
+    assert_eq!(h.wcs().len(), 2, "a duplicate never consumes a receive WR");
+    assert_eq!(h.mem(0, 8), vec![1; 8], "nor rewrites data");
+}
+
+#[test]
+fn resp_duplicate_write_is_reacked() {
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN), BASE, rkey, 4),
+        &[7; 4],
+    );
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN)]);
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN), BASE, rkey, 4),
+        &[8; 4],
+    );
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN)]);
+    assert_eq!(h.mem(0, 4), vec![7; 4]);
+}
+
+#[test]
+fn resp_duplicate_read_is_replayed_from_the_requested_psn() {
+    let mut h = h();
+    let data: Vec<u8> = (0..3000u32).map(|i| (i * 7) as u8).collect();
+    h.set_mem(0, &data);
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 3000),
+        &[],
+    );
+    let first = h.tx();
+    assert_eq!(first.len(), 3);
+    assert_eq!(h.d.qp(h.qpn).unwrap().expected_psn(), Psn::new(RQ_PSN + 3));
+    // The requester lost the first response and resumes at PSN+1, mid-way.
+    h.rx(
+        with_reth(
+            hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN + 1),
+            BASE + 1024,
+            rkey,
+            3000 - 1024,
+        ),
+        &[],
+    );
+    let replay = h.tx();
+    assert_eq!(replay.len(), 2);
+    assert_eq!(replay[0].0.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_FIRST);
+    assert_eq!(replay[0].0.bth.psn, Psn::new(RQ_PSN + 1));
+    assert_eq!(replay[0].1, data[1024..2048]);
+    assert_eq!(replay[1].0.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_LAST);
+    assert_eq!(replay[1].1, data[2048..]);
+    assert_eq!(h.c().duplicate_request, 1);
+    assert_eq!(h.c().rx_read_requests, 1, "a replay is not a new READ");
+}
+
+#[test]
+fn resp_duplicate_read_with_another_range_is_dropped() {
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 3000),
+        &[],
+    );
+    let _ = h.tx();
+    h.rx(
+        with_reth(
+            hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN + 1),
+            BASE,
+            rkey,
+            100,
+        ),
+        &[],
+    );
+    assert!(h.tx().is_empty());
+    assert_eq!(h.state(), QpState::Rts);
+}
+
+#[test]
+fn resp_duplicate_atomic_returns_the_saved_result_without_reexecuting() {
+    let mut h = h();
+    h.set_mem(0, &5u64.to_le_bytes());
+    let rkey = h.mr.rkey;
+    let fa = with_atomic(hdr(Opcode::RC_FETCH_ADD, RQ_PSN), BASE, rkey, 3, 0);
+    h.rx(fa, &[]);
+    let out = h.tx();
+    assert_eq!(out[0].0.bth.opcode, Opcode::RC_ATOMIC_ACKNOWLEDGE);
+    assert_eq!(out[0].0.atomic_ack_eth, Some(AtomicAckEthRepr { orig: 5 }));
+    assert_eq!(h.mem(0, 8), 8u64.to_le_bytes());
+    h.rx(fa, &[]);
+    let out = h.tx();
+    assert_eq!(out.len(), 1);
+    assert_eq!(
+        out[0].0.atomic_ack_eth,
+        Some(AtomicAckEthRepr { orig: 5 }),
+        "the saved original value"
+    );
+    assert_eq!(h.mem(0, 8), 8u64.to_le_bytes(), "executed exactly once");
+}
+
+#[test]
+fn resp_op_seq_middle_without_first_is_invalid_request() {
+    let mut h = h();
+    h.recv(1, 0, 4096);
+    h.rx(hdr(Opcode::RC_SEND_MIDDLE, RQ_PSN), &[0; 1024]);
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN)]);
+    assert_eq!(h.state(), QpState::Err, "class C: the QP goes to ERR");
+    let w = h.wcs();
+    assert_eq!(w.len(), 1);
+    assert_eq!(w[0].status, WcStatus::WrFlushErr);
+}
+
+#[test]
+fn resp_op_seq_first_inside_a_message_is_invalid_request() {
+    let mut h = h();
+    h.recv(1, 0, 4096);
+    let mut f = hdr(Opcode::RC_SEND_FIRST, RQ_PSN);
+    f.bth.ack_req = false;
+    h.rx(f, &[0; 1024]);
+    h.rx(hdr(Opcode::RC_SEND_FIRST, RQ_PSN + 1), &[0; 1024]);
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN + 1)]);
+    assert_eq!(h.wcs()[0].status, WcStatus::RemInvReqErr);
+}
+
+#[test]
+fn resp_op_seq_write_middle_inside_a_send_is_invalid_request() {
+    let mut h = h();
+    h.recv(1, 0, 4096);
+    let mut f = hdr(Opcode::RC_SEND_FIRST, RQ_PSN);
+    f.bth.ack_req = false;
+    h.rx(f, &[0; 1024]);
+    h.rx(hdr(Opcode::RC_RDMA_WRITE_LAST, RQ_PSN + 1), &[0; 10]);
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN + 1)]);
+    assert_eq!(h.state(), QpState::Err);
+}
+
+#[test]
+fn resp_op_valid_needs_the_qp_access_flag_of_each_operation() {
+    for (allowed, op) in [
+        (
+            Access::REMOTE_WRITE | Access::REMOTE_ATOMIC,
+            Opcode::RC_RDMA_READ_REQUEST,
+        ),
+        (
+            Access::REMOTE_READ | Access::REMOTE_ATOMIC,
+            Opcode::RC_RDMA_WRITE_ONLY,
+        ),
+        (
+            Access::REMOTE_READ | Access::REMOTE_WRITE,
+            Opcode::RC_FETCH_ADD,
+        ),
+    ] {
+        let mut h = h_with(&RcConfig {
+            access: allowed,
+            ..RcConfig::default()
+        });
+        let rkey = h.mr.rkey;
+        let p = if op == Opcode::RC_FETCH_ADD {
+            with_atomic(hdr(op, RQ_PSN), BASE, rkey, 1, 0)
+        } else {
+            with_reth(hdr(op, RQ_PSN), BASE, rkey, 0)
+        };
+        h.rx(p, &[]);
+        assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN)], "{op:?}");
+        assert_eq!(h.state(), QpState::Err);
+    }
+}
+
+#[test]
+fn resp_op_valid_unsupported_opcode_is_invalid_request() {
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(hdr(Opcode::RC_ATOMIC_WRITE, RQ_PSN), BASE, rkey, 8),
+        &[0; 8],
+    );
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN)]);
+}
+
+#[test]
+fn resp_resource_send_without_receive_wqe_sends_rnr_nak() {
+    let mut h = h_with(&RcConfig {
+        min_rnr_timer: 14,
+        ..RcConfig::default()
+    });
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[1; 8]);
+    assert_eq!(h.acks(), vec![(rnr(14), RQ_PSN)]);
+    assert_eq!(h.c().send_rnr_err, 1);
+    assert_eq!(h.c().out_of_buffer, 1);
+    assert_eq!(h.state(), QpState::Rts, "class B");
+    assert_eq!(h.d.qp(h.qpn).unwrap().expected_psn(), Psn::new(RQ_PSN));
+    h.recv(1, 0, 64);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[1; 8]);
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN)]);
+    assert_eq!(h.wcs()[0].byte_len, 8);
+}
+
+#[test]
+fn resp_resource_read_needs_max_dest_rd_atomic() {
+    let mut h = h_with(&RcConfig {
+        rd_atomic: 0,
+        ..RcConfig::default()
+    });
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 8),
+        &[],
+    );
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN)]);
+}
+
+#[test]
+fn resp_resource_a_read_past_the_table_evicts_the_oldest() {
+    // rxe's resource ring overwrites its oldest slot; a requester that respects
+    // max_rd_atomic has already completed that READ when it sends a new one.
+    let mut h = h_with(&RcConfig {
+        rd_atomic: 1,
+        ..RcConfig::default()
+    });
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 8),
+        &[],
+    );
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN + 1), BASE, rkey, 8),
+        &[],
+    );
+    let out = h.tx();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].0.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_ONLY);
+    assert_eq!(
+        out[0].0.bth.psn,
+        Psn::new(RQ_PSN + 1),
+        "only the newer READ is answered"
+    );
+    assert_eq!(h.c().rd_atomic_evicted, 1);
+    assert_eq!(h.state(), QpState::Rts);
+    assert_eq!(h.d.qp(h.qpn).unwrap().responder_resources(), 1);
+}
+
+#[test]
+fn resp_length_checks_against_path_mtu() {
+    let m = 1024usize;
+    for (name, first, op, len) in [
+        ("first short", None, Opcode::RC_SEND_FIRST, m - 4),
+        (
+            "middle short",
+            Some(Opcode::RC_SEND_FIRST),
+            Opcode::RC_SEND_MIDDLE,
+            m - 4,
+        ),
+        (
+            "last empty",
+            Some(Opcode::RC_SEND_FIRST),
+            Opcode::RC_SEND_LAST,
+            0,
+        ),
+        (
+            "last long",
+            Some(Opcode::RC_SEND_FIRST),
+            Opcode::RC_SEND_LAST,
+            m + 4,
+        ),
+        ("only long", None, Opcode::RC_SEND_ONLY, m + 4),
+    ] {
+        let mut h = h();
+        h.recv(1, 0, 8192);
+        let mut psn = RQ_PSN;
+        if let Some(f) = first {
+            let mut p = hdr(f, psn);
+            p.bth.ack_req = false;
+            h.rx(p, &vec![0; m]);
+            psn += 1;
+        }
+        h.rx(hdr(op, psn), &vec![0; len]);
+        assert_eq!(h.acks(), vec![(Nak(InvalidRequest), psn)], "{name}");
+        assert_eq!(h.state(), QpState::Err, "{name}");
+    }
+}
+
+#[test]
+fn resp_length_send_longer_than_the_receive_buffer_is_local_length_error() {
+    let mut h = h();
+    h.recv(1, 0, 100);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[0; 200]);
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN)]);
+    let w = h.wcs();
+    assert_eq!(w[0].status, WcStatus::LocLenErr);
+    assert_eq!(h.c().resp_local_length_error, 1);
+    assert_eq!(h.state(), QpState::Err);
+}
+
+#[test]
+fn resp_length_write_payload_must_match_the_reth_length() {
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN), BASE, rkey, 100),
+        &[0; 50],
+    );
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN)]);
+}
+
+#[test]
+fn resp_rkey_violations_nak_remote_access_error() {
+    let cases: [(&str, u64, i64, u32); 4] = [
+        ("unknown rkey", BASE, 1, 16),
+        ("beyond the region", BASE + (1 << 18) - 8, 0, 16),
+        ("va + len overflows", u64::MAX - 4, 0, 16),
+        ("below the region", BASE - 8, 0, 16),
+    ];
+    for (name, va, key_delta, len) in cases {
+        for op in [Opcode::RC_RDMA_WRITE_ONLY, Opcode::RC_RDMA_READ_REQUEST] {
+            let mut h = h();
+            let rkey = RKey::new(h.mr.rkey.value().wrapping_add(key_delta as u32));
+            let payload = if op == Opcode::RC_RDMA_WRITE_ONLY {
+                vec![0; len as usize]
+            } else {
+                vec![]
+            };
+            h.rx(with_reth(hdr(op, RQ_PSN), va, rkey, len), &payload);
+            assert_eq!(
+                h.acks(),
+                vec![(Nak(RemoteAccessError), RQ_PSN)],
+                "{name} {op:?}"
+            );
+            assert_eq!(h.c().resp_remote_access_errors, 1);
+            assert_eq!(h.state(), QpState::Err);
+        }
+    }
+}
+
+#[test]
+fn resp_rkey_region_without_remote_write_right_is_remote_access_error() {
+    let mut h = h();
+    let ro =
+        h.d.reg_mr(h.pd, vec![0; 64], 0x9000, Access::REMOTE_READ)
+            .unwrap();
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN), 0x9000, ro.rkey, 8),
+        &[0; 8],
+    );
+    assert_eq!(h.acks(), vec![(Nak(RemoteAccessError), RQ_PSN)]);
+}
+
+#[test]
+fn resp_rkey_zero_length_write_needs_no_rkey() {
+    let mut h = h();
+    h.rx(
+        with_reth(
+            hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN),
+            0,
+            RKey::new(0xdead),
+            0,
+        ),
+        &[],
+    );
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN)]);
+}
+
+#[test]
+fn resp_read_responses_are_segmented_with_aeth_on_first_and_last() {
+    let mut h = h();
+    let data: Vec<u8> = (0..2500u32).map(|i| i as u8).collect();
+    h.set_mem(0, &data);
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 2500),
+        &[],
+    );
+    let out = h.tx();
+    let ops: Vec<_> = out.iter().map(|(h, _)| h.bth.opcode).collect();
+    assert_eq!(
+        ops,
+        [
+            Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+            Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+            Opcode::RC_RDMA_READ_RESPONSE_LAST
+        ]
+    );
+    assert!(out[1].0.aeth.is_none());
+    assert_eq!(out[0].0.aeth.unwrap().msn, Msn::new(1), "C9-148");
+    assert_eq!(out[2].0.aeth.unwrap().syndrome, ACK);
+    let psns: Vec<_> = out.iter().map(|(h, _)| h.bth.psn.value()).collect();
+    assert_eq!(psns, [RQ_PSN, RQ_PSN + 1, RQ_PSN + 2]);
+    let got: Vec<u8> = out.iter().flat_map(|(_, p)| p.clone()).collect();
+    assert_eq!(got, data);
+    assert_eq!(h.d.qp(h.qpn).unwrap().expected_psn(), Psn::new(RQ_PSN + 3));
+}
+
+#[test]
+fn resp_zero_length_read_gets_one_empty_response_only() {
+    let mut h = h();
+    h.rx(
+        with_reth(
+            hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN),
+            0,
+            RKey::new(1),
+            0,
+        ),
+        &[],
+    );
+    let out = h.tx();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(out[0].0.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_ONLY);
+    assert!(out[0].1.is_empty());
+}
+
+#[test]
+fn resp_atomic_requires_8_byte_alignment() {
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_atomic(hdr(Opcode::RC_COMPARE_SWAP, RQ_PSN), BASE + 4, rkey, 1, 0),
+        &[],
+    );
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN)]);
+}
+
+#[test]
+fn resp_atomic_compare_swap_swaps_only_on_equal() {
+    let mut h = h();
+    h.set_mem(8, &5u64.to_le_bytes());
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_atomic(hdr(Opcode::RC_COMPARE_SWAP, RQ_PSN), BASE + 8, rkey, 9, 5),
+        &[],
+    );
+    assert_eq!(
+        h.tx()[0].0.atomic_ack_eth,
+        Some(AtomicAckEthRepr { orig: 5 })
+    );
+    h.rx(
+        with_atomic(
+            hdr(Opcode::RC_COMPARE_SWAP, RQ_PSN + 1),
+            BASE + 8,
+            rkey,
+            1,
+            5,
+        ),
+        &[],
+    );
+    assert_eq!(
+        h.tx()[0].0.atomic_ack_eth,
+        Some(AtomicAckEthRepr { orig: 9 })
+    );
+    assert_eq!(h.mem(8, 8), 9u64.to_le_bytes());
+    assert_eq!(h.c().rx_atomic_requests, 2);
+}
+
+#[test]
+fn resp_ack_is_sent_only_when_ackreq_is_set() {
+    let mut h = h();
+    h.recv(1, 0, 64);
+    h.recv(2, 64, 64);
+    let mut p = hdr(Opcode::RC_SEND_ONLY, RQ_PSN);
+    p.bth.ack_req = false;
+    h.rx(p, &[1; 4]);
+    assert!(h.tx().is_empty());
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1), &[1; 4]);
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN + 1)]);
+}
+
+#[test]
+fn resp_msn_counts_completed_messages() {
+    let mut h = h();
+    for i in 0..3 {
+        h.recv(i, 0, 4096);
+    }
+    let mut f = hdr(Opcode::RC_SEND_FIRST, RQ_PSN);
+    f.bth.ack_req = true;
+    h.rx(f, &[0; 1024]);
+    h.rx(hdr(Opcode::RC_SEND_LAST, RQ_PSN + 1), &[0; 10]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 2), &[0; 10]);
+    let msns: Vec<u32> = h
+        .tx()
+        .iter()
+        .map(|(h, _)| h.aeth.unwrap().msn.value())
+        .collect();
+    assert_eq!(msns, [0, 1, 2]);
+}
+
+#[test]
+fn resp_send_with_invalidate_invalidates_the_rkey() {
+    let mut h = h();
+    h.recv(1, 0, 64);
+    let mut p = hdr(Opcode::RC_SEND_ONLY_WITH_INVALIDATE, RQ_PSN);
+    p.ieth = Some(IethRepr { rkey: h.mr.rkey });
+    h.rx(p, &[3; 4]);
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN)]);
+    let w = h.wcs();
+    assert!(w[0].wc_flags.contains(WcFlags::WITH_INV));
+    assert_eq!(w[0].invalidated_rkey, h.mr.rkey);
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN + 1), BASE, rkey, 4),
+        &[0; 4],
+    );
+    assert_eq!(h.acks(), vec![(Nak(RemoteAccessError), RQ_PSN + 1)]);
+}
+
+#[test]
+fn resp_send_with_invalidate_of_an_invalid_rkey_is_an_error() {
+    let mut h = h();
+    h.recv(1, 0, 64);
+    let mut p = hdr(Opcode::RC_SEND_ONLY_WITH_INVALIDATE, RQ_PSN);
+    p.ieth = Some(IethRepr {
+        rkey: RKey::new(0x1234_5678),
+    });
+    h.rx(p, &[3; 4]);
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN)]);
+    assert_eq!(h.wcs()[0].status, WcStatus::RemInvReqErr);
+}
+
+#[test]
+fn resp_write_with_immediate_consumes_a_receive_wqe() {
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    let mut p = with_reth(
+        hdr(Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE, RQ_PSN),
+        BASE + 100,
+        rkey,
+        6,
+    );
+    p.immdt = Some(ImmDtRepr { imm: 0xabcd });
+    h.rx(p, &[5; 6]);
+    assert_eq!(h.acks(), vec![(rnr(1), RQ_PSN)], "no receive WQE: RNR");
+    h.recv(9, 0, 0);
+    h.rx(p, &[5; 6]);
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN)]);
+    let w = h.wcs();
+    assert_eq!(w[0].opcode, WcOpcode::RecvRdmaWithImm);
+    assert_eq!(w[0].byte_len, 6);
+    assert_eq!(w[0].imm, 0xabcd);
+    assert_eq!(h.mem(100, 6), vec![5; 6]);
+}
+
+#[test]
+fn resp_multi_packet_write_lands_at_consecutive_addresses() {
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    let data: Vec<u8> = (0..2100u32).map(|i| (i % 251) as u8).collect();
+    let mut f = with_reth(hdr(Opcode::RC_RDMA_WRITE_FIRST, RQ_PSN), BASE, rkey, 2100);
+    f.bth.ack_req = false;
+    h.rx(f, &data[..1024]);
+    let mut m = hdr(Opcode::RC_RDMA_WRITE_MIDDLE, RQ_PSN + 1);
+    m.bth.ack_req = false;
+    h.rx(m, &data[1024..2048]);
+    h.rx(hdr(Opcode::RC_RDMA_WRITE_LAST, RQ_PSN + 2), &data[2048..]);
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN + 2)]);
+    assert_eq!(h.mem(0, 2100), data);
+    assert_eq!(h.c().rx_write_requests, 1);
+}
+
+#[test]
+fn resp_solicited_event_fires_a_solicited_only_cq_notification() {
+    let mut h = h();
+    h.recv(1, 0, 64);
+    h.recv(2, 64, 64);
+    h.d.req_notify_cq(h.cq, true).unwrap();
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[1; 4]);
+    assert_eq!(h.d.poll_event(), None, "not solicited");
+    let mut p = hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1);
+    p.bth.solicited = true;
+    h.rx(p, &[1; 4]);
+    assert_eq!(h.d.poll_event(), Some(Event::CqNotify { cq: h.cq }));
+    assert_eq!(h.wcs().len(), 2);
+    h.recv(3, 0, 64);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 2), &[1; 4]);
+    assert_eq!(h.d.poll_event(), None, "one-shot: disarmed after firing");
+}
+
+#[test]
+fn resp_length_reth_longer_than_2_31_is_invalid_request() {
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(
+            hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN),
+            BASE,
+            rkey,
+            (1 << 31) + 1,
+        ),
+        &[],
+    );
+    assert_eq!(h.acks(), vec![(Nak(InvalidRequest), RQ_PSN)]);
+}
+
+#[test]
+fn resp_rnr_nak_stands_for_its_gap_until_the_retry() {
+    let mut h = h();
+    let mut f = hdr(Opcode::RC_SEND_ONLY, RQ_PSN);
+    f.bth.ack_req = true;
+    h.rx(f, &[0; 8]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1), &[0; 8]);
+    assert_eq!(
+        h.acks(),
+        vec![(rnr(1), RQ_PSN)],
+        "no PSN NAK for the packet behind the RNR NAK"
+    );
+    h.recv(1, 0, 64);
+    h.recv(2, 64, 64);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[0; 8]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1), &[0; 8]);
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN), (ACK, RQ_PSN + 1)]);
+}
+
+#[test]
+fn resp_rkey_of_another_protection_domain_is_remote_access_error() {
+    let mut h = h();
+    let other = h.d.alloc_pd().unwrap();
+    let m =
+        h.d.reg_mr(other, vec![0; 64], 0x9000, Access::all())
+            .unwrap();
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN), 0x9000, m.rkey, 8),
+        &[0; 8],
+    );
+    assert_eq!(h.acks(), vec![(Nak(RemoteAccessError), RQ_PSN)]);
+    assert!(matches!(
+        h.d.dealloc_pd(other),
+        Err(DeviceError::PdInUse(_))
+    ));
+    h.d.dereg_mr(m.lkey).unwrap();
+    h.d.dealloc_pd(other).unwrap();
+    assert!(matches!(
+        h.d.reg_mr(other, vec![], 0, Access::empty()),
+        Err(DeviceError::NoSuchPd(_))
+    ));
+}
