@@ -1,16 +1,19 @@
 //! Hostile packets against a running endpoint (issue #9): the verbs API runs in this process on
 //! end B of a veth pair, with XDP and AF_XDP engines like any application; end A holds a raw
-//! socket that sends crafted frames (built with the wire emitter, so the ICRC is right and the
-//! frames reach the transport) and captures what B answers. A `roce perf write` server on A is
-//! the peer of a legitimate QP of B that WRITEs and READs back verified data throughout.
+//! socket that sends crafted frames (built from `roce::wire`'s public header reprs with the wire
+//! emitter, so the ICRC is right and the frames reach the transport) and captures what B
+//! answers. A `roce perf write` server on A is the peer of a legitimate QP of B that WRITEs and
+//! READs back verified data throughout.
 //!
-//! Each case gets the answer `/work/shared/reference/roce-v2.md` (rxe's responder) prescribes,
-//! a specific NAK code or a counted silent drop, and every registered region keeps its canary
-//! bytes ([`roce::api::Device::mr_guard_violations`]) and its contents outside what valid
+//! The attacks are a table of [`Case`]s: the frames, the answer rxe's responder prescribes (the
+//! project's RoCE v2 reference notes, `reference/roce-v2.md`) — a specific NAK code or a
+//! silent drop — and the counters that must account for it. Every registered region keeps its
+//! canary bytes ([`roce::api::Device::mr_guard_violations`]) and its contents outside what valid
 //! requests wrote. Root.
 
 use std::{
-    net::{IpAddr, TcpStream},
+    net::{IpAddr, Ipv4Addr, TcpStream},
+    ops::RangeInclusive,
     process::{Child, Command, Stdio},
     sync::{
         Arc,
@@ -29,13 +32,13 @@ use roce::{
     loader::Pins,
     netinfo::Gid,
     netns::{self, VethOptions, VethPair},
-    transport::{
-        PKey, PktHdr,
-        pkt::{Aeth, AtomicEth, Reth},
+    wire::{
+        AethRepr, AethSyndrome, AtomicEthRepr, BthRepr, DethRepr, EthernetAddress, IpPath, Msn,
+        NakCode, Opcode, PKey, PathRepr, QKey, RethRepr, RoceRepr, emit_frame, parse_frame,
+        types::Psn,
     },
-    wire::{EthernetAddress, IpPath, Opcode, PathRepr, emit_frame, parse_frame, types::Psn},
 };
-use roce_common::counters::{QpCounters, XdpStats};
+use roce_common::counters::XdpStats;
 use roce_tests::{RawPort, require_root, roce_bin, tag};
 
 /// The first PSN the attacker (posing as each victim QP's peer) sends.
@@ -43,9 +46,6 @@ const RQ_PSN: u32 = 0x10_0000;
 /// Each victim QP's first PSN.
 const SQ_PSN: u32 = 0x20_0000;
 const MR_LEN: usize = 4096;
-const NAK_PSN: u8 = 0x60;
-const NAK_INV: u8 = 0x61;
-const NAK_ACC: u8 = 0x62;
 
 /// Kills a child process on drop, so a failing test leaves no endpoint running.
 struct Reaper(Option<Child>);
@@ -59,9 +59,6 @@ impl Drop for Reaper {
     }
 }
 
-/// Builds one attack packet for a victim QP.
-type MakePkt = Box<dyn Fn(Qpn) -> (PktHdr, Vec<u8>)>;
-
 /// Removes what a test left attached (pins of a killed or panicked endpoint) on drop.
 struct Unpin(Vec<String>);
 
@@ -73,12 +70,58 @@ impl Drop for Unpin {
     }
 }
 
+/// One crafted packet: the BTH and extended headers, and the payload after them.
+struct Pkt {
+    roce: RoceRepr,
+    payload: Vec<u8>,
+}
+
+impl Pkt {
+    /// A packet of `opcode` to `qpn` at `psn` with only a BTH (P_Key 0xffff, no flags) and
+    /// `payload_len` bytes of 0xee: add the extended headers the opcode needs.
+    fn bare(opcode: Opcode, qpn: Qpn, psn: u32, payload_len: usize) -> Self {
+        Self {
+            roce: RoceRepr::new(BthRepr::new(opcode, qpn, Psn::new(psn))),
+            payload: vec![0xee; payload_len],
+        }
+    }
+
+    /// Sets the BTH's AckReq: the responder must acknowledge this packet.
+    fn ack_req(mut self) -> Self {
+        self.roce.bth.ack_req = true;
+        self
+    }
+
+    /// An RDMA WRITE ONLY with AckReq whose RETH names `len` bytes at `va` under `rkey`,
+    /// carrying `payload_len` bytes of 0xee.
+    fn write(qpn: Qpn, psn: u32, va: u64, rkey: RKey, len: u32, payload_len: usize) -> Self {
+        let mut p = Self::bare(Opcode::RC_RDMA_WRITE_ONLY, qpn, psn, payload_len).ack_req();
+        p.roce.reth = Some(RethRepr {
+            va,
+            rkey,
+            dma_len: len,
+        });
+        p
+    }
+
+    /// An RDMA READ request with AckReq for `len` bytes at `va` under `rkey`.
+    fn read(qpn: Qpn, psn: u32, va: u64, rkey: RKey, len: u32) -> Self {
+        let mut p = Self::bare(Opcode::RC_RDMA_READ_REQUEST, qpn, psn, 0).ack_req();
+        p.roce.reth = Some(RethRepr {
+            va,
+            rkey,
+            dma_len: len,
+        });
+        p
+    }
+}
+
 /// What B answered to one attack.
 #[derive(Debug, PartialEq, Eq)]
 enum Answer {
     Silent,
     Ack(u32),
-    Nak(u8, u32),
+    Nak(NakCode, u32),
     ReadResp { psn: u32, len: usize },
     Other(String),
 }
@@ -92,11 +135,17 @@ struct Attacker {
 }
 
 impl Attacker {
-    fn frame(&self, path: &PathRepr, h: &PktHdr, payload: &[u8]) -> Vec<u8> {
+    /// `p` as a frame on `path` (use [`Attacker::frame`] for the attacker's own path).
+    fn frame_on(path: &PathRepr, p: &Pkt) -> Vec<u8> {
         let mut buf = vec![0; 9000];
-        let n = emit_frame(path, &h.to_repr(), payload, &mut buf).expect("emit");
+        let n = emit_frame(path, &p.roce, &p.payload, &mut buf).expect("emit");
         buf.truncate(n);
         buf
+    }
+
+    /// `p` as a frame from A to B.
+    fn frame(&self, p: &Pkt) -> Vec<u8> {
+        Self::frame_on(&self.path, p)
     }
 
     /// Sends `frames` and returns what B sent to `peer`, as [`Attacker::exchange_once`]; when
@@ -143,24 +192,20 @@ impl Attacker {
 /// What frame `g` says, if it is a RoCE frame B sent to `peer`.
 fn answer(g: &[u8], peer: Qpn) -> Option<Answer> {
     let f = parse_frame(g).ok()?;
-    let h = PktHdr::from_repr(&f.roce);
-    if h.dest_qp != peer {
+    let bth = f.roce.bth;
+    if bth.dest_qp != peer {
         return None;
     }
-    let len = f.payload.len();
-    let syn = h.aeth.map_or(0, |a| a.syndrome);
-    Some(match h.opcode {
-        Opcode::RC_ACKNOWLEDGE if syn & 0xe0 == 0 => Answer::Ack(h.psn.value()),
-        Opcode::RC_ACKNOWLEDGE if syn & 0xe0 == 0x60 => Answer::Nak(syn, h.psn.value()),
-        Opcode::RC_RDMA_READ_RESPONSE_ONLY => Answer::ReadResp {
-            psn: h.psn.value(),
-            len,
+    let psn = bth.psn.value();
+    let syndrome = f.roce.aeth.map(|a| a.syndrome);
+    Some(match (bth.opcode, syndrome) {
+        (Opcode::RC_ACKNOWLEDGE, Some(AethSyndrome::Ack { .. })) => Answer::Ack(psn),
+        (Opcode::RC_ACKNOWLEDGE, Some(AethSyndrome::Nak(code))) => Answer::Nak(code, psn),
+        (Opcode::RC_RDMA_READ_RESPONSE_ONLY, _) => Answer::ReadResp {
+            psn,
+            len: f.payload.len(),
         },
-        _ => Answer::Other(format!(
-            "{:?} psn {:#x} syndrome {syn:#x}",
-            h.opcode,
-            h.psn.value()
-        )),
+        (opcode, _) => Answer::Other(format!("{opcode:?} psn {psn:#x} syndrome {syndrome:?}")),
     })
 }
 
@@ -259,11 +304,439 @@ fn server_finish(mut r: Reaper) -> (bool, String) {
     )
 }
 
+/// Where a counter that a case must move lives.
+#[derive(Clone, Copy, Debug)]
+enum Counter {
+    /// A field of the victim QP's [`roce_common::counters::QpCounters`].
+    Qp(&'static str),
+    /// A field of the device's counters.
+    Dev(&'static str),
+    /// A field of roce_xdp's [`XdpStats`] on B.
+    Xdp(&'static str),
+    /// CNPs the victim QP's reaction point saw: `rp_cnp_handled + rp_cnp_ignored`.
+    RpCnp,
+}
+
+impl Counter {
+    /// The counter's value now, for victim QP `q` on interface `b_if`.
+    fn read(self, dev: &Device, b_if: &str, q: Qpn) -> u64 {
+        match self {
+            Self::Qp(n) => dev
+                .counters()
+                .1
+                .into_iter()
+                .find(|(x, _)| *x == q)
+                .map(|(_, c)| c)
+                .unwrap_or_default()
+                .get(n)
+                .unwrap_or_else(|| panic!("no QP counter {n}")),
+            Self::Dev(n) => dev
+                .counters()
+                .0
+                .get(n)
+                .unwrap_or_else(|| panic!("no device counter {n}")),
+            Self::Xdp(n) => Pins::new(b_if)
+                .xdp_stats()
+                .expect("xdp stats")
+                .get(n)
+                .unwrap_or_else(|| panic!("no XDP counter {n}")),
+            Self::RpCnp => dev
+                .cc_snapshots()
+                .iter()
+                .filter(|(x, _)| *x == q)
+                .map(|(_, s)| s.stats.rp_cnp_handled + s.stats.rp_cnp_ignored)
+                .sum(),
+        }
+    }
+}
+
+/// How far a counter must move, given how many times the frames were sent
+/// ([`Attacker::tries`]): a silent case's counter moves once per try that reached the endpoint.
+type Moves = fn(u64) -> RangeInclusive<u64>;
+
+/// Once per try: between 1 and the number of tries.
+const PER_TRY: Moves = |tries| 1..=tries;
+/// Not at all.
+const NEVER: Moves = |_| 0..=0;
+
+/// Which QP a case attacks.
+#[derive(Clone, Copy)]
+enum Victim {
+    /// The QP the sequential cases share (each case's PSNs follow the previous ones).
+    Shared,
+    /// A QP of its own, connected for this case (fatal errors leave it in ERR).
+    Fresh,
+    /// A QPN nobody on B owns; the frames pose as coming from a peer of the same number.
+    Foreign(Qpn),
+}
+
+/// Builds a case's frames for the victim QP's number.
+type MakeFrames = Box<dyn Fn(&Attacker, Qpn) -> Vec<Vec<u8>>>;
+
+/// Builds one attack packet for a victim QP's number.
+type MakePkt = Box<dyn Fn(Qpn) -> Pkt>;
+
+/// One attack and everything it must cause.
+struct Case {
+    /// The rule under test.
+    name: &'static str,
+    victim: Victim,
+    /// The frames, for the victim QP's number.
+    frames: MakeFrames,
+    /// What B answers, in order ([`Answer::Silent`] alone for nothing).
+    expect: Vec<Answer>,
+    /// The counters the attack moves, and by how much.
+    counters: Vec<(Counter, Moves)>,
+    /// The victim QP's state afterwards, when the case says.
+    state: Option<QpState>,
+}
+
+impl Case {
+    fn new(
+        name: &'static str,
+        victim: Victim,
+        frames: impl Fn(&Attacker, Qpn) -> Vec<Vec<u8>> + 'static,
+        expect: Vec<Answer>,
+    ) -> Self {
+        Self {
+            name,
+            victim,
+            frames: Box::new(frames),
+            expect,
+            counters: Vec::new(),
+            state: None,
+        }
+    }
+
+    /// A case of one packet, built by `pkt` for the victim QP's number.
+    fn one(
+        name: &'static str,
+        victim: Victim,
+        pkt: impl Fn(Qpn) -> Pkt + 'static,
+        expect: Vec<Answer>,
+    ) -> Self {
+        Self::new(name, victim, move |a, q| vec![a.frame(&pkt(q))], expect)
+    }
+
+    fn counter(mut self, c: Counter, moves: Moves) -> Self {
+        self.counters.push((c, moves));
+        self
+    }
+
+    fn state(mut self, s: QpState) -> Self {
+        self.state = Some(s);
+        self
+    }
+}
+
+/// Runs cases and collects what went wrong, inside namespace B.
+struct Bench<'a> {
+    dev: &'a Device,
+    b_if: &'a str,
+    atk: &'a mut Attacker,
+    fails: Vec<String>,
+    log: String,
+}
+
+impl Bench<'_> {
+    /// Sends `c`'s frames to QP `q` (posing as `peer`), then checks the answer, the counters
+    /// and the QP state it prescribes.
+    fn run(&mut self, c: &Case, q: Qpn, peer: Qpn) {
+        let before: Vec<u64> = c
+            .counters
+            .iter()
+            .map(|(n, _)| n.read(self.dev, self.b_if, q))
+            .collect();
+        let frames = (c.frames)(self.atk, q);
+        let got = self.atk.exchange(&frames, peer);
+        self.answer(c.name, got, &c.expect);
+        for ((counter, moves), b) in c.counters.iter().zip(before) {
+            let delta = counter.read(self.dev, self.b_if, q) - b;
+            let want = moves(self.atk.tries);
+            if !want.contains(&delta) {
+                self.fails.push(format!(
+                    "{}: counter {counter:?} moved by {delta}, want {want:?}",
+                    c.name
+                ));
+            }
+        }
+        if let Some(want) = c.state {
+            let s = self.dev.qp_state(q);
+            if s != Some(want) {
+                self.fails
+                    .push(format!("{}: QP state {s:?}, want {want:?}", c.name));
+            }
+        }
+    }
+
+    fn answer(&mut self, what: &str, got: Vec<Answer>, want: &[Answer]) {
+        let got = answers_or_silent(got);
+        self.log.push_str(&format!("{what}: {got:?}\n"));
+        if got != want {
+            self.fails
+                .push(format!("{what}: got {got:?}, want {want:?}"));
+        }
+    }
+
+    /// Headers truncated at every byte boundary of `whole`: none reaches a QP. Every cut is
+    /// dropped or passed by roce_xdp, or redirected and counted malformed by the engine.
+    fn truncations(&mut self, whole: &[u8], peer: Qpn) {
+        let cuts: Vec<Vec<u8>> = (14..whole.len()).map(|n| whole[..n].to_vec()).collect();
+        let x0 = Pins::new(self.b_if).xdp_stats().expect("xdp stats");
+        let d0 = self.dev.counters().0;
+        let got = self.atk.exchange(&cuts, peer);
+        self.answer("truncated frames", got, &[Answer::Silent]);
+        let x1 = Pins::new(self.b_if).xdp_stats().expect("xdp stats");
+        let d1 = self.dev.counters().0;
+        let dx = x1.saturating_sub(&x0);
+        let not_delivered: u64 = XdpStats::NAMES
+            .iter()
+            .filter(|n| n.starts_with("drop_") || n.starts_with("pass_"))
+            .map(|n| dx.get(n).unwrap_or(0))
+            .sum();
+        let delivered_malformed = d1.rx_malformed - d0.rx_malformed;
+        self.log.push_str(&format!(
+            "truncated: {} frames; xdp dropped/passed {not_delivered}, redirected {} (engine counted {delivered_malformed} malformed)\n",
+            cuts.len(),
+            dx.redirected
+        ));
+        if not_delivered + delivered_malformed < cuts.len() as u64 * self.atk.tries
+            || dx.redirected != delivered_malformed
+        {
+            self.fails.push(format!(
+                "truncated: {} frames, xdp dropped/passed {not_delivered}, redirected {}, engine malformed {delivered_malformed}: {dx:?}",
+                cuts.len(),
+                dx.redirected
+            ));
+        }
+    }
+}
+
+/// The attacks on the shared QP, in order: each case's PSNs follow what the ones before did.
+/// `spoof` is A's path with another source address.
+fn shared_cases(tgt: roce::api::MrInfo, spoof: PathRepr) -> Vec<Case> {
+    use Victim::Shared;
+    let write = move |q, psn, off: u64| Pkt::write(q, psn, tgt.iova + off, tgt.rkey, 64, 64);
+    vec![
+        Case::one(
+            "valid WRITE is ACKed",
+            Shared,
+            move |q| write(q, RQ_PSN, 0),
+            vec![Answer::Ack(RQ_PSN)],
+        ),
+        Case::one(
+            "wrong P_Key is dropped and counted",
+            Shared,
+            move |q| {
+                let mut p = write(q, RQ_PSN + 1, 64);
+                p.roce.bth.pkey = PKey::new(0x7123);
+                p
+            },
+            vec![Answer::Silent],
+        )
+        .counter(Counter::Dev("bad_pkey_cntr"), PER_TRY),
+        Case::new(
+            "wrong source address of a connected QP is dropped and counted",
+            Shared,
+            move |_, q| vec![Attacker::frame_on(&spoof, &write(q, RQ_PSN + 1, 64))],
+            vec![Answer::Silent],
+        )
+        .counter(Counter::Qp("rx_dropped"), PER_TRY),
+        // An RC QP addressed as if from another QP: a UD SEND whose DETH names some source QP.
+        // The opcode's transport is not the QP's (rxe_recv.c), so it is dropped and counted.
+        Case::one(
+            "UD SEND from another QP to an RC QP is dropped and counted",
+            Shared,
+            |q| {
+                let mut p = Pkt::bare(Opcode::UD_SEND_ONLY, q, RQ_PSN + 1, 64);
+                p.roce.deth = Some(DethRepr {
+                    qkey: QKey::new(0x8001_0000),
+                    src_qp: Qpn::new(0x1234),
+                });
+                p
+            },
+            vec![Answer::Silent],
+        )
+        .counter(Counter::Qp("rx_dropped"), PER_TRY),
+        // Counted per packet (mlx5 out_of_sequence semantics; rxe counts only the NAKed one),
+        // NAKed once per gap with the expected PSN, then silence.
+        Case::new(
+            "PSN far ahead (twice) is NAKed once as a sequence error",
+            Shared,
+            move |a, q| {
+                [0x40_0000, 0x40_0001]
+                    .map(|ahead| a.frame(&write(q, RQ_PSN + 1 + ahead, 512)))
+                    .to_vec()
+            },
+            vec![Answer::Nak(NakCode::PsnSequenceError, RQ_PSN + 1)],
+        )
+        .counter(Counter::Qp("out_of_sequence"), |_| 2..=2)
+        .counter(Counter::Qp("duplicate_request"), NEVER),
+        // A duplicate is re-ACKed with the last PSN done (C9-105), nothing written.
+        Case::one(
+            "PSN far behind is a duplicate, re-ACKed",
+            Shared,
+            move |q| write(q, (RQ_PSN + 0x100_0000 - 0x40_0000) & 0xff_ffff, 512),
+            vec![Answer::Ack(RQ_PSN)],
+        )
+        .counter(Counter::Qp("duplicate_request"), |_| 1..=1)
+        .counter(Counter::Qp("out_of_sequence"), NEVER),
+        Case::one(
+            "in-sequence WRITE after the attacks is ACKed",
+            Shared,
+            move |q| write(q, RQ_PSN + 1, 64),
+            vec![Answer::Ack(RQ_PSN + 1)],
+        ),
+        // A WRITE of 0 bytes needs no valid R_Key (rxe check_rkey).
+        Case::one(
+            "zero-length WRITE with any R_Key is ACKed",
+            Shared,
+            |q| Pkt::write(q, RQ_PSN + 2, 0, RKey::new(0x1234), 0, 0),
+            vec![Answer::Ack(RQ_PSN + 2)],
+        ),
+        Case::one(
+            "zero-length READ gets an empty READ response",
+            Shared,
+            move |q| Pkt::read(q, RQ_PSN + 3, tgt.iova, tgt.rkey, 0),
+            vec![Answer::ReadResp {
+                psn: RQ_PSN + 3,
+                len: 0,
+            }],
+        ),
+        Case::one(
+            "ACK for a PSN never sent is dropped and counted, the QP stays up",
+            Shared,
+            |q| {
+                let mut p = Pkt::bare(Opcode::RC_ACKNOWLEDGE, q, SQ_PSN + 50, 0);
+                p.roce.aeth = Some(AethRepr {
+                    syndrome: AethSyndrome::ACK_UNLIMITED,
+                    msn: Msn::new(9),
+                });
+                p
+            },
+            vec![Answer::Silent],
+        )
+        .counter(Counter::Qp("rx_dropped"), PER_TRY)
+        .state(QpState::Rts),
+    ]
+}
+
+/// CNPs sent in the CNP flood, per try.
+const CNPS: u64 = 500;
+
+/// The attacks accounted in XDP counters, run while the legitimate flow pauses.
+fn quiet_cases(tgt: roce::api::MrInfo) -> Vec<Case> {
+    let foreign = Qpn::new(0x00ff_fff0);
+    vec![
+        Case::new(
+            "CNP flood is counted by XDP and the reaction point, never answered",
+            Victim::Shared,
+            |a, q| {
+                let cnp = a.frame(&Pkt {
+                    roce: RoceRepr::cnp(q),
+                    payload: Vec::new(),
+                });
+                (0..CNPS).map(|_| cnp.clone()).collect()
+            },
+            vec![Answer::Silent],
+        )
+        .counter(Counter::Xdp("cnp"), |t| CNPS * t..=CNPS * t)
+        .counter(Counter::RpCnp, |t| CNPS * t * 9 / 10..=CNPS * t)
+        .state(QpState::Rts),
+        // Not ours, so roce_xdp passes it to the kernel (counted).
+        Case::one(
+            "unknown QPN is passed to the kernel, no answer",
+            Victim::Foreign(foreign),
+            move |q| Pkt::write(q, RQ_PSN, tgt.iova, tgt.rkey, 64, 64),
+            vec![Answer::Silent],
+        )
+        .counter(Counter::Xdp("pass_foreign_qp"), PER_TRY),
+    ]
+}
+
+/// Fatal responder errors (class C): NAK with the code, the counter moves, and
+/// the QP goes to ERR. Each runs on a QP of its own.
+fn fatal_cases(regions: &Regions) -> Vec<Case> {
+    let (tgt, ro, lo) = (regions.target, regions.ro, regions.lo);
+    let fatal = |name, pkt: MakePkt, code, counter| {
+        Case::one(name, Victim::Fresh, pkt, vec![Answer::Nak(code, RQ_PSN)])
+            .counter(Counter::Qp(counter), |_| 1..=u64::MAX)
+            .state(QpState::Err)
+    };
+    let access = |name, pkt: MakePkt| {
+        fatal(
+            name,
+            pkt,
+            NakCode::RemoteAccessError,
+            "resp_remote_access_errors",
+        )
+    };
+    let invalid =
+        |name, pkt: MakePkt| fatal(name, pkt, NakCode::InvalidRequest, "resp_invalid_request");
+    let end = tgt.iova + MR_LEN as u64;
+    vec![
+        access(
+            "READ with a bad R_Key",
+            Box::new(move |q| {
+                let bad = RKey::new(tgt.rkey.value() ^ 0x5a5a);
+                Pkt::read(q, RQ_PSN, tgt.iova, bad, 16)
+            }),
+        ),
+        access(
+            "READ with the local-only region's key",
+            Box::new(move |q| Pkt::read(q, RQ_PSN, lo.iova, lo.rkey, 16)),
+        ),
+        access(
+            "READ with VA past the region",
+            Box::new(move |q| Pkt::read(q, RQ_PSN, end, tgt.rkey, 16)),
+        ),
+        access(
+            "READ with VA + length wrapping",
+            Box::new(move |q| Pkt::read(q, RQ_PSN, u64::MAX - 15, tgt.rkey, 64)),
+        ),
+        access(
+            "WRITE with VA + length wrapping",
+            Box::new(move |q| Pkt::write(q, RQ_PSN, u64::MAX - 15, tgt.rkey, 64, 64)),
+        ),
+        access(
+            "WRITE past the region's end",
+            Box::new(move |q| Pkt::write(q, RQ_PSN, end - 32, tgt.rkey, 64, 64)),
+        ),
+        access(
+            "WRITE into a region without remote write",
+            Box::new(move |q| Pkt::write(q, RQ_PSN, ro.iova, ro.rkey, 64, 64)),
+        ),
+        invalid(
+            "misaligned atomic",
+            Box::new(move |q| {
+                let mut p = Pkt::bare(Opcode::RC_FETCH_ADD, q, RQ_PSN, 0);
+                p.roce.atomic_eth = Some(AtomicEthRepr {
+                    va: tgt.iova + 4,
+                    rkey: tgt.rkey,
+                    swap_add: 1,
+                    compare: 0,
+                });
+                p
+            }),
+        ),
+        invalid(
+            "payload larger than the path MTU",
+            Box::new(move |q| Pkt::write(q, RQ_PSN, tgt.iova, tgt.rkey, 1028, 1028)),
+        ),
+        invalid(
+            "WRITE MIDDLE without a FIRST",
+            Box::new(|q| Pkt::bare(Opcode::RC_RDMA_WRITE_MIDDLE, q, RQ_PSN, 1024).ack_req()),
+        ),
+        invalid(
+            "SEND LAST without a FIRST",
+            Box::new(|q| Pkt::bare(Opcode::RC_SEND_LAST, q, RQ_PSN, 64).ack_req()),
+        ),
+    ]
+}
+
 /// The whole attack, inside namespace B. Returns (failures, log).
 #[allow(clippy::too_many_lines)]
-fn run(b_if: &str, a_ip: std::net::Ipv4Addr, atk: &mut Attacker) -> (Vec<String>, String) {
-    let mut fails = Vec::new();
-    let mut log = String::new();
+fn run(b_if: &str, a_ip: Ipv4Addr, atk: &mut Attacker) -> (Vec<String>, String) {
     let dev = Arc::new(Device::open(b_if, &DeviceOptions::default()).expect("open B"));
     let pd = dev.alloc_pd().expect("pd");
     let cq = dev.create_cq(4096).expect("cq");
@@ -323,496 +796,54 @@ fn run(b_if: &str, a_ip: std::net::Ipv4Addr, atk: &mut Attacker) -> (Vec<String>
             peer,
         )
     };
-    let qc = |dev: &Device, qpn: Qpn| -> QpCounters {
-        dev.counters()
-            .1
-            .into_iter()
-            .find(|(q, _)| *q == qpn)
-            .map(|(_, c)| c)
-            .unwrap_or_default()
-    };
     let tgt = regions.target;
-    let write = |qpn: Qpn, psn: u32, va: u64, rkey: RKey, len: u32, payload: usize| {
-        let mut h = PktHdr::new(Opcode::RC_RDMA_WRITE_ONLY, qpn, Psn::new(psn));
-        h.ack_req = true;
-        h.reth = Some(Reth { va, rkey, len });
-        (h, vec![0xee; payload])
-    };
-    let read = |qpn: Qpn, psn: u32, va: u64, rkey: RKey, len: u32| {
-        let mut h = PktHdr::new(Opcode::RC_RDMA_READ_REQUEST, qpn, Psn::new(psn));
-        h.ack_req = true;
-        h.reth = Some(Reth { va, rkey, len });
-        (h, Vec::new())
-    };
-    let check = |what: &str,
-                 got: Vec<Answer>,
-                 want: &[Answer],
-                 fails: &mut Vec<String>,
-                 log: &mut String| {
-        let got = answers_or_silent(got);
-        log.push_str(&format!("{what}: {got:?}\n"));
-        if got != want {
-            fails.push(format!("{what}: got {got:?}, want {want:?}"));
-        }
-    };
-    // A silent case's frames are sent up to 3 times (`Attacker::exchange`), so its counter
-    // moves once per try that reached the endpoint: between 1 and `atk.tries`.
-    let expect_counter = |what: &str,
-                          name: &str,
-                          delta: u64,
-                          want: std::ops::RangeInclusive<u64>,
-                          fails: &mut Vec<String>| {
-        if !want.contains(&delta) {
-            fails.push(format!(
-                "{what}: counter {name} moved by {delta}, want {want:?}"
-            ));
-        }
-    };
-    let state_is = |dev: &Device, qpn: Qpn, want: QpState, what: &str, fails: &mut Vec<String>| {
-        let s = dev.qp_state(qpn);
-        if s != Some(want) {
-            fails.push(format!("{what}: QP state {s:?}, want {want:?}"));
-        }
-    };
-    let pkt = |atk: &Attacker, (h, p): (PktHdr, Vec<u8>)| atk.frame(&atk.path, &h, &p);
-
-    // 1. A valid WRITE works (the baseline), then a wrong P_Key is dropped and counted.
-    let (q, peer) = victim(&dev);
-    let got = atk.exchange(
-        &[pkt(atk, write(q, RQ_PSN, tgt.iova, tgt.rkey, 64, 64))],
-        peer,
-    );
-    check(
-        "valid WRITE",
-        got,
-        &[Answer::Ack(RQ_PSN)],
-        &mut fails,
-        &mut log,
-    );
-    let d0 = dev.counters().0;
-    let (mut h, p) = write(q, RQ_PSN + 1, tgt.iova + 64, tgt.rkey, 64, 64);
-    h.pkey = PKey::new(0x7123);
-    let got = atk.exchange(&[atk.frame(&atk.path, &h, &p)], peer);
-    check("wrong P_Key", got, &[Answer::Silent], &mut fails, &mut log);
-    let d1 = dev.counters().0;
-    expect_counter(
-        "wrong P_Key",
-        "bad_pkey_cntr",
-        d1.bad_pkey_cntr - d0.bad_pkey_cntr,
-        1..=atk.tries,
-        &mut fails,
-    );
-
-    // 2. A connected QP addressed from the wrong source address: dropped, counted.
-    let c0 = qc(&dev, q);
     let mut spoof = atk.path;
     spoof.ip = IpPath::V4 {
-        src: std::net::Ipv4Addr::new(a_ip.octets()[0], a_ip.octets()[1], a_ip.octets()[2], 99),
+        src: Ipv4Addr::new(a_ip.octets()[0], a_ip.octets()[1], a_ip.octets()[2], 99),
         dst: match atk.path.ip {
             IpPath::V4 { dst, .. } => dst,
             IpPath::V6 { .. } => unreachable!(),
         },
     };
-    let (h, p) = write(q, RQ_PSN + 1, tgt.iova + 64, tgt.rkey, 64, 64);
-    let got = atk.exchange(&[atk.frame(&spoof, &h, &p)], peer);
-    check(
-        "wrong source address",
-        got,
-        &[Answer::Silent],
-        &mut fails,
-        &mut log,
-    );
-    let c1 = qc(&dev, q);
-    expect_counter(
-        "wrong source address",
-        "rx_dropped",
-        c1.rx_dropped - c0.rx_dropped,
-        1..=atk.tries,
-        &mut fails,
-    );
-    // An RC QP addressed as if from another QP: a UD SEND whose DETH names some source QP.
-    // The opcode's transport is not the QP's (rxe_recv.c), so it is dropped and counted.
-    let c0 = qc(&dev, q);
-    let mut h = PktHdr::new(Opcode::UD_SEND_ONLY, q, Psn::new(RQ_PSN + 1));
-    h.deth = Some(roce::transport::pkt::Deth {
-        qkey: roce::wire::QKey::new(0x8001_0000),
-        src_qp: Qpn::new(0x1234),
-    });
-    let got = atk.exchange(&[atk.frame(&atk.path, &h, &[0xee; 64])], peer);
-    check(
-        "UD SEND from another QP to an RC QP",
-        got,
-        &[Answer::Silent],
-        &mut fails,
-        &mut log,
-    );
-    let c1 = qc(&dev, q);
-    expect_counter(
-        "UD SEND from another QP to an RC QP",
-        "rx_dropped",
-        c1.rx_dropped - c0.rx_dropped,
-        1..=atk.tries,
-        &mut fails,
-    );
-
-    // 3. PSNs far ahead: one NAK sequence error carrying the expected PSN, then silence; far
-    // behind: a duplicate, re-ACKed with the last PSN done (C9-105), nothing written.
-    let c0 = qc(&dev, q);
-    let far = [
-        pkt(
-            atk,
-            write(q, RQ_PSN + 1 + 0x40_0000, tgt.iova + 512, tgt.rkey, 64, 64),
-        ),
-        pkt(
-            atk,
-            write(q, RQ_PSN + 1 + 0x40_0001, tgt.iova + 512, tgt.rkey, 64, 64),
-        ),
-    ];
-    let got = atk.exchange(&far, peer);
-    check(
-        "PSN far ahead (twice)",
-        got,
-        &[Answer::Nak(NAK_PSN, RQ_PSN + 1)],
-        &mut fails,
-        &mut log,
-    );
-    let got = atk.exchange(
-        &[pkt(
-            atk,
-            write(
-                q,
-                (RQ_PSN + 0x100_0000 - 0x40_0000) & 0xff_ffff,
-                tgt.iova + 512,
-                tgt.rkey,
-                64,
-                64,
-            ),
-        )],
-        peer,
-    );
-    check(
-        "PSN far behind",
-        got,
-        &[Answer::Ack(RQ_PSN)],
-        &mut fails,
-        &mut log,
-    );
-    let c1 = qc(&dev, q);
-    // Counted per packet (mlx5 out_of_sequence semantics; rxe counts only the NAKed one),
-    // NAKed once per gap.
-    expect_counter(
-        "PSN far ahead",
-        "out_of_sequence",
-        c1.out_of_sequence - c0.out_of_sequence,
-        2..=2,
-        &mut fails,
-    );
-    expect_counter(
-        "PSN far behind",
-        "duplicate_request",
-        c1.duplicate_request - c0.duplicate_request,
-        1..=1,
-        &mut fails,
-    );
-    // The QP still serves its peer in sequence.
-    let got = atk.exchange(
-        &[pkt(
-            atk,
-            write(q, RQ_PSN + 1, tgt.iova + 64, tgt.rkey, 64, 64),
-        )],
-        peer,
-    );
-    check(
-        "in-sequence WRITE after the attacks",
-        got,
-        &[Answer::Ack(RQ_PSN + 1)],
-        &mut fails,
-        &mut log,
-    );
-
-    // 4. Zero-length operations: a WRITE of 0 bytes needs no valid R_Key (rxe check_rkey), a
-    // READ of 0 bytes is answered by an empty READ response.
-    let got = atk.exchange(
-        &[pkt(atk, write(q, RQ_PSN + 2, 0, RKey::new(0x1234), 0, 0))],
-        peer,
-    );
-    check(
-        "zero-length WRITE",
-        got,
-        &[Answer::Ack(RQ_PSN + 2)],
-        &mut fails,
-        &mut log,
-    );
-    let got = atk.exchange(
-        &[pkt(atk, read(q, RQ_PSN + 3, tgt.iova, tgt.rkey, 0))],
-        peer,
-    );
-    check(
-        "zero-length READ",
-        got,
-        &[Answer::ReadResp {
-            psn: RQ_PSN + 3,
-            len: 0,
-        }],
-        &mut fails,
-        &mut log,
-    );
-
-    // 5. ACKs for PSNs this QP never sent: dropped, counted, the QP stays up.
-    let c0 = qc(&dev, q);
-    let mut h = PktHdr::new(Opcode::RC_ACKNOWLEDGE, q, Psn::new(SQ_PSN + 50));
-    h.aeth = Some(Aeth {
-        syndrome: 0x1f,
-        msn: roce::wire::Msn::new(9),
-    });
-    let got = atk.exchange(&[atk.frame(&atk.path, &h, &[])], peer);
-    check(
-        "ACK for a PSN never sent",
-        got,
-        &[Answer::Silent],
-        &mut fails,
-        &mut log,
-    );
-    let c1 = qc(&dev, q);
-    expect_counter(
-        "ACK for a PSN never sent",
-        "rx_dropped",
-        c1.rx_dropped - c0.rx_dropped,
-        1..=atk.tries,
-        &mut fails,
-    );
-    state_is(
-        &dev,
-        q,
-        QpState::Rts,
-        "ACK for a PSN never sent",
-        &mut fails,
-    );
-
-    // 6. A flood of CNPs: counted by XDP and by the reaction point, never answered.
-    quiet(true);
-    let x0 = Pins::new(b_if).xdp_stats().expect("xdp stats");
-    let cc0: u64 = dev
-        .cc_snapshots()
-        .iter()
-        .filter(|(qq, _)| *qq == q)
-        .map(|(_, s)| s.stats.rp_cnp_handled + s.stats.rp_cnp_ignored)
-        .sum();
-    let cnp_frame = {
-        let mut buf = vec![0; 200];
-        let n = emit_frame(&atk.path, &roce::wire::RoceRepr::cnp(q), &[], &mut buf).expect("cnp");
-        buf.truncate(n);
-        buf
+    let mut bench = Bench {
+        dev: &dev,
+        b_if,
+        atk,
+        fails: Vec::new(),
+        log: String::new(),
     };
-    const CNPS: u64 = 500;
-    let flood: Vec<Vec<u8>> = (0..CNPS).map(|_| cnp_frame.clone()).collect();
-    let got = atk.exchange(&flood, peer);
-    check("CNP flood", got, &[Answer::Silent], &mut fails, &mut log);
-    let x1 = Pins::new(b_if).xdp_stats().expect("xdp stats");
-    let cc1: u64 = dev
-        .cc_snapshots()
-        .iter()
-        .filter(|(qq, _)| *qq == q)
-        .map(|(_, s)| s.stats.rp_cnp_handled + s.stats.rp_cnp_ignored)
-        .sum();
-    expect_counter(
-        "CNP flood",
-        "xdp cnp",
-        x1.cnp - x0.cnp,
-        CNPS * atk.tries..=CNPS * atk.tries,
-        &mut fails,
-    );
-    expect_counter(
-        "CNP flood",
-        "rp_cnp_handled + rp_cnp_ignored",
-        cc1 - cc0,
-        CNPS * atk.tries * 9 / 10..=CNPS * atk.tries,
-        &mut fails,
-    );
-    state_is(&dev, q, QpState::Rts, "CNP flood", &mut fails);
-
-    // 7. An unknown QPN: not ours, so roce_xdp passes it to the kernel (counted), no answer.
-    let x0 = Pins::new(b_if).xdp_stats().expect("xdp stats");
-    let got = atk.exchange(
-        &[pkt(
-            atk,
-            write(Qpn::new(0x00ff_fff0), RQ_PSN, tgt.iova, tgt.rkey, 64, 64),
-        )],
-        Qpn::new(0x00ff_fff0),
-    );
-    check("unknown QPN", got, &[Answer::Silent], &mut fails, &mut log);
-    let x1 = Pins::new(b_if).xdp_stats().expect("xdp stats");
-    expect_counter(
-        "unknown QPN",
-        "xdp pass_foreign_qp",
-        x1.pass_foreign_qp - x0.pass_foreign_qp,
-        1..=atk.tries,
-        &mut fails,
-    );
-
-    // 8. Headers truncated at every byte boundary of a valid WRITE: never reach a QP.
-    let whole = pkt(atk, write(q, RQ_PSN + 4, tgt.iova + 128, tgt.rkey, 64, 64));
-    let cuts: Vec<Vec<u8>> = (14..whole.len()).map(|n| whole[..n].to_vec()).collect();
-    let x0 = Pins::new(b_if).xdp_stats().expect("xdp stats");
-    let d0 = dev.counters().0;
-    let got = atk.exchange(&cuts, peer);
-    check(
-        "truncated frames",
-        got,
-        &[Answer::Silent],
-        &mut fails,
-        &mut log,
-    );
-    let x1 = Pins::new(b_if).xdp_stats().expect("xdp stats");
-    let d1 = dev.counters().0;
-    let dx = x1.saturating_sub(&x0);
-    let not_delivered: u64 = XdpStats::NAMES
-        .iter()
-        .filter(|n| n.starts_with("drop_") || n.starts_with("pass_"))
-        .map(|n| dx.get(n).unwrap_or(0))
-        .sum();
-    let delivered_malformed = d1.rx_malformed - d0.rx_malformed;
-    log.push_str(&format!(
-        "truncated: {} frames; xdp dropped/passed {not_delivered}, redirected {} (engine counted {delivered_malformed} malformed)\n",
-        cuts.len(),
-        dx.redirected
-    ));
-    if not_delivered + delivered_malformed < cuts.len() as u64 * atk.tries
-        || dx.redirected != delivered_malformed
-    {
-        fails.push(format!(
-            "truncated: {} frames, xdp dropped/passed {not_delivered}, redirected {}, engine malformed {delivered_malformed}: {dx:?}",
-            cuts.len(),
-            dx.redirected
-        ));
-    }
-    quiet(false);
-    // The same WRITE, whole, still works after all of that.
-    let got = atk.exchange(&[whole], peer);
-    check(
-        "whole WRITE after truncations",
-        got,
-        &[Answer::Ack(RQ_PSN + 4)],
-        &mut fails,
-        &mut log,
-    );
-
-    // 9. Fatal responder errors (class C: NAK, then the QP goes to ERR), each on a fresh QP.
-    let ro = regions.ro;
-    let lo = regions.lo;
-    let fatal: Vec<(&str, MakePkt, u8, &str)> = vec![
-        (
-            "READ with a bad R_Key",
-            Box::new(move |q| {
-                read(
-                    q,
-                    RQ_PSN,
-                    tgt.iova,
-                    RKey::new(tgt.rkey.value() ^ 0x5a5a),
-                    16,
-                )
-            }),
-            NAK_ACC,
-            "resp_remote_access_errors",
-        ),
-        (
-            "READ with the local-only region's key",
-            Box::new(move |q| read(q, RQ_PSN, lo.iova, lo.rkey, 16)),
-            NAK_ACC,
-            "resp_remote_access_errors",
-        ),
-        (
-            "READ with VA past the region",
-            Box::new(move |q| read(q, RQ_PSN, tgt.iova + MR_LEN as u64, tgt.rkey, 16)),
-            NAK_ACC,
-            "resp_remote_access_errors",
-        ),
-        (
-            "READ with VA + length wrapping",
-            Box::new(move |q| read(q, RQ_PSN, u64::MAX - 15, tgt.rkey, 64)),
-            NAK_ACC,
-            "resp_remote_access_errors",
-        ),
-        (
-            "WRITE with VA + length wrapping",
-            Box::new(move |q| write(q, RQ_PSN, u64::MAX - 15, tgt.rkey, 64, 64)),
-            NAK_ACC,
-            "resp_remote_access_errors",
-        ),
-        (
-            "WRITE past the region's end",
-            Box::new(move |q| write(q, RQ_PSN, tgt.iova + MR_LEN as u64 - 32, tgt.rkey, 64, 64)),
-            NAK_ACC,
-            "resp_remote_access_errors",
-        ),
-        (
-            "WRITE into a region without remote write",
-            Box::new(move |q| write(q, RQ_PSN, ro.iova, ro.rkey, 64, 64)),
-            NAK_ACC,
-            "resp_remote_access_errors",
-        ),
-        (
-            "misaligned atomic",
-            Box::new(move |q| {
-                let mut h = PktHdr::new(Opcode::RC_FETCH_ADD, q, Psn::new(RQ_PSN));
-                h.atomic = Some(AtomicEth {
-                    va: tgt.iova + 4,
-                    rkey: tgt.rkey,
-                    swap_add: 1,
-                    compare: 0,
-                });
-                (h, Vec::new())
-            }),
-            NAK_INV,
-            "resp_invalid_request",
-        ),
-        (
-            "payload larger than the path MTU",
-            Box::new(move |q| write(q, RQ_PSN, tgt.iova, tgt.rkey, 1028, 1028)),
-            NAK_INV,
-            "resp_invalid_request",
-        ),
-        (
-            "WRITE MIDDLE without a FIRST",
-            Box::new(move |q| {
-                let mut h = PktHdr::new(Opcode::RC_RDMA_WRITE_MIDDLE, q, Psn::new(RQ_PSN));
-                h.ack_req = true;
-                (h, vec![0xee; 1024])
-            }),
-            NAK_INV,
-            "resp_invalid_request",
-        ),
-        (
-            "SEND LAST without a FIRST",
-            Box::new(move |q| {
-                let mut h = PktHdr::new(Opcode::RC_SEND_LAST, q, Psn::new(RQ_PSN));
-                h.ack_req = true;
-                (h, vec![0xee; 64])
-            }),
-            NAK_INV,
-            "resp_invalid_request",
-        ),
-    ];
-    for (what, make, code, counter) in &fatal {
-        let (q, peer) = victim(&dev);
-        let c0 = qc(&dev, q);
-        let got = atk.exchange(&[pkt(atk, make(q))], peer);
-        check(
-            what,
-            got,
-            &[Answer::Nak(*code, RQ_PSN)],
-            &mut fails,
-            &mut log,
-        );
-        let c1 = qc(&dev, q);
-        let d = c1.get(counter).unwrap_or(0) - c0.get(counter).unwrap_or(0);
-        if d == 0 {
-            fails.push(format!("{what}: counter {counter} did not move ({c1:?})"));
+    let (q, peer) = victim(&dev);
+    let mut run_all = |bench: &mut Bench, cases: &[Case]| {
+        for c in cases {
+            let (q, peer) = match c.victim {
+                Victim::Shared => (q, peer),
+                Victim::Fresh => victim(&dev),
+                Victim::Foreign(x) => (x, x),
+            };
+            bench.run(c, q, peer);
         }
-        state_is(&dev, q, QpState::Err, what, &mut fails);
-    }
+    };
 
-    // 10. The legitimate flow kept going and verified every byte.
+    run_all(&mut bench, &shared_cases(tgt, spoof));
+    quiet(true);
+    run_all(&mut bench, &quiet_cases(tgt));
+    let whole = Pkt::write(q, RQ_PSN + 4, tgt.iova + 128, tgt.rkey, 64, 64);
+    let whole = bench.atk.frame(&whole);
+    bench.truncations(&whole, peer);
+    quiet(false);
+    let after = Case::one(
+        "whole WRITE after truncations is ACKed",
+        Victim::Shared,
+        move |q| Pkt::write(q, RQ_PSN + 4, tgt.iova + 128, tgt.rkey, 64, 64),
+        vec![Answer::Ack(RQ_PSN + 4)],
+    );
+    run_all(&mut bench, &[after]);
+    run_all(&mut bench, &fatal_cases(&regions));
+    let Bench {
+        mut fails, mut log, ..
+    } = bench;
+
+    // The legitimate flow kept going and verified every byte.
     thread::sleep(Duration::from_millis(300));
     stop.store(true, Ordering::SeqCst);
     let (legit, legit_result) = legit_thread.join().expect("legit thread");
@@ -826,14 +857,28 @@ fn run(b_if: &str, a_ip: std::net::Ipv4Addr, atk: &mut Attacker) -> (Vec<String>
         Err(e) => fails.push(format!("legitimate flow: {e}")),
     }
 
-    // 11. Nothing outside what valid requests wrote changed, and every canary is intact.
+    fails.extend(untouched(&dev, &regions));
+    legit_finish(legit);
+    match Arc::try_unwrap(dev) {
+        Ok(d) => d.close(),
+        Err(_) => fails.push("device still shared at the end".into()),
+    }
+    (fails, log)
+}
+
+/// What changed in `regions` beyond what the valid requests wrote: every canary next to a
+/// region is intact, the target holds 0xee in [0, 128) (the valid WRITEs at RQ_PSN and
+/// RQ_PSN + 1) and [128, 192) (the whole WRITE after the truncations) and its fill elsewhere,
+/// and the read-only, local-only and receive regions hold their fill.
+fn untouched(dev: &Device, regions: &Regions) -> Vec<String> {
+    let mut fails = Vec::new();
     let guards = dev.mr_guard_violations();
     if !guards.is_empty() {
         fails.push(format!("canary bytes changed next to regions {guards:?}"));
     }
     let mut t = vec![0; MR_LEN];
-    dev.mr_read(tgt.lkey, 0, &mut t).expect("read target");
-    // Valid WRITEs: [0, 128) (cases 1 and 3) and [128, 192) (case 8).
+    dev.mr_read(regions.target.lkey, 0, &mut t)
+        .expect("read target");
     for (i, &v) in t.iter().enumerate() {
         let want = if i < 192 { 0xee } else { FILL_TARGET };
         if v != want {
@@ -856,12 +901,7 @@ fn run(b_if: &str, a_ip: std::net::Ipv4Addr, atk: &mut Attacker) -> (Vec<String>
     if rx.iter().any(|&x| x != 0) {
         fails.push("receive buffers written by a SEND LAST without FIRST".into());
     }
-    legit_finish(legit);
-    match Arc::try_unwrap(dev) {
-        Ok(d) => d.close(),
-        Err(_) => fails.push("device still shared at the end".into()),
-    }
-    (fails, log)
+    fails
 }
 
 /// The legitimate QP: a perftest client of the WRITE server on A.
@@ -1171,13 +1211,14 @@ fn read_flood_is_bounded_and_accounted() {
         const N: u32 = 3000;
         let frames: Vec<Vec<u8>> = (0..N)
             .map(|i| {
-                let mut h = PktHdr::new(Opcode::RC_RDMA_READ_REQUEST, q, Psn::new(RQ_PSN + i));
-                h.reth = Some(Reth {
+                // Without AckReq: the responder answers every READ anyway.
+                let mut p = Pkt::bare(Opcode::RC_RDMA_READ_REQUEST, q, RQ_PSN + i, 0);
+                p.roce.reth = Some(RethRepr {
                     va: mr.iova + u64::from(i % 1000) * 1024,
                     rkey: mr.rkey,
-                    len: 1024,
+                    dma_len: 1024,
                 });
-                atk.frame(&atk.path, &h, &[])
+                atk.frame(&p)
             })
             .collect();
         let counters = |dev: &Device| {
