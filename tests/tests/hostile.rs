@@ -5,11 +5,11 @@
 //! answers. A `roce perf write` server on A is the peer of a legitimate QP of B that WRITEs and
 //! READs back verified data throughout.
 //!
-//! The attacks are a table of [`Case`]s: the frames, the answer rxe's responder prescribes (the
-//! project's RoCE v2 reference notes, `reference/roce-v2.md`) — a specific NAK code or a
-//! silent drop — and the counters that must account for it. Every registered region keeps its
-//! canary bytes ([`roce::api::Device::mr_guard_violations`]) and its contents outside what valid
-//! requests wrote. Root.
+//! The attacks are a table of [`Case`]s: the frames, the answer the responder rules of IBA
+//! vol. 1 ch. 9 prescribe as Linux rxe implements them (`rxe_resp.c`, `rxe_recv.c`) — a
+//! specific NAK code or a silent drop — and the counters that must account for it. Every
+//! registered region keeps its canary bytes ([`roce::api::Device::mr_guard_violations`]) and its
+//! contents outside what valid requests wrote. Root.
 
 use std::{
     net::{IpAddr, Ipv4Addr, TcpStream},
@@ -735,7 +735,6 @@ fn fatal_cases(regions: &Regions) -> Vec<Case> {
 }
 
 /// The whole attack, inside namespace B. Returns (failures, log).
-#[allow(clippy::too_many_lines)]
 fn run(b_if: &str, a_ip: Ipv4Addr, atk: &mut Attacker) -> (Vec<String>, String) {
     let dev = Arc::new(Device::open(b_if, &DeviceOptions::default()).expect("open B"));
     let pd = dev.alloc_pd().expect("pd");
@@ -827,14 +826,15 @@ fn run(b_if: &str, a_ip: Ipv4Addr, atk: &mut Attacker) -> (Vec<String>, String) 
     run_all(&mut bench, &shared_cases(tgt, spoof));
     quiet(true);
     run_all(&mut bench, &quiet_cases(tgt));
-    let whole = Pkt::write(q, RQ_PSN + 4, tgt.iova + 128, tgt.rkey, 64, 64);
-    let whole = bench.atk.frame(&whole);
-    bench.truncations(&whole, peer);
+    // A valid WRITE cut at every byte boundary reaches no QP; whole, it still works after that.
+    let whole = move |q| Pkt::write(q, RQ_PSN + 4, tgt.iova + 128, tgt.rkey, 64, 64);
+    let cut = bench.atk.frame(&whole(q));
+    bench.truncations(&cut, peer);
     quiet(false);
     let after = Case::one(
         "whole WRITE after truncations is ACKed",
         Victim::Shared,
-        move |q| Pkt::write(q, RQ_PSN + 4, tgt.iova + 128, tgt.rkey, 64, 64),
+        whole,
         vec![Answer::Ack(RQ_PSN + 4)],
     );
     run_all(&mut bench, &[after]);
