@@ -9,6 +9,11 @@
 //! expands `use` trees into full paths and matches every path against [`RULES`], so
 //! `use std::{sync::Mutex, time::Instant}` is caught as well as `std::thread::spawn(..)` in an
 //! expression. It reports each hit as `file:line`.
+//!
+//! The same command keeps the `unsafe` rule (README, "Layout"): outside `roce-ebpf`, the keyword
+//! `unsafe` may stand only in [`UNSAFE_HOMES`]: the AF_XDP rings and UMEM (`xsk/`), the one
+//! module that touches registered memory (`transport/mem.rs`), the `aya::Pod` impls of the map
+//! types shared with the eBPF programs, and the FFI layers of the drop-in libraries.
 
 use std::{
     fmt,
@@ -25,6 +30,18 @@ pub(crate) const CORE: &[&str] = &[
     "roce-user/src/time.rs",
     "roce-user/src/stats.rs",
 ];
+
+/// The only places outside `roce-ebpf` where `unsafe` may be written (files, or folders with
+/// everything below them), relative to the workspace root.
+pub(crate) const UNSAFE_HOMES: &[&str] = &[
+    "roce-user/src/xsk",
+    "roce-user/src/transport/mem.rs",
+    "roce-common/src/maps.rs",
+    "roce-common/src/impair.rs",
+];
+
+/// Where `unsafe` is looked for: every `.rs` file below these (build output excluded).
+const UNSAFE_SCAN: &[&str] = &["roce-user", "roce-common", "tests", "xtask"];
 
 /// How a rule matches a path (its segments, a leading `::` dropped).
 enum Match {
@@ -112,6 +129,22 @@ impl fmt::Display for Violation {
 /// # Errors
 /// A core file cannot be read, or the core uses something it must not.
 pub(crate) fn check(root: &Path) -> anyhow::Result<()> {
+    let stray = unsafe_outside_homes(root)?;
+    for v in &stray {
+        eprintln!("{v}");
+    }
+    if !stray.is_empty() {
+        bail!(
+            "check-layers: `unsafe` in {} place(s) outside {} (listed above); keep raw memory \
+             access in one of those modules behind a safe API",
+            stray.len(),
+            UNSAFE_HOMES.join(", ")
+        );
+    }
+    eprintln!(
+        "xtask: check-layers: `unsafe` stands only in {} (and roce-ebpf)",
+        UNSAFE_HOMES.join(", ")
+    );
     let found = check_tree(root)?;
     if found.is_empty() {
         eprintln!(
@@ -169,9 +202,59 @@ pub(crate) fn check_tree(root: &Path) -> anyhow::Result<Vec<Violation>> {
         .collect())
 }
 
+const UNSAFE_WHY: &str = "`unsafe` outside the modules allowed to hold it";
+
+/// Every `unsafe` keyword (in code, not in comments or strings) in the files of
+/// [`UNSAFE_SCAN`] that are not in [`UNSAFE_HOMES`], in file and line order.
+///
+/// # Errors
+/// A folder or file cannot be read.
+pub(crate) fn unsafe_outside_homes(root: &Path) -> anyhow::Result<Vec<Violation>> {
+    let mut files = Vec::new();
+    for dir in UNSAFE_SCAN {
+        collect_rs(&root.join(dir), &mut files)?;
+    }
+    files.sort();
+    let mut found = Vec::new();
+    for file in files {
+        let label = file
+            .strip_prefix(root)
+            .unwrap_or(&file)
+            .display()
+            .to_string();
+        if UNSAFE_HOMES
+            .iter()
+            .any(|h| label == *h || label.starts_with(&format!("{h}/")))
+        {
+            continue;
+        }
+        let text =
+            std::fs::read_to_string(&file).with_context(|| format!("read {}", file.display()))?;
+        found.extend(unsafe_in(&label, &text));
+    }
+    Ok(found)
+}
+
+/// The `unsafe` keywords of one file.
+fn unsafe_in(file: &str, text: &str) -> Vec<Violation> {
+    lex(text)
+        .into_iter()
+        .filter(|(_, t)| *t == Tok::Ident("unsafe".to_owned()))
+        .map(|(line, _)| Violation {
+            file: file.to_owned(),
+            line,
+            path: "unsafe".to_owned(),
+            why: UNSAFE_WHY,
+        })
+        .collect()
+}
+
 fn collect_rs(dir: &Path, out: &mut Vec<PathBuf>) -> anyhow::Result<()> {
     for entry in std::fs::read_dir(dir).with_context(|| format!("read {}", dir.display()))? {
         let path = entry?.path();
+        if path.file_name().is_some_and(|n| n == "target") {
+            continue;
+        }
         if path.is_dir() {
             collect_rs(&path, out)?;
         } else if path.extension().is_some_and(|e| e == "rs") {
@@ -580,6 +663,25 @@ fn use_tree(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn unsafe_is_found_in_code_and_not_in_comments_or_strings() {
+        let text = "//! no `unsafe` here\nfn f() {\n    let s = \"unsafe\";\n    unsafe { g() }\n}\n/* unsafe */ unsafe impl Send for X {}\n";
+        let lines: Vec<usize> = unsafe_in("x.rs", text).iter().map(|v| v.line).collect();
+        assert_eq!(lines, [4, 6]);
+    }
+
+    /// The workspace as it stands keeps the rule.
+    #[test]
+    fn the_workspace_keeps_unsafe_in_its_homes() {
+        let root = Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+        let found = unsafe_outside_homes(&root).unwrap();
+        assert!(found.is_empty(), "{found:?}");
+        // The homes exist (a renamed module would otherwise silently widen nothing).
+        for h in UNSAFE_HOMES {
+            assert!(root.join(h).exists(), "{h}");
+        }
+    }
 
     /// A file that breaks the rule in every way the check knows, some of them hidden in use
     /// groups, aliases and expressions.

@@ -59,6 +59,12 @@ pub enum ApiError {
         /// Region length.
         len: usize,
     },
+    /// [`Device::with_mr`](crate::api::Device::with_mr) on a region of memory the application
+    /// keeps ([`RawMem`](transport::RawMem)): it reads that memory itself.
+    #[error(
+        "memory region {0:?} is the application's own memory (registered by address): read it directly or with mr_read"
+    )]
+    NotOwned(LKey),
     /// Something else the OS refused.
     #[error("{what}: {source}")]
     Os {

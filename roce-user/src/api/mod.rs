@@ -36,9 +36,9 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use roce_common::maps::{MAX_QPS, QpEntry};
 
 pub use crate::transport::{
-    Access, AttrMask, CqId, DeviceConfig, DeviceCounters, LKey, MrInfo, Mtu, Path, PdId, PostError,
-    Psn, QpAttr, QpCap, QpCounters, QpInit, QpState, QpType, Qpn, RKey, RecvWr, SendFlags, SendOp,
-    SendWr, Sge, Wc, WcFlags, WcOpcode, WcStatus,
+    Access, AttrMask, CqId, DeviceConfig, DeviceCounters, LKey, MemBuf, Memory, MrInfo, Mtu, Path,
+    PdId, PostError, Psn, QpAttr, QpCap, QpCounters, QpInit, QpState, QpType, Qpn, RKey, RawMem,
+    RecvWr, SendFlags, SendOp, SendWr, Sge, Wc, WcFlags, WcOpcode, WcStatus,
 };
 use crate::{
     engine::{Clock, Engine, EngineConfig, EngineThread, spawn_engines},
@@ -490,57 +490,89 @@ impl Device {
         (cq.0 % n, CqId(cq.0 / n))
     }
 
-    /// Registers a zeroed region of `len` bytes in `pd` (`ibv_reg_mr`).
+    /// Registers a zeroed region of `len` bytes in `pd` (`ibv_reg_mr`), owned by the device
+    /// until [`Device::dereg_mr`]; reach its bytes with [`Device::mr_write`],
+    /// [`Device::mr_read`] and [`Device::with_mr`].
     ///
     /// # Errors
     /// Too many regions, an unknown PD, or bad access flags.
     pub fn reg_mr(&self, pd: PdId, len: usize, access: Access) -> Result<MrInfo, ApiError> {
-        let mut next = self
-            .next_iova
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        let iova = *next;
-        *next = next.saturating_add((len as u64).div_ceil(4096).max(1) * 4096 + 4096);
-        drop(next);
+        self.reg_mr_mem(pd, MemBuf::zeroed(len), access)
+    }
+
+    /// Registers `mem` in `pd` (`ibv_reg_mr`): a [`MemBuf`] the application filled (the device
+    /// owns it until [`Device::dereg_mr`] hands it back), or a [`RawMem`], memory the
+    /// application keeps, described by address and length. The transport copies between the
+    /// wire and this memory directly. A buffer gets an I/O virtual address chosen here; raw
+    /// memory keeps its own address as its iova, as `ibv_reg_mr` does (use
+    /// [`Device::reg_mr_iova`] to choose another).
+    ///
+    /// # Errors
+    /// Too many regions, an unknown PD, or bad access flags.
+    pub fn reg_mr_mem(
+        &self,
+        pd: PdId,
+        mem: impl Into<Memory>,
+        access: Access,
+    ) -> Result<MrInfo, ApiError> {
+        let mem = mem.into();
+        let iova = match &mem {
+            Memory::Raw(raw) => raw.addr(),
+            Memory::Owned(buf) => {
+                let mut next = self
+                    .next_iova
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                let iova = *next;
+                *next = next.saturating_add((buf.len() as u64).div_ceil(4096).max(1) * 4096 + 4096);
+                iova
+            }
+        };
+        self.reg_mr_iova(pd, mem, iova, access)
+    }
+
+    /// Registers `mem` in `pd` at I/O virtual address `iova` (`ibv_reg_mr_iova`): work
+    /// requests and peers name its bytes `iova..iova + len`.
+    ///
+    /// # Errors
+    /// Too many regions, an unknown PD, a range that overflows, or bad access flags.
+    pub fn reg_mr_iova(
+        &self,
+        pd: PdId,
+        mem: impl Into<Memory>,
+        iova: u64,
+        access: Access,
+    ) -> Result<MrInfo, ApiError> {
         let (queue, raw) = self.split_pd(pd);
-        let mut info =
-            self.shards[queue as usize]
-                .lock()
-                .reg_mr(raw, vec![0; len], iova, access)?;
+        let mut info = self.shards[queue as usize]
+            .lock()
+            .reg_mr(raw, mem, iova, access)?;
         info.pd = pd;
         Ok(info)
     }
 
-    /// Deregisters a region; in-flight operations on it fail with access errors, never touch freed memory.
+    /// Deregisters a region (`ibv_dereg_mr`) and returns its memory: the buffer of a
+    /// [`MemBuf`] registration, or the [`RawMem`] description. In-flight operations on it fail
+    /// with access errors; when this returns, no operation touches the memory any more, so
+    /// raw memory may be freed at once.
     ///
     /// # Errors
     /// Unknown key.
-    pub fn dereg_mr(&self, lkey: LKey) -> Result<(), ApiError> {
-        self.by_key(lkey.value()).lock().dereg_mr(lkey)?;
-        Ok(())
+    pub fn dereg_mr(&self, lkey: LKey) -> Result<Memory, ApiError> {
+        Ok(self.by_key(lkey.value()).lock().dereg_mr(lkey)?)
     }
 
-    /// Copies `data` into region `lkey` at `offset`.
+    /// Copies `data` into region `lkey` at `offset` (offset 0 is the region's first byte).
     ///
     /// # Errors
     /// Unknown key or out of bounds.
     pub fn mr_write(&self, lkey: LKey, offset: usize, data: &[u8]) -> Result<(), ApiError> {
         let mut dev = self.by_key(lkey.value()).lock();
-        let buf = dev
+        let mem = dev
             .mrs_mut()
-            .bytes_mut(lkey)
+            .memory_mut(lkey)
             .ok_or(transport::MrError::UnknownKey(lkey))?;
-        let end = offset
-            .checked_add(data.len())
-            .filter(|e| *e <= buf.len())
-            .ok_or(ApiError::OutOfBounds {
-                lkey,
-                offset,
-                end: offset.saturating_add(data.len()),
-                len: buf.len(),
-            })?;
-        buf[offset..end].copy_from_slice(data);
-        Ok(())
+        mem.write(offset, data).map_err(|e| out_of_bounds(lkey, e))
     }
 
     /// Copies `out.len()` bytes of region `lkey` at `offset` into `out`.
@@ -549,34 +581,25 @@ impl Device {
     /// Unknown key or out of bounds.
     pub fn mr_read(&self, lkey: LKey, offset: usize, out: &mut [u8]) -> Result<(), ApiError> {
         let dev = self.by_key(lkey.value()).lock();
-        let buf = dev
+        let mem = dev
             .mrs()
-            .bytes(lkey)
+            .memory(lkey)
             .ok_or(transport::MrError::UnknownKey(lkey))?;
-        let end = offset
-            .checked_add(out.len())
-            .filter(|e| *e <= buf.len())
-            .ok_or(ApiError::OutOfBounds {
-                lkey,
-                offset,
-                end: offset.saturating_add(out.len()),
-                len: buf.len(),
-            })?;
-        out.copy_from_slice(&buf[offset..end]);
-        Ok(())
+        mem.read(offset, out).map_err(|e| out_of_bounds(lkey, e))
     }
 
-    /// Runs `f` over region `lkey`'s bytes (for checksums without a copy).
+    /// Runs `f` over the bytes of a region the device owns (for checksums without a copy),
+    /// under the transport's lock: keep `f` short.
     ///
     /// # Errors
-    /// Unknown key.
+    /// Unknown key, or [`ApiError::NotOwned`] for memory registered by address.
     pub fn with_mr<R>(&self, lkey: LKey, f: impl FnOnce(&[u8]) -> R) -> Result<R, ApiError> {
         let dev = self.by_key(lkey.value()).lock();
-        let buf = dev
+        let mem = dev
             .mrs()
-            .bytes(lkey)
+            .memory(lkey)
             .ok_or(transport::MrError::UnknownKey(lkey))?;
-        Ok(f(buf))
+        Ok(f(mem.as_slice().ok_or(ApiError::NotOwned(lkey))?))
     }
 
     /// The regions whose canary bytes changed ([`transport::MR_GUARD_LEN`] bytes kept before
@@ -905,5 +928,15 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// The API's error for a region access outside the region.
+fn out_of_bounds(lkey: LKey, e: transport::OutOfRegion) -> ApiError {
+    ApiError::OutOfBounds {
+        lkey,
+        offset: e.offset,
+        end: e.offset.saturating_add(e.len),
+        len: e.region,
     }
 }

@@ -56,6 +56,7 @@ pub mod cc;
 pub mod counters;
 pub mod cq;
 pub mod ids;
+mod mem;
 pub mod mr;
 pub mod qp;
 mod sched;
@@ -75,7 +76,8 @@ pub use self::counters::{DeviceCounters, QpCounters};
 pub use self::cq::{Cq, CqId, CqOverflow, Wc, WcFlags, WcOpcode, WcStatus};
 pub use self::ids::{LKey, Msn, PKey, Psn, QKey, Qpn, RKey};
 pub use self::mr::{
-    Access, AccessError, MR_GUARD_BYTE, MR_GUARD_LEN, MrError, MrInfo, MrTable, PdId, Sge,
+    Access, AccessError, MR_GUARD_BYTE, MR_GUARD_LEN, MemBuf, Memory, MrError, MrInfo, MrTable,
+    OutOfRegion, PdId, RawMem, Sge,
 };
 use self::qp::TxBuf;
 pub use self::qp::{PostError, Qp, QpCap, QpInit};
@@ -437,21 +439,21 @@ impl Device {
     pub fn reg_mr(
         &mut self,
         pd: PdId,
-        buf: Vec<u8>,
+        mem: impl Into<Memory>,
         iova: u64,
         access: Access,
     ) -> Result<MrInfo, DeviceError> {
         if !self.pds.contains(&pd.0) {
             return Err(DeviceError::NoSuchPd(pd));
         }
-        Ok(self.mrs.register(pd, buf, iova, access)?)
+        Ok(self.mrs.register(pd, mem, iova, access)?)
     }
 
     /// Deregisters a region (`ibv_dereg_mr`); safe while operations using it are in flight.
     ///
     /// # Errors
     /// [`MrError::UnknownKey`].
-    pub fn dereg_mr(&mut self, lkey: LKey) -> Result<Vec<u8>, MrError> {
+    pub fn dereg_mr(&mut self, lkey: LKey) -> Result<Memory, MrError> {
         self.mrs.deregister(lkey)
     }
 

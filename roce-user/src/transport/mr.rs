@@ -1,13 +1,17 @@
-//! Memory regions: the transport owns registered memory, so every access, local or remote, is
-//! bounds-checked against the region it names. There are no raw pointers: an address is an
-//! I/O virtual address (`iova`) chosen at registration, translated through the table.
+//! Memory regions: every access to registered memory, local or remote, is bounds-checked
+//! against the region it names. An address on the wire or in a work request is an I/O virtual
+//! address (`iova`) chosen at registration and translated through this table; the bytes are
+//! reached only through [`Memory`] (the one module that touches them, `transport/mem.rs`),
+//! which checks the range again before every copy.
 //!
 //! Keys follow rxe's layout idea (index bits plus key bits): `key = (slot + 1) << 16 | random16`,
 //! with fresh random bits from the injected, seeded CSPRNG at every registration and every
 //! invalidation, and never the previous bits of the slot, so a stale key does not reach the new
 //! region. Deregistration is safe at any time: work requests and responder resources hold keys,
 //! not references, and every packet looks its key up again; an access after deregistration
-//! fails with a protection error (local) or a remote access error NAK (remote).
+//! fails with a protection error (local) or a remote access error NAK (remote). Once
+//! [`MrTable::deregister`] has returned, nothing can touch the memory any more: the table is
+//! reached only under the transport's lock, and the region's [`Memory`] has left it.
 
 use core::fmt;
 
@@ -15,6 +19,7 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use super::Shard;
 use super::ids::{LKey, RKey};
+pub use super::mem::{MR_GUARD_BYTE, MR_GUARD_LEN, MemBuf, Memory, OutOfRegion, RawMem};
 
 bitflags::bitflags! {
     /// Memory access rights (`enum ibv_access_flags`). [`Access::all`] is every right,
@@ -91,18 +96,10 @@ pub enum AccessError {
     OutOfBounds,
 }
 
-/// Canary bytes kept before and after every registered region, inside the same allocation.
-/// Nothing the transport does may change them: [`MrTable::guard_violations`] checks them.
-pub const MR_GUARD_LEN: usize = 64;
-
-/// The value of every canary byte.
-pub const MR_GUARD_BYTE: u8 = 0xc5;
-
 struct Mr {
     pd: PdId,
     iova: u64,
-    /// `MR_GUARD_LEN` canary bytes, the region, `MR_GUARD_LEN` canary bytes.
-    buf: Box<[u8]>,
+    mem: Memory,
     access: Access,
     lkey: LKey,
     rkey: RKey,
@@ -111,16 +108,7 @@ struct Mr {
 
 impl Mr {
     fn len(&self) -> usize {
-        self.buf.len() - 2 * MR_GUARD_LEN
-    }
-
-    fn region(&self) -> &[u8] {
-        &self.buf[MR_GUARD_LEN..self.buf.len() - MR_GUARD_LEN]
-    }
-
-    fn region_mut(&mut self) -> &mut [u8] {
-        let n = self.buf.len();
-        &mut self.buf[MR_GUARD_LEN..n - MR_GUARD_LEN]
+        self.mem.len()
     }
 }
 
@@ -178,18 +166,21 @@ impl MrTable {
         }
     }
 
-    /// Registers `buf` at I/O virtual address `iova` with rights `access` (`ibv_reg_mr`).
+    /// Registers `mem` at I/O virtual address `iova` with rights `access` (`ibv_reg_mr`,
+    /// `ibv_reg_mr_iova`). A `Vec<u8>` is copied once into a guarded [`MemBuf`].
     ///
     /// # Errors
-    /// [`MrError`] if the table is full, the range overflows, or the rights are inconsistent.
+    /// [`MrError`] if the table is full, the range overflows, or the rights are inconsistent;
+    /// the memory is dropped then (a [`RawMem`] only describes the application's memory).
     pub fn register(
         &mut self,
         pd: PdId,
-        buf: Vec<u8>,
+        mem: impl Into<Memory>,
         iova: u64,
         access: Access,
     ) -> Result<MrInfo, MrError> {
-        let len = buf.len() as u64;
+        let mem = mem.into();
+        let len = mem.len() as u64;
         if iova.checked_add(len).is_none() {
             return Err(MrError::RangeOverflow { iova, len });
         }
@@ -207,12 +198,10 @@ impl MrTable {
         let (lb, rb) = (self.fresh_bits(ol), self.fresh_bits(or));
         self.last_bits[slot] = (lb, rb);
         let hi = ((slot as u32) + 1) << 16;
-        let mut guarded = vec![MR_GUARD_BYTE; buf.len() + 2 * MR_GUARD_LEN];
-        guarded[MR_GUARD_LEN..MR_GUARD_LEN + buf.len()].copy_from_slice(&buf);
         let mr = Mr {
             pd,
             iova,
-            buf: guarded.into_boxed_slice(),
+            mem,
             access,
             lkey: LKey::new(hi | u32::from(lb)),
             rkey: RKey::new(hi | u32::from(rb)),
@@ -232,11 +221,13 @@ impl MrTable {
 
     /// Deregisters the region of `lkey` and gives its memory back (`ibv_dereg_mr`).
     ///
-    /// Safe while operations are in flight: later accesses with its keys fail cleanly.
+    /// Safe while operations are in flight: later accesses with its keys fail cleanly, and
+    /// since every access runs under the same `&mut self`, none is still running when this
+    /// returns, so the application may free raw memory at once.
     ///
     /// # Errors
     /// [`MrError::UnknownKey`] if no region has this key.
-    pub fn deregister(&mut self, lkey: LKey) -> Result<Vec<u8>, MrError> {
+    pub fn deregister(&mut self, lkey: LKey) -> Result<Memory, MrError> {
         let slot = slot_of(lkey.value())
             .filter(|&s| {
                 self.slots
@@ -246,7 +237,7 @@ impl MrTable {
             })
             .ok_or(MrError::UnknownKey(lkey))?;
         let mr = self.slots[slot].take().ok_or(MrError::UnknownKey(lkey))?;
-        Ok(mr.region().to_vec())
+        Ok(mr.mem)
     }
 
     /// The regions whose canary bytes (the [`MR_GUARD_LEN`] bytes before and after each
@@ -257,13 +248,7 @@ impl MrTable {
         self.slots
             .iter()
             .flatten()
-            .filter(|m| {
-                let n = m.buf.len();
-                m.buf[..MR_GUARD_LEN]
-                    .iter()
-                    .chain(&m.buf[n - MR_GUARD_LEN..])
-                    .any(|&b| b != MR_GUARD_BYTE)
-            })
+            .filter(|m| !m.mem.guards_intact())
             .map(|m| m.lkey)
             .collect()
     }
@@ -281,15 +266,28 @@ impl MrTable {
         })
     }
 
-    /// The memory of the region of `lkey`, for the application to read.
+    /// The bytes of the region of `lkey` if the transport owns them ([`Memory::Owned`]), for
+    /// the application to read; `None` for an unknown key or raw memory.
     #[must_use]
     pub fn bytes(&self, lkey: LKey) -> Option<&[u8]> {
-        self.by_lkey(lkey).map(Mr::region)
+        self.by_lkey(lkey).and_then(|m| m.mem.as_slice())
     }
 
-    /// The memory of the region of `lkey`, for the application to write.
+    /// As [`MrTable::bytes`], writable.
     pub fn bytes_mut(&mut self, lkey: LKey) -> Option<&mut [u8]> {
-        self.by_lkey_mut(lkey).map(Mr::region_mut)
+        self.by_lkey_mut(lkey).and_then(|m| m.mem.as_mut_slice())
+    }
+
+    /// The memory of the region of `lkey`, for the application's checked copies
+    /// ([`Memory::read`], [`Memory::write`]).
+    #[must_use]
+    pub fn memory(&self, lkey: LKey) -> Option<&Memory> {
+        self.by_lkey(lkey).map(|m| &m.mem)
+    }
+
+    /// As [`MrTable::memory`], writable.
+    pub fn memory_mut(&mut self, lkey: LKey) -> Option<&mut Memory> {
+        self.by_lkey_mut(lkey).map(|m| &mut m.mem)
     }
 
     /// Invalidates the R_Key `rkey` (SEND with invalidate, IBA 10.6.5): remote accesses with it
@@ -351,14 +349,36 @@ impl MrTable {
         self.slots.iter().flatten().any(|m| m.pd == pd)
     }
 
-    fn range(m: &Mr, addr: u64, len: u64) -> Result<core::ops::Range<usize>, AccessError> {
+    /// The offset in `m` of `[addr, addr + len)`, if that range lies inside it (overflow-safe).
+    fn offset(m: &Mr, addr: u64, len: u64) -> Result<usize, AccessError> {
         let off = addr.checked_sub(m.iova).ok_or(AccessError::OutOfBounds)?;
         let end = off.checked_add(len).ok_or(AccessError::OutOfBounds)?;
         if end > m.len() as u64 {
             return Err(AccessError::OutOfBounds);
         }
-        // Both fit in usize: they are at most the region's length. Shifted past the front guard.
-        Ok(off as usize + MR_GUARD_LEN..end as usize + MR_GUARD_LEN)
+        // Fits in usize: it is at most the region's length.
+        Ok(off as usize)
+    }
+
+    /// The region of `rkey` in `pd` if it grants `need`.
+    fn remote(&mut self, pd: PdId, rkey: RKey, need: Access) -> Result<&mut Mr, AccessError> {
+        let m = self.by_rkey_mut(pd, rkey).ok_or(AccessError::BadKey)?;
+        if !m.access.contains(need) {
+            return Err(AccessError::NoRight);
+        }
+        Ok(m)
+    }
+
+    /// The region of `lkey` in `pd`; `write` requires LOCAL_WRITE.
+    fn local(&mut self, pd: PdId, lkey: LKey, write: bool) -> Result<&mut Mr, AccessError> {
+        let m = self
+            .by_lkey_mut(lkey)
+            .filter(|m| m.pd == pd)
+            .ok_or(AccessError::BadKey)?;
+        if write && !m.access.contains(Access::LOCAL_WRITE) {
+            return Err(AccessError::NoRight);
+        }
+        Ok(m)
     }
 
     /// Checks a remote access of `len` bytes at `va` with `rkey` needing `need`, without doing it
@@ -374,54 +394,94 @@ impl MrTable {
         len: u64,
         need: Access,
     ) -> Result<(), AccessError> {
-        let m = self.by_rkey_mut(pd, rkey).ok_or(AccessError::BadKey)?;
-        if !m.access.contains(need) {
-            return Err(AccessError::NoRight);
-        }
-        Self::range(m, va, len).map(|_| ())
+        let m = self.remote(pd, rkey, need)?;
+        Self::offset(m, va, len).map(|_| ())
     }
 
-    /// The remote-accessible bytes `[va, va+len)` of the region of `rkey`, checked for `need`.
+    /// Writes `data` at `va` of the region of `rkey` (a WRITE's payload), checked for `need`.
     ///
     /// # Errors
-    /// [`AccessError`] if the key, the right or the range is wrong.
-    pub fn remote_mut(
+    /// [`AccessError`] if the key, the right or the range is wrong; nothing is written then.
+    pub fn remote_write(
         &mut self,
         pd: PdId,
         rkey: RKey,
         va: u64,
-        len: u64,
+        data: &[u8],
         need: Access,
-    ) -> Result<&mut [u8], AccessError> {
-        let m = self.by_rkey_mut(pd, rkey).ok_or(AccessError::BadKey)?;
-        if !m.access.contains(need) {
-            return Err(AccessError::NoRight);
-        }
-        let r = Self::range(m, va, len)?;
-        Ok(&mut m.buf[r])
+    ) -> Result<(), AccessError> {
+        let m = self.remote(pd, rkey, need)?;
+        let off = Self::offset(m, va, data.len() as u64)?;
+        m.mem.write(off, data).map_err(|_| AccessError::OutOfBounds)
     }
 
-    /// The local bytes `[addr, addr+len)` of the region of `lkey`; `write` requires LOCAL_WRITE.
+    /// Reads `out.len()` bytes at `va` of the region of `rkey` (a READ response), checked for
+    /// `need`.
     ///
     /// # Errors
     /// [`AccessError`] if the key, the right or the range is wrong.
-    pub fn local_mut(
+    pub fn remote_read(
+        &mut self,
+        pd: PdId,
+        rkey: RKey,
+        va: u64,
+        out: &mut [u8],
+        need: Access,
+    ) -> Result<(), AccessError> {
+        let m = self.remote(pd, rkey, need)?;
+        let off = Self::offset(m, va, out.len() as u64)?;
+        m.mem.read(off, out).map_err(|_| AccessError::OutOfBounds)
+    }
+
+    /// Replaces the 8 bytes at `va` of the region of `rkey` with `f(old)` and returns `old`
+    /// (FETCH_ADD, CMP_SWAP; [`Memory::update_u64`]), checked for REMOTE_ATOMIC.
+    ///
+    /// # Errors
+    /// [`AccessError`] if the key, the right or the range is wrong.
+    pub fn remote_atomic(
+        &mut self,
+        pd: PdId,
+        rkey: RKey,
+        va: u64,
+        f: impl Fn(u64) -> u64,
+    ) -> Result<u64, AccessError> {
+        let m = self.remote(pd, rkey, Access::REMOTE_ATOMIC)?;
+        let off = Self::offset(m, va, 8)?;
+        m.mem
+            .update_u64(off, f)
+            .map_err(|_| AccessError::OutOfBounds)
+    }
+
+    /// Reads `out.len()` bytes at `addr` of the region of `lkey` (a gather).
+    ///
+    /// # Errors
+    /// [`AccessError`] if the key or the range is wrong.
+    pub fn local_read(
         &mut self,
         pd: PdId,
         lkey: LKey,
         addr: u64,
-        len: u64,
-        write: bool,
-    ) -> Result<&mut [u8], AccessError> {
-        let m = self
-            .by_lkey_mut(lkey)
-            .filter(|m| m.pd == pd)
-            .ok_or(AccessError::BadKey)?;
-        if write && !m.access.contains(Access::LOCAL_WRITE) {
-            return Err(AccessError::NoRight);
-        }
-        let r = Self::range(m, addr, len)?;
-        Ok(&mut m.buf[r])
+        out: &mut [u8],
+    ) -> Result<(), AccessError> {
+        let m = self.local(pd, lkey, false)?;
+        let off = Self::offset(m, addr, out.len() as u64)?;
+        m.mem.read(off, out).map_err(|_| AccessError::OutOfBounds)
+    }
+
+    /// Writes `data` at `addr` of the region of `lkey` (a scatter); requires LOCAL_WRITE.
+    ///
+    /// # Errors
+    /// [`AccessError`] if the key, the right or the range is wrong; nothing is written then.
+    pub fn local_write(
+        &mut self,
+        pd: PdId,
+        lkey: LKey,
+        addr: u64,
+        data: &[u8],
+    ) -> Result<(), AccessError> {
+        let m = self.local(pd, lkey, true)?;
+        let off = Self::offset(m, addr, data.len() as u64)?;
+        m.mem.write(off, data).map_err(|_| AccessError::OutOfBounds)
     }
 }
 
@@ -487,9 +547,7 @@ pub fn sg_gather(
     let len = out.len();
     sg_walk(sges, offset, len, |s, off, take, done| {
         let addr = s.addr.checked_add(off).ok_or(AccessError::OutOfBounds)?;
-        let src = mrs.local_mut(pd, s.lkey, addr, take as u64, false)?;
-        out[done..done + take].copy_from_slice(src);
-        Ok(())
+        mrs.local_read(pd, s.lkey, addr, &mut out[done..done + take])
     })
 }
 
@@ -506,9 +564,7 @@ pub fn sg_scatter(
 ) -> Result<(), AccessError> {
     sg_walk(sges, offset, data.len(), |s, off, take, done| {
         let addr = s.addr.checked_add(off).ok_or(AccessError::OutOfBounds)?;
-        let dst = mrs.local_mut(pd, s.lkey, addr, take as u64, true)?;
-        dst.copy_from_slice(&data[done..done + take]);
-        Ok(())
+        mrs.local_write(pd, s.lkey, addr, &data[done..done + take])
     })
 }
 
@@ -524,19 +580,29 @@ mod tests {
         let a = t.register(P, vec![7; 100], 0x1000, Access::all()).unwrap();
         // The region is exactly what was registered; accesses up to its last byte work.
         assert_eq!(t.bytes(a.lkey).unwrap(), &[7; 100][..]);
-        t.remote_mut(P, a.rkey, 0x1000, 100, Access::REMOTE_WRITE)
-            .unwrap()
-            .fill(9);
+        t.remote_write(P, a.rkey, 0x1000, &[9; 100], Access::REMOTE_WRITE)
+            .unwrap();
         assert_eq!(
-            t.remote_mut(P, a.rkey, 0x1000 + 1, 100, Access::REMOTE_WRITE),
+            t.remote_write(P, a.rkey, 0x1000 + 1, &[9; 100], Access::REMOTE_WRITE),
+            Err(AccessError::OutOfBounds)
+        );
+        let mut out = [0; 100];
+        assert_eq!(
+            t.remote_read(P, a.rkey, 0x1000 - 1, &mut out, Access::REMOTE_READ),
             Err(AccessError::OutOfBounds)
         );
         assert!(t.guard_violations().is_empty());
-        assert_eq!(t.deregister(a.lkey).unwrap(), vec![9; 100]);
+        assert_eq!(
+            t.deregister(a.lkey).unwrap().as_slice().unwrap(),
+            &[9; 100][..]
+        );
         // A write past the end (here by hand) is caught.
         let b = t.register(P, vec![0; 16], 0, Access::all()).unwrap();
         let slot = slot_of(b.lkey.value()).unwrap();
-        t.slots[slot].as_mut().unwrap().buf[MR_GUARD_LEN + 16] = 0;
+        let Some(Memory::Owned(buf)) = t.slots[slot].as_mut().map(|m| &mut m.mem) else {
+            panic!("an owned region")
+        };
+        buf.corrupt_guard_for_test();
         assert_eq!(t.guard_violations(), vec![b.lkey]);
     }
 
@@ -550,8 +616,8 @@ mod tests {
             Err(AccessError::BadKey)
         );
         assert_eq!(
-            t.local_mut(other, a.lkey, 0, 8, false).err(),
-            Some(AccessError::BadKey)
+            t.local_read(other, a.lkey, 0, &mut [0; 8]),
+            Err(AccessError::BadKey)
         );
         assert!(!t.invalidate_rkey(other, a.rkey));
         assert!(t.uses_pd(P) && !t.uses_pd(other));
@@ -621,8 +687,12 @@ mod tests {
             Err(AccessError::NoRight)
         );
         assert_eq!(
-            t.local_mut(P, a.lkey, 0, 8, true).err(),
-            Some(AccessError::NoRight)
+            t.local_write(P, a.lkey, 0, &[0; 8]),
+            Err(AccessError::NoRight)
+        );
+        assert_eq!(
+            t.remote_atomic(P, a.rkey, 0, |v| v),
+            Err(AccessError::NoRight)
         );
     }
 

@@ -275,8 +275,8 @@ impl Qp {
             self.counters.rx_dropped += 1;
             return;
         };
-        // The original value lands in host (little-endian) order, as rxe stores it.
-        if sg_scatter(ctx.mrs, self.init.pd, &w.wr.sg_list, 0, &orig.to_le_bytes()).is_err() {
+        // The original value lands in host order, as rxe copies its u64 (a C uint64_t).
+        if sg_scatter(ctx.mrs, self.init.pd, &w.wr.sg_list, 0, &orig.to_ne_bytes()).is_err() {
             self.complete_head(WcStatus::LocProtErr, ctx);
             self.enter_error(ctx);
             return;

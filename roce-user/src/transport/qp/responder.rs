@@ -311,14 +311,14 @@ impl Qp {
             return Err(access(NakCode::InvalidRequest));
         }
         if plen > 0 {
-            match ctx.mrs.remote_mut(
+            match ctx.mrs.remote_write(
                 self.init.pd,
                 self.write_rkey,
                 self.write_va,
-                plen,
+                pkt.payload,
                 Access::REMOTE_WRITE,
             ) {
-                Ok(dst) => dst.copy_from_slice(pkt.payload),
+                Ok(()) => {}
                 Err(_) => {
                     self.counters.resp_remote_access_errors += 1;
                     return Err(access(NakCode::RemoteAccessError));
@@ -436,22 +436,17 @@ impl Qp {
         }
         self.take_resource_slot();
         let cas = pkt.repr.bth.opcode == Opcode::RC_COMPARE_SWAP;
-        let orig = match ctx
-            .mrs
-            .remote_mut(self.init.pd, a.rkey, a.va, 8, Access::REMOTE_ATOMIC)
-        {
-            Ok(dst) => {
-                let mut b = [0u8; 8];
-                b.copy_from_slice(dst);
-                let v = u64::from_le_bytes(b);
-                let new = if cas {
-                    if v == a.compare { a.swap_add } else { v }
-                } else {
-                    v.wrapping_add(a.swap_add)
-                };
-                dst.copy_from_slice(&new.to_le_bytes());
+        let op = |v: u64| {
+            if !cas {
+                v.wrapping_add(a.swap_add)
+            } else if v == a.compare {
+                a.swap_add
+            } else {
                 v
             }
+        };
+        let orig = match ctx.mrs.remote_atomic(self.init.pd, a.rkey, a.va, op) {
+            Ok(v) => v,
             Err(_) => {
                 return Err(Fatal {
                     nak: NakCode::RemoteAccessError,
@@ -701,8 +696,7 @@ impl Qp {
                     Ok(())
                 } else {
                     ctx.mrs
-                        .remote_mut(self.init.pd, rkey, va, n, Access::REMOTE_READ)
-                        .map(|src| dst.copy_from_slice(src))
+                        .remote_read(self.init.pd, rkey, va, dst, Access::REMOTE_READ)
                 };
                 match read {
                     Ok(()) => {}

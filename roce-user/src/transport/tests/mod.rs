@@ -185,8 +185,12 @@ impl H {
     }
 
     fn set_mem(&mut self, off: usize, data: &[u8]) {
-        self.d.mrs_mut().bytes_mut(self.mr.lkey).unwrap()[off..off + data.len()]
-            .copy_from_slice(data);
+        self.d
+            .mrs_mut()
+            .memory_mut(self.mr.lkey)
+            .unwrap()
+            .write(off, data)
+            .unwrap();
     }
 
     fn advance_to_timeout(&mut self) {
