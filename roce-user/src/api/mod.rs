@@ -457,6 +457,23 @@ impl Device {
         Ok(PdId(raw.0 * self.shards() + queue))
     }
 
+    /// Frees a protection domain (`ibv_dealloc_pd`). Call it after deregistering its memory
+    /// regions and destroying its QPs; the `Pd` handle does it when dropped.
+    ///
+    /// # Errors
+    /// [`ApiError::PdBusy`] while a region or a QP uses it (`EBUSY`), or no such PD.
+    pub fn dealloc_pd(&self, pd: PdId) -> Result<(), ApiError> {
+        let (queue, raw) = self.split_pd(pd);
+        match self.shards[queue as usize].lock().dealloc_pd(raw) {
+            Ok(()) => Ok(()),
+            Err(transport::DeviceError::PdInUse(_)) => Err(ApiError::PdBusy(pd)),
+            Err(transport::DeviceError::NoSuchPd(_)) => {
+                Err(transport::DeviceError::NoSuchPd(pd).into())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn shard(&self, queue: u32) -> Result<&Shared, ApiError> {
         self.shards
             .get(queue as usize)
@@ -606,6 +623,25 @@ impl Device {
     pub fn create_cq_on(&self, queue: u32, depth: usize) -> Result<CqId, ApiError> {
         let raw = self.shard(queue)?.lock().create_cq(depth)?;
         Ok(CqId(raw.0 * self.shards() + queue))
+    }
+
+    /// Destroys a CQ (`ibv_destroy_cq`); completions still queued in it are dropped. Call it
+    /// after destroying the QPs that complete on it; the `Cq` handle does it when dropped. Its id may
+    /// name a new CQ afterwards.
+    ///
+    /// # Errors
+    /// [`ApiError::CqBusy`] while a QP's send or receive queue completes on it (`EBUSY`), or
+    /// no such CQ.
+    pub fn destroy_cq(&self, cq: CqId) -> Result<(), ApiError> {
+        let (queue, raw) = self.split_cq(cq);
+        match self.shards[queue as usize].lock().destroy_cq(raw) {
+            Ok(()) => Ok(()),
+            Err(transport::DeviceError::CqInUse(_)) => Err(ApiError::CqBusy(cq)),
+            Err(transport::DeviceError::NoSuchCq(_)) => {
+                Err(transport::DeviceError::NoSuchCq(cq).into())
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Creates a QP in RESET (`ibv_create_qp`) and claims its QPN in the XDP QP map, so that
@@ -786,7 +822,19 @@ impl Device {
         Ok(())
     }
 
-    /// Takes up to `max` completions without waiting (`ibv_poll_cq`).
+    /// Moves up to `out.len()` completions of `cq` into `out` without waiting and returns how
+    /// many (`ibv_poll_cq(cq, num_entries, wc)`); `out[..n]` are the oldest, in order, and the
+    /// rest of `out` is left as it was. Allocates nothing: call it in a loop with a buffer
+    /// allocated once (`[Wc::default(); 16]`). On an inline device it first runs an engine
+    /// turn. An unknown CQ yields 0.
+    pub fn poll_cq_into(&self, cq: CqId, out: &mut [Wc]) -> usize {
+        self.drive();
+        let (queue, cq) = self.split_cq(cq);
+        self.shards[queue as usize].lock().poll_cq_into(cq, out)
+    }
+
+    /// Takes up to `max` completions without waiting (`ibv_poll_cq`), in a new `Vec`. A loop
+    /// that polls often uses [`Device::poll_cq_into`], which does not allocate.
     #[must_use]
     pub fn poll_cq(&self, cq: CqId, max: usize) -> Vec<Wc> {
         self.drive();
