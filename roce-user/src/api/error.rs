@@ -96,6 +96,10 @@ pub enum ApiError {
     /// `ibv_destroy_cq` returns `EBUSY`). Destroy the QP first.
     #[error("completion queue {0:?} is still used by a queue pair")]
     CqBusy(CqId),
+    /// A handle of another [`Device`](crate::api::Device) was passed (a CQ of one device to
+    /// [`Pd::create_qp`](crate::api::Pd::create_qp) of another).
+    #[error("the {0} belongs to another device")]
+    ForeignHandle(&'static str),
     /// A QP's PD and CQs were made on different queues of a sharded device.
     #[error(
         "the QP's protection domain is on queue {pd} but its {which} CQ on queue {cq}: a sharded device keeps a QP's PD, CQs and regions on one queue"

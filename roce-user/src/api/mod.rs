@@ -19,6 +19,7 @@
 mod claims;
 mod cq;
 mod error;
+mod handles;
 mod path;
 
 use std::{
@@ -37,8 +38,8 @@ use roce_common::maps::{MAX_QPS, QpEntry};
 
 pub use crate::transport::{
     Access, AttrMask, CqId, DeviceConfig, DeviceCounters, LKey, MrInfo, Mtu, Path, PdId, PostError,
-    Psn, QpAttr, QpCap, QpCounters, QpInit, QpState, QpType, Qpn, RKey, RecvWr, SendFlags, SendOp,
-    SendWr, Sge, Wc, WcFlags, WcOpcode, WcStatus,
+    Psn, QKey, QpAttr, QpCap, QpCounters, QpInit, QpState, QpType, Qpn, RKey, RecvWr, SendFlags,
+    SendOp, SendWr, Sge, UdDest, Wc, WcFlags, WcOpcode, WcStatus,
 };
 use crate::{
     engine::{Clock, Engine, EngineConfig, EngineThread, spawn_engines},
@@ -53,6 +54,7 @@ use self::claims::lock_file;
 pub use self::{
     cq::CqReady,
     error::ApiError,
+    handles::{Ah, Cq, Mr, Pd, Qp},
     path::{PATH_CACHE_TTL, needs_multi_buffer},
 };
 use self::{
@@ -458,7 +460,7 @@ impl Device {
     }
 
     /// Frees a protection domain (`ibv_dealloc_pd`). Call it after deregistering its memory
-    /// regions and destroying its QPs; the `Pd` handle does it when dropped.
+    /// regions and destroying its QPs; [`Pd`] does it when dropped.
     ///
     /// # Errors
     /// [`ApiError::PdBusy`] while a region or a QP uses it (`EBUSY`), or no such PD.
@@ -626,7 +628,7 @@ impl Device {
     }
 
     /// Destroys a CQ (`ibv_destroy_cq`); completions still queued in it are dropped. Call it
-    /// after destroying the QPs that complete on it; the `Cq` handle does it when dropped. Its id may
+    /// after destroying the QPs that complete on it; [`Cq`] does it when dropped. Its id may
     /// name a new CQ afterwards.
     ///
     /// # Errors
