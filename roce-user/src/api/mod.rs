@@ -4,7 +4,16 @@
 //! RX queue, and starts one engine thread per queue that drives the sans-I/O transport. The
 //! methods are the verbs a user of `libibverbs` knows — `reg_mr`, `create_cq`, `create_qp`,
 //! `modify_qp`, `post_send`, `post_recv`, `poll_cq` — with Rust types instead of C structs.
-//! Completion queues can be polled, waited on (blocking), or awaited ([`Device::cq_ready`]).
+//! Completion queues can be polled into a caller's slice ([`Device::poll_cq_into`]), waited on
+//! (blocking), or awaited ([`Device::cq_ready`]).
+//!
+//! Two forms of the same verbs: handles — [`Pd`], [`Mr`], [`Cq`], [`Qp`], [`Ah`], made by
+//! [`Device::pd`] and [`Device::cq`] — that borrow what they were made from and release it when
+//! dropped, for Rust applications; and ids ([`PdId`], [`CqId`], [`Qpn`], [`LKey`]) with
+//! explicit creation and destruction ([`Device::alloc_pd`] / [`Device::dealloc_pd`],
+//! [`Device::create_cq`] / [`Device::destroy_cq`], ...), for a C layer. Both follow the verbs'
+//! rules: a PD with regions or QPs and a CQ with QPs cannot be freed ([`ApiError::PdBusy`],
+//! [`ApiError::CqBusy`], `EBUSY`).
 //!
 //! QP numbers are claimed in the pinned `ROCE_QPS` map under a lock file
 //! (`/run/roce/<ifname>.lock`), so several processes on one interface never take each other's
@@ -15,6 +24,15 @@
 //! fit one. When the link's MTU lets such frames through, [`Device::open`] binds its sockets for
 //! AF_XDP multi-buffer packets ([`XskConfig::multi_buffer`], Linux 6.6+), which carry them in
 //! two descriptors; on a link of MTU 1500 the largest path MTU is 1024 either way.
+//!
+//! # Example
+//!
+//! An RDMA WRITE and a SEND over one RC connection, the peers exchanging QP numbers over TCP as
+//! `ibv_rc_pingpong` does: `roce-user/examples/rc_write.rs`, run by the privileged test
+//! `tests/tests/handles.rs` (`cargo run -p roce-user --example rc_write -- IFNAME [SERVER_IP]`
+//! as root).
+//!
+#![doc = concat!("```no_run\n", include_str!("../../examples/rc_write.rs"), "```")]
 
 mod claims;
 mod cq;
