@@ -152,7 +152,7 @@ fn sharded_dealloc_and_destroy_find_the_queue_of_the_id() {
 fn rc_write_example_writes_and_sends_across_a_veth_pair() {
     let pair = veth("hx", 152, 1);
     let bin = example_bin("rc_write");
-    let server = spawn_in(&pair.b.netns, &bin, &[pair.b.ifname.clone()]);
+    let server = spawn_in(&pair.b.netns, &bin, std::slice::from_ref(&pair.b.ifname));
     let client = spawn_in(
         &pair.a.netns,
         &bin,
