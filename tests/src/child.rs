@@ -68,6 +68,26 @@ pub fn spawn(ns: &str, args: &[String]) -> Reaper {
     Reaper(Some(c))
 }
 
+/// Starts `program ARGS...` inside network namespace `ns` (through `nsenter --net`, which execs
+/// it: the child's PID is the program's), with stdout and stderr captured. The mount namespace
+/// stays the caller's, so the pinned BPF objects under /sys/fs/bpf are visible.
+///
+/// # Panics
+/// When `nsenter` cannot be started.
+#[must_use]
+pub fn spawn_in(ns: &str, program: &std::path::Path, args: &[String]) -> Reaper {
+    let c = Command::new("nsenter")
+        .arg(format!("--net=/var/run/netns/{ns}"))
+        .arg("--")
+        .arg(program)
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn nsenter");
+    Reaper(Some(c))
+}
+
 /// Waits for the child to exit and returns what it printed.
 ///
 /// # Panics

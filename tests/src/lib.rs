@@ -45,6 +45,26 @@ pub fn roce_bin() -> PathBuf {
     p
 }
 
+/// The example `name` of roce-user (`roce-user/examples/NAME.rs`), built next to the `roce`
+/// binary under test: `target/debug/examples/NAME` beside `target/debug/roce`.
+///
+/// # Panics
+/// When it does not exist.
+#[must_use]
+pub fn example_bin(name: &str) -> PathBuf {
+    let bin = roce_bin();
+    let p = bin
+        .parent()
+        .map_or_else(|| PathBuf::from("examples"), |d| d.join("examples"))
+        .join(name);
+    assert!(
+        p.exists(),
+        "example {name} not found at {} (build it: cargo build -p roce-user --examples)",
+        p.display()
+    );
+    p
+}
+
 /// A unique short tag for names of namespaces and interfaces made by one test.
 #[must_use]
 pub fn tag(test: &str) -> String {

@@ -111,7 +111,16 @@ pub(crate) fn all(fuzz: bool, fuzz_secs: u32, soak: bool) -> anyhow::Result<()> 
     {
         bail!("the privileged tests (BPF_PROG_TEST_RUN, veth, AF_XDP) need root; run as root");
     }
-    run(cargo().args(["build", "--package", "roce-user", "--bin", "roce"]))?;
+    // The `roce` binary and the examples (tests/tests/handles.rs runs examples/rc_write next to
+    // the binary, target/debug/examples).
+    run(cargo().args([
+        "build",
+        "--package",
+        "roce-user",
+        "--bin",
+        "roce",
+        "--examples",
+    ]))?;
     run_tests(
         cargo()
             .env("ROCE_BIN", root().join("target/debug/roce"))

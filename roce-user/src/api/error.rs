@@ -5,7 +5,7 @@ use roce_common::maps::MAX_QPS;
 use crate::{
     loader::LoadError,
     netinfo::NetInfoError,
-    transport::{self, LKey, PostError},
+    transport::{self, CqId, DeviceError, LKey, MrError, PdId, PostError},
     xsk::XskError,
 };
 
@@ -93,6 +93,19 @@ pub enum ApiError {
         /// [`Device::shards`](crate::api::Device::shards).
         shards: u32,
     },
+    /// A protection domain still has memory regions or QPs
+    /// ([`Device::dealloc_pd`](crate::api::Device::dealloc_pd); `ibv_dealloc_pd` returns
+    /// `EBUSY`). Destroy them first.
+    #[error("protection domain {0:?} still has memory regions or queue pairs")]
+    PdBusy(PdId),
+    /// A QP still completes on the CQ ([`Device::destroy_cq`](crate::api::Device::destroy_cq);
+    /// `ibv_destroy_cq` returns `EBUSY`). Destroy the QP first.
+    #[error("completion queue {0:?} is still used by a queue pair")]
+    CqBusy(CqId),
+    /// A handle of another [`Device`](crate::api::Device) was passed (a CQ of one device to
+    /// [`Pd::create_qp`](crate::api::Pd::create_qp) of another).
+    #[error("the {0} belongs to another device")]
+    ForeignHandle(&'static str),
     /// A QP's PD and CQs were made on different queues of a sharded device.
     #[error(
         "the QP's protection domain is on queue {pd} but its {which} CQ on queue {cq}: a sharded device keeps a QP's PD, CQs and regions on one queue"
@@ -107,6 +120,71 @@ pub enum ApiError {
     },
 }
 
+impl ApiError {
+    /// The `errno` value a libibverbs call returns for this failure, for a C layer over this
+    /// API: `EBUSY` for an object still in use ([`ApiError::PdBusy`], [`ApiError::CqBusy`]),
+    /// `ENOMEM` for an exhausted table or a full work queue (rxe's `post_send`), the OS error
+    /// itself for a failed system call, `EIO` for a device that could not be set up or run, and
+    /// `EINVAL` for every other refused argument (unknown handle, bad state, size, right or
+    /// MTU).
+    #[must_use]
+    pub fn errno(&self) -> i32 {
+        match self {
+            Self::PdBusy(_)
+            | Self::CqBusy(_)
+            | Self::Device(DeviceError::PdInUse(_) | DeviceError::CqInUse(_)) => libc::EBUSY,
+            Self::Device(
+                DeviceError::TooManyQps(_)
+                | DeviceError::TooManyCqs(_)
+                | DeviceError::TooManyPds(_)
+                | DeviceError::Mr(MrError::TableFull(_)),
+            )
+            | Self::Mr(MrError::TableFull(_))
+            | Self::Post(PostError::QueueFull(_))
+            | Self::NoQpn(_) => libc::ENOMEM,
+            Self::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Self::Load(_)
+            | Self::Xsk(_)
+            | Self::NetInfo(_)
+            | Self::Engine(_)
+            | Self::TooManyQueues { .. } => libc::EIO,
+            _ => libc::EINVAL,
+        }
+    }
+}
+
 pub(crate) fn os(what: &'static str) -> impl FnOnce(std::io::Error) -> ApiError {
     move |source| ApiError::Os { what, source }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errno_is_ebusy_for_objects_in_use_and_what_libibverbs_returns_otherwise() {
+        assert_eq!(ApiError::PdBusy(PdId(3)).errno(), libc::EBUSY);
+        assert_eq!(ApiError::CqBusy(CqId(1)).errno(), libc::EBUSY);
+        assert_eq!(
+            ApiError::Device(DeviceError::CqInUse(CqId(1))).errno(),
+            libc::EBUSY
+        );
+        assert_eq!(
+            ApiError::Post(PostError::QueueFull(4)).errno(),
+            libc::ENOMEM
+        );
+        assert_eq!(
+            ApiError::Device(DeviceError::TooManyPds(2)).errno(),
+            libc::ENOMEM
+        );
+        assert_eq!(
+            ApiError::Device(DeviceError::NoSuchCq(CqId(9))).errno(),
+            libc::EINVAL
+        );
+        let os = ApiError::Os {
+            what: "test",
+            source: std::io::Error::from_raw_os_error(libc::EPERM),
+        };
+        assert_eq!(os.errno(), libc::EPERM);
+    }
 }

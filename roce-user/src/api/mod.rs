@@ -4,7 +4,16 @@
 //! RX queue, and starts one engine thread per queue that drives the sans-I/O transport. The
 //! methods are the verbs a user of `libibverbs` knows — `reg_mr`, `create_cq`, `create_qp`,
 //! `modify_qp`, `post_send`, `post_recv`, `poll_cq` — with Rust types instead of C structs.
-//! Completion queues can be polled, waited on (blocking), or awaited ([`Device::cq_ready`]).
+//! Completion queues can be polled into a caller's slice ([`Device::poll_cq_into`]), waited on
+//! (blocking), or awaited ([`Device::cq_ready`]).
+//!
+//! Two forms of the same verbs: handles — [`Pd`], [`Mr`], [`Cq`], [`Qp`], [`Ah`], made by
+//! [`Device::pd`] and [`Device::cq`] — that borrow what they were made from and release it when
+//! dropped, for Rust applications; and ids ([`PdId`], [`CqId`], [`Qpn`], [`LKey`]) with
+//! explicit creation and destruction ([`Device::alloc_pd`] / [`Device::dealloc_pd`],
+//! [`Device::create_cq`] / [`Device::destroy_cq`], ...), for a C layer. Both follow the verbs'
+//! rules: a PD with regions or QPs and a CQ with QPs cannot be freed ([`ApiError::PdBusy`],
+//! [`ApiError::CqBusy`], `EBUSY`).
 //!
 //! QP numbers are claimed in the pinned `ROCE_QPS` map under a lock file
 //! (`/run/roce/<ifname>.lock`), so several processes on one interface never take each other's
@@ -15,10 +24,20 @@
 //! fit one. When the link's MTU lets such frames through, [`Device::open`] binds its sockets for
 //! AF_XDP multi-buffer packets ([`XskConfig::multi_buffer`], Linux 6.6+), which carry them in
 //! two descriptors; on a link of MTU 1500 the largest path MTU is 1024 either way.
+//!
+//! # Example
+//!
+//! An RDMA WRITE and a SEND over one RC connection, the peers exchanging QP numbers over TCP as
+//! `ibv_rc_pingpong` does: `roce-user/examples/rc_write.rs`, run by the privileged test
+//! `tests/tests/handles.rs` (`cargo run -p roce-user --example rc_write -- IFNAME [SERVER_IP]`
+//! as root).
+//!
+#![doc = concat!("```no_run\n", include_str!("../../examples/rc_write.rs"), "```")]
 
 mod claims;
 mod cq;
 mod error;
+mod handles;
 mod path;
 
 use std::{
@@ -37,8 +56,8 @@ use roce_common::maps::{MAX_QPS, QpEntry};
 
 pub use crate::transport::{
     Access, AttrMask, CqId, DeviceConfig, DeviceCounters, LKey, MemBuf, Memory, MrInfo, Mtu, Path,
-    PdId, PostError, Psn, QpAttr, QpCap, QpCounters, QpInit, QpState, QpType, Qpn, RKey, RawMem,
-    RecvWr, SendFlags, SendOp, SendWr, Sge, Wc, WcFlags, WcOpcode, WcStatus,
+    PdId, PostError, Psn, QKey, QpAttr, QpCap, QpCounters, QpInit, QpState, QpType, Qpn, RKey,
+    RawMem, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, Wc, WcFlags, WcOpcode, WcStatus,
 };
 use crate::{
     engine::{Clock, Engine, EngineConfig, EngineThread, spawn_engines},
@@ -53,6 +72,7 @@ use self::claims::lock_file;
 pub use self::{
     cq::CqReady,
     error::ApiError,
+    handles::{Ah, Cq, Mr, Pd, Qp},
     path::{PATH_CACHE_TTL, needs_multi_buffer},
 };
 use self::{
@@ -457,6 +477,23 @@ impl Device {
         Ok(PdId(raw.0 * self.shards() + queue))
     }
 
+    /// Frees a protection domain (`ibv_dealloc_pd`). Call it after deregistering its memory
+    /// regions and destroying its QPs; [`Pd`] does it when dropped.
+    ///
+    /// # Errors
+    /// [`ApiError::PdBusy`] while a region or a QP uses it (`EBUSY`), or no such PD.
+    pub fn dealloc_pd(&self, pd: PdId) -> Result<(), ApiError> {
+        let (queue, raw) = self.split_pd(pd);
+        match self.shards[queue as usize].lock().dealloc_pd(raw) {
+            Ok(()) => Ok(()),
+            Err(transport::DeviceError::PdInUse(_)) => Err(ApiError::PdBusy(pd)),
+            Err(transport::DeviceError::NoSuchPd(_)) => {
+                Err(transport::DeviceError::NoSuchPd(pd).into())
+            }
+            Err(e) => Err(e.into()),
+        }
+    }
+
     fn shard(&self, queue: u32) -> Result<&Shared, ApiError> {
         self.shards
             .get(queue as usize)
@@ -629,6 +666,25 @@ impl Device {
     pub fn create_cq_on(&self, queue: u32, depth: usize) -> Result<CqId, ApiError> {
         let raw = self.shard(queue)?.lock().create_cq(depth)?;
         Ok(CqId(raw.0 * self.shards() + queue))
+    }
+
+    /// Destroys a CQ (`ibv_destroy_cq`); completions still queued in it are dropped. Call it
+    /// after destroying the QPs that complete on it; [`Cq`] does it when dropped. Its id may
+    /// name a new CQ afterwards.
+    ///
+    /// # Errors
+    /// [`ApiError::CqBusy`] while a QP's send or receive queue completes on it (`EBUSY`), or
+    /// no such CQ.
+    pub fn destroy_cq(&self, cq: CqId) -> Result<(), ApiError> {
+        let (queue, raw) = self.split_cq(cq);
+        match self.shards[queue as usize].lock().destroy_cq(raw) {
+            Ok(()) => Ok(()),
+            Err(transport::DeviceError::CqInUse(_)) => Err(ApiError::CqBusy(cq)),
+            Err(transport::DeviceError::NoSuchCq(_)) => {
+                Err(transport::DeviceError::NoSuchCq(cq).into())
+            }
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Creates a QP in RESET (`ibv_create_qp`) and claims its QPN in the XDP QP map, so that
@@ -809,7 +865,19 @@ impl Device {
         Ok(())
     }
 
-    /// Takes up to `max` completions without waiting (`ibv_poll_cq`).
+    /// Moves up to `out.len()` completions of `cq` into `out` without waiting and returns how
+    /// many (`ibv_poll_cq(cq, num_entries, wc)`); `out[..n]` are the oldest, in order, and the
+    /// rest of `out` is left as it was. Allocates nothing: call it in a loop with a buffer
+    /// allocated once (`[Wc::default(); 16]`). On an inline device it first runs an engine
+    /// turn. An unknown CQ yields 0.
+    pub fn poll_cq_into(&self, cq: CqId, out: &mut [Wc]) -> usize {
+        self.drive();
+        let (queue, cq) = self.split_cq(cq);
+        self.shards[queue as usize].lock().poll_cq_into(cq, out)
+    }
+
+    /// Takes up to `max` completions without waiting (`ibv_poll_cq`), in a new `Vec`. A loop
+    /// that polls often uses [`Device::poll_cq_into`], which does not allocate.
     #[must_use]
     pub fn poll_cq(&self, cq: CqId, max: usize) -> Vec<Wc> {
         self.drive();

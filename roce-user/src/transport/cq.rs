@@ -10,9 +10,10 @@ use std::collections::VecDeque;
 use super::ids::{Qpn, RKey};
 
 /// Status of a work completion (`enum ibv_wc_status`, same numeric values).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
 pub enum WcStatus {
     /// `IBV_WC_SUCCESS`.
+    #[default]
     Success = 0,
     /// `IBV_WC_LOC_LEN_ERR`: a receive buffer was too small, or a message too long.
     LocLenErr = 1,
@@ -37,9 +38,10 @@ pub enum WcStatus {
 }
 
 /// Opcode of a work completion (`enum ibv_wc_opcode`, same numeric values).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
 pub enum WcOpcode {
     /// `IBV_WC_SEND`.
+    #[default]
     Send = 0,
     /// `IBV_WC_RDMA_WRITE`.
     RdmaWrite = 1,
@@ -69,7 +71,11 @@ bitflags::bitflags! {
 }
 
 /// A work completion (`struct ibv_wc`).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+///
+/// [`Wc::default`] is the all-zero `struct ibv_wc` (status `SUCCESS`, opcode `SEND`, no QP):
+/// a filler for the slice that [`Device::poll_cq_into`](crate::api::Device::poll_cq_into)
+/// writes, never a completion of its own; read only the entries the poll says it wrote.
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
 pub struct Wc {
     /// The `wr_id` of the work request.
     pub wr_id: u64,

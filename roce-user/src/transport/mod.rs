@@ -282,9 +282,12 @@ pub enum DeviceError {
     /// `max_pd` PDs exist.
     #[error("too many protection domains (max {0})")]
     TooManyPds(usize),
-    /// The PD still has memory regions or QPs.
+    /// The PD still has memory regions or QPs (`ibv_dealloc_pd` fails with `EBUSY`).
     #[error("protection domain {0:?} is in use")]
     PdInUse(PdId),
+    /// A QP still sends or receives through the CQ (`ibv_destroy_cq` fails with `EBUSY`).
+    #[error("completion queue {0:?} is in use by a queue pair")]
+    CqInUse(CqId),
     /// No such CQ.
     #[error("no completion queue {0:?}")]
     NoSuchCq(CqId),
@@ -314,10 +317,45 @@ pub struct Transmit {
     pub qpn: Qpn,
 }
 
-/// The CQs of a device.
+/// The CQs of a device: a slot per [`CqId`]; a destroyed CQ's slot is empty until a new CQ
+/// takes it, so the table never grows beyond the most CQs that lived at once.
 #[derive(Debug, Default)]
 pub(crate) struct CqTable {
-    cqs: Vec<Cq>,
+    cqs: Vec<Option<Cq>>,
+}
+
+impl CqTable {
+    fn get(&self, cq: CqId) -> Option<&Cq> {
+        self.cqs.get(cq.0 as usize)?.as_ref()
+    }
+
+    fn get_mut(&mut self, cq: CqId) -> Option<&mut Cq> {
+        self.cqs.get_mut(cq.0 as usize)?.as_mut()
+    }
+
+    /// CQs that exist.
+    fn live(&self) -> usize {
+        self.cqs.iter().filter(|c| c.is_some()).count()
+    }
+
+    /// Puts `cq` in the lowest free slot.
+    fn insert(&mut self, cq: Cq) -> CqId {
+        if let Some(i) = self.cqs.iter().position(Option::is_none) {
+            self.cqs[i] = Some(cq);
+            return CqId(i as u32);
+        }
+        self.cqs.push(Some(cq));
+        CqId((self.cqs.len() - 1) as u32)
+    }
+
+    /// Empties `cq`'s slot; trailing empty slots are dropped.
+    fn remove(&mut self, cq: CqId) -> Option<Cq> {
+        let out = self.cqs.get_mut(cq.0 as usize)?.take();
+        while self.cqs.last().is_some_and(Option::is_none) {
+            self.cqs.pop();
+        }
+        out
+    }
 }
 
 /// What a QP may touch while it runs: the device's regions, CQs, events and counters.
@@ -341,7 +379,7 @@ impl Ctx<'_> {
     /// Queues a completion; on overflow raises [`Event::CqOverflow`] once and returns false.
     /// `solicited` says the completed receive carried BTH.SE.
     pub(crate) fn push_wc(&mut self, cq: CqId, wc: Wc, solicited: bool) -> bool {
-        let Some(c) = self.cqs.cqs.get_mut(cq.0 as usize) else {
+        let Some(c) = self.cqs.get_mut(cq) else {
             return false;
         };
         let was = c.overflowed();
@@ -473,7 +511,7 @@ impl Device {
     /// # Errors
     /// [`DeviceError`] if too many CQs exist or `depth` exceeds `max_cqe`.
     pub fn create_cq(&mut self, depth: usize) -> Result<CqId, DeviceError> {
-        if self.cqs.cqs.len() >= self.config.max_cq {
+        if self.cqs.live() >= self.config.max_cq {
             return Err(DeviceError::TooManyCqs(self.config.max_cq));
         }
         if depth > self.config.max_cqe || depth == 0 {
@@ -482,13 +520,49 @@ impl Device {
                 self.config.max_cqe as u64,
             ));
         }
-        self.cqs.cqs.push(Cq::new(depth));
-        Ok(CqId((self.cqs.cqs.len() - 1) as u32))
+        Ok(self.cqs.insert(Cq::new(depth)))
     }
 
-    /// The oldest completion of `cq` (`ibv_poll_cq`).
+    /// Destroys a CQ that no QP uses (`ibv_destroy_cq`); the completions still queued in it
+    /// are dropped with it, as libibverbs does. Its [`CqId`] may be handed out again by a
+    /// later [`Device::create_cq`]. Call it after destroying the QPs that complete on it.
+    ///
+    /// # Errors
+    /// [`DeviceError::NoSuchCq`], or [`DeviceError::CqInUse`] while a QP's send or receive
+    /// queue completes on it (rxe and libibverbs: `EBUSY`).
+    pub fn destroy_cq(&mut self, cq: CqId) -> Result<(), DeviceError> {
+        if self.cqs.get(cq).is_none() {
+            return Err(DeviceError::NoSuchCq(cq));
+        }
+        if self
+            .qps
+            .values()
+            .any(|q| q.init.send_cq == cq || q.init.recv_cq == cq)
+        {
+            return Err(DeviceError::CqInUse(cq));
+        }
+        self.cqs.remove(cq);
+        Ok(())
+    }
+
+    /// The oldest completion of `cq` (`ibv_poll_cq` with one entry).
     pub fn poll_cq(&mut self, cq: CqId) -> Option<Wc> {
-        self.cqs.cqs.get_mut(cq.0 as usize)?.pop()
+        self.cqs.get_mut(cq)?.pop()
+    }
+
+    /// Moves the oldest completions of `cq` into `out`, as many as are queued and fit
+    /// (`ibv_poll_cq`), and returns how many. Allocates nothing; an unknown CQ yields 0.
+    pub fn poll_cq_into(&mut self, cq: CqId, out: &mut [Wc]) -> usize {
+        let Some(c) = self.cqs.get_mut(cq) else {
+            return 0;
+        };
+        let mut n = 0;
+        for slot in out.iter_mut() {
+            let Some(wc) = c.pop() else { break };
+            *slot = wc;
+            n += 1;
+        }
+        n
     }
 
     /// Arms `cq` for one [`Event::CqNotify`] (`ibv_req_notify_cq`).
@@ -497,8 +571,7 @@ impl Device {
     /// [`DeviceError::NoSuchCq`].
     pub fn req_notify_cq(&mut self, cq: CqId, solicited_only: bool) -> Result<(), DeviceError> {
         self.cqs
-            .cqs
-            .get_mut(cq.0 as usize)
+            .get_mut(cq)
             .ok_or(DeviceError::NoSuchCq(cq))?
             .req_notify(solicited_only);
         Ok(())
@@ -507,7 +580,7 @@ impl Device {
     /// A CQ, to inspect its length or overflow state.
     #[must_use]
     pub fn cq(&self, cq: CqId) -> Option<&Cq> {
-        self.cqs.cqs.get(cq.0 as usize)
+        self.cqs.get(cq)
     }
 
     /// Creates a QP in RESET (`ibv_create_qp`).

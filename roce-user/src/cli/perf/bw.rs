@@ -45,6 +45,8 @@ pub(super) fn run_client(
     let mut lats = LatHist::new();
     let mut fetched_ok = true;
     let mut atomic_mismatches = 0u64;
+    // Completions are polled into this buffer, allocated on the first poll and reused.
+    let mut wc_buf = Vec::new();
     let start = Instant::now();
     let mut last_progress = start;
     let every = a
@@ -126,7 +128,7 @@ pub(super) fn run_client(
             bail!("interrupted");
         }
         Tracer::poll(tracer, dev);
-        let wcs = poll_cqs(dev, cqs, 64);
+        let wcs = poll_cqs(dev, cqs, 64, &mut wc_buf);
         if wcs.is_empty() {
             if last_progress.elapsed() > Duration::from_secs(10) {
                 bail!(
@@ -202,7 +204,7 @@ pub(super) fn run_client(
     }
     // Nothing may complete after the last expected completion: a late one is a duplicate.
     std::thread::sleep(Duration::from_millis(20));
-    if let Some(wc) = poll_cqs(dev, cqs, 1).first() {
+    if let Some(wc) = poll_cqs(dev, cqs, 1, &mut wc_buf).first() {
         bail!(
             "QP {:?} completed work request {} after all its work requests had completed",
             wc.qp_num,
@@ -249,6 +251,7 @@ pub(super) fn run_server(
 ) -> anyhow::Result<PerfResult> {
     // The server does nothing for WRITE/READ/atomics but wait for the client's next sync. For
     // SEND it receives, reposts and checks every message.
+    let mut wc_buf = Vec::new();
     let start = Instant::now();
     let mut msgs = 0u64;
     let mut good = true;
@@ -267,7 +270,7 @@ pub(super) fn run_server(
         }
         Tracer::poll(tracer, dev);
         if a.op == PerfOp::Send {
-            for wc in poll_cqs(dev, cqs, 64) {
+            for wc in poll_cqs(dev, cqs, 64, &mut wc_buf) {
                 if wc.status != WcStatus::Success {
                     bail!("receive on QP {:?} failed: {:?}", wc.qp_num, wc.status);
                 }

@@ -37,8 +37,9 @@ pub(super) fn run_lat(
     let mut posts = Vec::with_capacity(n as usize);
     let start = Instant::now();
     // Polls the CQ once: counts send and receive completions, reposts receives.
-    let pump = |sends_done: &mut u64, recvs_done: &mut u64| -> anyhow::Result<()> {
-        for wc in poll_cqs(dev, cqs, 16) {
+    let mut wcs = Vec::new();
+    let mut pump = |sends_done: &mut u64, recvs_done: &mut u64| -> anyhow::Result<()> {
+        for wc in poll_cqs(dev, cqs, 16, &mut wcs) {
             if wc.status != WcStatus::Success {
                 bail!("work request {} failed: {:?}", wc.wr_id, wc.status);
             }
@@ -61,10 +62,10 @@ pub(super) fn run_lat(
         }
         Ok(())
     };
-    let wait = |what: &str,
-                done: &mut dyn FnMut(u64, u64) -> anyhow::Result<bool>,
-                sends_done: &mut u64,
-                recvs_done: &mut u64|
+    let mut wait = |what: &str,
+                    done: &mut dyn FnMut(u64, u64) -> anyhow::Result<bool>,
+                    sends_done: &mut u64,
+                    recvs_done: &mut u64|
      -> anyhow::Result<()> {
         let deadline = Instant::now() + Duration::from_secs(10);
         loop {

@@ -8,6 +8,7 @@ use anyhow::Context as _;
 use roce::{
     api::{
         Access, CqId, Device, DeviceOptions, MrInfo, PdId, QpCap, QpInit, QpType, Qpn, RecvWr, Sge,
+        Wc,
     },
     cm::perftest::{KeyMsg, pattern},
     netinfo::Gid,
@@ -39,12 +40,25 @@ pub(super) struct QpCtx {
     pub(super) remote: Option<KeyMsg>,
 }
 
-/// Up to `max` completions from each of `cqs` (one per transport of a sharded device).
-pub(super) fn poll_cqs(dev: &Device, cqs: &[CqId], max: usize) -> Vec<roce::api::Wc> {
-    match cqs {
-        [cq] => dev.poll_cq(*cq, max),
-        _ => cqs.iter().flat_map(|cq| dev.poll_cq(*cq, max)).collect(),
+/// Up to `max` completions from each of `cqs` (one per transport of a sharded device), polled
+/// into `buf` ([`Device::poll_cq_into`]): `buf` grows to `max * cqs.len()` entries on the
+/// first call and is reused after, so a run's polling allocates nothing. Returns the
+/// completions polled.
+pub(super) fn poll_cqs<'b>(
+    dev: &Device,
+    cqs: &[CqId],
+    max: usize,
+    buf: &'b mut Vec<Wc>,
+) -> &'b [Wc] {
+    let want = max * cqs.len();
+    if buf.len() < want {
+        buf.resize(want, Wc::default());
     }
+    let mut n = 0;
+    for cq in cqs {
+        n += dev.poll_cq_into(*cq, &mut buf[n..n + max]);
+    }
+    &buf[..n]
 }
 
 /// Each QP's position in `qps`, to find a completion's QP in constant time (a run may have

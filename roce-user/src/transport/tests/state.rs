@@ -1,5 +1,7 @@
 //! QP state machine and modify (IBA 10.3, reference §2 "QP state"): the state table, error
-//! flush, reset, SQD, CQ overflow, and memory deregistration under traffic.
+//! flush, reset, SQD, CQ overflow, and memory deregistration under traffic; the lifetime rules
+//! of CQs and PDs (`ibv_destroy_cq` and `ibv_dealloc_pd` refuse an object in use) and polling
+//! into a slice.
 
 use super::*;
 
@@ -233,4 +235,121 @@ fn explicit_modify_to_err_raises_no_fatal_event() {
     h.d.modify_qp(h.qpn, &a, AttrMask::STATE).unwrap();
     assert_eq!(h.state(), QpState::Err);
     assert_eq!(h.d.poll_event(), None);
+}
+
+#[test]
+fn destroy_cq_is_refused_while_a_qp_completes_on_it() {
+    let mut d = Device::new(DeviceConfig::default());
+    let pd = d.alloc_pd().unwrap();
+    let send = d.create_cq(4).unwrap();
+    let recv = d.create_cq(4).unwrap();
+    let qpn = d
+        .create_qp(QpInit {
+            send_cq: send,
+            recv_cq: recv,
+            ..QpInit::new(QpType::Rc, pd, send)
+        })
+        .unwrap();
+    // Both the send and the receive side hold their CQ (ibv_destroy_cq: EBUSY).
+    assert_eq!(d.destroy_cq(send), Err(DeviceError::CqInUse(send)));
+    assert_eq!(d.destroy_cq(recv), Err(DeviceError::CqInUse(recv)));
+    assert!(d.cq(send).is_some() && d.cq(recv).is_some());
+    d.destroy_qp(qpn).unwrap();
+    d.destroy_cq(send).unwrap();
+    d.destroy_cq(recv).unwrap();
+    assert!(d.cq(send).is_none());
+    assert_eq!(d.destroy_cq(send), Err(DeviceError::NoSuchCq(send)));
+    assert_eq!(d.poll_cq(recv), None);
+}
+
+#[test]
+fn destroyed_cq_slots_are_reused_and_count_against_max_cq_only_while_alive() {
+    let mut d = Device::new(DeviceConfig {
+        max_cq: 2,
+        ..DeviceConfig::default()
+    });
+    let a = d.create_cq(4).unwrap();
+    let b = d.create_cq(4).unwrap();
+    assert_eq!(d.create_cq(4), Err(DeviceError::TooManyCqs(2)));
+    d.destroy_cq(a).unwrap();
+    // The freed slot is taken again, and the table stays at two.
+    let c = d.create_cq(8).unwrap();
+    assert_eq!(c, a);
+    assert_ne!(c, b);
+    assert_eq!(d.create_cq(4), Err(DeviceError::TooManyCqs(2)));
+    // A QP on the reused slot completes there, not on a ghost of the old CQ.
+    let pd = d.alloc_pd().unwrap();
+    let qpn = d.create_qp(QpInit::new(QpType::Rc, pd, c)).unwrap();
+    let a: QpAttr<Path> = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    d.modify_qp(qpn, &a, AttrMask::STATE).unwrap();
+    d.post_recv(
+        qpn,
+        RecvWr {
+            wr_id: 7,
+            sg_list: vec![],
+        },
+    )
+    .unwrap();
+    let wc = d.poll_cq(c).unwrap();
+    assert_eq!((wc.wr_id, wc.status), (7, WcStatus::WrFlushErr));
+    assert_eq!(d.poll_cq(b), None);
+}
+
+#[test]
+fn poll_cq_into_fills_the_slice_in_order_and_says_how_many() {
+    let mut d = Device::new(DeviceConfig::default());
+    let pd = d.alloc_pd().unwrap();
+    let cq = d.create_cq(8).unwrap();
+    let qpn = d.create_qp(QpInit::new(QpType::Rc, pd, cq)).unwrap();
+    let err: QpAttr<Path> = QpAttr {
+        qp_state: QpState::Err,
+        ..QpAttr::default()
+    };
+    d.modify_qp(qpn, &err, AttrMask::STATE).unwrap();
+    for wr_id in 1..=3 {
+        let wr = RecvWr {
+            wr_id,
+            sg_list: vec![],
+        };
+        d.post_recv(qpn, wr).unwrap();
+    }
+    let mut out = [Wc::default(); 2];
+    assert_eq!(d.poll_cq_into(cq, &mut out), 2);
+    assert_eq!(out.map(|w| w.wr_id), [1, 2]);
+    assert!(out.iter().all(|w| w.status == WcStatus::WrFlushErr));
+    assert_eq!(d.poll_cq_into(cq, &mut out), 1);
+    assert_eq!(out[0].wr_id, 3);
+    assert_eq!(d.poll_cq_into(cq, &mut out), 0);
+    assert_eq!(d.poll_cq_into(CqId(99), &mut out), 0);
+}
+
+#[test]
+fn dealloc_pd_is_refused_while_a_qp_or_a_region_uses_it() {
+    let mut d = Device::new(DeviceConfig::default());
+    let pd = d.alloc_pd().unwrap();
+    let cq = d.create_cq(4).unwrap();
+    let qpn = d.create_qp(QpInit::new(QpType::Rc, pd, cq)).unwrap();
+    let mr = d
+        .reg_mr(pd, vec![0; 64], 0x2000, Access::LOCAL_WRITE)
+        .unwrap();
+    assert_eq!(d.dealloc_pd(pd), Err(DeviceError::PdInUse(pd)));
+    d.destroy_qp(qpn).unwrap();
+    // The region alone still holds it.
+    assert_eq!(d.dealloc_pd(pd), Err(DeviceError::PdInUse(pd)));
+    d.dereg_mr(mr.lkey).unwrap();
+    d.dealloc_pd(pd).unwrap();
+    assert_eq!(d.dealloc_pd(pd), Err(DeviceError::NoSuchPd(pd)));
+    assert_eq!(
+        d.create_qp(QpInit::new(QpType::Rc, pd, cq)),
+        Err(DeviceError::NoSuchPd(pd))
+    );
+    // And the QP alone holds it too.
+    let pd = d.alloc_pd().unwrap();
+    let qpn = d.create_qp(QpInit::new(QpType::Rc, pd, cq)).unwrap();
+    assert_eq!(d.dealloc_pd(pd), Err(DeviceError::PdInUse(pd)));
+    d.destroy_qp(qpn).unwrap();
+    d.dealloc_pd(pd).unwrap();
 }
