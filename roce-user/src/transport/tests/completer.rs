@@ -21,19 +21,7 @@ fn comp_ack_completes_every_covered_wr_in_order() {
 #[test]
 fn comp_ack_covering_an_unanswered_read_is_an_implied_nak() {
     let mut h = h();
-    let sg = h.sg(0, 8);
-    h.d.post_send(
-        h.qpn,
-        SendWr::new(
-            1,
-            SendOp::Read {
-                remote_addr: 0,
-                rkey: RKey::new(1),
-            },
-            sg,
-        ),
-    )
-    .unwrap();
+    h.post(1, read(0, RKey::new(1)), 0, 8);
     sends(&mut h, 1, 8);
     assert_eq!(h.tx().len(), 2);
     h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 1, ACK, 2), &[]);
@@ -174,19 +162,7 @@ fn comp_local_ack_timeout_retries_then_fails_with_retry_exceeded() {
 #[test]
 fn comp_read_resumes_mid_way_after_a_lost_response() {
     let mut h = h();
-    let sg = h.sg(0, 3000);
-    h.d.post_send(
-        h.qpn,
-        SendWr::new(
-            1,
-            SendOp::Read {
-                remote_addr: 0x5000,
-                rkey: RKey::new(9),
-            },
-            sg,
-        ),
-    )
-    .unwrap();
+    h.post(1, read(0x5000, RKey::new(9)), 0, 3000);
     let _ = h.tx();
     let data: Vec<u8> = (0..3000u32).map(|i| (i * 3) as u8).collect();
     h.rx(
@@ -231,19 +207,7 @@ fn comp_response_for_an_unsent_psn_is_a_dropped_ghost() {
 #[test]
 fn comp_duplicate_read_response_is_dropped() {
     let mut h = h();
-    let sg = h.sg(0, 8);
-    h.d.post_send(
-        h.qpn,
-        SendWr::new(
-            1,
-            SendOp::Read {
-                remote_addr: 0,
-                rkey: RKey::new(1),
-            },
-            sg,
-        ),
-    )
-    .unwrap();
+    h.post(1, read(0, RKey::new(1)), 0, 8);
     let _ = h.tx();
     let resp = aeth_hdr(Opcode::RC_RDMA_READ_RESPONSE_ONLY, SQ_PSN, ACK, 1);
     h.rx(resp, &[4; 8]);
@@ -255,20 +219,12 @@ fn comp_duplicate_read_response_is_dropped() {
 #[test]
 fn comp_atomic_ack_delivers_the_original_value() {
     let mut h = h();
-    let sg = h.sg(0, 8);
-    h.d.post_send(
-        h.qpn,
-        SendWr::new(
-            1,
-            SendOp::FetchAdd {
-                remote_addr: 0x8,
-                rkey: RKey::new(1),
-                add: 2,
-            },
-            sg,
-        ),
-    )
-    .unwrap();
+    let fetch_add = SendOp::FetchAdd {
+        remote_addr: 0x8,
+        rkey: RKey::new(1),
+        add: 2,
+    };
+    h.post(1, fetch_add, 0, 8);
     let out = h.tx();
     assert_eq!(out[0].0.bth.opcode, Opcode::RC_FETCH_ADD);
     let mut ack = aeth_hdr(Opcode::RC_ATOMIC_ACKNOWLEDGE, SQ_PSN, ACK, 1);
@@ -282,19 +238,7 @@ fn comp_atomic_ack_delivers_the_original_value() {
 #[test]
 fn comp_retry_resends_a_partially_acked_write_from_the_first_unacked_packet() {
     let mut h = h();
-    let sg = h.sg(0, 5 * 1024);
-    h.d.post_send(
-        h.qpn,
-        SendWr::new(
-            1,
-            SendOp::Write {
-                remote_addr: 0x9000,
-                rkey: RKey::new(3),
-            },
-            sg,
-        ),
-    )
-    .unwrap();
+    h.post(1, write(0x9000, RKey::new(3)), 0, 5 * 1024);
     assert_eq!(h.tx().len(), 5);
     // The responder got PSN..PSN+1 and NAKs PSN+2 (rxe req_retry skips the acked packets).
     h.rx(
@@ -408,19 +352,7 @@ fn slow_bursty_read_responder(seed: u64) -> (f64, u64, u64, u64) {
             p.a.reg_mr(a.pd, vec![0; LEN as usize], 0x10_0000, Access::LOCAL_WRITE)
                 .unwrap();
         for i in 0..READS {
-            let mut wr = SendWr::new(
-                i,
-                SendOp::Read {
-                    remote_addr: 0x10_0000,
-                    rkey: mb.rkey,
-                },
-                vec![Sge {
-                    addr: 0x10_0000,
-                    length: LEN,
-                    lkey: ma.lkey,
-                }],
-            );
-            wr.flags = SendFlags::SIGNALED;
+            let wr = signaled(i, read(0x10_0000, mb.rkey), 0x10_0000, LEN, ma.lkey);
             p.a.post_send(a.qpn, wr).unwrap();
         }
         eps.push((a, b, ma));

@@ -160,6 +160,14 @@ impl H {
             .unwrap();
     }
 
+    /// Posts send WR `wr_id` doing `op` with one SGE of `len` bytes at offset `off` of the MR.
+    fn post(&mut self, wr_id: u64, op: SendOp, off: u64, len: u32) {
+        let sg = self.sg(off, len);
+        self.d
+            .post_send(self.qpn, SendWr::new(wr_id, op, sg))
+            .unwrap();
+    }
+
     fn sg(&self, off: u64, len: u32) -> Vec<Sge> {
         vec![Sge {
             addr: BASE + off,
@@ -206,6 +214,23 @@ fn sends(h: &mut H, n: u64, len: u32) {
         let sg = h.sg(i * 64, len);
         h.d.post_send(h.qpn, SendWr::send(i + 1, sg)).unwrap();
     }
+}
+
+/// An RDMA READ of the peer's memory at `remote_addr` under `rkey`.
+fn read(remote_addr: u64, rkey: RKey) -> SendOp {
+    SendOp::Read { remote_addr, rkey }
+}
+
+/// An RDMA WRITE to the peer's memory at `remote_addr` under `rkey`.
+fn write(remote_addr: u64, rkey: RKey) -> SendOp {
+    SendOp::Write { remote_addr, rkey }
+}
+
+/// A signalled send WR `wr_id` doing `op` with one SGE: `length` bytes at `addr` of `lkey`.
+fn signaled(wr_id: u64, op: SendOp, addr: u64, length: u32, lkey: LKey) -> SendWr<Path> {
+    let mut wr = SendWr::new(wr_id, op, vec![Sge { addr, length, lkey }]);
+    wr.flags = SendFlags::SIGNALED;
+    wr
 }
 
 /// A signalled UD QP with Q_Key `qkey` (own PD and CQ of 16) created on `d` and brought to

@@ -34,30 +34,10 @@ fn pair_send_write_read_atomic_end_to_end() {
         }]
     };
     p.a.post_send(a.qpn, SendWr::send(1, sg(0, 5000))).unwrap();
-    p.a.post_send(
-        a.qpn,
-        SendWr::new(
-            2,
-            SendOp::Write {
-                remote_addr: 0x1000 + 6000,
-                rkey: mb.rkey,
-            },
-            sg(0, 2000),
-        ),
-    )
-    .unwrap();
-    p.a.post_send(
-        a.qpn,
-        SendWr::new(
-            3,
-            SendOp::Read {
-                remote_addr: 0x1000 + 6000,
-                rkey: mb.rkey,
-            },
-            sg(3000, 2000),
-        ),
-    )
-    .unwrap();
+    let write_wr = SendWr::new(2, write(0x1000 + 6000, mb.rkey), sg(0, 2000));
+    p.a.post_send(a.qpn, write_wr).unwrap();
+    let read_wr = SendWr::new(3, read(0x1000 + 6000, mb.rkey), sg(3000, 2000));
+    p.a.post_send(a.qpn, read_wr).unwrap();
     p.a.post_send(
         a.qpn,
         SendWr::new(
@@ -172,18 +152,8 @@ fn sim_corrupted_frames_fail_the_icrc_and_are_recovered_by_retransmission() {
         length: 8192,
         lkey: ma.lkey,
     }];
-    p.a.post_send(
-        a.qpn,
-        SendWr::new(
-            1,
-            SendOp::Write {
-                remote_addr: 0x1000,
-                rkey: mb.rkey,
-            },
-            sg,
-        ),
-    )
-    .unwrap();
+    p.a.post_send(a.qpn, SendWr::new(1, write(0x1000, mb.rkey), sg))
+        .unwrap();
     assert!(p.drive(100_000));
     assert_eq!(p.a.poll_cq(a.cq).unwrap().status, WcStatus::Success);
     assert_eq!(p.b.mrs().bytes(mb.lkey).unwrap(), &src[..]);

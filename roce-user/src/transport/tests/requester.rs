@@ -41,20 +41,7 @@ fn req_segments_messages_by_path_mtu() {
 #[test]
 fn req_ackreq_on_the_last_packet_and_every_64_packets() {
     let mut h = h();
-    let sg = h.sg(0, 100 * 1024);
-    let rkey = RKey::new(1);
-    h.d.post_send(
-        h.qpn,
-        SendWr::new(
-            1,
-            SendOp::Write {
-                remote_addr: 0,
-                rkey,
-            },
-            sg,
-        ),
-    )
-    .unwrap();
+    h.post(1, write(0, RKey::new(1)), 0, 100 * 1024);
     let out = h.tx();
     assert_eq!(out.len(), 100);
     let with: Vec<usize> = out
@@ -70,19 +57,7 @@ fn req_ackreq_on_the_last_packet_and_every_64_packets() {
 #[test]
 fn req_window_stalls_at_128_unacked_psns() {
     let mut h = h();
-    let sg = h.sg(0, 200 * 1024);
-    h.d.post_send(
-        h.qpn,
-        SendWr::new(
-            1,
-            SendOp::Write {
-                remote_addr: 0,
-                rkey: RKey::new(1),
-            },
-            sg,
-        ),
-    )
-    .unwrap();
+    h.post(1, write(0, RKey::new(1)), 0, 200 * 1024);
     assert_eq!(h.tx().len(), 128);
     h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 63, ACK, 0), &[]);
     assert_eq!(h.tx().len(), 64);
@@ -96,19 +71,7 @@ fn req_max_rd_atomic_limits_outstanding_reads() {
         ..RcConfig::default()
     });
     for i in 0..3 {
-        let sg = h.sg(i * 64, 8);
-        h.d.post_send(
-            h.qpn,
-            SendWr::new(
-                i,
-                SendOp::Read {
-                    remote_addr: 0,
-                    rkey: RKey::new(1),
-                },
-                sg,
-            ),
-        )
-        .unwrap();
+        h.post(i, read(0, RKey::new(1)), i * 64, 8);
     }
     assert_eq!(h.tx().len(), 2);
     h.rx(

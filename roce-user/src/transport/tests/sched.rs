@@ -37,19 +37,8 @@ fn sched_serves_only_the_qps_an_input_reached_and_forgets_idle_ones() {
     );
     // One WRITE on every second QP: only those are queued, and each gets its frames in turn.
     for (a, _, ma, mb) in eps.iter().step_by(2) {
-        let mut wr = SendWr::new(
-            u64::from(a.qpn.value()),
-            SendOp::Write {
-                remote_addr: 0x1000,
-                rkey: mb.rkey,
-            },
-            vec![Sge {
-                addr: 0x1000,
-                length: 4096,
-                lkey: ma.lkey,
-            }],
-        );
-        wr.flags = SendFlags::SIGNALED;
+        let wr_id = u64::from(a.qpn.value());
+        let wr = signaled(wr_id, write(0x1000, mb.rkey), 0x1000, 4096, ma.lkey);
         p.a.post_send(a.qpn, wr).unwrap();
     }
     assert_eq!(p.a.sched.ready_len(), QPS / 2);
@@ -125,19 +114,7 @@ fn sched_in_flight_budget_bounds_all_qps_together_without_retransmissions() {
             p.b.reg_mr(b.pd, vec![0; MSG as usize], 0x1000, Access::all())
                 .unwrap();
         for i in 0..MSGS {
-            let mut wr = SendWr::new(
-                i,
-                SendOp::Write {
-                    remote_addr: 0x1000,
-                    rkey: mb.rkey,
-                },
-                vec![Sge {
-                    addr: 0x1000,
-                    length: MSG,
-                    lkey: ma.lkey,
-                }],
-            );
-            wr.flags = SendFlags::SIGNALED;
+            let wr = signaled(i, write(0x1000, mb.rkey), 0x1000, MSG, ma.lkey);
             p.a.post_send(a.qpn, wr).unwrap();
         }
         eps.push((a, mb));
