@@ -6,7 +6,10 @@
 //! build what the wire module never emits: VLAN stacks, IPv4 options, IPv6 extension headers,
 //! fragments and every kind of truncation.
 
-use std::path::PathBuf;
+use std::{
+    path::PathBuf,
+    process::{Command, Output},
+};
 
 use roce_common::opcode::Opcode;
 
@@ -43,6 +46,51 @@ pub fn roce_bin() -> PathBuf {
         p.display()
     );
     p
+}
+
+/// Runs the `roce` binary under test with `args` and returns what it did.
+///
+/// # Panics
+/// When it cannot be started.
+#[must_use]
+pub fn roce(args: &[&str]) -> Output {
+    Command::new(roce_bin())
+        .args(args)
+        .output()
+        .expect("run roce")
+}
+
+/// Runs the `roce` binary under test with `args` and returns its standard output.
+///
+/// # Panics
+/// When it fails (with its output in the message).
+#[track_caller]
+pub fn roce_ok(args: &[&str]) -> String {
+    let o = roce(args);
+    assert!(
+        o.status.success(),
+        "roce {args:?} failed: {}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    );
+    String::from_utf8_lossy(&o.stdout).into_owned()
+}
+
+/// A veth pair between two namespaces of its own, named after `test` (see [`tag`]), on
+/// subnet `subnet`, with the default MTU and queues.
+///
+/// # Panics
+/// When the pair cannot be made.
+#[must_use]
+pub fn veth_pair(test: &str, subnet: u8) -> netns::VethPair {
+    netns::VethPair::new(
+        &tag(test),
+        &netns::VethOptions {
+            subnet,
+            ..netns::VethOptions::default()
+        },
+    )
+    .expect("veth pair")
 }
 
 /// The example `name` of roce-user (`roce-user/examples/NAME.rs`), built next to the `roce`

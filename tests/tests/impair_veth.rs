@@ -5,7 +5,7 @@
 
 use std::{
     net::{SocketAddr, UdpSocket},
-    process::{Command, Output},
+    process::Command,
     thread,
     time::Duration,
 };
@@ -13,30 +13,11 @@ use std::{
 use roce::{
     impair::pin_dir as impair_dir,
     loader::pin_dir,
-    netns::{self, VethOptions, VethPair},
+    netns::{self, VethPair},
 };
 use roce_common::{counters::XdpStats, impair::ImpairStats};
-use roce_tests::{Frame, require_root, roce_bin, tag};
+use roce_tests::{Frame, require_root, roce, roce_bin, roce_ok, tag, veth_pair};
 use serde_json::Value;
-
-fn roce(args: &[&str]) -> Output {
-    Command::new(roce_bin())
-        .args(args)
-        .output()
-        .expect("run roce")
-}
-
-#[track_caller]
-fn roce_ok(args: &[&str]) -> String {
-    let o = roce(args);
-    assert!(
-        o.status.success(),
-        "roce {args:?} failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 #[track_caller]
 fn roce_json(args: &[&str]) -> Value {
@@ -72,14 +53,7 @@ struct Setup {
 /// A veth pair; roce_xdp on B when `load_b`.
 fn setup(name: &str, subnet: u8, load_b: bool) -> Setup {
     require_root();
-    let pair = VethPair::new(
-        &tag(name),
-        &VethOptions {
-            subnet,
-            ..VethOptions::default()
-        },
-    )
-    .expect("veth pair");
+    let pair = veth_pair(name, subnet);
     let cleanup = Cleanup {
         impaired: pair.a.ifname.clone(),
         loaded: load_b.then(|| pair.b.ifname.clone()),

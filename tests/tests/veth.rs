@@ -4,36 +4,17 @@
 use std::{
     net::{SocketAddr, UdpSocket},
     path::Path,
-    process::{Command, Output},
+    process::Command,
     time::Duration,
 };
 
 use roce::{
     loader::{Pins, pin_dir},
-    netns::{self, VethOptions, VethPair},
+    netns,
 };
 use roce_common::{counters::XdpStats, opcode::Opcode};
-use roce_tests::{Frame, require_root, roce_bin, tag};
+use roce_tests::{Frame, require_root, roce, roce_bin, roce_ok, veth_pair};
 use serde_json::Value;
-
-fn roce(args: &[&str]) -> Output {
-    Command::new(roce_bin())
-        .args(args)
-        .output()
-        .expect("run roce")
-}
-
-#[track_caller]
-fn roce_ok(args: &[&str]) -> String {
-    let o = roce(args);
-    assert!(
-        o.status.success(),
-        "roce {args:?} failed: {}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    );
-    String::from_utf8_lossy(&o.stdout).into_owned()
-}
 
 #[track_caller]
 fn roce_err(args: &[&str], needle: &str) {
@@ -108,15 +89,7 @@ fn roce_stats(ifname: &str) -> XdpStats {
 #[test]
 fn load_steer_count_and_unload_on_veth() {
     require_root();
-    let t = tag("rv");
-    let pair = VethPair::new(
-        &t,
-        &VethOptions {
-            subnet: 71,
-            ..VethOptions::default()
-        },
-    )
-    .expect("veth pair");
+    let pair = veth_pair("rv", 71);
     let b = pair.b.clone();
 
     let out = roce_ok(&["--netns", &b.netns, "-j", "load", "-i", &b.ifname]);
@@ -333,15 +306,7 @@ fn load_steer_count_and_unload_on_veth() {
 #[test]
 fn skb_mode_and_custom_port() {
     require_root();
-    let t = tag("rs");
-    let pair = VethPair::new(
-        &t,
-        &VethOptions {
-            subnet: 72,
-            ..VethOptions::default()
-        },
-    )
-    .expect("veth pair");
+    let pair = veth_pair("rs", 72);
     let b = pair.b.clone();
     roce_ok(&[
         "--netns",
