@@ -49,6 +49,17 @@ impl Loaded {
         }
         Self(names)
     }
+
+    /// roce_xdp on both ends of `pair`, attached in `mode`.
+    fn both(pair: &VethPair, mode: roce::loader::AttachMode) -> Self {
+        Self::on_mode(
+            &[
+                (&pair.a.netns, &pair.a.ifname),
+                (&pair.b.netns, &pair.b.ifname),
+            ],
+            mode,
+        )
+    }
 }
 
 impl Drop for Loaded {
@@ -87,14 +98,17 @@ fn veth(t: &str, subnet: u8, mtu: u32) -> VethPair {
     .expect("veth pair")
 }
 
+/// [`veth`] with roce_xdp loaded on both ends (default attach mode). Root.
+fn loaded_veth(t: &str, subnet: u8, mtu: u32) -> (VethPair, Loaded) {
+    require_root();
+    let pair = veth(t, subnet, mtu);
+    let l = Loaded::both(&pair, LoadOptions::default().mode);
+    (pair, l)
+}
+
 #[test]
 fn pingpong_over_ipv4_and_ipv6_gids() {
-    require_root();
-    let pair = veth("ep", 81, 1500);
-    let _l = Loaded::on(&[
-        (&pair.a.netns, &pair.a.ifname),
-        (&pair.b.netns, &pair.b.ifname),
-    ]);
+    let (pair, _l) = loaded_veth("ep", 81, 1500);
     // GID table: 0 link-local, 1 the IPv4-mapped address, 2 the global IPv6 address.
     let (c, s) = pair_run(
         &pair,
@@ -120,12 +134,7 @@ fn pingpong_over_ipv4_and_ipv6_gids() {
 /// carry it).
 #[test]
 fn every_operation_and_size_at_two_mtus() {
-    require_root();
-    let pair = veth("es", 82, 3000);
-    let _l = Loaded::on(&[
-        (&pair.a.netns, &pair.a.ifname),
-        (&pair.b.netns, &pair.b.ifname),
-    ]);
+    let (pair, _l) = loaded_veth("es", 82, 3000);
     let host = pair.b.ipv4.to_string();
     let sizes = [1u64, 4095, 4096, 65536, 1 << 20, 8 << 20];
     for mtu in [1024, 2048] {
@@ -192,13 +201,7 @@ fn every_operation_and_size_at_two_mtus() {
 fn every_operation_at_path_mtu_4096_over_multi_buffer_sockets() {
     require_root();
     let pair = veth("ej", 86, 9000);
-    let _l = Loaded::on_mode(
-        &[
-            (&pair.a.netns, &pair.a.ifname),
-            (&pair.b.netns, &pair.b.ifname),
-        ],
-        roce::loader::AttachMode::Skb,
-    );
+    let _l = Loaded::both(&pair, roce::loader::AttachMode::Skb);
     let host = pair.b.ipv4.to_string();
     for (op, size, n) in [
         ("write", 1u64, 200u64),
@@ -247,12 +250,7 @@ fn every_operation_at_path_mtu_4096_over_multi_buffer_sockets() {
 
 #[test]
 fn sixty_four_qps_at_once() {
-    require_root();
-    let pair = veth("eq", 83, 1500);
-    let _l = Loaded::on(&[
-        (&pair.a.netns, &pair.a.ifname),
-        (&pair.b.netns, &pair.b.ifname),
-    ]);
+    let (pair, _l) = loaded_veth("eq", 83, 1500);
     let (c, s) = pair_run(
         &pair,
         "perf write -q 64 -s 4096 -n 50 -t 8",
@@ -284,12 +282,7 @@ fn sixty_four_qps_at_once() {
 /// 100 × 4 KiB at MTU 1024 is 400 request packets, each answered... and counted at both ends.
 #[test]
 fn counters_agree_with_bpftool_and_the_traffic() {
-    require_root();
-    let pair = veth("ec", 84, 1500);
-    let _l = Loaded::on(&[
-        (&pair.a.netns, &pair.a.ifname),
-        (&pair.b.netns, &pair.b.ifname),
-    ]);
+    let (pair, _l) = loaded_veth("ec", 84, 1500);
     let (c, _) = pair_run(
         &pair,
         "perf write -s 4096 -n 100 -m 1024 -t 16",
@@ -655,10 +648,7 @@ fn two_queue_pair(t: &str, subnet: u8) -> (VethPair, Loaded) {
         },
     )
     .expect("veth pair");
-    let l = Loaded::on(&[
-        (&pair.a.netns, &pair.a.ifname),
-        (&pair.b.netns, &pair.b.ifname),
-    ]);
+    let l = Loaded::both(&pair, LoadOptions::default().mode);
     (pair, l)
 }
 
