@@ -23,6 +23,22 @@ pub const MAX_IPV6_EXT_HDRS: usize = 4;
 /// Length of the RoCE v2 invariant CRC that ends every packet.
 pub const ICRC_LEN: usize = 4;
 
+/// Host-order getters of big-endian `u16` fields, for the headers' `impl` blocks: each
+/// `name => field;` (after its doc comment) becomes an `#[inline(always)]`, `#[must_use]`
+/// `pub const fn name(&self) -> u16` returning `u16::from_be_bytes(self.field)`.
+macro_rules! be_u16_getters {
+    ($( $(#[$doc:meta])* $name:ident => $field:ident; )*) => {
+        $(
+            $(#[$doc])*
+            #[inline(always)]
+            #[must_use]
+            pub const fn $name(&self) -> u16 {
+                u16::from_be_bytes(self.$field)
+            }
+        )*
+    };
+}
+
 /// Ethernet II header.
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default)]
@@ -39,11 +55,9 @@ impl EthHdr {
     /// Header length.
     pub const LEN: usize = core::mem::size_of::<Self>();
 
-    /// EtherType, host order.
-    #[inline(always)]
-    #[must_use]
-    pub const fn ether_type(&self) -> u16 {
-        u16::from_be_bytes(self.ether_type)
+    be_u16_getters! {
+        /// EtherType, host order.
+        ether_type => ether_type;
     }
 }
 
@@ -61,11 +75,9 @@ impl VlanHdr {
     /// Header length.
     pub const LEN: usize = core::mem::size_of::<Self>();
 
-    /// Inner EtherType, host order.
-    #[inline(always)]
-    #[must_use]
-    pub const fn ether_type(&self) -> u16 {
-        u16::from_be_bytes(self.ether_type)
+    be_u16_getters! {
+        /// Inner EtherType, host order.
+        ether_type => ether_type;
     }
 }
 
@@ -119,18 +131,11 @@ impl Ipv4Hdr {
         ((self.version_ihl & 0x0f) as usize) * 4
     }
 
-    /// Total length, host order.
-    #[inline(always)]
-    #[must_use]
-    pub const fn tot_len(&self) -> u16 {
-        u16::from_be_bytes(self.tot_len)
-    }
-
-    /// Flags and fragment offset, host order.
-    #[inline(always)]
-    #[must_use]
-    pub const fn frag_off(&self) -> u16 {
-        u16::from_be_bytes(self.frag_off)
+    be_u16_getters! {
+        /// Total length, host order.
+        tot_len => tot_len;
+        /// Flags and fragment offset, host order.
+        frag_off => frag_off;
     }
 }
 
@@ -170,11 +175,9 @@ impl Ipv6Hdr {
         (self.vtc_flow[0] << 4) | (self.vtc_flow[1] >> 4)
     }
 
-    /// Payload length, host order.
-    #[inline(always)]
-    #[must_use]
-    pub const fn payload_len(&self) -> u16 {
-        u16::from_be_bytes(self.payload_len)
+    be_u16_getters! {
+        /// Payload length, host order.
+        payload_len => payload_len;
     }
 }
 
@@ -234,18 +237,11 @@ impl UdpHdr {
     /// Header length.
     pub const LEN: usize = core::mem::size_of::<Self>();
 
-    /// Destination port, host order.
-    #[inline(always)]
-    #[must_use]
-    pub const fn dst_port(&self) -> u16 {
-        u16::from_be_bytes(self.dst)
-    }
-
-    /// Length field (header plus payload), host order.
-    #[inline(always)]
-    #[must_use]
-    pub const fn length(&self) -> u16 {
-        u16::from_be_bytes(self.len)
+    be_u16_getters! {
+        /// Destination port, host order.
+        dst_port => dst;
+        /// Length field (header plus payload), host order.
+        length => len;
     }
 }
 
