@@ -38,6 +38,7 @@ pub(crate) const UNSAFE_HOMES: &[&str] = &[
     "roce-user/src/transport/mem.rs",
     "roce-common/src/maps.rs",
     "roce-common/src/impair.rs",
+    "roce-user/verbs/src/ffi",
 ];
 
 /// Where `unsafe` is looked for: every `.rs` file below these (build output excluded).

@@ -121,6 +121,8 @@ pub(crate) fn all(fuzz: bool, fuzz_secs: u32, soak: bool) -> anyhow::Result<()> 
         "roce",
         "--examples",
     ]))?;
+    // The drop-in libibverbs.so, next to the binary (tests/tests/verbs.rs).
+    run(cargo().args(["build", "--package", "roce-verbs"]))?;
     run_tests(
         cargo()
             .env("ROCE_BIN", root().join("target/debug/roce"))

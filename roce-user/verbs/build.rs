@@ -1,0 +1,46 @@
+//! Generates the C structs of rdma-core's public verbs header with bindgen (so their layout is
+//! exactly what the installed libibverbs-dev says, checked by bindgen's layout assertions), and
+//! links the cdylib as `libibverbs.so.1` with Debian 12's version nodes (libibverbs.map).
+
+use std::{env, path::PathBuf};
+
+const HEADER: &str = "/usr/include/infiniband/verbs.h";
+
+fn main() {
+    println!("cargo:rerun-if-changed=wrapper.h");
+    println!("cargo:rerun-if-changed=libibverbs.map");
+    println!("cargo:rerun-if-changed={HEADER}");
+    if !std::path::Path::new(HEADER).exists() {
+        panic!(
+            "{HEADER} is missing: the drop-in libibverbs is generated from rdma-core's headers. \
+             Install them with `cargo xtask setup` (Debian: apt-get install libibverbs-dev \
+             libclang-dev)"
+        );
+    }
+    let out = PathBuf::from(env::var("OUT_DIR").expect("OUT_DIR"));
+    bindgen::Builder::default()
+        .header("wrapper.h")
+        .allowlist_type("ibv_.*")
+        .allowlist_type("verbs_.*")
+        .allowlist_type("_compat_ibv_port_attr")
+        .allowlist_var("IBV_.*")
+        .allowlist_var("__VERBS_ABI_IS_EXTENDED")
+        .blocklist_function(".*")
+        .default_enum_style(bindgen::EnumVariation::Consts)
+        .prepend_enum_name(false)
+        .derive_default(true)
+        .derive_debug(false)
+        .layout_tests(true)
+        .generate()
+        .expect("bindgen over infiniband/verbs.h")
+        .write_to_file(out.join("verbs_sys.rs"))
+        .expect("write verbs_sys.rs");
+
+    let map =
+        PathBuf::from(env::var("CARGO_MANIFEST_DIR").expect("manifest dir")).join("libibverbs.map");
+    println!(
+        "cargo:rustc-cdylib-link-arg=-Wl,--version-script={}",
+        map.display()
+    );
+    println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libibverbs.so.1");
+}

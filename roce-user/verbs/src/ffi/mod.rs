@@ -1,0 +1,38 @@
+//! The C ABI: every exported `ibv_*` symbol, bound to its version node. The only part of the
+//! library with `unsafe`; each block says why it is sound. What it calls is safe Rust
+//! ([`crate::device`], [`crate::verbs`], the `roce` crate).
+
+use core::ffi::c_int;
+use std::panic::{AssertUnwindSafe, catch_unwind};
+
+/// Exports `fn` under its own name, bound to version node `$node` as its default (`@@`)
+/// version, as rdma-core's libibverbs.map.in places it.
+macro_rules! export {
+    ($node:literal,
+     $(#[$m:meta])*
+     fn $name:ident($($arg:ident: $t:ty),* $(,)?) -> $ret:ty $body:block) => {
+        $(#[$m])*
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C" fn $name($($arg: $t),*) -> $ret $body
+
+        #[cfg(not(test))]
+        core::arch::global_asm!(concat!(
+            ".symver ", stringify!($name), ", ", stringify!($name), "@@", $node
+        ));
+    };
+}
+
+/// Runs `f`, turning a panic into `err` so that no unwinding crosses into C (a panic would be
+/// a bug; the program gets an error return instead of an abort).
+pub(super) fn guard<T>(err: T, f: impl FnOnce() -> T) -> T {
+    catch_unwind(AssertUnwindSafe(f)).unwrap_or(err)
+}
+
+/// Sets the thread's `errno`, as rdma-core does for calls that return NULL.
+pub(super) fn set_errno(e: c_int) {
+    // SAFETY: `__errno_location` returns the calling thread's errno, valid for writes.
+    unsafe { *libc::__errno_location() = e };
+}
+
+mod device;
+mod objects;

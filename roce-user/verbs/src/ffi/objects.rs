@@ -1,0 +1,792 @@
+//! Protection domains, memory regions, completion queues and queue pairs, and the data path
+//! that programs reach through `ibv_context.ops` (post_send, post_recv, poll_cq).
+//!
+//! Each object C holds is the first field of a `#[repr(C)]` box of ours (`PdObj`, `MrObj`,
+//! `CqObj`, `QpObj`), made by `Box::leak` and freed by its destroy verb, so a pointer C passes
+//! back is also a pointer to our box. The engine behind the context is started by the first
+//! `ibv_alloc_pd` (`Verbs::device`).
+
+use core::{
+    ffi::{c_int, c_void},
+    ptr, slice,
+};
+
+use roce::api::{
+    ApiError, CqId, Device, LKey, Path, PdId, QpCap, QpInit, QpType, Qpn, RKey, RawMem, RecvWr,
+    SendFlags, SendOp, SendWr, Sge, Wc,
+};
+
+use super::{device::ctx_of, guard, set_errno};
+use crate::{
+    sys,
+    verbs::{access_from_ibv, qp_attr_from_ibv, wc_to_ibv},
+};
+
+/// Installs the data-path entries of `ibv_context.ops`, which verbs.h's inline
+/// `ibv_post_send`, `ibv_post_recv`, `ibv_poll_cq` and `ibv_req_notify_cq` call.
+pub(super) fn fill_ops(ops: &mut sys::ibv_context_ops) {
+    ops.poll_cq = Some(poll_cq);
+    ops.req_notify_cq = Some(req_notify_cq);
+    ops.post_send = Some(post_send);
+    ops.post_recv = Some(post_recv);
+}
+
+/// The engine of the context `context`, started if needed.
+///
+/// # Safety
+/// `context` must be NULL or a live context of ours.
+unsafe fn device_of<'a>(context: *mut sys::ibv_context) -> Result<&'a Device, c_int> {
+    // SAFETY: the caller's contract.
+    unsafe { ctx_of(context) }
+        .ok_or(libc::EINVAL)?
+        .verbs
+        .device()
+}
+
+/// Leaks `b` to C and returns its first field's address.
+fn give<T>(b: T) -> *mut T {
+    Box::into_raw(Box::new(b))
+}
+
+/// A protection domain.
+#[repr(C)]
+struct PdObj {
+    ibv: sys::ibv_pd,
+    id: PdId,
+}
+
+export!(
+    "IBVERBS_1.1",
+    /// `ibv_alloc_pd`; the first call on a context starts its engine.
+    fn ibv_alloc_pd(context: *mut sys::ibv_context) -> *mut sys::ibv_pd {
+        guard(ptr::null_mut(), || {
+            // SAFETY: `context` is NULL or a live context of ours (the verbs contract).
+            let made =
+                unsafe { device_of(context) }.and_then(|d| d.alloc_pd().map_err(|e| e.errno()));
+            match made {
+                Ok(id) => give(PdObj {
+                    ibv: sys::ibv_pd {
+                        context,
+                        handle: id.0,
+                    },
+                    id,
+                })
+                .cast(),
+                Err(e) => {
+                    set_errno(e);
+                    ptr::null_mut()
+                }
+            }
+        })
+    }
+);
+
+export!(
+    "IBVERBS_1.1",
+    /// `ibv_dealloc_pd`: EBUSY while regions or QPs use it (the PD stays valid then).
+    fn ibv_dealloc_pd(pd: *mut sys::ibv_pd) -> c_int {
+        if pd.is_null() {
+            return libc::EINVAL;
+        }
+        let obj = pd.cast::<PdObj>();
+        // SAFETY: `pd` came from `ibv_alloc_pd` (a `PdObj`) and is not yet freed.
+        let (context, id) = unsafe { ((*obj).ibv.context, (*obj).id) };
+        // SAFETY: the PD's context is live while the PD is.
+        let r = unsafe { device_of(context) }.and_then(|d| d.dealloc_pd(id).map_err(|e| e.errno()));
+        match r {
+            Ok(()) => {
+                // SAFETY: made by `give` in `ibv_alloc_pd`; C gives it up with this call.
+                drop(unsafe { Box::from_raw(obj) });
+                0
+            }
+            Err(e) => e,
+        }
+    }
+);
+
+/// A memory region over the program's memory.
+#[repr(C)]
+struct MrObj {
+    ibv: sys::ibv_mr,
+}
+
+/// `ibv_reg_mr_iova2`'s work: registers `[addr, addr + length)` at `iova`.
+///
+/// # Safety
+/// `pd` must be NULL or a live PD of ours, and the memory must stay valid until the region is
+/// deregistered (the verbs contract of `ibv_reg_mr`).
+unsafe fn reg_mr(
+    pd: *mut sys::ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    iova: u64,
+    access: u32,
+) -> *mut sys::ibv_mr {
+    let made = (|| {
+        if pd.is_null() {
+            return Err(libc::EINVAL);
+        }
+        let obj = pd.cast::<PdObj>();
+        // SAFETY: `pd` is a live `PdObj` (the caller's contract).
+        let (context, id) = unsafe { ((*obj).ibv.context, (*obj).id) };
+        let access = access_from_ibv(access)?;
+        // SAFETY: the caller keeps `[addr, addr + length)` valid for reads and writes until
+        // `ibv_dereg_mr` returns, which is `RawMem::new`'s contract.
+        let mem = unsafe { RawMem::new(addr.cast(), length) }.ok_or(libc::EINVAL)?;
+        // SAFETY: the PD's context is live while the PD is.
+        let dev = unsafe { device_of(context) }?;
+        let info = dev
+            .reg_mr_iova(id, mem, iova, access)
+            .map_err(|e| e.errno())?;
+        Ok(give(MrObj {
+            ibv: sys::ibv_mr {
+                context,
+                pd,
+                addr,
+                length,
+                handle: info.lkey.value(),
+                lkey: info.lkey.value(),
+                rkey: info.rkey.value(),
+            },
+        }))
+    })();
+    match made {
+        Ok(mr) => mr.cast(),
+        Err(e) => {
+            set_errno(e);
+            ptr::null_mut()
+        }
+    }
+}
+
+export!(
+    "IBVERBS_1.1",
+    /// `ibv_reg_mr` (with constant access flags verbs.h calls this one): the region's I/O
+    /// virtual address is `addr`. The transport reads and writes the program's memory in
+    /// place.
+    fn ibv_reg_mr(
+        pd: *mut sys::ibv_pd,
+        addr: *mut c_void,
+        length: usize,
+        access: c_int,
+    ) -> *mut sys::ibv_mr {
+        // SAFETY: the verbs contract of `ibv_reg_mr` is `reg_mr`'s.
+        guard(ptr::null_mut(), || unsafe {
+            reg_mr(pd, addr, length, addr as u64, access as u32)
+        })
+    }
+);
+
+export!(
+    "IBVERBS_1.7",
+    /// `ibv_reg_mr_iova`: the region answers to `iova..iova + length`.
+    fn ibv_reg_mr_iova(
+        pd: *mut sys::ibv_pd,
+        addr: *mut c_void,
+        length: usize,
+        iova: u64,
+        access: c_int,
+    ) -> *mut sys::ibv_mr {
+        // SAFETY: the verbs contract of `ibv_reg_mr_iova` is `reg_mr`'s.
+        guard(ptr::null_mut(), || unsafe {
+            reg_mr(pd, addr, length, iova, access as u32)
+        })
+    }
+);
+
+export!(
+    "IBVERBS_1.8",
+    /// `ibv_reg_mr_iova2` (verbs.h's `ibv_reg_mr` with non-constant flags calls this one).
+    fn ibv_reg_mr_iova2(
+        pd: *mut sys::ibv_pd,
+        addr: *mut c_void,
+        length: usize,
+        iova: u64,
+        access: u32,
+    ) -> *mut sys::ibv_mr {
+        // SAFETY: the verbs contract of `ibv_reg_mr_iova2` is `reg_mr`'s.
+        guard(ptr::null_mut(), || unsafe {
+            reg_mr(pd, addr, length, iova, access)
+        })
+    }
+);
+
+export!(
+    "IBVERBS_1.1",
+    /// `ibv_dereg_mr`: when it returns, no operation touches the memory any more.
+    fn ibv_dereg_mr(mr: *mut sys::ibv_mr) -> c_int {
+        if mr.is_null() {
+            return libc::EINVAL;
+        }
+        let obj = mr.cast::<MrObj>();
+        // SAFETY: `mr` came from `reg_mr` (an `MrObj`) and is not yet freed.
+        let (context, lkey) = unsafe { ((*obj).ibv.context, LKey::new((*obj).ibv.lkey)) };
+        // SAFETY: the region's context is live while the region is.
+        let r = unsafe { device_of(context) }.and_then(|d| d.dereg_mr(lkey).map_err(|e| e.errno()));
+        match r {
+            Ok(_) => {
+                // SAFETY: made by `give` in `reg_mr`; C gives it up with this call.
+                drop(unsafe { Box::from_raw(obj) });
+                0
+            }
+            Err(e) => e,
+        }
+    }
+);
+
+/// A completion queue.
+#[repr(C)]
+struct CqObj {
+    ibv: sys::ibv_cq,
+    id: CqId,
+}
+
+export!(
+    "IBVERBS_1.1",
+    /// `ibv_create_cq`. Completion channels are not offered yet: a CQ with one is refused
+    /// with EOPNOTSUPP (the programs' `-e` mode).
+    fn ibv_create_cq(
+        context: *mut sys::ibv_context,
+        cqe: c_int,
+        cq_context: *mut c_void,
+        channel: *mut sys::ibv_comp_channel,
+        comp_vector: c_int,
+    ) -> *mut sys::ibv_cq {
+        guard(ptr::null_mut(), || {
+            let made = (|| {
+                if !channel.is_null() {
+                    eprintln!("libibverbs (roce-xdp): completion channels are not supported yet");
+                    return Err(libc::EOPNOTSUPP);
+                }
+                let depth = usize::try_from(cqe)
+                    .ok()
+                    .filter(|&d| d > 0)
+                    .ok_or(libc::EINVAL)?;
+                // SAFETY: `context` is NULL or a live context of ours.
+                let dev = unsafe { device_of(context) }?;
+                let id = dev.create_cq(depth).map_err(|e| e.errno())?;
+                let ibv = sys::ibv_cq {
+                    context,
+                    channel,
+                    cq_context,
+                    handle: id.0,
+                    cqe,
+                    ..Default::default()
+                };
+                let _ = comp_vector;
+                Ok(give(CqObj { ibv, id }))
+            })();
+            match made {
+                Ok(cq) => cq.cast(),
+                Err(e) => {
+                    set_errno(e);
+                    ptr::null_mut()
+                }
+            }
+        })
+    }
+);
+
+export!(
+    "IBVERBS_1.1",
+    /// `ibv_destroy_cq`: EBUSY while a QP uses it.
+    fn ibv_destroy_cq(cq: *mut sys::ibv_cq) -> c_int {
+        if cq.is_null() {
+            return libc::EINVAL;
+        }
+        let obj = cq.cast::<CqObj>();
+        // SAFETY: `cq` came from `ibv_create_cq` (a `CqObj`) and is not yet freed.
+        let (context, id) = unsafe { ((*obj).ibv.context, (*obj).id) };
+        // SAFETY: the CQ's context is live while the CQ is.
+        let r = unsafe { device_of(context) }.and_then(|d| d.destroy_cq(id).map_err(|e| e.errno()));
+        match r {
+            Ok(()) => {
+                // SAFETY: made by `give` in `ibv_create_cq`; C gives it up with this call.
+                drop(unsafe { Box::from_raw(obj) });
+                0
+            }
+            Err(e) => e,
+        }
+    }
+);
+
+/// `ops.poll_cq`: up to `num` completions into `wc`, without allocating; the count, or a
+/// negative value on error.
+unsafe extern "C" fn poll_cq(cq: *mut sys::ibv_cq, num: c_int, wc: *mut sys::ibv_wc) -> c_int {
+    let Ok(num) = usize::try_from(num) else {
+        return -1;
+    };
+    if cq.is_null() || (wc.is_null() && num > 0) {
+        return -1;
+    }
+    let obj = cq.cast::<CqObj>();
+    // SAFETY: `cq` is a live `CqObj` (the verbs contract).
+    let (context, id) = unsafe { ((*obj).ibv.context, (*obj).id) };
+    // SAFETY: the CQ's context is live while the CQ is.
+    let Ok(dev) = (unsafe { device_of(context) }) else {
+        return -1;
+    };
+    let mut buf = [Wc::default(); 32];
+    let mut done = 0;
+    while done < num {
+        let want = (num - done).min(buf.len());
+        let got = dev.poll_cq_into(id, &mut buf[..want]);
+        for (i, w) in buf[..got].iter().enumerate() {
+            // SAFETY: `wc` holds `num` entries (the caller's array); `done + i < num`.
+            unsafe { wc.add(done + i).write(wc_to_ibv(w)) };
+        }
+        done += got;
+        if got < want {
+            break;
+        }
+    }
+    c_int::try_from(done).unwrap_or(c_int::MAX)
+}
+
+/// `ops.req_notify_cq`: needs a completion channel, which is not offered yet.
+unsafe extern "C" fn req_notify_cq(_cq: *mut sys::ibv_cq, _solicited_only: c_int) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+/// A queue pair.
+#[repr(C)]
+struct QpObj {
+    ibv: sys::ibv_qp,
+    cap: sys::ibv_qp_cap,
+    sq_sig_all: bool,
+}
+
+export!(
+    "IBVERBS_1.1",
+    /// `ibv_create_qp`: RC and UD (UC, SRQs and inline data are not offered yet: EOPNOTSUPP,
+    /// EINVAL for `max_inline_data > 0`). The actual capacities are written back to
+    /// `init_attr->cap`.
+    fn ibv_create_qp(
+        pd: *mut sys::ibv_pd,
+        init_attr: *mut sys::ibv_qp_init_attr,
+    ) -> *mut sys::ibv_qp {
+        guard(ptr::null_mut(), || {
+            let made = (|| {
+                if pd.is_null() || init_attr.is_null() {
+                    return Err(libc::EINVAL);
+                }
+                // SAFETY: `init_attr` is the caller's `struct ibv_qp_init_attr`.
+                let init = unsafe { &mut *init_attr };
+                // SAFETY: `pd` is a live `PdObj`.
+                let (context, pd_id) =
+                    unsafe { ((*pd.cast::<PdObj>()).ibv.context, (*pd.cast::<PdObj>()).id) };
+                if !init.srq.is_null() {
+                    return Err(libc::EOPNOTSUPP);
+                }
+                if init.cap.max_inline_data > 0 {
+                    return Err(libc::EINVAL);
+                }
+                let qp_type = match init.qp_type {
+                    sys::IBV_QPT_RC => QpType::Rc,
+                    sys::IBV_QPT_UD => QpType::Ud,
+                    _ => return Err(libc::EOPNOTSUPP),
+                };
+                if init.send_cq.is_null() || init.recv_cq.is_null() {
+                    return Err(libc::EINVAL);
+                }
+                // SAFETY: the CQs are live `CqObj`s of ours (the verbs contract).
+                let (send_cq, recv_cq) = unsafe {
+                    (
+                        (*init.send_cq.cast::<CqObj>()).id,
+                        (*init.recv_cq.cast::<CqObj>()).id,
+                    )
+                };
+                let cap = QpCap {
+                    max_send_wr: init.cap.max_send_wr,
+                    max_recv_wr: init.cap.max_recv_wr,
+                    max_sge: init.cap.max_send_sge.max(init.cap.max_recv_sge).max(1),
+                };
+                // SAFETY: `context` is the PD's, live.
+                let dev = unsafe { device_of(context) }?;
+                let qpn = dev
+                    .create_qp(QpInit {
+                        cap,
+                        sq_sig_all: init.sq_sig_all != 0,
+                        send_cq,
+                        recv_cq,
+                        ..QpInit::new(qp_type, pd_id, send_cq)
+                    })
+                    .map_err(|e| e.errno())?;
+                init.cap.max_send_sge = cap.max_sge;
+                init.cap.max_recv_sge = cap.max_sge;
+                let ibv = sys::ibv_qp {
+                    context,
+                    qp_context: init.qp_context,
+                    pd,
+                    send_cq: init.send_cq,
+                    recv_cq: init.recv_cq,
+                    handle: qpn.value(),
+                    qp_num: qpn.value(),
+                    state: sys::IBV_QPS_RESET,
+                    qp_type: init.qp_type,
+                    ..Default::default()
+                };
+                Ok(give(QpObj {
+                    ibv,
+                    cap: init.cap,
+                    sq_sig_all: init.sq_sig_all != 0,
+                }))
+            })();
+            match made {
+                Ok(qp) => qp.cast(),
+                Err(e) => {
+                    set_errno(e);
+                    ptr::null_mut()
+                }
+            }
+        })
+    }
+);
+
+/// The QP's number and its context's engine.
+///
+/// # Safety
+/// `qp` must be a live `QpObj` of ours.
+unsafe fn qp_dev<'a>(qp: *mut sys::ibv_qp) -> Result<(&'a mut QpObj, &'a Device), c_int> {
+    if qp.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller's contract; C does not touch our fields, and verbs forbid
+    // concurrent modify/destroy of one QP.
+    let obj = unsafe { &mut *qp.cast::<QpObj>() };
+    // SAFETY: the QP's context is live while the QP is.
+    let dev = unsafe { device_of(obj.ibv.context) }?;
+    Ok((obj, dev))
+}
+
+export!(
+    "IBVERBS_1.1",
+    /// `ibv_destroy_qp`.
+    fn ibv_destroy_qp(qp: *mut sys::ibv_qp) -> c_int {
+        // SAFETY: `qp` is NULL or a live QP of ours (the verbs contract).
+        let (obj, dev) = match unsafe { qp_dev(qp) } {
+            Ok(x) => x,
+            Err(e) => return e,
+        };
+        match dev.destroy_qp(Qpn::new(obj.ibv.qp_num)) {
+            Ok(()) => {
+                // SAFETY: made by `give` in `ibv_create_qp`; C gives it up with this call.
+                drop(unsafe { Box::from_raw(ptr::from_mut(obj)) });
+                0
+            }
+            Err(e) => e.errno(),
+        }
+    }
+);
+
+export!(
+    "IBVERBS_1.1",
+    /// `ibv_modify_qp`: the address vector's GRH (destination GID, source GID index) is
+    /// resolved to a path through the kernel's routes and neighbours, as rxe does.
+    fn ibv_modify_qp(qp: *mut sys::ibv_qp, attr: *mut sys::ibv_qp_attr, attr_mask: c_int) -> c_int {
+        guard(libc::EINVAL, || {
+            // SAFETY: `qp` is NULL or a live QP of ours.
+            let (obj, dev) = match unsafe { qp_dev(qp) } {
+                Ok(x) => x,
+                Err(e) => return e,
+            };
+            if attr.is_null() {
+                return libc::EINVAL;
+            }
+            // SAFETY: `attr` is the caller's `struct ibv_qp_attr`.
+            let a = unsafe { &*attr };
+            let qpn = Qpn::new(obj.ibv.qp_num);
+            let resolve = |ah: &sys::ibv_ah_attr| -> Result<Path, c_int> {
+                // SAFETY: `ibv_gid` is a union of plain bytes; `raw` is always valid.
+                let dgid = unsafe { ah.grh.dgid.raw };
+                dev.path_to(
+                    usize::from(ah.grh.sgid_index),
+                    &dgid,
+                    qpn,
+                    Qpn::new(a.dest_qp_num & 0xff_ffff),
+                )
+                .map_err(|e: ApiError| {
+                    eprintln!("libibverbs (roce-xdp): no path to the QP's destination: {e:#}");
+                    e.errno()
+                })
+            };
+            let (attr, mask) = match qp_attr_from_ibv(a, attr_mask, resolve) {
+                Ok(x) => x,
+                Err(e) => return e,
+            };
+            match dev.modify_qp(qpn, &attr, mask) {
+                Ok(()) => {
+                    if let Some(s) = dev.qp_state(qpn) {
+                        obj.ibv.state = s.code();
+                    }
+                    0
+                }
+                Err(e) => e.errno(),
+            }
+        })
+    }
+);
+
+export!(
+    "IBVERBS_1.1",
+    /// `ibv_query_qp`: the state, the capacities and the creation attributes.
+    fn ibv_query_qp(
+        qp: *mut sys::ibv_qp,
+        attr: *mut sys::ibv_qp_attr,
+        attr_mask: c_int,
+        init_attr: *mut sys::ibv_qp_init_attr,
+    ) -> c_int {
+        // SAFETY: `qp` is NULL or a live QP of ours.
+        let (obj, dev) = match unsafe { qp_dev(qp) } {
+            Ok(x) => x,
+            Err(e) => return e,
+        };
+        let _ = attr_mask;
+        if attr.is_null() || init_attr.is_null() {
+            return libc::EINVAL;
+        }
+        let state = dev
+            .qp_state(Qpn::new(obj.ibv.qp_num))
+            .map_or(sys::IBV_QPS_ERR, |s| s.code());
+        let out = sys::ibv_qp_attr {
+            qp_state: state,
+            cur_qp_state: state,
+            cap: obj.cap,
+            port_num: 1,
+            ..Default::default()
+        };
+        let init = sys::ibv_qp_init_attr {
+            qp_context: obj.ibv.qp_context,
+            send_cq: obj.ibv.send_cq,
+            recv_cq: obj.ibv.recv_cq,
+            cap: obj.cap,
+            qp_type: obj.ibv.qp_type,
+            sq_sig_all: c_int::from(obj.sq_sig_all),
+            ..Default::default()
+        };
+        // SAFETY: both point at the caller's structs of these types.
+        unsafe {
+            attr.write(out);
+            init_attr.write(init);
+        }
+        0
+    }
+);
+
+export!(
+    "IBVERBS_1.6",
+    /// `ibv_qp_to_qp_ex`: the new post-send API (`ibv_wr_*`) is not offered yet; NULL with
+    /// EOPNOTSUPP, which programs take as "use ibv_post_send".
+    fn ibv_qp_to_qp_ex(qp: *mut sys::ibv_qp) -> *mut sys::ibv_qp_ex {
+        let _ = qp;
+        set_errno(libc::EOPNOTSUPP);
+        ptr::null_mut()
+    }
+);
+
+/// The scatter/gather list of a work request.
+///
+/// # Safety
+/// `sg` must point at `n` entries when `n > 0`.
+unsafe fn sges(sg: *const sys::ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
+    let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
+    if n == 0 {
+        return Ok(Vec::new());
+    }
+    if sg.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller's contract: `n` entries at `sg`.
+    let list = unsafe { slice::from_raw_parts(sg, n) };
+    Ok(list
+        .iter()
+        .map(|s| Sge {
+            addr: s.addr,
+            length: s.length,
+            lkey: LKey::new(s.lkey),
+        })
+        .collect())
+}
+
+/// One `struct ibv_send_wr` as the API's work request.
+///
+/// # Safety
+/// `wr` must be a valid work request of the caller's list.
+unsafe fn send_wr(wr: &sys::ibv_send_wr) -> Result<SendWr<Path>, c_int> {
+    if wr.send_flags & sys::IBV_SEND_INLINE != 0 {
+        // max_inline_data is 0 (ibv_create_qp refuses more), so inline is a bad request.
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the union members are plain integers; the opcode says which one is meant.
+    let (rdma, atomic, imm) = unsafe { (wr.wr.rdma, wr.wr.atomic, wr.__bindgen_anon_1.imm_data) };
+    let op = match wr.opcode {
+        sys::IBV_WR_SEND => SendOp::Send,
+        sys::IBV_WR_SEND_WITH_IMM => SendOp::SendWithImm {
+            imm: u32::from_be(imm),
+        },
+        sys::IBV_WR_RDMA_WRITE => SendOp::Write {
+            remote_addr: rdma.remote_addr,
+            rkey: RKey::new(rdma.rkey),
+        },
+        sys::IBV_WR_RDMA_WRITE_WITH_IMM => SendOp::WriteWithImm {
+            remote_addr: rdma.remote_addr,
+            rkey: RKey::new(rdma.rkey),
+            imm: u32::from_be(imm),
+        },
+        sys::IBV_WR_RDMA_READ => SendOp::Read {
+            remote_addr: rdma.remote_addr,
+            rkey: RKey::new(rdma.rkey),
+        },
+        sys::IBV_WR_ATOMIC_CMP_AND_SWP => SendOp::CompareSwap {
+            remote_addr: atomic.remote_addr,
+            rkey: RKey::new(atomic.rkey),
+            compare: atomic.compare_add,
+            swap: atomic.swap,
+        },
+        sys::IBV_WR_ATOMIC_FETCH_AND_ADD => SendOp::FetchAdd {
+            remote_addr: atomic.remote_addr,
+            rkey: RKey::new(atomic.rkey),
+            add: atomic.compare_add,
+        },
+        sys::IBV_WR_SEND_WITH_INV => SendOp::SendWithInv {
+            // SAFETY: as above; SEND_WITH_INV means the union holds the R_Key.
+            invalidate_rkey: RKey::new(unsafe { wr.__bindgen_anon_1.invalidate_rkey }),
+        },
+        _ => return Err(libc::EINVAL),
+    };
+    let mut flags = SendFlags::empty();
+    if wr.send_flags & sys::IBV_SEND_SIGNALED != 0 {
+        flags |= SendFlags::SIGNALED;
+    }
+    if wr.send_flags & sys::IBV_SEND_SOLICITED != 0 {
+        flags |= SendFlags::SOLICITED;
+    }
+    Ok(SendWr {
+        wr_id: wr.wr_id,
+        op,
+        // SAFETY: the request's own list (the caller's contract).
+        sg_list: unsafe { sges(wr.sg_list, wr.num_sge) }?,
+        flags,
+        ud: None,
+    })
+}
+
+/// `ops.post_send`: posts the list in order; on the first refusal `*bad_wr` names it and its
+/// errno is returned (ENOMEM for a full queue, EINVAL for a bad request), as in rdma-core.
+unsafe extern "C" fn post_send(
+    qp: *mut sys::ibv_qp,
+    wr: *mut sys::ibv_send_wr,
+    bad_wr: *mut *mut sys::ibv_send_wr,
+) -> c_int {
+    // SAFETY: `qp` is a live QP of ours (the verbs contract).
+    let (obj, dev) = match unsafe { qp_dev(qp) } {
+        Ok(x) => x,
+        Err(e) => return e,
+    };
+    if obj.ibv.qp_type == sys::IBV_QPT_UD {
+        // UD sends need address handles, not offered yet.
+        if !bad_wr.is_null() {
+            // SAFETY: `bad_wr` is the caller's out pointer.
+            unsafe { bad_wr.write(wr) };
+        }
+        return libc::EOPNOTSUPP;
+    }
+    let qpn = Qpn::new(obj.ibv.qp_num);
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: `cur` is an element of the caller's list.
+        let w = unsafe { &*cur };
+        // SAFETY: `w` is a valid work request.
+        let r = unsafe { send_wr(w) }.and_then(|s| dev.post_send(qpn, s).map_err(|e| e.errno()));
+        if let Err(e) = r {
+            if !bad_wr.is_null() {
+                // SAFETY: `bad_wr` is the caller's out pointer.
+                unsafe { bad_wr.write(cur) };
+            }
+            return e;
+        }
+        cur = w.next;
+    }
+    0
+}
+
+/// `ops.post_recv`: as [`post_send`], for receive work requests.
+unsafe extern "C" fn post_recv(
+    qp: *mut sys::ibv_qp,
+    wr: *mut sys::ibv_recv_wr,
+    bad_wr: *mut *mut sys::ibv_recv_wr,
+) -> c_int {
+    // SAFETY: `qp` is a live QP of ours (the verbs contract).
+    let (obj, dev) = match unsafe { qp_dev(qp) } {
+        Ok(x) => x,
+        Err(e) => return e,
+    };
+    let qpn = Qpn::new(obj.ibv.qp_num);
+    let mut cur = wr;
+    while !cur.is_null() {
+        // SAFETY: `cur` is an element of the caller's list.
+        let w = unsafe { &*cur };
+        // SAFETY: the request's own list.
+        let r = unsafe { sges(w.sg_list, w.num_sge) }.and_then(|sg_list| {
+            dev.post_recv(
+                qpn,
+                RecvWr {
+                    wr_id: w.wr_id,
+                    sg_list,
+                },
+            )
+            .map_err(|e| e.errno())
+        });
+        if let Err(e) = r {
+            if !bad_wr.is_null() {
+                // SAFETY: `bad_wr` is the caller's out pointer.
+                unsafe { bad_wr.write(cur) };
+            }
+            return e;
+        }
+        cur = w.next;
+    }
+    0
+}
+
+export!(
+    "IBVERBS_1.0",
+    /// `ibv_create_comp_channel`: not offered yet (NULL, ENOSYS, and the reason on stderr).
+    fn ibv_create_comp_channel(context: *mut sys::ibv_context) -> *mut sys::ibv_comp_channel {
+        let _ = context;
+        eprintln!("libibverbs (roce-xdp): completion channels are not supported yet");
+        set_errno(libc::ENOSYS);
+        ptr::null_mut()
+    }
+);
+
+export!(
+    "IBVERBS_1.0",
+    /// `ibv_destroy_comp_channel`: there are none to destroy yet.
+    fn ibv_destroy_comp_channel(channel: *mut sys::ibv_comp_channel) -> c_int {
+        let _ = channel;
+        libc::EINVAL
+    }
+);
+
+export!(
+    "IBVERBS_1.1",
+    /// `ibv_get_cq_event`: there are no completion channels yet.
+    fn ibv_get_cq_event(
+        channel: *mut sys::ibv_comp_channel,
+        cq: *mut *mut sys::ibv_cq,
+        cq_context: *mut *mut c_void,
+    ) -> c_int {
+        let _ = (channel, cq, cq_context);
+        set_errno(libc::ENOSYS);
+        -1
+    }
+);
+
+export!(
+    "IBVERBS_1.1",
+    /// `ibv_ack_cq_events`: nothing to acknowledge without completion channels.
+    fn ibv_ack_cq_events(cq: *mut sys::ibv_cq, nevents: u32) -> () {
+        let _ = (cq, nevents);
+    }
+);

@@ -1,0 +1,263 @@
+//! The verbs of an open device in safe Rust: the engine behind a context, and the
+//! translations between rdma-core's C structs (bindgen's `sys`) and the `roce` API's types.
+//! The FFI layer reads the C arguments (pointers, unions) and calls these.
+
+use core::ffi::c_int;
+use std::sync::{Mutex, OnceLock, PoisonError};
+
+use roce::api::{
+    Access, AttrMask, Device, DeviceOptions, Mtu, Path, Psn, QKey, QpAttr, QpState, Qpn, Wc,
+    WcFlags,
+};
+
+use crate::{device::Port, sys};
+
+/// What a context holds besides its C struct: the interface, and the engine, started when the
+/// first object that needs it is made (so that `ibv_devinfo` beside a running program does
+/// not try to take its queues).
+#[derive(Debug)]
+pub struct Verbs {
+    /// The interface's facts, read at open.
+    pub port: Port,
+    dev: OnceLock<Device>,
+    opening: Mutex<()>,
+}
+
+impl Verbs {
+    /// A context for `port`; nothing runs yet.
+    #[must_use]
+    pub fn new(port: Port) -> Self {
+        Self {
+            port,
+            dev: OnceLock::new(),
+            opening: Mutex::new(()),
+        }
+    }
+
+    /// The engine of this context, opened on first use ([`Device::open`]: attaches roce_xdp
+    /// unless `roce load` did, binds an AF_XDP socket per queue, starts the engine threads).
+    ///
+    /// # Errors
+    /// The errno of the failure (EIO for a load or socket failure, EBUSY, ...), after saying
+    /// why on stderr: a C program has no other way to learn it.
+    pub fn device(&self) -> Result<&Device, c_int> {
+        if let Some(d) = self.dev.get() {
+            return Ok(d);
+        }
+        let _one = self.opening.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some(d) = self.dev.get() {
+            return Ok(d);
+        }
+        let ifname = &self.port.info.ifname;
+        match Device::open(ifname, &DeviceOptions::default()) {
+            Ok(d) => Ok(self.dev.get_or_init(|| d)),
+            Err(e) => {
+                eprintln!("libibverbs (roce-xdp): cannot start the engine on {ifname}: {e:#}");
+                Err(e.errno())
+            }
+        }
+    }
+
+    /// The engine if it was started.
+    #[must_use]
+    pub fn started(&self) -> Option<&Device> {
+        self.dev.get()
+    }
+}
+
+/// The rights of `ibv_access_flags`: the four the transport enforces, the optional-range bits
+/// (IBV_ACCESS_OPTIONAL_RANGE, which a provider may ignore) and hints dropped.
+///
+/// # Errors
+/// `EOPNOTSUPP` for on-demand paging and zero-based regions, which roce-xdp does not offer.
+pub fn access_from_ibv(flags: u32) -> Result<Access, c_int> {
+    const ZERO_BASED: u32 = sys::IBV_ACCESS_ZERO_BASED;
+    const ON_DEMAND: u32 = sys::IBV_ACCESS_ON_DEMAND;
+    if flags & (ZERO_BASED | ON_DEMAND) != 0 {
+        return Err(libc::EOPNOTSUPP);
+    }
+    Ok(Access::from_bits_truncate(flags & 0xf))
+}
+
+/// The `ibv_access_flags` of `a`.
+#[must_use]
+pub fn access_to_ibv(a: Access) -> u32 {
+    a.bits()
+}
+
+/// `ibv_modify_qp`'s attributes and mask as the API's, the address vector resolved by
+/// `resolve` (the GRH's destination GID and source GID index; RoCE has no LIDs).
+///
+/// # Errors
+/// `EINVAL` for an unknown mask bit, state or MTU code, or an AV without a GRH; what
+/// `resolve` returns.
+pub fn qp_attr_from_ibv(
+    a: &sys::ibv_qp_attr,
+    mask: c_int,
+    resolve: impl FnOnce(&sys::ibv_ah_attr) -> Result<Path, c_int>,
+) -> Result<(QpAttr<Path>, AttrMask), c_int> {
+    let mask = u32::try_from(mask)
+        .ok()
+        .and_then(AttrMask::from_bits)
+        .ok_or(libc::EINVAL)?;
+    let state = |code: u32| QpState::from_code(code).ok_or(libc::EINVAL);
+    let mut out = QpAttr::<Path>::default();
+    if mask.contains(AttrMask::STATE) {
+        out.qp_state = state(a.qp_state)?;
+    }
+    if mask.contains(AttrMask::CUR_STATE) {
+        out.cur_qp_state = state(a.cur_qp_state)?;
+    }
+    if mask.contains(AttrMask::ACCESS_FLAGS) {
+        out.qp_access_flags = access_from_ibv(a.qp_access_flags)?;
+    }
+    out.pkey_index = a.pkey_index;
+    out.port_num = a.port_num;
+    out.qkey = QKey::new(a.qkey);
+    if mask.contains(AttrMask::AV) {
+        if a.ah_attr.is_global == 0 {
+            // RoCE addresses by GID only (IBA A16.4.2: the GRH is required).
+            return Err(libc::EINVAL);
+        }
+        out.ah_attr = Some(resolve(&a.ah_attr)?);
+    }
+    if mask.contains(AttrMask::PATH_MTU) {
+        out.path_mtu = mtu_from_ibv(a.path_mtu).ok_or(libc::EINVAL)?;
+    }
+    out.timeout = a.timeout;
+    out.retry_cnt = a.retry_cnt;
+    out.rnr_retry = a.rnr_retry;
+    out.rq_psn = Psn::new(a.rq_psn & 0xff_ffff);
+    out.sq_psn = Psn::new(a.sq_psn & 0xff_ffff);
+    out.max_rd_atomic = a.max_rd_atomic;
+    out.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    out.min_rnr_timer = a.min_rnr_timer;
+    out.dest_qp_num = Qpn::new(a.dest_qp_num & 0xff_ffff);
+    Ok((out, mask))
+}
+
+/// The MTU of an `enum ibv_mtu` code (1 = 256 ... 5 = 4096).
+#[must_use]
+pub fn mtu_from_ibv(code: u32) -> Option<Mtu> {
+    1u32.checked_shl(code.checked_add(7)?)
+        .and_then(Mtu::from_bytes)
+        .filter(|_| (1..=5).contains(&code))
+}
+
+/// A work completion as `struct ibv_wc` (host-order immediate data goes back to network
+/// order, as verbs deliver it).
+#[must_use]
+pub fn wc_to_ibv(wc: &Wc) -> sys::ibv_wc {
+    let mut out = sys::ibv_wc {
+        wr_id: wc.wr_id,
+        status: wc.status as u32,
+        opcode: wc.opcode as u32,
+        byte_len: wc.byte_len,
+        qp_num: wc.qp_num.value(),
+        src_qp: wc.src_qp.value(),
+        wc_flags: wc.wc_flags.bits(),
+        ..Default::default()
+    };
+    if wc.wc_flags.contains(WcFlags::WITH_IMM) {
+        out.__bindgen_anon_1.imm_data = wc.imm.to_be();
+    } else if wc.wc_flags.contains(WcFlags::WITH_INV) {
+        out.__bindgen_anon_1.invalidated_rkey = wc.invalidated_rkey.value();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use roce::api::{RKey, WcOpcode, WcStatus};
+
+    use super::*;
+
+    #[test]
+    fn mtu_codes_map_both_ways() {
+        assert_eq!(mtu_from_ibv(1), Some(Mtu::Mtu256));
+        assert_eq!(mtu_from_ibv(5).map(Mtu::bytes), Some(4096));
+        assert_eq!(mtu_from_ibv(0), None);
+        assert_eq!(mtu_from_ibv(6), None);
+        assert_eq!(mtu_from_ibv(u32::MAX), None);
+    }
+
+    #[test]
+    fn access_flags_keep_the_four_rights_and_refuse_what_is_not_offered() {
+        let all = sys::IBV_ACCESS_LOCAL_WRITE
+            | sys::IBV_ACCESS_REMOTE_WRITE
+            | sys::IBV_ACCESS_REMOTE_READ
+            | sys::IBV_ACCESS_REMOTE_ATOMIC;
+        assert_eq!(access_from_ibv(all), Ok(Access::all()));
+        assert_eq!(
+            access_from_ibv(sys::IBV_ACCESS_LOCAL_WRITE | sys::IBV_ACCESS_RELAXED_ORDERING),
+            Ok(Access::LOCAL_WRITE)
+        );
+        assert_eq!(
+            access_from_ibv(sys::IBV_ACCESS_ON_DEMAND),
+            Err(libc::EOPNOTSUPP)
+        );
+        assert_eq!(access_to_ibv(Access::all()), all);
+    }
+
+    #[test]
+    fn modify_attributes_follow_the_mask() {
+        let a = sys::ibv_qp_attr {
+            qp_state: sys::IBV_QPS_RTR,
+            path_mtu: sys::IBV_MTU_1024,
+            dest_qp_num: 0x12,
+            rq_psn: 0x1ff_ffff,
+            ..Default::default()
+        };
+        let mask =
+            (sys::IBV_QP_STATE | sys::IBV_QP_PATH_MTU | sys::IBV_QP_DEST_QPN | sys::IBV_QP_RQ_PSN)
+                as c_int;
+        let (attr, m) = qp_attr_from_ibv(&a, mask, |_| unreachable!("no AV")).unwrap();
+        assert_eq!(attr.qp_state, QpState::Rtr);
+        assert_eq!(attr.path_mtu, Mtu::Mtu1024);
+        assert_eq!(attr.dest_qp_num, Qpn::new(0x12));
+        assert_eq!(attr.rq_psn, Psn::new(0xff_ffff), "a PSN is 24 bits");
+        assert_eq!(m.bits(), mask as u32);
+        // An AV without a GRH, an unknown bit, a bad state.
+        let av = sys::IBV_QP_AV as c_int;
+        assert_eq!(
+            qp_attr_from_ibv(&a, av, |_| unreachable!()).err(),
+            Some(libc::EINVAL)
+        );
+        assert_eq!(
+            qp_attr_from_ibv(&a, 1 << 30, |_| unreachable!()).err(),
+            Some(libc::EINVAL)
+        );
+        let bad = sys::ibv_qp_attr {
+            qp_state: 99,
+            ..Default::default()
+        };
+        assert_eq!(
+            qp_attr_from_ibv(&bad, sys::IBV_QP_STATE as c_int, |_| unreachable!()).err(),
+            Some(libc::EINVAL)
+        );
+    }
+
+    #[test]
+    fn completions_carry_network_order_immediates() {
+        let wc = Wc {
+            wr_id: 7,
+            status: WcStatus::Success,
+            opcode: WcOpcode::Recv,
+            byte_len: 12,
+            imm: 0x0102_0304,
+            wc_flags: WcFlags::WITH_IMM,
+            qp_num: Qpn::new(0x11),
+            ..Wc::default()
+        };
+        let c = wc_to_ibv(&wc);
+        assert_eq!((c.wr_id, c.status, c.opcode, c.byte_len), (7, 0, 128, 12));
+        assert_eq!(c.qp_num, 0x11);
+        assert_eq!(c.wc_flags, sys::IBV_WC_WITH_IMM);
+        let inv = Wc {
+            wc_flags: WcFlags::WITH_INV,
+            invalidated_rkey: RKey::new(0xabcd),
+            ..Wc::default()
+        };
+        assert_eq!(wc_to_ibv(&inv).wc_flags, sys::IBV_WC_WITH_INV);
+    }
+}
