@@ -4,6 +4,7 @@
 //! 2 usage error).
 
 mod demo;
+mod exec;
 mod r#gen;
 mod impair;
 mod perf;
@@ -113,6 +114,9 @@ pub enum Command {
     Impair(impair::ImpairArgs),
     /// Draw a congestion-control trace (CSV) as an SVG: rate, target, CNPs and alpha over time.
     Plot(plot::PlotArgs),
+    /// Run an unmodified RDMA program (ibv_devinfo, ...) on roce-xdp through the drop-in
+    /// libibverbs.so.1: `roce exec -d eth0 -- ibv_devinfo`.
+    Exec(exec::ExecArgs),
 }
 
 /// How results are printed.
@@ -255,5 +259,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Gids { iface } => gids(out, &iface),
         Command::Impair(args) => impair::run(out, &args),
         Command::Plot(args) => plot::run(out, &args),
+        Command::Exec(args) => exec::run(&args),
     }
 }

@@ -1,0 +1,116 @@
+//! `roce exec`: runs an unmodified RDMA program on roce-xdp, through the drop-in
+//! `libibverbs.so.1` that `cargo build -p roce-verbs` builds (roce-user/verbs).
+
+use std::{
+    ffi::OsString,
+    os::unix::process::CommandExt as _,
+    path::{Path, PathBuf},
+};
+
+use anyhow::{Context as _, bail};
+
+/// The environment variable the library reads its devices from (roce-verbs' `DEVICES_ENV`).
+const DEVICES_ENV: &str = "ROCE_DEVICES";
+
+/// The folder of its own, next to this binary, where the library is found as
+/// `libibverbs.so.1`.
+const LIB_SUBDIR: &str = "roce-verbs";
+
+/// Arguments of `roce exec`.
+#[derive(Debug, clap::Args)]
+#[command(
+    after_help = "How it works: the program is started with LD_LIBRARY_PATH naming a \
+folder that holds roce-xdp's libibverbs.so.1, so it loads that library instead of rdma-core's, \
+and ROCE_DEVICES naming the interfaces it shows as RDMA devices (roce_<ifname>). The same by \
+hand:\n  LD_LIBRARY_PATH=target/debug/roce-verbs ROCE_DEVICES=eth0 ibv_devinfo\n\n\
+Examples:\n  roce exec -d eth0 -- ibv_devices\n  roce exec -d veth1 -- ibv_devinfo -v\n  \
+roce --netns ns1 exec -d veth1 -- ibv_devinfo     inside a network namespace\n  \
+ip netns exec ns1 roce exec -d veth1 -- ibv_devices"
+)]
+pub struct ExecArgs {
+    /// Interface to show as an RDMA device (repeat, or separate with commas). Default: every
+    /// interface where `roce load` attached roce_xdp.
+    #[arg(
+        short = 'd',
+        long = "device",
+        value_name = "IFACE",
+        value_delimiter = ','
+    )]
+    devices: Vec<String>,
+    /// The folder holding libibverbs.so.1. Default: `roce-verbs/` next to this binary (made
+    /// from the libibverbs.so cargo builds there).
+    #[arg(long, value_name = "DIR", env = "ROCE_VERBS_DIR")]
+    lib_dir: Option<PathBuf>,
+    /// The program and its arguments (after `--`).
+    #[arg(
+        required = true,
+        trailing_var_arg = true,
+        allow_hyphen_values = true,
+        value_name = "PROGRAM"
+    )]
+    program: Vec<OsString>,
+}
+
+/// The folder with the library: `dir` if given, else `roce-verbs/` next to the running binary,
+/// made there (a link to the cdylib cargo wrote beside the binary) if needed.
+fn lib_dir(dir: Option<&Path>) -> anyhow::Result<PathBuf> {
+    if let Some(d) = dir {
+        if !d.join("libibverbs.so.1").exists() {
+            bail!("{} holds no libibverbs.so.1", d.display());
+        }
+        return Ok(d.to_owned());
+    }
+    let exe = std::env::current_exe().context("where this binary is")?;
+    let bin_dir = exe.parent().context("the binary's folder")?;
+    let sub = bin_dir.join(LIB_SUBDIR);
+    let lib = sub.join("libibverbs.so.1");
+    if lib.exists() {
+        return Ok(sub);
+    }
+    let built = bin_dir.join("libibverbs.so");
+    if !built.exists() {
+        bail!(
+            "the drop-in libibverbs is not built: no {} (build it with `cargo build -p roce-verbs`, \
+             or name its folder with --lib-dir)",
+            built.display()
+        );
+    }
+    std::fs::create_dir_all(&sub).with_context(|| format!("create {}", sub.display()))?;
+    // Two processes may race here: whoever loses finds the link made.
+    if let Err(e) = std::os::unix::fs::symlink("../libibverbs.so", &lib)
+        && !lib.exists()
+    {
+        return Err(e).with_context(|| format!("link {}", lib.display()));
+    }
+    Ok(sub)
+}
+
+/// Replaces this process with the program (same PID, so signals and exit codes are the
+/// program's own).
+///
+/// # Errors
+/// An interface that does not exist here, no library, or a program that cannot be started.
+pub fn run(args: &ExecArgs) -> anyhow::Result<()> {
+    for d in &args.devices {
+        if roce::loader::ifindex(d).is_err() {
+            bail!(
+                "no interface {d:?} in this network namespace (`ip link` lists them; use \
+                 `roce --netns NAME exec ...` or `ip netns exec NAME roce exec ...` for another)"
+            );
+        }
+    }
+    let dir = lib_dir(args.lib_dir.as_deref())?;
+    let mut path = OsString::from(dir.as_os_str());
+    if let Some(old) = std::env::var_os("LD_LIBRARY_PATH").filter(|p| !p.is_empty()) {
+        path.push(":");
+        path.push(old);
+    }
+    let (prog, rest) = args.program.split_first().context("no program to run")?;
+    let mut cmd = std::process::Command::new(prog);
+    cmd.args(rest).env("LD_LIBRARY_PATH", path);
+    if !args.devices.is_empty() {
+        cmd.env(DEVICES_ENV, args.devices.join(","));
+    }
+    let err = cmd.exec();
+    Err(err).with_context(|| format!("cannot run {}", prog.to_string_lossy()))
+}
