@@ -742,7 +742,14 @@ impl Device {
     /// # Errors
     /// No such QP.
     pub fn destroy_qp(&self, qpn: Qpn) -> Result<(), ApiError> {
-        self.by_qpn(qpn).lock().destroy_qp(qpn)?;
+        {
+            let mut dev = self.by_qpn(qpn).lock();
+            // Its last counters first, so the interface's totals keep what it did.
+            if let Some(q) = dev.qp(qpn) {
+                let _ = self.publisher.publish_qp(q);
+            }
+            dev.destroy_qp(qpn)?;
+        }
         let _ = self
             .pins
             .qps()

@@ -39,15 +39,7 @@ impl Publisher {
         }
         let mut qmap = self.pins.qp_stats()?;
         for (qpn, state, counters, cc) in qps {
-            let rec = QpStatsRecord {
-                owner: pid,
-                state: state.code(),
-                counters,
-                rate_bps: cc.map_or(0, |c| c.rate_bps),
-                target_bps: cc.map_or(0, |c| c.target_bps),
-                alpha_1024: cc.map_or(0, |c| u64::from(c.alpha_fixed)),
-                cc: cc.map(|c| c.stats).unwrap_or_default(),
-            };
+            let rec = record(pid, state, counters, cc);
             qmap.insert(qpn.value(), rec, 0).map_err(LoadError::from)?;
         }
         self.pins
@@ -87,6 +79,21 @@ impl Publisher {
             .map_err(LoadError::from)?;
         }
         Ok(())
+    }
+
+    /// Writes `qp`'s counters as they are now: call it just before the QP is destroyed, so
+    /// that what it did since the last [`Publisher::publish`] still counts (its record stays
+    /// until the process retires, like a NIC's per-device totals).
+    ///
+    /// # Errors
+    /// The stats map cannot be written.
+    pub(crate) fn publish_qp(&self, qp: &transport::Qp) -> Result<(), LoadError> {
+        let cc = qp.congestion().map(transport::QpCc::snapshot);
+        let rec = record(std::process::id(), qp.state(), *qp.counters(), cc);
+        self.pins
+            .qp_stats()?
+            .insert(qp.qpn().value(), rec, 0)
+            .map_err(LoadError::from)
     }
 
     /// Folds the records of `owner` (or, with `None`, of every process that no longer exists)
@@ -130,5 +137,23 @@ impl Publisher {
                 let _ = m.insert(0, retired, 0);
             }
         }
+    }
+}
+
+/// The pinned record of one QP.
+fn record(
+    pid: u32,
+    state: transport::QpState,
+    counters: transport::QpCounters,
+    cc: Option<crate::cc::CcSnapshot>,
+) -> QpStatsRecord {
+    QpStatsRecord {
+        owner: pid,
+        state: state.code(),
+        counters,
+        rate_bps: cc.map_or(0, |c| c.rate_bps),
+        target_bps: cc.map_or(0, |c| c.target_bps),
+        alpha_1024: cc.map_or(0, |c| u64::from(c.alpha_fixed)),
+        cc: cc.map(|c| c.stats).unwrap_or_default(),
     }
 }
