@@ -1077,6 +1077,9 @@ pub struct Roce {
     child: Option<Child>,
     /// The command line, for messages.
     pub what: String,
+    /// `roce exec ...`: an unmodified program on the drop-in libibverbs, whose output is
+    /// text, not JSON.
+    exec: bool,
 }
 
 impl Roce {
@@ -1096,11 +1099,13 @@ impl Roce {
         Self {
             child: Some(child),
             what: format!("roce {}", args.join(" ")),
+            exec: args.first().is_some_and(|a| a == "exec"),
         }
     }
 
-    /// Waits at most `timeout` for the process to exit; returns its JSON output on success, or
-    /// a description of the failure (exit status, stdout, stderr; killed on timeout).
+    /// Waits at most `timeout` for the process to exit; returns its JSON output on success
+    /// (`{"exec_stdout": TEXT}` for `roce exec`, whose program prints text), or a description
+    /// of the failure (exit status, stdout, stderr; killed on timeout).
     ///
     /// # Errors
     /// The failure, as text.
@@ -1135,6 +1140,9 @@ impl Roce {
                 o.status,
                 tail(&err, 10)
             ));
+        }
+        if self.exec {
+            return Ok(serde_json::json!({ "exec_stdout": out }));
         }
         serde_json::from_str(out.trim()).map_err(|e| format!("{}: bad JSON {e}: {out}", self.what))
     }

@@ -10,7 +10,9 @@
 //! link our sockets are bound for multi-buffer packets, and every such frame crosses as two
 //! descriptors (the test checks that they did). After the scenarios a second VM boots beside the
 //! first and the two run the same sizes and MTUs against each other: the rxe ↔ rxe reference of
-//! the same run. `ROCE_INTEROP_ITERS=N` changes the iteration count.
+//! the same run. `ROCE_INTEROP_ITERS=N` changes the iteration count. At path MTU 1024 the
+//! suite also runs Debian's unmodified ibv_rc_pingpong on our side, on the drop-in libibverbs
+//! (`roce exec`), at 1, 4096 and 65536 B, both directions.
 
 use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 
@@ -86,6 +88,59 @@ fn both_ways(h: &Harness<'_>, size: u32, mtu: u32, port: &mut u16) -> Vec<SceneR
     out
 }
 
+/// Debian's unmodified ibv_rc_pingpong on our side too, through the drop-in libibverbs
+/// (`roce exec`), against rxe's, one scenario in each direction for (size, mtu).
+fn drop_in_both_ways(h: &Harness<'_>, size: u32, mtu: u32, port: &mut u16) -> Vec<SceneReport> {
+    let p = h.peer;
+    let n = iters();
+    let gids: Vec<serde_json::Value> = serde_json::from_str(&roce_tests::roce_ok(&[
+        "--netns", &p.netns, "-j", "gids", "-i", &p.ifname,
+    ]))
+    .expect("gids JSON");
+    let gid = gids
+        .iter()
+        .find(|g| g["ip"].as_str() == Some(&p.host_ip.to_string()))
+        .map(|g| g["index"].to_string())
+        .expect("an IPv4 GID on our side");
+    let ours = |port: u16, server: Option<String>| {
+        let mut v: Vec<String> = ["exec", "-d", &p.ifname, "--", "ibv_rc_pingpong", "-d"]
+            .map(String::from)
+            .to_vec();
+        v.push(format!("roce_{}", p.ifname));
+        for (flag, val) in [
+            ("-g", gid.clone()),
+            ("-p", port.to_string()),
+            ("-s", size.to_string()),
+            ("-n", n.to_string()),
+            ("-m", mtu.to_string()),
+        ] {
+            v.extend([flag.to_owned(), val]);
+        }
+        v.extend(server);
+        v
+    };
+    let mut out = Vec::new();
+    *port += 1;
+    out.push(h.run(
+        &format!("dropin-ibv_rc_pingpong-server_rxe-s{size}-m{mtu}"),
+        &Roles::GuestServer {
+            guest: rxe::pingpong_cmd(*port, size, n, mtu),
+            ours: ours(*port, Some(p.guest_ip.to_string())),
+        },
+        *port,
+    ));
+    *port += 1;
+    out.push(h.run(
+        &format!("dropin-ibv_rc_pingpong-server_roce-s{size}-m{mtu}"),
+        &Roles::OurServer {
+            ours: ours(*port, None),
+            guest: format!("{} {}", rxe::pingpong_cmd(*port, size, n, mtu), p.host_ip),
+        },
+        *port,
+    ));
+    out
+}
+
 /// Checks what each side says it did, on top of the harness's checks.
 fn check_outputs(r: &mut SceneReport, size: u32) {
     let n = u64::from(iters());
@@ -95,10 +150,19 @@ fn check_outputs(r: &mut SceneReport, size: u32) {
             .failures
             .push(format!("ibv_rc_pingpong summary {other:?}, want {n} iters")),
     }
-    if let Ok(v) = &r.ours
-        && (v["iters"].as_u64() != Some(n) || v["bytes"].as_u64() != Some(n * u64::from(size) * 2))
-    {
-        r.failures.push(format!("roce pingpong said {v}"));
+    if let Ok(v) = &r.ours {
+        if let Some(text) = v["exec_stdout"].as_str() {
+            // ibv_rc_pingpong on the drop-in library: its own summary, and its byte count.
+            let bytes = format!("{} bytes in", n * u64::from(size) * 2);
+            if rxe::pingpong_summary(text).map(|x| x.0) != Some(n) || !text.contains(&bytes) {
+                r.failures
+                    .push(format!("ibv_rc_pingpong on roce-xdp said {text}"));
+            }
+        } else if v["iters"].as_u64() != Some(n)
+            || v["bytes"].as_u64() != Some(n * u64::from(size) * 2)
+        {
+            r.failures.push(format!("roce pingpong said {v}"));
+        }
     }
 }
 
@@ -164,7 +228,14 @@ fn summarize(reports: &[SceneReport], refs: &References) -> String {
             .ours
             .as_ref()
             .ok()
-            .and_then(|v| v["usec_per_iter"].as_f64())
+            .and_then(|v| {
+                v["usec_per_iter"].as_f64().or_else(|| {
+                    v["exec_stdout"]
+                        .as_str()
+                        .and_then(rxe::pingpong_summary)
+                        .map(|x| x.1)
+                })
+            })
             .unwrap_or(f64::NAN);
         let guest_us = rxe::pingpong_summary(&r.guest.out).map_or(f64::NAN, |x| x.1);
         let ref_us = refs
@@ -215,6 +286,13 @@ fn ibv_rc_pingpong_both_directions_mtu_1024() {
     let mut reports = Vec::new();
     for size in [1u32, 1024, 4096, 65536] {
         for mut r in both_ways(&h, size, 1024, &mut port) {
+            check_outputs(&mut r, size);
+            reports.push(r);
+        }
+    }
+    // The same tool on both sides: Debian's ibv_rc_pingpong on the drop-in libibverbs here.
+    for size in [1u32, 4096, 65536] {
+        for mut r in drop_in_both_ways(&h, size, 1024, &mut port) {
             check_outputs(&mut r, size);
             reports.push(r);
         }
