@@ -6,8 +6,8 @@ use std::time::Duration;
 use nix::libc;
 use roce::{
     api::{
-        Access, ApiError, AttrMask, Device, DeviceOptions, MemBuf, Memory, QpAttr, QpCap, QpState,
-        QpType, RecvWr, Wc, WcStatus,
+        Access, ApiError, AttrMask, Device, DeviceOptions, Event, MemBuf, Memory, QpAttr, QpCap,
+        QpState, QpType, RecvWr, Wc, WcStatus,
     },
     netns::{self, VethOptions, VethPair},
     transport::DeviceError,
@@ -81,11 +81,18 @@ fn handles_release_on_drop_and_objects_in_use_are_busy() {
                 let sg_list = vec![mr.sge(0, 64)];
                 qp.post_recv(RecvWr { wr_id, sg_list }).unwrap();
             }
+            // Armed, the CQ reports its next completion as one event (ibv_req_notify_cq).
+            dev.req_notify_cq(cq.id(), false).unwrap();
+            assert_eq!(dev.wait_event(Duration::from_millis(50)), None);
             let err = QpAttr {
                 qp_state: QpState::Err,
                 ..QpAttr::default()
             };
             qp.modify(&err, AttrMask::STATE).unwrap();
+            assert_eq!(
+                dev.wait_event(Duration::from_secs(5)),
+                Some(Event::CqNotify { cq: cq.id() })
+            );
             assert_eq!(qp.state(), Some(QpState::Err));
             let mut wcs = [Wc::default(); 2];
             assert_eq!(cq.poll(&mut wcs), 2);

@@ -335,14 +335,27 @@ fn rc_pingpong(pair: &roce::netns::VethPair, port: u16, extra: &[&str]) -> (Stri
 }
 
 /// Debian's unmodified `ibv_rc_pingpong` at both ends, each on roce-xdp through the library:
-/// 1 byte, a page and 64 KiB messages (many packets each) complete every iteration, and when
-/// the programs exit, the interfaces are as they were (no XDP program, no pins).
+/// 1 byte, a page and 64 KiB messages (many packets each) complete every iteration, polling
+/// and with `-e` (completion channels), and when the programs exit, the interfaces are as they
+/// were (no XDP program, no pins).
 #[test]
 fn ibv_rc_pingpong_runs_on_the_library_at_both_ends() {
     require_root();
     let pair = veth_pair("vb3", 172);
-    for (i, size) in ["1", "4096", "65536"].into_iter().enumerate() {
-        let (c, s) = rc_pingpong(&pair, 18600 + i as u16, &["-s", size, "-n", "200"]);
+    let runs = [
+        ("1", false),
+        ("4096", false),
+        ("65536", false),
+        // -e: completion channels, ibv_req_notify_cq and ibv_get_cq_event on the eventfd.
+        ("4096", true),
+        ("65536", true),
+    ];
+    for (i, (size, events)) in runs.into_iter().enumerate() {
+        let mut args = vec!["-s", size, "-n", "200"];
+        if events {
+            args.push("-e");
+        }
+        let (c, s) = rc_pingpong(&pair, 18600 + i as u16, &args);
         for out in [&c, &s] {
             assert!(
                 out.contains(&format!(

@@ -54,6 +54,7 @@ use std::{
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use roce_common::maps::{MAX_QPS, QpEntry};
 
+pub use crate::transport::Event;
 pub use crate::transport::{
     Access, AttrMask, CqId, DeviceConfig, DeviceCounters, LKey, MemBuf, Memory, MrInfo, Mtu, Path,
     PdId, PostError, Psn, QKey, QpAttr, QpCap, QpCounters, QpInit, QpState, QpType, Qpn, RKey,
@@ -881,6 +882,65 @@ impl Device {
         self.drive();
         let (queue, cq) = self.split_cq(cq);
         self.shards[queue as usize].lock().poll_cq_into(cq, out)
+    }
+
+    /// Arms `cq` for one completion event (`ibv_req_notify_cq`): the next completion (with
+    /// `solicited_only`, the next solicited or failed one) queues an [`Event::CqNotify`],
+    /// which [`Device::wait_event`] returns. Arm again after each event.
+    ///
+    /// # Errors
+    /// No such CQ.
+    pub fn req_notify_cq(&self, cq: CqId, solicited_only: bool) -> Result<(), ApiError> {
+        let (queue, raw) = self.split_cq(cq);
+        self.shard(queue)?
+            .lock()
+            .req_notify_cq(raw, solicited_only)?;
+        Ok(())
+    }
+
+    /// The next asynchronous or completion event ([`Event`]), waiting up to `timeout` for one
+    /// (`ibv_get_async_event` and the event half of `ibv_get_cq_event`). CQs in the events are
+    /// the API's ids. On an inline device ([`DeviceOptions::inline`]) the wait also drives the
+    /// queues.
+    #[must_use]
+    pub fn wait_event(&self, timeout: Duration) -> Option<Event> {
+        let deadline = std::time::Instant::now() + timeout;
+        let n = self.shards();
+        let api = |queue: u32, e: Event| match e {
+            Event::CqNotify { cq } => Event::CqNotify {
+                cq: CqId(cq.0 * n + queue),
+            },
+            Event::CqOverflow { cq } => Event::CqOverflow {
+                cq: CqId(cq.0 * n + queue),
+            },
+            other => other,
+        };
+        loop {
+            self.drive();
+            for (q, sh) in self.shards.iter().enumerate().skip(1) {
+                if let Some(e) = sh.lock().poll_event() {
+                    return Some(api(q as u32, e));
+                }
+            }
+            // Queue 0 is checked and waited on under one hold of its lock, so an event its
+            // engine queues in between is not missed (engines notify after they unlock).
+            let sh = &self.shards[0];
+            let mut dev = sh.lock();
+            if let Some(e) = dev.poll_event() {
+                return Some(api(0, e));
+            }
+            let left = deadline.checked_duration_since(std::time::Instant::now())?;
+            let step = left.min(Duration::from_millis(10));
+            if self.inline.is_some() {
+                drop(dev);
+                std::thread::sleep(step.min(INLINE_IDLE_TURN));
+            } else {
+                let _ = sh
+                    .progress
+                    .wait_timeout(dev, step)
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+            }
+        }
     }
 
     /// Takes up to `max` completions without waiting (`ibv_poll_cq`), in a new `Vec`. A loop

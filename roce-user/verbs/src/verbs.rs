@@ -3,11 +3,21 @@
 //! The FFI layer reads the C arguments (pointers, unions) and calls these.
 
 use core::ffi::c_int;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::{
+    collections::{HashMap, VecDeque},
+    os::fd::{AsFd as _, AsRawFd as _, RawFd},
+    sync::{
+        Arc, Mutex, OnceLock, PoisonError,
+        atomic::{AtomicBool, Ordering},
+    },
+    thread::JoinHandle,
+    time::Duration,
+};
 
+use nix::sys::eventfd::{EfdFlags, EventFd};
 use roce::api::{
-    Access, AttrMask, Device, DeviceOptions, Mtu, Path, Psn, QKey, QpAttr, QpState, Qpn, Wc,
-    WcFlags,
+    Access, AttrMask, CqId, Device, DeviceOptions, Event, Mtu, Path, Psn, QKey, QpAttr, QpState,
+    Qpn, Wc, WcFlags,
 };
 
 use crate::{device::Port, sys};
@@ -19,8 +29,75 @@ use crate::{device::Port, sys};
 pub struct Verbs {
     /// The interface's facts, read at open.
     pub port: Port,
-    dev: OnceLock<Device>,
+    dev: OnceLock<Arc<Device>>,
     opening: Mutex<()>,
+    /// Which channel each CQ with a completion channel reports to, and the CQ's C handle.
+    routes: Routes,
+    /// The thread that turns the engine's completion events into channel events.
+    pump: Mutex<Option<Pump>>,
+}
+
+/// CQ → (its channel, the address of its `struct ibv_cq`, kept as a number).
+type Routes = Arc<Mutex<HashMap<u32, (Arc<Channel>, usize)>>>;
+
+#[derive(Debug)]
+struct Pump {
+    stop: Arc<AtomicBool>,
+    thread: JoinHandle<()>,
+}
+
+/// A completion channel (`struct ibv_comp_channel`): an eventfd in semaphore mode that
+/// counts the events not yet taken, and the CQs they came from, in order. The fd is what
+/// programs poll or epoll; `ibv_get_cq_event` reads it (blocking unless the program made it
+/// non-blocking) and takes the next CQ.
+#[derive(Debug)]
+pub struct Channel {
+    fd: EventFd,
+    ready: Mutex<VecDeque<usize>>,
+}
+
+impl Channel {
+    /// A channel with no events.
+    ///
+    /// # Errors
+    /// The errno of `eventfd(2)`.
+    pub fn new() -> Result<Arc<Self>, c_int> {
+        let fd = EventFd::from_flags(EfdFlags::EFD_SEMAPHORE | EfdFlags::EFD_CLOEXEC)
+            .map_err(|e| e as c_int)?;
+        Ok(Arc::new(Self {
+            fd,
+            ready: Mutex::new(VecDeque::new()),
+        }))
+    }
+
+    /// The file descriptor programs wait on.
+    #[must_use]
+    pub fn fd(&self) -> RawFd {
+        self.fd.as_fd().as_raw_fd()
+    }
+
+    /// Queues an event of the CQ at `cq` and makes the fd readable.
+    fn push(&self, cq: usize) {
+        self.ready
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push_back(cq);
+        let _ = self.fd.write(1);
+    }
+
+    /// Takes the next event (`ibv_get_cq_event`): waits for one unless the fd is
+    /// non-blocking, and returns the address of its CQ.
+    ///
+    /// # Errors
+    /// EAGAIN on a non-blocking fd with no event, or another errno of `read(2)`.
+    pub fn next(&self) -> Result<usize, c_int> {
+        self.fd.read().map_err(|e| e as c_int)?;
+        self.ready
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .pop_front()
+            .ok_or(libc::EAGAIN)
+    }
 }
 
 impl Verbs {
@@ -31,6 +108,8 @@ impl Verbs {
             port,
             dev: OnceLock::new(),
             opening: Mutex::new(()),
+            routes: Arc::default(),
+            pump: Mutex::new(None),
         }
     }
 
@@ -50,7 +129,7 @@ impl Verbs {
         }
         let ifname = &self.port.info.ifname;
         match Device::open(ifname, &DeviceOptions::default()) {
-            Ok(d) => Ok(self.dev.get_or_init(|| d)),
+            Ok(d) => Ok(self.dev.get_or_init(|| Arc::new(d))),
             Err(e) => {
                 eprintln!("libibverbs (roce-xdp): cannot start the engine on {ifname}: {e:#}");
                 Err(e.errno())
@@ -61,7 +140,69 @@ impl Verbs {
     /// The engine if it was started.
     #[must_use]
     pub fn started(&self) -> Option<&Device> {
-        self.dev.get()
+        self.dev.get().map(|d| &**d)
+    }
+
+    /// Sends the completion events of `cq` to `channel`, naming the CQ by `handle` (the
+    /// address of its `struct ibv_cq`). Starts the event thread on first use.
+    ///
+    /// # Errors
+    /// The engine cannot start, or the thread cannot be made.
+    pub fn route(&self, cq: CqId, channel: Arc<Channel>, handle: usize) -> Result<(), c_int> {
+        let dev = Arc::clone(self.dev.get().ok_or(libc::EINVAL)?);
+        self.routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(cq.0, (channel, handle));
+        let mut pump = self.pump.lock().unwrap_or_else(PoisonError::into_inner);
+        if pump.is_none() {
+            let stop = Arc::new(AtomicBool::new(false));
+            let (flag, routes) = (Arc::clone(&stop), Arc::clone(&self.routes));
+            let thread = std::thread::Builder::new()
+                .name("roce-verbs-events".into())
+                .spawn(move || {
+                    while !flag.load(Ordering::Relaxed) {
+                        if let Some(Event::CqNotify { cq }) =
+                            dev.wait_event(Duration::from_millis(50))
+                        {
+                            let to = routes
+                                .lock()
+                                .unwrap_or_else(PoisonError::into_inner)
+                                .get(&cq.0)
+                                .cloned();
+                            if let Some((ch, handle)) = to {
+                                ch.push(handle);
+                            }
+                        }
+                    }
+                })
+                .map_err(|_| libc::EAGAIN)?;
+            *pump = Some(Pump { stop, thread });
+        }
+        Ok(())
+    }
+
+    /// Stops sending `cq`'s events anywhere (it is being destroyed).
+    pub fn unroute(&self, cq: CqId) {
+        self.routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .remove(&cq.0);
+    }
+}
+
+impl Drop for Verbs {
+    /// Stops the event thread before the engine goes (the thread holds a reference to it).
+    fn drop(&mut self) {
+        if let Some(p) = self
+            .pump
+            .get_mut()
+            .unwrap_or_else(PoisonError::into_inner)
+            .take()
+        {
+            p.stop.store(true, Ordering::Relaxed);
+            let _ = p.thread.join();
+        }
     }
 }
 

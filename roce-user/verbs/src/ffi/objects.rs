@@ -10,6 +10,7 @@ use core::{
     ffi::{c_int, c_void},
     ptr, slice,
 };
+use std::sync::Arc;
 
 use roce::api::{
     ApiError, CqId, Device, LKey, Path, PdId, QpCap, QpInit, QpType, Qpn, RKey, RawMem, RecvWr,
@@ -19,7 +20,7 @@ use roce::api::{
 use super::{device::ctx_of, guard, set_errno};
 use crate::{
     sys,
-    verbs::{access_from_ibv, qp_attr_from_ibv, wc_to_ibv},
+    verbs::{Channel, access_from_ibv, qp_attr_from_ibv, wc_to_ibv},
 };
 
 /// Installs the data-path entries of `ibv_context.ops`, which verbs.h's inline
@@ -243,8 +244,8 @@ struct CqObj {
 
 export!(
     "IBVERBS_1.1",
-    /// `ibv_create_cq`. Completion channels are not offered yet: a CQ with one is refused
-    /// with EOPNOTSUPP (the programs' `-e` mode).
+    /// `ibv_create_cq`; with a completion channel, its events (armed by
+    /// `ibv_req_notify_cq`) go to that channel.
     fn ibv_create_cq(
         context: *mut sys::ibv_context,
         cqe: c_int,
@@ -254,16 +255,22 @@ export!(
     ) -> *mut sys::ibv_cq {
         guard(ptr::null_mut(), || {
             let made = (|| {
-                if !channel.is_null() {
-                    eprintln!("libibverbs (roce-xdp): completion channels are not supported yet");
-                    return Err(libc::EOPNOTSUPP);
-                }
                 let depth = usize::try_from(cqe)
                     .ok()
                     .filter(|&d| d > 0)
                     .ok_or(libc::EINVAL)?;
                 // SAFETY: `context` is NULL or a live context of ours.
                 let dev = unsafe { device_of(context) }?;
+                let chan = if channel.is_null() {
+                    None
+                } else {
+                    // SAFETY: `channel` is a live channel of ours (the verbs contract).
+                    let obj = unsafe { &*channel.cast::<ChanObj>() };
+                    if obj.ibv.context != context {
+                        return Err(libc::EINVAL);
+                    }
+                    Some(Arc::clone(&obj.state))
+                };
                 let id = dev.create_cq(depth).map_err(|e| e.errno())?;
                 let ibv = sys::ibv_cq {
                     context,
@@ -274,7 +281,20 @@ export!(
                     ..Default::default()
                 };
                 let _ = comp_vector;
-                Ok(give(CqObj { ibv, id }))
+                let cq = give(CqObj { ibv, id });
+                if let Some(state) = chan {
+                    // SAFETY: `context` is live (`device_of` found it above).
+                    let ctx = unsafe { ctx_of(context) }.ok_or(libc::EINVAL)?;
+                    if let Err(e) = ctx.verbs.route(id, state, cq as usize) {
+                        let _ = dev.destroy_cq(id);
+                        // SAFETY: just made by `give`, never handed to C.
+                        drop(unsafe { Box::from_raw(cq) });
+                        return Err(e);
+                    }
+                    // SAFETY: `channel` is a live `ChanObj`; C does not write its refcnt.
+                    unsafe { (*channel).refcnt += 1 };
+                }
+                Ok(cq)
             })();
             match made {
                 Ok(cq) => cq.cast(),
@@ -301,8 +321,16 @@ export!(
         let r = unsafe { device_of(context) }.and_then(|d| d.destroy_cq(id).map_err(|e| e.errno()));
         match r {
             Ok(()) => {
+                // SAFETY: as above; the context is live.
+                if let Some(ctx) = unsafe { ctx_of(context) } {
+                    ctx.verbs.unroute(id);
+                }
                 // SAFETY: made by `give` in `ibv_create_cq`; C gives it up with this call.
-                drop(unsafe { Box::from_raw(obj) });
+                let b = unsafe { Box::from_raw(obj) };
+                if !b.ibv.channel.is_null() {
+                    // SAFETY: a CQ's channel outlives it (destroying one in use is EBUSY).
+                    unsafe { (*b.ibv.channel).refcnt -= 1 };
+                }
                 0
             }
             Err(e) => e,
@@ -343,9 +371,20 @@ unsafe extern "C" fn poll_cq(cq: *mut sys::ibv_cq, num: c_int, wc: *mut sys::ibv
     c_int::try_from(done).unwrap_or(c_int::MAX)
 }
 
-/// `ops.req_notify_cq`: needs a completion channel, which is not offered yet.
-unsafe extern "C" fn req_notify_cq(_cq: *mut sys::ibv_cq, _solicited_only: c_int) -> c_int {
-    libc::EOPNOTSUPP
+/// `ops.req_notify_cq`: arms the CQ for one event on its channel.
+unsafe extern "C" fn req_notify_cq(cq: *mut sys::ibv_cq, solicited_only: c_int) -> c_int {
+    if cq.is_null() {
+        return libc::EINVAL;
+    }
+    // SAFETY: `cq` is a live `CqObj` (the verbs contract).
+    let (context, id) = unsafe { ((*cq.cast::<CqObj>()).ibv.context, (*cq.cast::<CqObj>()).id) };
+    // SAFETY: the CQ's context is live while the CQ is.
+    match unsafe { device_of(context) } {
+        Ok(d) => d
+            .req_notify_cq(id, solicited_only != 0)
+            .map_or_else(|e| e.errno(), |()| 0),
+        Err(e) => e,
+    }
 }
 
 /// A queue pair.
@@ -749,43 +788,95 @@ unsafe extern "C" fn post_recv(
     0
 }
 
+/// A completion channel: the C struct (its `fd` is the channel's eventfd) and the channel.
+#[repr(C)]
+struct ChanObj {
+    ibv: sys::ibv_comp_channel,
+    state: Arc<Channel>,
+}
+
 export!(
     "IBVERBS_1.0",
-    /// `ibv_create_comp_channel`: not offered yet (NULL, ENOSYS, and the reason on stderr).
+    /// `ibv_create_comp_channel`: its `fd` can be waited on with poll/epoll; starts the engine.
     fn ibv_create_comp_channel(context: *mut sys::ibv_context) -> *mut sys::ibv_comp_channel {
-        let _ = context;
-        eprintln!("libibverbs (roce-xdp): completion channels are not supported yet");
-        set_errno(libc::ENOSYS);
-        ptr::null_mut()
+        guard(ptr::null_mut(), || {
+            // SAFETY: `context` is NULL or a live context of ours.
+            let made = unsafe { device_of(context) }.and_then(|_| Channel::new());
+            match made {
+                Ok(state) => give(ChanObj {
+                    ibv: sys::ibv_comp_channel {
+                        context,
+                        fd: state.fd(),
+                        refcnt: 0,
+                    },
+                    state,
+                })
+                .cast(),
+                Err(e) => {
+                    set_errno(e);
+                    ptr::null_mut()
+                }
+            }
+        })
     }
 );
 
 export!(
     "IBVERBS_1.0",
-    /// `ibv_destroy_comp_channel`: there are none to destroy yet.
+    /// `ibv_destroy_comp_channel`: EBUSY while a CQ uses it.
     fn ibv_destroy_comp_channel(channel: *mut sys::ibv_comp_channel) -> c_int {
-        let _ = channel;
-        libc::EINVAL
+        if channel.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: `channel` is a live `ChanObj` of ours (the verbs contract).
+        if unsafe { (*channel).refcnt } > 0 {
+            return libc::EBUSY;
+        }
+        // SAFETY: made by `give`; C gives it up with this call.
+        drop(unsafe { Box::from_raw(channel.cast::<ChanObj>()) });
+        0
     }
 );
 
 export!(
     "IBVERBS_1.1",
-    /// `ibv_get_cq_event`: there are no completion channels yet.
+    /// `ibv_get_cq_event`: waits for the channel's next event (unless its fd was made
+    /// non-blocking: then -1 with EAGAIN) and names its CQ and the CQ's context. Re-arm the
+    /// CQ with `ibv_req_notify_cq` for the next one.
     fn ibv_get_cq_event(
         channel: *mut sys::ibv_comp_channel,
         cq: *mut *mut sys::ibv_cq,
         cq_context: *mut *mut c_void,
     ) -> c_int {
-        let _ = (channel, cq, cq_context);
-        set_errno(libc::ENOSYS);
-        -1
+        if channel.is_null() || cq.is_null() || cq_context.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: `channel` is a live `ChanObj` of ours.
+        let state = unsafe { Arc::clone(&(*channel.cast::<ChanObj>()).state) };
+        match state.next() {
+            Ok(handle) => {
+                let c = handle as *mut sys::ibv_cq;
+                // SAFETY: `handle` is the address of a live CQ routed to this channel (a CQ
+                // stops being routed before it is freed); the out pointers are the caller's.
+                unsafe {
+                    cq.write(c);
+                    cq_context.write((*c).cq_context);
+                }
+                0
+            }
+            Err(e) => {
+                set_errno(e);
+                -1
+            }
+        }
     }
 );
 
 export!(
     "IBVERBS_1.1",
-    /// `ibv_ack_cq_events`: nothing to acknowledge without completion channels.
+    /// `ibv_ack_cq_events`: acknowledges events; nothing here waits on the count (rdma-core's
+    /// `ibv_destroy_cq` does; ours stops the CQ's events when it unroutes it).
     fn ibv_ack_cq_events(cq: *mut sys::ibv_cq, nevents: u32) -> () {
         let _ = (cq, nevents);
     }
