@@ -36,6 +36,10 @@ pub const GLOBAL_FLAGS: &str = "ROCE_FLAGS";
 
 /// Flag: drop RoCE packets for QPs that are not in [`MAP_QPS`] instead of passing them.
 pub const FLAG_DROP_FOREIGN: u32 = 1 << 0;
+/// Flag, in [`LoadInfo`] only: a process loaded roce_xdp for itself (a device opened through
+/// the API or the drop-in libibverbs) and holds its XDP link instead of pinning it, so the
+/// kernel detaches the program when that process ends, even on SIGKILL.
+pub const FLAG_PROCESS_HELD: u32 = 1 << 1;
 
 /// Capacity of [`MAP_XSKS`]: RX queues served.
 pub const MAX_QUEUES: u32 = 64;

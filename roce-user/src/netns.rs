@@ -84,6 +84,24 @@ pub fn ip_in(netns: &str, args: &[&str]) -> Result<Output, NetnsError> {
     run("ip", &all)
 }
 
+/// The name of the network namespace the calling thread is in, found as `ip netns identify`
+/// finds it: the entry of `/var/run/netns` that is the same namespace (same device and inode).
+/// Call it to record where a program was started with `ip netns exec NAME`; `None` in an
+/// unnamed namespace.
+#[must_use]
+pub fn identify() -> Option<String> {
+    use std::os::unix::fs::MetadataExt;
+    let own = std::fs::metadata("/proc/thread-self/ns/net").ok()?;
+    std::fs::read_dir("/var/run/netns")
+        .ok()?
+        .filter_map(Result::ok)
+        .find(|e| {
+            e.metadata()
+                .is_ok_and(|m| m.dev() == own.dev() && m.ino() == own.ino())
+        })
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+}
+
 /// Moves the calling thread into network namespace `name` (as made by `ip netns add`).
 /// Call it on a thread of its own, or first thing in `main` before any other thread starts.
 ///

@@ -88,6 +88,20 @@ pub fn spawn_in(ns: &str, program: &std::path::Path, args: &[String]) -> Reaper 
     Reaper(Some(c))
 }
 
+/// Spawns `cmd` (any program) with its output piped, killed on drop like a `roce` child.
+///
+/// # Panics
+/// When it cannot be started.
+#[must_use]
+pub fn spawn_command(mut cmd: Command) -> Reaper {
+    let c = cmd
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    Reaper(Some(c))
+}
+
 /// Waits for the child to exit and returns what it printed.
 ///
 /// # Panics

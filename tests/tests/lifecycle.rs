@@ -3,7 +3,6 @@
 //! endpoint serves again. Root; namespaces made here.
 
 use std::{
-    path::Path,
     process::{Child, Command, Stdio},
     thread,
     time::{Duration, Instant},
@@ -82,9 +81,8 @@ fn sigterm_while_waiting_for_a_peer_leaves_nothing_behind() {
     wait_for(
         "the server to load roce_xdp",
         Duration::from_secs(10),
-        || pin_dir(&b.ifname).join("link").exists(),
+        || xdp_attached(&b.netns, &b.ifname),
     );
-    assert!(xdp_attached(&b.netns, &b.ifname));
     thread::sleep(Duration::from_millis(300)); // now blocked in accept()
     signal(&server.0, nix::sys::signal::Signal::SIGTERM);
     let code = wait_exit(&mut server, Duration::from_secs(8));
@@ -150,7 +148,7 @@ fn sigint_mid_transfer_flushes_and_detaches() {
 }
 
 #[test]
-fn after_sigkill_unload_recovers_and_a_restarted_endpoint_serves() {
+fn after_sigkill_the_kernel_detaches_and_a_restarted_endpoint_serves() {
     require_root();
     let pair = VethPair::new(
         &tag("lk"),
@@ -165,18 +163,31 @@ fn after_sigkill_unload_recovers_and_a_restarted_endpoint_serves() {
     wait_for(
         "the server to load roce_xdp",
         Duration::from_secs(10),
-        || pin_dir(&b.ifname).join("link").exists(),
+        || xdp_attached(&b.netns, &b.ifname) && pin_dir(&b.ifname).join("ROCE_INFO").exists(),
     );
+    // An endpoint holds the link of the roce_xdp it loaded instead of pinning it.
+    assert!(!pin_dir(&b.ifname).join("link").exists());
     signal(&server.0, nix::sys::signal::Signal::SIGKILL);
     let _ = wait_exit(&mut server, Duration::from_secs(5));
-    // The pinned link keeps roce_xdp attached; a new endpoint reuses it and its stale entries.
-    assert!(xdp_attached(&b.netns, &b.ifname));
-    let o = Command::new(roce_bin())
-        .args(["--netns", &b.netns, "load", "-i", &b.ifname])
+    // The kernel detached the program with the process; its map pins wait for the next load.
+    wait_for(
+        "the kernel to detach roce_xdp",
+        Duration::from_secs(5),
+        || !xdp_attached(&b.netns, &b.ifname),
+    );
+    let status = Command::new(roce_bin())
+        .args(["status", "-j"])
         .output()
         .unwrap();
-    assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("already loaded"));
+    let status: serde_json::Value = serde_json::from_slice(&status.stdout).unwrap();
+    let held = status
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["ifname"] == b.ifname.as_str())
+        .map(|s| s["held"].clone());
+    assert_eq!(held, Some(serde_json::json!("stale")), "{status}");
+    // A restarted endpoint loads afresh over the stale pins and serves.
     let server = spawn(&b.netns, &format!("pingpong -n 50 -d {}", b.ifname));
     thread::sleep(Duration::from_millis(500));
     let client = Command::new(roce_bin())
@@ -199,14 +210,13 @@ fn after_sigkill_unload_recovers_and_a_restarted_endpoint_serves() {
     );
     let mut server = server;
     assert_eq!(wait_exit(&mut server, Duration::from_secs(10)), Some(0));
-    // The restarted server did not load the program, so it left it attached: unload recovers.
-    let o = Command::new(roce_bin())
-        .args(["unload", "-i", &b.ifname])
-        .output()
-        .unwrap();
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    assert!(!Path::new(&pin_dir(&b.ifname)).exists());
-    assert!(!xdp_attached(&b.netns, &b.ifname));
-    // The client loaded its own and removed it on exit.
-    assert!(!pin_dir(&a.ifname).exists());
+    // Both endpoints loaded their own roce_xdp and removed it on exit.
+    for end in [&a, &b] {
+        assert!(!pin_dir(&end.ifname).exists(), "pins on {}", end.ifname);
+        assert!(
+            !xdp_attached(&end.netns, &end.ifname),
+            "XDP on {}",
+            end.ifname
+        );
+    }
 }

@@ -383,3 +383,156 @@ fn ibv_rc_pingpong_runs_on_the_library_at_both_ends() {
         );
     }
 }
+
+/// `ip netns exec NS PROGRAM` with the library on LD_LIBRARY_PATH and ROCE_DEVICES naming
+/// `end`'s interface, as a child killed on drop.
+fn ip_netns_exec_spawn(end: &VethEnd, prog: &[&str]) -> roce_tests::child::Reaper {
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", &end.netns, "env"]);
+    c.arg(format!("LD_LIBRARY_PATH={}", lib_dir().display()));
+    c.arg(format!("ROCE_DEVICES={}", end.ifname));
+    c.args(prog);
+    roce_tests::child::spawn_command(c)
+}
+
+/// Whether an XDP program is attached to `end`'s interface (`ip link` says `xdp`).
+fn xdp_attached(end: &VethEnd) -> bool {
+    let o = Command::new("ip")
+        .args(["-n", &end.netns, "link", "show", &end.ifname])
+        .output()
+        .expect("ip link");
+    String::from_utf8_lossy(&o.stdout).contains("xdp")
+}
+
+/// Polls `cond` every 50 ms for at most `secs` seconds.
+fn wait_until(what: &str, secs: u64, cond: impl Fn() -> bool) {
+    let end = std::time::Instant::now() + std::time::Duration::from_secs(secs);
+    while !cond() {
+        assert!(
+            std::time::Instant::now() < end,
+            "timed out waiting for {what}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+}
+
+/// Programs started the way people start RDMA programs in namespaces, `ip netns exec NS`
+/// (a mount namespace of their own where /sys/fs/bpf is hidden), with nothing loaded
+/// beforehand: both ends attach roce_xdp through the host's bpffs, ping-pong, and leave the
+/// interfaces as they were. `roce` itself loads under `ip netns exec` too, pinning in the
+/// host's /sys/fs/bpf and recording the namespace's name.
+#[test]
+fn programs_started_with_ip_netns_exec_attach_and_release() {
+    require_root();
+    let pair = veth_pair("vb4", 173);
+    let (a, b) = (&pair.a, &pair.b);
+    let (ga, gb) = (ipv4_gid_index(a), ipv4_gid_index(b));
+    let dev = |e: &VethEnd| format!("roce_{}", e.ifname);
+    let (da, db) = (dev(a), dev(b));
+    let server = ip_netns_exec_spawn(
+        a,
+        &[
+            "ibv_rc_pingpong",
+            "-d",
+            &da,
+            "-g",
+            &ga,
+            "-p",
+            "18650",
+            "-n",
+            "100",
+        ],
+    );
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let ip = a.ipv4.to_string();
+    let client = ip_netns_exec_spawn(
+        b,
+        &[
+            "ibv_rc_pingpong",
+            "-d",
+            &db,
+            "-g",
+            &gb,
+            "-p",
+            "18650",
+            "-n",
+            "100",
+            &ip,
+        ],
+    );
+    let limit = std::time::Duration::from_secs(60);
+    let c = roce_tests::child::finish_within(client, limit, "client");
+    let s = roce_tests::child::finish_within(server, limit, "server");
+    for o in [&c, &s] {
+        assert!(o.status.success(), "{}", text(o));
+        assert!(text(o).contains("100 iters in"), "{}", text(o));
+    }
+    for end in [a, b] {
+        assert!(!xdp_attached(end), "roce_xdp left on {}", end.ifname);
+        assert!(
+            !std::path::Path::new(&format!("/sys/fs/bpf/roce/{}", end.ifname)).exists(),
+            "pins left behind"
+        );
+    }
+
+    // `roce load` under `ip netns exec`: the pins are the host's.
+    let roce_in = |args: &[&str]| {
+        Command::new("ip")
+            .args(["netns", "exec", &a.netns])
+            .arg(roce_bin())
+            .args(args)
+            .output()
+            .expect("ip netns exec roce")
+    };
+    let o = roce_in(&["load", "-i", &a.ifname, "-m", "skb"]);
+    assert!(o.status.success(), "{}", text(&o));
+    let linked = std::path::Path::new(&format!("/sys/fs/bpf/roce/{}/link", a.ifname)).exists();
+    let status: serde_json::Value =
+        serde_json::from_str(&roce_ok(&["-j", "status"])).expect("status JSON");
+    let o = roce_in(&["unload", "-i", &a.ifname]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(linked, "the link is not pinned in the host's bpffs");
+    let row = status
+        .as_array()
+        .and_then(|r| r.iter().find(|s| s["ifname"] == a.ifname.as_str()))
+        .unwrap_or_else(|| panic!("{status}"));
+    assert_eq!(row["netns"], a.netns.as_str(), "{status}");
+    assert_eq!(row["held"], "pin", "{status}");
+    assert!(!xdp_attached(a));
+}
+
+/// A program killed with SIGKILL while it holds a device leaves no XDP program behind (the
+/// library holds roce_xdp's link instead of pinning it, so the kernel detaches it with the
+/// process); `roce status` shows its leftover map pins as stale, and the next program on the
+/// interface loads afresh over them and runs.
+#[test]
+fn a_killed_program_leaves_no_xdp_program_behind() {
+    require_root();
+    let pair = veth_pair("vb5", 174);
+    let (a, b) = (&pair.a, &pair.b);
+    let ga = ipv4_gid_index(a);
+    let da = format!("roce_{}", a.ifname);
+    let mut server =
+        ip_netns_exec_spawn(a, &["ibv_rc_pingpong", "-d", &da, "-g", &ga, "-p", "18651"]);
+    wait_until("the server to attach roce_xdp", 20, || xdp_attached(a));
+    server.kill().expect("SIGKILL the server");
+    wait_until("the kernel to detach roce_xdp", 10, || !xdp_attached(a));
+    let status: serde_json::Value =
+        serde_json::from_str(&roce_ok(&["-j", "status"])).expect("status JSON");
+    let row = status
+        .as_array()
+        .and_then(|r| r.iter().find(|s| s["ifname"] == a.ifname.as_str()))
+        .unwrap_or_else(|| panic!("{status}"));
+    assert_eq!(row["held"], "stale", "{status}");
+    let (c, s) = rc_pingpong(&pair, 18652, &["-n", "50"]);
+    for out in [&c, &s] {
+        assert!(out.contains("50 iters in"), "{out}");
+    }
+    for end in [a, b] {
+        assert!(!xdp_attached(end), "roce_xdp left on {}", end.ifname);
+        assert!(
+            !std::path::Path::new(&format!("/sys/fs/bpf/roce/{}", end.ifname)).exists(),
+            "pins left behind"
+        );
+    }
+}

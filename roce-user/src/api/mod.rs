@@ -82,7 +82,7 @@ use self::{
 };
 use crate::engine::{
     driver::{INBOX_SLOTS, Inbox, Inline, Shared, TransportHandler},
-    exit::{LiveDevice, process_alive, register_live, unregister_live},
+    exit::{LiveDevice, register_live, unregister_live},
     publish::Publisher,
 };
 pub use crate::engine::{exit::release_all_for_exit, publish::PUBLISH_EVERY};
@@ -202,6 +202,8 @@ pub struct Device {
     inline: Option<Arc<Inline>>,
     inline_thread: Option<std::thread::JoinHandle<()>>,
     loaded_here: bool,
+    /// The XDP link of a roce_xdp this device loaded: dropping it detaches the program.
+    held: Option<loader::HeldLink>,
     bind_modes: Vec<(u32, BindMode)>,
     qpns: Arc<Mutex<Vec<u32>>>,
     live_id: u64,
@@ -239,18 +241,20 @@ impl Device {
         loader::require_root()?;
         let info = IfInfo::query(ifname)?;
         let pins = Pins::new(ifname);
-        let loaded_here = if pins.load_info().is_ok() {
-            false
+        // roce_xdp loaded for this device alone is held, not pinned: the kernel detaches it
+        // when the process ends, however it ends.
+        let held = if pins.is_attached() {
+            None
         } else {
             let lo = LoadOptions {
                 mode: opts.mode,
-                netns: opts.netns.clone(),
+                netns: opts.netns.clone().or_else(crate::netns::identify),
                 ..LoadOptions::default()
             };
-            loader::load(ifname, &lo)?;
-            true
+            Some(loader::load_held(ifname, &lo)?.1)
         };
-        let result = Self::start(info, pins.clone(), opts, loaded_here);
+        let loaded_here = held.is_some();
+        let result = Self::start(info, pins.clone(), opts, held);
         if result.is_err() && loaded_here {
             let _ = loader::unload(ifname);
         }
@@ -261,8 +265,9 @@ impl Device {
         info: IfInfo,
         pins: Pins,
         opts: &DeviceOptions,
-        loaded_here: bool,
+        held: Option<loader::HeldLink>,
     ) -> Result<Self, ApiError> {
+        let loaded_here = held.is_some();
         let mut config = opts.transport.clone();
         config
             .cc
@@ -412,6 +417,7 @@ impl Device {
             inline,
             inline_thread,
             loaded_here,
+            held,
             bind_modes,
             qpns,
             live_id,
@@ -724,7 +730,7 @@ impl Device {
                 return Err(ApiError::NoQpn(self.info.ifname.clone()));
             }
             let owner = qps.get(&n, 0).map_or(0, |e| e.owner);
-            if owner == 0 || owner == me || !process_alive(owner) {
+            if owner == 0 || owner == me || !loader::process_alive(owner) {
                 drop(qps);
                 self.pins.add_qp(n, me)?;
                 self.qpns
@@ -1056,6 +1062,7 @@ impl Device {
         if std::mem::take(&mut self.loaded_here) {
             let _ = loader::unload(&self.info.ifname);
         }
+        drop(self.held.take());
         unregister_live(self.live_id);
     }
 }

@@ -46,8 +46,9 @@ pub struct Cli {
     /// as in ibv_rc_pingpong and perftest.
     #[arg(long, global = true)]
     pub pretty: bool,
-    /// Run in the network namespace NAME (from `ip netns add`) without leaving the mount
-    /// namespace, so pins stay under the host's /sys/fs/bpf. Use this instead of `ip netns exec`.
+    /// Run in the network namespace NAME (from `ip netns add`), as `ip netns exec NAME roce ...`
+    /// does (which also works: pins then go to the host's /sys/fs/bpf through another mount
+    /// namespace's view).
     #[arg(long, global = true, value_name = "NAME")]
     pub netns: Option<String>,
     /// What to do.
@@ -241,6 +242,8 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
     if let Some(ns) = &cli.netns {
         roce::netns::enter(ns)?;
     }
+    // Under `ip netns exec NAME`, record NAME as `--netns NAME` would.
+    let netns = cli.netns.clone().or_else(roce::netns::identify);
     install_signal_handling();
     match cli.command {
         Command::Load {
@@ -248,14 +251,14 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             mode,
             port,
             drop_foreign,
-        } => xdp::load(out, &iface, mode, port, drop_foreign, cli.netns),
+        } => xdp::load(out, &iface, mode, port, drop_foreign, netns),
         Command::Unload { iface } => xdp::unload(out, &iface),
         Command::Status => xdp::status(out),
         Command::Stats(args) => xdp::stats(out, &args),
         Command::Demo { count, mode } => demo::run(out, count, mode),
         Command::Gen(args) => r#gen::run(out, &args),
-        Command::Pingpong(args) => pingpong::run(out, &args, cli.netns),
-        Command::Perf(args) => perf::run(out, &args, cli.netns),
+        Command::Pingpong(args) => pingpong::run(out, &args, netns),
+        Command::Perf(args) => perf::run(out, &args, netns),
         Command::Gids { iface } => gids(out, &iface),
         Command::Impair(args) => impair::run(out, &args),
         Command::Plot(args) => plot::run(out, &args),

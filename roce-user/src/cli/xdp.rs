@@ -75,17 +75,18 @@ pub(crate) fn status(out: Output) -> anyhow::Result<()> {
     } else {
         let _ = writeln!(
             text,
-            "{:<16} {:<16} {:<7} {:>8} {:>8} {:>6} {:>5}  PINS",
-            "INTERFACE", "NETNS", "MODE", "PROG_ID", "LINK_ID", "PORT", "QPS"
+            "{:<16} {:<16} {:<7} {:<7} {:>8} {:>8} {:>6} {:>5}  PINS",
+            "INTERFACE", "NETNS", "MODE", "HELD_BY", "PROG_ID", "LINK_ID", "PORT", "QPS"
         );
         for s in &all {
             let opt = |v: Option<u32>| v.map_or_else(|| "-".to_owned(), |v| v.to_string());
             let _ = writeln!(
                 text,
-                "{:<16} {:<16} {:<7} {:>8} {:>8} {:>6} {:>5}  {}",
+                "{:<16} {:<16} {:<7} {:<7} {:>8} {:>8} {:>6} {:>5}  {}",
                 s.ifname,
                 s.netns.as_deref().unwrap_or("-"),
                 s.mode.map_or("?", AttachMode::as_str),
+                s.held.as_str(),
                 opt(s.prog_id),
                 opt(s.link_id),
                 s.port,

@@ -63,7 +63,3 @@ pub fn release_all_for_exit() {
         }
     }
 }
-
-pub(crate) fn process_alive(pid: u32) -> bool {
-    pid != 0 && std::path::Path::new(&format!("/proc/{pid}")).exists()
-}

@@ -5,7 +5,8 @@ use std::{sync::Arc, time::Duration};
 
 use roce_common::maps::{BIND_COPY, BIND_ZEROCOPY, QpStatsRecord, XskQueueRecord};
 
-use super::{driver::Shared, exit::process_alive};
+use super::driver::Shared;
+use crate::loader::process_alive;
 use crate::{
     loader::{LoadError, Pins},
     transport::{self, DeviceCounters},

@@ -35,10 +35,16 @@ use super::{
 /// Where all roce_impair pins live.
 pub const IMPAIR_PIN_ROOT: &str = "/sys/fs/bpf/roce-impair";
 
-/// The pin directory of an interface: `/sys/fs/bpf/roce-impair/<ifname>`.
+/// Where roce_impair's pins are seen from this process ([`pins::reachable`]).
+#[must_use]
+pub fn pin_root() -> PathBuf {
+    pins::reachable(IMPAIR_PIN_ROOT)
+}
+
+/// The pin directory of an interface: `/sys/fs/bpf/roce-impair/<ifname>`, below [`pin_root`].
 #[must_use]
 pub fn pin_dir(ifname: &str) -> PathBuf {
-    Path::new(IMPAIR_PIN_ROOT).join(ifname)
+    pin_root().join(ifname)
 }
 
 /// Why an impair operation failed.
@@ -243,14 +249,6 @@ pub struct ApplyReport {
     pub pin_dir: String,
 }
 
-fn check_bpffs() -> Result<(), ImpairError> {
-    if pins::is_bpffs("/sys/fs/bpf") {
-        Ok(())
-    } else {
-        Err(LoadError::NoBpfFs.into())
-    }
-}
-
 fn open_map(dir: &Path, ifname: &str, name: &str) -> Result<aya::maps::Map, ImpairError> {
     let path = dir.join(name);
     if !path.exists() {
@@ -288,9 +286,9 @@ pub fn apply(ifname: &str, settings: &ImpairSettings) -> Result<ApplyReport, Imp
     if IMPAIR_OBJECT.is_empty() {
         return Err(LoadError::StubObject.into());
     }
-    check_bpffs()?;
+    loader::ensure_bpffs()?;
     let (prog_id, link_id) =
-        pins::populate_fresh(&dir, IMPAIR_PIN_ROOT, |dir| attach(ifname, config, dir))?;
+        pins::populate_fresh(&dir, &pin_root(), |dir| attach(ifname, config, dir))?;
     Ok(ApplyReport {
         ifname: ifname.to_owned(),
         attached: true,
@@ -357,7 +355,7 @@ pub fn off(ifname: &str) -> Result<OffReport, ImpairError> {
     if !dir.is_dir() {
         return Err(ImpairError::NotAttached(ifname.to_owned()));
     }
-    let pins::Detached { detached, removed } = pins::detach(&dir, IMPAIR_PIN_ROOT)?;
+    let pins::Detached { detached, removed } = pins::detach(&dir, &pin_root())?;
     Ok(OffReport {
         ifname: ifname.to_owned(),
         detached,

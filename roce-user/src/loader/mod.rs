@@ -13,7 +13,7 @@ pub mod impair;
 mod pins;
 mod xdp;
 
-pub use pins::PIN_LINK;
+pub use pins::{BPFFS, PIN_LINK, bpffs, reachable};
 pub use xdp::*;
 
 /// The eBPF object built by build.rs (empty when built with `AYA_BUILD_SKIP=1`).

@@ -3,9 +3,17 @@
 //! roce_impair), holding map pins and the pinned link (`link`) that keeps the program attached
 //! after the loading process exits. Unpinning the link detaches the program.
 //!
+//! The BPF filesystem is found by [`bpffs`]: `/sys/fs/bpf` itself, or, for a process started
+//! with `ip netns exec` (which gives it a mount namespace of its own and remounts `/sys`, hiding
+//! the host's bpffs), the host's bpffs seen through the root of a process outside that mount
+//! namespace, so pins made or read there are the host's pins.
+//!
 //! This is an I/O edge: it talks to the kernel through aya, nix and the BPF filesystem.
 
-use std::{fs, io, path::Path};
+use std::{
+    fs, io,
+    path::{Path, PathBuf},
+};
 
 use aya::programs::links::{FdLink, PinnedLink};
 
@@ -23,9 +31,81 @@ pub(super) fn io_err(what: &'static str, path: &Path) -> impl FnOnce(io::Error) 
     move |source| LoadError::Io { what, path, source }
 }
 
+/// Where the BPF filesystem is mounted on a host: every pin root lies below it.
+pub const BPFFS: &str = "/sys/fs/bpf";
+
 /// Whether a BPF filesystem is mounted at `path` (pins can only live on one).
-pub(super) fn is_bpffs(path: &str) -> bool {
-    nix::sys::statfs::statfs(path).is_ok_and(|s| s.filesystem_type().0 == BPF_FS_MAGIC)
+pub(super) fn is_bpffs(path: impl AsRef<Path>) -> bool {
+    nix::sys::statfs::statfs(path.as_ref()).is_ok_and(|s| s.filesystem_type().0 == BPF_FS_MAGIC)
+}
+
+/// The host's BPF filesystem as this process can reach it: [`BPFFS`] when a bpffs is mounted
+/// there; otherwise, when this process lives in a mount namespace of its own (`ip netns exec`
+/// unshares one and remounts `/sys` for the network namespace, so `/sys/fs/bpf` is an empty
+/// directory of sysfs), the same path through `/proc/PID/root` of a process in another mount
+/// namespace whose `/sys/fs/bpf` is a bpffs. The nearest ancestor is tried first (the shell
+/// that ran `ip netns exec`), then PID 1, then any other process: a program started in the
+/// background has been handed to PID 1 or a subreaper, and PID 1's root is closed to us in a
+/// container or a microVM whose init is not Linux's. Path lookup follows that magic link into
+/// the other namespace's mounts, so pins made through it are the host's own and outlive this
+/// process. `None` when no bpffs is reachable.
+///
+/// Call before creating or reading pins; the answer can change when a bpffs is mounted.
+#[must_use]
+pub fn bpffs() -> Option<PathBuf> {
+    if is_bpffs(BPFFS) {
+        return Some(BPFFS.into());
+    }
+    let rel = BPFFS.trim_start_matches('/');
+    let own_ns = fs::read_link("/proc/self/ns/mnt").ok();
+    let through = |pid: u32| {
+        let proc = PathBuf::from(format!("/proc/{pid}"));
+        let other = fs::read_link(proc.join("ns/mnt")).ok();
+        let path = proc.join("root").join(rel);
+        (other.is_some() && other != own_ns && is_bpffs(&path)).then_some(path)
+    };
+    let mut pid = std::os::unix::process::parent_id();
+    for _ in 0..64 {
+        if pid <= 1 {
+            break;
+        }
+        if let Some(p) = through(pid) {
+            return Some(p);
+        }
+        match parent_of(pid) {
+            Some(p) => pid = p,
+            None => break,
+        }
+    }
+    if let Some(p) = through(1) {
+        return Some(p);
+    }
+    fs::read_dir("/proc")
+        .ok()?
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .find_map(through)
+}
+
+/// The parent of process `pid` (`/proc/PID/stat`, the field after the parenthesised name).
+fn parent_of(pid: u32) -> Option<u32> {
+    let stat = fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?
+        .1
+        .split_whitespace()
+        .nth(1)?
+        .parse()
+        .ok()
+}
+
+/// `host_path`, a path below [`BPFFS`] as the host sees it, as this process reaches it (below
+/// [`bpffs`]); `host_path` itself when no bpffs is reachable, where nothing will be found and
+/// loading says why.
+#[must_use]
+pub fn reachable(host_path: &str) -> PathBuf {
+    match (bpffs(), host_path.strip_prefix(BPFFS)) {
+        (Some(fs), Some(rest)) => fs.join(rest.trim_start_matches('/')),
+        _ => host_path.into(),
+    }
 }
 
 /// Runs `populate` on a fresh, empty pin directory `dir` (below `root`). A directory without a
@@ -37,7 +117,7 @@ pub(super) fn is_bpffs(path: &str) -> bool {
 /// The directory cannot be cleared or created, or `populate` failed.
 pub(super) fn populate_fresh<T, E: From<LoadError>>(
     dir: &Path,
-    root: &str,
+    root: &Path,
     populate: impl FnOnce(&Path) -> Result<T, E>,
 ) -> Result<T, E> {
     if dir.exists() {
@@ -81,7 +161,7 @@ pub(super) fn link_ids(dir: &Path) -> (Option<u32>, Option<u32>) {
 ///
 /// # Errors
 /// A pin or the directory cannot be read or removed.
-pub(super) fn remove_pins(dir: &Path, root: &str) -> Result<Vec<String>, LoadError> {
+pub(super) fn remove_pins(dir: &Path, root: &Path) -> Result<Vec<String>, LoadError> {
     let mut removed = Vec::new();
     for entry in fs::read_dir(dir).map_err(io_err("read", dir))? {
         let entry = entry.map_err(io_err("read", dir))?;
@@ -110,7 +190,7 @@ pub(super) struct Detached {
 ///
 /// # Errors
 /// The link or a pin cannot be opened or removed.
-pub(super) fn detach(dir: &Path, root: &str) -> Result<Detached, LoadError> {
+pub(super) fn detach(dir: &Path, root: &Path) -> Result<Detached, LoadError> {
     let link_path = dir.join(PIN_LINK);
     let mut detached = false;
     if link_path.exists() {
@@ -125,4 +205,25 @@ pub(super) fn detach(dir: &Path, root: &str) -> Result<Detached, LoadError> {
         removed.sort();
     }
     Ok(Detached { detached, removed })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parents_are_read_from_proc() {
+        let me = std::process::id();
+        assert_eq!(parent_of(me), Some(std::os::unix::process::parent_id()));
+        assert_eq!(parent_of(u32::MAX), None);
+    }
+
+    #[test]
+    fn host_paths_map_below_the_reachable_bpffs() {
+        // Outside /sys/fs/bpf a path is left as it is.
+        assert_eq!(reachable("/tmp/x"), PathBuf::from("/tmp/x"));
+        if let Some(fs) = bpffs() {
+            assert_eq!(reachable("/sys/fs/bpf/roce"), fs.join("roce"));
+        }
+    }
 }

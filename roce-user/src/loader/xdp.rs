@@ -22,9 +22,9 @@ use roce_common::{
     ROCE_V2_UDP_PORT,
     counters::XdpStats,
     maps::{
-        FLAG_DROP_FOREIGN, GLOBAL_FLAGS, GLOBAL_UDP_PORT, LoadInfo, MAP_DEV_STATS, MAP_INFO,
-        MAP_QP_STATS, MAP_QPS, MAP_XDP_STATS, MAP_XSK_STATS, MAP_XSKS, MODE_NATIVE, MODE_SKB,
-        PROG_ROCE_XDP, QpEntry, QpStatsRecord, XskQueueRecord,
+        FLAG_DROP_FOREIGN, FLAG_PROCESS_HELD, GLOBAL_FLAGS, GLOBAL_UDP_PORT, LoadInfo,
+        MAP_DEV_STATS, MAP_INFO, MAP_QP_STATS, MAP_QPS, MAP_XDP_STATS, MAP_XSK_STATS, MAP_XSKS,
+        MODE_NATIVE, MODE_SKB, PROG_ROCE_XDP, QpEntry, QpStatsRecord, XskQueueRecord,
     },
 };
 
@@ -35,6 +35,13 @@ use super::{
 
 /// Where all roce-xdp pins live.
 pub const PIN_ROOT: &str = "/sys/fs/bpf/roce";
+
+/// Where roce_xdp's pins are seen from this process: [`PIN_ROOT`], reached through another
+/// mount namespace under `ip netns exec` ([`pins::bpffs`]).
+#[must_use]
+pub fn pin_root() -> PathBuf {
+    pins::reachable(PIN_ROOT)
+}
 /// How to attach the XDP program.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default, clap::ValueEnum, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
@@ -93,6 +100,12 @@ pub struct LoadOptions {
     /// Name of the network namespace the caller entered, recorded for `roce status`.
     pub netns: Option<String>,
 }
+
+/// The XDP link of a roce_xdp that a process loaded for itself ([`load_held`]): the program
+/// stays attached while this lives, and the kernel detaches it when it is dropped or the
+/// process ends, however it ends.
+#[derive(Debug)]
+pub struct HeldLink(#[allow(dead_code)] FdLink);
 
 impl Default for LoadOptions {
     fn default() -> Self {
@@ -163,8 +176,8 @@ pub enum LoadError {
     NoLink(String),
     /// bpffs is not mounted where the pins go.
     #[error(
-        "no BPF filesystem at /sys/fs/bpf in this mount namespace (under `ip netns exec`? it remounts \
-         /sys: use `roce --netns NAME` instead, or `mount -t bpf bpf /sys/fs/bpf`)"
+        "no BPF filesystem at /sys/fs/bpf, here or in the mount namespace of a parent process \
+         (mount one on the host with `mount -t bpf bpf /sys/fs/bpf`)"
     )]
     NoBpfFs,
     /// The eBPF object could not be loaded (verifier, maps, BTF).
@@ -198,10 +211,10 @@ pub enum LoadError {
     Missing(&'static str),
 }
 
-/// The pin directory of an interface: `/sys/fs/bpf/roce/<ifname>`.
+/// The pin directory of an interface: `/sys/fs/bpf/roce/<ifname>`, below [`pin_root`].
 #[must_use]
 pub fn pin_dir(ifname: &str) -> PathBuf {
-    Path::new(PIN_ROOT).join(ifname)
+    pin_root().join(ifname)
 }
 
 /// Checks that `name` can be an interface name (and a safe path component).
@@ -244,10 +257,12 @@ pub fn ifindex(ifname: &str) -> Result<u32, LoadError> {
     nix::net::if_::if_nametoindex(ifname).map_err(|_| LoadError::NoSuchInterface(ifname.to_owned()))
 }
 
-/// Makes sure a BPF filesystem is mounted at /sys/fs/bpf. Mounts one only in the initial mount
-/// namespace; in a private one (such as `ip netns exec` makes) pins would vanish with the process.
-fn ensure_bpffs() -> Result<(), LoadError> {
-    if is_bpffs("/sys/fs/bpf") {
+/// Makes sure a BPF filesystem is reachable ([`pins::bpffs`]): the host's, directly or through
+/// another mount namespace under `ip netns exec`. Mounts one at /sys/fs/bpf only in the initial
+/// mount namespace (as systemd does at boot); in a private one a bpffs mounted there would
+/// vanish with the process, and its pins with it.
+pub(crate) fn ensure_bpffs() -> Result<(), LoadError> {
+    if pins::bpffs().is_some() {
         return Ok(());
     }
     let same_mnt_ns =
@@ -316,6 +331,27 @@ pub struct LoadReport {
 /// # Errors
 /// Not root, no such interface, already loaded, native mode refused, verifier or pin failures.
 pub fn load(ifname: &str, opts: &LoadOptions) -> Result<LoadReport, LoadError> {
+    load_with(ifname, opts, false).map(|(report, _)| report)
+}
+
+/// As [`load`], for a process that uses the interface itself: the maps are pinned (so `roce
+/// stats` and bpftool see the counters) but the link is not, and the returned [`HeldLink`]
+/// keeps the program attached. When the process ends without unloading, even on SIGKILL, the
+/// kernel detaches the program, and the next load clears the pins left behind.
+///
+/// # Errors
+/// As [`load`].
+pub fn load_held(ifname: &str, opts: &LoadOptions) -> Result<(LoadReport, HeldLink), LoadError> {
+    let (report, link) = load_with(ifname, opts, true)?;
+    let link = link.ok_or_else(|| LoadError::NoLink(ifname.to_owned()))?;
+    Ok((report, HeldLink(link)))
+}
+
+fn load_with(
+    ifname: &str,
+    opts: &LoadOptions,
+    held: bool,
+) -> Result<(LoadReport, Option<FdLink>), LoadError> {
     require_root()?;
     let ifindex = ifindex(ifname)?;
     if EBPF_OBJECT.is_empty() {
@@ -323,13 +359,15 @@ pub fn load(ifname: &str, opts: &LoadOptions) -> Result<LoadReport, LoadError> {
     }
     ensure_bpffs()?;
     let dir = pin_dir(ifname);
-    if dir.join(PIN_LINK).exists() {
+    if Pins::new(ifname).is_attached() {
         return Err(LoadError::AlreadyLoaded {
             ifname: ifname.to_owned(),
             dir: dir.display().to_string(),
         });
     }
-    pins::populate_fresh(&dir, PIN_ROOT, |dir| load_into(ifname, ifindex, opts, dir))
+    pins::populate_fresh(&dir, &pin_root(), |dir| {
+        load_into(ifname, ifindex, opts, dir, held)
+    })
 }
 
 fn load_into(
@@ -337,7 +375,8 @@ fn load_into(
     ifindex: u32,
     opts: &LoadOptions,
     dir: &Path,
-) -> Result<LoadReport, LoadError> {
+    held: bool,
+) -> Result<(LoadReport, Option<FdLink>), LoadError> {
     let port = u32::from(opts.port);
     let flags = if opts.drop_foreign {
         FLAG_DROP_FOREIGN
@@ -373,7 +412,11 @@ fn load_into(
                 ifindex,
                 mode: opts.mode.code(),
                 port,
-                flags,
+                flags: if held {
+                    flags | FLAG_PROCESS_HELD
+                } else {
+                    flags
+                },
                 loader_pid: std::process::id(),
                 reserved: 0,
                 loaded_at,
@@ -410,8 +453,12 @@ fn load_into(
     let fd_link: FdLink = link
         .try_into()
         .map_err(|_| LoadError::NoLink(ifname.to_owned()))?;
-    let kernel_link_id = pins::pin_link(fd_link, dir)?;
-    Ok(LoadReport {
+    let (kernel_link_id, held_link) = if held {
+        (fd_link.info()?.id(), Some(fd_link))
+    } else {
+        (pins::pin_link(fd_link, dir)?, None)
+    };
+    let report = LoadReport {
         ifname: ifname.to_owned(),
         ifindex,
         mode: opts.mode,
@@ -420,7 +467,8 @@ fn load_into(
         port: opts.port,
         drop_foreign: opts.drop_foreign,
         pin_dir: dir.display().to_string(),
-    })
+    };
+    Ok((report, held_link))
 }
 
 /// What [`unload`] did.
@@ -446,7 +494,7 @@ pub fn unload(ifname: &str) -> Result<UnloadReport, LoadError> {
     if !dir.is_dir() {
         return Err(LoadError::NotLoaded(ifname.to_owned()));
     }
-    let pins::Detached { detached, removed } = pins::detach(&dir, PIN_ROOT)?;
+    let pins::Detached { detached, removed } = pins::detach(&dir, &pin_root())?;
     Ok(UnloadReport {
         ifname: ifname.to_owned(),
         detached,
@@ -475,6 +523,8 @@ pub struct Status {
     pub drop_foreign: bool,
     /// PID of the loader.
     pub loader_pid: u32,
+    /// How the program stays attached.
+    pub held: Holder,
     /// Load time, Unix seconds.
     pub loaded_at: u64,
     /// Number of QPs registered in the QP map.
@@ -485,13 +535,45 @@ pub struct Status {
     pub pins: Vec<String>,
 }
 
+/// What keeps roce_xdp attached to an interface, as `roce status` shows it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Holder {
+    /// The pinned link (`roce load`): attached until `roce unload`.
+    Pin,
+    /// The process that loaded it for itself ([`load_held`]), which is alive.
+    Process,
+    /// Nothing: the process that held it ended without unloading, the kernel detached the
+    /// program, and these pins wait for the next load to clear them.
+    Stale,
+}
+
+impl Holder {
+    /// The word `roce status` prints.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Pin => "pin",
+            Self::Process => "process",
+            Self::Stale => "stale",
+        }
+    }
+}
+
+/// Whether process `pid` is alive (a claim or a load it made still stands).
+#[must_use]
+pub fn process_alive(pid: u32) -> bool {
+    pid != 0 && Path::new(&format!("/proc/{pid}")).exists()
+}
+
 /// Lists every interface with roce_xdp pins.
 ///
 /// # Errors
 /// Not root, or unreadable pins.
 pub fn status() -> Result<Vec<Status>, LoadError> {
     require_root()?;
-    let root = Path::new(PIN_ROOT);
+    let root = pin_root();
+    let root = root.as_path();
     if !root.is_dir() {
         return Ok(Vec::new());
     }
@@ -523,6 +605,13 @@ pub fn status() -> Result<Vec<Status>, LoadError> {
             port: info.port,
             drop_foreign: info.flags & FLAG_DROP_FOREIGN != 0,
             loader_pid: info.loader_pid,
+            held: if dir.join(PIN_LINK).exists() {
+                Holder::Pin
+            } else if info.flags & FLAG_PROCESS_HELD != 0 && process_alive(info.loader_pid) {
+                Holder::Process
+            } else {
+                Holder::Stale
+            },
             loaded_at: info.loaded_at,
             qps,
             pin_dir: dir.display().to_string(),
@@ -566,6 +655,17 @@ impl Pins {
         let map = aya::maps::Map::from_map_data(self.open(MAP_INFO)?)?;
         let arr: Array<MapData, LoadInfo> = Array::try_from(map)?;
         Ok(arr.get(&0, 0)?)
+    }
+
+    /// Whether roce_xdp is attached through these pins: by its pinned link (`roce load`), or
+    /// held by a live process that loaded it for itself ([`load_held`]). Pins without either
+    /// are what a killed process leaves; the next load clears them.
+    #[must_use]
+    pub fn is_attached(&self) -> bool {
+        self.dir.join(PIN_LINK).exists()
+            || self
+                .load_info()
+                .is_ok_and(|i| i.flags & FLAG_PROCESS_HELD != 0 && process_alive(i.loader_pid))
     }
 
     /// The XDP counters summed over all possible CPUs.

@@ -5,25 +5,22 @@
 //!    an explicit choice wins, and an interface named there that does not exist is left out
 //!    with a warning on stderr (a program then sees "no devices", as with no RDMA NIC);
 //! 2. otherwise every interface where `roce load` attached roce_xdp (a directory under
-//!    `/sys/fs/bpf/roce/` whose interface exists in this network namespace): the interfaces an
-//!    administrator prepared. A program started with `ip netns exec` has a /sys of its own
+//!    `/sys/fs/bpf/roce/` with a pinned link, whose interface exists in this network
+//!    namespace): the interfaces an administrator prepared. (A program that opens a device
+//!    loads roce_xdp for itself and holds its link instead of pinning it; such interfaces are
+//!    not listed to others.) A program started with `ip netns exec` has a /sys of its own
 //!    without the BPF filesystem; the pins are then read through the view of a process in
-//!    another mount namespace: `/proc/1/root/sys/fs/bpf/roce/`, or, where PID 1's root is
-//!    closed to us (a container or a microVM's init), that of the nearest ancestor process
-//!    in another mount namespace (the shell that ran `ip netns exec`).
+//!    another mount namespace (`roce::loader::bpffs`).
 //!
 //! A device is named `roce_<ifname>` (rxe names its devices `rxe<N>`; ours carry the interface
 //! so `-d` in perftest reads naturally), and its node GUID is the interface MAC as a modified
 //! EUI-64, as rxe derives it (`rxe_init_device_param`: `addrconf_addr_eui48`).
 
-use std::{
-    net::IpAddr,
-    path::{Path, PathBuf},
-};
+use std::{net::IpAddr, path::Path};
 
 use nix::net::if_::InterfaceFlags;
 use roce::{
-    loader::{PIN_ROOT, ifindex},
+    loader::{PIN_LINK, ifindex, pin_root},
     netinfo::IfInfo,
 };
 
@@ -41,51 +38,6 @@ pub fn interfaces() -> Vec<String> {
         &pin_root(),
         |i| ifindex(i).is_ok(),
     )
-}
-
-/// Where roce_xdp's pins are seen from here: [`PIN_ROOT`], else the same folder through
-/// another mount namespace's root (see the module doc), else [`PIN_ROOT`] (no pins).
-#[must_use]
-pub fn pin_root() -> PathBuf {
-    if Path::new(PIN_ROOT).is_dir() {
-        return PIN_ROOT.into();
-    }
-    let rel = PIN_ROOT.trim_start_matches('/');
-    let own_ns = std::fs::read_link("/proc/self/ns/mnt").ok();
-    let through = |pid: u32| {
-        let root = PathBuf::from(format!("/proc/{pid}"));
-        let other = std::fs::read_link(root.join("ns/mnt")).ok();
-        let pins = root.join("root").join(rel);
-        (other.is_some() && other != own_ns && pins.is_dir()).then_some(pins)
-    };
-    if let Some(p) = through(1) {
-        return p;
-    }
-    let mut pid = std::os::unix::process::parent_id();
-    for _ in 0..64 {
-        if pid <= 1 {
-            break;
-        }
-        if let Some(p) = through(pid) {
-            return p;
-        }
-        match parent_of(pid) {
-            Some(p) => pid = p,
-            None => break,
-        }
-    }
-    PIN_ROOT.into()
-}
-
-/// The parent of process `pid` (`/proc/PID/stat`, the field after the parenthesised name).
-fn parent_of(pid: u32) -> Option<u32> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?
-        .1
-        .split_whitespace()
-        .nth(1)?
-        .parse()
-        .ok()
 }
 
 /// [`interfaces`] with its inputs given: the value of [`DEVICES_ENV`], the pin root and
@@ -114,6 +66,7 @@ fn interfaces_from(env: Option<&str>, pins: &Path, is_if: impl Fn(&str) -> bool)
         .into_iter()
         .flatten()
         .flatten()
+        .filter(|e| e.path().join(PIN_LINK).exists())
         .filter_map(|e| e.file_name().into_string().ok())
         .filter(|i| exists(i))
         .collect();
@@ -219,11 +172,17 @@ mod tests {
         let (pins, net) = (dir.join("pins"), dir.join("net"));
         for d in [
             pins.join("eth1"),
+            pins.join("eth2"),
             pins.join("gone"),
             net.join("eth1"),
             net.join("eth2"),
         ] {
             std::fs::create_dir_all(d).unwrap();
+        }
+        // eth1 and gone were prepared by `roce load` (a pinned link); eth2's pins are held by a
+        // process for itself, or left by one that was killed.
+        for d in ["eth1", "gone"] {
+            std::fs::write(pins.join(d).join(PIN_LINK), b"").unwrap();
         }
         let is_if = |i: &str| net.join(i).exists();
         assert_eq!(interfaces_from(None, &pins, is_if), ["eth1"]);
@@ -233,13 +192,6 @@ mod tests {
         );
         assert!(interfaces_from(Some(""), &pins, is_if).is_empty());
         std::fs::remove_dir_all(&dir).unwrap();
-    }
-
-    #[test]
-    fn parents_are_read_from_proc() {
-        let me = std::process::id();
-        assert_eq!(parent_of(me), Some(std::os::unix::process::parent_id()));
-        assert_eq!(parent_of(u32::MAX), None);
     }
 
     #[test]

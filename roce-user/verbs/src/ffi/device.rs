@@ -173,12 +173,29 @@ export!(
     }
 );
 
+/// Registers, once, the exit handler that releases what the process's open devices set up
+/// in the kernel (pins, QPN claims, XSK map entries) when a program exits without closing
+/// its contexts, as programs do on their error paths. The XDP program itself goes with the
+/// process in any case (its link is held, not pinned); see `roce::api::release_all_for_exit`.
+fn release_at_exit() {
+    extern "C" fn on_exit() {
+        roce::api::release_all_for_exit();
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: `on_exit` is a plain function of this library that takes no arguments and
+        // does not unwind (release_all_for_exit ignores every error).
+        unsafe { libc::atexit(on_exit) };
+    });
+}
+
 export!(
     "IBVERBS_1.1",
     /// `ibv_open_device`: a context for the device. It reads the interface; nothing is
     /// attached yet (see the crate doc). NULL with errno ENODEV if the interface is gone.
     fn ibv_open_device(dev: *mut sys::ibv_device) -> *mut sys::ibv_context {
         guard(ptr::null_mut(), || {
+            release_at_exit();
             let Some(ifname) = ifname_of(dev) else {
                 set_errno(libc::EINVAL);
                 return ptr::null_mut();
