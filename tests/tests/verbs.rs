@@ -536,3 +536,81 @@ fn a_killed_program_leaves_no_xdp_program_behind() {
         );
     }
 }
+
+/// A second program on an interface whose queue a first program serves gets a clear error
+/// that says why and what to do (EBUSY from the bind, named with the first program's PID),
+/// and the first program is not disturbed: it still serves its client afterwards.
+#[test]
+fn a_second_program_on_a_taken_queue_is_told_why_and_the_first_goes_on() {
+    require_root();
+    let pair = veth_pair("vb6", 175);
+    let (a, b) = (&pair.a, &pair.b);
+    let (ga, gb) = (ipv4_gid_index(a), ipv4_gid_index(b));
+    let (da, db) = (format!("roce_{}", a.ifname), format!("roce_{}", b.ifname));
+    let server = ip_netns_exec_spawn(
+        a,
+        &[
+            "ibv_rc_pingpong",
+            "-d",
+            &da,
+            "-g",
+            &ga,
+            "-p",
+            "18653",
+            "-n",
+            "50",
+        ],
+    );
+    let first = server.pid();
+    // The server has bound its socket once it holds a QPN (it creates its QP before it
+    // listens).
+    wait_until("the server to create its QP", 20, || {
+        serde_json::from_str::<serde_json::Value>(&roce_ok(&["-j", "status"]))
+            .ok()
+            .and_then(|v| {
+                v.as_array()?
+                    .iter()
+                    .find(|s| s["ifname"] == a.ifname.as_str())
+                    .and_then(|s| s["qps"].as_u64())
+            })
+            .is_some_and(|n| n >= 1)
+    });
+    let second = ip_netns_exec(
+        a,
+        Some(&a.ifname),
+        &["ibv_rc_pingpong", "-d", &da, "-g", &ga, "-p", "18654"],
+    );
+    let out = text(&second);
+    assert!(!second.status.success(), "{out}");
+    assert!(
+        out.contains(&format!(
+            "queue 0 of {} is already served by another program's AF_XDP socket (roce-xdp process {first})",
+            a.ifname
+        )) && out.contains("one program per interface queue"),
+        "{out}"
+    );
+    let ip = a.ipv4.to_string();
+    let client = ip_netns_exec_spawn(
+        b,
+        &[
+            "ibv_rc_pingpong",
+            "-d",
+            &db,
+            "-g",
+            &gb,
+            "-p",
+            "18653",
+            "-n",
+            "50",
+            &ip,
+        ],
+    );
+    let limit = std::time::Duration::from_secs(60);
+    let c = roce_tests::child::finish_within(client, limit, "client");
+    let s = roce_tests::child::finish_within(server, limit, "server");
+    for o in [&c, &s] {
+        assert!(o.status.success(), "{}", text(o));
+        assert!(text(o).contains("50 iters in"), "{}", text(o));
+    }
+    assert!(!xdp_attached(a) && !xdp_attached(b));
+}

@@ -18,6 +18,22 @@ pub enum ApiError {
     /// An AF_XDP socket could not be opened.
     #[error("AF_XDP: {0}")]
     Xsk(#[from] XskError),
+    /// Another AF_XDP socket already serves an RX queue of the interface (bind gave `EBUSY`):
+    /// roce-xdp serves one process per interface queue.
+    #[error(
+        "queue {queue} of {ifname} is already served by another program's AF_XDP socket{}; \
+         roce-xdp serves one program per interface queue: end that program, or run this one \
+         on another interface",
+        holders_text(holders)
+    )]
+    QueueTaken {
+        /// The interface.
+        ifname: String,
+        /// The queue.
+        queue: u32,
+        /// PIDs of live roce-xdp processes on the interface, where they can be told.
+        holders: Vec<u32>,
+    },
     /// Interface facts could not be read.
     #[error(transparent)]
     NetInfo(#[from] NetInfoError),
@@ -120,6 +136,20 @@ pub enum ApiError {
     },
 }
 
+fn holders_text(pids: &[u32]) -> String {
+    match pids {
+        [] => String::new(),
+        [one] => format!(" (roce-xdp process {one})"),
+        _ => format!(
+            " (roce-xdp processes {})",
+            pids.iter()
+                .map(u32::to_string)
+                .collect::<Vec<_>>()
+                .join(", ")
+        ),
+    }
+}
+
 impl ApiError {
     /// The `errno` value a libibverbs call returns for this failure, for a C layer over this
     /// API: `EBUSY` for an object still in use ([`ApiError::PdBusy`], [`ApiError::CqBusy`]),
@@ -132,6 +162,7 @@ impl ApiError {
         match self {
             Self::PdBusy(_)
             | Self::CqBusy(_)
+            | Self::QueueTaken { .. }
             | Self::Device(DeviceError::PdInUse(_) | DeviceError::CqInUse(_)) => libc::EBUSY,
             Self::Device(
                 DeviceError::TooManyQps(_)

@@ -254,7 +254,7 @@ impl Device {
             Some(loader::load_held(ifname, &lo)?.1)
         };
         let loaded_here = held.is_some();
-        let result = Self::start(info, pins.clone(), opts, held);
+        let result = Self::start(info, pins.clone(), opts, held).map_err(|e| queue_taken(e, &pins));
         if result.is_err() && loaded_here {
             let _ = loader::unload(ifname);
         }
@@ -1070,6 +1070,40 @@ impl Device {
 impl Drop for Device {
     fn drop(&mut self) {
         self.shutdown();
+    }
+}
+
+/// [`ApiError::QueueTaken`] for a socket bind that found its queue taken (`EBUSY`), naming the
+/// live roce-xdp processes on the interface (the holder of its roce_xdp and the owners of its
+/// QPNs); any other error as it is.
+fn queue_taken(e: ApiError, pins: &Pins) -> ApiError {
+    let ApiError::Xsk(crate::xsk::XskError::Setup {
+        ifname,
+        queue,
+        source,
+        ..
+    }) = &e
+    else {
+        return e;
+    };
+    if source.raw_os_error() != Some(libc::EBUSY) {
+        return e;
+    }
+    let me = std::process::id();
+    let mut holders: Vec<u32> = pins
+        .our_qps()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(_, owner)| owner)
+        .chain(pins.load_info().ok().map(|i| i.loader_pid))
+        .filter(|&p| p != me && loader::process_alive(p))
+        .collect();
+    holders.sort_unstable();
+    holders.dedup();
+    ApiError::QueueTaken {
+        ifname: ifname.clone(),
+        queue: *queue,
+        holders,
     }
 }
 
