@@ -614,3 +614,69 @@ fn a_second_program_on_a_taken_queue_is_told_why_and_the_first_goes_on() {
     }
     assert!(!xdp_attached(a) && !xdp_attached(b));
 }
+
+/// Bad use of the verbs from a C program (tests/c/verbs_misuse.c, built here with gcc against
+/// Debian's libibverbs-dev and run on the drop-in library), each case answered as rdma-core
+/// and rxe answer it: EINVAL for a bad access right, a CQ or QP beyond the device's limits,
+/// a RESET→RTS jump and a send in RESET; ENOMEM for receives beyond the queue's depth; EBUSY
+/// for a PD or CQ in use; local protection errors for an unknown lkey (then a flush) and a
+/// gather entry past its region; remote access errors for a WRITE without the remote-write
+/// right and one past the remote region, whose bytes and the guard page after them stay
+/// untouched.
+#[test]
+fn bad_use_gets_rdma_cores_errno_or_error_completion() {
+    require_root();
+    let pair = veth_pair("vb7", 176);
+    let (a, b) = (&pair.a, &pair.b);
+    let dir = tempfile_dir("verbs-misuse");
+    let exe = dir.join("verbs_misuse");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("c/verbs_misuse.c");
+    let cc = Command::new("gcc")
+        .args(["-Wall", "-Werror", "-O1", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .expect("gcc (cargo xtask setup installs it with libibverbs-dev)");
+    assert!(cc.status.success(), "{}", text(&cc));
+    let exe_s = exe.display().to_string();
+    let (ga, gb) = (ipv4_gid_index(a), ipv4_gid_index(b));
+    let (da, db) = (format!("roce_{}", a.ifname), format!("roce_{}", b.ifname));
+    let server = ip_netns_exec_spawn(a, &[&exe_s, &da, &ga, "18655"]);
+    let ip = a.ipv4.to_string();
+    let client = ip_netns_exec_spawn(b, &[&exe_s, &db, &gb, "18655", &ip]);
+    let limit = std::time::Duration::from_secs(60);
+    let c = roce_tests::child::finish_within(client, limit, "client");
+    let s = roce_tests::child::finish_within(server, limit, "server");
+    let _ = std::fs::remove_dir_all(&dir);
+    let (c, s) = (text(&c), text(&s));
+    for case in [
+        "reg_mr_remote_write_without_local_write_is_einval",
+        "create_cq_beyond_max_cqe_is_einval",
+        "create_qp_beyond_max_qp_wr_is_einval",
+        "modify_qp_reset_to_rts_is_einval",
+        "post_send_in_reset_is_einval",
+        "post_recv_beyond_max_recv_wr_is_enomem",
+        "dealloc_pd_in_use_is_ebusy",
+        "destroy_cq_in_use_is_ebusy",
+        "unknown_lkey_completes_with_loc_prot_err_then_flush",
+        "sge_past_its_region_completes_with_loc_prot_err",
+        "write_without_remote_write_right_is_rem_access_err",
+        "write_past_the_remote_region_is_rem_access_err",
+    ] {
+        assert!(c.contains(&format!("CASE {case} ok")), "{case}:\n{c}");
+    }
+    assert!(
+        s.contains("CASE no_byte_written_by_refused_requests ok"),
+        "{s}"
+    );
+    assert!(!c.contains("FAIL") && !s.contains("FAIL"), "{c}\n{s}");
+    assert!(!xdp_attached(a) && !xdp_attached(b));
+}
+
+/// A fresh directory under the system's temporary folder, named for this process.
+fn tempfile_dir(what: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("roce-{what}-{}", std::process::id()));
+    std::fs::create_dir_all(&d).expect("temporary directory");
+    d
+}

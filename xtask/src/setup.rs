@@ -28,6 +28,7 @@ const APT_PACKAGES: &[&str] = &[
     "perftest",
     "rdmacm-utils",
     "binutils", // objdump and readelf check the library's symbol versions
+    "gcc",      // builds tests/c/*.c, C programs that use the library through its ABI
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
