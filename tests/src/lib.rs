@@ -16,6 +16,7 @@ use roce_common::opcode::Opcode;
 pub use roce::netns;
 
 pub mod child;
+pub mod devinfo;
 pub mod rxe;
 
 /// Fails the test (never skips it) when it cannot run with the privileges it needs.

@@ -141,6 +141,42 @@ fn drop_in_both_ways(h: &Harness<'_>, size: u32, mtu: u32, port: &mut u16) -> Ve
     out
 }
 
+/// Debian's `ibv_devinfo -v` on the drop-in library beside rxe's in the VM, field by field:
+/// every field equal or explained (`roce_tests::devinfo::EXPLAINED`), and every GID of both
+/// sides a RoCE v2 GID. Returns the comparison's report.
+fn devinfo_against_rxe(peer: &Peer) -> String {
+    let theirs = peer.exec("ibv_devinfo -v", Duration::from_secs(30));
+    assert_eq!(theirs.rc, 0, "rxe's ibv_devinfo -v: {}", theirs.out);
+    let o = roce_tests::roce(&[
+        "--netns",
+        &peer.netns,
+        "exec",
+        "-d",
+        &peer.ifname,
+        "--",
+        "ibv_devinfo",
+        "-v",
+    ]);
+    let ours = String::from_utf8_lossy(&o.stdout).into_owned();
+    assert!(o.status.success(), "our ibv_devinfo -v: {ours}");
+    for out in [&theirs.out, &ours] {
+        let gids = roce_tests::devinfo::parse(out)
+            .remove("port.GID")
+            .unwrap_or_else(|| panic!("no GIDs in:\n{out}"));
+        assert!(
+            gids.split("; ").all(|g| g.ends_with("RoCE v2")),
+            "not all RoCE v2: {gids}"
+        );
+    }
+    let c = roce_tests::devinfo::compare(&theirs.out, &ours);
+    assert!(
+        c.unexplained.is_empty() && c.equal.len() > 40,
+        "ibv_devinfo -v differs from rxe's:\n{}",
+        c.text()
+    );
+    c.text()
+}
+
 /// Checks what each side says it did, on top of the harness's checks.
 fn check_outputs(r: &mut SceneReport, size: u32) {
     let n = u64::from(iters());
@@ -282,6 +318,9 @@ fn ibv_rc_pingpong_both_directions_mtu_1024() {
     require_root();
     let peer = Peer::boot(&tag("pp"), 61, &PeerOptions::default());
     let h = Harness::new(&peer, &rxe::out_dir().join("pcap"));
+    let devinfo = devinfo_against_rxe(&peer);
+    println!("{devinfo}");
+    write_results("devinfo.txt", &devinfo);
     let mut port = 19100;
     let mut reports = Vec::new();
     for size in [1u32, 1024, 4096, 65536] {
