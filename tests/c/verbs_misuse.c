@@ -309,6 +309,22 @@ int main(int argc, char **argv)
 		return failures;
 	}
 
+	/* Not misuse, but what the cases below rely on: the QP reports what it was given. */
+	struct ibv_qp_attr qa;
+	struct ibv_qp_init_attr qi;
+	int r = ibv_query_qp(qp[0], &qa, IBV_QP_STATE | IBV_QP_AV | IBV_QP_DEST_QPN, &qi);
+	report("query_qp_returns_what_modify_qp_set",
+	       r == 0 && qa.qp_state == IBV_QPS_RTS && qa.dest_qp_num == them.qpn[0] &&
+		       qa.path_mtu == IBV_MTU_1024 && qa.timeout == 14 && qa.retry_cnt == 7 &&
+		       qa.rnr_retry == 7 && qa.sq_psn == them.psn && qa.rq_psn == them.psn &&
+		       qa.max_dest_rd_atomic == 1 && qa.min_rnr_timer == 12 &&
+		       qa.qp_access_flags ==
+			       (IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ) &&
+		       qa.ah_attr.is_global == 1 &&
+		       !memcmp(&qa.ah_attr.grh.dgid, &them.gid, sizeof(them.gid)) &&
+		       qi.qp_type == IBV_QPT_RC && qi.send_cq == cq,
+	       "returned %ld, state %ld", r, qa.qp_state);
+
 	static unsigned char src[2 * REGION];
 	memset(src, 0xa5, sizeof(src));
 	struct ibv_mr *lmr = ibv_reg_mr(pd, src, REGION, IBV_ACCESS_LOCAL_WRITE);

@@ -659,6 +659,7 @@ fn bad_use_gets_rdma_cores_errno_or_error_completion() {
         "post_recv_beyond_max_recv_wr_is_enomem",
         "dealloc_pd_in_use_is_ebusy",
         "destroy_cq_in_use_is_ebusy",
+        "query_qp_returns_what_modify_qp_set",
         "unknown_lkey_completes_with_loc_prot_err_then_flush",
         "sge_past_its_region_completes_with_loc_prot_err",
         "write_without_remote_write_right_is_rem_access_err",

@@ -855,6 +855,19 @@ impl Device {
         self.by_qpn(qpn).lock().qp(qpn).map(transport::Qp::state)
     }
 
+    /// The attributes of a QP as `ibv_query_qp` reports them: those its `modify_qp` calls
+    /// set, with its current state (rxe's `rxe_qp_to_attr`; the PSNs are the ones set, not
+    /// the current ones).
+    #[must_use]
+    pub fn qp_attr(&self, qpn: Qpn) -> Option<QpAttr<Path>> {
+        self.by_qpn(qpn).lock().qp(qpn).map(|q| {
+            let mut a = q.attr().clone();
+            a.qp_state = q.state();
+            a.cur_qp_state = q.state();
+            a
+        })
+    }
+
     /// Posts a send WR (`ibv_post_send`).
     ///
     /// # Errors

@@ -13,14 +13,14 @@ use core::{
 use std::sync::Arc;
 
 use roce::api::{
-    ApiError, CqId, Device, LKey, Path, PdId, QpCap, QpInit, QpType, Qpn, RKey, RawMem, RecvWr,
-    SendFlags, SendOp, SendWr, Sge, Wc,
+    ApiError, AttrMask, CqId, Device, LKey, Path, PdId, QpCap, QpInit, QpType, Qpn, RKey, RawMem,
+    RecvWr, SendFlags, SendOp, SendWr, Sge, Wc,
 };
 
 use super::{device::ctx_of, guard, set_errno};
 use crate::{
     sys,
-    verbs::{Channel, access_from_ibv, qp_attr_from_ibv, wc_to_ibv},
+    verbs::{Channel, access_from_ibv, qp_attr_from_ibv, qp_attr_to_ibv, wc_to_ibv},
 };
 
 /// Installs the data-path entries of `ibv_context.ops`, which verbs.h's inline
@@ -393,6 +393,8 @@ struct QpObj {
     ibv: sys::ibv_qp,
     cap: sys::ibv_qp_cap,
     sq_sig_all: bool,
+    /// The address vector of the last `ibv_modify_qp` with `IBV_QP_AV`, for `ibv_query_qp`.
+    ah: Option<sys::ibv_ah_attr>,
 }
 
 export!(
@@ -469,6 +471,7 @@ export!(
                     ibv,
                     cap: init.cap,
                     sq_sig_all: init.sq_sig_all != 0,
+                    ah: None,
                 }))
             })();
             match made {
@@ -558,6 +561,9 @@ export!(
                     if let Some(s) = dev.qp_state(qpn) {
                         obj.ibv.state = s.code();
                     }
+                    if mask.contains(AttrMask::AV) {
+                        obj.ah = Some(a.ah_attr);
+                    }
                     0
                 }
                 Err(e) => e.errno(),
@@ -568,7 +574,8 @@ export!(
 
 export!(
     "IBVERBS_1.1",
-    /// `ibv_query_qp`: the state, the capacities and the creation attributes.
+    /// `ibv_query_qp`: every attribute, whatever the mask (as rxe), and the creation
+    /// attributes.
     fn ibv_query_qp(
         qp: *mut sys::ibv_qp,
         attr: *mut sys::ibv_qp_attr,
@@ -584,16 +591,10 @@ export!(
         if attr.is_null() || init_attr.is_null() {
             return libc::EINVAL;
         }
-        let state = dev
-            .qp_state(Qpn::new(obj.ibv.qp_num))
-            .map_or(sys::IBV_QPS_ERR, |s| s.code());
-        let out = sys::ibv_qp_attr {
-            qp_state: state,
-            cur_qp_state: state,
-            cap: obj.cap,
-            port_num: 1,
-            ..Default::default()
+        let Some(a) = dev.qp_attr(Qpn::new(obj.ibv.qp_num)) else {
+            return libc::EINVAL;
         };
+        let out = qp_attr_to_ibv(&a, obj.cap, obj.ah);
         let init = sys::ibv_qp_init_attr {
             qp_context: obj.ibv.qp_context,
             send_cq: obj.ibv.send_cq,
