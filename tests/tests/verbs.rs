@@ -305,10 +305,29 @@ fn ipv4_gid_index(end: &VethEnd) -> String {
 /// Runs `ibv_rc_pingpong` server and client, both unmodified, both on the library, one on
 /// each end of a veth pair; returns both outputs after checking both succeeded.
 fn rc_pingpong(pair: &roce::netns::VethPair, port: u16, extra: &[&str]) -> (String, String) {
+    rc_pingpong_on(pair, port, "inline", extra)
+}
+
+/// [`rc_pingpong`] with the library's engine run as `engine` (`roce exec --engine`).
+fn rc_pingpong_on(
+    pair: &roce::netns::VethPair,
+    port: u16,
+    engine: &str,
+    extra: &[&str],
+) -> (String, String) {
     let start = |end: &VethEnd, server: Option<&VethEnd>| {
-        let mut args: Vec<String> = ["exec", "-d", &end.ifname, "--", "ibv_rc_pingpong", "-d"]
-            .map(str::to_owned)
-            .to_vec();
+        let mut args: Vec<String> = [
+            "exec",
+            "--engine",
+            engine,
+            "-d",
+            &end.ifname,
+            "--",
+            "ibv_rc_pingpong",
+            "-d",
+        ]
+        .map(str::to_owned)
+        .to_vec();
         args.push(format!("roce_{}", end.ifname));
         args.extend([
             "-g".to_owned(),
@@ -336,26 +355,30 @@ fn rc_pingpong(pair: &roce::netns::VethPair, port: u16, extra: &[&str]) -> (Stri
 
 /// Debian's unmodified `ibv_rc_pingpong` at both ends, each on roce-xdp through the library:
 /// 1 byte, a page and 64 KiB messages (many packets each) complete every iteration, polling
-/// and with `-e` (completion channels), and when the programs exit, the interfaces are as they
+/// and with `-e` (completion channels), with the engine on the program's threads (the
+/// default) and on threads of its own, and when the programs exit, the interfaces are as they
 /// were (no XDP program, no pins).
 #[test]
 fn ibv_rc_pingpong_runs_on_the_library_at_both_ends() {
     require_root();
     let pair = veth_pair("vb3", 172);
     let runs = [
-        ("1", false),
-        ("4096", false),
-        ("65536", false),
+        ("1", false, "inline"),
+        ("4096", false, "inline"),
+        ("65536", false, "inline"),
         // -e: completion channels, ibv_req_notify_cq and ibv_get_cq_event on the eventfd.
-        ("4096", true),
-        ("65536", true),
+        ("4096", true, "inline"),
+        ("65536", true, "inline"),
+        // The engine on threads of its own instead of the program's (ROCE_ENGINE=threads).
+        ("4096", false, "threads"),
+        ("65536", true, "threads"),
     ];
-    for (i, (size, events)) in runs.into_iter().enumerate() {
+    for (i, (size, events, engine)) in runs.into_iter().enumerate() {
         let mut args = vec!["-s", size, "-n", "200"];
         if events {
             args.push("-e");
         }
-        let (c, s) = rc_pingpong(&pair, 18600 + i as u16, &args);
+        let (c, s) = rc_pingpong_on(&pair, 18600 + i as u16, engine, &args);
         for out in [&c, &s] {
             assert!(
                 out.contains(&format!(

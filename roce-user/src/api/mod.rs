@@ -950,9 +950,19 @@ impl Device {
             }
             let left = deadline.checked_duration_since(std::time::Instant::now())?;
             let step = left.min(Duration::from_millis(10));
-            if self.inline.is_some() {
+            if let Some(inline) = &self.inline {
+                // As `wait_cq` on an inline device: until a frame arrives, another thread
+                // posts (the eventfd), the next transport timer, or 1 ms (events another
+                // thread's turn produced).
+                let mut wait = step.min(INLINE_IDLE_TURN);
+                if let Some(t) = dev.poll_timeout() {
+                    let now = inline.clock.now().as_nanos();
+                    wait = wait.min(Duration::from_nanos(t.as_nanos().saturating_sub(now)));
+                }
                 drop(dev);
-                std::thread::sleep(step.min(INLINE_IDLE_TURN));
+                if !wait.is_zero() {
+                    inline.wait(wait, &sh.wake);
+                }
             } else {
                 let _ = sh
                     .progress

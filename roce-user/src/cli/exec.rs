@@ -12,6 +12,29 @@ use anyhow::{Context as _, bail};
 /// The environment variable the library reads its devices from (roce-verbs' `DEVICES_ENV`).
 const DEVICES_ENV: &str = "ROCE_DEVICES";
 
+/// The environment variable the library reads its engine model from (roce-verbs'
+/// `ENGINE_ENV`).
+const ENGINE_ENV: &str = "ROCE_ENGINE";
+
+/// How the library runs the engine in the program (`ROCE_ENGINE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
+enum Engine {
+    /// The program's threads drive the transport inside ibv_poll_cq and the posting verbs;
+    /// a helper thread turns when none did for 1 ms (best for busy-polling programs).
+    Inline,
+    /// One engine thread per queue, as `roce perf` runs by default.
+    Threads,
+}
+
+impl Engine {
+    const fn as_str(self) -> &'static str {
+        match self {
+            Self::Inline => "inline",
+            Self::Threads => "threads",
+        }
+    }
+}
+
 /// The folder of its own, next to this binary, where the library is found as
 /// `libibverbs.so.1`.
 const LIB_SUBDIR: &str = "roce-verbs";
@@ -21,7 +44,10 @@ const LIB_SUBDIR: &str = "roce-verbs";
 #[command(
     after_help = "How it works: the program is started with LD_LIBRARY_PATH naming a \
 folder that holds roce-xdp's libibverbs.so.1, so it loads that library instead of rdma-core's, \
-and ROCE_DEVICES naming the interfaces it shows as RDMA devices (roce_<ifname>). The same by \
+and ROCE_DEVICES naming the interfaces it shows as RDMA devices (roce_<ifname>). The first verb \
+that needs the engine starts it: it attaches roce_xdp unless `roce load` did, binds an AF_XDP \
+socket per queue, and runs the transport on the program's own threads inside ibv_poll_cq and \
+the posting verbs (ROCE_ENGINE=inline, the default) or on engine threads (threads). The same by \
 hand:\n  LD_LIBRARY_PATH=target/debug/roce-verbs ROCE_DEVICES=eth0 ibv_devinfo\n\n\
 Examples:\n  roce exec -d eth0 -- ibv_devices\n  roce exec -d veth1 -- ibv_devinfo -v\n  \
 roce --netns ns1 exec -d veth1 -- ibv_devinfo     inside a network namespace\n  \
@@ -41,6 +67,9 @@ pub struct ExecArgs {
     /// from the libibverbs.so cargo builds there).
     #[arg(long, value_name = "DIR", env = "ROCE_VERBS_DIR")]
     lib_dir: Option<PathBuf>,
+    /// How the engine runs in the program (sets ROCE_ENGINE). Default: inline.
+    #[arg(long, value_enum)]
+    engine: Option<Engine>,
     /// The program and its arguments (after `--`).
     #[arg(
         required = true,
@@ -110,6 +139,9 @@ pub fn run(args: &ExecArgs) -> anyhow::Result<()> {
     cmd.args(rest).env("LD_LIBRARY_PATH", path);
     if !args.devices.is_empty() {
         cmd.env(DEVICES_ENV, args.devices.join(","));
+    }
+    if let Some(e) = args.engine {
+        cmd.env(ENGINE_ENV, e.as_str());
     }
     let err = cmd.exec();
     Err(err).with_context(|| format!("cannot run {}", prog.to_string_lossy()))

@@ -22,6 +22,34 @@ use roce::api::{
 
 use crate::{device::Port, sys};
 
+/// The environment variable that picks how the engine runs: `inline` (the default) or
+/// `threads`.
+///
+/// - `inline`: the program's own threads drive the transport inside `ibv_poll_cq`,
+///   `ibv_post_send` and `ibv_post_recv` (`DeviceOptions::inline`, as `roce perf --inline`),
+///   so a busy-polling program (perftest's default, the pingpongs without `-e`) crosses no
+///   thread hand-off and does not fight an engine thread for a core; the library's event
+///   thread drives it while it waits for completion events (`-e`), and a helper thread runs
+///   a turn whenever no other thread did for 1 ms, so ACKs and retransmissions go on while
+///   the program computes.
+/// - `threads`: one engine thread per queue serves the device, as `roce perf` does by default.
+pub const ENGINE_ENV: &str = "ROCE_ENGINE";
+
+/// Whether [`ENGINE_ENV`]'s value asks for the inline engine (anything but `threads`, with a
+/// warning for a value that is neither).
+fn engine_inline(value: Option<&str>) -> bool {
+    match value {
+        None | Some("inline") => true,
+        Some("threads") => false,
+        Some(other) => {
+            eprintln!(
+                "libibverbs (roce-xdp): {ENGINE_ENV}={other:?} is neither \"inline\" nor \"threads\"; using inline"
+            );
+            true
+        }
+    }
+}
+
 /// What a context holds besides its C struct: the interface, and the engine, started when the
 /// first object that needs it is made (so that `ibv_devinfo` beside a running program does
 /// not try to take its queues).
@@ -128,7 +156,11 @@ impl Verbs {
             return Ok(d);
         }
         let ifname = &self.port.info.ifname;
-        match Device::open(ifname, &DeviceOptions::default()) {
+        let opts = DeviceOptions {
+            inline: engine_inline(std::env::var(ENGINE_ENV).ok().as_deref()),
+            ..DeviceOptions::default()
+        };
+        match Device::open(ifname, &opts) {
             Ok(d) => Ok(self.dev.get_or_init(|| Arc::new(d))),
             Err(e) => {
                 eprintln!("libibverbs (roce-xdp): cannot start the engine on {ifname}: {e:#}");
@@ -345,6 +377,14 @@ mod tests {
     use roce::api::{RKey, WcOpcode, WcStatus};
 
     use super::*;
+
+    #[test]
+    fn the_engine_is_inline_unless_threads_are_asked_for() {
+        assert!(engine_inline(None));
+        assert!(engine_inline(Some("inline")));
+        assert!(!engine_inline(Some("threads")));
+        assert!(engine_inline(Some("bogus")));
+    }
 
     #[test]
     fn mtu_codes_map_both_ways() {
