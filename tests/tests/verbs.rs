@@ -439,6 +439,81 @@ fn wait_until(what: &str, secs: u64, cond: impl Fn() -> bool) {
     }
 }
 
+/// An `ibv_rc_pingpong` server of `iters` exchanges on `end`, started with `ip netns exec`.
+fn ip_netns_server(end: &VethEnd, port: u16, iters: u32) -> roce_tests::child::Reaper {
+    let (dev, gid) = (format!("roce_{}", end.ifname), ipv4_gid_index(end));
+    let (port, iters) = (port.to_string(), iters.to_string());
+    ip_netns_exec_spawn(
+        end,
+        &[
+            "ibv_rc_pingpong",
+            "-d",
+            &dev,
+            "-g",
+            &gid,
+            "-p",
+            &port,
+            "-n",
+            &iters,
+        ],
+    )
+}
+
+/// Runs an `ibv_rc_pingpong` client on `end` against `server`'s (started with
+/// [`ip_netns_server`]) and checks that both completed `iters` exchanges.
+fn ip_netns_client_against(
+    end: &VethEnd,
+    server_end: &VethEnd,
+    server: roce_tests::child::Reaper,
+    port: u16,
+    iters: u32,
+) {
+    let (dev, gid) = (format!("roce_{}", end.ifname), ipv4_gid_index(end));
+    let (ip, port, n) = (
+        server_end.ipv4.to_string(),
+        port.to_string(),
+        iters.to_string(),
+    );
+    let client = ip_netns_exec_spawn(
+        end,
+        &[
+            "ibv_rc_pingpong",
+            "-d",
+            &dev,
+            "-g",
+            &gid,
+            "-p",
+            &port,
+            "-n",
+            &n,
+            &ip,
+        ],
+    );
+    let limit = std::time::Duration::from_secs(60);
+    let c = roce_tests::child::finish_within(client, limit, "client");
+    let s = roce_tests::child::finish_within(server, limit, "server");
+    for o in [&c, &s] {
+        assert!(o.status.success(), "{}", text(o));
+        assert!(
+            text(o).contains(&format!("{iters} iters in")),
+            "{}",
+            text(o)
+        );
+    }
+}
+
+/// Checks that neither end has roce_xdp attached or pins left.
+fn assert_clean(ends: &[&VethEnd]) {
+    for end in ends {
+        assert!(!xdp_attached(end), "roce_xdp left on {}", end.ifname);
+        assert!(
+            !std::path::Path::new(&format!("/sys/fs/bpf/roce/{}", end.ifname)).exists(),
+            "pins left behind on {}",
+            end.ifname
+        );
+    }
+}
+
 /// Programs started the way people start RDMA programs in namespaces, `ip netns exec NS`
 /// (a mount namespace of their own where /sys/fs/bpf is hidden), with nothing loaded
 /// beforehand: both ends attach roce_xdp through the host's bpffs, ping-pong, and leave the
@@ -449,54 +524,10 @@ fn programs_started_with_ip_netns_exec_attach_and_release() {
     require_root();
     let pair = veth_pair("vb4", 173);
     let (a, b) = (&pair.a, &pair.b);
-    let (ga, gb) = (ipv4_gid_index(a), ipv4_gid_index(b));
-    let dev = |e: &VethEnd| format!("roce_{}", e.ifname);
-    let (da, db) = (dev(a), dev(b));
-    let server = ip_netns_exec_spawn(
-        a,
-        &[
-            "ibv_rc_pingpong",
-            "-d",
-            &da,
-            "-g",
-            &ga,
-            "-p",
-            "18650",
-            "-n",
-            "100",
-        ],
-    );
+    let server = ip_netns_server(a, 18650, 100);
     std::thread::sleep(std::time::Duration::from_millis(500));
-    let ip = a.ipv4.to_string();
-    let client = ip_netns_exec_spawn(
-        b,
-        &[
-            "ibv_rc_pingpong",
-            "-d",
-            &db,
-            "-g",
-            &gb,
-            "-p",
-            "18650",
-            "-n",
-            "100",
-            &ip,
-        ],
-    );
-    let limit = std::time::Duration::from_secs(60);
-    let c = roce_tests::child::finish_within(client, limit, "client");
-    let s = roce_tests::child::finish_within(server, limit, "server");
-    for o in [&c, &s] {
-        assert!(o.status.success(), "{}", text(o));
-        assert!(text(o).contains("100 iters in"), "{}", text(o));
-    }
-    for end in [a, b] {
-        assert!(!xdp_attached(end), "roce_xdp left on {}", end.ifname);
-        assert!(
-            !std::path::Path::new(&format!("/sys/fs/bpf/roce/{}", end.ifname)).exists(),
-            "pins left behind"
-        );
-    }
+    ip_netns_client_against(b, a, server, 18650, 100);
+    assert_clean(&[a, b]);
 
     // `roce load` under `ip netns exec`: the pins are the host's.
     let roce_in = |args: &[&str]| {
@@ -551,13 +582,7 @@ fn a_killed_program_leaves_no_xdp_program_behind() {
     for out in [&c, &s] {
         assert!(out.contains("50 iters in"), "{out}");
     }
-    for end in [a, b] {
-        assert!(!xdp_attached(end), "roce_xdp left on {}", end.ifname);
-        assert!(
-            !std::path::Path::new(&format!("/sys/fs/bpf/roce/{}", end.ifname)).exists(),
-            "pins left behind"
-        );
-    }
+    assert_clean(&[a, b]);
 }
 
 /// A second program on an interface whose queue a first program serves gets a clear error
@@ -568,22 +593,7 @@ fn a_second_program_on_a_taken_queue_is_told_why_and_the_first_goes_on() {
     require_root();
     let pair = veth_pair("vb6", 175);
     let (a, b) = (&pair.a, &pair.b);
-    let (ga, gb) = (ipv4_gid_index(a), ipv4_gid_index(b));
-    let (da, db) = (format!("roce_{}", a.ifname), format!("roce_{}", b.ifname));
-    let server = ip_netns_exec_spawn(
-        a,
-        &[
-            "ibv_rc_pingpong",
-            "-d",
-            &da,
-            "-g",
-            &ga,
-            "-p",
-            "18653",
-            "-n",
-            "50",
-        ],
-    );
+    let server = ip_netns_server(a, 18653, 50);
     let first = server.pid();
     // The server has bound its socket once it holds a QPN (it creates its QP before it
     // listens).
@@ -598,6 +608,7 @@ fn a_second_program_on_a_taken_queue_is_told_why_and_the_first_goes_on() {
             })
             .is_some_and(|n| n >= 1)
     });
+    let (da, ga) = (format!("roce_{}", a.ifname), ipv4_gid_index(a));
     let second = ip_netns_exec(
         a,
         Some(&a.ifname),
@@ -612,30 +623,8 @@ fn a_second_program_on_a_taken_queue_is_told_why_and_the_first_goes_on() {
         )) && out.contains("one program per interface queue"),
         "{out}"
     );
-    let ip = a.ipv4.to_string();
-    let client = ip_netns_exec_spawn(
-        b,
-        &[
-            "ibv_rc_pingpong",
-            "-d",
-            &db,
-            "-g",
-            &gb,
-            "-p",
-            "18653",
-            "-n",
-            "50",
-            &ip,
-        ],
-    );
-    let limit = std::time::Duration::from_secs(60);
-    let c = roce_tests::child::finish_within(client, limit, "client");
-    let s = roce_tests::child::finish_within(server, limit, "server");
-    for o in [&c, &s] {
-        assert!(o.status.success(), "{}", text(o));
-        assert!(text(o).contains("50 iters in"), "{}", text(o));
-    }
-    assert!(!xdp_attached(a) && !xdp_attached(b));
+    ip_netns_client_against(b, a, server, 18653, 50);
+    assert_clean(&[a, b]);
 }
 
 /// Bad use of the verbs from a C program (tests/c/verbs_misuse.c, built here with gcc against
