@@ -53,6 +53,16 @@ pub enum NetInfoError {
         /// How long we waited.
         waited: Duration,
     },
+    /// The kernel has no route to the address through the interface.
+    #[error("no route to {dst} through {ifname}: {msg}")]
+    NoRoute {
+        /// Destination.
+        dst: IpAddr,
+        /// Interface.
+        ifname: String,
+        /// What `ip route get` said.
+        msg: String,
+    },
 }
 
 fn ip_json(args: &[&str]) -> Result<Value, NetInfoError> {
@@ -87,9 +97,27 @@ fn ip_json(args: &[&str]) -> Result<Value, NetInfoError> {
 /// through its route lookup (`rxe_find_route`).
 ///
 /// # Errors
-/// [`NetInfoError::Ip`] when there is no route to `dst` through `ifname`.
+/// [`NetInfoError::NoRoute`] when there is no route to `dst` through `ifname`;
+/// [`NetInfoError::Ip`] when `ip` cannot be run or says something unreadable.
 pub fn next_hop(ifname: &str, dst: IpAddr) -> Result<IpAddr, NetInfoError> {
-    let v = ip_json(&["route", "get", &dst.to_string(), "oif", ifname])?;
+    let args = ["route", "get", &dst.to_string(), "oif", ifname];
+    let unreadable = |msg: String| NetInfoError::Ip {
+        args: args.join(" "),
+        msg,
+    };
+    let out = Command::new("ip")
+        .arg("-j")
+        .args(args)
+        .output()
+        .map_err(|e| unreadable(e.to_string()))?;
+    if !out.status.success() {
+        return Err(NetInfoError::NoRoute {
+            dst,
+            ifname: ifname.to_owned(),
+            msg: String::from_utf8_lossy(&out.stderr).trim().to_owned(),
+        });
+    }
+    let v: Value = serde_json::from_slice(&out.stdout).map_err(|e| unreadable(e.to_string()))?;
     Ok(gateway_of(&v).unwrap_or(dst))
 }
 

@@ -85,6 +85,7 @@ fn ack(r: &mut Req, psn: Psn) {
         ),
         payload: &[],
         ce: false,
+        ip: None,
     };
     let addrs = Some((IpAddr::V4(ip(Side::B)), IpAddr::V4(ip(Side::A))));
     r.d.handle_decoded(Instant::ZERO, &pkt, addrs);

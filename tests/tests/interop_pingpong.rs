@@ -12,7 +12,8 @@
 //! first and the two run the same sizes and MTUs against each other: the rxe ↔ rxe reference of
 //! the same run. `ROCE_INTEROP_ITERS=N` changes the iteration count. At path MTU 1024 the
 //! suite also runs Debian's unmodified ibv_rc_pingpong on our side, on the drop-in libibverbs
-//! (`roce exec`), at 1, 4096 and 65536 B, both directions.
+//! (`roce exec`), at 1, 4096 and 65536 B, both directions, and Debian's ibv_ud_pingpong the
+//! same way at 1 B and the port MTU (1024 B).
 
 use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 
@@ -88,9 +89,16 @@ fn both_ways(h: &Harness<'_>, size: u32, mtu: u32, port: &mut u16) -> Vec<SceneR
     out
 }
 
-/// Debian's unmodified ibv_rc_pingpong on our side too, through the drop-in libibverbs
-/// (`roce exec`), against rxe's, one scenario in each direction for (size, mtu).
-fn drop_in_both_ways(h: &Harness<'_>, size: u32, mtu: u32, port: &mut u16) -> Vec<SceneReport> {
+/// Debian's unmodified `prog` (ibv_rc_pingpong, or ibv_ud_pingpong, which has no `-m`: UD
+/// uses the port's MTU) on our side too, through the drop-in libibverbs (`roce exec`),
+/// against the same tool on rxe, one scenario in each direction for (size, mtu).
+fn drop_in_both_ways(
+    h: &Harness<'_>,
+    prog: &str,
+    size: u32,
+    mtu: Option<u32>,
+    port: &mut u16,
+) -> Vec<SceneReport> {
     let p = h.peer;
     let n = iters();
     let gids: Vec<serde_json::Value> = serde_json::from_str(&roce_tests::roce_ok(&[
@@ -103,7 +111,7 @@ fn drop_in_both_ways(h: &Harness<'_>, size: u32, mtu: u32, port: &mut u16) -> Ve
         .map(|g| g["index"].to_string())
         .expect("an IPv4 GID on our side");
     let ours = |port: u16, server: Option<String>| {
-        let mut v: Vec<String> = ["exec", "-d", &p.ifname, "--", "ibv_rc_pingpong", "-d"]
+        let mut v: Vec<String> = ["exec", "-d", &p.ifname, "--", prog, "-d"]
             .map(String::from)
             .to_vec();
         v.push(format!("roce_{}", p.ifname));
@@ -112,29 +120,38 @@ fn drop_in_both_ways(h: &Harness<'_>, size: u32, mtu: u32, port: &mut u16) -> Ve
             ("-p", port.to_string()),
             ("-s", size.to_string()),
             ("-n", n.to_string()),
-            ("-m", mtu.to_string()),
         ] {
             v.extend([flag.to_owned(), val]);
+        }
+        if let Some(m) = mtu {
+            v.extend(["-m".to_owned(), m.to_string()]);
         }
         v.extend(server);
         v
     };
+    let m = mtu.map(|m| format!(" -m {m}")).unwrap_or_default();
+    let guest =
+        |port: u16| format!("{prog} -d rxe0 -g $RXE_GID_INDEX -p {port} -s {size} -n {n}{m}");
+    let tag = format!(
+        "s{size}{}",
+        mtu.map(|m| format!("-m{m}")).unwrap_or_default()
+    );
     let mut out = Vec::new();
     *port += 1;
     out.push(h.run(
-        &format!("dropin-ibv_rc_pingpong-server_rxe-s{size}-m{mtu}"),
+        &format!("dropin-{prog}-server_rxe-{tag}"),
         &Roles::GuestServer {
-            guest: rxe::pingpong_cmd(*port, size, n, mtu),
+            guest: guest(*port),
             ours: ours(*port, Some(p.guest_ip.to_string())),
         },
         *port,
     ));
     *port += 1;
     out.push(h.run(
-        &format!("dropin-ibv_rc_pingpong-server_roce-s{size}-m{mtu}"),
+        &format!("dropin-{prog}-server_roce-{tag}"),
         &Roles::OurServer {
             ours: ours(*port, None),
-            guest: format!("{} {}", rxe::pingpong_cmd(*port, size, n, mtu), p.host_ip),
+            guest: format!("{} {}", guest(*port), p.host_ip),
         },
         *port,
     ));
@@ -237,6 +254,10 @@ fn references(
     let second = Peer::boot_beside(peer, opts);
     let mut refs = References::new();
     for r in reports {
+        if r.name.contains("ibv_ud_pingpong") {
+            // The references are ibv_rc_pingpong's; UD runs have none.
+            continue;
+        }
         let key = size_mtu(&r.name);
         refs.entry(key)
             .or_insert_with(|| rxe_reference(peer, &second, key.0, key.1, port));
@@ -331,7 +352,15 @@ fn ibv_rc_pingpong_both_directions_mtu_1024() {
     }
     // The same tool on both sides: Debian's ibv_rc_pingpong on the drop-in libibverbs here.
     for size in [1u32, 4096, 65536] {
-        for mut r in drop_in_both_ways(&h, size, 1024, &mut port) {
+        for mut r in drop_in_both_ways(&h, "ibv_rc_pingpong", size, Some(1024), &mut port) {
+            check_outputs(&mut r, size);
+            reports.push(r);
+        }
+    }
+    // ibv_ud_pingpong both ways: address handles, UD sends and GRH receives against rxe's, up
+    // to the port MTU (1024 on the 1500-byte link).
+    for size in [1u32, 1024] {
+        for mut r in drop_in_both_ways(&h, "ibv_ud_pingpong", size, None, &mut port) {
             check_outputs(&mut r, size);
             reports.push(r);
         }

@@ -10,6 +10,7 @@ use std::{
     process::{Command, Output},
 };
 
+use nix::errno::Errno;
 use roce::{netns::VethEnd, transport::DeviceConfig};
 use roce_tests::{require_root, roce, roce_bin, roce_ok, veth_pair};
 
@@ -305,14 +306,25 @@ fn ipv4_gid_index(end: &VethEnd) -> String {
 /// Runs `ibv_rc_pingpong` server and client, both unmodified, both on the library, one on
 /// each end of a veth pair; returns both outputs after checking both succeeded.
 fn rc_pingpong(pair: &roce::netns::VethPair, port: u16, extra: &[&str]) -> (String, String) {
-    rc_pingpong_on(pair, port, "inline", extra)
+    pingpong("ibv_rc_pingpong", pair, port, extra)
 }
 
-/// [`rc_pingpong`] with the library's engine run as `engine` (`roce exec --engine`).
-fn rc_pingpong_on(
+/// [`rc_pingpong`] for any of the pingpongs (`prog`), which share their options.
+fn pingpong(
+    prog: &str,
     pair: &roce::netns::VethPair,
     port: u16,
+    extra: &[&str],
+) -> (String, String) {
+    pingpong_on(prog, "inline", pair, port, extra)
+}
+
+/// [`pingpong`] with the library's engine run as `engine` (`roce exec --engine`).
+fn pingpong_on(
+    prog: &str,
     engine: &str,
+    pair: &roce::netns::VethPair,
+    port: u16,
     extra: &[&str],
 ) -> (String, String) {
     let start = |end: &VethEnd, server: Option<&VethEnd>| {
@@ -323,7 +335,7 @@ fn rc_pingpong_on(
             "-d",
             &end.ifname,
             "--",
-            "ibv_rc_pingpong",
+            prog,
             "-d",
         ]
         .map(str::to_owned)
@@ -343,8 +355,8 @@ fn rc_pingpong_on(
     std::thread::sleep(std::time::Duration::from_millis(500));
     let client = start(&pair.b, Some(&pair.a));
     let limit = std::time::Duration::from_secs(60);
-    let c = roce_tests::child::finish_within(client, limit, "ibv_rc_pingpong client");
-    let s = roce_tests::child::finish_within(server, limit, "ibv_rc_pingpong server");
+    let c = roce_tests::child::finish_within(client, limit, &format!("{prog} client"));
+    let s = roce_tests::child::finish_within(server, limit, &format!("{prog} server"));
     let (c, s) = (
         (c.status.success(), text(&c)),
         (s.status.success(), text(&s)),
@@ -378,33 +390,211 @@ fn ibv_rc_pingpong_runs_on_the_library_at_both_ends() {
         if events {
             args.push("-e");
         }
-        let (c, s) = rc_pingpong_on(&pair, 18600 + i as u16, engine, &args);
+        let (c, s) = pingpong_on("ibv_rc_pingpong", engine, &pair, 18600 + i as u16, &args);
         for out in [&c, &s] {
-            assert!(
-                out.contains(&format!(
-                    "{} bytes in",
-                    2 * 200 * size.parse::<u64>().unwrap()
-                )),
-                "{out}"
-            );
-            assert!(out.contains("200 iters in"), "{out}");
+            assert_iters(out, size, 200);
         }
     }
-    for end in [&pair.a, &pair.b] {
-        let link = Command::new("ip")
-            .args(["-n", &end.netns, "link", "show", &end.ifname])
-            .output()
-            .expect("ip link");
-        assert!(
-            !String::from_utf8_lossy(&link.stdout).contains("xdp"),
-            "roce_xdp left attached: {}",
-            String::from_utf8_lossy(&link.stdout)
-        );
-        assert!(
-            !std::path::Path::new(&format!("/sys/fs/bpf/roce/{}", end.ifname)).exists(),
-            "pins left behind"
-        );
+    assert_interfaces_clean(&pair);
+}
+
+/// Checks that `out` (a pingpong's output) reports `iters` round trips of `size` bytes.
+fn assert_iters(out: &str, size: &str, iters: u64) {
+    let bytes = 2 * iters * size.parse::<u64>().unwrap();
+    assert!(out.contains(&format!("{bytes} bytes in")), "{out}");
+    assert!(out.contains(&format!("{iters} iters in")), "{out}");
+}
+
+/// Checks that neither end of `pair` keeps roce_xdp or its pins after the programs exit.
+fn assert_interfaces_clean(pair: &roce::netns::VethPair) {
+    assert_clean(&[&pair.a, &pair.b]);
+}
+
+/// The path MTU of a veth of MTU 1500 (the port's active_mtu, asserted by the ibv_devinfo
+/// test): the largest UD message, and the largest `-s` ibv_ud_pingpong accepts (it refuses
+/// sizes above the port's active MTU; its buffers are 40 bytes longer, for the GRH).
+const UD_MAX: &str = "1024";
+
+/// Debian's unmodified `ibv_ud_pingpong` at both ends on the library: address handles from
+/// the exchanged GIDs, UD sends through them, receives whose buffers start with the 40-byte
+/// GRH area; 1 byte, 512 bytes and the path MTU, polling and with `-e`.
+#[test]
+fn ibv_ud_pingpong_runs_on_the_library_at_both_ends() {
+    require_root();
+    let pair = veth_pair("vb4", 173);
+    let mut runs = Vec::new();
+    for events in [false, true] {
+        for size in ["1", "512", UD_MAX] {
+            runs.push((size, events));
+        }
     }
+    for (i, (size, events)) in runs.into_iter().enumerate() {
+        let mut args = vec!["-s", size, "-n", "200"];
+        if events {
+            args.push("-e");
+        }
+        let (c, s) = pingpong("ibv_ud_pingpong", &pair, 18700 + i as u16, &args);
+        assert_iters(&c, size, 200);
+        assert_iters(&s, size, 200);
+    }
+    assert_interfaces_clean(&pair);
+}
+
+/// `ibv_rc_pingpong -N`: the new post-send API (ibv_create_qp_ex with send ops,
+/// ibv_qp_to_qp_ex, ibv_wr_start/ibv_wr_send/ibv_wr_set_sge/ibv_wr_complete) at both ends.
+#[test]
+fn ibv_rc_pingpong_new_send_api_runs_on_the_library() {
+    require_root();
+    let pair = veth_pair("vb5", 174);
+    for (i, size) in ["1", "4096", "65536"].into_iter().enumerate() {
+        let (c, s) = rc_pingpong(&pair, 18720 + i as u16, &["-N", "-s", size, "-n", "200"]);
+        assert_iters(&c, size, 200);
+        assert_iters(&s, size, 200);
+    }
+    assert_interfaces_clean(&pair);
+}
+
+/// A C program of tests/c/, built with gcc against Debian's libibverbs-dev into a
+/// temporary folder removed on drop; it runs on the drop-in library through `roce exec` or
+/// `LD_LIBRARY_PATH`, as any program linked with libibverbs.
+struct CProgram(PathBuf);
+
+impl CProgram {
+    fn build(name: &str) -> Self {
+        let dir = std::env::temp_dir().join(format!("roce-{name}-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).expect("temp dir");
+        let bin = dir.join(name);
+        let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join(format!("c/{name}.c"));
+        let o = Command::new("gcc")
+            .args(["-Wall", "-Werror", "-O1", "-o"])
+            .arg(&bin)
+            .arg(&src)
+            .arg("-libverbs")
+            .output()
+            .expect("gcc (the C toolchain and libibverbs-dev: cargo xtask setup)");
+        assert!(o.status.success(), "gcc {name}.c: {}", text(&o));
+        Self(bin)
+    }
+
+    /// The program's path as a string, for argument lists.
+    fn path(&self) -> String {
+        self.0.display().to_string()
+    }
+}
+
+impl Drop for CProgram {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.parent() {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
+}
+
+/// The IPv4-mapped GID of `ip`, as ud_check takes it.
+fn gid4(ip: std::net::Ipv4Addr) -> String {
+    ip.to_ipv6_mapped().to_string()
+}
+
+/// Runs `ud_check ARGS` in `end`'s namespace on the library; its output.
+fn ud_check(check: &CProgram, end: &VethEnd, args: &[&str]) -> Vec<String> {
+    let mut a: Vec<String> = ["--netns", &end.netns, "exec", "-d", &end.ifname, "--"]
+        .map(str::to_owned)
+        .to_vec();
+    a.push(check.path());
+    a.extend(args.iter().map(|s| (*s).to_owned()));
+    a
+}
+
+/// Address handles and UD bad use get what rxe gives (`ud_check misuse`): ibv_create_ah
+/// fails with EINVAL without a GRH (RoCE), EOPNOTSUPP for multicast (no groups here),
+/// ETIMEDOUT for a GID whose address nobody answers ARP for, on the subnet or off it (no
+/// route: taken as on-link), as the kernel's address resolution answers them; a UD SEND longer than the port MTU
+/// is accepted and completes successfully without a packet (C10-93.1.1, rxe_req.c); a UD RDMA
+/// WRITE or a NULL AH is EINVAL at post time; a QP from ibv_create_qp has no ibv_qp_ex. Then
+/// `echo`/`ask`: an answer addressed through ibv_create_ah_from_wc reaches the asker, and
+/// ibv_init_ah_from_wc reads each sender's GID from the GRH area.
+#[test]
+fn ud_address_handles_and_bad_use_get_rxes_answers() {
+    require_root();
+    let pair = veth_pair("vb6", 175);
+    let check = CProgram::build("ud_check");
+    let (a, b) = (&pair.a, &pair.b);
+    let dev_a = format!("roce_{}", a.ifname);
+    let gidx_a = ipv4_gid_index(a);
+    let mut stranger = b.ipv4.octets();
+    stranger[3] = 99;
+    let args = ud_check(
+        &check,
+        a,
+        &[
+            "misuse",
+            &dev_a,
+            &gidx_a,
+            &gid4(b.ipv4),
+            &gid4(stranger.into()),
+            &gid4([203, 0, 113, 7].into()),
+        ],
+    );
+    let o = roce(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    let kv = |k: &str| {
+        out.lines()
+            .find_map(|l| l.strip_prefix(&format!("{k}=")))
+            .unwrap_or_else(|| panic!("no {k} in:\n{out}"))
+            .to_owned()
+    };
+    assert_eq!(kv("no_grh"), (Errno::EINVAL as i32).to_string());
+    assert_eq!(kv("multicast"), (Errno::EOPNOTSUPP as i32).to_string());
+    assert_eq!(kv("unreachable"), (Errno::ETIMEDOUT as i32).to_string());
+    // With the interface given (rxe binds the lookup to its netdev, as `ip route get ... oif`
+    // does), the kernel takes an address without a route as on-link (route.c
+    // ip_route_output_key_hash_rcu), so it too ends in a neighbour timeout.
+    assert_eq!(kv("no_route"), (Errno::ETIMEDOUT as i32).to_string());
+    assert_eq!(kv("mtu"), UD_MAX);
+    assert_eq!(kv("oversized_post"), "0");
+    assert_eq!(kv("oversized_status"), "success");
+    assert_eq!(kv("write_post"), (Errno::EINVAL as i32).to_string());
+    assert_eq!(kv("null_ah_post"), (Errno::EINVAL as i32).to_string());
+    assert_eq!(kv("qp_ex"), "null");
+    assert_eq!(kv("destroy_ah"), "0");
+
+    // echo on a, ask from b: the QPN goes through a file both can read.
+    let qpn_file = check.0.with_file_name("echo.qpn");
+    let qpn_path = qpn_file.display().to_string();
+    let echo = roce_tests::child::spawn(
+        "",
+        &ud_check(&check, a, &["echo", &dev_a, &gidx_a, &qpn_path]),
+    );
+    let dev_b = format!("roce_{}", b.ifname);
+    let gidx_b = ipv4_gid_index(b);
+    let ask = roce_tests::child::spawn(
+        "",
+        &ud_check(
+            &check,
+            b,
+            &["ask", &dev_b, &gidx_b, &gid4(a.ipv4), &qpn_path],
+        ),
+    );
+    let limit = std::time::Duration::from_secs(60);
+    let asked = roce_tests::child::finish_within(ask, limit, "ud_check ask");
+    let echoed = roce_tests::child::finish_within(echo, limit, "ud_check echo");
+    let (asked, echoed) = (text(&asked), text(&echoed));
+    assert!(
+        asked.contains(&format!(
+            "reply=pong src_qp_ok=1 from={} sgid_index={gidx_b} grh=1 byte_len=44",
+            gid4(a.ipv4)
+        )),
+        "ask:\n{asked}\necho:\n{echoed}"
+    );
+    assert!(
+        echoed.contains(&format!(
+            "from={} sgid_index={gidx_a} hop_limit=64 byte_len=44 grh=1",
+            gid4(b.ipv4)
+        )),
+        "echo:\n{echoed}\nask:\n{asked}"
+    );
+    assert_interfaces_clean(&pair);
 }
 
 /// `ip netns exec NS PROGRAM` with the library on LD_LIBRARY_PATH and ROCE_DEVICES naming
@@ -640,18 +830,8 @@ fn bad_use_gets_rdma_cores_errno_or_error_completion() {
     require_root();
     let pair = veth_pair("vb7", 176);
     let (a, b) = (&pair.a, &pair.b);
-    let dir = tempfile_dir("verbs-misuse");
-    let exe = dir.join("verbs_misuse");
-    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("c/verbs_misuse.c");
-    let cc = Command::new("gcc")
-        .args(["-Wall", "-Werror", "-O1", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg("-libverbs")
-        .output()
-        .expect("gcc (cargo xtask setup installs it with libibverbs-dev)");
-    assert!(cc.status.success(), "{}", text(&cc));
-    let exe_s = exe.display().to_string();
+    let prog = CProgram::build("verbs_misuse");
+    let exe_s = prog.path();
     let (ga, gb) = (ipv4_gid_index(a), ipv4_gid_index(b));
     let (da, db) = (format!("roce_{}", a.ifname), format!("roce_{}", b.ifname));
     let server = ip_netns_exec_spawn(a, &[&exe_s, &da, &ga, "18655"]);
@@ -660,7 +840,6 @@ fn bad_use_gets_rdma_cores_errno_or_error_completion() {
     let limit = std::time::Duration::from_secs(60);
     let c = roce_tests::child::finish_within(client, limit, "client");
     let s = roce_tests::child::finish_within(server, limit, "server");
-    let _ = std::fs::remove_dir_all(&dir);
     let (c, s) = (text(&c), text(&s));
     for case in [
         "reg_mr_remote_write_without_local_write_is_einval",
@@ -685,11 +864,4 @@ fn bad_use_gets_rdma_cores_errno_or_error_completion() {
     );
     assert!(!c.contains("FAIL") && !s.contains("FAIL"), "{c}\n{s}");
     assert!(!xdp_attached(a) && !xdp_attached(b));
-}
-
-/// A fresh directory under the system's temporary folder, named for this process.
-fn tempfile_dir(what: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("roce-{what}-{}", std::process::id()));
-    std::fs::create_dir_all(&d).expect("temporary directory");
-    d
 }

@@ -174,6 +174,11 @@ impl ApiError {
             | Self::Post(PostError::QueueFull(_))
             | Self::NoQpn(_) => libc::ENOMEM,
             Self::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            // As the kernel's address resolution answers ibv_create_ah and ibv_modify_qp
+            // for rxe (core/addr.c): no route, or no neighbour reply in time.
+            Self::NetInfo(NetInfoError::NoRoute { .. }) => libc::ENETUNREACH,
+            Self::NetInfo(NetInfoError::Unresolved { .. }) => libc::ETIMEDOUT,
+            Self::NetInfo(NetInfoError::NoGid { .. }) => libc::EINVAL,
             Self::Load(_)
             | Self::Xsk(_)
             | Self::NetInfo(_)

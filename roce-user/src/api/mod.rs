@@ -880,6 +880,19 @@ impl Device {
         Ok(())
     }
 
+    /// Posts send WRs all or none, in order: what `ibv_wr_complete` does with the WRs built
+    /// since `ibv_wr_start`.
+    ///
+    /// # Errors
+    /// Why the first WR refused was refused (as [`Device::post_send`]); none is posted then.
+    pub fn post_send_all(&self, qpn: Qpn, wrs: Vec<SendWr<Path>>) -> Result<(), ApiError> {
+        let sh = self.by_qpn(qpn);
+        sh.lock().post_send_all(qpn, wrs).map_err(|(_, e)| e)?;
+        sh.kick();
+        self.drive();
+        Ok(())
+    }
+
     /// Posts a receive WR (`ibv_post_recv`).
     ///
     /// # Errors

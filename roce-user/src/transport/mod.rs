@@ -95,6 +95,10 @@ pub struct RxPkt<'a> {
     pub payload: &'a [u8],
     /// Whether the IP header carried ECN Congestion Experienced.
     pub ce: bool,
+    /// The frame's IP header, which a UD receive copies into its buffer's GRH area
+    /// ([`crate::wire::IpRepr::network_header`]); `None` for a packet decoded without one
+    /// (unit tests, the fuzz target), whose GRH area is then zero.
+    pub ip: Option<crate::wire::IpRepr>,
 }
 
 /// The path a QP's frames take (its address vector): MACs, IPs, UDP ports, DSCP/ECN, TTL.
@@ -705,6 +709,27 @@ impl Device {
         r
     }
 
+    /// Posts send WRs all or none (`ibv_wr_complete`), in order. In ERR they complete at once
+    /// with flush errors.
+    ///
+    /// # Errors
+    /// The index of the first WR refused and why, as [`Device::post_send`]; none is posted then.
+    pub fn post_send_all(
+        &mut self,
+        qpn: Qpn,
+        wrs: Vec<SendWr<Path>>,
+    ) -> Result<(), (usize, PostError)> {
+        let max_sge = self.config.max_sge as usize;
+        let (qps, mut ctx, sched) = self.split();
+        let qp = qps
+            .get_mut(&qpn.value())
+            .ok_or((0, PostError::NoSuchQp(qpn)))?;
+        let max_sge = max_sge.min(qp.init.cap.max_sge as usize);
+        let r = qp.post_send_all(wrs, max_sge, &mut ctx);
+        sched.touch(qp);
+        r
+    }
+
     /// Posts a receive WR (`ibv_post_recv`). In ERR it completes at once with a flush error.
     ///
     /// # Errors
@@ -745,6 +770,7 @@ impl Device {
             repr: f.roce,
             payload: f.payload,
             ce: f.ecn() == Ecn::Ce,
+            ip: Some(f.ip),
         };
         self.handle_decoded(now, &pkt, Some((src, dst)));
     }

@@ -207,6 +207,25 @@ impl IpRepr {
             Self::V6(r) => r.hop_limit,
         }
     }
+
+    /// The 40 bytes a UD receive buffer starts with (the GRH area, IBA 11.4.1.1) for a packet
+    /// that came with this header, as rxe fills it for RoCE v2 (rxe_resp.c
+    /// `build_rdma_network_hdr`, `union rdma_network_hdr`): an IPv6 header whole; an IPv4
+    /// header in the last 20 bytes, the first 20 zero. `ibv_init_ah_from_wc` reads the
+    /// sender's address back from it. Call it when a UD receive completes.
+    #[must_use]
+    pub fn network_header(&self) -> [u8; 40] {
+        let mut out = [0u8; 40];
+        match self {
+            // The header parsed without options (Ipv4Repr::parse refuses them), so writing it
+            // again gives the bytes received, checksum included.
+            Self::V4(r) => {
+                let _ = r.emit(&mut ipv4::Packet::new_unchecked(&mut out[20..]));
+            }
+            Self::V6(r) => r.emit(&mut ipv6::Packet::new_unchecked(&mut out[..])),
+        }
+        out
+    }
 }
 
 /// A parsed RoCE v2 frame; borrows the payload from the received buffer.

@@ -15,6 +15,7 @@
 //! `ibv_devinfo` works beside a program that uses the device; the engine is started when the
 //! first resource that needs it is made.
 
+pub mod ah;
 pub mod device;
 mod ffi;
 mod sys;

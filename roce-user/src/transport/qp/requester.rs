@@ -71,6 +71,39 @@ impl Qp {
         max_sge: usize,
         ctx: &mut Ctx<'_>,
     ) -> Result<(), PostError> {
+        let len = self.check_send(&wr, max_sge, 0)?;
+        self.push_send(wr, len, ctx);
+        Ok(())
+    }
+
+    /// Posts `wrs` in order, all or none: the first refused (with its index) leaves the send
+    /// queue as it was. What `ibv_wr_complete` does with the batch since `ibv_wr_start`
+    /// (rdma-core's rxe provider rolls back its producer index when a builder failed).
+    pub(crate) fn post_send_all(
+        &mut self,
+        wrs: Vec<SendWr<Path>>,
+        max_sge: usize,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), (usize, PostError)> {
+        let lens = wrs
+            .iter()
+            .enumerate()
+            .map(|(i, wr)| self.check_send(wr, max_sge, i).map_err(|e| (i, e)))
+            .collect::<Result<Vec<_>, _>>()?;
+        for (wr, len) in wrs.into_iter().zip(lens) {
+            self.push_send(wr, len, ctx);
+        }
+        Ok(())
+    }
+
+    /// The checks of `ibv_post_send` for `wr` posted after `ahead` more WRs of its batch;
+    /// returns its length.
+    fn check_send(
+        &self,
+        wr: &SendWr<Path>,
+        max_sge: usize,
+        ahead: usize,
+    ) -> Result<u64, PostError> {
         match self.state {
             QpState::Reset | QpState::Init | QpState::Rtr => {
                 return Err(PostError::InvalidState(self.state));
@@ -80,8 +113,8 @@ impl Qp {
         if wr.sg_list.len() > max_sge {
             return Err(PostError::TooManySge(wr.sg_list.len(), max_sge));
         }
-        if self.sq.len() >= self.init.cap.max_send_wr as usize {
-            return Err(PostError::QueueFull(self.sq.len()));
+        if self.sq.len() + ahead >= self.init.cap.max_send_wr as usize {
+            return Err(PostError::QueueFull(self.sq.len() + ahead));
         }
         let len = sg_len(&wr.sg_list);
         match self.qp_type {
@@ -91,9 +124,6 @@ impl Qp {
                 }
                 if !matches!(wr.op, SendOp::Send | SendOp::SendWithImm { .. }) {
                     return Err(PostError::Invalid("UD supports SEND only"));
-                }
-                if len > u64::from(self.mtu().bytes()) {
-                    return Err(PostError::Invalid("UD message longer than the path MTU"));
                 }
             }
             QpType::Rc => {
@@ -108,6 +138,11 @@ impl Qp {
                 }
             }
         }
+        Ok(len)
+    }
+
+    /// Queues a checked `wr` of `len` bytes; in ERR it completes at once with a flush error.
+    fn push_send(&mut self, wr: SendWr<Path>, len: u64, ctx: &mut Ctx<'_>) {
         // Atomics take one PSN; everything else one per path-MTU segment (at least one).
         let npkts = if wr.op.is_atomic() {
             1
@@ -126,7 +161,6 @@ impl Qp {
         if self.state == QpState::Err {
             self.flush(ctx);
         }
-        Ok(())
     }
 
     /// READ and atomic request messages sent and not yet fully answered: what the responder
@@ -187,6 +221,18 @@ impl Qp {
         if self.state == QpState::Sqd {
             self.check_drained(ctx);
             return None;
+        }
+        // C10-93.1.1: a UD message longer than the MTU emits no packet and no error; rxe
+        // (rxe_req.c rxe_requester) completes it successfully, its PSN consumed.
+        while self
+            .sq
+            .front()
+            .is_some_and(|w| w.len > u64::from(self.mtu().bytes()))
+        {
+            self.next_psn = self.next_psn.next();
+            self.comp_psn = self.next_psn;
+            self.sent_psn = self.next_psn;
+            self.complete_head(WcStatus::Success, ctx);
         }
         let wqe = self.sq.front()?;
         let ud = wqe.wr.ud.clone()?;

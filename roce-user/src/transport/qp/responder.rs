@@ -544,11 +544,16 @@ impl Qp {
             return;
         };
         let sges = &rwqe.sg_list;
+        // The GRH area holds the packet's IP header as rxe writes it (rxe_resp.c
+        // build_rdma_network_hdr), so that ibv_init_ah_from_wc finds the sender.
+        let grh = pkt
+            .ip
+            .map_or([0u8; GRH_LEN as usize], |ip| ip.network_header());
         let mut status = WcStatus::Success;
         if sg_len(sges) < GRH_LEN + plen {
             self.counters.resp_local_length_error += 1;
             status = WcStatus::LocLenErr;
-        } else if sg_scatter(ctx.mrs, self.init.pd, sges, 0, &[0u8; GRH_LEN as usize]).is_err()
+        } else if sg_scatter(ctx.mrs, self.init.pd, sges, 0, &grh).is_err()
             || sg_scatter(ctx.mrs, self.init.pd, sges, GRH_LEN, pkt.payload).is_err()
         {
             status = WcStatus::LocProtErr;

@@ -125,6 +125,7 @@ impl H {
             repr,
             payload,
             ce: false,
+            ip: None,
         };
         let addrs = Some((IpAddr::V4(ip(Side::A)), IpAddr::V4(ip(Side::B))));
         self.d.handle_decoded(self.now, &pkt, addrs);

@@ -17,6 +17,7 @@ fn recv_wrong_pkey_or_foreign_source_is_dropped() {
         repr: p,
         payload: &[0; 4],
         ce: false,
+        ip: None,
     };
     let stranger = IpAddr::V4(core::net::Ipv4Addr::new(10, 9, 9, 9));
     h.d.handle_decoded(h.now, &pkt, Some((stranger, IpAddr::V4(ip(Side::B)))));
@@ -38,6 +39,7 @@ fn recv_requests_before_rtr_are_dropped() {
             repr: p,
             payload: &[],
             ce: false,
+            ip: None,
         },
         None,
     );
@@ -59,6 +61,7 @@ fn recv_unknown_qp_and_garbage_frames_are_counted() {
             repr: p,
             payload: &[],
             ce: false,
+            ip: None,
         },
         None,
     );

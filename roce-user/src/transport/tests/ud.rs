@@ -54,7 +54,52 @@ fn ud_send_carries_deth_and_qkey_and_the_receiver_gets_a_grh() {
     assert_eq!(wb[0].src_qp, qa);
     assert!(wb[0].wc_flags.contains(WcFlags::GRH));
     assert_eq!(p.b.device_counters().qkey_viol_cntr, 1);
-    assert_eq!(&p.b.mrs().bytes(mb.lkey).unwrap()[40..140], &[0x33; 100]);
+    let got = p.b.mrs().bytes(mb.lkey).unwrap();
+    assert_eq!(&got[40..140], &[0x33; 100]);
+    // The GRH area as rxe fills it for RoCE v2 over IPv4: 20 zero bytes, then the packet's
+    // IPv4 header (valid checksum), from which ibv_init_ah_from_wc reads the sender.
+    assert_eq!(&got[..20], &[0; 20]);
+    let ip4 = crate::wire::ipv4::Packet::new_unchecked(&got[20..40]);
+    assert_eq!((ip4.version(), ip4.header_len()), (4, 20));
+    assert!(ip4.verify_checksum());
+    assert_eq!(ip4.src_addr(), ip(Side::A));
+    assert_eq!(ip4.dst_addr(), ip(Side::B));
+    assert_eq!(ip4.protocol(), 17);
+}
+
+/// C10-93.1.1: a UD send longer than the MTU emits nothing and completes successfully, as
+/// rxe does (rxe_req.c); the send after it goes out as usual.
+#[test]
+fn ud_send_longer_than_the_mtu_completes_without_a_packet() {
+    let (mut d, pd, cq, qpn, _) = ud_qp_in_rts();
+    let m = d.reg_mr(pd, vec![1; 4096], 0x1000, Access::all()).unwrap();
+    for (wr_id, length) in [(1, 1025), (2, 1024)] {
+        let mut wr = SendWr::send(
+            wr_id,
+            vec![Sge {
+                addr: 0x1000,
+                length,
+                lkey: m.lkey,
+            }],
+        );
+        wr.ud = Some(UdDest {
+            path: sim::path(Side::A),
+            remote_qpn: Qpn::new(5),
+            remote_qkey: QKey::new(7),
+        });
+        d.post_send(qpn, wr).unwrap();
+    }
+    let mut buf = vec![0; MAX_FRAME_LEN];
+    let t = d
+        .poll_transmit(Instant::ZERO, &mut buf)
+        .expect("the second send");
+    let f = parse_frame(&buf[..t.size]).unwrap();
+    assert_eq!(f.payload.len(), 1024);
+    assert!(d.poll_transmit(Instant::ZERO, &mut buf).is_none());
+    for wr_id in [1, 2] {
+        let wc = d.poll_cq(cq).unwrap();
+        assert_eq!((wc.wr_id, wc.status), (wr_id, WcStatus::Success));
+    }
 }
 
 #[test]
@@ -139,4 +184,45 @@ fn ud_frames_on_changing_paths_are_emit_frames_bytes() {
         assert_eq!(&buf[..t.size], &want[..n], "frame {i}");
         assert_eq!(d.poll_cq(cq).unwrap().status, WcStatus::Success);
     }
+}
+
+/// `post_send_all` (ibv_wr_complete) posts a batch all or none: a bad WR anywhere leaves the
+/// send queue as it was, and a good batch goes out in order.
+#[test]
+fn a_batch_of_sends_is_posted_all_or_none() {
+    let (mut d, pd, cq, qpn, _) = ud_qp_in_rts();
+    let m = d.reg_mr(pd, vec![1; 256], 0x1000, Access::all()).unwrap();
+    let wr = |wr_id: u64, nsge: usize| {
+        let mut wr = SendWr::send(
+            wr_id,
+            vec![
+                Sge {
+                    addr: 0x1000,
+                    length: 8,
+                    lkey: m.lkey,
+                };
+                nsge
+            ],
+        );
+        wr.ud = Some(UdDest {
+            path: sim::path(Side::A),
+            remote_qpn: Qpn::new(5),
+            remote_qkey: QKey::new(7),
+        });
+        wr
+    };
+    let too_many = DeviceConfig::default().max_sge as usize + 1;
+    let e = d
+        .post_send_all(qpn, vec![wr(1, 1), wr(2, 1), wr(3, too_many)])
+        .unwrap_err();
+    assert!(matches!(e, (2, PostError::TooManySge(..))), "{e:?}");
+    let mut buf = vec![0; MAX_FRAME_LEN];
+    assert!(d.poll_transmit(Instant::ZERO, &mut buf).is_none());
+    assert!(d.poll_cq(cq).is_none());
+    d.post_send_all(qpn, vec![wr(4, 1), wr(5, 2)]).unwrap();
+    while d.poll_transmit(Instant::ZERO, &mut buf).is_some() {}
+    let ids: Vec<u64> = core::iter::from_fn(|| d.poll_cq(cq))
+        .map(|w| w.wr_id)
+        .collect();
+    assert_eq!(ids, [4, 5]);
 }

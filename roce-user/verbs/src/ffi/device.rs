@@ -211,6 +211,7 @@ export!(
             let mut vctx = sys::verbs_context {
                 sz: size_of::<sys::verbs_context>(),
                 query_port: Some(query_port_ex),
+                create_qp_ex: Some(super::qp_ex::create_qp_ex),
                 ..Default::default()
             };
             objects::fill_ops(&mut vctx.context.ops);

@@ -17,7 +17,7 @@ use roce::api::{
     RecvWr, SendFlags, SendOp, SendWr, Sge, Wc,
 };
 
-use super::{device::ctx_of, guard, set_errno};
+use super::{device::ctx_of, guard, qp_ex::QpEx, set_errno};
 use crate::{
     sys,
     verbs::{Channel, access_from_ibv, qp_attr_from_ibv, qp_attr_to_ibv, wc_to_ibv},
@@ -36,7 +36,7 @@ pub(super) fn fill_ops(ops: &mut sys::ibv_context_ops) {
 ///
 /// # Safety
 /// `context` must be NULL or a live context of ours.
-unsafe fn device_of<'a>(context: *mut sys::ibv_context) -> Result<&'a Device, c_int> {
+pub(super) unsafe fn device_of<'a>(context: *mut sys::ibv_context) -> Result<&'a Device, c_int> {
     // SAFETY: the caller's contract.
     unsafe { ctx_of(context) }
         .ok_or(libc::EINVAL)?
@@ -389,9 +389,11 @@ unsafe extern "C" fn req_notify_cq(cq: *mut sys::ibv_cq, solicited_only: c_int) 
 
 /// A queue pair.
 #[repr(C)]
-struct QpObj {
-    ibv: sys::ibv_qp,
-    cap: sys::ibv_qp_cap,
+pub(super) struct QpObj {
+    pub(super) ibv: sys::ibv_qp,
+    /// Continues `ibv` into a `struct ibv_qp_ex`, and the `ibv_wr_*` batch (ffi/qp_ex.rs).
+    pub(super) ex: QpEx,
+    pub(super) cap: sys::ibv_qp_cap,
     sq_sig_all: bool,
     /// The address vector of the last `ibv_modify_qp` with `IBV_QP_AV`, for `ibv_query_qp`.
     ah: Option<sys::ibv_ah_attr>,
@@ -469,6 +471,7 @@ export!(
                 };
                 Ok(give(QpObj {
                     ibv,
+                    ex: QpEx::default(),
                     cap: init.cap,
                     sq_sig_all: init.sq_sig_all != 0,
                     ah: None,
@@ -489,7 +492,9 @@ export!(
 ///
 /// # Safety
 /// `qp` must be a live `QpObj` of ours.
-unsafe fn qp_dev<'a>(qp: *mut sys::ibv_qp) -> Result<(&'a mut QpObj, &'a Device), c_int> {
+pub(super) unsafe fn qp_dev<'a>(
+    qp: *mut sys::ibv_qp,
+) -> Result<(&'a mut QpObj, &'a Device), c_int> {
     if qp.is_null() {
         return Err(libc::EINVAL);
     }
@@ -613,17 +618,6 @@ export!(
     }
 );
 
-export!(
-    "IBVERBS_1.6",
-    /// `ibv_qp_to_qp_ex`: the new post-send API (`ibv_wr_*`) is not offered yet; NULL with
-    /// EOPNOTSUPP, which programs take as "use ibv_post_send".
-    fn ibv_qp_to_qp_ex(qp: *mut sys::ibv_qp) -> *mut sys::ibv_qp_ex {
-        let _ = qp;
-        set_errno(libc::EOPNOTSUPP);
-        ptr::null_mut()
-    }
-);
-
 /// The scatter/gather list of a work request.
 ///
 /// # Safety
@@ -723,21 +717,22 @@ unsafe extern "C" fn post_send(
         Ok(x) => x,
         Err(e) => return e,
     };
-    if obj.ibv.qp_type == sys::IBV_QPT_UD {
-        // UD sends need address handles, not offered yet.
-        if !bad_wr.is_null() {
-            // SAFETY: `bad_wr` is the caller's out pointer.
-            unsafe { bad_wr.write(wr) };
-        }
-        return libc::EOPNOTSUPP;
-    }
+    let ud = obj.ibv.qp_type == sys::IBV_QPT_UD;
     let qpn = Qpn::new(obj.ibv.qp_num);
     let mut cur = wr;
     while !cur.is_null() {
         // SAFETY: `cur` is an element of the caller's list.
         let w = unsafe { &*cur };
-        // SAFETY: `w` is a valid work request.
-        let r = unsafe { send_wr(w) }.and_then(|s| dev.post_send(qpn, s).map_err(|e| e.errno()));
+        // SAFETY: `w` is a valid work request; on a UD QP its `wr.ud.ah` is an AH of ours.
+        let r = unsafe { send_wr(w) }
+            .and_then(|mut s| {
+                if ud {
+                    // SAFETY: as above.
+                    s.ud = Some(unsafe { super::ah::ud_dest(w, qpn) }?);
+                }
+                Ok(s)
+            })
+            .and_then(|s| dev.post_send(qpn, s).map_err(|e| e.errno()));
         if let Err(e) = r {
             if !bad_wr.is_null() {
                 // SAFETY: `bad_wr` is the caller's out pointer.
