@@ -16,6 +16,7 @@
 //! first resource that needs it is made.
 
 pub mod device;
+pub mod events;
 mod ffi;
 mod sys;
 pub mod verbs;

@@ -34,5 +34,7 @@ pub(super) fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e };
 }
 
+mod async_event;
 mod device;
 mod objects;
+mod srq;
