@@ -11,8 +11,9 @@
 //! descriptors (the test checks that they did). After the scenarios a second VM boots beside the
 //! first and the two run the same sizes and MTUs against each other: the rxe ↔ rxe reference of
 //! the same run. `ROCE_INTEROP_ITERS=N` changes the iteration count. At path MTU 1024 the
-//! suite also runs Debian's unmodified ibv_rc_pingpong on our side, on the drop-in libibverbs
-//! (`roce exec`), at 1, 4096 and 65536 B, both directions.
+//! suite also runs Debian's unmodified ibv_rc_pingpong and ibv_srq_pingpong on our side, on
+//! the drop-in libibverbs (`roce exec`), against the same program on rxe, at 1, 4096 and
+//! 65536 B, both directions.
 
 use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 
@@ -88,9 +89,16 @@ fn both_ways(h: &Harness<'_>, size: u32, mtu: u32, port: &mut u16) -> Vec<SceneR
     out
 }
 
-/// Debian's unmodified ibv_rc_pingpong on our side too, through the drop-in libibverbs
-/// (`roce exec`), against rxe's, one scenario in each direction for (size, mtu).
-fn drop_in_both_ways(h: &Harness<'_>, size: u32, mtu: u32, port: &mut u16) -> Vec<SceneReport> {
+/// Debian's unmodified `prog` (`ibv_rc_pingpong` or `ibv_srq_pingpong`) on our side too,
+/// through the drop-in libibverbs (`roce exec`), against the same program on rxe, one
+/// scenario in each direction for (size, mtu).
+fn drop_in_both_ways(
+    h: &Harness<'_>,
+    prog: &str,
+    size: u32,
+    mtu: u32,
+    port: &mut u16,
+) -> Vec<SceneReport> {
     let p = h.peer;
     let n = iters();
     let gids: Vec<serde_json::Value> = serde_json::from_str(&roce_tests::roce_ok(&[
@@ -103,7 +111,7 @@ fn drop_in_both_ways(h: &Harness<'_>, size: u32, mtu: u32, port: &mut u16) -> Ve
         .map(|g| g["index"].to_string())
         .expect("an IPv4 GID on our side");
     let ours = |port: u16, server: Option<String>| {
-        let mut v: Vec<String> = ["exec", "-d", &p.ifname, "--", "ibv_rc_pingpong", "-d"]
+        let mut v: Vec<String> = ["exec", "-d", &p.ifname, "--", prog, "-d"]
             .map(String::from)
             .to_vec();
         v.push(format!("roce_{}", p.ifname));
@@ -119,22 +127,25 @@ fn drop_in_both_ways(h: &Harness<'_>, size: u32, mtu: u32, port: &mut u16) -> Ve
         v.extend(server);
         v
     };
+    // rxe's side runs the same program with the same options.
+    let guest =
+        |port: u16| rxe::pingpong_cmd(port, size, n, mtu).replacen("ibv_rc_pingpong", prog, 1);
     let mut out = Vec::new();
     *port += 1;
     out.push(h.run(
-        &format!("dropin-ibv_rc_pingpong-server_rxe-s{size}-m{mtu}"),
+        &format!("dropin-{prog}-server_rxe-s{size}-m{mtu}"),
         &Roles::GuestServer {
-            guest: rxe::pingpong_cmd(*port, size, n, mtu),
+            guest: guest(*port),
             ours: ours(*port, Some(p.guest_ip.to_string())),
         },
         *port,
     ));
     *port += 1;
     out.push(h.run(
-        &format!("dropin-ibv_rc_pingpong-server_roce-s{size}-m{mtu}"),
+        &format!("dropin-{prog}-server_roce-s{size}-m{mtu}"),
         &Roles::OurServer {
             ours: ours(*port, None),
-            guest: format!("{} {}", rxe::pingpong_cmd(*port, size, n, mtu), p.host_ip),
+            guest: format!("{} {}", guest(*port), p.host_ip),
         },
         *port,
     ));
@@ -290,11 +301,14 @@ fn ibv_rc_pingpong_both_directions_mtu_1024() {
             reports.push(r);
         }
     }
-    // The same tool on both sides: Debian's ibv_rc_pingpong on the drop-in libibverbs here.
-    for size in [1u32, 4096, 65536] {
-        for mut r in drop_in_both_ways(&h, size, 1024, &mut port) {
-            check_outputs(&mut r, size);
-            reports.push(r);
+    // The same tool on both sides: Debian's ibv_rc_pingpong and ibv_srq_pingpong (16 QPs on
+    // one SRQ) on the drop-in libibverbs here.
+    for prog in ["ibv_rc_pingpong", "ibv_srq_pingpong"] {
+        for size in [1u32, 4096, 65536] {
+            for mut r in drop_in_both_ways(&h, prog, size, 1024, &mut port) {
+                check_outputs(&mut r, size);
+                reports.push(r);
+            }
         }
     }
     let refs = references(&peer, &PeerOptions::default(), &reports, &mut port);
