@@ -11,9 +11,11 @@
 //! descriptors (the test checks that they did). After the scenarios a second VM boots beside the
 //! first and the two run the same sizes and MTUs against each other: the rxe ↔ rxe reference of
 //! the same run. `ROCE_INTEROP_ITERS=N` changes the iteration count. At path MTU 1024 the
-//! suite also runs Debian's unmodified ibv_rc_pingpong on our side, on the drop-in libibverbs
-//! (`roce exec`), at 1, 4096 and 65536 B, both directions, and Debian's ibv_ud_pingpong the
-//! same way at 1 B and the port MTU (1024 B).
+//! suite also runs Debian's unmodified ibv_rc_pingpong and ibv_srq_pingpong on our side, on
+//! the drop-in libibverbs (`roce exec`), against the same program on rxe, at 1, 4096 and
+//! 65536 B (ibv_srq_pingpong's 64 KiB runs, 16 QPs at once into the guest, only with
+//! `ROCE_INTEROP_FULL=1`), both directions, and Debian's ibv_ud_pingpong the same way at 1 B
+//! and the port MTU (1024 B).
 
 use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 
@@ -89,9 +91,10 @@ fn both_ways(h: &Harness<'_>, size: u32, mtu: u32, port: &mut u16) -> Vec<SceneR
     out
 }
 
-/// Debian's unmodified `prog` (ibv_rc_pingpong, or ibv_ud_pingpong, which has no `-m`: UD
-/// uses the port's MTU) on our side too, through the drop-in libibverbs (`roce exec`),
-/// against the same tool on rxe, one scenario in each direction for (size, mtu).
+/// Debian's unmodified `prog` (ibv_rc_pingpong, ibv_srq_pingpong, or ibv_ud_pingpong, which
+/// has no `-m`: UD uses the port's MTU) on our side too, through the drop-in libibverbs
+/// (`roce exec`), against the same tool on rxe, one scenario in each direction for (size,
+/// mtu).
 fn drop_in_both_ways(
     h: &Harness<'_>,
     prog: &str,
@@ -350,11 +353,17 @@ fn ibv_rc_pingpong_both_directions_mtu_1024() {
             reports.push(r);
         }
     }
-    // The same tool on both sides: Debian's ibv_rc_pingpong on the drop-in libibverbs here.
-    for size in [1u32, 4096, 65536] {
-        for mut r in drop_in_both_ways(&h, "ibv_rc_pingpong", size, Some(1024), &mut port) {
-            check_outputs(&mut r, size);
-            reports.push(r);
+    // The same tool on both sides: Debian's ibv_rc_pingpong and ibv_srq_pingpong (16 QPs on
+    // one SRQ) on the drop-in libibverbs here.
+    for prog in ["ibv_rc_pingpong", "ibv_srq_pingpong"] {
+        for size in [1u32, 4096, 65536] {
+            if prog == "ibv_srq_pingpong" && size == 65536 && !rxe::full() {
+                continue;
+            }
+            for mut r in drop_in_both_ways(&h, prog, size, Some(1024), &mut port) {
+                check_outputs(&mut r, size);
+                reports.push(r);
+            }
         }
     }
     // ibv_ud_pingpong both ways: address handles, UD sends and GRH receives against rxe's, up

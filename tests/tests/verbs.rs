@@ -116,6 +116,9 @@ fn ibv_devices_and_ibv_devinfo_show_the_device_as_the_engine_sees_it() {
     assert_eq!(field(&out, "max_qp_wr"), cfg.max_qp_wr.to_string());
     assert_eq!(field(&out, "max_mr"), cfg.max_mr.to_string());
     assert_eq!(field(&out, "max_cqe"), cfg.max_cqe.to_string());
+    assert_eq!(field(&out, "max_srq"), cfg.max_srq.to_string());
+    assert_eq!(field(&out, "max_srq_wr"), cfg.max_srq_wr.to_string());
+    assert_eq!(field(&out, "max_srq_sge"), cfg.max_srq_sge.to_string());
     assert_eq!(
         field(&out, "max_qp_rd_atom"),
         cfg.max_qp_rd_atom.to_string()
@@ -239,7 +242,11 @@ fn the_library_defines_what_the_tools_import_with_their_versions() {
             .collect()
     };
     let defined = dynsyms(lib.to_str().unwrap(), false);
-    for tool in ["/usr/bin/ibv_devices", "/usr/bin/ibv_devinfo"] {
+    for tool in [
+        "/usr/bin/ibv_devices",
+        "/usr/bin/ibv_devinfo",
+        "/usr/bin/ibv_srq_pingpong",
+    ] {
         let needed = dynsyms(tool, true);
         assert!(
             !needed.is_empty(),
@@ -309,7 +316,9 @@ fn rc_pingpong(pair: &roce::netns::VethPair, port: u16, extra: &[&str]) -> (Stri
     pingpong("ibv_rc_pingpong", pair, port, extra)
 }
 
-/// [`rc_pingpong`] for any of the pingpongs (`prog`), which share their options.
+/// Runs one of Debian's pingpongs (`prog`), server on `pair.a` and client on `pair.b`, both on
+/// the library, with the IPv4 GID, port `port` and `extra` options; returns both outputs
+/// after checking both succeeded.
 fn pingpong(
     prog: &str,
     pair: &roce::netns::VethPair,
@@ -864,4 +873,75 @@ fn bad_use_gets_rdma_cores_errno_or_error_completion() {
     );
     assert!(!c.contains("FAIL") && !s.contains("FAIL"), "{c}\n{s}");
     assert!(!xdp_attached(a) && !xdp_attached(b));
+}
+
+/// Debian's unmodified `ibv_srq_pingpong` at both ends on the library: its 16 QPs (and 4 with
+/// `-q 4`) receive through one SRQ, each message taking one SRQ WQE whichever QP it came on,
+/// at 1 byte, a page and 64 KiB, polling and with `-e` (completion channels).
+#[test]
+fn ibv_srq_pingpong_runs_on_the_library_at_both_ends() {
+    require_root();
+    let pair = veth_pair("vsq", 196);
+    let runs: [&[&str]; 6] = [
+        &["-s", "1"],
+        &["-s", "4096"],
+        &["-s", "65536"],
+        &["-s", "4096", "-e"],
+        &["-s", "65536", "-e"],
+        &["-s", "4096", "-q", "4"],
+    ];
+    for (i, extra) in runs.into_iter().enumerate() {
+        let size: u64 = extra[1].parse().unwrap();
+        let mut args = vec!["-n", "200"];
+        args.extend_from_slice(extra);
+        let (c, s) = pingpong("ibv_srq_pingpong", &pair, 18700 + i as u16, &args);
+        for out in [&c, &s] {
+            assert!(
+                out.contains(&format!("{} bytes in", 2 * 200 * size)),
+                "{extra:?}: {out}"
+            );
+            assert!(out.contains("200 iters in"), "{extra:?}: {out}");
+        }
+        let qps = if extra.contains(&"-q") { 4 } else { 16 };
+        assert_eq!(s.matches("remote address:").count(), qps, "{extra:?}: {s}");
+    }
+}
+
+/// Asynchronous events through the ABI: tests/c/async_events.c, compiled with gcc against
+/// libibverbs-dev's headers (linked by SONAME, so it loads the drop-in library under `roce
+/// exec`). The server arms an SRQ limit, receives, and gets exactly one
+/// IBV_EVENT_SRQ_LIMIT_REACHED for its SRQ from ibv_get_async_event after poll(2) on
+/// `async_fd` says it is readable; the client, once the server's QP is gone, gets a
+/// retry-exceeded completion and IBV_EVENT_QP_FATAL for its QP.
+#[test]
+fn async_events_srq_limit_and_qp_fatal_through_the_abi() {
+    require_root();
+    let prog = CProgram::build("async_events");
+    let pair = veth_pair("vae", 197);
+    let start = |end: &VethEnd, server: Option<&VethEnd>| {
+        let mut args: Vec<String> = vec![
+            "exec".into(),
+            "-d".into(),
+            end.ifname.clone(),
+            "--".into(),
+            prog.path(),
+            ipv4_gid_index(end),
+            "18800".into(),
+        ];
+        args.extend(server.map(|s| s.ipv4.to_string()));
+        roce_tests::child::spawn(&end.netns, &args)
+    };
+    let server = start(&pair.a, None);
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let client = start(&pair.b, Some(&pair.a));
+    let limit = std::time::Duration::from_secs(60);
+    let c = roce_tests::child::finish_within(client, limit, "async_events client");
+    let s = roce_tests::child::finish_within(server, limit, "async_events server");
+    let (c_ok, c) = (c.status.success(), text(&c));
+    let (s_ok, s) = (s.status.success(), text(&s));
+    assert!(c_ok && s_ok, "client:\n{c}\nserver:\n{s}");
+    assert!(s.contains("OK SRQ limit reached"), "{s}");
+    assert!(s.contains("OK one limit event, limit disarmed"), "{s}");
+    assert!(c.contains("OK transport retry counter exceeded"), "{c}");
+    assert!(c.contains("OK local work queue catastrophic error"), "{c}");
 }

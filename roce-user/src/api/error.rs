@@ -134,6 +134,16 @@ pub enum ApiError {
         /// The CQ's queue.
         cq: u32,
     },
+    /// A QP's PD and its SRQ were made on different queues of a sharded device.
+    #[error(
+        "the QP's protection domain is on queue {pd} but its shared receive queue on queue {srq}: a sharded device keeps a QP's PD and SRQ on one queue"
+    )]
+    SrqOtherQueue {
+        /// The PD's queue.
+        pd: u32,
+        /// The SRQ's queue.
+        srq: u32,
+    },
 }
 
 fn holders_text(pids: &[u32]) -> String {
@@ -163,11 +173,14 @@ impl ApiError {
             Self::PdBusy(_)
             | Self::CqBusy(_)
             | Self::QueueTaken { .. }
-            | Self::Device(DeviceError::PdInUse(_) | DeviceError::CqInUse(_)) => libc::EBUSY,
+            | Self::Device(
+                DeviceError::PdInUse(_) | DeviceError::CqInUse(_) | DeviceError::SrqInUse(_),
+            ) => libc::EBUSY,
             Self::Device(
                 DeviceError::TooManyQps(_)
                 | DeviceError::TooManyCqs(_)
                 | DeviceError::TooManyPds(_)
+                | DeviceError::TooManySrqs(_)
                 | DeviceError::Mr(MrError::TableFull(_)),
             )
             | Self::Mr(MrError::TableFull(_))

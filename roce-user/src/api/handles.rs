@@ -142,17 +142,46 @@ impl<'d> Pd<'d> {
         qp_type: QpType,
         cap: QpCap,
     ) -> Result<Qp<'a>, ApiError> {
+        self.new_qp(send_cq, recv_cq, None, qp_type, cap)
+    }
+
+    /// [`Pd::create_qp`] for a QP that receives through `srq` (`init_attr.srq`): its
+    /// receives are the SRQ's WQEs, so `cap.max_recv_wr` is ignored and [`Qp::post_recv`] is
+    /// refused; post to the SRQ ([`super::Srq::post_recv`]). The QP borrows the SRQ.
+    ///
+    /// # Errors
+    /// As [`Pd::create_qp`]; [`ApiError::ForeignHandle`] for an SRQ of another device.
+    pub fn create_qp_with_srq<'a>(
+        &'a self,
+        send_cq: &'a Cq<'d>,
+        recv_cq: &'a Cq<'d>,
+        srq: &'a super::Srq<'_>,
+        qp_type: QpType,
+        cap: QpCap,
+    ) -> Result<Qp<'a>, ApiError> {
+        self.new_qp(send_cq, recv_cq, Some(srq.id()), qp_type, cap)
+    }
+
+    fn new_qp<'a>(
+        &'a self,
+        send_cq: &'a Cq<'d>,
+        recv_cq: &'a Cq<'d>,
+        srq: Option<super::SrqId>,
+        qp_type: QpType,
+        cap: QpCap,
+    ) -> Result<Qp<'a>, ApiError> {
         for cq in [send_cq, recv_cq] {
             if !std::ptr::eq(cq.dev, self.dev) {
                 return Err(ApiError::ForeignHandle("completion queue"));
             }
         }
-        let qpn = self.dev.create_qp(QpInit {
+        let init = QpInit {
             send_cq: send_cq.id,
             recv_cq: recv_cq.id,
             cap,
             ..QpInit::new(qp_type, self.id, send_cq.id)
-        })?;
+        };
+        let qpn = self.dev.create_qp_with_srq(init, srq)?;
         Ok(Qp {
             pd: self,
             send_cq,

@@ -39,6 +39,7 @@ mod cq;
 mod error;
 mod handles;
 mod path;
+mod srq;
 
 use std::{
     fs::File,
@@ -58,7 +59,8 @@ pub use crate::transport::Event;
 pub use crate::transport::{
     Access, AttrMask, CqId, DeviceConfig, DeviceCounters, LKey, MemBuf, Memory, MrInfo, Mtu, Path,
     PdId, PostError, Psn, QKey, QpAttr, QpCap, QpCounters, QpInit, QpState, QpType, Qpn, RKey,
-    RawMem, RecvWr, SendFlags, SendOp, SendWr, Sge, UdDest, Wc, WcFlags, WcOpcode, WcStatus,
+    RawMem, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqAttr, SrqAttrMask, SrqId, UdDest, Wc,
+    WcFlags, WcOpcode, WcStatus,
 };
 use crate::{
     engine::{Clock, Engine, EngineConfig, EngineThread, spawn_engines},
@@ -75,6 +77,7 @@ pub use self::{
     error::ApiError,
     handles::{Ah, Cq, Mr, Pd, Qp},
     path::{PATH_CACHE_TTL, needs_multi_buffer},
+    srq::Srq,
 };
 use self::{
     error::os,
@@ -297,6 +300,7 @@ impl Device {
             shards.push(Arc::new(Shared {
                 dev: Mutex::new(transport::Device::new(config)),
                 progress: Condvar::new(),
+                events: Condvar::new(),
                 wakers: Mutex::new(Vec::new()),
                 wake,
                 xsk: Mutex::new(std::collections::BTreeMap::new()),
@@ -700,7 +704,26 @@ impl Device {
     /// # Errors
     /// Limits, or no free QPN.
     pub fn create_qp(&self, init: QpInit) -> Result<Qpn, ApiError> {
+        self.create_qp_with_srq(init, None)
+    }
+
+    /// [`Device::create_qp`] for a QP that receives through `srq` when given
+    /// (`init_attr.srq`; [`Device::create_srq`]): the SRQ must be on the PD's queue.
+    ///
+    /// # Errors
+    /// As [`Device::create_qp`]; no such SRQ, or [`ApiError::SrqOtherQueue`].
+    pub fn create_qp_with_srq(&self, init: QpInit, srq: Option<SrqId>) -> Result<Qpn, ApiError> {
         let (queue, pd) = self.split_pd(init.pd);
+        let srq = match srq {
+            Some(id) => {
+                let (sq, raw) = self.split_srq(id);
+                if sq != queue {
+                    return Err(ApiError::SrqOtherQueue { pd: queue, srq: sq });
+                }
+                Some(raw)
+            }
+            None => None,
+        };
         let (sq, send_cq) = self.split_cq(init.send_cq);
         let (rq, recv_cq) = self.split_cq(init.recv_cq);
         for (which, cq) in [("send", sq), ("recv", rq)] {
@@ -723,7 +746,7 @@ impl Device {
         let qps = self.pins.qps()?;
         let me = std::process::id();
         for _ in 0..MAX_QPS {
-            let qpn = sh.lock().create_qp(init)?;
+            let qpn = sh.lock().create_qp_with_srq(init, srq)?;
             let n = qpn.value();
             if n >= MAX_QPS {
                 sh.lock().destroy_qp(qpn)?;
@@ -931,9 +954,19 @@ impl Device {
     }
 
     /// The next asynchronous or completion event ([`Event`]), waiting up to `timeout` for one
-    /// (`ibv_get_async_event` and the event half of `ibv_get_cq_event`). CQs in the events are
-    /// the API's ids. On an inline device ([`DeviceOptions::inline`]) the wait also drives the
-    /// queues.
+    /// (`ibv_get_async_event` and the event half of `ibv_get_cq_event`). CQs and SRQs in the
+    /// events are the API's ids. On an inline device ([`DeviceOptions::inline`]) the wait also
+    /// drives the queues.
+    ///
+    /// One queue holds both kinds, in the order they happened: completion notifications
+    /// ([`Event::CqNotify`], after [`Device::req_notify_cq`]) and asynchronous events (QP
+    /// fatal, communication established, last WQE reached, SQ drained, CQ overflow, SRQ limit;
+    /// [`Event::is_async`]). A program that waits for both from one thread needs nothing
+    /// else; one that waits for them in different threads runs one thread here and hands the
+    /// events on (the drop-in libibverbs does: completion channels and `async_fd`). Events
+    /// are kept until taken, at most [`DeviceConfig::max_events`] per queue (more are counted
+    /// in `events_lost`). The waiting thread sleeps until an engine turn leaves an event, or
+    /// 10 ms at most.
     #[must_use]
     pub fn wait_event(&self, timeout: Duration) -> Option<Event> {
         let deadline = std::time::Instant::now() + timeout;
@@ -944,6 +977,9 @@ impl Device {
             },
             Event::CqOverflow { cq } => Event::CqOverflow {
                 cq: CqId(cq.0 * n + queue),
+            },
+            Event::SrqLimitReached { srq } => Event::SrqLimitReached {
+                srq: SrqId(srq.0 * n + queue),
             },
             other => other,
         };
@@ -978,7 +1014,7 @@ impl Device {
                 }
             } else {
                 let _ = sh
-                    .progress
+                    .events
                     .wait_timeout(dev, step)
                     .unwrap_or_else(std::sync::PoisonError::into_inner);
             }

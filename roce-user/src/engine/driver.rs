@@ -30,6 +30,9 @@ pub(crate) struct Shared {
     pub(crate) progress: Condvar,
     /// Async waiters, woken with `progress`.
     pub(crate) wakers: Mutex<Vec<Waker>>,
+    /// Signalled by the engines after a turn that left an event queued in the transport, for
+    /// the threads in `api::Device::wait_event` (so they sleep through turns without events).
+    pub(crate) events: Condvar,
     /// Makes the engines' poll(2) return, after a post.
     pub(crate) wake: EventFd,
     /// The latest AF_XDP counters of each queue, as the engines report them.
@@ -311,9 +314,13 @@ impl Handler for TransportHandler {
             }
             self.activity = true;
         }
+        let events = dev.has_events();
         drop(dev);
         if std::mem::take(&mut self.activity) {
             self.shared.notify();
+        }
+        if events {
+            self.shared.events.notify_all();
         }
     }
 

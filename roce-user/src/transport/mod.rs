@@ -61,6 +61,7 @@ pub mod mr;
 pub mod qp;
 mod sched;
 pub mod sim;
+pub mod srq;
 pub mod state;
 #[cfg(test)]
 mod tests;
@@ -81,6 +82,8 @@ pub use self::mr::{
 };
 use self::qp::TxBuf;
 pub use self::qp::{PostError, Qp, QpCap, QpInit};
+use self::srq::SrqTable;
+pub use self::srq::{Srq, SrqAttr, SrqAttrError, SrqAttrMask, SrqId};
 pub use self::state::{AttrMask, ModifyError, Mtu, QpAttr, QpState, QpType};
 pub use self::timer::{Instant, Timer};
 pub use self::wr::{RecvWr, SendFlags, SendOp, SendWr, UdDest};
@@ -140,6 +143,12 @@ pub struct DeviceConfig {
     pub max_qp_rd_atom: u8,
     /// Async events queued before new ones are counted as lost (default 256).
     pub max_events: usize,
+    /// Shared receive queues (default 1024); more are refused ([`DeviceError::TooManySrqs`]).
+    pub max_srq: usize,
+    /// WQEs per SRQ (default 16384, rxe's `RXE_MAX_SRQ_WR`).
+    pub max_srq_wr: u32,
+    /// Scatter/gather entries per SRQ WQE (default 32, as `max_sge`).
+    pub max_srq_sge: u32,
     /// Seed of the CSPRNG that draws the key bits of memory regions. Inject real entropy in
     /// production; tests inject a constant to be reproducible.
     pub key_seed: [u8; 32],
@@ -175,6 +184,9 @@ impl Default for DeviceConfig {
             max_sge: 32,
             max_qp_rd_atom: 16,
             max_events: 256,
+            max_srq: 1024,
+            max_srq_wr: 0x4000,
+            max_srq_sge: 32,
             key_seed: [0; 32],
             first_qpn: 16,
             max_inflight_pkts: 1024,
@@ -266,6 +278,33 @@ pub enum Event {
         /// The CQ.
         cq: CqId,
     },
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`: a QP took a WQE and fewer than the armed `srq_limit`
+    /// are left; the limit is disarmed (rxe `get_srq_wqe`).
+    SrqLimitReached {
+        /// The SRQ.
+        srq: SrqId,
+    },
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED`: a QP attached to an SRQ entered ERR and will take no
+    /// more WQEs from it (IBA 11.6.3; rxe `flush_recv_queue`).
+    QpLastWqeReached {
+        /// The QP.
+        qpn: Qpn,
+    },
+    /// `IBV_EVENT_COMM_EST`: the first request arrived while the RC QP was in RTR (IBA 11.6.3;
+    /// rdmavt `rvt_comm_est`; rxe raises none), once per connection.
+    CommEstablished {
+        /// The QP.
+        qpn: Qpn,
+    },
+}
+
+impl Event {
+    /// Whether this is an asynchronous event (`ibv_get_async_event`) rather than a completion
+    /// notification ([`Event::CqNotify`], for `ibv_get_cq_event`).
+    #[must_use]
+    pub const fn is_async(&self) -> bool {
+        !matches!(self, Self::CqNotify { .. })
+    }
 }
 
 /// Why a device call failed.
@@ -295,6 +334,18 @@ pub enum DeviceError {
     /// No such CQ.
     #[error("no completion queue {0:?}")]
     NoSuchCq(CqId),
+    /// `max_srq` SRQs exist.
+    #[error("too many shared receive queues (max {0})")]
+    TooManySrqs(usize),
+    /// No such SRQ.
+    #[error("no shared receive queue {0:?}")]
+    NoSuchSrq(SrqId),
+    /// A QP still receives through the SRQ (`ibv_destroy_srq` fails with `EBUSY`).
+    #[error("shared receive queue {0:?} is in use by a queue pair")]
+    SrqInUse(SrqId),
+    /// An SRQ attribute was refused (`EINVAL`).
+    #[error("shared receive queue: {0}")]
+    SrqAttr(#[from] SrqAttrError),
     /// A queue size beyond the device limits.
     #[error("requested size {0} exceeds the device limit {1}")]
     TooLarge(u64, u64),
@@ -366,6 +417,7 @@ impl CqTable {
 pub(crate) struct Ctx<'a> {
     pub mrs: &'a mut MrTable,
     pub cqs: &'a mut CqTable,
+    pub srqs: &'a mut SrqTable,
     pub events: &'a mut VecDeque<Event>,
     pub max_events: usize,
     pub counters: &'a mut DeviceCounters,
@@ -412,6 +464,7 @@ pub struct Device {
     next_pd: u32,
     mrs: MrTable,
     cqs: CqTable,
+    srqs: SrqTable,
     qps: BTreeMap<u32, Qp>,
     next_qpn: u32,
     events: VecDeque<Event>,
@@ -429,6 +482,7 @@ impl Device {
             next_pd: 1,
             mrs: MrTable::for_shard(config.max_mr, config.key_seed, config.shard),
             cqs: CqTable::default(),
+            srqs: SrqTable::default(),
             qps: BTreeMap::new(),
             next_qpn: config.first_qpn.max(2),
             events: VecDeque::new(),
@@ -465,7 +519,10 @@ impl Device {
         if !self.pds.contains(&pd.0) {
             return Err(DeviceError::NoSuchPd(pd));
         }
-        if self.mrs.uses_pd(pd) || self.qps.values().any(|q| q.init.pd == pd) {
+        if self.mrs.uses_pd(pd)
+            || self.srqs.uses_pd(pd)
+            || self.qps.values().any(|q| q.init.pd == pd)
+        {
             return Err(DeviceError::PdInUse(pd));
         }
         self.pds.remove(&pd.0);
@@ -592,6 +649,26 @@ impl Device {
     /// # Errors
     /// [`DeviceError`] if too many QPs exist, a CQ does not exist or a size is too large.
     pub fn create_qp(&mut self, init: QpInit) -> Result<Qpn, DeviceError> {
+        self.create_qp_with_srq(init, None)
+    }
+
+    /// Creates a QP in RESET (`ibv_create_qp`) that receives through `srq` when given
+    /// (`init_attr.srq`): its own receive queue is unused, so `cap.max_recv_wr` is ignored, and
+    /// [`Device::post_recv`] on it is refused (rxe: `EINVAL`).
+    ///
+    /// # Errors
+    /// As [`Device::create_qp`], and [`DeviceError::NoSuchSrq`].
+    pub fn create_qp_with_srq(
+        &mut self,
+        mut init: QpInit,
+        srq: Option<SrqId>,
+    ) -> Result<Qpn, DeviceError> {
+        if let Some(id) = srq {
+            if self.srqs.get(id).is_none() {
+                return Err(DeviceError::NoSuchSrq(id));
+            }
+            init.cap.max_recv_wr = 0;
+        }
         if self.qps.len() >= self.config.max_qp {
             return Err(DeviceError::TooManyQps(self.config.max_qp));
         }
@@ -624,6 +701,7 @@ impl Device {
         self.next_qpn = (n + 1) & 0x00ff_ffff;
         let qpn = Qpn::new(n);
         let mut qp = Qp::new(qpn, init);
+        qp.srq = srq;
         qp.cc = cc::for_qp(&self.config.cc, init.qp_type);
         self.qps.insert(n, qp);
         Ok(qpn)
@@ -654,6 +732,7 @@ impl Device {
             qps,
             mrs,
             cqs,
+            srqs,
             events,
             counters,
             config,
@@ -665,6 +744,7 @@ impl Device {
             Ctx {
                 mrs,
                 cqs,
+                srqs,
                 events,
                 max_events: config.max_events,
                 counters,
@@ -866,6 +946,7 @@ impl Device {
             qps,
             mrs,
             cqs,
+            srqs,
             events,
             counters,
             config,
@@ -875,6 +956,7 @@ impl Device {
         let mut ctx = Ctx {
             mrs,
             cqs,
+            srqs,
             events,
             max_events: config.max_events,
             counters,
@@ -1008,6 +1090,13 @@ impl Device {
     /// The next asynchronous event (`ibv_get_async_event`).
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()
+    }
+
+    /// Whether an event waits for [`Device::poll_event`]; an engine checks it after each turn
+    /// to wake the threads waiting for events only when there is one.
+    #[must_use]
+    pub fn has_events(&self) -> bool {
+        !self.events.is_empty()
     }
 
     /// Counts a frame that another shard's RX queue received and handed to this device

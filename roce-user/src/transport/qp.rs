@@ -81,6 +81,9 @@ pub enum PostError {
     /// The request does not fit the QP type or its limits.
     #[error("invalid work request: {0}")]
     Invalid(&'static str),
+    /// No SRQ with this id.
+    #[error("no shared receive queue {0:?}")]
+    NoSuchSrq(super::SrqId),
 }
 
 /// Sizes of a QP's queues (`struct ibv_qp_cap`).
@@ -322,6 +325,11 @@ pub struct Qp {
     /// The Ethernet/IP/UDP headers of the path its last frame took, rebuilt when the path
     /// changes (see [`super::Device::poll_transmit`]).
     pub(crate) tx_template: Option<FrameTemplate>,
+    /// The shared receive queue its responder takes WQEs from (transport/srq.rs); `rq` then
+    /// holds at most the one WQE of the message being received.
+    pub(crate) srq: Option<super::SrqId>,
+    /// [`Event::CommEstablished`] was raised since the QP last left RESET.
+    comm_est: bool,
 }
 
 impl Qp {
@@ -362,6 +370,8 @@ impl Qp {
             cc: None,
             sched: super::sched::QpSched::default(),
             tx_template: None,
+            srq: None,
+            comm_est: false,
         }
     }
 
@@ -519,9 +529,10 @@ impl Qp {
 
     fn reset(&mut self) {
         let (qpn, init) = (self.qpn, self.init);
-        let counters = self.counters;
+        let (counters, srq) = (self.counters, self.srq);
         *self = Self::new(qpn, init);
         self.counters = counters;
+        self.srq = srq;
     }
 
     // ---------------------------------------------------------------- completions
@@ -605,6 +616,11 @@ impl Qp {
             });
         }
         self.flush(ctx);
+        if self.srq.is_some() {
+            // The WQE in use (if any) is flushed above, so no more will be taken (IBA 11.6.3,
+            // rxe flush_recv_queue).
+            ctx.event(Event::QpLastWqeReached { qpn: self.qpn });
+        }
     }
 
     fn flush(&mut self, ctx: &mut Ctx<'_>) {

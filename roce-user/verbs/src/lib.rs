@@ -17,6 +17,7 @@
 
 pub mod ah;
 pub mod device;
+pub mod events;
 mod ffi;
 mod sys;
 pub mod verbs;

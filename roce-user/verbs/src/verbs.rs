@@ -17,10 +17,14 @@ use std::{
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use roce::api::{
     Access, AttrMask, CqId, Device, DeviceOptions, Event, Mtu, Path, Psn, QKey, QpAttr, QpState,
-    Qpn, Wc, WcFlags,
+    Qpn, SrqId, Wc, WcFlags,
 };
 
-use crate::{device::Port, sys};
+use crate::{
+    device::Port,
+    events::{AsyncEvent, AsyncEvents, Element},
+    sys,
+};
 
 /// The environment variable that picks how the engine runs: `inline` (the default) or
 /// `threads`.
@@ -61,9 +65,26 @@ pub struct Verbs {
     opening: Mutex<()>,
     /// Which channel each CQ with a completion channel reports to, and the CQ's C handle.
     routes: Routes,
-    /// The thread that turns the engine's completion events into channel events.
+    /// The C structs of the QPs, CQs and SRQs, for the elements of asynchronous events.
+    handles: Arc<Mutex<Handles>>,
+    /// The asynchronous events and the fd behind `ibv_context.async_fd`.
+    pub events: Arc<AsyncEvents>,
+    /// The thread that hands the engine's events on: completion events to channels,
+    /// asynchronous ones to `events`; it also watches the link for the port events.
     pump: Mutex<Option<Pump>>,
 }
+
+/// The address of each object's C struct, by the engine's id, so that an event names the
+/// object the program knows.
+#[derive(Debug, Default)]
+struct Handles {
+    qps: HashMap<u32, usize>,
+    cqs: HashMap<u32, usize>,
+    srqs: HashMap<u32, usize>,
+}
+
+/// How often the event thread reads the link state for `IBV_EVENT_PORT_ACTIVE` / `_ERR`.
+const LINK_POLL: Duration = Duration::from_millis(250);
 
 /// CQ → (its channel, the address of its `struct ibv_cq`, kept as a number).
 type Routes = Arc<Mutex<HashMap<u32, (Arc<Channel>, usize)>>>;
@@ -130,15 +151,59 @@ impl Channel {
 
 impl Verbs {
     /// A context for `port`; nothing runs yet.
-    #[must_use]
-    pub fn new(port: Port) -> Self {
-        Self {
+    ///
+    /// # Errors
+    /// The errno of `eventfd(2)` for the context's `async_fd`.
+    pub fn new(port: Port) -> Result<Self, c_int> {
+        Ok(Self {
             port,
             dev: OnceLock::new(),
             opening: Mutex::new(()),
             routes: Arc::default(),
+            handles: Arc::default(),
+            events: Arc::new(AsyncEvents::new()?),
             pump: Mutex::new(None),
+        })
+    }
+
+    /// Names the C struct of QP `qpn` in its events; call when it is made.
+    pub fn add_qp(&self, qpn: Qpn, handle: usize) {
+        self.handles().qps.insert(qpn.value(), handle);
+    }
+
+    /// Forgets QP `qpn` and withdraws its pending events; call before freeing its struct.
+    pub fn remove_qp(&self, qpn: Qpn) {
+        if let Some(h) = self.handles().qps.remove(&qpn.value()) {
+            self.events.forget(Element::Qp(h));
         }
+    }
+
+    /// Names the C struct of CQ `cq` in its events (`IBV_EVENT_CQ_ERR`).
+    pub fn add_cq(&self, cq: CqId, handle: usize) {
+        self.handles().cqs.insert(cq.0, handle);
+    }
+
+    /// Forgets CQ `cq` and withdraws its pending events.
+    pub fn remove_cq(&self, cq: CqId) {
+        if let Some(h) = self.handles().cqs.remove(&cq.0) {
+            self.events.forget(Element::Cq(h));
+        }
+    }
+
+    /// Names the C struct of SRQ `srq` in its events (`IBV_EVENT_SRQ_LIMIT_REACHED`).
+    pub fn add_srq(&self, srq: SrqId, handle: usize) {
+        self.handles().srqs.insert(srq.0, handle);
+    }
+
+    /// Forgets SRQ `srq` and withdraws its pending events.
+    pub fn remove_srq(&self, srq: SrqId) {
+        if let Some(h) = self.handles().srqs.remove(&srq.0) {
+            self.events.forget(Element::Srq(h));
+        }
+    }
+
+    fn handles(&self) -> std::sync::MutexGuard<'_, Handles> {
+        self.handles.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// The engine of this context, opened on first use ([`Device::open`]: attaches roce_xdp
@@ -161,7 +226,11 @@ impl Verbs {
             ..DeviceOptions::default()
         };
         match Device::open(ifname, &opts) {
-            Ok(d) => Ok(self.dev.get_or_init(|| Arc::new(d))),
+            Ok(d) => {
+                let d = Arc::clone(self.dev.get_or_init(|| Arc::new(d)));
+                self.start_pump(d)?;
+                Ok(self.dev.get().map(|d| &**d).ok_or(libc::EIO)?)
+            }
             Err(e) => {
                 eprintln!("libibverbs (roce-xdp): cannot start the engine on {ifname}: {e:#}");
                 Err(e.errno())
@@ -181,36 +250,60 @@ impl Verbs {
     /// # Errors
     /// The engine cannot start, or the thread cannot be made.
     pub fn route(&self, cq: CqId, channel: Arc<Channel>, handle: usize) -> Result<(), c_int> {
-        let dev = Arc::clone(self.dev.get().ok_or(libc::EINVAL)?);
+        self.dev.get().ok_or(libc::EINVAL)?;
         self.routes
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .insert(cq.0, (channel, handle));
+        Ok(())
+    }
+
+    /// Starts the event thread of the engine `dev` (once, when the engine starts): it waits
+    /// in [`Device::wait_event`], which wakes only when an engine turn left an event, sends
+    /// completion events to the channel of their CQ and asynchronous events to
+    /// [`Verbs::events`] with the C struct of their object, and reads the link state every
+    /// [`LINK_POLL`] for `IBV_EVENT_PORT_ACTIVE` / `IBV_EVENT_PORT_ERR` on a change.
+    fn start_pump(&self, dev: Arc<Device>) -> Result<(), c_int> {
         let mut pump = self.pump.lock().unwrap_or_else(PoisonError::into_inner);
-        if pump.is_none() {
-            let stop = Arc::new(AtomicBool::new(false));
-            let (flag, routes) = (Arc::clone(&stop), Arc::clone(&self.routes));
-            let thread = std::thread::Builder::new()
-                .name("roce-verbs-events".into())
-                .spawn(move || {
-                    while !flag.load(Ordering::Relaxed) {
-                        if let Some(Event::CqNotify { cq }) =
-                            dev.wait_event(Duration::from_millis(50))
-                        {
-                            let to = routes
-                                .lock()
-                                .unwrap_or_else(PoisonError::into_inner)
-                                .get(&cq.0)
-                                .cloned();
-                            if let Some((ch, handle)) = to {
-                                ch.push(handle);
-                            }
+        if pump.is_some() {
+            return Ok(());
+        }
+        let stop = Arc::new(AtomicBool::new(false));
+        let (flag, routes, handles, events) = (
+            Arc::clone(&stop),
+            Arc::clone(&self.routes),
+            Arc::clone(&self.handles),
+            Arc::clone(&self.events),
+        );
+        let port = self.port.clone();
+        let thread = std::thread::Builder::new()
+            .name("roce-verbs-events".into())
+            .spawn(move || {
+                let mut up = port.is_up();
+                let mut checked = std::time::Instant::now();
+                while !flag.load(Ordering::Relaxed) {
+                    if let Some(e) = dev.wait_event(Duration::from_millis(50)) {
+                        dispatch(e, &routes, &handles, &events);
+                    }
+                    if checked.elapsed() >= LINK_POLL {
+                        checked = std::time::Instant::now();
+                        let now = port.is_up();
+                        if now != up {
+                            up = now;
+                            events.push(AsyncEvent {
+                                kind: if now {
+                                    sys::IBV_EVENT_PORT_ACTIVE
+                                } else {
+                                    sys::IBV_EVENT_PORT_ERR
+                                },
+                                element: Element::Port(1),
+                            });
                         }
                     }
-                })
-                .map_err(|_| libc::EAGAIN)?;
-            *pump = Some(Pump { stop, thread });
-        }
+                }
+            })
+            .map_err(|_| libc::EAGAIN)?;
+        *pump = Some(Pump { stop, thread });
         Ok(())
     }
 
@@ -220,6 +313,46 @@ impl Verbs {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .remove(&cq.0);
+    }
+}
+
+/// Hands one engine event on: a completion event to its CQ's channel, an asynchronous one to
+/// the context's queue with its `enum ibv_event_type` code, if its object is still known (an
+/// event of an object destroyed meanwhile is dropped).
+fn dispatch(e: Event, routes: &Routes, handles: &Mutex<Handles>, events: &AsyncEvents) {
+    if let Event::CqNotify { cq } = e {
+        let to = routes
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&cq.0)
+            .cloned();
+        if let Some((ch, handle)) = to {
+            ch.push(handle);
+        }
+        return;
+    }
+    let h = handles.lock().unwrap_or_else(PoisonError::into_inner);
+    let qp = |qpn: Qpn| h.qps.get(&qpn.value()).copied().map(Element::Qp);
+    let out = match e {
+        Event::QpFatal { qpn, .. } => qp(qpn).map(|el| (sys::IBV_EVENT_QP_FATAL, el)),
+        Event::SqDrained { qpn } => qp(qpn).map(|el| (sys::IBV_EVENT_SQ_DRAINED, el)),
+        Event::QpLastWqeReached { qpn } => {
+            qp(qpn).map(|el| (sys::IBV_EVENT_QP_LAST_WQE_REACHED, el))
+        }
+        Event::CommEstablished { qpn } => qp(qpn).map(|el| (sys::IBV_EVENT_COMM_EST, el)),
+        Event::CqOverflow { cq } => h
+            .cqs
+            .get(&cq.0)
+            .map(|&c| (sys::IBV_EVENT_CQ_ERR, Element::Cq(c))),
+        Event::SrqLimitReached { srq } => h
+            .srqs
+            .get(&srq.0)
+            .map(|&s| (sys::IBV_EVENT_SRQ_LIMIT_REACHED, Element::Srq(s))),
+        Event::CqNotify { .. } => None,
+    };
+    drop(h);
+    if let Some((kind, element)) = out {
+        events.push(AsyncEvent { kind, element });
     }
 }
 

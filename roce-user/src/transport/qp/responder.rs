@@ -49,6 +49,11 @@ impl Qp {
             return;
         }
         self.sent_psn_nak = false;
+        if self.state == QpState::Rtr && !self.comm_est {
+            // IBA 11.6.3: the first valid request in RTR establishes the connection.
+            self.comm_est = true;
+            ctx.event(Event::CommEstablished { qpn: self.qpn });
+        }
         match self.execute(pkt, ctx) {
             Ok(()) => {}
             Err(Fatal { nak, status }) => {
@@ -144,7 +149,7 @@ impl Qp {
             (info.operation, info.position),
             (Operation::Send, Position::First | Position::Only)
         ) || (info.operation == Operation::Write && info.immediate);
-        if needs_rwqe && self.rq.is_empty() {
+        if needs_rwqe && !self.fetch_rwqe(ctx) {
             self.counters.send_rnr_err += 1;
             self.counters.out_of_buffer += 1;
             // The RNR NAK stands for the gap it opens: the packets behind it are dropped
@@ -538,11 +543,12 @@ impl Qp {
             self.counters.rx_dropped += 1;
             return;
         }
-        let Some(rwqe) = self.rq.front() else {
+        if !self.fetch_rwqe(ctx) {
             // UD has no RNR: the datagram is dropped.
             self.counters.out_of_buffer += 1;
             return;
-        };
+        }
+        let Some(rwqe) = self.rq.front() else { return };
         let sges = &rwqe.sg_list;
         // The GRH area holds the packet's IP header as rxe writes it (rxe_resp.c
         // build_rdma_network_hdr), so that ibv_init_ah_from_wc finds the sender.
@@ -582,12 +588,38 @@ impl Qp {
 }
 
 impl Qp {
+    /// Whether a receive WQE is ready at the head of `rq`: the QP's own, or, for a QP
+    /// attached to an SRQ, the SRQ's oldest, moved to `rq` for the message it starts (rxe
+    /// `get_srq_wqe`), raising [`Event::SrqLimitReached`] when that crossed the armed limit.
+    /// Call it where a request needs a WQE (the first packet of a SEND, a WRITE with
+    /// immediate, a UD datagram).
+    fn fetch_rwqe(&mut self, ctx: &mut Ctx<'_>) -> bool {
+        if !self.rq.is_empty() {
+            return true;
+        }
+        let Some(id) = self.srq else { return false };
+        let Some((wr, reached)) = ctx.srqs.take(id) else {
+            return false;
+        };
+        self.rq.push_back(wr);
+        if reached {
+            ctx.event(Event::SrqLimitReached { srq: id });
+        }
+        true
+    }
+
     pub(crate) fn post_recv(
         &mut self,
         wr: RecvWr,
         max_sge: usize,
         ctx: &mut Ctx<'_>,
     ) -> Result<(), PostError> {
+        if self.srq.is_some() {
+            // rxe_post_recv: a QP attached to an SRQ has no receive queue of its own.
+            return Err(PostError::Invalid(
+                "the QP receives through a shared receive queue: post to the SRQ",
+            ));
+        }
         if self.state == QpState::Reset {
             return Err(PostError::InvalidState(self.state));
         }

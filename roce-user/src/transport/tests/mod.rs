@@ -28,6 +28,7 @@ mod recv;
 mod requester;
 mod responder;
 mod sched;
+mod srq;
 mod state;
 mod ud;
 

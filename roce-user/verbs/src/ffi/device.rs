@@ -215,15 +215,24 @@ export!(
                 ..Default::default()
             };
             objects::fill_ops(&mut vctx.context.ops);
+            super::srq::fill_ops(&mut vctx.context.ops);
+            let verbs = match Verbs::new(Port { info }) {
+                Ok(v) => v,
+                Err(e) => {
+                    set_errno(e);
+                    return ptr::null_mut();
+                }
+            };
             vctx.context.device = dev;
             vctx.context.cmd_fd = -1;
-            vctx.context.async_fd = -1;
+            // Readable while an asynchronous event waits (crate::events).
+            vctx.context.async_fd = verbs.events.fd();
             vctx.context.num_comp_vectors = 1;
             // `__VERBS_ABI_IS_EXTENDED`: the verbs_context ops before `context` are valid.
             vctx.context.abi_compat = usize::MAX as *mut c_void;
             let ctx = Box::new(Ctx {
                 vctx,
-                verbs: Verbs::new(Port { info }),
+                verbs,
                 config: DeviceConfig::default(),
             });
             let ctx = Box::leak(ctx);
@@ -276,6 +285,9 @@ fn device_attr(ctx: &Ctx) -> sys::ibv_device_attr {
         // What the engine does of rxe's list: RNR NAKs for SENDs without a receive, and one
         // system image GUID (the node GUID).
         device_cap_flags: sys::IBV_DEVICE_RC_RNR_NAK_GEN | sys::IBV_DEVICE_SYS_IMAGE_GUID,
+        max_srq: clamp(c.max_srq),
+        max_srq_wr: c_int::try_from(c.max_srq_wr).unwrap_or(c_int::MAX),
+        max_srq_sge: c_int::try_from(c.max_srq_sge).unwrap_or(c_int::MAX),
         max_pkeys: 1,
         local_ca_ack_delay: 15,
         phys_port_cnt: 1,

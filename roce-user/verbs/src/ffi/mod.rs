@@ -35,6 +35,8 @@ pub(super) fn set_errno(e: c_int) {
 }
 
 mod ah;
+mod async_event;
 mod device;
 mod objects;
 mod qp_ex;
+mod srq;

@@ -45,15 +45,15 @@ pub(super) unsafe fn device_of<'a>(context: *mut sys::ibv_context) -> Result<&'a
 }
 
 /// Leaks `b` to C and returns its first field's address.
-fn give<T>(b: T) -> *mut T {
+pub(super) fn give<T>(b: T) -> *mut T {
     Box::into_raw(Box::new(b))
 }
 
 /// A protection domain.
 #[repr(C)]
-struct PdObj {
-    ibv: sys::ibv_pd,
-    id: PdId,
+pub(super) struct PdObj {
+    pub(super) ibv: sys::ibv_pd,
+    pub(super) id: PdId,
 }
 
 export!(
@@ -282,6 +282,10 @@ export!(
                 };
                 let _ = comp_vector;
                 let cq = give(CqObj { ibv, id });
+                // SAFETY: `context` is live (`device_of` found it above).
+                if let Some(ctx) = unsafe { ctx_of(context) } {
+                    ctx.verbs.add_cq(id, cq as usize);
+                }
                 if let Some(state) = chan {
                     // SAFETY: `context` is live (`device_of` found it above).
                     let ctx = unsafe { ctx_of(context) }.ok_or(libc::EINVAL)?;
@@ -324,6 +328,7 @@ export!(
                 // SAFETY: as above; the context is live.
                 if let Some(ctx) = unsafe { ctx_of(context) } {
                     ctx.verbs.unroute(id);
+                    ctx.verbs.remove_cq(id);
                 }
                 // SAFETY: made by `give` in `ibv_create_cq`; C gives it up with this call.
                 let b = unsafe { Box::from_raw(obj) };
@@ -401,9 +406,11 @@ pub(super) struct QpObj {
 
 export!(
     "IBVERBS_1.1",
-    /// `ibv_create_qp`: RC and UD (UC, SRQs and inline data are not offered yet: EOPNOTSUPP,
-    /// EINVAL for `max_inline_data > 0`). The actual capacities are written back to
-    /// `init_attr->cap`.
+    /// `ibv_create_qp`: RC and UD, with or without an SRQ (`init_attr->srq`: the QP's
+    /// receives are the SRQ's WQEs, `max_recv_wr` and `max_recv_sge` are ignored and read
+    /// back 0, `ibv_post_recv` on it is EINVAL as in rxe). UC and inline data are not offered
+    /// yet: EOPNOTSUPP, EINVAL for `max_inline_data > 0`. The actual capacities are written
+    /// back to `init_attr->cap`.
     fn ibv_create_qp(
         pd: *mut sys::ibv_pd,
         init_attr: *mut sys::ibv_qp_init_attr,
@@ -418,9 +425,17 @@ export!(
                 // SAFETY: `pd` is a live `PdObj`.
                 let (context, pd_id) =
                     unsafe { ((*pd.cast::<PdObj>()).ibv.context, (*pd.cast::<PdObj>()).id) };
-                if !init.srq.is_null() {
-                    return Err(libc::EOPNOTSUPP);
-                }
+                let srq = if init.srq.is_null() {
+                    None
+                } else {
+                    // SAFETY: `init.srq` is a live SRQ of ours (the verbs contract).
+                    let s = unsafe { &*init.srq };
+                    if s.context != context {
+                        return Err(libc::EINVAL);
+                    }
+                    // SAFETY: as above; an `ibv_srq` of ours is the first field of an `SrqObj`.
+                    Some(unsafe { (*init.srq.cast::<super::srq::SrqObj>()).id })
+                };
                 if init.cap.max_inline_data > 0 {
                     return Err(libc::EINVAL);
                 }
@@ -439,6 +454,11 @@ export!(
                         (*init.recv_cq.cast::<CqObj>()).id,
                     )
                 };
+                if srq.is_some() {
+                    // The SRQ's WQEs are the QP's receives: its own receive queue is unused.
+                    init.cap.max_recv_wr = 0;
+                    init.cap.max_recv_sge = 0;
+                }
                 let cap = QpCap {
                     max_send_wr: init.cap.max_send_wr,
                     max_recv_wr: init.cap.max_recv_wr,
@@ -447,16 +467,21 @@ export!(
                 // SAFETY: `context` is the PD's, live.
                 let dev = unsafe { device_of(context) }?;
                 let qpn = dev
-                    .create_qp(QpInit {
-                        cap,
-                        sq_sig_all: init.sq_sig_all != 0,
-                        send_cq,
-                        recv_cq,
-                        ..QpInit::new(qp_type, pd_id, send_cq)
-                    })
+                    .create_qp_with_srq(
+                        QpInit {
+                            cap,
+                            sq_sig_all: init.sq_sig_all != 0,
+                            send_cq,
+                            recv_cq,
+                            ..QpInit::new(qp_type, pd_id, send_cq)
+                        },
+                        srq,
+                    )
                     .map_err(|e| e.errno())?;
                 init.cap.max_send_sge = cap.max_sge;
-                init.cap.max_recv_sge = cap.max_sge;
+                if srq.is_none() {
+                    init.cap.max_recv_sge = cap.max_sge;
+                }
                 let ibv = sys::ibv_qp {
                     context,
                     qp_context: init.qp_context,
@@ -467,15 +492,21 @@ export!(
                     qp_num: qpn.value(),
                     state: sys::IBV_QPS_RESET,
                     qp_type: init.qp_type,
+                    srq: init.srq,
                     ..Default::default()
                 };
-                Ok(give(QpObj {
+                let qp = give(QpObj {
                     ibv,
                     ex: QpEx::default(),
                     cap: init.cap,
                     sq_sig_all: init.sq_sig_all != 0,
                     ah: None,
-                }))
+                });
+                // SAFETY: `context` is live (`device_of` found it above).
+                if let Some(ctx) = unsafe { ctx_of(context) } {
+                    ctx.verbs.add_qp(qpn, qp as usize);
+                }
+                Ok(qp)
             })();
             match made {
                 Ok(qp) => qp.cast(),
@@ -517,6 +548,10 @@ export!(
         };
         match dev.destroy_qp(Qpn::new(obj.ibv.qp_num)) {
             Ok(()) => {
+                // SAFETY: the QP's context is live while the QP is.
+                if let Some(ctx) = unsafe { ctx_of(obj.ibv.context) } {
+                    ctx.verbs.remove_qp(Qpn::new(obj.ibv.qp_num));
+                }
                 // SAFETY: made by `give` in `ibv_create_qp`; C gives it up with this call.
                 drop(unsafe { Box::from_raw(ptr::from_mut(obj)) });
                 0
@@ -604,10 +639,10 @@ export!(
             qp_context: obj.ibv.qp_context,
             send_cq: obj.ibv.send_cq,
             recv_cq: obj.ibv.recv_cq,
+            srq: obj.ibv.srq,
             cap: obj.cap,
             qp_type: obj.ibv.qp_type,
             sq_sig_all: c_int::from(obj.sq_sig_all),
-            ..Default::default()
         };
         // SAFETY: both point at the caller's structs of these types.
         unsafe {
@@ -622,7 +657,7 @@ export!(
 ///
 /// # Safety
 /// `sg` must point at `n` entries when `n > 0`.
-unsafe fn sges(sg: *const sys::ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
+pub(super) unsafe fn sges(sg: *const sys::ibv_sge, n: c_int) -> Result<Vec<Sge>, c_int> {
     let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
     if n == 0 {
         return Ok(Vec::new());
