@@ -34,5 +34,7 @@ pub(super) fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e };
 }
 
+mod compat;
 mod device;
 mod objects;
+mod pending;
