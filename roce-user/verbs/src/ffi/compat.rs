@@ -205,6 +205,31 @@ export!(
     }
 );
 
+/// Runs at process exit (`exit(3)` or a return from `main`): undoes what the devices still
+/// open set up in the kernel (their QPNs and sockets in roce_xdp's maps, and roce_xdp itself
+/// where opening the device attached it), as `ibv_close_device` would have. Programs may exit
+/// without closing their devices (perftest's `ib_atomic_lat` server returns from `main`
+/// without it); the interface must not keep a stale QP claim or XDP program then. A device
+/// closed before is already gone from the registry, so this does nothing for it.
+extern "C" fn release_at_exit() {
+    roce::api::release_all_for_exit();
+}
+
+/// Registers [`release_at_exit`] once; called when a device is opened.
+pub(super) fn release_at_exit_once() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // SAFETY: `atexit` takes a plain `extern "C" fn()` with no captured state; glibc
+        // registers it for this library (run at exit, or when the library is unloaded).
+        if unsafe { libc::atexit(release_at_exit) } != 0 {
+            eprintln!(
+                "libibverbs (roce-xdp): cannot register the exit handler: a program that exits \
+                 without ibv_close_device leaves roce_xdp attached (`roce unload` removes it)"
+            );
+        }
+    });
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
