@@ -135,7 +135,7 @@ pub struct SendWr<P> {
 impl<P> SendWr<P> {
     /// The message length: the inline bytes, or the SG list's total.
     #[must_use]
-    pub fn len(&self) -> u64 {
+    pub fn msg_len(&self) -> u64 {
         self.inline_data
             .as_ref()
             .map_or_else(|| sg_len(&self.sg_list), |d| d.len() as u64)

@@ -129,7 +129,7 @@ impl Qp {
         if self.sq.len() >= self.init.cap.max_send_wr as usize {
             return Err(PostError::QueueFull(self.sq.len()));
         }
-        let len = wr.len();
+        let len = wr.msg_len();
         match self.qp_type {
             QpType::Ud => {
                 if wr.ud.is_none() {
