@@ -65,36 +65,44 @@ fn ipv4_gid_index(end: &VethEnd) -> String {
         .expect("an IPv4 GID")
 }
 
-/// One result row of perftest: the message size and the figure checked (average MB/s for a
-/// bandwidth test, typical µs for a latency test).
+/// One result row of perftest: the message size, the figure reported (average MB/s for a
+/// bandwidth test, typical µs for a latency test) and the one checked nonzero (the message
+/// rate in Mpps, printed with 6 decimals where MB/s has 2, so small messages on a slow debug
+/// build do not round to zero; for a latency test the typical µs again).
 #[derive(Debug)]
 struct Row {
     bytes: u64,
     iters: u64,
     figure: f64,
+    checked: f64,
 }
 
 /// The result rows of perftest's output: the lines of numbers after its `#bytes` header. In a
-/// bandwidth table the figure is `BW average[MB/sec]` (the 4th column), in a latency table
-/// `t_typical[usec]` (the 5th).
+/// bandwidth table the figure is `BW average[MB/sec]` (the 4th column) and the rate
+/// `MsgRate[Mpps]` (the 5th), in a latency table both are `t_typical[usec]` (the 5th).
 fn rows(out: &str) -> Vec<Row> {
     let mut col = None;
     let mut found = Vec::new();
     for line in out.lines() {
         let l = line.trim();
         if l.starts_with("#bytes") {
-            col = Some(if l.contains("t_typical") { 4 } else { 3 });
+            col = Some(if l.contains("t_typical") {
+                (4, 4)
+            } else {
+                (3, 4)
+            });
             continue;
         }
-        let Some(c) = col else { continue };
+        let Some((fig, chk)) = col else { continue };
         let f: Vec<&str> = l.split_whitespace().collect();
         let num = |i: usize| f.get(i).and_then(|s| s.parse::<f64>().ok());
-        match (num(0), num(1), num(c)) {
-            (Some(b), Some(n), Some(v)) if f[0].bytes().all(|c| c.is_ascii_digit()) => {
+        match (num(0), num(1), num(fig), num(chk)) {
+            (Some(b), Some(n), Some(v), Some(c)) if f[0].bytes().all(|c| c.is_ascii_digit()) => {
                 found.push(Row {
                     bytes: b as u64,
                     iters: n as u64,
                     figure: v,
+                    checked: c,
                 });
             }
             _ if l.starts_with("---") => {}
@@ -169,7 +177,7 @@ fn run(pair: &VethPair, case: &Case, port: u16) -> Vec<Row> {
     assert_eq!(sizes, case.sizes, "{name}: the sizes reported\n{ct}");
     for r in got.iter().chain(&rows(&st)) {
         assert!(
-            r.iters > 0 && r.figure > 0.0 && r.figure.is_finite(),
+            r.iters > 0 && r.checked > 0.0 && r.checked.is_finite() && r.figure >= 0.0,
             "{name}: a zero result {r:?}\nclient:\n{ct}\nserver:\n{st}"
         );
     }
@@ -282,6 +290,7 @@ fn perftest_rows_are_parsed_from_both_tables() {
     assert_eq!(r.len(), 1);
     assert_eq!((r[0].bytes, r[0].iters), (65536, 200));
     assert!((r[0].figure - 15.74).abs() < 1e-9);
+    assert!((r[0].checked - 0.000252).abs() < 1e-12);
     let lat = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] \n 2       200          72.51          52564.34      1974.82  \t       2383.95     \t3796.36\t\t41071.77 \t\t52564.34\n";
     let r = rows(lat);
     assert_eq!(r.len(), 1);
