@@ -404,6 +404,7 @@ fn qpns_are_not_stolen() {
                 max_send_wr: 4,
                 max_recv_wr: 4,
                 max_sge: 1,
+                max_inline_data: 0,
             },
             sq_sig_all: true,
         };
@@ -480,6 +481,7 @@ fn remote_loss_ends_in_retry_exceeded_and_others_keep_going() {
                     max_send_wr: 128,
                     max_recv_wr: 4,
                     max_sge: 1,
+                    max_inline_data: 0,
                 },
                 sq_sig_all: true,
             };
@@ -739,6 +741,7 @@ fn sharded_devices_hand_frames_to_the_queue_that_owns_their_qp() {
                 max_send_wr: 16,
                 max_recv_wr: 4,
                 max_sge: 1,
+                max_inline_data: 0,
             },
             sq_sig_all: true,
         };

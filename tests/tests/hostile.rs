@@ -936,6 +936,7 @@ fn legit_connect(dev: &Device, pd: roce::api::PdId, cq: roce::api::CqId, gidx: u
                 max_send_wr: 64,
                 max_recv_wr: 4,
                 max_sge: 1,
+                max_inline_data: 0,
             },
             sq_sig_all: true,
         })
@@ -1119,6 +1120,7 @@ fn victim_qp(
                 max_send_wr: 16,
                 max_recv_wr: 16,
                 max_sge: 1,
+                max_inline_data: 0,
             },
             sq_sig_all: true,
         })

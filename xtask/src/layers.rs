@@ -39,6 +39,8 @@ pub(crate) const UNSAFE_HOMES: &[&str] = &[
     "roce-common/src/maps.rs",
     "roce-common/src/impair.rs",
     "roce-user/verbs/src/ffi",
+    "roce-user/verbs/mlx5/src",
+    "roce-user/verbs/efa/src",
 ];
 
 /// Where `unsafe` is looked for: every `.rs` file below these (build output excluded).

@@ -121,8 +121,17 @@ pub(crate) fn all(fuzz: bool, fuzz_secs: u32, soak: bool) -> anyhow::Result<()> 
         "roce",
         "--examples",
     ]))?;
-    // The drop-in libibverbs.so, next to the binary (tests/tests/verbs.rs).
-    run(cargo().args(["build", "--package", "roce-verbs"]))?;
+    // The drop-in libibverbs.so and the stand-in libmlx5.so and libefa.so that Debian's
+    // perftest needs to load, next to the binary (tests/tests/verbs.rs, perftest_verbs.rs).
+    run(cargo().args([
+        "build",
+        "--package",
+        "roce-verbs",
+        "--package",
+        "roce-verbs-mlx5",
+        "--package",
+        "roce-verbs-efa",
+    ]))?;
     run_tests(
         cargo()
             .env("ROCE_BIN", root().join("target/debug/roce"))

@@ -80,8 +80,18 @@ pub struct ExecArgs {
     program: Vec<OsString>,
 }
 
+/// The libraries of the folder: the name programs load (a link in the folder) and the file
+/// cargo builds next to this binary. The first is the drop-in libibverbs; the others are the
+/// stand-ins for rdma-core's vendor libraries that programs such as Debian's perftest link
+/// against (roce-user/verbs/mlx5 and roce-user/verbs/efa say why they exist).
+const LIBS: &[(&str, &str)] = &[
+    ("libibverbs.so.1", "libibverbs.so"),
+    ("libmlx5.so.1", "libmlx5.so"),
+    ("libefa.so.1", "libefa.so"),
+];
+
 /// The folder with the library: `dir` if given, else `roce-verbs/` next to the running binary,
-/// made there (a link to the cdylib cargo wrote beside the binary) if needed.
+/// with a link there to each of [`LIBS`] that cargo built beside the binary, made if needed.
 fn lib_dir(dir: Option<&Path>) -> anyhow::Result<PathBuf> {
     if let Some(d) = dir {
         if !d.join("libibverbs.so.1").exists() {
@@ -92,24 +102,39 @@ fn lib_dir(dir: Option<&Path>) -> anyhow::Result<PathBuf> {
     let exe = std::env::current_exe().context("where this binary is")?;
     let bin_dir = exe.parent().context("the binary's folder")?;
     let sub = bin_dir.join(LIB_SUBDIR);
-    let lib = sub.join("libibverbs.so.1");
-    if lib.exists() {
-        return Ok(sub);
+    let mut missing = Vec::new();
+    for &(soname, file) in LIBS {
+        let lib = sub.join(soname);
+        if lib.exists() {
+            continue;
+        }
+        let built = bin_dir.join(file);
+        if !built.exists() {
+            missing.push((soname, built));
+            continue;
+        }
+        std::fs::create_dir_all(&sub).with_context(|| format!("create {}", sub.display()))?;
+        // Two processes may race here: whoever loses finds the link made.
+        if let Err(e) = std::os::unix::fs::symlink(format!("../{file}"), &lib)
+            && !lib.exists()
+        {
+            return Err(e).with_context(|| format!("link {}", lib.display()));
+        }
     }
-    let built = bin_dir.join("libibverbs.so");
-    if !built.exists() {
+    if let Some((_, built)) = missing.iter().find(|(s, _)| *s == LIBS[0].0) {
         bail!(
-            "the drop-in libibverbs is not built: no {} (build it with `cargo build -p roce-verbs`, \
-             or name its folder with --lib-dir)",
+            "the drop-in libibverbs is not built: no {} (build it with `cargo build -p roce-verbs \
+             -p roce-verbs-mlx5 -p roce-verbs-efa`, or name its folder with --lib-dir)",
             built.display()
         );
     }
-    std::fs::create_dir_all(&sub).with_context(|| format!("create {}", sub.display()))?;
-    // Two processes may race here: whoever loses finds the link made.
-    if let Err(e) = std::os::unix::fs::symlink("../libibverbs.so", &lib)
-        && !lib.exists()
-    {
-        return Err(e).with_context(|| format!("link {}", lib.display()));
+    for (soname, built) in &missing {
+        eprintln!(
+            "roce exec: note: no {} (cargo build -p roce-verbs-mlx5 -p roce-verbs-efa builds the \
+             stand-ins): a program that needs {soname}, like perftest, loads rdma-core's, which \
+             cannot run on the drop-in libibverbs",
+            built.display()
+        );
     }
     Ok(sub)
 }

@@ -135,6 +135,7 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
             max_send_wr: 1,
             max_recv_wr: a.rx_depth,
             max_sge: 1,
+            max_inline_data: 0,
         },
         sq_sig_all: true,
     })?;

@@ -137,6 +137,9 @@ pub struct DeviceConfig {
     pub max_qp_wr: u32,
     /// Scatter/gather entries per WR (default 32).
     pub max_sge: u32,
+    /// Inline data per send WR, the most a QP's `max_inline_data` may be (default 400,
+    /// rxe's `RXE_MAX_INLINE_DATA`); more is refused at `create_qp` (rxe `rxe_qp_chk_cap`).
+    pub max_inline_data: u32,
     /// `max_rd_atomic` / `max_dest_rd_atomic` per QP (default 16; rxe: 128): the responder
     /// resources a peer's READs and atomics can hold. One more while all are still answering
     /// takes the oldest one's place, as rxe's ring does (counted in `rd_atomic_evicted`).
@@ -182,6 +185,7 @@ impl Default for DeviceConfig {
             max_cqe: 1 << 16,
             max_qp_wr: 0x4000,
             max_sge: 32,
+            max_inline_data: 400,
             max_qp_rd_atom: 16,
             max_events: 256,
             max_srq: 1024,
@@ -692,6 +696,12 @@ impl Device {
             return Err(DeviceError::TooLarge(
                 u64::from(c.max_sge),
                 u64::from(self.config.max_sge),
+            ));
+        }
+        if c.max_inline_data > self.config.max_inline_data {
+            return Err(DeviceError::TooLarge(
+                u64::from(c.max_inline_data),
+                u64::from(self.config.max_inline_data),
             ));
         }
         let mut n = self.next_qpn;

@@ -95,6 +95,9 @@ pub struct QpCap {
     pub max_recv_wr: u32,
     /// Scatter/gather entries per WR.
     pub max_sge: u32,
+    /// Bytes of inline data a send WR may carry (`IBV_SEND_INLINE`); at most the device's
+    /// [`DeviceConfig::max_inline_data`](super::DeviceConfig::max_inline_data).
+    pub max_inline_data: u32,
 }
 
 impl Default for QpCap {
@@ -103,6 +106,7 @@ impl Default for QpCap {
             max_send_wr: 256,
             max_recv_wr: 256,
             max_sge: 4,
+            max_inline_data: 0,
         }
     }
 }
@@ -213,7 +217,7 @@ pub const CTRL_SIZE: usize = core::mem::size_of::<Ctrl>();
 #[cfg(target_pointer_width = "64")]
 const _: () = {
     assert!(core::mem::size_of::<Qp>() <= 1024);
-    assert!(SEND_WQE_SIZE <= 184);
+    assert!(SEND_WQE_SIZE <= 200);
     assert!(core::mem::size_of::<RecvWr>() <= 32);
     assert!(core::mem::size_of::<Sge>() == 16);
     assert!(RESOURCE_SIZE <= 64);
@@ -268,15 +272,15 @@ impl<'a> TxBuf<'a> {
 ///
 /// # Memory bound
 /// Measured on x86_64 (a `const` assertion below checks these limits at compile time):
-/// the fixed state is 888 B (152 B of it the transmit header template); a send WQE is 184 B
-/// plus 16 B per SGE; a receive WQE 32 B plus 16 B per SGE; a responder resource at most
-/// 64 B; a queued control response 12 B. The
+/// the fixed state is 888 B (152 B of it the transmit header template); a send WQE is 200 B
+/// plus 16 B per SGE or its inline bytes (at most `max_inline_data`); a receive WQE 32 B plus
+/// 16 B per SGE; a responder resource at most 64 B; a queued control response 12 B. The
 /// queues are bounded: at most `max_send_wr` send WQEs and `max_recv_wr` receive WQEs (both
 /// posted by the local application, never by a peer), at most `max_dest_rd_atomic` responder
 /// resources (a ring: one more evicts the oldest, as in rxe) and at most
 /// [`MAX_PENDING_ACKS`] control responses (newer ACKs replace older ones, NAKs beyond are
 /// counted in `ack_queue_full`). With the defaults (256 + 256 WRs of 4 SGEs, 16 resources) a
-/// QP holds at most 256 × 248 + 256 × 96 + 16 × 64 + 16 × 12 + 888 ≈ 88 KiB; nothing a peer
+/// QP holds at most 256 × 264 + 256 × 96 + 16 × 64 + 16 × 12 + 888 ≈ 92 KiB; nothing a peer
 /// sends can grow it.
 #[derive(Debug)]
 pub struct Qp {

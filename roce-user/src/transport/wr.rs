@@ -1,7 +1,7 @@
 //! Work requests (`struct ibv_send_wr`, `struct ibv_recv_wr`).
 
 use super::ids::{QKey, Qpn, RKey};
-use super::mr::Sge;
+use super::mr::{Sge, sg_len};
 
 /// What a send work request does (`enum ibv_wr_opcode` with its operands).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -74,6 +74,13 @@ impl SendOp {
         )
     }
 
+    /// Whether the payload may be given inline (SEND and RDMA WRITE, with or without
+    /// immediate data or invalidation: rxe's `WR_INLINE_MASK`).
+    #[must_use]
+    pub const fn takes_inline(&self) -> bool {
+        !self.is_read_or_atomic()
+    }
+
     /// Whether this is an atomic.
     #[must_use]
     pub const fn is_atomic(&self) -> bool {
@@ -116,9 +123,24 @@ pub struct SendWr<P> {
     pub flags: SendFlags,
     /// UD destination (UD QPs only).
     pub ud: Option<UdDest<P>>,
+    /// Inline data (`IBV_SEND_INLINE`): the message's bytes, copied from the program's
+    /// buffers when the WR was posted, sent instead of gathering an SG list (which must then
+    /// be empty; no L_Key is checked, as verbs specify: IBA 11.4.1.1, rxe `init_send_wqe`).
+    /// SEND and RDMA WRITE only, at most the QP's `max_inline_data` bytes. The bytes stay
+    /// with the WR until it completes, so a retransmission sends the same bytes whatever the
+    /// program has done to its buffers since.
+    pub inline_data: Option<Box<[u8]>>,
 }
 
 impl<P> SendWr<P> {
+    /// The message length: the inline bytes, or the SG list's total.
+    #[must_use]
+    pub fn msg_len(&self) -> u64 {
+        self.inline_data
+            .as_ref()
+            .map_or_else(|| sg_len(&self.sg_list), |d| d.len() as u64)
+    }
+
     /// A signaled SEND of `sg_list`.
     #[must_use]
     pub fn send(wr_id: u64, sg_list: Vec<Sge>) -> Self {
@@ -128,6 +150,7 @@ impl<P> SendWr<P> {
             sg_list,
             flags: SendFlags::SIGNALED,
             ud: None,
+            inline_data: None,
         }
     }
 
@@ -140,6 +163,7 @@ impl<P> SendWr<P> {
             sg_list,
             flags: SendFlags::SIGNALED,
             ud: None,
+            inline_data: None,
         }
     }
 }

@@ -187,6 +187,7 @@ fn create_qp(
             max_send_wr: depth,
             max_recv_wr: plan.rx_depth,
             max_sge: 1,
+            max_inline_data: 0,
         },
         sq_sig_all: true,
     })?;

@@ -2,6 +2,7 @@
 //! posting, segmentation by path MTU, opcode choice, the PSN window and initiator depth.
 
 use super::*;
+use crate::transport::{AccessError, MrTable};
 
 /// The RC opcode of the packet at `pos` of a `kind` message (SEND, WRITE or READ response),
 /// with ImmDt (`imm`) or IETH (`inv`) on its last packet (IBA 9.2, table 38; rxe
@@ -50,6 +51,32 @@ pub const fn position_of(idx: u32, npkts: u32) -> Position {
     } else {
         Position::Middle
     }
+}
+
+/// Copies the payload of `wr` from byte `off` into `dst` (all of it): the inline bytes the WR
+/// carries, else its SG list gathered through the MR table (rxe `copy_data`, or the memcpy
+/// from `wqe->dma.inline_data` for `IB_SEND_INLINE`). Called for each packet sent, so a
+/// retransmission copies the same bytes again.
+///
+/// # Errors
+/// A bad local key, right or range of the SG list ([`AccessError`]); for inline data a range
+/// beyond its end, which the requester never asks for.
+fn gather(
+    mrs: &mut MrTable,
+    pd: PdId,
+    wr: &SendWr<Path>,
+    off: u64,
+    dst: &mut [u8],
+) -> Result<(), AccessError> {
+    let Some(data) = &wr.inline_data else {
+        return sg_gather(mrs, pd, &wr.sg_list, off, dst);
+    };
+    let src = usize::try_from(off)
+        .ok()
+        .and_then(|o| data.get(o..o.checked_add(dst.len())?))
+        .ok_or(AccessError::OutOfBounds)?;
+    dst.copy_from_slice(src);
+    Ok(())
 }
 
 /// One RC request packet as built, before the requester moves past it
@@ -113,10 +140,29 @@ impl Qp {
         if wr.sg_list.len() > max_sge {
             return Err(PostError::TooManySge(wr.sg_list.len(), max_sge));
         }
+        if let Some(data) = &wr.inline_data {
+            // rxe `validate_send_wr`: inline only for the opcodes that carry data out, and at
+            // most the QP's max_inline_data (EINVAL otherwise).
+            if !wr.op.takes_inline() {
+                return Err(PostError::Invalid(
+                    "inline data is for SEND and RDMA WRITE only",
+                ));
+            }
+            if !wr.sg_list.is_empty() {
+                return Err(PostError::Invalid(
+                    "an inline WR carries its bytes, not an SG list",
+                ));
+            }
+            if data.len() > self.init.cap.max_inline_data as usize {
+                return Err(PostError::Invalid(
+                    "inline data longer than the QP's max_inline_data",
+                ));
+            }
+        }
         if self.sq.len() + ahead >= self.init.cap.max_send_wr as usize {
             return Err(PostError::QueueFull(self.sq.len() + ahead));
         }
-        let len = sg_len(&wr.sg_list);
+        let len = wr.msg_len();
         match self.qp_type {
             QpType::Ud => {
                 if wr.ud.is_none() {
@@ -243,7 +289,7 @@ impl Qp {
         };
         let se = wqe.wr.flags.contains(SendFlags::SOLICITED);
         let gathered = tx.payload(op, len).and_then(|(range, dst)| {
-            sg_gather(ctx.mrs, self.init.pd, &wqe.wr.sg_list, 0, dst)
+            gather(ctx.mrs, self.init.pd, &wqe.wr, 0, dst)
                 .ok()
                 .map(|()| range)
         });
@@ -449,7 +495,7 @@ impl Qp {
         repr.bth.solicited = ends && solicited && !matches!(op, SendOp::Write { .. });
         let len = usize::try_from((wqe.len - off.min(wqe.len)).min(m)).unwrap_or(0);
         let gathered = tx.payload(opcode, len).and_then(|(range, dst)| {
-            sg_gather(ctx.mrs, self.init.pd, &wqe.wr.sg_list, off, dst)
+            gather(ctx.mrs, self.init.pd, &wqe.wr, off, dst)
                 .ok()
                 .map(|()| range)
         });

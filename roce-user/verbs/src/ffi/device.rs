@@ -236,6 +236,7 @@ export!(
                 config: DeviceConfig::default(),
             });
             let ctx = Box::leak(ctx);
+            super::compat::release_at_exit_once();
             &raw mut ctx.vctx.context
         })
     }

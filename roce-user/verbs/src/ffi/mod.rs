@@ -36,6 +36,7 @@ pub(super) fn set_errno(e: c_int) {
 
 mod ah;
 mod async_event;
+mod compat;
 mod device;
 mod objects;
 mod qp_ex;

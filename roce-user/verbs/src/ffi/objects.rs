@@ -408,9 +408,9 @@ export!(
     "IBVERBS_1.1",
     /// `ibv_create_qp`: RC and UD, with or without an SRQ (`init_attr->srq`: the QP's
     /// receives are the SRQ's WQEs, `max_recv_wr` and `max_recv_sge` are ignored and read
-    /// back 0, `ibv_post_recv` on it is EINVAL as in rxe). UC and inline data are not offered
-    /// yet: EOPNOTSUPP, EINVAL for `max_inline_data > 0`. The actual capacities are written
-    /// back to `init_attr->cap`.
+    /// back 0, `ibv_post_recv` on it is EINVAL as in rxe). Inline data up to the device's
+    /// limit (rxe's 400 bytes; more is EINVAL, as rxe `rxe_qp_chk_cap`). The actual
+    /// capacities are written back to `init_attr->cap`.
     fn ibv_create_qp(
         pd: *mut sys::ibv_pd,
         init_attr: *mut sys::ibv_qp_init_attr,
@@ -436,9 +436,6 @@ export!(
                     // SAFETY: as above; an `ibv_srq` of ours is the first field of an `SrqObj`.
                     Some(unsafe { (*init.srq.cast::<super::srq::SrqObj>()).id })
                 };
-                if init.cap.max_inline_data > 0 {
-                    return Err(libc::EINVAL);
-                }
                 let qp_type = match init.qp_type {
                     sys::IBV_QPT_RC => QpType::Rc,
                     sys::IBV_QPT_UD => QpType::Ud,
@@ -463,6 +460,7 @@ export!(
                     max_send_wr: init.cap.max_send_wr,
                     max_recv_wr: init.cap.max_recv_wr,
                     max_sge: init.cap.max_send_sge.max(init.cap.max_recv_sge).max(1),
+                    max_inline_data: init.cap.max_inline_data,
                 };
                 // SAFETY: `context` is the PD's, live.
                 let dev = unsafe { device_of(context) }?;
@@ -677,15 +675,50 @@ pub(super) unsafe fn sges(sg: *const sys::ibv_sge, n: c_int) -> Result<Vec<Sge>,
         .collect())
 }
 
-/// One `struct ibv_send_wr` as the API's work request.
+/// The bytes of an `IBV_SEND_INLINE` request, copied now from the buffers its SG list names
+/// (their L_Keys are not looked at, as verbs specify: IBA 11.4.1.1; rxe `init_send_wqe`), so
+/// the program may reuse them as soon as the post returns. EINVAL (rxe
+/// `validate_send_wr`) when they add up to more than the QP's `max_inline_data`, before
+/// anything is read.
+///
+/// # Safety
+/// `sg` must point at `n` entries when `n > 0`, each naming `length` readable bytes at `addr`
+/// (the verbs contract of an inline send).
+unsafe fn inline_bytes(sg: *const sys::ibv_sge, n: c_int, max: u32) -> Result<Box<[u8]>, c_int> {
+    let n = usize::try_from(n).map_err(|_| libc::EINVAL)?;
+    if n == 0 {
+        return Ok(Box::default());
+    }
+    if sg.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: the caller's contract: `n` entries at `sg`.
+    let list = unsafe { slice::from_raw_parts(sg, n) };
+    let total = list
+        .iter()
+        .try_fold(0u32, |t, s| t.checked_add(s.length))
+        .filter(|&t| t <= max)
+        .ok_or(libc::EINVAL)?;
+    let mut out = Vec::with_capacity(total as usize);
+    for s in list.iter().filter(|s| s.length > 0) {
+        if s.addr == 0 {
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the caller's contract: `length` readable bytes at `addr`; `out` has room
+        // for all of them (`total` reserved), and they are copied, not kept.
+        out.extend_from_slice(unsafe {
+            slice::from_raw_parts(s.addr as usize as *const u8, s.length as usize)
+        });
+    }
+    Ok(out.into_boxed_slice())
+}
+
+/// One `struct ibv_send_wr` as the API's work request; inline data (`IBV_SEND_INLINE`) is
+/// copied here, at most `max_inline` bytes (the QP's `max_inline_data`).
 ///
 /// # Safety
 /// `wr` must be a valid work request of the caller's list.
-unsafe fn send_wr(wr: &sys::ibv_send_wr) -> Result<SendWr<Path>, c_int> {
-    if wr.send_flags & sys::IBV_SEND_INLINE != 0 {
-        // max_inline_data is 0 (ibv_create_qp refuses more), so inline is a bad request.
-        return Err(libc::EINVAL);
-    }
+unsafe fn send_wr(wr: &sys::ibv_send_wr, max_inline: u32) -> Result<SendWr<Path>, c_int> {
     // SAFETY: the union members are plain integers; the opcode says which one is meant.
     let (rdma, atomic, imm) = unsafe { (wr.wr.rdma, wr.wr.atomic, wr.__bindgen_anon_1.imm_data) };
     let op = match wr.opcode {
@@ -730,13 +763,25 @@ unsafe fn send_wr(wr: &sys::ibv_send_wr) -> Result<SendWr<Path>, c_int> {
     if wr.send_flags & sys::IBV_SEND_SOLICITED != 0 {
         flags |= SendFlags::SOLICITED;
     }
+    let (sg_list, inline_data) = if wr.send_flags & sys::IBV_SEND_INLINE != 0 {
+        if !op.takes_inline() {
+            // Inline READ or atomic: rxe's kernel refuses it (WR_INLINE_MASK).
+            return Err(libc::EINVAL);
+        }
+        // SAFETY: the request's own list (the caller's contract).
+        let data = unsafe { inline_bytes(wr.sg_list, wr.num_sge, max_inline) }?;
+        (Vec::new(), Some(data))
+    } else {
+        // SAFETY: the request's own list (the caller's contract).
+        (unsafe { sges(wr.sg_list, wr.num_sge) }?, None)
+    };
     Ok(SendWr {
         wr_id: wr.wr_id,
         op,
-        // SAFETY: the request's own list (the caller's contract).
-        sg_list: unsafe { sges(wr.sg_list, wr.num_sge) }?,
+        sg_list,
         flags,
         ud: None,
+        inline_data,
     })
 }
 
@@ -759,7 +804,7 @@ unsafe extern "C" fn post_send(
         // SAFETY: `cur` is an element of the caller's list.
         let w = unsafe { &*cur };
         // SAFETY: `w` is a valid work request; on a UD QP its `wr.ud.ah` is an AH of ours.
-        let r = unsafe { send_wr(w) }
+        let r = unsafe { send_wr(w, obj.cap.max_inline_data) }
             .and_then(|mut s| {
                 if ud {
                     // SAFETY: as above.

@@ -5,7 +5,7 @@
 //! WR from `qpx->wr_id` and `qpx->wr_flags`, the setters (`ibv_wr_set_sge`,
 //! `ibv_wr_set_sge_list`, `ibv_wr_set_ud_addr`) complete the last one, and `ibv_wr_complete`
 //! posts the batch, all or none, returning the first error a builder or the post met;
-//! `ibv_wr_abort` discards it. Inline data is not offered (`wr_set_inline_data*` stay NULL).
+//! `ibv_wr_abort` discards it. `ibv_wr_set_inline_data*` copy the bytes at once.
 //!
 //! Layout: a QP's `QpObj` starts with its `struct ibv_qp`, followed by a [`QpEx`] whose first
 //! field is room for the rest of `struct ibv_qp_ex`, so a QP's address is also the address of
@@ -13,7 +13,7 @@
 //! that against bindgen's layout.
 
 use core::{
-    ffi::c_int,
+    ffi::{c_int, c_void},
     mem::{offset_of, size_of},
     ptr, slice,
 };
@@ -211,6 +211,8 @@ unsafe fn fill_table(qpx: *mut sys::ibv_qp_ex, flags: u64) {
     t.wr_set_ud_addr = Some(wr_set_ud_addr);
     t.wr_set_sge = Some(wr_set_sge);
     t.wr_set_sge_list = Some(wr_set_sge_list);
+    t.wr_set_inline_data = Some(wr_set_inline_data);
+    t.wr_set_inline_data_list = Some(wr_set_inline_data_list);
     t.wr_start = Some(wr_start);
     t.wr_complete = Some(wr_complete);
     t.wr_abort = Some(wr_abort);
@@ -257,11 +259,6 @@ unsafe fn build(qpx: *mut sys::ibv_qp_ex, op: SendOp) {
     if e.err != 0 {
         return;
     }
-    if wr_flags & sys::IBV_SEND_INLINE != 0 {
-        // Inline data is not offered (max_inline_data is 0).
-        e.err = libc::EINVAL;
-        return;
-    }
     let mut flags = SendFlags::empty();
     if wr_flags & sys::IBV_SEND_SIGNALED != 0 {
         flags |= SendFlags::SIGNALED;
@@ -275,6 +272,7 @@ unsafe fn build(qpx: *mut sys::ibv_qp_ex, op: SendOp) {
         sg_list: Vec::new(),
         flags,
         ud: None,
+        inline_data: None,
     });
 }
 
@@ -461,6 +459,58 @@ unsafe extern "C" fn wr_set_sge_list(
                     lkey: LKey::new(s.lkey),
                 })
                 .collect();
+            Ok(())
+        });
+    });
+}
+
+/// `ibv_wr_set_inline_data`: the last WR's bytes, copied now (the program may reuse the
+/// buffer at once); EINVAL past the QP's `max_inline_data` (rxe).
+unsafe extern "C" fn wr_set_inline_data(
+    qpx: *mut sys::ibv_qp_ex,
+    addr: *mut c_void,
+    length: usize,
+) {
+    let buf = sys::ibv_data_buf { addr, length };
+    // SAFETY: `qpx` is a live `QpObj`; `buf` is one entry naming the program's bytes.
+    unsafe { wr_set_inline_data_list(qpx, 1, &buf) };
+}
+
+/// `ibv_wr_set_inline_data_list`: the last WR's bytes, gathered and copied now from
+/// `num_buf` buffers; EINVAL when they add up to more than the QP's `max_inline_data`.
+unsafe extern "C" fn wr_set_inline_data_list(
+    qpx: *mut sys::ibv_qp_ex,
+    num_buf: usize,
+    buf_list: *const sys::ibv_data_buf,
+) {
+    // SAFETY: `qpx` is a live `QpObj`; `cap` is ours, read only.
+    let max = unsafe { (*qpx.cast::<QpObj>()).cap.max_inline_data } as usize;
+    // SAFETY: see above; `buf_list` holds `num_buf` entries, each naming `length` readable
+    // bytes (the verbs contract); they are copied, not kept.
+    guard((), || unsafe {
+        set(qpx, |wr| {
+            if num_buf > 0 && buf_list.is_null() {
+                return Err(libc::EINVAL);
+            }
+            let list = if num_buf == 0 {
+                &[][..]
+            } else {
+                slice::from_raw_parts(buf_list, num_buf)
+            };
+            let total = list
+                .iter()
+                .try_fold(0usize, |t, b| t.checked_add(b.length))
+                .filter(|&t| t <= max)
+                .ok_or(libc::EINVAL)?;
+            let mut out = Vec::with_capacity(total);
+            for b in list.iter().filter(|b| b.length > 0) {
+                if b.addr.is_null() {
+                    return Err(libc::EINVAL);
+                }
+                out.extend_from_slice(slice::from_raw_parts(b.addr.cast::<u8>(), b.length));
+            }
+            wr.sg_list.clear();
+            wr.inline_data = Some(out.into_boxed_slice());
             Ok(())
         });
     });
