@@ -52,14 +52,14 @@ pub const fn position_of(idx: u32, npkts: u32) -> Position {
     }
 }
 
-/// One RC request packet as built, before the requester moves past it
+/// One RC (or UC, qp/uc.rs) request packet as built, before the requester moves past it
 /// ([`Qp::commit_rc_request`]).
-struct RcRequest {
-    repr: RoceRepr,
+pub(super) struct RcRequest {
+    pub(super) repr: RoceRepr,
     /// Where its payload lies in the frame buffer ([`TxBuf::payload`]).
-    payload: Range<usize>,
+    pub(super) payload: Range<usize>,
     /// Whether it is the WR's last request.
-    last: bool,
+    pub(super) last: bool,
     /// PSNs it takes: one, or one per response packet of a READ piece.
     psns: u32,
 }
@@ -96,6 +96,7 @@ impl Qp {
                     return Err(PostError::Invalid("UD message longer than the path MTU"));
                 }
             }
+            QpType::Uc => Self::check_uc_send(&wr, len)?,
             QpType::Rc => {
                 if wr.ud.is_some() {
                     return Err(PostError::Invalid("RC send with a UD destination"));
@@ -356,10 +357,11 @@ impl Qp {
         }
     }
 
-    /// Packet `req_pkt` of a SEND or WRITE WR `op`: its opcode by position (IBA 9.2), the
-    /// RETH on a WRITE's first packet, ImmDt/IETH on the last, and the payload gathered into
-    /// `tx`. A bad local SGE fails the WR with LOC_PROT_ERR (rxe); `None` then.
-    fn send_write_request(
+    /// Packet `req_pkt` of a SEND or WRITE WR `op`: its opcode by position (IBA 9.2; the UC
+    /// opcodes on a UC QP), the RETH on a WRITE's first packet, ImmDt/IETH on the last, and
+    /// the payload gathered into `tx`. A bad local SGE fails the WR with LOC_PROT_ERR (rxe);
+    /// `None` then.
+    pub(super) fn send_write_request(
         &mut self,
         psn: Psn,
         op: SendOp,
@@ -381,7 +383,11 @@ impl Qp {
             _ => (Operation::Send, None, None),
         };
         let ends = matches!(pos, Position::Last | Position::Only);
-        let opcode = opcode_for(kind, pos, imm.is_some(), inv.is_some());
+        let opcode = if self.qp_type == QpType::Uc {
+            super::uc::uc_opcode_for(kind, pos, imm.is_some())
+        } else {
+            opcode_for(kind, pos, imm.is_some(), inv.is_some())
+        };
         let mut repr = RoceRepr::new(BthRepr::new(opcode, self.attr.dest_qp_num, psn));
         if ends {
             repr.immdt = imm.map(|imm| ImmDtRepr { imm });

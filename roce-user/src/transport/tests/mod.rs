@@ -29,6 +29,7 @@ mod requester;
 mod responder;
 mod sched;
 mod state;
+mod uc;
 mod ud;
 
 const PEER: u32 = 0x77;
