@@ -397,7 +397,7 @@ struct QpObj {
 
 export!(
     "IBVERBS_1.1",
-    /// `ibv_create_qp`: RC and UD (UC, SRQs and inline data are not offered yet: EOPNOTSUPP,
+    /// `ibv_create_qp`: RC, UC and UD (SRQs and inline data are not offered yet: EOPNOTSUPP,
     /// EINVAL for `max_inline_data > 0`). The actual capacities are written back to
     /// `init_attr->cap`.
     fn ibv_create_qp(
@@ -422,6 +422,9 @@ export!(
                 }
                 let qp_type = match init.qp_type {
                     sys::IBV_QPT_RC => QpType::Rc,
+                    // UC: SEND and RDMA WRITE without ACKs (transport/qp/uc.rs); modify takes
+                    // UC's attribute masks, READ/atomics are refused by post_send (EINVAL).
+                    sys::IBV_QPT_UC => QpType::Uc,
                     sys::IBV_QPT_UD => QpType::Ud,
                     _ => return Err(libc::EOPNOTSUPP),
                 };
