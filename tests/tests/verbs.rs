@@ -430,4 +430,45 @@ fn ibv_uc_pingpong_runs_on_the_library_at_both_ends() {
             assert!(out.contains("200 iters in"), "{out}");
         }
     }
+    uc_verbs_calls_behave_as_rdma_core(&pair);
+}
+
+/// tests/c/uc_verbs.c, compiled against the installed rdma-core headers and run on the library
+/// in `pair.a`'s namespace: a UC QP walked to RTS with UC's masks, RC-only attributes refused
+/// with EINVAL, `ibv_query_qp` reporting what was set, and RDMA READ and atomics refused by
+/// `ibv_post_send` with EINVAL and `*bad_wr` set.
+fn uc_verbs_calls_behave_as_rdma_core(pair: &roce::netns::VethPair) {
+    let src = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("c/uc_verbs.c");
+    let bin = std::env::temp_dir().join(roce_tests::tag("roce-uc_verbs-"));
+    let cc = Command::new("cc")
+        .args(["-O1", "-Wall", "-Werror", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .expect("run cc");
+    if !cc.status.success() {
+        let _ = std::fs::remove_file(&bin);
+        panic!("cc uc_verbs.c: {}", text(&cc));
+    }
+    let end = &pair.a;
+    let gid = ipv4_gid_index(end);
+    let o = roce(&[
+        "--netns",
+        &end.netns,
+        "exec",
+        "-d",
+        &end.ifname,
+        "--",
+        bin.to_str().expect("UTF-8 path"),
+        &format!("roce_{}", end.ifname),
+        &gid,
+        &pair.b.ipv4.to_string(),
+    ]);
+    let _ = std::fs::remove_file(&bin);
+    assert!(
+        o.status.success() && text(&o).contains("uc_verbs: ok"),
+        "{}",
+        text(&o)
+    );
 }

@@ -879,6 +879,19 @@ impl Device {
         self.by_qpn(qpn).lock().qp(qpn).map(transport::Qp::state)
     }
 
+    /// A QP's type, state and attributes, for `ibv_query_qp`: the attributes as the last
+    /// modify set them, except `rq_psn` and `sq_psn`, which are the PSN the responder expects
+    /// next and the one the requester sends next (rxe `rxe_qp_to_attr`).
+    #[must_use]
+    pub fn qp_query(&self, qpn: Qpn) -> Option<(QpType, QpState, QpAttr<Path>)> {
+        self.by_qpn(qpn).lock().qp(qpn).map(|q| {
+            let mut a = q.attr().clone();
+            a.rq_psn = q.expected_psn();
+            a.sq_psn = q.next_send_psn();
+            (q.qp_type, q.state(), a)
+        })
+    }
+
     /// Posts a send WR (`ibv_post_send`).
     ///
     /// # Errors

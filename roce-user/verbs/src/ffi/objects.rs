@@ -587,16 +587,37 @@ export!(
         if attr.is_null() || init_attr.is_null() {
             return libc::EINVAL;
         }
-        let state = dev
-            .qp_state(Qpn::new(obj.ibv.qp_num))
-            .map_or(sys::IBV_QPS_ERR, |s| s.code());
-        let out = sys::ibv_qp_attr {
+        let Some((qp_type, state, a)) = dev.qp_query(Qpn::new(obj.ibv.qp_num)) else {
+            return libc::EINVAL;
+        };
+        let state = state.code();
+        let mut out = sys::ibv_qp_attr {
             qp_state: state,
             cur_qp_state: state,
             cap: obj.cap,
-            port_num: 1,
+            qp_access_flags: crate::verbs::access_to_ibv(a.qp_access_flags),
+            pkey_index: a.pkey_index,
+            port_num: a.port_num,
+            path_mtu: a.path_mtu as u32,
+            rq_psn: a.rq_psn.value(),
+            sq_psn: a.sq_psn.value(),
+            dest_qp_num: a.dest_qp_num.value(),
             ..Default::default()
         };
+        // The attributes only RC has (UC and UD leave them 0, as rxe reports them), and UD's
+        // Q_Key. The address vector is not reported (ah_attr stays zeroed).
+        match qp_type {
+            QpType::Rc => {
+                out.timeout = a.timeout;
+                out.retry_cnt = a.retry_cnt;
+                out.rnr_retry = a.rnr_retry;
+                out.max_rd_atomic = a.max_rd_atomic;
+                out.max_dest_rd_atomic = a.max_dest_rd_atomic;
+                out.min_rnr_timer = a.min_rnr_timer;
+            }
+            QpType::Ud => out.qkey = a.qkey.value(),
+            QpType::Uc => {}
+        }
         let init = sys::ibv_qp_init_attr {
             qp_context: obj.ibv.qp_context,
             send_cq: obj.ibv.send_cq,
