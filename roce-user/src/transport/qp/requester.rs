@@ -157,7 +157,7 @@ impl Qp {
 
     /// PSNs sent and not yet acknowledged (READ responses still due included), plus the rest
     /// of the message being sent (at most a window): this QP's share of the device's in-flight
-    /// budget. Zero outside RTS/SQD/SQE and for UD.
+    /// budget. Zero outside RTS/SQD/SQE and for UC and UD (nothing of theirs is outstanding).
     pub(crate) fn unacked_psns(&self) -> u32 {
         if self.qp_type != QpType::Rc
             || !matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Sqe)

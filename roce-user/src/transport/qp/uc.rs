@@ -112,6 +112,8 @@ impl Qp {
         self.counters.sent_pkts += 1;
         if req.last {
             self.complete_head(WcStatus::Success, ctx);
+            // In SQD the queue is drained once the WQE in progress has gone out.
+            self.check_drained(ctx);
         } else {
             self.req_pkt += 1;
         }

@@ -478,3 +478,33 @@ fn uc_requester_local_protection_error_fails_the_wr_and_the_qp() {
     assert_eq!((wcs[0].wr_id, wcs[0].status), (4, WcStatus::LocProtErr));
     assert_eq!(h.state(), QpState::Err);
 }
+
+#[test]
+fn uc_sqd_finishes_the_message_in_progress_then_reports_drained() {
+    let mut h = uc_h(Access::REMOTE_WRITE);
+    h.post(1, SendOp::Send, 0, 3000);
+    h.post(2, SendOp::Send, 0, 8);
+    let mut buf = vec![0; MAX_FRAME_LEN];
+    assert!(
+        h.d.poll_transmit(h.now, &mut buf).is_some(),
+        "the FIRST packet"
+    );
+    let sqd = QpAttr {
+        qp_state: QpState::Sqd,
+        ..QpAttr::default()
+    };
+    h.d.modify_qp(h.qpn, &sqd, AttrMask::STATE).unwrap();
+    assert!(h.d.poll_event().is_none(), "a message is still in progress");
+    let rest = h.tx();
+    let ops: Vec<_> = rest.iter().map(|(r, _)| r.bth.opcode).collect();
+    assert_eq!(ops, [Opcode::UC_SEND_MIDDLE, Opcode::UC_SEND_LAST]);
+    assert_eq!(
+        h.d.poll_event(),
+        Some(Event::SqDrained { qpn: h.qpn }),
+        "drained once the message in progress went out; WR 2 waits for RTS"
+    );
+    let wcs = h.wcs();
+    assert_eq!(wcs.len(), 1);
+    assert_eq!(wcs[0].wr_id, 1);
+    assert_eq!(h.d.qp(h.qpn).unwrap().send_queue_len(), 1);
+}
