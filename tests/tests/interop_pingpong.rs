@@ -11,8 +11,9 @@
 //! descriptors (the test checks that they did). After the scenarios a second VM boots beside the
 //! first and the two run the same sizes and MTUs against each other: the rxe ↔ rxe reference of
 //! the same run. `ROCE_INTEROP_ITERS=N` changes the iteration count. At path MTU 1024 the
-//! suite also runs Debian's unmodified ibv_rc_pingpong on our side, on the drop-in libibverbs
-//! (`roce exec`), at 1, 4096 and 65536 B, both directions.
+//! suite also runs Debian's unmodified ibv_rc_pingpong and ibv_uc_pingpong on our side, on the
+//! drop-in libibverbs (`roce exec`), against the same tool on rxe, at 1, 4096 and 65536 B, both
+//! directions (the rxe ↔ rxe reference column of the UC rows is ibv_rc_pingpong's).
 
 use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 
@@ -88,11 +89,16 @@ fn both_ways(h: &Harness<'_>, size: u32, mtu: u32, port: &mut u16) -> Vec<SceneR
     out
 }
 
-/// Debian's unmodified ibv_rc_pingpong on our side too, through the drop-in libibverbs
-/// (`roce exec`), against rxe's, one scenario in each direction for (size, mtu).
-fn drop_in_both_ways(h: &Harness<'_>, size: u32, mtu: u32, port: &mut u16) -> Vec<SceneReport> {
+/// Debian's unmodified `tool` (ibv_rc_pingpong, ibv_uc_pingpong) on our side too, through the
+/// drop-in libibverbs (`roce exec`), against the same tool on rxe, one scenario in each
+/// direction for (size, mtu), `n` iterations.
+fn drop_in_both_ways(
+    h: &Harness<'_>,
+    tool: &str,
+    (size, mtu, n): (u32, u32, u32),
+    port: &mut u16,
+) -> Vec<SceneReport> {
     let p = h.peer;
-    let n = iters();
     let gids: Vec<serde_json::Value> = serde_json::from_str(&roce_tests::roce_ok(&[
         "--netns", &p.netns, "-j", "gids", "-i", &p.ifname,
     ]))
@@ -103,7 +109,7 @@ fn drop_in_both_ways(h: &Harness<'_>, size: u32, mtu: u32, port: &mut u16) -> Ve
         .map(|g| g["index"].to_string())
         .expect("an IPv4 GID on our side");
     let ours = |port: u16, server: Option<String>| {
-        let mut v: Vec<String> = ["exec", "-d", &p.ifname, "--", "ibv_rc_pingpong", "-d"]
+        let mut v: Vec<String> = ["exec", "-d", &p.ifname, "--", tool, "-d"]
             .map(String::from)
             .to_vec();
         v.push(format!("roce_{}", p.ifname));
@@ -122,33 +128,37 @@ fn drop_in_both_ways(h: &Harness<'_>, size: u32, mtu: u32, port: &mut u16) -> Ve
     let mut out = Vec::new();
     *port += 1;
     out.push(h.run(
-        &format!("dropin-ibv_rc_pingpong-server_rxe-s{size}-m{mtu}"),
+        &format!("dropin-{tool}-server_rxe-s{size}-m{mtu}"),
         &Roles::GuestServer {
-            guest: rxe::pingpong_cmd(*port, size, n, mtu),
+            guest: rxe::tool_pingpong_cmd(tool, *port, size, n, mtu),
             ours: ours(*port, Some(p.guest_ip.to_string())),
         },
         *port,
     ));
     *port += 1;
     out.push(h.run(
-        &format!("dropin-ibv_rc_pingpong-server_roce-s{size}-m{mtu}"),
+        &format!("dropin-{tool}-server_roce-s{size}-m{mtu}"),
         &Roles::OurServer {
             ours: ours(*port, None),
-            guest: format!("{} {}", rxe::pingpong_cmd(*port, size, n, mtu), p.host_ip),
+            guest: format!(
+                "{} {}",
+                rxe::tool_pingpong_cmd(tool, *port, size, n, mtu),
+                p.host_ip
+            ),
         },
         *port,
     ));
     out
 }
 
-/// Checks what each side says it did, on top of the harness's checks.
-fn check_outputs(r: &mut SceneReport, size: u32) {
-    let n = u64::from(iters());
+/// Checks what each side says it did after `n` iterations, on top of the harness's checks.
+fn check_outputs(r: &mut SceneReport, size: u32, n: u32) {
+    let n = u64::from(n);
     match rxe::pingpong_summary(&r.guest.out) {
         Some((it, _)) if it == n => {}
         other => r
             .failures
-            .push(format!("ibv_rc_pingpong summary {other:?}, want {n} iters")),
+            .push(format!("pingpong summary {other:?}, want {n} iters")),
     }
     if let Ok(v) = &r.ours {
         if let Some(text) = v["exec_stdout"].as_str() {
@@ -156,7 +166,7 @@ fn check_outputs(r: &mut SceneReport, size: u32) {
             let bytes = format!("{} bytes in", n * u64::from(size) * 2);
             if rxe::pingpong_summary(text).map(|x| x.0) != Some(n) || !text.contains(&bytes) {
                 r.failures
-                    .push(format!("ibv_rc_pingpong on roce-xdp said {text}"));
+                    .push(format!("the pingpong on roce-xdp said {text}"));
             }
         } else if v["iters"].as_u64() != Some(n)
             || v["bytes"].as_u64() != Some(n * u64::from(size) * 2)
@@ -286,15 +296,20 @@ fn ibv_rc_pingpong_both_directions_mtu_1024() {
     let mut reports = Vec::new();
     for size in [1u32, 1024, 4096, 65536] {
         for mut r in both_ways(&h, size, 1024, &mut port) {
-            check_outputs(&mut r, size);
+            check_outputs(&mut r, size, iters());
             reports.push(r);
         }
     }
-    // The same tool on both sides: Debian's ibv_rc_pingpong on the drop-in libibverbs here.
-    for size in [1u32, 4096, 65536] {
-        for mut r in drop_in_both_ways(&h, size, 1024, &mut port) {
-            check_outputs(&mut r, size);
-            reports.push(r);
+    // The same tool on both sides: Debian's ibv_rc_pingpong on the drop-in libibverbs here,
+    // then ibv_uc_pingpong (UC QPs: no ACKs, so a frame lost on the way would lose its
+    // message and stall the ping-pong; the scenario then fails on its timeout).
+    for tool in ["ibv_rc_pingpong", "ibv_uc_pingpong"] {
+        for size in [1u32, 4096, 65536] {
+            let n = iters();
+            for mut r in drop_in_both_ways(&h, tool, (size, 1024, n), &mut port) {
+                check_outputs(&mut r, size, n);
+                reports.push(r);
+            }
         }
     }
     let refs = references(&peer, &PeerOptions::default(), &reports, &mut port);
@@ -339,7 +354,7 @@ fn ibv_rc_pingpong_jumbo_link_mtu_4096_and_2048() {
     ] {
         for &size in sizes {
             for mut r in both_ways(&h, size, mtu, &mut port) {
-                check_outputs(&mut r, size);
+                check_outputs(&mut r, size, iters());
                 if mtu == 4096 && size >= 4096 {
                     check_multi_buffer(&mut r, size);
                 }
