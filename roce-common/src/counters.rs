@@ -262,6 +262,8 @@ counter_struct! {
         ack_queue_full,
         /// roce-xdp: READ/atomic responder resources given up for a newer request while their responses were still going out (full ring; rxe overwrites too).
         rd_atomic_evicted,
+        /// roce-xdp: UC messages the responder dropped whole, silently (IBA 9.7.5.1: a PSN gap, a missing FIRST or LAST, no receive WQE, a length or R_Key error); it resumes at the next FIRST or ONLY packet.
+        uc_msg_dropped,
         /// mlx5: received RoCE packets marked ECN CE.
         np_ecn_marked_roce_packets,
     }

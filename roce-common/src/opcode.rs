@@ -486,6 +486,17 @@ mod table_tests {
     }
 
     #[test]
+    fn xdp_table_passes_every_uc_opcode() {
+        // UC_SEND_FIRST (0x20) ..= UC_RDMA_WRITE_ONLY_WITH_IMMEDIATE (0x2b): steered by QPN
+        // like RC, so the program only has to know their header lengths.
+        for i in 0x20..=0x2bu8 {
+            assert_eq!(Opcode(i).transport(), Transport::Uc);
+            assert_ne!(XDP_OPCODE_TABLE[i as usize], EXT_LEN_UNKNOWN, "{i:#x}");
+        }
+        assert_eq!(XDP_OPCODE_TABLE[0x2c], EXT_LEN_UNKNOWN);
+    }
+
+    #[test]
     fn ext_len_table_agrees_with_info() {
         for i in 0..=255u8 {
             match Opcode(i).ext_len() {

@@ -1694,7 +1694,14 @@ pub fn perftest_cmd(tool: &str, port: u16, args: &str) -> String {
 /// server's address after it).
 #[must_use]
 pub fn pingpong_cmd(port: u16, size: u32, iters: u32, mtu: u32) -> String {
-    format!("ibv_rc_pingpong -d rxe0 -g $RXE_GID_INDEX -p {port} -s {size} -n {iters} -m {mtu}")
+    tool_pingpong_cmd("ibv_rc_pingpong", port, size, iters, mtu)
+}
+
+/// [`pingpong_cmd`] for another ibverbs-utils pingpong `tool` with the same options
+/// (`ibv_uc_pingpong`, ...).
+#[must_use]
+pub fn tool_pingpong_cmd(tool: &str, port: u16, size: u32, iters: u32, mtu: u32) -> String {
+    format!("{tool} -d rxe0 -g $RXE_GID_INDEX -p {port} -s {size} -n {iters} -m {mtu}")
 }
 
 /// One rxe ↔ rxe run, the reference a scenario against roce-xdp is compared with: `cmd` (bash,

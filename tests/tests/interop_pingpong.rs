@@ -11,11 +11,11 @@
 //! descriptors (the test checks that they did). After the scenarios a second VM boots beside the
 //! first and the two run the same sizes and MTUs against each other: the rxe ↔ rxe reference of
 //! the same run. `ROCE_INTEROP_ITERS=N` changes the iteration count. At path MTU 1024 the
-//! suite also runs Debian's unmodified ibv_rc_pingpong and ibv_srq_pingpong on our side, on
-//! the drop-in libibverbs (`roce exec`), against the same program on rxe, at 1, 4096 and
-//! 65536 B (ibv_srq_pingpong's 64 KiB runs, 16 QPs at once into the guest, only with
-//! `ROCE_INTEROP_FULL=1`), both directions, and Debian's ibv_ud_pingpong the same way at 1 B
-//! and the port MTU (1024 B).
+//! suite also runs Debian's unmodified ibv_rc_pingpong, ibv_uc_pingpong and ibv_srq_pingpong
+//! on our side, on the drop-in libibverbs (`roce exec`), against the same program on rxe, at
+//! 1, 4096 and 65536 B (ibv_srq_pingpong's 64 KiB runs, 16 QPs at once into the guest, only
+//! with `ROCE_INTEROP_FULL=1`), both directions, and Debian's ibv_ud_pingpong the same way at
+//! 1 B and the port MTU (1024 B).
 
 use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 
@@ -204,7 +204,7 @@ fn check_outputs(r: &mut SceneReport, size: u32) {
         Some((it, _)) if it == n => {}
         other => r
             .failures
-            .push(format!("ibv_rc_pingpong summary {other:?}, want {n} iters")),
+            .push(format!("pingpong summary {other:?}, want {n} iters")),
     }
     if let Ok(v) = &r.ours {
         if let Some(text) = v["exec_stdout"].as_str() {
@@ -212,7 +212,7 @@ fn check_outputs(r: &mut SceneReport, size: u32) {
             let bytes = format!("{} bytes in", n * u64::from(size) * 2);
             if rxe::pingpong_summary(text).map(|x| x.0) != Some(n) || !text.contains(&bytes) {
                 r.failures
-                    .push(format!("ibv_rc_pingpong on roce-xdp said {text}"));
+                    .push(format!("the pingpong on roce-xdp said {text}"));
             }
         } else if v["iters"].as_u64() != Some(n)
             || v["bytes"].as_u64() != Some(n * u64::from(size) * 2)
@@ -353,9 +353,11 @@ fn ibv_rc_pingpong_both_directions_mtu_1024() {
             reports.push(r);
         }
     }
-    // The same tool on both sides: Debian's ibv_rc_pingpong and ibv_srq_pingpong (16 QPs on
-    // one SRQ) on the drop-in libibverbs here.
-    for prog in ["ibv_rc_pingpong", "ibv_srq_pingpong"] {
+    // The same tool on both sides: Debian's ibv_rc_pingpong, ibv_uc_pingpong (UC QPs: no
+    // ACKs, so a frame lost on the way would lose its message and stall the ping-pong; the
+    // scenario then fails on its timeout) and ibv_srq_pingpong (16 QPs on one SRQ) on the
+    // drop-in libibverbs here.
+    for prog in ["ibv_rc_pingpong", "ibv_uc_pingpong", "ibv_srq_pingpong"] {
         for size in [1u32, 4096, 65536] {
             if prog == "ibv_srq_pingpong" && size == 65536 && !rxe::full() {
                 continue;

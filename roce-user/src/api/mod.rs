@@ -832,10 +832,40 @@ impl Device {
     }
 
     /// INIT → RTR → RTS with the required attributes of each transition (the verbs state table).
+    /// A UC QP takes the same call: it gets only UC's attributes (address vector, path MTU,
+    /// destination QP and RQ PSN for RTR, SQ PSN for RTS, as ibv_uc_pingpong sets them) and
+    /// `c`'s reliability fields (timeout, retries, RNR timer, READ/atomic depths) are unused.
     ///
     /// # Errors
     /// As [`Device::modify_qp`]; a path MTU too large for this device among them.
     pub fn qp_connect(&self, qpn: Qpn, c: &RcConnect) -> Result<(), ApiError> {
+        let uc = self
+            .by_qpn(qpn)
+            .lock()
+            .qp(qpn)
+            .is_some_and(|q| q.qp_type == QpType::Uc);
+        if uc {
+            let rtr = QpAttr {
+                qp_state: QpState::Rtr,
+                path_mtu: c.path_mtu,
+                dest_qp_num: c.dest_qpn,
+                rq_psn: c.rq_psn,
+                ah_attr: Some(c.path),
+                ..QpAttr::default()
+            };
+            let mask = AttrMask::STATE
+                | AttrMask::AV
+                | AttrMask::PATH_MTU
+                | AttrMask::DEST_QPN
+                | AttrMask::RQ_PSN;
+            self.modify_qp(qpn, &rtr, mask)?;
+            let rts = QpAttr {
+                qp_state: QpState::Rts,
+                sq_psn: c.sq_psn,
+                ..rtr
+            };
+            return self.modify_qp(qpn, &rts, AttrMask::STATE | AttrMask::SQ_PSN);
+        }
         let rtr = QpAttr {
             qp_state: QpState::Rtr,
             path_mtu: c.path_mtu,
@@ -878,16 +908,16 @@ impl Device {
         self.by_qpn(qpn).lock().qp(qpn).map(transport::Qp::state)
     }
 
-    /// The attributes of a QP as `ibv_query_qp` reports them: those its `modify_qp` calls
-    /// set, with its current state (rxe's `rxe_qp_to_attr`; the PSNs are the ones set, not
-    /// the current ones).
+    /// A QP's type, state and attributes, for `ibv_query_qp`: the attributes as the last
+    /// modify set them, except `rq_psn` and `sq_psn`, which are the PSN the responder expects
+    /// next and the one the requester sends next (rxe `rxe_qp_to_attr`).
     #[must_use]
-    pub fn qp_attr(&self, qpn: Qpn) -> Option<QpAttr<Path>> {
+    pub fn qp_query(&self, qpn: Qpn) -> Option<(QpType, QpState, QpAttr<Path>)> {
         self.by_qpn(qpn).lock().qp(qpn).map(|q| {
             let mut a = q.attr().clone();
-            a.qp_state = q.state();
-            a.cur_qp_state = q.state();
-            a
+            a.rq_psn = q.expected_psn();
+            a.sq_psn = q.next_send_psn();
+            (q.qp_type, q.state(), a)
         })
     }
 

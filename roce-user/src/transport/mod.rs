@@ -906,10 +906,11 @@ impl Device {
             ctx.counters.rx_unknown_qp += 1;
             return;
         };
-        // RC: the frame must come from the QP's peer (rxe_recv.c check_addr).
-        if qp.qp_type == QpType::Rc
-            && hdr.opcode.transport() == Transport::Rc
-            && let (Some((src, dst)), Some(av)) = (addrs, qp.attr.ah_attr.as_ref())
+        // RC and UC: the frame must come from the QP's peer (rxe_recv.c check_addr).
+        if matches!(
+            (qp.qp_type, hdr.opcode.transport()),
+            (QpType::Rc, Transport::Rc) | (QpType::Uc, Transport::Uc)
+        ) && let (Some((src, dst)), Some(av)) = (addrs, qp.attr.ah_attr.as_ref())
         {
             let (want_src, want_dst) = match av.ip {
                 IpPath::V4 { src, dst } => (core::net::IpAddr::V4(dst), core::net::IpAddr::V4(src)),

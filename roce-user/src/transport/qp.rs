@@ -27,6 +27,7 @@ use crate::wire::{
 mod completer;
 mod requester;
 mod responder;
+mod uc;
 
 use requester::opcode_for;
 pub use requester::{packets_for, position_of};
@@ -116,7 +117,7 @@ impl Default for QpCap {
 pub struct QpInit {
     /// The protection domain: the QP reaches only this PD's memory regions.
     pub pd: PdId,
-    /// RC or UD.
+    /// RC, UC or UD.
     pub qp_type: QpType,
     /// CQ for send completions.
     pub send_cq: CqId,
@@ -312,6 +313,9 @@ pub struct Qp {
     resp_psn: Psn,
     msn: Msn,
     sent_psn_nak: bool,
+    /// UC: the rest of the message in progress is being dropped, until a FIRST or ONLY packet
+    /// (qp/uc.rs).
+    uc_dropping: bool,
     in_msg: Option<MsgKind>,
     send_off: u64,
     write_va: u64,
@@ -361,6 +365,7 @@ impl Qp {
             resp_psn: Psn::new(0),
             msn: Msn::new(0),
             sent_psn_nak: false,
+            uc_dropping: false,
             in_msg: None,
             send_off: 0,
             write_va: 0,
@@ -697,6 +702,7 @@ impl Qp {
         match self.qp_type {
             QpType::Ud => self.next_ud_request(ctx, tx),
             QpType::Rc => self.next_rc_request(now, ctx, tx, fresh_ok),
+            QpType::Uc => self.next_uc_request(ctx, tx),
         }
     }
 }

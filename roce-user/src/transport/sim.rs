@@ -558,3 +558,74 @@ pub fn bring_up(
     )
     .expect("RTS");
 }
+
+/// Creates a UC QP on each device and brings both to RTS, connected to each other, with UC's
+/// exact required masks (ibv_modify_qp(3): INIT needs P_Key index, port and access flags; RTR
+/// the address vector, path MTU, destination QP and RQ PSN; RTS the SQ PSN). Only `cfg`'s
+/// `mtu`, `access`, `cap`, `cq_depth` and `psn_a` apply: UC has no timeouts, retries or
+/// READ/atomic depths.
+///
+/// # Panics
+/// If a device refuses (a bug in the transport or in `cfg`).
+pub fn connect_uc(pair: &mut Pair, cfg: &RcConfig) -> (Endpoint, Endpoint) {
+    let mk = |d: &mut Device| {
+        let pd = d.alloc_pd().expect("alloc pd");
+        let cq = d.create_cq(cfg.cq_depth).expect("create cq");
+        let qpn = d
+            .create_qp(QpInit {
+                cap: cfg.cap,
+                ..QpInit::new(QpType::Uc, pd, cq)
+            })
+            .expect("create qp");
+        Endpoint { qpn, cq, pd }
+    };
+    let ea = mk(&mut pair.a);
+    let eb = mk(&mut pair.b);
+    let psn_a = Psn::new(cfg.psn_a);
+    let psn_b = psn_a.wrapping_add(0x1000);
+    bring_up_uc(&mut pair.a, ea.qpn, Side::A, eb.qpn, psn_a, psn_b, cfg);
+    bring_up_uc(&mut pair.b, eb.qpn, Side::B, ea.qpn, psn_b, psn_a, cfg);
+    (ea, eb)
+}
+
+/// Moves UC QP `qpn` of `d` (on endpoint `side`) from RESET to RTS, connected to `peer`, with
+/// UC's exact required masks (see [`connect_uc`]).
+///
+/// # Panics
+/// If the device refuses a transition.
+pub fn bring_up_uc(
+    d: &mut Device,
+    qpn: Qpn,
+    side: Side,
+    peer: Qpn,
+    sq_psn: Psn,
+    rq_psn: Psn,
+    cfg: &RcConfig,
+) {
+    let mut attr: QpAttr<Path> = QpAttr {
+        qp_state: QpState::Init,
+        qp_access_flags: cfg.access,
+        ..QpAttr::default()
+    };
+    d.modify_qp(
+        qpn,
+        &attr,
+        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+    )
+    .expect("INIT");
+    attr.qp_state = QpState::Rtr;
+    attr.ah_attr = Some(path(side));
+    attr.path_mtu = cfg.mtu;
+    attr.dest_qp_num = peer;
+    attr.rq_psn = rq_psn;
+    d.modify_qp(
+        qpn,
+        &attr,
+        AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN,
+    )
+    .expect("RTR");
+    attr.qp_state = QpState::Rts;
+    attr.sq_psn = sq_psn;
+    d.modify_qp(qpn, &attr, AttrMask::STATE | AttrMask::SQ_PSN)
+        .expect("RTS");
+}

@@ -86,6 +86,10 @@ impl QpState {
 pub enum QpType {
     /// Reliable connection.
     Rc,
+    /// Unreliable connection (IBA 9.7.5.1, 9.8.3): SEND and RDMA WRITE only, no ACKs, no
+    /// retransmission; a message hit by loss is dropped whole by the responder
+    /// (transport/qp/uc.rs).
+    Uc,
     /// Unreliable datagram.
     Ud,
 }
@@ -322,7 +326,10 @@ pub enum ModifyError {
 
 /// The attributes a transition requires and accepts, or `None` if the transition is illegal.
 ///
-/// This is the kernel's `qp_state_table` (verbs.c) restricted to RC and UD.
+/// This is the kernel's `qp_state_table` (verbs.c) restricted to RC, UC and UD. UC takes RC's
+/// connection attributes (access flags, address vector, path MTU, destination QP, PSNs) but
+/// none of its reliability ones: no timeout, retry counts, RNR timer or READ/atomic depths
+/// (ibv_modify_qp(3); reference/roce-v2.md "QP transitions").
 #[must_use]
 pub fn transition_masks(
     qp_type: QpType,
@@ -332,89 +339,83 @@ pub fn transition_masks(
     use AttrMask as M;
     use QpState::*;
     let none = M::empty();
-    let rc = qp_type == QpType::Rc;
+    let ty = qp_type;
     Some(match (from, to) {
         (_, Reset) | (_, Err) => (none, none),
-        (Reset, Init) => {
-            if rc {
-                (M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, none)
-            } else {
-                (M::PKEY_INDEX | M::PORT | M::QKEY, none)
-            }
-        }
-        (Init, Init) => {
-            if rc {
-                (none, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)
-            } else {
-                (none, M::PKEY_INDEX | M::PORT | M::QKEY)
-            }
-        }
-        (Init, Rtr) => {
-            if rc {
-                (
-                    M::AV
-                        | M::PATH_MTU
-                        | M::DEST_QPN
-                        | M::RQ_PSN
-                        | M::MAX_DEST_RD_ATOMIC
-                        | M::MIN_RNR_TIMER,
-                    M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
-                )
-            } else {
-                (none, M::PKEY_INDEX | M::QKEY)
-            }
-        }
-        (Rtr, Rts) => {
-            if rc {
-                (
-                    M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
-                    M::CUR_STATE
-                        | M::ALT_PATH
-                        | M::ACCESS_FLAGS
-                        | M::MIN_RNR_TIMER
-                        | M::PATH_MIG_STATE,
-                )
-            } else {
-                (M::SQ_PSN, M::CUR_STATE | M::QKEY)
-            }
-        }
-        (Rts, Rts) | (Sqd, Rts) => {
-            if rc {
-                (
-                    none,
-                    M::CUR_STATE
-                        | M::ACCESS_FLAGS
-                        | M::ALT_PATH
-                        | M::PATH_MIG_STATE
-                        | M::MIN_RNR_TIMER,
-                )
-            } else {
-                (none, M::CUR_STATE | M::QKEY)
-            }
-        }
+        (Reset, Init) => match ty {
+            QpType::Rc | QpType::Uc => (M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS, none),
+            QpType::Ud => (M::PKEY_INDEX | M::PORT | M::QKEY, none),
+        },
+        (Init, Init) => match ty {
+            QpType::Rc | QpType::Uc => (none, M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS),
+            QpType::Ud => (none, M::PKEY_INDEX | M::PORT | M::QKEY),
+        },
+        (Init, Rtr) => match ty {
+            QpType::Rc => (
+                M::AV
+                    | M::PATH_MTU
+                    | M::DEST_QPN
+                    | M::RQ_PSN
+                    | M::MAX_DEST_RD_ATOMIC
+                    | M::MIN_RNR_TIMER,
+                M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+            ),
+            QpType::Uc => (
+                M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN,
+                M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX,
+            ),
+            QpType::Ud => (none, M::PKEY_INDEX | M::QKEY),
+        },
+        (Rtr, Rts) => match ty {
+            QpType::Rc => (
+                M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC,
+                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::MIN_RNR_TIMER | M::PATH_MIG_STATE,
+            ),
+            QpType::Uc => (
+                M::SQ_PSN,
+                M::CUR_STATE | M::ALT_PATH | M::ACCESS_FLAGS | M::PATH_MIG_STATE,
+            ),
+            QpType::Ud => (M::SQ_PSN, M::CUR_STATE | M::QKEY),
+        },
+        (Rts, Rts) | (Sqd, Rts) => match ty {
+            QpType::Rc => (
+                none,
+                M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE | M::MIN_RNR_TIMER,
+            ),
+            QpType::Uc => (
+                none,
+                M::CUR_STATE | M::ACCESS_FLAGS | M::ALT_PATH | M::PATH_MIG_STATE,
+            ),
+            QpType::Ud => (none, M::CUR_STATE | M::QKEY),
+        },
         (Rts, Sqd) => (none, M::EN_SQD_ASYNC_NOTIFY),
-        (Sqd, Sqd) => {
-            if rc {
-                (
-                    none,
-                    M::PORT
-                        | M::AV
-                        | M::TIMEOUT
-                        | M::RETRY_CNT
-                        | M::RNR_RETRY
-                        | M::MAX_QP_RD_ATOMIC
-                        | M::MAX_DEST_RD_ATOMIC
-                        | M::ALT_PATH
-                        | M::ACCESS_FLAGS
-                        | M::PKEY_INDEX
-                        | M::MIN_RNR_TIMER
-                        | M::PATH_MIG_STATE,
-                )
-            } else {
-                (none, M::PKEY_INDEX | M::QKEY)
-            }
-        }
-        (Sqe, Rts) if !rc => (none, M::CUR_STATE | M::QKEY),
+        (Sqd, Sqd) => match ty {
+            QpType::Rc => (
+                none,
+                M::PORT
+                    | M::AV
+                    | M::TIMEOUT
+                    | M::RETRY_CNT
+                    | M::RNR_RETRY
+                    | M::MAX_QP_RD_ATOMIC
+                    | M::MAX_DEST_RD_ATOMIC
+                    | M::ALT_PATH
+                    | M::ACCESS_FLAGS
+                    | M::PKEY_INDEX
+                    | M::MIN_RNR_TIMER
+                    | M::PATH_MIG_STATE,
+            ),
+            QpType::Uc => (
+                none,
+                M::AV | M::ALT_PATH | M::ACCESS_FLAGS | M::PKEY_INDEX | M::PATH_MIG_STATE,
+            ),
+            QpType::Ud => (none, M::PKEY_INDEX | M::QKEY),
+        },
+        (Sqe, Rts) => match ty {
+            QpType::Rc => return None,
+            QpType::Uc => (none, M::CUR_STATE | M::ACCESS_FLAGS),
+            QpType::Ud => (none, M::CUR_STATE | M::QKEY),
+        },
         _ => return None,
     })
 }

@@ -442,39 +442,6 @@ pub fn qp_attr_from_ibv(
     Ok((out, mask))
 }
 
-/// `struct ibv_qp_attr` for `ibv_query_qp`, from the engine's attributes of the QP
-/// ([`Device::qp_attr`]), its capacities, and the address vector the program last gave
-/// `ibv_modify_qp` (rxe too answers with the `ah_attr` it was given, `rxe_qp_to_attr`).
-#[must_use]
-pub fn qp_attr_to_ibv(
-    a: &QpAttr<Path>,
-    cap: sys::ibv_qp_cap,
-    ah: Option<sys::ibv_ah_attr>,
-) -> sys::ibv_qp_attr {
-    sys::ibv_qp_attr {
-        qp_state: a.qp_state.code(),
-        cur_qp_state: a.cur_qp_state.code(),
-        path_mtu: a.path_mtu.bytes().trailing_zeros().saturating_sub(7),
-        path_mig_state: sys::IBV_MIG_MIGRATED,
-        qkey: a.qkey.value(),
-        rq_psn: a.rq_psn.value(),
-        sq_psn: a.sq_psn.value(),
-        dest_qp_num: a.dest_qp_num.value(),
-        qp_access_flags: a.qp_access_flags.bits(),
-        cap,
-        ah_attr: ah.unwrap_or_default(),
-        pkey_index: a.pkey_index,
-        max_rd_atomic: a.max_rd_atomic,
-        max_dest_rd_atomic: a.max_dest_rd_atomic,
-        min_rnr_timer: a.min_rnr_timer,
-        port_num: a.port_num,
-        timeout: a.timeout,
-        retry_cnt: a.retry_cnt,
-        rnr_retry: a.rnr_retry,
-        ..Default::default()
-    }
-}
-
 /// The MTU of an `enum ibv_mtu` code (1 = 256 ... 5 = 4096).
 #[must_use]
 pub fn mtu_from_ibv(code: u32) -> Option<Mtu> {

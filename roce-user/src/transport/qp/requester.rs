@@ -79,14 +79,14 @@ fn gather(
     Ok(())
 }
 
-/// One RC request packet as built, before the requester moves past it
+/// One RC (or UC, qp/uc.rs) request packet as built, before the requester moves past it
 /// ([`Qp::commit_rc_request`]).
-struct RcRequest {
-    repr: RoceRepr,
+pub(super) struct RcRequest {
+    pub(super) repr: RoceRepr,
     /// Where its payload lies in the frame buffer ([`TxBuf::payload`]).
-    payload: Range<usize>,
+    pub(super) payload: Range<usize>,
     /// Whether it is the WR's last request.
-    last: bool,
+    pub(super) last: bool,
     /// PSNs it takes: one, or one per response packet of a READ piece.
     psns: u32,
 }
@@ -172,6 +172,7 @@ impl Qp {
                     return Err(PostError::Invalid("UD supports SEND only"));
                 }
             }
+            QpType::Uc => Self::check_uc_send(wr, len)?,
             QpType::Rc => {
                 if wr.ud.is_some() {
                     return Err(PostError::Invalid("RC send with a UD destination"));
@@ -236,7 +237,7 @@ impl Qp {
 
     /// PSNs sent and not yet acknowledged (READ responses still due included), plus the rest
     /// of the message being sent (at most a window): this QP's share of the device's in-flight
-    /// budget. Zero outside RTS/SQD/SQE and for UD.
+    /// budget. Zero outside RTS/SQD/SQE and for UC and UD (nothing of theirs is outstanding).
     pub(crate) fn unacked_psns(&self) -> u32 {
         if self.qp_type != QpType::Rc
             || !matches!(self.state, QpState::Rts | QpState::Sqd | QpState::Sqe)
@@ -448,10 +449,11 @@ impl Qp {
         }
     }
 
-    /// Packet `req_pkt` of a SEND or WRITE WR `op`: its opcode by position (IBA 9.2), the
-    /// RETH on a WRITE's first packet, ImmDt/IETH on the last, and the payload gathered into
-    /// `tx`. A bad local SGE fails the WR with LOC_PROT_ERR (rxe); `None` then.
-    fn send_write_request(
+    /// Packet `req_pkt` of a SEND or WRITE WR `op`: its opcode by position (IBA 9.2; the UC
+    /// opcodes on a UC QP), the RETH on a WRITE's first packet, ImmDt/IETH on the last, and
+    /// the payload gathered into `tx`. A bad local SGE fails the WR with LOC_PROT_ERR (rxe);
+    /// `None` then.
+    pub(super) fn send_write_request(
         &mut self,
         psn: Psn,
         op: SendOp,
@@ -473,7 +475,11 @@ impl Qp {
             _ => (Operation::Send, None, None),
         };
         let ends = matches!(pos, Position::Last | Position::Only);
-        let opcode = opcode_for(kind, pos, imm.is_some(), inv.is_some());
+        let opcode = if self.qp_type == QpType::Uc {
+            super::uc::uc_opcode_for(kind, pos, imm.is_some())
+        } else {
+            opcode_for(kind, pos, imm.is_some(), inv.is_some())
+        };
         let mut repr = RoceRepr::new(BthRepr::new(opcode, self.attr.dest_qp_num, psn));
         if ends {
             repr.immdt = imm.map(|imm| ImmDtRepr { imm });

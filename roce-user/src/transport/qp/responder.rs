@@ -6,9 +6,9 @@ use super::*;
 
 /// An error class C outcome (IBA 9.9.3.1.3): NAK, complete the receive WR in use with
 /// `status` if there is one, and move the QP to ERR.
-struct Fatal {
-    nak: NakCode,
-    status: Option<WcStatus>,
+pub(super) struct Fatal {
+    pub(super) nak: NakCode,
+    pub(super) status: Option<WcStatus>,
 }
 
 impl Qp {
@@ -25,6 +25,7 @@ impl Qp {
         match (self.qp_type, pkt.repr.bth.opcode.transport()) {
             (QpType::Ud, Transport::Ud) => return self.handle_ud_request(pkt, ctx),
             (QpType::Rc, Transport::Rc) => {}
+            (QpType::Uc, Transport::Uc) => return self.handle_uc_request(pkt, info, ctx),
             // rxe_recv.c: the opcode's transport must match the QP type.
             _ => {
                 self.counters.rx_dropped += 1;
@@ -68,7 +69,7 @@ impl Qp {
         }
     }
 
-    fn complete_recv_head(
+    pub(super) fn complete_recv_head(
         &mut self,
         status: WcStatus,
         byte_len: u64,
@@ -202,7 +203,7 @@ impl Qp {
         Ok(())
     }
 
-    fn exec_send(
+    pub(super) fn exec_send(
         &mut self,
         pkt: &RxPkt<'_>,
         pos: Position,
@@ -273,7 +274,7 @@ impl Qp {
         Ok(())
     }
 
-    fn exec_write(
+    pub(super) fn exec_write(
         &mut self,
         pkt: &RxPkt<'_>,
         pos: Position,

@@ -30,6 +30,7 @@ mod responder;
 mod sched;
 mod srq;
 mod state;
+mod uc;
 mod ud;
 
 const PEER: u32 = 0x77;

@@ -20,7 +20,7 @@ use roce::api::{
 use super::{device::ctx_of, guard, qp_ex::QpEx, set_errno};
 use crate::{
     sys,
-    verbs::{Channel, access_from_ibv, qp_attr_from_ibv, qp_attr_to_ibv, wc_to_ibv},
+    verbs::{Channel, access_from_ibv, qp_attr_from_ibv, wc_to_ibv},
 };
 
 /// Installs the data-path entries of `ibv_context.ops`, which verbs.h's inline
@@ -406,7 +406,7 @@ pub(super) struct QpObj {
 
 export!(
     "IBVERBS_1.1",
-    /// `ibv_create_qp`: RC and UD, with or without an SRQ (`init_attr->srq`: the QP's
+    /// `ibv_create_qp`: RC, UC and UD, with or without an SRQ (`init_attr->srq`: the QP's
     /// receives are the SRQ's WQEs, `max_recv_wr` and `max_recv_sge` are ignored and read
     /// back 0, `ibv_post_recv` on it is EINVAL as in rxe). Inline data up to the device's
     /// limit (rxe's 400 bytes; more is EINVAL, as rxe `rxe_qp_chk_cap`). The actual
@@ -438,6 +438,9 @@ export!(
                 };
                 let qp_type = match init.qp_type {
                     sys::IBV_QPT_RC => QpType::Rc,
+                    // UC: SEND and RDMA WRITE without ACKs (transport/qp/uc.rs); modify takes
+                    // UC's attribute masks, READ/atomics are refused by post_send (EINVAL).
+                    sys::IBV_QPT_UC => QpType::Uc,
                     sys::IBV_QPT_UD => QpType::Ud,
                     _ => return Err(libc::EOPNOTSUPP),
                 };
@@ -629,10 +632,39 @@ export!(
         if attr.is_null() || init_attr.is_null() {
             return libc::EINVAL;
         }
-        let Some(a) = dev.qp_attr(Qpn::new(obj.ibv.qp_num)) else {
+        let Some((qp_type, state, a)) = dev.qp_query(Qpn::new(obj.ibv.qp_num)) else {
             return libc::EINVAL;
         };
-        let out = qp_attr_to_ibv(&a, obj.cap, obj.ah);
+        let state = state.code();
+        let mut out = sys::ibv_qp_attr {
+            qp_state: state,
+            cur_qp_state: state,
+            cap: obj.cap,
+            qp_access_flags: crate::verbs::access_to_ibv(a.qp_access_flags),
+            pkey_index: a.pkey_index,
+            port_num: a.port_num,
+            path_mtu: a.path_mtu as u32,
+            rq_psn: a.rq_psn.value(),
+            sq_psn: a.sq_psn.value(),
+            dest_qp_num: a.dest_qp_num.value(),
+            // The address vector the program gave (rxe answers with the one it was given).
+            ah_attr: obj.ah.unwrap_or_default(),
+            ..Default::default()
+        };
+        // The attributes only RC has (UC and UD leave them 0, as rxe reports them), and UD's
+        // Q_Key.
+        match qp_type {
+            QpType::Rc => {
+                out.timeout = a.timeout;
+                out.retry_cnt = a.retry_cnt;
+                out.rnr_retry = a.rnr_retry;
+                out.max_rd_atomic = a.max_rd_atomic;
+                out.max_dest_rd_atomic = a.max_dest_rd_atomic;
+                out.min_rnr_timer = a.min_rnr_timer;
+            }
+            QpType::Ud => out.qkey = a.qkey.value(),
+            QpType::Uc => {}
+        }
         let init = sys::ibv_qp_init_attr {
             qp_context: obj.ibv.qp_context,
             send_cq: obj.ibv.send_cq,
