@@ -35,4 +35,5 @@ pub(super) fn set_errno(e: c_int) {
 }
 
 mod device;
+mod mw;
 mod objects;

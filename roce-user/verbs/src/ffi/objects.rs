@@ -30,13 +30,14 @@ pub(super) fn fill_ops(ops: &mut sys::ibv_context_ops) {
     ops.req_notify_cq = Some(req_notify_cq);
     ops.post_send = Some(post_send);
     ops.post_recv = Some(post_recv);
+    super::mw::fill_ops(ops);
 }
 
 /// The engine of the context `context`, started if needed.
 ///
 /// # Safety
 /// `context` must be NULL or a live context of ours.
-unsafe fn device_of<'a>(context: *mut sys::ibv_context) -> Result<&'a Device, c_int> {
+pub(super) unsafe fn device_of<'a>(context: *mut sys::ibv_context) -> Result<&'a Device, c_int> {
     // SAFETY: the caller's contract.
     unsafe { ctx_of(context) }
         .ok_or(libc::EINVAL)?
@@ -45,15 +46,15 @@ unsafe fn device_of<'a>(context: *mut sys::ibv_context) -> Result<&'a Device, c_
 }
 
 /// Leaks `b` to C and returns its first field's address.
-fn give<T>(b: T) -> *mut T {
+pub(super) fn give<T>(b: T) -> *mut T {
     Box::into_raw(Box::new(b))
 }
 
 /// A protection domain.
 #[repr(C)]
-struct PdObj {
-    ibv: sys::ibv_pd,
-    id: PdId,
+pub(super) struct PdObj {
+    pub(super) ibv: sys::ibv_pd,
+    pub(super) id: PdId,
 }
 
 export!(
@@ -389,7 +390,7 @@ unsafe extern "C" fn req_notify_cq(cq: *mut sys::ibv_cq, solicited_only: c_int) 
 
 /// A queue pair.
 #[repr(C)]
-struct QpObj {
+pub(super) struct QpObj {
     ibv: sys::ibv_qp,
     cap: sys::ibv_qp_cap,
     sq_sig_all: bool,
@@ -489,7 +490,9 @@ export!(
 ///
 /// # Safety
 /// `qp` must be a live `QpObj` of ours.
-unsafe fn qp_dev<'a>(qp: *mut sys::ibv_qp) -> Result<(&'a mut QpObj, &'a Device), c_int> {
+pub(super) unsafe fn qp_dev<'a>(
+    qp: *mut sys::ibv_qp,
+) -> Result<(&'a mut QpObj, &'a Device), c_int> {
     if qp.is_null() {
         return Err(libc::EINVAL);
     }
@@ -692,6 +695,12 @@ unsafe fn send_wr(wr: &sys::ibv_send_wr) -> Result<SendWr<Path>, c_int> {
             // SAFETY: as above; SEND_WITH_INV means the union holds the R_Key.
             invalidate_rkey: RKey::new(unsafe { wr.__bindgen_anon_1.invalidate_rkey }),
         },
+        sys::IBV_WR_LOCAL_INV => SendOp::LocalInv {
+            // SAFETY: as above; LOCAL_INV means the union holds the key.
+            invalidate_key: unsafe { wr.__bindgen_anon_1.invalidate_rkey },
+        },
+        // SAFETY: `wr` is the caller's valid request; BIND_MW means `bind_mw` is meant.
+        sys::IBV_WR_BIND_MW => unsafe { super::mw::bind_op(wr) }?,
         _ => return Err(libc::EINVAL),
     };
     let mut flags = SendFlags::empty();
@@ -704,8 +713,14 @@ unsafe fn send_wr(wr: &sys::ibv_send_wr) -> Result<SendWr<Path>, c_int> {
     Ok(SendWr {
         wr_id: wr.wr_id,
         op,
-        // SAFETY: the request's own list (the caller's contract).
-        sg_list: unsafe { sges(wr.sg_list, wr.num_sge) }?,
+        // Local operations (bind, local invalidate) have no SG list: rdma-core's providers
+        // ignore `sg_list`/`num_sge` for them.
+        sg_list: if op.is_local() {
+            Vec::new()
+        } else {
+            // SAFETY: the request's own list (the caller's contract).
+            unsafe { sges(wr.sg_list, wr.num_sge) }?
+        },
         flags,
         ud: None,
     })
