@@ -74,7 +74,7 @@ use self::claims::lock_file;
 pub use self::{
     cq::CqReady,
     error::ApiError,
-    handles::{Ah, Cq, Mr, Pd, Qp},
+    handles::{Ah, Cq, Mr, Mw, Pd, Qp},
     path::{PATH_CACHE_TTL, needs_multi_buffer},
 };
 use self::{

@@ -23,7 +23,7 @@
 //! # Memory bound
 //! Everything is bounded by configuration, never by what a peer sends: at most
 //! [`DeviceConfig::max_qp`] QPs (see [`Qp`] for the per-QP bound, ~120 KiB with defaults),
-//! [`DeviceConfig::max_mr`] regions, [`DeviceConfig::max_cq`] CQs of at most
+//! [`DeviceConfig::max_mr`] regions and as many memory windows, [`DeviceConfig::max_cq`] CQs of at most
 //! [`DeviceConfig::max_cqe`] entries (48 B each) and [`DeviceConfig::max_events`] async
 //! events. Payloads are gathered straight into the caller's frame buffer, with no buffer of
 //! the device's own.

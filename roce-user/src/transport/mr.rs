@@ -12,6 +12,12 @@
 //! fails with a protection error (local) or a remote access error NAK (remote). Once
 //! [`MrTable::deregister`] has returned, nothing can touch the memory any more: the table is
 //! reached only under the transport's lock, and the region's [`Memory`] has left it.
+//!
+//! Memory windows (rxe_mw.c, IBA 10.6.7) live in the same table, with key indices above
+//! those of regions: a bound window is an R_Key over a range of one region with its own
+//! remote rights (and, type 2, its QP); a remote access through it is checked against the
+//! window and then the region. A region with windows bound cannot be deregistered or
+//! invalidated (rxe: EINVAL).
 
 use core::fmt;
 
