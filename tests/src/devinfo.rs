@@ -39,12 +39,15 @@ pub const EXPLAINED: &[(&str, &str)] = &[
     (
         "device_cap_flags",
         "rxe also claims bad P_Key/Q_Key counters, automatic path migration, changing the \
-         physical port, UD AV port enforcement, port-active events, SRQ resize, memory windows \
-         and memory management extensions; ours claims what the engine does (RNR NAK \
-         generation, a system image GUID)",
+         physical port, UD AV port enforcement, port-active events, SRQ resize and memory \
+         management extensions; ours claims what the engine does (RNR NAK generation, a system \
+         image GUID, memory windows of type 1 and 2B)",
     ),
     ("device_cap_flags_ex", "as device_cap_flags"),
-    ("max_mw", "no memory windows yet"),
+    (
+        "max_mw",
+        "engine limit: the window table is as large as the region table (DeviceConfig::max_mr)",
+    ),
     (
         "max_mcast_grp",
         "no multicast (UD multicast groups are not offered)",

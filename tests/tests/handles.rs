@@ -205,3 +205,68 @@ fn rc_write_example_writes_and_sends_across_a_veth_pair() {
         text(&s)
     );
 }
+
+/// Memory window handles on a real device: a type 1 window bound with [`Mw::bind`] and a
+/// type 2 window bound with [`Mw::bind_wr`] complete as `BindMw` on the send CQ with the keys
+/// the handles predicted, a `LocalInv` of the type 2 window completes as `LocalInv`, the
+/// region cannot be deregistered while a window is bound (EINVAL, as rxe), and dropping the
+/// windows frees them so that it can. Binds are local operations: the peer QP need not exist.
+#[test]
+fn memory_window_handles_bind_invalidate_and_free() {
+    use roce::api::{Mtu, MwType, Psn, Qpn, RcConnect, SendOp, SendWr, WcOpcode};
+    let pair = veth("hw", 153, 1);
+    let ifname = pair.a.ifname.clone();
+    let peer_ip = pair.b.ipv4;
+    netns::in_netns(&pair.a.netns, move || {
+        let dev = Device::open(&ifname, &DeviceOptions::default()).expect("open");
+        let pd = dev.pd().unwrap();
+        let cq = dev.cq(16).unwrap();
+        let rw = Access::REMOTE_READ | Access::REMOTE_WRITE;
+        let mr = pd
+            .reg_mr(4096, Access::LOCAL_WRITE | rw | Access::MW_BIND)
+            .unwrap();
+        let qp = pd
+            .create_qp(&cq, &cq, QpType::Rc, QpCap::default())
+            .unwrap();
+        qp.to_init(rw).unwrap();
+        let gidx = dev.info().default_gid_index(true);
+        let gid = peer_ip.to_ipv6_mapped().octets();
+        let path = qp.path_to(gidx, &gid, Qpn::new(0x99)).expect("path");
+        let c = RcConnect::new(path, Mtu::Mtu1024, Qpn::new(0x99), Psn::new(1), Psn::new(2));
+        qp.connect(&c).expect("connect");
+        let wait = |what: &str| {
+            let wc = cq
+                .wait(Duration::from_secs(5))
+                .unwrap_or_else(|| panic!("no completion for {what}"));
+            assert_eq!(wc.status, WcStatus::Success, "{what}: {wc:?}");
+            wc
+        };
+
+        let mut w1 = pd.alloc_mw(MwType::One).unwrap();
+        let old = w1.rkey();
+        let k1 = w1.bind(&qp, 1, &mr, 256, 512, rw).unwrap();
+        assert_eq!(wait("bind type 1").opcode, WcOpcode::BindMw);
+        assert_ne!(k1, old);
+        assert_eq!(k1.value() & !0xff, old.value() & !0xff);
+
+        let mut w2 = pd.alloc_mw(MwType::Two).unwrap();
+        let (wr, k2) = w2.bind_wr(2, &mr, 1024, 512, rw);
+        qp.post_send(wr).unwrap();
+        assert_eq!(wait("bind type 2").opcode, WcOpcode::BindMw);
+        w2.set_rkey(k2);
+
+        let busy = dev.dereg_mr(mr.lkey()).unwrap_err();
+        assert_eq!(busy.errno(), libc::EINVAL, "{busy}");
+
+        let inv = SendOp::LocalInv {
+            invalidate_key: k2.value(),
+        };
+        qp.post_send(SendWr::new(3, inv, Vec::new())).unwrap();
+        assert_eq!(wait("local invalidate").opcode, WcOpcode::LocalInv);
+
+        drop(w1);
+        drop(w2);
+        mr.dereg().expect("no window bound any more");
+    })
+    .expect("enter the namespace");
+}

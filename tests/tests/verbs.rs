@@ -1003,3 +1003,58 @@ fn uc_verbs_calls_behave_as_rdma_core(pair: &roce::netns::VethPair) {
         text(&o)
     );
 }
+
+/// Memory windows through the drop-in library (tests/c/verbs_mw.c, built with gcc): a type 1
+/// window bound with `ibv_bind_mw` and type 2 windows bound with `IBV_WR_BIND_MW`; the peer's
+/// WRITE and READ inside a window succeed with the data verified, a WRITE across its end, one
+/// through a type 2 window from another QP, one after `IBV_WR_LOCAL_INV` and one after a SEND
+/// with invalidate complete with `IBV_WC_REM_ACCESS_ERR` and change no byte; binds to a
+/// region without MW_BIND or past its end complete with `IBV_WC_MW_BIND_ERR`, a zero-based
+/// type 1 bind and the deregistration of a region with bound windows return EINVAL (rxe).
+#[test]
+fn memory_windows_bind_invalidate_and_refuse_as_rxe() {
+    require_root();
+    let pair = veth_pair("vmw", 189);
+    let (a, b) = (&pair.a, &pair.b);
+    let prog = CProgram::build("verbs_mw");
+    let exe_s = prog.path();
+    let (ga, gb) = (ipv4_gid_index(a), ipv4_gid_index(b));
+    let (da, db) = (format!("roce_{}", a.ifname), format!("roce_{}", b.ifname));
+    let server = ip_netns_exec_spawn(a, &[&exe_s, &da, &ga, "18656"]);
+    let ip = a.ipv4.to_string();
+    let client = ip_netns_exec_spawn(b, &[&exe_s, &db, &gb, "18656", &ip]);
+    let limit = std::time::Duration::from_secs(60);
+    let c = roce_tests::child::finish_within(client, limit, "client");
+    let s = roce_tests::child::finish_within(server, limit, "server");
+    let (c, s) = (text(&c), text(&s));
+    for case in [
+        "type_1_window_write_and_read_inside",
+        "type_1_window_write_across_its_end_is_rem_access_err",
+        "type_2_window_write_and_read_inside",
+        "send_with_inv_of_type_2_window_succeeds",
+        "write_after_send_with_inv_is_rem_access_err",
+        "type_2_window_through_another_qp_is_rem_access_err",
+        "type_2_window_through_its_qp_succeeds",
+        "write_after_local_inv_is_rem_access_err",
+    ] {
+        assert!(c.contains(&format!("CASE {case} ok")), "{case}:\n{c}\n{s}");
+    }
+    for case in [
+        "query_device_claims_memory_windows",
+        "alloc_mw_type_1_and_2",
+        "bind_mw_type_1_completes_as_bind_mw",
+        "wr_bind_mw_type_2_completes_as_bind_mw",
+        "send_with_inv_completes_with_the_invalidated_rkey",
+        "local_inv_of_type_2_window_completes_as_local_inv",
+        "writes_land_inside_windows_and_nowhere_else",
+        "zero_based_type_1_bind_is_einval",
+        "dereg_mr_with_bound_windows_is_einval",
+        "bind_to_region_without_mw_bind_is_mw_bind_err",
+        "bind_past_the_region_is_mw_bind_err",
+        "dealloc_of_bound_windows_then_dereg_succeed",
+    ] {
+        assert!(s.contains(&format!("CASE {case} ok")), "{case}:\n{s}\n{c}");
+    }
+    assert!(!c.contains("FAIL") && !s.contains("FAIL"), "{c}\n{s}");
+    assert!(!xdp_attached(a) && !xdp_attached(b));
+}

@@ -181,9 +181,9 @@ impl ApiError {
                 | DeviceError::TooManyCqs(_)
                 | DeviceError::TooManyPds(_)
                 | DeviceError::TooManySrqs(_)
-                | DeviceError::Mr(MrError::TableFull(_)),
+                | DeviceError::Mr(MrError::TableFull(_) | MrError::WindowTableFull(_)),
             )
-            | Self::Mr(MrError::TableFull(_))
+            | Self::Mr(MrError::TableFull(_) | MrError::WindowTableFull(_))
             | Self::Post(PostError::QueueFull(_))
             | Self::NoQpn(_) => libc::ENOMEM,
             Self::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),

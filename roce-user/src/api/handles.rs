@@ -21,9 +21,9 @@
 use std::time::Duration;
 
 use super::{
-    Access, ApiError, AttrMask, CqId, CqReady, Device, LKey, MemBuf, Memory, MrInfo, Path, PdId,
-    QKey, QpAttr, QpCap, QpInit, QpState, QpType, Qpn, RKey, RcConnect, RecvWr, SendWr, Sge,
-    UdDest, Wc,
+    Access, ApiError, AttrMask, BindMw, CqId, CqReady, Device, LKey, MemBuf, Memory, MrInfo,
+    MwType, Path, PdId, QKey, QpAttr, QpCap, QpInit, QpState, QpType, Qpn, RKey, RcConnect, RecvWr,
+    SendFlags, SendOp, SendWr, Sge, UdDest, Wc,
 };
 
 /// Logs a release that failed in `drop`, where it cannot be returned.
@@ -318,6 +318,114 @@ impl Drop for Mr<'_> {
         dropped(
             "a memory region",
             self.pd.dev.dereg_mr(self.info.lkey).map(drop),
+        );
+    }
+}
+
+impl Pd<'_> {
+    /// Allocates a memory window of type `ty` (`ibv_alloc_mw`; the id form is
+    /// [`Device::alloc_mw`]). Dropping the handle frees it, bound or not.
+    ///
+    /// # Errors
+    /// The window table is full.
+    pub fn alloc_mw(&self, ty: MwType) -> Result<Mw<'_>, ApiError> {
+        Ok(Mw {
+            pd: self,
+            rkey: self.dev.alloc_mw(self.id, ty)?,
+            ty,
+        })
+    }
+}
+
+/// A memory window (`struct ibv_mw`), made by [`Pd::alloc_mw`]; dropping it frees it
+/// (`ibv_dealloc_mw`). Bound, it is an R_Key the peer uses for RDMA over a range of one region
+/// of the same PD, with rights of its own.
+#[derive(Debug)]
+pub struct Mw<'pd> {
+    pd: &'pd Pd<'pd>,
+    rkey: RKey,
+    ty: MwType,
+}
+
+impl Mw<'_> {
+    /// The window's R_Key: give it to the peer after the bind completes.
+    #[must_use]
+    pub const fn rkey(&self) -> RKey {
+        self.rkey
+    }
+
+    /// The window's type.
+    #[must_use]
+    pub const fn mw_type(&self) -> MwType {
+        self.ty
+    }
+
+    /// Binds a type 1 window to `len` bytes at `offset` of `mr` with the remote rights
+    /// `access`, through `qp` (`ibv_bind_mw`; [`Device::bind_mw`]). The bind completes on the
+    /// QP's send CQ as [`WcOpcode::BindMw`](super::WcOpcode::BindMw) (or `MwBindErr`, after
+    /// which the old key stands again: call [`Mw::set_rkey`]); the window's key is the new one
+    /// from now on.
+    ///
+    /// # Errors
+    /// The post's errors.
+    pub fn bind(
+        &mut self,
+        qp: &Qp<'_>,
+        wr_id: u64,
+        mr: &Mr<'_>,
+        offset: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<RKey, ApiError> {
+        let b = self.bind_info(mr, offset, len, access);
+        self.rkey = self
+            .pd
+            .dev
+            .bind_mw(qp.qpn(), wr_id, SendFlags::SIGNALED, b)?;
+        Ok(self.rkey)
+    }
+
+    /// The `IBV_WR_BIND_MW` work request that binds a type 2 window to `len` bytes at `offset`
+    /// of `mr` with the remote rights `access`, and the key the window gets: post it with
+    /// [`Qp::post_send`] on the QP the window is to be bound to, then [`Mw::set_rkey`] once
+    /// it completes.
+    #[must_use]
+    pub fn bind_wr(
+        &self,
+        wr_id: u64,
+        mr: &Mr<'_>,
+        offset: u64,
+        len: u64,
+        access: Access,
+    ) -> (SendWr<Path>, RKey) {
+        let b = self.bind_info(mr, offset, len, access);
+        let key = RKey::new((self.rkey.value() & !0xff) | u32::from(b.new_key));
+        (SendWr::new(wr_id, SendOp::BindMw(b), Vec::new()), key)
+    }
+
+    /// Sets the key the window has now (after a bind completed, or failed).
+    pub const fn set_rkey(&mut self, rkey: RKey) {
+        self.rkey = rkey;
+    }
+
+    fn bind_info(&self, mr: &Mr<'_>, offset: u64, len: u64, access: Access) -> BindMw {
+        BindMw {
+            mw_rkey: self.rkey,
+            new_key: (self.rkey.value() as u8).wrapping_add(1),
+            mr_lkey: mr.lkey(),
+            addr: mr.addr().wrapping_add(offset),
+            length: len,
+            access,
+            zero_based: false,
+        }
+    }
+}
+
+impl Drop for Mw<'_> {
+    fn drop(&mut self) {
+        dropped(
+            "a memory window",
+            self.pd.dev.dealloc_mw(self.pd.id, self.rkey),
         );
     }
 }

@@ -57,10 +57,10 @@ use roce_common::maps::{MAX_QPS, QpEntry};
 
 pub use crate::transport::Event;
 pub use crate::transport::{
-    Access, AttrMask, CqId, DeviceConfig, DeviceCounters, LKey, MemBuf, Memory, MrInfo, Mtu, Path,
-    PdId, PostError, Psn, QKey, QpAttr, QpCap, QpCounters, QpInit, QpState, QpType, Qpn, RKey,
-    RawMem, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqAttr, SrqAttrMask, SrqId, UdDest, Wc,
-    WcFlags, WcOpcode, WcStatus,
+    Access, AttrMask, BindMw, CqId, DeviceConfig, DeviceCounters, LKey, MemBuf, Memory, MrInfo,
+    Mtu, MwType, Path, PdId, PostError, Psn, QKey, QpAttr, QpCap, QpCounters, QpInit, QpState,
+    QpType, Qpn, RKey, RawMem, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqAttr, SrqAttrMask, SrqId,
+    UdDest, Wc, WcFlags, WcOpcode, WcStatus,
 };
 use crate::{
     engine::{Clock, Engine, EngineConfig, EngineThread, spawn_engines},
@@ -75,7 +75,7 @@ use self::claims::lock_file;
 pub use self::{
     cq::CqReady,
     error::ApiError,
-    handles::{Ah, Cq, Mr, Pd, Qp},
+    handles::{Ah, Cq, Mr, Mw, Pd, Qp},
     path::{PATH_CACHE_TTL, needs_multi_buffer},
     srq::Srq,
 };
@@ -608,6 +608,58 @@ impl Device {
     /// Unknown key.
     pub fn dereg_mr(&self, lkey: LKey) -> Result<Memory, ApiError> {
         Ok(self.by_key(lkey.value()).lock().dereg_mr(lkey)?)
+    }
+
+    /// Allocates a memory window of type `ty` in `pd` (`ibv_alloc_mw`) and returns its R_Key.
+    /// Bind a type 1 window with [`Device::bind_mw`], a type 2 window with a
+    /// [`transport::SendOp::BindMw`] work request on a QP of the same PD.
+    ///
+    /// # Errors
+    /// Unknown PD, or the window table is full (`ENOMEM`).
+    pub fn alloc_mw(&self, pd: PdId, ty: transport::MwType) -> Result<RKey, ApiError> {
+        let (queue, raw) = self.split_pd(pd);
+        match self.shards[queue as usize].lock().alloc_mw(raw, ty) {
+            Err(transport::DeviceError::NoSuchPd(_)) => {
+                Err(transport::DeviceError::NoSuchPd(pd).into())
+            }
+            r => Ok(r?),
+        }
+    }
+
+    /// Frees the memory window `rkey` of `pd` (`ibv_dealloc_mw`), bound or not; its key stops
+    /// working at once. Any key the window had since its allocation names it.
+    ///
+    /// # Errors
+    /// Unknown window.
+    pub fn dealloc_mw(&self, pd: PdId, rkey: RKey) -> Result<(), ApiError> {
+        let (queue, _) = self.split_pd(pd);
+        Ok(self.shards[queue as usize].lock().dealloc_mw(rkey)?)
+    }
+
+    /// Binds the type 1 window `bind.mw_rkey` through QP `qpn` (`ibv_bind_mw`, as rdma-core's
+    /// rxe provider does it: an `IBV_WR_BIND_MW` work request whose new key is the window's
+    /// key with its low 8 bits incremented, `ibv_inc_rkey`). Returns that new key, which the
+    /// window has once the bind completes (`IBV_WC_BIND_MW`; a failed bind completes with
+    /// `IBV_WC_MW_BIND_ERR` and leaves the old key). `bind.new_key` is ignored.
+    ///
+    /// # Errors
+    /// A zero-based type 1 bind (`EINVAL`, rxe o10-36.2.2), or the post's errors.
+    pub fn bind_mw(
+        &self,
+        qpn: Qpn,
+        wr_id: u64,
+        flags: transport::SendFlags,
+        mut bind: transport::BindMw,
+    ) -> Result<RKey, ApiError> {
+        if bind.zero_based {
+            return Err(PostError::Invalid("type 1 memory windows cannot be zero based").into());
+        }
+        let k = bind.mw_rkey.value();
+        bind.new_key = (k as u8).wrapping_add(1);
+        let mut wr = SendWr::new(wr_id, transport::SendOp::BindMw(bind), Vec::new());
+        wr.flags = flags;
+        self.post_send(qpn, wr)?;
+        Ok(RKey::new((k & !0xff) | u32::from(bind.new_key)))
     }
 
     /// Copies `data` into region `lkey` at `offset` (offset 0 is the region's first byte).

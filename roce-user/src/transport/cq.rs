@@ -17,12 +17,15 @@ pub enum WcStatus {
     Success = 0,
     /// `IBV_WC_LOC_LEN_ERR`: a receive buffer was too small, or a message too long.
     LocLenErr = 1,
-    /// `IBV_WC_LOC_QP_OP_ERR`: an internal QP consistency error.
+    /// `IBV_WC_LOC_QP_OP_ERR`: an internal QP consistency error (rxe: also a failed local
+    /// invalidation).
     LocQpOpErr = 2,
     /// `IBV_WC_LOC_PROT_ERR`: a scatter/gather entry names a bad key, right or range.
     LocProtErr = 4,
     /// `IBV_WC_WR_FLUSH_ERR`: the QP went to ERR before the WR completed.
     WrFlushErr = 5,
+    /// `IBV_WC_MW_BIND_ERR`: a memory window bind failed (rxe `rxe_bind_mw`).
+    MwBindErr = 6,
     /// `IBV_WC_BAD_RESP_ERR`: an unexpected response (opcode or length).
     BadRespErr = 7,
     /// `IBV_WC_REM_INV_REQ_ERR`: NAK invalid request.
@@ -51,6 +54,10 @@ pub enum WcOpcode {
     CompSwap = 3,
     /// `IBV_WC_FETCH_ADD`.
     FetchAdd = 4,
+    /// `IBV_WC_BIND_MW`.
+    BindMw = 5,
+    /// `IBV_WC_LOCAL_INV`.
+    LocalInv = 6,
     /// `IBV_WC_RECV`.
     Recv = 128,
     /// `IBV_WC_RECV_RDMA_WITH_IMM`.

@@ -23,7 +23,7 @@
 //! # Memory bound
 //! Everything is bounded by configuration, never by what a peer sends: at most
 //! [`DeviceConfig::max_qp`] QPs (see [`Qp`] for the per-QP bound, ~120 KiB with defaults),
-//! [`DeviceConfig::max_mr`] regions, [`DeviceConfig::max_cq`] CQs of at most
+//! [`DeviceConfig::max_mr`] regions and as many memory windows, [`DeviceConfig::max_cq`] CQs of at most
 //! [`DeviceConfig::max_cqe`] entries (48 B each) and [`DeviceConfig::max_events`] async
 //! events. Payloads are gathered straight into the caller's frame buffer, with no buffer of
 //! the device's own.
@@ -77,8 +77,8 @@ pub use self::counters::{DeviceCounters, QpCounters};
 pub use self::cq::{Cq, CqId, CqOverflow, Wc, WcFlags, WcOpcode, WcStatus};
 pub use self::ids::{LKey, Msn, PKey, Psn, QKey, Qpn, RKey};
 pub use self::mr::{
-    Access, AccessError, MR_GUARD_BYTE, MR_GUARD_LEN, MemBuf, Memory, MrError, MrInfo, MrTable,
-    OutOfRegion, PdId, RawMem, Sge,
+    Access, AccessError, BindMw, MR_GUARD_BYTE, MR_GUARD_LEN, MemBuf, Memory, MrError, MrInfo,
+    MrTable, MwError, MwType, OutOfRegion, PdId, RawMem, Sge,
 };
 use self::qp::TxBuf;
 pub use self::qp::{PostError, Qp, QpCap, QpInit};
@@ -560,6 +560,27 @@ impl Device {
         self.mrs.deregister(lkey)
     }
 
+    /// Allocates a memory window of type `ty` in `pd` (`ibv_alloc_mw`) and returns its R_Key.
+    /// Bind it with a [`SendOp::BindMw`] work request (both types; `ibv_bind_mw` posts one for
+    /// type 1).
+    ///
+    /// # Errors
+    /// [`DeviceError::NoSuchPd`], or [`MrError::WindowTableFull`].
+    pub fn alloc_mw(&mut self, pd: PdId, ty: MwType) -> Result<RKey, DeviceError> {
+        if !self.pds.contains(&pd.0) {
+            return Err(DeviceError::NoSuchPd(pd));
+        }
+        Ok(self.mrs.alloc_mw(pd, ty)?)
+    }
+
+    /// Frees the memory window with `rkey`'s index (`ibv_dealloc_mw`), bound or not.
+    ///
+    /// # Errors
+    /// [`MrError::UnknownWindow`].
+    pub fn dealloc_mw(&mut self, rkey: RKey) -> Result<(), MrError> {
+        self.mrs.dealloc_mw(rkey)
+    }
+
     /// The memory regions.
     #[must_use]
     pub const fn mrs(&self) -> &MrTable {
@@ -727,6 +748,7 @@ impl Device {
             .remove(&qpn.value())
             .ok_or(DeviceError::NoSuchQp(qpn))?;
         self.sched.forget(&qp);
+        self.mrs.qp_destroyed(qpn);
         Ok(())
     }
 

@@ -12,13 +12,19 @@
 //! fails with a protection error (local) or a remote access error NAK (remote). Once
 //! [`MrTable::deregister`] has returned, nothing can touch the memory any more: the table is
 //! reached only under the transport's lock, and the region's [`Memory`] has left it.
+//!
+//! Memory windows (rxe_mw.c, IBA 10.6.7) live in the same table, with key indices above
+//! those of regions: a bound window is an R_Key over a range of one region with its own
+//! remote rights (and, type 2, its QP); a remote access through it is checked against the
+//! window and then the region. A region with windows bound cannot be deregistered or
+//! invalidated (rxe: EINVAL).
 
 use core::fmt;
 
 use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use super::Shard;
-use super::ids::{LKey, RKey};
+use super::ids::{LKey, Qpn, RKey};
 pub use super::mem::{MR_GUARD_BYTE, MR_GUARD_LEN, MemBuf, Memory, OutOfRegion, RawMem};
 
 bitflags::bitflags! {
@@ -35,6 +41,8 @@ bitflags::bitflags! {
         const REMOTE_READ = 4;
         /// `IBV_ACCESS_REMOTE_ATOMIC`.
         const REMOTE_ATOMIC = 8;
+        /// `IBV_ACCESS_MW_BIND`: memory windows may be bound to the region (IBA C10-73).
+        const MW_BIND = 16;
     }
 }
 
@@ -80,6 +88,16 @@ pub enum MrError {
     /// No region has this key.
     #[error("no memory region with key {0}")]
     UnknownKey(LKey),
+    /// The region still has memory windows bound to it (IBA 10.6.7.2.6; rxe `rxe_dereg_mr`:
+    /// EINVAL).
+    #[error("memory region {0} has {1} memory windows bound")]
+    WindowsBound(LKey, u32),
+    /// Every memory window slot is in use.
+    #[error("memory window table full ({0} windows)")]
+    WindowTableFull(usize),
+    /// No memory window has this R_Key's index.
+    #[error("no memory window with key {0}")]
+    UnknownWindow(RKey),
 }
 
 /// Why an access to registered memory was refused.
@@ -104,6 +122,119 @@ struct Mr {
     lkey: LKey,
     rkey: RKey,
     rkey_valid: bool,
+    /// Memory windows bound to the region (rxe `mr->num_mw`).
+    num_mw: u32,
+}
+
+/// The type of a memory window (`enum ibv_mw_type`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum MwType {
+    /// `IBV_MW_TYPE_1`: bound with `ibv_bind_mw`, valid from allocation, bound to a region
+    /// only; it cannot be invalidated (IBA o10-37.2.26).
+    One = 1,
+    /// `IBV_MW_TYPE_2` (rxe implements type 2B): bound by an `IBV_WR_BIND_MW` work request,
+    /// free until bound, bound to the region and to the QP that bound it; invalidated by
+    /// `IBV_WR_LOCAL_INV` or a SEND with invalidate.
+    Two = 2,
+}
+
+/// A memory window's binding (`struct ibv_mw_bind_info` with the window and its new key),
+/// as an `IBV_WR_BIND_MW` work request carries it (rxe `wqe->wr.wr.mw`).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub struct BindMw {
+    /// The window's current R_Key.
+    pub mw_rkey: RKey,
+    /// The key it gets: the low 8 bits of the new R_Key, which replace the window key's (rxe
+    /// `rxe_do_bind_mw`: `wqe->wr.wr.mw.rkey & 0xff`).
+    pub new_key: u8,
+    /// The region the window is bound to (ignored when `length` is 0).
+    pub mr_lkey: LKey,
+    /// First address of the window (an iova of the region; with `zero_based`, the offset in
+    /// the region where the window starts).
+    pub addr: u64,
+    /// Length in bytes; 0 unbinds a type 1 window.
+    pub length: u64,
+    /// The remote rights the window grants.
+    pub access: Access,
+    /// `IBV_ACCESS_ZERO_BASED`: the peer addresses the window from 0.
+    pub zero_based: bool,
+}
+
+/// Why a bind or an invalidation failed (rxe: `IBV_WC_MW_BIND_ERR` for a bind,
+/// `IBV_WC_LOC_QP_OP_ERR` for a local invalidation, a NAK for a remote one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum MwError {
+    /// No window or region with that key, or the key is stale.
+    #[error("no memory window or region with that key")]
+    BadKey,
+    /// The window is not in the state the operation needs (type 1 bound only when valid,
+    /// type 2 only when free; invalidation only of a bound type 2 window).
+    #[error("memory window in the wrong state")]
+    WrongState,
+    /// The window belongs to another PD than the QP (IBA C10-72).
+    #[error("memory window of another protection domain")]
+    OtherPd,
+    /// A type 2 window bound with a zero length (IBA o10-37.2.40).
+    #[error("type 2 memory window bound with zero length")]
+    ZeroLength,
+    /// Type 1 windows cannot be zero based (IBA o10-36.2.2).
+    #[error("zero-based type 1 memory window")]
+    ZeroBased,
+    /// The region was not registered with `IBV_ACCESS_MW_BIND` (IBA C10-73).
+    #[error("memory region without MW_BIND access")]
+    NoBindRight,
+    /// Remote write or atomic on a region without local write (IBA C10-74).
+    #[error("writable window on a region without local write")]
+    NeedsLocalWrite,
+    /// The window is not inside the region (IBA C10-75).
+    #[error("window outside the memory region")]
+    OutOfRegion,
+    /// Type 1 windows cannot be invalidated (IBA o10-37.2.26).
+    #[error("type 1 memory windows cannot be invalidated")]
+    TypeOne,
+    /// The region has windows bound and cannot be invalidated (rxe `rxe_invalidate_mr`).
+    #[error("memory region has windows bound")]
+    WindowsBound,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum MwState {
+    /// Allocated, not bound (type 2) or invalidated.
+    Free,
+    /// Usable (type 1 from allocation, type 2 once bound).
+    Valid,
+}
+
+struct Mw {
+    pd: PdId,
+    ty: MwType,
+    rkey: RKey,
+    state: MwState,
+    /// The bound region (`None` while unbound or bound with length 0).
+    mr: Option<LKey>,
+    /// The QP a type 2 window is bound to.
+    qp: Option<Qpn>,
+    addr: u64,
+    len: u64,
+    access: Access,
+    zero_based: bool,
+}
+
+/// The first key index of memory windows: region keys have indices `1..MW_INDEX_BASE`,
+/// window keys `MW_INDEX_BASE + 1..=0xffff` (rxe keeps MRs and MWs in separate index ranges
+/// too, `rkey_is_mw`).
+const MW_INDEX_BASE: u32 = 0x8000;
+
+/// Whether `key` names a memory window rather than a region.
+#[must_use]
+pub const fn key_is_mw(key: u32) -> bool {
+    key >> 16 > MW_INDEX_BASE
+}
+
+fn mw_slot_of(key: u32) -> Option<usize> {
+    (key >> 16)
+        .checked_sub(MW_INDEX_BASE + 1)
+        .map(|s| s as usize)
 }
 
 impl Mr {
@@ -115,6 +246,10 @@ impl Mr {
 /// The table of registered memory regions of a device.
 pub struct MrTable {
     slots: Vec<Option<Mr>>,
+    /// Memory windows, keyed from [`MW_INDEX_BASE`].
+    windows: Vec<Option<Mw>>,
+    /// Key bits last used by each window slot.
+    mw_last_bits: Vec<u16>,
     /// Key bits last used by each slot, so a new registration never reuses them.
     last_bits: Vec<(u16, u16)>,
     rng: StdRng,
@@ -132,11 +267,14 @@ impl fmt::Debug for MrTable {
 }
 
 fn slot_of(key: u32) -> Option<usize> {
-    (key >> 16).checked_sub(1).map(|s| s as usize)
+    (key >> 16)
+        .checked_sub(1)
+        .filter(|_| !key_is_mw(key))
+        .map(|s| s as usize)
 }
 
 impl MrTable {
-    /// A table of `capacity` regions (at most 65535) whose key bits come from a ChaCha CSPRNG
+    /// A table of `capacity` regions and as many memory windows (each at most 32767) whose key bits come from a ChaCha CSPRNG
     /// seeded with `seed` (the caller injects its entropy; tests inject a constant).
     #[must_use]
     pub fn new(capacity: usize, seed: [u8; 32]) -> Self {
@@ -148,9 +286,11 @@ impl MrTable {
     /// interface never collide and an API call finds a key's device without a lookup.
     #[must_use]
     pub fn for_shard(capacity: usize, seed: [u8; 32], shard: Shard) -> Self {
-        let capacity = capacity.min(0xffff);
+        let capacity = capacity.min(MW_INDEX_BASE as usize - 1);
         Self {
             slots: (0..capacity).map(|_| None).collect(),
+            windows: (0..capacity).map(|_| None).collect(),
+            mw_last_bits: vec![0; capacity],
             last_bits: vec![(0, 0); capacity],
             rng: StdRng::from_seed(seed),
             shard,
@@ -206,6 +346,7 @@ impl MrTable {
             lkey: LKey::new(hi | u32::from(lb)),
             rkey: RKey::new(hi | u32::from(rb)),
             rkey_valid: true,
+            num_mw: 0,
         };
         let info = MrInfo {
             lkey: mr.lkey,
@@ -236,6 +377,11 @@ impl MrTable {
                     .is_some_and(|m| m.lkey == lkey)
             })
             .ok_or(MrError::UnknownKey(lkey))?;
+        if let Some(n) = self.slots[slot].as_ref().map(|m| m.num_mw)
+            && n > 0
+        {
+            return Err(MrError::WindowsBound(lkey, n));
+        }
         let mr = self.slots[slot].take().ok_or(MrError::UnknownKey(lkey))?;
         Ok(mr.mem)
     }
@@ -291,17 +437,267 @@ impl MrTable {
     }
 
     /// Invalidates the R_Key `rkey` (SEND with invalidate, IBA 10.6.5): remote accesses with it
-    /// fail from now on. Returns whether a region had that valid R_Key.
+    /// fail from now on. `rkey` may name a region or a bound type 2 memory window
+    /// ([`MrTable::invalidate_mw`]); a region with windows bound is not invalidated (rxe
+    /// `rxe_invalidate_mr`). Returns whether a region or window had that valid R_Key.
     pub fn invalidate_rkey(&mut self, pd: PdId, rkey: RKey) -> bool {
+        if key_is_mw(rkey.value()) {
+            return self.invalidate_mw(pd, rkey).is_ok();
+        }
         let Some(slot) = slot_of(rkey.value()) else {
             return false;
         };
         match self.slots.get_mut(slot).and_then(Option::as_mut) {
-            Some(m) if m.rkey == rkey && m.rkey_valid && m.pd == pd => {
+            Some(m) if m.rkey == rkey && m.rkey_valid && m.pd == pd && m.num_mw == 0 => {
                 m.rkey_valid = false;
                 true
             }
             _ => false,
+        }
+    }
+
+    /// Executes `IBV_WR_LOCAL_INV` of `key` for a QP of `pd` (rxe `rxe_do_local_ops`): a bound
+    /// type 2 window's R_Key ([`MrTable::invalidate_mw`]), or a region's L_Key or R_Key, whose
+    /// R_Key then stops working remotely (a region with windows bound is refused, rxe
+    /// `rxe_invalidate_mr`).
+    ///
+    /// # Errors
+    /// [`MwError`] saying why; the WR then completes with `IBV_WC_LOC_QP_OP_ERR` (rxe).
+    pub fn local_invalidate(&mut self, pd: PdId, key: u32) -> Result<(), MwError> {
+        if key_is_mw(key) {
+            return self.invalidate_mw(pd, RKey::new(key));
+        }
+        let m = slot_of(key)
+            .and_then(|s| self.slots.get_mut(s))
+            .and_then(Option::as_mut)
+            .filter(|m| m.lkey.value() == key || m.rkey.value() == key)
+            .ok_or(MwError::BadKey)?;
+        if m.pd != pd {
+            return Err(MwError::OtherPd);
+        }
+        if m.num_mw > 0 {
+            return Err(MwError::WindowsBound);
+        }
+        m.rkey_valid = false;
+        Ok(())
+    }
+
+    /// Allocates a memory window of type `ty` in `pd` (`ibv_alloc_mw`; rxe `rxe_alloc_mw`): a
+    /// type 1 window starts valid with nothing bound, a type 2 window free. Returns its R_Key.
+    ///
+    /// # Errors
+    /// [`MrError::WindowTableFull`].
+    pub fn alloc_mw(&mut self, pd: PdId, ty: MwType) -> Result<RKey, MrError> {
+        let slot = self
+            .windows
+            .iter()
+            .position(Option::is_none)
+            .ok_or(MrError::WindowTableFull(self.windows.len()))?;
+        let bits = self.fresh_bits(self.mw_last_bits[slot]);
+        self.mw_last_bits[slot] = bits;
+        let rkey = RKey::new(((MW_INDEX_BASE + 1 + slot as u32) << 16) | u32::from(bits));
+        self.windows[slot] = Some(Mw {
+            pd,
+            ty,
+            rkey,
+            state: match ty {
+                MwType::One => MwState::Valid,
+                MwType::Two => MwState::Free,
+            },
+            mr: None,
+            qp: None,
+            addr: 0,
+            len: 0,
+            access: Access::empty(),
+            zero_based: false,
+        });
+        Ok(rkey)
+    }
+
+    /// Frees the memory window whose key has `rkey`'s index (`ibv_dealloc_mw`), bound or not
+    /// (rxe `rxe_dealloc_mw`: the binding is dropped with it). The index, not the whole key,
+    /// names the window, since binds change the key's low bits.
+    ///
+    /// # Errors
+    /// [`MrError::UnknownWindow`].
+    pub fn dealloc_mw(&mut self, rkey: RKey) -> Result<(), MrError> {
+        let w = mw_slot_of(rkey.value())
+            .and_then(|s| self.windows.get_mut(s))
+            .and_then(Option::take)
+            .ok_or(MrError::UnknownWindow(rkey))?;
+        self.unbind_mr(&w);
+        Ok(())
+    }
+
+    /// The current R_Key, type and binding state of the window with `rkey`'s index.
+    #[must_use]
+    pub fn mw_info(&self, rkey: RKey) -> Option<(RKey, MwType, bool)> {
+        let w = self.windows.get(mw_slot_of(rkey.value())?)?.as_ref()?;
+        Some((w.rkey, w.ty, w.state == MwState::Valid && w.len > 0))
+    }
+
+    /// Whether `pd` has memory windows.
+    fn pd_has_windows(&self, pd: PdId) -> bool {
+        self.windows.iter().flatten().any(|w| w.pd == pd)
+    }
+
+    fn unbind_mr(&mut self, w: &Mw) {
+        if let Some(l) = w.mr
+            && let Some(m) = self.by_lkey_mut(l)
+        {
+            m.num_mw = m.num_mw.saturating_sub(1);
+        }
+    }
+
+    /// Executes a bind work request of QP `qp` in `qp_pd` (`IBV_WR_BIND_MW`, and
+    /// `ibv_bind_mw` for type 1; rxe `rxe_bind_mw`, `rxe_check_bind_mw`, `rxe_do_bind_mw`).
+    /// Checks, in rxe's order: the window key, the region key (if `length` > 0), the window's
+    /// state and type rules (type 1: valid, not zero based; type 2: free, same PD as the QP,
+    /// a region and a nonzero length), then the region's MW_BIND right, local write for a
+    /// writable window, and the range inside the region. On success the window takes the
+    /// low 8 bits of `new_rkey`, the range, the rights, the region (and, type 2, the QP), and
+    /// its new R_Key is returned.
+    ///
+    /// # Errors
+    /// [`MwError`]; the WR then completes with `IBV_WC_MW_BIND_ERR` (rxe).
+    pub fn bind_mw(&mut self, qp_pd: PdId, qp: Qpn, b: &BindMw) -> Result<RKey, MwError> {
+        let slot = mw_slot_of(b.mw_rkey.value()).ok_or(MwError::BadKey)?;
+        let w = self
+            .windows
+            .get(slot)
+            .and_then(Option::as_ref)
+            .filter(|w| w.rkey == b.mw_rkey)
+            .ok_or(MwError::BadKey)?;
+        let (ty, state, mw_pd) = (w.ty, w.state, w.pd);
+        let mr = if b.length > 0 {
+            let m = self.by_lkey(b.mr_lkey).ok_or(MwError::BadKey)?;
+            Some((m.pd, m.access, m.iova, m.len() as u64))
+        } else {
+            None
+        };
+        match ty {
+            MwType::One => {
+                if state != MwState::Valid {
+                    return Err(MwError::WrongState);
+                }
+                if b.zero_based {
+                    return Err(MwError::ZeroBased);
+                }
+            }
+            MwType::Two => {
+                if state != MwState::Free {
+                    return Err(MwError::WrongState);
+                }
+                if mw_pd != qp_pd {
+                    return Err(MwError::OtherPd);
+                }
+                if mr.is_none() {
+                    return Err(MwError::ZeroLength);
+                }
+            }
+        }
+        if mw_pd != qp_pd {
+            // Type 1 too: a window reaches only its own PD's regions (IBA C10-72).
+            return Err(MwError::OtherPd);
+        }
+        if let Some((mr_pd, access, iova, len)) = mr {
+            if mr_pd != mw_pd {
+                return Err(MwError::OtherPd);
+            }
+            if !access.contains(Access::MW_BIND) {
+                return Err(MwError::NoBindRight);
+            }
+            if b.access
+                .intersects(Access::REMOTE_WRITE | Access::REMOTE_ATOMIC)
+                && !access.contains(Access::LOCAL_WRITE)
+            {
+                return Err(MwError::NeedsLocalWrite);
+            }
+            let inside = if b.zero_based {
+                b.addr.checked_add(b.length).is_some_and(|end| end <= len)
+            } else {
+                b.addr >= iova
+                    && b.addr
+                        .checked_add(b.length)
+                        .is_some_and(|end| end <= iova + len)
+            };
+            if !inside {
+                return Err(MwError::OutOfRegion);
+            }
+        }
+        let old = self.windows[slot].take().ok_or(MwError::BadKey)?;
+        self.unbind_mr(&old);
+        let bound = mr.map(|_| b.mr_lkey);
+        if let Some(l) = bound
+            && let Some(m) = self.by_lkey_mut(l)
+        {
+            m.num_mw += 1;
+        }
+        let rkey = RKey::new((old.rkey.value() & !0xff) | u32::from(b.new_key));
+        self.windows[slot] = Some(Mw {
+            rkey,
+            state: MwState::Valid,
+            mr: bound,
+            qp: (ty == MwType::Two).then_some(qp),
+            addr: b.addr,
+            len: b.length,
+            access: b.access & (Access::REMOTE_READ | Access::REMOTE_WRITE | Access::REMOTE_ATOMIC),
+            zero_based: b.zero_based,
+            ..old
+        });
+        Ok(rkey)
+    }
+
+    /// Invalidates the bound type 2 window of `rkey` in `pd` (`IBV_WR_LOCAL_INV`, SEND with
+    /// invalidate; rxe `rxe_invalidate_mw`): it becomes free, unbound from its region and QP,
+    /// and may be bound again.
+    ///
+    /// # Errors
+    /// [`MwError::BadKey`] for an unknown or stale key, [`MwError::TypeOne`],
+    /// [`MwError::WrongState`] if it is not bound, [`MwError::OtherPd`].
+    pub fn invalidate_mw(&mut self, pd: PdId, rkey: RKey) -> Result<(), MwError> {
+        let slot = mw_slot_of(rkey.value()).ok_or(MwError::BadKey)?;
+        let w = self
+            .windows
+            .get(slot)
+            .and_then(Option::as_ref)
+            .filter(|w| w.rkey == rkey)
+            .ok_or(MwError::BadKey)?;
+        if w.ty == MwType::One {
+            return Err(MwError::TypeOne);
+        }
+        if w.state != MwState::Valid {
+            return Err(MwError::WrongState);
+        }
+        if w.pd != pd {
+            return Err(MwError::OtherPd);
+        }
+        let old = self.windows[slot].take().ok_or(MwError::BadKey)?;
+        self.unbind_mr(&old);
+        self.windows[slot] = Some(Mw {
+            state: MwState::Free,
+            mr: None,
+            qp: None,
+            addr: 0,
+            len: 0,
+            access: Access::empty(),
+            zero_based: false,
+            ..old
+        });
+        Ok(())
+    }
+
+    /// Frees the type 2 windows bound to `qp`, which is being destroyed, so that a later QP
+    /// with the same number does not reach them (rxe holds a reference on the QP instead).
+    pub fn qp_destroyed(&mut self, qp: Qpn) {
+        for i in 0..self.windows.len() {
+            if let Some((pd, rkey)) = self.windows[i]
+                .as_ref()
+                .filter(|w| w.qp == Some(qp))
+                .map(|w| (w.pd, w.rkey))
+            {
+                let _ = self.invalidate_mw(pd, rkey);
+            }
         }
     }
 
@@ -346,7 +742,7 @@ impl MrTable {
     /// Whether any region belongs to `pd`.
     #[must_use]
     pub fn uses_pd(&self, pd: PdId) -> bool {
-        self.slots.iter().flatten().any(|m| m.pd == pd)
+        self.slots.iter().flatten().any(|m| m.pd == pd) || self.pd_has_windows(pd)
     }
 
     /// The offset in `m` of `[addr, addr + len)`, if that range lies inside it (overflow-safe).
@@ -360,13 +756,70 @@ impl MrTable {
         Ok(off as usize)
     }
 
-    /// The region of `rkey` in `pd` if it grants `need`.
-    fn remote(&mut self, pd: PdId, rkey: RKey, need: Access) -> Result<&mut Mr, AccessError> {
-        let m = self.by_rkey_mut(pd, rkey).ok_or(AccessError::BadKey)?;
-        if !m.access.contains(need) {
+    /// The region and the offset in it of a remote access of `len` bytes at `va` with `rkey`
+    /// by QP `qp` of `pd`, needing `need` (rxe `check_rkey`). A window key is looked up as rxe
+    /// `rxe_lookup_mw` does (same key, same PD, for type 2 the QP it is bound to, bound with
+    /// a nonzero length, granting `need`), and the range must lie inside the window (IBA
+    /// 10.6.7.1; a zero-based window is addressed from 0) and so inside its region.
+    fn remote(
+        &mut self,
+        pd: PdId,
+        qp: Qpn,
+        rkey: RKey,
+        va: u64,
+        len: u64,
+        need: Access,
+    ) -> Result<(&mut Mr, usize), AccessError> {
+        if !key_is_mw(rkey.value()) {
+            let m = self.by_rkey_mut(pd, rkey).ok_or(AccessError::BadKey)?;
+            if !m.access.contains(need) {
+                return Err(AccessError::NoRight);
+            }
+            let off = Self::offset(m, va, len)?;
+            return Ok((m, off));
+        }
+        let w = mw_slot_of(rkey.value())
+            .and_then(|s| self.windows.get(s))
+            .and_then(Option::as_ref)
+            .filter(|w| {
+                w.rkey == rkey
+                    && w.pd == pd
+                    && w.state == MwState::Valid
+                    && w.len > 0
+                    && (w.ty == MwType::One || w.qp == Some(qp))
+            })
+            .ok_or(AccessError::BadKey)?;
+        if !w.access.contains(need) {
             return Err(AccessError::NoRight);
         }
-        Ok(m)
+        let (lkey, zero_based, waddr, wlen) = (
+            w.mr.ok_or(AccessError::BadKey)?,
+            w.zero_based,
+            w.addr,
+            w.len,
+        );
+        let m = self.by_lkey_mut(lkey).ok_or(AccessError::BadKey)?;
+        let iova = if zero_based {
+            // The window starts `waddr` bytes into the region; the peer addresses it from 0.
+            if va.checked_add(len).is_none_or(|end| end > wlen) {
+                return Err(AccessError::OutOfBounds);
+            }
+            m.iova
+                .checked_add(waddr)
+                .and_then(|b| b.checked_add(va))
+                .ok_or(AccessError::OutOfBounds)?
+        } else {
+            let in_window = va >= waddr
+                && va
+                    .checked_add(len)
+                    .is_some_and(|end| end <= waddr.saturating_add(wlen));
+            if !in_window {
+                return Err(AccessError::OutOfBounds);
+            }
+            va
+        };
+        let off = Self::offset(m, iova, len)?;
+        Ok((m, off))
     }
 
     /// The region of `lkey` in `pd`; `write` requires LOCAL_WRITE.
@@ -381,21 +834,21 @@ impl MrTable {
         Ok(m)
     }
 
-    /// Checks a remote access of `len` bytes at `va` with `rkey` needing `need`, without doing it
-    /// (rxe `check_rkey`).
+    /// Checks a remote access of `len` bytes at `va` by QP `qp` with `rkey` needing `need`, without
+    /// doing it (rxe `check_rkey`; window keys as [`MrTable::bind_mw`] bound them).
     ///
     /// # Errors
     /// [`AccessError`] saying why the responder must NAK with a remote access error.
     pub fn check_remote(
         &mut self,
         pd: PdId,
+        qp: Qpn,
         rkey: RKey,
         va: u64,
         len: u64,
         need: Access,
     ) -> Result<(), AccessError> {
-        let m = self.remote(pd, rkey, need)?;
-        Self::offset(m, va, len).map(|_| ())
+        self.remote(pd, qp, rkey, va, len, need).map(|_| ())
     }
 
     /// Writes `data` at `va` of the region of `rkey` (a WRITE's payload), checked for `need`.
@@ -405,13 +858,13 @@ impl MrTable {
     pub fn remote_write(
         &mut self,
         pd: PdId,
+        qp: Qpn,
         rkey: RKey,
         va: u64,
         data: &[u8],
         need: Access,
     ) -> Result<(), AccessError> {
-        let m = self.remote(pd, rkey, need)?;
-        let off = Self::offset(m, va, data.len() as u64)?;
+        let (m, off) = self.remote(pd, qp, rkey, va, data.len() as u64, need)?;
         m.mem.write(off, data).map_err(|_| AccessError::OutOfBounds)
     }
 
@@ -423,13 +876,13 @@ impl MrTable {
     pub fn remote_read(
         &mut self,
         pd: PdId,
+        qp: Qpn,
         rkey: RKey,
         va: u64,
         out: &mut [u8],
         need: Access,
     ) -> Result<(), AccessError> {
-        let m = self.remote(pd, rkey, need)?;
-        let off = Self::offset(m, va, out.len() as u64)?;
+        let (m, off) = self.remote(pd, qp, rkey, va, out.len() as u64, need)?;
         m.mem.read(off, out).map_err(|_| AccessError::OutOfBounds)
     }
 
@@ -441,12 +894,12 @@ impl MrTable {
     pub fn remote_atomic(
         &mut self,
         pd: PdId,
+        qp: Qpn,
         rkey: RKey,
         va: u64,
         f: impl Fn(u64) -> u64,
     ) -> Result<u64, AccessError> {
-        let m = self.remote(pd, rkey, Access::REMOTE_ATOMIC)?;
-        let off = Self::offset(m, va, 8)?;
+        let (m, off) = self.remote(pd, qp, rkey, va, 8, Access::REMOTE_ATOMIC)?;
         m.mem
             .update_u64(off, f)
             .map_err(|_| AccessError::OutOfBounds)
@@ -573,6 +1026,7 @@ mod tests {
     use super::*;
 
     const P: PdId = PdId(1);
+    const Q: Qpn = Qpn::new(5);
 
     #[test]
     fn canaries_surround_every_region_and_a_stray_write_is_reported() {
@@ -580,15 +1034,15 @@ mod tests {
         let a = t.register(P, vec![7; 100], 0x1000, Access::all()).unwrap();
         // The region is exactly what was registered; accesses up to its last byte work.
         assert_eq!(t.bytes(a.lkey).unwrap(), &[7; 100][..]);
-        t.remote_write(P, a.rkey, 0x1000, &[9; 100], Access::REMOTE_WRITE)
+        t.remote_write(P, Q, a.rkey, 0x1000, &[9; 100], Access::REMOTE_WRITE)
             .unwrap();
         assert_eq!(
-            t.remote_write(P, a.rkey, 0x1000 + 1, &[9; 100], Access::REMOTE_WRITE),
+            t.remote_write(P, Q, a.rkey, 0x1000 + 1, &[9; 100], Access::REMOTE_WRITE),
             Err(AccessError::OutOfBounds)
         );
         let mut out = [0; 100];
         assert_eq!(
-            t.remote_read(P, a.rkey, 0x1000 - 1, &mut out, Access::REMOTE_READ),
+            t.remote_read(P, Q, a.rkey, 0x1000 - 1, &mut out, Access::REMOTE_READ),
             Err(AccessError::OutOfBounds)
         );
         assert!(t.guard_violations().is_empty());
@@ -612,7 +1066,7 @@ mod tests {
         let a = t.register(P, vec![0; 8], 0, Access::all()).unwrap();
         let other = PdId(2);
         assert_eq!(
-            t.check_remote(other, a.rkey, 0, 8, Access::REMOTE_READ),
+            t.check_remote(other, Q, a.rkey, 0, 8, Access::REMOTE_READ),
             Err(AccessError::BadKey)
         );
         assert_eq!(
@@ -637,11 +1091,11 @@ mod tests {
         assert_ne!(a.rkey, b.rkey);
         assert_ne!(a.lkey, b.lkey);
         assert_eq!(
-            t.check_remote(P, a.rkey, 0x1000, 8, Access::REMOTE_READ),
+            t.check_remote(P, Q, a.rkey, 0x1000, 8, Access::REMOTE_READ),
             Err(AccessError::BadKey)
         );
         assert!(
-            t.check_remote(P, b.rkey, 0x1000, 8, Access::REMOTE_READ)
+            t.check_remote(P, Q, b.rkey, 0x1000, 8, Access::REMOTE_READ)
                 .is_ok()
         );
     }
@@ -653,19 +1107,19 @@ mod tests {
             .register(P, vec![0; 64], u64::MAX - 64, Access::all())
             .unwrap();
         assert!(
-            t.check_remote(P, a.rkey, u64::MAX - 64, 64, Access::REMOTE_WRITE)
+            t.check_remote(P, Q, a.rkey, u64::MAX - 64, 64, Access::REMOTE_WRITE)
                 .is_ok()
         );
         assert_eq!(
-            t.check_remote(P, a.rkey, u64::MAX - 1, 2, Access::REMOTE_WRITE),
+            t.check_remote(P, Q, a.rkey, u64::MAX - 1, 2, Access::REMOTE_WRITE),
             Err(AccessError::OutOfBounds)
         );
         assert_eq!(
-            t.check_remote(P, a.rkey, u64::MAX, u64::MAX, Access::REMOTE_WRITE),
+            t.check_remote(P, Q, a.rkey, u64::MAX, u64::MAX, Access::REMOTE_WRITE),
             Err(AccessError::OutOfBounds)
         );
         assert_eq!(
-            t.check_remote(P, a.rkey, 0, 1, Access::REMOTE_WRITE),
+            t.check_remote(P, Q, a.rkey, 0, 1, Access::REMOTE_WRITE),
             Err(AccessError::OutOfBounds)
         );
         assert!(matches!(
@@ -683,7 +1137,7 @@ mod tests {
         );
         let a = t.register(P, vec![0; 8], 0, Access::REMOTE_READ).unwrap();
         assert_eq!(
-            t.check_remote(P, a.rkey, 0, 8, Access::REMOTE_WRITE),
+            t.check_remote(P, Q, a.rkey, 0, 8, Access::REMOTE_WRITE),
             Err(AccessError::NoRight)
         );
         assert_eq!(
@@ -691,7 +1145,7 @@ mod tests {
             Err(AccessError::NoRight)
         );
         assert_eq!(
-            t.remote_atomic(P, a.rkey, 0, |v| v),
+            t.remote_atomic(P, Q, a.rkey, 0, |v| v),
             Err(AccessError::NoRight)
         );
     }
@@ -703,12 +1157,12 @@ mod tests {
         assert!(t.invalidate_rkey(P, a.rkey));
         assert!(!t.invalidate_rkey(P, a.rkey));
         assert_eq!(
-            t.check_remote(P, a.rkey, 0, 8, Access::REMOTE_READ),
+            t.check_remote(P, Q, a.rkey, 0, 8, Access::REMOTE_READ),
             Err(AccessError::BadKey)
         );
         let k = t.revalidate_rkey(a.lkey).unwrap();
         assert_ne!(k, a.rkey);
-        assert!(t.check_remote(P, k, 0, 8, Access::REMOTE_READ).is_ok());
+        assert!(t.check_remote(P, Q, k, 0, 8, Access::REMOTE_READ).is_ok());
     }
 
     #[test]
@@ -750,5 +1204,233 @@ mod tests {
             sg_scatter(&mut t, P, &sges, 10, &[0; 3]),
             Err(AccessError::OutOfBounds)
         );
+    }
+
+    fn bind(mw: RKey, mr: &MrInfo, addr: u64, length: u64, access: Access) -> BindMw {
+        BindMw {
+            mw_rkey: mw,
+            new_key: (mw.value() as u8).wrapping_add(1),
+            mr_lkey: mr.lkey,
+            addr,
+            length,
+            access,
+            zero_based: false,
+        }
+    }
+
+    const RW: Access = Access::REMOTE_READ.union(Access::REMOTE_WRITE);
+
+    #[test]
+    fn a_type_1_window_reaches_its_range_with_its_rights_only() {
+        let mut t = table();
+        let mr = t.register(P, vec![0; 256], 0x1000, Access::all()).unwrap();
+        let w = t.alloc_mw(P, MwType::One).unwrap();
+        assert!(key_is_mw(w.value()) && !key_is_mw(mr.rkey.value()));
+        // Valid but bound to nothing: no access yet.
+        assert_eq!(
+            t.check_remote(P, Q, w, 0x1000, 1, Access::REMOTE_READ),
+            Err(AccessError::BadKey)
+        );
+        let k = t.bind_mw(P, Q, &bind(w, &mr, 0x1040, 64, RW)).unwrap();
+        assert_eq!(k.value() & !0xff, w.value() & !0xff);
+        assert_ne!(k, w);
+        // The old key is stale.
+        assert_eq!(
+            t.check_remote(P, Q, w, 0x1040, 8, Access::REMOTE_READ),
+            Err(AccessError::BadKey)
+        );
+        t.remote_write(P, Q, k, 0x1040, &[5; 64], Access::REMOTE_WRITE)
+            .unwrap();
+        assert_eq!(&t.bytes(mr.lkey).unwrap()[0x40..0x80], &[5; 64][..]);
+        // Inside the region but outside the window, on either side.
+        assert_eq!(
+            t.remote_write(P, Q, k, 0x103f, &[1; 2], Access::REMOTE_WRITE),
+            Err(AccessError::OutOfBounds)
+        );
+        let mut out = [0; 2];
+        assert_eq!(
+            t.remote_read(P, Q, k, 0x107f, &mut out, Access::REMOTE_READ),
+            Err(AccessError::OutOfBounds)
+        );
+        assert_eq!(t.bytes(mr.lkey).unwrap()[0x3f], 0);
+        assert_eq!(t.bytes(mr.lkey).unwrap()[0x80], 0);
+        // A right the window does not grant, though the region does.
+        assert_eq!(
+            t.remote_atomic(P, Q, k, 0x1040, |v| v + 1),
+            Err(AccessError::NoRight)
+        );
+        // Type 1 windows are not bound to a QP, but to the PD.
+        assert!(
+            t.check_remote(P, Qpn::new(9), k, 0x1040, 8, Access::REMOTE_READ)
+                .is_ok()
+        );
+        assert_eq!(
+            t.check_remote(PdId(2), Q, k, 0x1040, 8, Access::REMOTE_READ),
+            Err(AccessError::BadKey)
+        );
+        // Type 1 windows cannot be invalidated, and the region cannot be deregistered or
+        // invalidated under them.
+        assert_eq!(t.local_invalidate(P, k.value()), Err(MwError::TypeOne));
+        assert!(!t.invalidate_rkey(P, k));
+        assert_eq!(
+            t.deregister(mr.lkey).err(),
+            Some(MrError::WindowsBound(mr.lkey, 1))
+        );
+        assert_eq!(
+            t.local_invalidate(P, mr.rkey.value()),
+            Err(MwError::WindowsBound)
+        );
+        // Unbinding with length 0 keeps the window valid but reaching nothing.
+        let k2 = t.bind_mw(P, Q, &bind(k, &mr, 0, 0, RW)).unwrap();
+        assert_eq!(
+            t.check_remote(P, Q, k2, 0x1040, 8, Access::REMOTE_READ),
+            Err(AccessError::BadKey)
+        );
+        t.deregister(mr.lkey).unwrap();
+        t.dealloc_mw(k2).unwrap();
+        assert_eq!(t.dealloc_mw(k2), Err(MrError::UnknownWindow(k2)));
+    }
+
+    #[test]
+    fn a_type_2_window_is_bound_to_its_qp_and_invalidated() {
+        let mut t = table();
+        let mr = t.register(P, vec![0; 256], 0x1000, Access::all()).unwrap();
+        let w = t.alloc_mw(P, MwType::Two).unwrap();
+        // A type 2 window needs a region and a nonzero length (o10-37.2.40).
+        assert_eq!(
+            t.bind_mw(P, Q, &bind(w, &mr, 0x1000, 0, RW)),
+            Err(MwError::ZeroLength)
+        );
+        // And the QP's PD (C10-72).
+        assert_eq!(
+            t.bind_mw(PdId(2), Q, &bind(w, &mr, 0x1000, 16, RW)),
+            Err(MwError::OtherPd)
+        );
+        let k = t.bind_mw(P, Q, &bind(w, &mr, 0x1000, 16, RW)).unwrap();
+        assert!(
+            t.check_remote(P, Q, k, 0x1000, 16, Access::REMOTE_WRITE)
+                .is_ok()
+        );
+        // Another QP of the same PD does not reach it.
+        assert_eq!(
+            t.check_remote(P, Qpn::new(6), k, 0x1000, 16, Access::REMOTE_WRITE),
+            Err(AccessError::BadKey)
+        );
+        // Bound type 2 windows are not bound again until invalidated (o10-37.2.30).
+        assert_eq!(
+            t.bind_mw(P, Q, &bind(k, &mr, 0x1000, 16, RW)),
+            Err(MwError::WrongState)
+        );
+        t.local_invalidate(P, k.value()).unwrap();
+        assert_eq!(
+            t.check_remote(P, Q, k, 0x1000, 16, Access::REMOTE_WRITE),
+            Err(AccessError::BadKey)
+        );
+        assert_eq!(t.local_invalidate(P, k.value()), Err(MwError::WrongState));
+        // Free again: bind, then invalidate remotely (SEND with invalidate).
+        let k2 = t.bind_mw(P, Q, &bind(k, &mr, 0x1010, 16, RW)).unwrap();
+        assert!(t.invalidate_rkey(P, k2));
+        assert!(!t.invalidate_rkey(P, k2));
+        assert_eq!(
+            t.check_remote(P, Q, k2, 0x1010, 1, Access::REMOTE_READ),
+            Err(AccessError::BadKey)
+        );
+        // Dealloc of a bound window is allowed and releases the region.
+        let k3 = t.bind_mw(P, Q, &bind(k2, &mr, 0x1010, 16, RW)).unwrap();
+        t.dealloc_mw(k3).unwrap();
+        assert_eq!(
+            t.check_remote(P, Q, k3, 0x1010, 1, Access::REMOTE_READ),
+            Err(AccessError::BadKey)
+        );
+        t.deregister(mr.lkey).unwrap();
+    }
+
+    #[test]
+    fn binds_are_checked_as_rxe_checks_them() {
+        let mut t = table();
+        let all = t.register(P, vec![0; 64], 0x1000, Access::all()).unwrap();
+        let nobind = t
+            .register(
+                P,
+                vec![0; 64],
+                0x2000,
+                Access::LOCAL_WRITE | Access::REMOTE_READ,
+            )
+            .unwrap();
+        let ro = t
+            .register(
+                P,
+                vec![0; 64],
+                0x3000,
+                Access::MW_BIND | Access::REMOTE_READ,
+            )
+            .unwrap();
+        let w = t.alloc_mw(P, MwType::One).unwrap();
+        // Range outside the region (C10-75), also by overflow.
+        assert_eq!(
+            t.bind_mw(P, Q, &bind(w, &all, 0xfff, 8, RW)),
+            Err(MwError::OutOfRegion)
+        );
+        assert_eq!(
+            t.bind_mw(P, Q, &bind(w, &all, 0x1039, 8, RW)),
+            Err(MwError::OutOfRegion)
+        );
+        assert_eq!(
+            t.bind_mw(P, Q, &bind(w, &all, u64::MAX, 2, RW)),
+            Err(MwError::OutOfRegion)
+        );
+        // No MW_BIND right (C10-73).
+        assert_eq!(
+            t.bind_mw(P, Q, &bind(w, &nobind, 0x2000, 8, Access::REMOTE_READ)),
+            Err(MwError::NoBindRight)
+        );
+        // A writable window on a region without local write (C10-74).
+        assert_eq!(
+            t.bind_mw(P, Q, &bind(w, &ro, 0x3000, 8, RW)),
+            Err(MwError::NeedsLocalWrite)
+        );
+        // Zero-based type 1 (o10-36.2.2).
+        let mut zb = bind(w, &all, 0, 8, RW);
+        zb.zero_based = true;
+        assert_eq!(t.bind_mw(P, Q, &zb), Err(MwError::ZeroBased));
+        // A stale window key, an unknown region.
+        assert_eq!(
+            t.bind_mw(P, Q, &bind(RKey::new(w.value() ^ 1), &all, 0x1000, 8, RW)),
+            Err(MwError::BadKey)
+        );
+        let gone = t.register(P, vec![0; 8], 0, Access::all()).unwrap();
+        t.deregister(gone.lkey).unwrap();
+        assert_eq!(
+            t.bind_mw(P, Q, &bind(w, &gone, 0, 8, RW)),
+            Err(MwError::BadKey)
+        );
+        // A failed bind leaves the window as it was; a read-only one works.
+        let k = t
+            .bind_mw(P, Q, &bind(w, &ro, 0x3000, 8, Access::REMOTE_READ))
+            .unwrap();
+        assert!(
+            t.check_remote(P, Q, k, 0x3000, 8, Access::REMOTE_READ)
+                .is_ok()
+        );
+        // Zero-based type 2: the peer addresses the window from 0.
+        let w2 = t.alloc_mw(P, MwType::Two).unwrap();
+        let mut zb = bind(w2, &all, 0x10, 8, RW);
+        zb.zero_based = true;
+        let k2 = t.bind_mw(P, Q, &zb).unwrap();
+        t.remote_write(P, Q, k2, 0, &[3; 8], Access::REMOTE_WRITE)
+            .unwrap();
+        assert_eq!(&t.bytes(all.lkey).unwrap()[0x10..0x18], &[3; 8]);
+        assert_eq!(
+            t.remote_write(P, Q, k2, 1, &[3; 8], Access::REMOTE_WRITE),
+            Err(AccessError::OutOfBounds)
+        );
+        // Windows keep their PD busy; a destroyed QP's type 2 windows are freed.
+        assert!(t.uses_pd(P));
+        t.qp_destroyed(Q);
+        assert_eq!(
+            t.check_remote(P, Q, k2, 0, 8, Access::REMOTE_WRITE),
+            Err(AccessError::BadKey)
+        );
+        assert!(t.guard_violations().is_empty());
     }
 }

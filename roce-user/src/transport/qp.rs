@@ -218,7 +218,7 @@ pub const CTRL_SIZE: usize = core::mem::size_of::<Ctrl>();
 #[cfg(target_pointer_width = "64")]
 const _: () = {
     assert!(core::mem::size_of::<Qp>() <= 1024);
-    assert!(SEND_WQE_SIZE <= 200);
+    assert!(SEND_WQE_SIZE <= 208);
     assert!(core::mem::size_of::<RecvWr>() <= 32);
     assert!(core::mem::size_of::<Sge>() == 16);
     assert!(RESOURCE_SIZE <= 64);
@@ -273,7 +273,7 @@ impl<'a> TxBuf<'a> {
 ///
 /// # Memory bound
 /// Measured on x86_64 (a `const` assertion below checks these limits at compile time):
-/// the fixed state is 888 B (152 B of it the transmit header template); a send WQE is 200 B
+/// the fixed state is 888 B (152 B of it the transmit header template); a send WQE is 208 B
 /// plus 16 B per SGE or its inline bytes (at most `max_inline_data`); a receive WQE 32 B plus
 /// 16 B per SGE; a responder resource at most 64 B; a queued control response 12 B. The
 /// queues are bounded: at most `max_send_wr` send WQEs and `max_recv_wr` receive WQEs (both
@@ -281,7 +281,7 @@ impl<'a> TxBuf<'a> {
 /// resources (a ring: one more evicts the oldest, as in rxe) and at most
 /// [`MAX_PENDING_ACKS`] control responses (newer ACKs replace older ones, NAKs beyond are
 /// counted in `ack_queue_full`). With the defaults (256 + 256 WRs of 4 SGEs, 16 resources) a
-/// QP holds at most 256 × 264 + 256 × 96 + 16 × 64 + 16 × 12 + 888 ≈ 92 KiB; nothing a peer
+/// QP holds at most 256 × 272 + 256 × 96 + 16 × 64 + 16 × 12 + 888 ≈ 94 KiB; nothing a peer
 /// sends can grow it.
 #[derive(Debug)]
 pub struct Qp {
@@ -564,6 +564,8 @@ impl Qp {
             SendOp::Read { .. } => WcOpcode::RdmaRead,
             SendOp::CompareSwap { .. } => WcOpcode::CompSwap,
             SendOp::FetchAdd { .. } => WcOpcode::FetchAdd,
+            SendOp::BindMw(_) => WcOpcode::BindMw,
+            SendOp::LocalInv { .. } => WcOpcode::LocalInv,
         };
         Wc {
             wr_id: wqe.wr.wr_id,

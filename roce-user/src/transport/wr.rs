@@ -1,7 +1,7 @@
 //! Work requests (`struct ibv_send_wr`, `struct ibv_recv_wr`).
 
 use super::ids::{QKey, Qpn, RKey};
-use super::mr::{Sge, sg_len};
+use super::mr::{BindMw, Sge, sg_len};
 
 /// What a send work request does (`enum ibv_wr_opcode` with its operands).
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -61,6 +61,15 @@ pub enum SendOp {
         /// Added to the remote value.
         add: u64,
     },
+    /// `IBV_WR_BIND_MW` (and `ibv_bind_mw` of a type 1 window): a local operation that binds
+    /// a memory window when the send queue reaches it; completes as `IBV_WC_BIND_MW`.
+    BindMw(BindMw),
+    /// `IBV_WR_LOCAL_INV`: a local operation that invalidates a region's key or a type 2
+    /// window's R_Key; completes as `IBV_WC_LOCAL_INV`.
+    LocalInv {
+        /// The L_Key or R_Key to invalidate.
+        invalidate_key: u32,
+    },
 }
 
 impl SendOp {
@@ -78,7 +87,14 @@ impl SendOp {
     /// immediate data or invalidation: rxe's `WR_INLINE_MASK`).
     #[must_use]
     pub const fn takes_inline(&self) -> bool {
-        !self.is_read_or_atomic()
+        !self.is_read_or_atomic() && !self.is_local()
+    }
+
+    /// Whether this is a local operation (bind, local invalidate): no packet, executed when
+    /// it reaches the head of the send queue (rxe `rxe_do_local_ops`).
+    #[must_use]
+    pub const fn is_local(&self) -> bool {
+        matches!(self, Self::BindMw(_) | Self::LocalInv { .. })
     }
 
     /// Whether this is an atomic.

@@ -371,7 +371,8 @@ impl Drop for Verbs {
     }
 }
 
-/// The rights of `ibv_access_flags`: the four the transport enforces, the optional-range bits
+/// The rights of `ibv_access_flags`: the four the transport enforces and MW_BIND (memory
+/// windows may be bound to the region), the optional-range bits
 /// (IBV_ACCESS_OPTIONAL_RANGE, which a provider may ignore) and hints dropped.
 ///
 /// # Errors
@@ -382,7 +383,7 @@ pub fn access_from_ibv(flags: u32) -> Result<Access, c_int> {
     if flags & (ZERO_BASED | ON_DEMAND) != 0 {
         return Err(libc::EOPNOTSUPP);
     }
-    Ok(Access::from_bits_truncate(flags & 0xf))
+    Ok(Access::from_bits_truncate(flags & 0x1f))
 }
 
 /// The `ibv_access_flags` of `a`.
@@ -500,7 +501,8 @@ mod tests {
         let all = sys::IBV_ACCESS_LOCAL_WRITE
             | sys::IBV_ACCESS_REMOTE_WRITE
             | sys::IBV_ACCESS_REMOTE_READ
-            | sys::IBV_ACCESS_REMOTE_ATOMIC;
+            | sys::IBV_ACCESS_REMOTE_ATOMIC
+            | sys::IBV_ACCESS_MW_BIND;
         assert_eq!(access_from_ibv(all), Ok(Access::all()));
         assert_eq!(
             access_from_ibv(sys::IBV_ACCESS_LOCAL_WRITE | sys::IBV_ACCESS_RELAXED_ORDERING),

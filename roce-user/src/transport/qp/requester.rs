@@ -172,13 +172,23 @@ impl Qp {
                     return Err(PostError::Invalid("UD supports SEND only"));
                 }
             }
-            QpType::Uc => Self::check_uc_send(wr, len)?,
+            QpType::Uc => {
+                if wr.op.is_local() {
+                    return Err(PostError::Invalid(
+                        "memory-window binds and local invalidation are for RC QPs",
+                    ));
+                }
+                Self::check_uc_send(wr, len)?;
+            }
             QpType::Rc => {
                 if wr.ud.is_some() {
                     return Err(PostError::Invalid("RC send with a UD destination"));
                 }
                 if len > MAX_MSG_SIZE {
                     return Err(PostError::Invalid("message longer than 2^31 bytes"));
+                }
+                if wr.op.is_local() && !wr.sg_list.is_empty() {
+                    return Err(PostError::Invalid("bind/local invalidate take no SG list"));
                 }
                 if wr.op.is_atomic() && len != 8 {
                     return Err(PostError::Invalid("atomics need one 8-byte result buffer"));
@@ -190,8 +200,11 @@ impl Qp {
 
     /// Queues a checked `wr` of `len` bytes; in ERR it completes at once with a flush error.
     fn push_send(&mut self, wr: SendWr<Path>, len: u64, ctx: &mut Ctx<'_>) {
-        // Atomics take one PSN; everything else one per path-MTU segment (at least one).
-        let npkts = if wr.op.is_atomic() {
+        // Atomics take one PSN; local operations none (they send nothing); everything else
+        // one per path-MTU segment (at least one).
+        let npkts = if wr.op.is_local() {
+            0
+        } else if wr.op.is_atomic() {
             1
         } else {
             packets_for(len, self.mtu())
@@ -336,6 +349,7 @@ impl Qp {
         tx: &mut TxBuf<'_>,
         fresh_ok: bool,
     ) -> Option<OutPkt> {
+        self.run_local_ops(ctx)?;
         let psn = self.next_rc_psn(ctx, fresh_ok)?;
         let op = self.sq.get(self.req_idx)?.wr.op;
         let req = match op {
@@ -370,6 +384,41 @@ impl Qp {
             _ => self.send_write_request(psn, op, ctx, tx)?,
         };
         Some(self.commit_rc_request(now, psn, op, req))
+    }
+
+    /// Executes the local operations (bind, local invalidate) at the requester's position
+    /// once every WR before them has completed, and completes them (rxe `rxe_do_local_ops`:
+    /// a failed bind completes with `IBV_WC_MW_BIND_ERR`, a failed invalidation with
+    /// `IBV_WC_LOC_QP_OP_ERR`, and the QP then enters the error state). Waiting for the WRs
+    /// before them orders them as if fenced: a window is never bound or invalidated under a
+    /// request still in flight. Returns `None` while one waits or the QP failed.
+    fn run_local_ops(&mut self, ctx: &mut Ctx<'_>) -> Option<()> {
+        while let Some(w) = self.sq.get(self.req_idx)
+            && w.wr.op.is_local()
+        {
+            if self.req_idx != 0 || self.state != QpState::Rts {
+                return None;
+            }
+            let status = match w.wr.op {
+                SendOp::BindMw(b) => match ctx.mrs.bind_mw(self.init.pd, self.qpn, &b) {
+                    Ok(_) => WcStatus::Success,
+                    Err(_) => WcStatus::MwBindErr,
+                },
+                SendOp::LocalInv { invalidate_key } => {
+                    match ctx.mrs.local_invalidate(self.init.pd, invalidate_key) {
+                        Ok(()) => WcStatus::Success,
+                        Err(_) => WcStatus::LocQpOpErr,
+                    }
+                }
+                _ => WcStatus::Success,
+            };
+            self.complete_head(status, ctx);
+            if status != WcStatus::Success {
+                self.enter_error(ctx);
+                return None;
+            }
+        }
+        Some(())
     }
 
     /// The PSN of the next RC request, or `None` if none may go now: during the RNR wait, with

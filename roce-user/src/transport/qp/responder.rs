@@ -291,7 +291,14 @@ impl Qp {
             if len > 0
                 && ctx
                     .mrs
-                    .check_remote(self.init.pd, reth.rkey, reth.va, len, Access::REMOTE_WRITE)
+                    .check_remote(
+                        self.init.pd,
+                        self.qpn,
+                        reth.rkey,
+                        reth.va,
+                        len,
+                        Access::REMOTE_WRITE,
+                    )
                     .is_err()
             {
                 self.counters.resp_remote_access_errors += 1;
@@ -319,6 +326,7 @@ impl Qp {
         if plen > 0 {
             match ctx.mrs.remote_write(
                 self.init.pd,
+                self.qpn,
                 self.write_rkey,
                 self.write_va,
                 pkt.payload,
@@ -385,7 +393,14 @@ impl Qp {
         if len > 0
             && ctx
                 .mrs
-                .check_remote(self.init.pd, reth.rkey, reth.va, len, Access::REMOTE_READ)
+                .check_remote(
+                    self.init.pd,
+                    self.qpn,
+                    reth.rkey,
+                    reth.va,
+                    len,
+                    Access::REMOTE_READ,
+                )
                 .is_err()
         {
             self.counters.resp_remote_access_errors += 1;
@@ -424,7 +439,14 @@ impl Qp {
         };
         if ctx
             .mrs
-            .check_remote(self.init.pd, a.rkey, a.va, 8, Access::REMOTE_ATOMIC)
+            .check_remote(
+                self.init.pd,
+                self.qpn,
+                a.rkey,
+                a.va,
+                8,
+                Access::REMOTE_ATOMIC,
+            )
             .is_err()
         {
             self.counters.resp_remote_access_errors += 1;
@@ -451,7 +473,10 @@ impl Qp {
                 v
             }
         };
-        let orig = match ctx.mrs.remote_atomic(self.init.pd, a.rkey, a.va, op) {
+        let orig = match ctx
+            .mrs
+            .remote_atomic(self.init.pd, self.qpn, a.rkey, a.va, op)
+        {
             Ok(v) => v,
             Err(_) => {
                 return Err(Fatal {
@@ -734,7 +759,7 @@ impl Qp {
                     Ok(())
                 } else {
                     ctx.mrs
-                        .remote_read(self.init.pd, rkey, va, dst, Access::REMOTE_READ)
+                        .remote_read(self.init.pd, self.qpn, rkey, va, dst, Access::REMOTE_READ)
                 };
                 match read {
                     Ok(()) => {}

@@ -23,6 +23,7 @@ use crate::wire::{
 use AethSyndrome::Nak;
 
 mod completer;
+mod mw;
 mod pair;
 mod recv;
 mod requester;

@@ -283,9 +283,14 @@ fn device_attr(ctx: &Ctx) -> sys::ibv_device_attr {
         max_qp_init_rd_atom: c_int::from(c.max_qp_rd_atom),
         max_res_rd_atom: clamp(c.max_qp.saturating_mul(usize::from(c.max_qp_rd_atom))),
         atomic_cap: sys::IBV_ATOMIC_HCA,
-        // What the engine does of rxe's list: RNR NAKs for SENDs without a receive, and one
-        // system image GUID (the node GUID).
-        device_cap_flags: sys::IBV_DEVICE_RC_RNR_NAK_GEN | sys::IBV_DEVICE_SYS_IMAGE_GUID,
+        // What the engine does of rxe's list: RNR NAKs for SENDs without a receive, one
+        // system image GUID (the node GUID), and memory windows of type 1 and 2B.
+        device_cap_flags: sys::IBV_DEVICE_RC_RNR_NAK_GEN
+            | sys::IBV_DEVICE_SYS_IMAGE_GUID
+            | sys::IBV_DEVICE_MEM_WINDOW
+            | sys::IBV_DEVICE_MEM_WINDOW_TYPE_2B,
+        // The window table is as large as the region table (MrTable).
+        max_mw: clamp(c.max_mr),
         max_srq: clamp(c.max_srq),
         max_srq_wr: c_int::try_from(c.max_srq_wr).unwrap_or(c_int::MAX),
         max_srq_sge: c_int::try_from(c.max_srq_sge).unwrap_or(c_int::MAX),

@@ -38,6 +38,7 @@ mod ah;
 mod async_event;
 mod compat;
 mod device;
+mod mw;
 mod objects;
 mod qp_ex;
 mod srq;

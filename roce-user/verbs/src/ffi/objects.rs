@@ -30,6 +30,7 @@ pub(super) fn fill_ops(ops: &mut sys::ibv_context_ops) {
     ops.req_notify_cq = Some(req_notify_cq);
     ops.post_send = Some(post_send);
     ops.post_recv = Some(post_recv);
+    super::mw::fill_ops(ops);
 }
 
 /// The engine of the context `context`, started if needed.
@@ -786,6 +787,12 @@ unsafe fn send_wr(wr: &sys::ibv_send_wr, max_inline: u32) -> Result<SendWr<Path>
             // SAFETY: as above; SEND_WITH_INV means the union holds the R_Key.
             invalidate_rkey: RKey::new(unsafe { wr.__bindgen_anon_1.invalidate_rkey }),
         },
+        sys::IBV_WR_LOCAL_INV => SendOp::LocalInv {
+            // SAFETY: as above; LOCAL_INV means the union holds the key.
+            invalidate_key: unsafe { wr.__bindgen_anon_1.invalidate_rkey },
+        },
+        // SAFETY: `wr` is the caller's valid request; BIND_MW means `bind_mw` is meant.
+        sys::IBV_WR_BIND_MW => unsafe { super::mw::bind_op(wr) }?,
         _ => return Err(libc::EINVAL),
     };
     let mut flags = SendFlags::empty();
@@ -795,7 +802,11 @@ unsafe fn send_wr(wr: &sys::ibv_send_wr, max_inline: u32) -> Result<SendWr<Path>
     if wr.send_flags & sys::IBV_SEND_SOLICITED != 0 {
         flags |= SendFlags::SOLICITED;
     }
-    let (sg_list, inline_data) = if wr.send_flags & sys::IBV_SEND_INLINE != 0 {
+    let (sg_list, inline_data) = if op.is_local() {
+        // Local operations (bind, local invalidate) have no SG list: rdma-core's providers
+        // ignore `sg_list`/`num_sge` for them.
+        (Vec::new(), None)
+    } else if wr.send_flags & sys::IBV_SEND_INLINE != 0 {
         if !op.takes_inline() {
             // Inline READ or atomic: rxe's kernel refuses it (WR_INLINE_MASK).
             return Err(libc::EINVAL);
