@@ -21,24 +21,11 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "common.h"
+
 #define NQP 4
 #define REGION 4096
 #define GUARD 4096
-
-static int failures;
-
-static void report(const char *name, int ok, const char *fmt, long a, long b)
-{
-	if (ok) {
-		printf("CASE %s ok\n", name);
-	} else {
-		printf("CASE %s FAIL ", name);
-		printf(fmt, a, b);
-		printf("\n");
-		failures++;
-	}
-	fflush(stdout);
-}
 
 struct peer {
 	uint32_t qpn[NQP];
@@ -61,78 +48,6 @@ static int exchange(int fd, const struct peer *mine, struct peer *theirs)
 		got += n;
 	}
 	return 0;
-}
-
-static int tcp(const char *server, int port)
-{
-	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
-	int fd = socket(AF_INET, SOCK_STREAM, 0);
-	if (server) {
-		inet_pton(AF_INET, server, &sa.sin_addr);
-		for (int i = 0; i < 100; i++) {
-			if (connect(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0)
-				return fd;
-			usleep(100000);
-		}
-		return -1;
-	}
-	int one = 1;
-	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	if (bind(fd, (struct sockaddr *)&sa, sizeof(sa)) || listen(fd, 1))
-		return -1;
-	int c = accept(fd, NULL, NULL);
-	close(fd);
-	return c;
-}
-
-static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq)
-{
-	struct ibv_qp_init_attr a = {
-		.send_cq = cq,
-		.recv_cq = cq,
-		.cap = {.max_send_wr = 8, .max_recv_wr = 8, .max_send_sge = 1, .max_recv_sge = 1},
-		.qp_type = IBV_QPT_RC,
-	};
-	return ibv_create_qp(pd, &a);
-}
-
-static int connect_qp(struct ibv_qp *qp, uint32_t dqpn, uint32_t psn, const union ibv_gid *gid,
-		      int gidx)
-{
-	struct ibv_qp_attr a = {
-		.qp_state = IBV_QPS_INIT,
-		.port_num = 1,
-		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
-	};
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
-					IBV_QP_ACCESS_FLAGS))
-		return -1;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = dqpn;
-	a.rq_psn = psn;
-	a.max_dest_rd_atomic = 1;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = *gid;
-	a.ah_attr.grh.sgid_index = gidx;
-	a.ah_attr.grh.hop_limit = 1;
-	a.ah_attr.port_num = 1;
-	if (ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN |
-					IBV_QP_RQ_PSN | IBV_QP_MAX_DEST_RD_ATOMIC |
-					IBV_QP_MIN_RNR_TIMER))
-		return -1;
-	memset(&a, 0, sizeof(a));
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.sq_psn = psn;
-	a.max_rd_atomic = 1;
-	return ibv_modify_qp(qp, &a, IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
-					     IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
-					     IBV_QP_MAX_QP_RD_ATOMIC);
 }
 
 /* One completion within 10 seconds, or status -1. */

@@ -444,3 +444,25 @@ impl Drop for RawPort {
         let _ = self.child.wait();
     }
 }
+
+/// The index of the GID of `ip` on `ifname` in network namespace `netns` (`roce gids`): what
+/// the pingpongs' `-g` and perftest's `-x` take.
+///
+/// # Panics
+/// When `roce gids` fails or lists no GID of `ip`.
+#[must_use]
+pub fn gid_index(netns: &str, ifname: &str, ip: std::net::IpAddr) -> String {
+    let gids: Vec<serde_json::Value> =
+        serde_json::from_str(&roce_ok(&["--netns", netns, "-j", "gids", "-i", ifname]))
+            .expect("gids JSON");
+    gids.iter()
+        .find(|g| g["ip"].as_str() == Some(&ip.to_string()))
+        .map(|g| g["index"].to_string())
+        .unwrap_or_else(|| panic!("no GID of {ip} on {ifname}"))
+}
+
+/// The IPv4 GID index of `end`'s interface ([`gid_index`]).
+#[must_use]
+pub fn ipv4_gid_index(end: &netns::VethEnd) -> String {
+    gid_index(&end.netns, &end.ifname, end.ipv4.into())
+}

@@ -104,15 +104,7 @@ fn drop_in_both_ways(
 ) -> Vec<SceneReport> {
     let p = h.peer;
     let n = iters();
-    let gids: Vec<serde_json::Value> = serde_json::from_str(&roce_tests::roce_ok(&[
-        "--netns", &p.netns, "-j", "gids", "-i", &p.ifname,
-    ]))
-    .expect("gids JSON");
-    let gid = gids
-        .iter()
-        .find(|g| g["ip"].as_str() == Some(&p.host_ip.to_string()))
-        .map(|g| g["index"].to_string())
-        .expect("an IPv4 GID on our side");
+    let gid = roce_tests::gid_index(&p.netns, &p.ifname, p.host_ip.into());
     let ours = |port: u16, server: Option<String>| {
         let mut v: Vec<String> = ["exec", "-d", &p.ifname, "--", prog, "-d"]
             .map(String::from)

@@ -14,7 +14,7 @@
 use std::{process::Output, time::Duration};
 
 use roce::netns::{VethEnd, VethPair};
-use roce_tests::{require_root, roce_bin, roce_ok, veth_pair};
+use roce_tests::{ipv4_gid_index, require_root, roce_bin, veth_pair};
 
 /// Whether the full matrix was asked for.
 fn full() -> bool {
@@ -46,23 +46,6 @@ fn require_libraries() {
             bin.display()
         );
     }
-}
-
-/// The IPv4 GID index of `end`'s interface (`roce gids`), what perftest's `-x` takes.
-fn ipv4_gid_index(end: &VethEnd) -> String {
-    let gids: Vec<serde_json::Value> = serde_json::from_str(&roce_ok(&[
-        "--netns",
-        &end.netns,
-        "-j",
-        "gids",
-        "-i",
-        &end.ifname,
-    ]))
-    .expect("gids JSON");
-    gids.iter()
-        .find(|g| g["ip"].as_str() == Some(&end.ipv4.to_string()))
-        .map(|g| g["index"].to_string())
-        .expect("an IPv4 GID")
 }
 
 /// One result row of perftest: the message size, the figure reported (average MB/s for a

@@ -12,7 +12,7 @@ use std::{
 
 use nix::errno::Errno;
 use roce::{netns::VethEnd, transport::DeviceConfig};
-use roce_tests::{require_root, roce, roce_bin, roce_ok, veth_pair};
+use roce_tests::{ipv4_gid_index, require_root, roce, roce_bin, roce_ok, veth_pair};
 
 /// The folder holding the library as libibverbs.so.1, as `roce exec` makes it next to the
 /// `roce` binary under test (`cargo build -p roce-verbs` writes libibverbs.so there).
@@ -291,23 +291,6 @@ for fn, codes in [("ibv_wc_status_str", range(0, 30)), ("ibv_node_type_str", ran
     let ours = names(lib_dir().join("libibverbs.so.1").to_str().unwrap());
     let theirs = names("/usr/lib/x86_64-linux-gnu/libibverbs.so.1");
     assert_eq!(ours, theirs);
-}
-
-/// The IPv4 GID index of `end`'s interface (`roce gids`), what `-g` takes.
-fn ipv4_gid_index(end: &VethEnd) -> String {
-    let gids: Vec<serde_json::Value> = serde_json::from_str(&roce_ok(&[
-        "--netns",
-        &end.netns,
-        "-j",
-        "gids",
-        "-i",
-        &end.ifname,
-    ]))
-    .expect("gids JSON");
-    gids.iter()
-        .find(|g| g["ip"].as_str() == Some(&end.ipv4.to_string()))
-        .map(|g| g["index"].to_string())
-        .expect("an IPv4 GID")
 }
 
 /// Runs `ibv_rc_pingpong` server and client, both unmodified, both on the library, one on
@@ -826,6 +809,41 @@ fn a_second_program_on_a_taken_queue_is_told_why_and_the_first_goes_on() {
     assert_clean(&[a, b]);
 }
 
+/// Runs a case-reporting C program of tests/c/ (built with [`CProgram`]) as server on
+/// `pair.a` and client on `pair.b` through `ip netns exec`, and checks that every case named in
+/// `client_cases` and `server_cases` printed `CASE <name> ok`, that none failed, and that both
+/// interfaces are clean after.
+fn run_cases(
+    pair: &roce::netns::VethPair,
+    name: &str,
+    port: u16,
+    client_cases: &[&str],
+    server_cases: &[&str],
+) {
+    let (a, b) = (&pair.a, &pair.b);
+    let prog = CProgram::build(name);
+    let exe = prog.path();
+    let (ga, gb) = (ipv4_gid_index(a), ipv4_gid_index(b));
+    let (da, db) = (format!("roce_{}", a.ifname), format!("roce_{}", b.ifname));
+    let (port, ip) = (port.to_string(), a.ipv4.to_string());
+    let server = ip_netns_exec_spawn(a, &[&exe, &da, &ga, &port]);
+    let client = ip_netns_exec_spawn(b, &[&exe, &db, &gb, &port, &ip]);
+    let limit = std::time::Duration::from_secs(60);
+    let c = roce_tests::child::finish_within(client, limit, "client");
+    let s = roce_tests::child::finish_within(server, limit, "server");
+    let (c, s) = (text(&c), text(&s));
+    for (cases, out) in [(client_cases, &c), (server_cases, &s)] {
+        for case in cases {
+            assert!(
+                out.contains(&format!("CASE {case} ok")),
+                "{case}:\n{c}\n{s}"
+            );
+        }
+    }
+    assert!(!c.contains("FAIL") && !s.contains("FAIL"), "{c}\n{s}");
+    assert_clean(&[a, b]);
+}
+
 /// Bad use of the verbs from a C program (tests/c/verbs_misuse.c, built here with gcc against
 /// Debian's libibverbs-dev and run on the drop-in library), each case answered as rdma-core
 /// and rxe answer it: EINVAL for a bad access right, a CQ or QP beyond the device's limits,
@@ -838,41 +856,27 @@ fn a_second_program_on_a_taken_queue_is_told_why_and_the_first_goes_on() {
 fn bad_use_gets_rdma_cores_errno_or_error_completion() {
     require_root();
     let pair = veth_pair("vb7", 176);
-    let (a, b) = (&pair.a, &pair.b);
-    let prog = CProgram::build("verbs_misuse");
-    let exe_s = prog.path();
-    let (ga, gb) = (ipv4_gid_index(a), ipv4_gid_index(b));
-    let (da, db) = (format!("roce_{}", a.ifname), format!("roce_{}", b.ifname));
-    let server = ip_netns_exec_spawn(a, &[&exe_s, &da, &ga, "18655"]);
-    let ip = a.ipv4.to_string();
-    let client = ip_netns_exec_spawn(b, &[&exe_s, &db, &gb, "18655", &ip]);
-    let limit = std::time::Duration::from_secs(60);
-    let c = roce_tests::child::finish_within(client, limit, "client");
-    let s = roce_tests::child::finish_within(server, limit, "server");
-    let (c, s) = (text(&c), text(&s));
-    for case in [
-        "reg_mr_remote_write_without_local_write_is_einval",
-        "create_cq_beyond_max_cqe_is_einval",
-        "create_qp_beyond_max_qp_wr_is_einval",
-        "modify_qp_reset_to_rts_is_einval",
-        "post_send_in_reset_is_einval",
-        "post_recv_beyond_max_recv_wr_is_enomem",
-        "dealloc_pd_in_use_is_ebusy",
-        "destroy_cq_in_use_is_ebusy",
-        "query_qp_returns_what_modify_qp_set",
-        "unknown_lkey_completes_with_loc_prot_err_then_flush",
-        "sge_past_its_region_completes_with_loc_prot_err",
-        "write_without_remote_write_right_is_rem_access_err",
-        "write_past_the_remote_region_is_rem_access_err",
-    ] {
-        assert!(c.contains(&format!("CASE {case} ok")), "{case}:\n{c}");
-    }
-    assert!(
-        s.contains("CASE no_byte_written_by_refused_requests ok"),
-        "{s}"
+    run_cases(
+        &pair,
+        "verbs_misuse",
+        18655,
+        &[
+            "reg_mr_remote_write_without_local_write_is_einval",
+            "create_cq_beyond_max_cqe_is_einval",
+            "create_qp_beyond_max_qp_wr_is_einval",
+            "modify_qp_reset_to_rts_is_einval",
+            "post_send_in_reset_is_einval",
+            "post_recv_beyond_max_recv_wr_is_enomem",
+            "dealloc_pd_in_use_is_ebusy",
+            "destroy_cq_in_use_is_ebusy",
+            "query_qp_returns_what_modify_qp_set",
+            "unknown_lkey_completes_with_loc_prot_err_then_flush",
+            "sge_past_its_region_completes_with_loc_prot_err",
+            "write_without_remote_write_right_is_rem_access_err",
+            "write_past_the_remote_region_is_rem_access_err",
+        ],
+        &["no_byte_written_by_refused_requests"],
     );
-    assert!(!c.contains("FAIL") && !s.contains("FAIL"), "{c}\n{s}");
-    assert!(!xdp_attached(a) && !xdp_attached(b));
 }
 
 /// Debian's unmodified `ibv_srq_pingpong` at both ends on the library: its 16 QPs (and 4 with
@@ -1015,46 +1019,33 @@ fn uc_verbs_calls_behave_as_rdma_core(pair: &roce::netns::VethPair) {
 fn memory_windows_bind_invalidate_and_refuse_as_rxe() {
     require_root();
     let pair = veth_pair("vmw", 189);
-    let (a, b) = (&pair.a, &pair.b);
-    let prog = CProgram::build("verbs_mw");
-    let exe_s = prog.path();
-    let (ga, gb) = (ipv4_gid_index(a), ipv4_gid_index(b));
-    let (da, db) = (format!("roce_{}", a.ifname), format!("roce_{}", b.ifname));
-    let server = ip_netns_exec_spawn(a, &[&exe_s, &da, &ga, "18656"]);
-    let ip = a.ipv4.to_string();
-    let client = ip_netns_exec_spawn(b, &[&exe_s, &db, &gb, "18656", &ip]);
-    let limit = std::time::Duration::from_secs(60);
-    let c = roce_tests::child::finish_within(client, limit, "client");
-    let s = roce_tests::child::finish_within(server, limit, "server");
-    let (c, s) = (text(&c), text(&s));
-    for case in [
-        "type_1_window_write_and_read_inside",
-        "type_1_window_write_across_its_end_is_rem_access_err",
-        "type_2_window_write_and_read_inside",
-        "send_with_inv_of_type_2_window_succeeds",
-        "write_after_send_with_inv_is_rem_access_err",
-        "type_2_window_through_another_qp_is_rem_access_err",
-        "type_2_window_through_its_qp_succeeds",
-        "write_after_local_inv_is_rem_access_err",
-    ] {
-        assert!(c.contains(&format!("CASE {case} ok")), "{case}:\n{c}\n{s}");
-    }
-    for case in [
-        "query_device_claims_memory_windows",
-        "alloc_mw_type_1_and_2",
-        "bind_mw_type_1_completes_as_bind_mw",
-        "wr_bind_mw_type_2_completes_as_bind_mw",
-        "send_with_inv_completes_with_the_invalidated_rkey",
-        "local_inv_of_type_2_window_completes_as_local_inv",
-        "writes_land_inside_windows_and_nowhere_else",
-        "zero_based_type_1_bind_is_einval",
-        "dereg_mr_with_bound_windows_is_einval",
-        "bind_to_region_without_mw_bind_is_mw_bind_err",
-        "bind_past_the_region_is_mw_bind_err",
-        "dealloc_of_bound_windows_then_dereg_succeed",
-    ] {
-        assert!(s.contains(&format!("CASE {case} ok")), "{case}:\n{s}\n{c}");
-    }
-    assert!(!c.contains("FAIL") && !s.contains("FAIL"), "{c}\n{s}");
-    assert!(!xdp_attached(a) && !xdp_attached(b));
+    run_cases(
+        &pair,
+        "verbs_mw",
+        18656,
+        &[
+            "type_1_window_write_and_read_inside",
+            "type_1_window_write_across_its_end_is_rem_access_err",
+            "type_2_window_write_and_read_inside",
+            "send_with_inv_of_type_2_window_succeeds",
+            "write_after_send_with_inv_is_rem_access_err",
+            "type_2_window_through_another_qp_is_rem_access_err",
+            "type_2_window_through_its_qp_succeeds",
+            "write_after_local_inv_is_rem_access_err",
+        ],
+        &[
+            "query_device_claims_memory_windows",
+            "alloc_mw_type_1_and_2",
+            "bind_mw_type_1_completes_as_bind_mw",
+            "wr_bind_mw_type_2_completes_as_bind_mw",
+            "send_with_inv_completes_with_the_invalidated_rkey",
+            "local_inv_of_type_2_window_completes_as_local_inv",
+            "writes_land_inside_windows_and_nowhere_else",
+            "zero_based_type_1_bind_is_einval",
+            "dereg_mr_with_bound_windows_is_einval",
+            "bind_to_region_without_mw_bind_is_mw_bind_err",
+            "bind_past_the_region_is_mw_bind_err",
+            "dealloc_of_bound_windows_then_dereg_succeed",
+        ],
+    );
 }
