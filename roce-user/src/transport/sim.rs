@@ -476,13 +476,30 @@ pub struct Endpoint {
 /// # Panics
 /// If a device refuses (a bug in the transport or in `cfg`).
 pub fn connect_rc(pair: &mut Pair, cfg: &RcConfig) -> (Endpoint, Endpoint) {
+    connect(pair, cfg, QpType::Rc)
+}
+
+/// Creates a UC QP on each device and brings both to RTS, connected to each other, with UC's
+/// exact required masks (ibv_modify_qp(3): INIT needs P_Key index, port and access flags; RTR
+/// the address vector, path MTU, destination QP and RQ PSN; RTS the SQ PSN). Only `cfg`'s
+/// `mtu`, `access`, `cap`, `cq_depth` and `psn_a` apply: UC has no timeouts, retries or
+/// READ/atomic depths.
+///
+/// # Panics
+/// If a device refuses (a bug in the transport or in `cfg`).
+pub fn connect_uc(pair: &mut Pair, cfg: &RcConfig) -> (Endpoint, Endpoint) {
+    connect(pair, cfg, QpType::Uc)
+}
+
+/// [`connect_rc`] or [`connect_uc`], by `qp_type`.
+fn connect(pair: &mut Pair, cfg: &RcConfig, qp_type: QpType) -> (Endpoint, Endpoint) {
     let mk = |d: &mut Device| {
         let pd = d.alloc_pd().expect("alloc pd");
         let cq = d.create_cq(cfg.cq_depth).expect("create cq");
         let qpn = d
             .create_qp(QpInit {
                 cap: cfg.cap,
-                ..QpInit::new(QpType::Rc, pd, cq)
+                ..QpInit::new(qp_type, pd, cq)
             })
             .expect("create qp");
         Endpoint { qpn, cq, pd }
@@ -491,8 +508,11 @@ pub fn connect_rc(pair: &mut Pair, cfg: &RcConfig) -> (Endpoint, Endpoint) {
     let eb = mk(&mut pair.b);
     let psn_a = Psn::new(cfg.psn_a);
     let psn_b = psn_a.wrapping_add(0x1000);
-    bring_up(&mut pair.a, ea.qpn, Side::A, eb.qpn, psn_a, psn_b, cfg);
-    bring_up(&mut pair.b, eb.qpn, Side::B, ea.qpn, psn_b, psn_a, cfg);
+    let up = |d: &mut Device, qpn, side, peer, sq, rq| {
+        bring_up_typed(d, qp_type, qpn, side, peer, (sq, rq), cfg);
+    };
+    up(&mut pair.a, ea.qpn, Side::A, eb.qpn, psn_a, psn_b);
+    up(&mut pair.b, eb.qpn, Side::B, ea.qpn, psn_b, psn_a);
     (ea, eb)
 }
 
@@ -510,82 +530,7 @@ pub fn bring_up(
     rq_psn: Psn,
     cfg: &RcConfig,
 ) {
-    let mut attr: QpAttr<Path> = QpAttr {
-        qp_state: QpState::Init,
-        qp_access_flags: cfg.access,
-        ..QpAttr::default()
-    };
-    d.modify_qp(
-        qpn,
-        &attr,
-        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-    )
-    .expect("INIT");
-    attr.qp_state = QpState::Rtr;
-    attr.ah_attr = Some(path(side));
-    attr.path_mtu = cfg.mtu;
-    attr.dest_qp_num = peer;
-    attr.rq_psn = rq_psn;
-    attr.max_dest_rd_atomic = cfg.rd_atomic;
-    attr.min_rnr_timer = cfg.min_rnr_timer;
-    d.modify_qp(
-        qpn,
-        &attr,
-        AttrMask::STATE
-            | AttrMask::AV
-            | AttrMask::PATH_MTU
-            | AttrMask::DEST_QPN
-            | AttrMask::RQ_PSN
-            | AttrMask::MAX_DEST_RD_ATOMIC
-            | AttrMask::MIN_RNR_TIMER,
-    )
-    .expect("RTR");
-    attr.qp_state = QpState::Rts;
-    attr.timeout = cfg.timeout;
-    attr.retry_cnt = cfg.retry_cnt;
-    attr.rnr_retry = cfg.rnr_retry;
-    attr.sq_psn = sq_psn;
-    attr.max_rd_atomic = cfg.rd_atomic;
-    d.modify_qp(
-        qpn,
-        &attr,
-        AttrMask::STATE
-            | AttrMask::TIMEOUT
-            | AttrMask::RETRY_CNT
-            | AttrMask::RNR_RETRY
-            | AttrMask::SQ_PSN
-            | AttrMask::MAX_QP_RD_ATOMIC,
-    )
-    .expect("RTS");
-}
-
-/// Creates a UC QP on each device and brings both to RTS, connected to each other, with UC's
-/// exact required masks (ibv_modify_qp(3): INIT needs P_Key index, port and access flags; RTR
-/// the address vector, path MTU, destination QP and RQ PSN; RTS the SQ PSN). Only `cfg`'s
-/// `mtu`, `access`, `cap`, `cq_depth` and `psn_a` apply: UC has no timeouts, retries or
-/// READ/atomic depths.
-///
-/// # Panics
-/// If a device refuses (a bug in the transport or in `cfg`).
-pub fn connect_uc(pair: &mut Pair, cfg: &RcConfig) -> (Endpoint, Endpoint) {
-    let mk = |d: &mut Device| {
-        let pd = d.alloc_pd().expect("alloc pd");
-        let cq = d.create_cq(cfg.cq_depth).expect("create cq");
-        let qpn = d
-            .create_qp(QpInit {
-                cap: cfg.cap,
-                ..QpInit::new(QpType::Uc, pd, cq)
-            })
-            .expect("create qp");
-        Endpoint { qpn, cq, pd }
-    };
-    let ea = mk(&mut pair.a);
-    let eb = mk(&mut pair.b);
-    let psn_a = Psn::new(cfg.psn_a);
-    let psn_b = psn_a.wrapping_add(0x1000);
-    bring_up_uc(&mut pair.a, ea.qpn, Side::A, eb.qpn, psn_a, psn_b, cfg);
-    bring_up_uc(&mut pair.b, eb.qpn, Side::B, ea.qpn, psn_b, psn_a, cfg);
-    (ea, eb)
+    bring_up_typed(d, QpType::Rc, qpn, side, peer, (sq_psn, rq_psn), cfg);
 }
 
 /// Moves UC QP `qpn` of `d` (on endpoint `side`) from RESET to RTS, connected to `peer`, with
@@ -602,6 +547,21 @@ pub fn bring_up_uc(
     rq_psn: Psn,
     cfg: &RcConfig,
 ) {
+    bring_up_typed(d, QpType::Uc, qpn, side, peer, (sq_psn, rq_psn), cfg);
+}
+
+/// [`bring_up`] or [`bring_up_uc`], by `qp_type`: RC adds the READ/atomic depths and the RNR
+/// timer at RTR, and the timeout and retries at RTS (`(sq_psn, rq_psn)`).
+fn bring_up_typed(
+    d: &mut Device,
+    qp_type: QpType,
+    qpn: Qpn,
+    side: Side,
+    peer: Qpn,
+    (sq_psn, rq_psn): (Psn, Psn),
+    cfg: &RcConfig,
+) {
+    let rc = qp_type == QpType::Rc;
     let mut attr: QpAttr<Path> = QpAttr {
         qp_state: QpState::Init,
         qp_access_flags: cfg.access,
@@ -618,14 +578,26 @@ pub fn bring_up_uc(
     attr.path_mtu = cfg.mtu;
     attr.dest_qp_num = peer;
     attr.rq_psn = rq_psn;
-    d.modify_qp(
-        qpn,
-        &attr,
-        AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN,
-    )
-    .expect("RTR");
+    let mut rtr =
+        AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
+    if rc {
+        attr.max_dest_rd_atomic = cfg.rd_atomic;
+        attr.min_rnr_timer = cfg.min_rnr_timer;
+        rtr |= AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
+    }
+    d.modify_qp(qpn, &attr, rtr).expect("RTR");
     attr.qp_state = QpState::Rts;
     attr.sq_psn = sq_psn;
-    d.modify_qp(qpn, &attr, AttrMask::STATE | AttrMask::SQ_PSN)
-        .expect("RTS");
+    let mut rts = AttrMask::STATE | AttrMask::SQ_PSN;
+    if rc {
+        attr.timeout = cfg.timeout;
+        attr.retry_cnt = cfg.retry_cnt;
+        attr.rnr_retry = cfg.rnr_retry;
+        attr.max_rd_atomic = cfg.rd_atomic;
+        rts |= AttrMask::TIMEOUT
+            | AttrMask::RETRY_CNT
+            | AttrMask::RNR_RETRY
+            | AttrMask::MAX_QP_RD_ATOMIC;
+    }
+    d.modify_qp(qpn, &attr, rts).expect("RTS");
 }
