@@ -18,7 +18,16 @@ const BENCHES: &[(&str, &str, &str, bool)] = &[
     ("xsk", "roce-tests", "xsk", true),
     ("e2e", "roce-tests", "e2e", true),
     ("interop", "roce-tests", "interop", true),
+    ("verbs", "roce-tests", "verbs", true),
 ];
+
+/// Cargo's target folder: `$CARGO_TARGET_DIR` when set (as cargo itself resolves it, relative
+/// to the workspace root), else `target/` of the workspace.
+fn target_dir() -> std::path::PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .filter(|d| !d.is_empty())
+        .map_or_else(|| root().join("target"), |d| root().join(d))
+}
 
 /// Why the Soft-RoCE peer cannot run here, if it cannot: the rxe-peer scripts
 /// (`$RXE_PEER_TOOLS`, else `shared/rxe-peer` beside the repository or a parent) and a built
@@ -68,7 +77,9 @@ pub(crate) fn all(names: &[String]) -> anyhow::Result<()> {
             bail!("unknown benchmark {n:?}; known: {known:?}");
         }
     }
-    // The end-to-end benchmark runs the release `roce` binary.
+    // The end-to-end benchmarks run the release `roce` binary; the verbs benchmark also runs
+    // perftest through `roce exec`, on the drop-in libibverbs and the libmlx5/libefa
+    // stand-ins that cargo builds beside it.
     run(cargo().args([
         "build",
         "--release",
@@ -77,7 +88,23 @@ pub(crate) fn all(names: &[String]) -> anyhow::Result<()> {
         "--bin",
         "roce",
     ]))?;
-    let out_dir = root().join("target/bench");
+    // Separately: `--bin` would narrow this build to binaries. roce-verbs binds each export to
+    // its version node with a `.symver` directive, which needs the function in the same
+    // codegen unit: the release profile's several units split them apart ("default version
+    // symbol ibv_create_qp@@IBVERBS_1.1 must be defined"), so the library gets one unit.
+    run(cargo().args([
+        "build",
+        "--release",
+        "--config",
+        "profile.release.package.roce-verbs.codegen-units=1",
+        "--package",
+        "roce-verbs",
+        "--package",
+        "roce-verbs-mlx5",
+        "--package",
+        "roce-verbs-efa",
+    ]))?;
+    let out_dir = target_dir().join("bench");
     fs::create_dir_all(&out_dir)?;
     let mut rows = Vec::new();
     for &(name, package, bench, _root) in BENCHES {
@@ -106,7 +133,7 @@ pub(crate) fn all(names: &[String]) -> anyhow::Result<()> {
         let _ = fs::remove_file(&json);
         run(cargo()
             .env("ROCE_BENCH_OUT", &out_dir)
-            .env("ROCE_BIN", root().join("target/release/roce"))
+            .env("ROCE_BIN", target_dir().join("release/roce"))
             .args(["bench", "--package", package, "--bench", bench]))?;
         let text = fs::read_to_string(&json)
             .with_context(|| format!("benchmark {name} wrote no {}", json.display()))?;
