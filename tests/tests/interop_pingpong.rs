@@ -15,7 +15,8 @@
 //! on our side, on the drop-in libibverbs (`roce exec`), against the same program on rxe, at
 //! 1, 4096 and 65536 B (ibv_srq_pingpong's 64 KiB runs, 16 QPs at once into the guest, only
 //! with `ROCE_INTEROP_FULL=1`), both directions, and Debian's ibv_ud_pingpong the same way at
-//! 1 B and the port MTU (1024 B).
+//! 1 B and the port MTU (1024 B); then ibv_rc_pingpong with `-e` and with `-N` at 4 KiB and
+//! ibv_ud_pingpong with `-e` at 1024 B, both directions.
 
 use std::{collections::BTreeMap, fmt::Write as _, time::Duration};
 
@@ -93,11 +94,11 @@ fn both_ways(h: &Harness<'_>, size: u32, mtu: u32, port: &mut u16) -> Vec<SceneR
 
 /// Debian's unmodified `prog` (ibv_rc_pingpong, ibv_srq_pingpong, or ibv_ud_pingpong, which
 /// has no `-m`: UD uses the port's MTU) on our side too, through the drop-in libibverbs
-/// (`roce exec`), against the same tool on rxe, one scenario in each direction for (size,
-/// mtu).
+/// (`roce exec`), against the same tool on rxe with the same `flags` (`-e`, `-N`), one
+/// scenario in each direction for (size, mtu).
 fn drop_in_both_ways(
     h: &Harness<'_>,
-    prog: &str,
+    (prog, flags): (&str, &[&str]),
     size: u32,
     mtu: Option<u32>,
     port: &mut u16,
@@ -121,15 +122,18 @@ fn drop_in_both_ways(
         if let Some(m) = mtu {
             v.extend(["-m".to_owned(), m.to_string()]);
         }
+        v.extend(flags.iter().map(|f| (*f).to_owned()));
         v.extend(server);
         v
     };
     let m = mtu.map(|m| format!(" -m {m}")).unwrap_or_default();
+    let f: String = flags.iter().map(|f| format!(" {f}")).collect();
     let guest =
-        |port: u16| format!("{prog} -d rxe0 -g $RXE_GID_INDEX -p {port} -s {size} -n {n}{m}");
+        |port: u16| format!("{prog} -d rxe0 -g $RXE_GID_INDEX -p {port} -s {size} -n {n}{m}{f}");
     let tag = format!(
-        "s{size}{}",
-        mtu.map(|m| format!("-m{m}")).unwrap_or_default()
+        "s{size}{}{}",
+        mtu.map(|m| format!("-m{m}")).unwrap_or_default(),
+        flags.concat()
     );
     let mut out = Vec::new();
     *port += 1;
@@ -354,7 +358,7 @@ fn ibv_rc_pingpong_both_directions_mtu_1024() {
             if prog == "ibv_srq_pingpong" && size == 65536 && !rxe::full() {
                 continue;
             }
-            for mut r in drop_in_both_ways(&h, prog, size, Some(1024), &mut port) {
+            for mut r in drop_in_both_ways(&h, (prog, &[]), size, Some(1024), &mut port) {
                 check_outputs(&mut r, size);
                 reports.push(r);
             }
@@ -363,7 +367,18 @@ fn ibv_rc_pingpong_both_directions_mtu_1024() {
     // ibv_ud_pingpong both ways: address handles, UD sends and GRH receives against rxe's, up
     // to the port MTU (1024 on the 1500-byte link).
     for size in [1u32, 1024] {
-        for mut r in drop_in_both_ways(&h, "ibv_ud_pingpong", size, None, &mut port) {
+        for mut r in drop_in_both_ways(&h, ("ibv_ud_pingpong", &[]), size, None, &mut port) {
+            check_outputs(&mut r, size);
+            reports.push(r);
+        }
+    }
+    // Completion channels (-e) on both sides, and ibv_rc_pingpong's new post-send API (-N).
+    for (prog, flags, size, mtu) in [
+        ("ibv_rc_pingpong", &["-e"][..], 4096, Some(1024)),
+        ("ibv_rc_pingpong", &["-N"][..], 4096, Some(1024)),
+        ("ibv_ud_pingpong", &["-e"][..], 1024, None),
+    ] {
+        for mut r in drop_in_both_ways(&h, (prog, flags), size, mtu, &mut port) {
             check_outputs(&mut r, size);
             reports.push(r);
         }

@@ -88,15 +88,11 @@ pub(crate) fn all(names: &[String]) -> anyhow::Result<()> {
         "--bin",
         "roce",
     ]))?;
-    // Separately: `--bin` would narrow this build to binaries. roce-verbs binds each export to
-    // its version node with a `.symver` directive, which needs the function in the same
-    // codegen unit: the release profile's several units split them apart ("default version
-    // symbol ibv_create_qp@@IBVERBS_1.1 must be defined"), so the library gets one unit.
+    // Separately: `--bin` would narrow this build to binaries. (The root Cargo.toml gives the
+    // library one codegen unit in release, which its `.symver` directives need.)
     run(cargo().args([
         "build",
         "--release",
-        "--config",
-        "profile.release.package.roce-verbs.codegen-units=1",
         "--package",
         "roce-verbs",
         "--package",

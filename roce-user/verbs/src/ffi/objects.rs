@@ -880,20 +880,32 @@ unsafe extern "C" fn post_recv(
         Err(e) => return e,
     };
     let qpn = Qpn::new(obj.ibv.qp_num);
+    // SAFETY: `wr` and `bad_wr` are the caller's (the verbs contract).
+    unsafe { post_recv_list(wr, bad_wr, |r| dev.post_recv(qpn, r).map_err(|e| e.errno())) }
+}
+
+/// Posts a list of receive work requests in order with `post` (a QP's receive queue or an
+/// SRQ); on the first refusal `*bad_wr` names it and its errno is returned, as rdma-core's
+/// providers do.
+///
+/// # Safety
+/// `wr` is NULL or the head of a valid `ibv_recv_wr` list whose SG lists are valid; `bad_wr`
+/// is NULL or writable.
+pub(super) unsafe fn post_recv_list(
+    wr: *mut sys::ibv_recv_wr,
+    bad_wr: *mut *mut sys::ibv_recv_wr,
+    post: impl Fn(RecvWr) -> Result<(), c_int>,
+) -> c_int {
     let mut cur = wr;
     while !cur.is_null() {
         // SAFETY: `cur` is an element of the caller's list.
         let w = unsafe { &*cur };
         // SAFETY: the request's own list.
         let r = unsafe { sges(w.sg_list, w.num_sge) }.and_then(|sg_list| {
-            dev.post_recv(
-                qpn,
-                RecvWr {
-                    wr_id: w.wr_id,
-                    sg_list,
-                },
-            )
-            .map_err(|e| e.errno())
+            post(RecvWr {
+                wr_id: w.wr_id,
+                sg_list,
+            })
         });
         if let Err(e) = r {
             if !bad_wr.is_null() {

@@ -6,12 +6,12 @@
 
 use core::{ffi::c_int, ptr};
 
-use roce::api::{Device, RecvWr, SrqAttr, SrqAttrMask, SrqId};
+use roce::api::{Device, SrqAttr, SrqAttrMask, SrqId};
 
 use super::{
     device::ctx_of,
     guard,
-    objects::{PdObj, device_of, give, sges},
+    objects::{PdObj, device_of, give},
     set_errno,
 };
 use crate::sys;
@@ -204,29 +204,10 @@ unsafe extern "C" fn post_srq_recv(
         Ok(x) => x,
         Err(e) => return e,
     };
-    let mut cur = wr;
-    while !cur.is_null() {
-        // SAFETY: `cur` is an element of the caller's list.
-        let w = unsafe { &*cur };
-        // SAFETY: the request's own list.
-        let r = unsafe { sges(w.sg_list, w.num_sge) }.and_then(|sg_list| {
-            dev.post_srq_recv(
-                id,
-                RecvWr {
-                    wr_id: w.wr_id,
-                    sg_list,
-                },
-            )
-            .map_err(|e| e.errno())
-        });
-        if let Err(e) = r {
-            if !bad_wr.is_null() {
-                // SAFETY: `bad_wr` is the caller's out pointer.
-                unsafe { bad_wr.write(cur) };
-            }
-            return e;
-        }
-        cur = w.next;
+    // SAFETY: `wr` and `bad_wr` are the caller's (the verbs contract).
+    unsafe {
+        super::objects::post_recv_list(wr, bad_wr, |r| {
+            dev.post_srq_recv(id, r).map_err(|e| e.errno())
+        })
     }
-    0
 }
