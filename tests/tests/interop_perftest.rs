@@ -279,13 +279,14 @@ struct DropCase {
 
 impl DropCase {
     fn new(tool: &'static str, conn: &'static str, size: u32, qps: u32) -> Self {
-        let op = match &tool[3..tool.len() - 4] {
-            "write" => Op::Write,
-            "read" => Op::Read,
-            "send" => Op::Send,
-            _ => Op::Atomic,
-        };
         let lat = tool.ends_with("_lat");
+        let op = match tool.strip_prefix("ib_").and_then(|t| t.split('_').next()) {
+            Some("write") => Op::Write,
+            Some("read") => Op::Read,
+            Some("send") => Op::Send,
+            Some("atomic") => Op::Atomic,
+            _ => panic!("not a perftest tool: {tool}"),
+        };
         // Bandwidth rows run the matrix row's iterations, so that perftest's figure and
         // `roce perf`'s of the same size compare; latency rows 200 (1000 when full).
         let iters = if lat {
@@ -751,4 +752,22 @@ fn perftest_bandwidth_both_directions() {
         "perftest interop failures:\n{text}\n{detail}"
     );
     rxe::assert_references(&reference, |k| k.0.to_owned());
+}
+
+#[test]
+fn drop_in_cases_and_perftest_results_parse() {
+    let c = DropCase::new("ib_write_bw", "RC", 65536, 4);
+    assert!(matches!(c.op, Op::Write) && !c.lat && c.size == 65536);
+    assert_eq!(c.name(true), "dropin-ib_write_bw-server_rxe-s65536-q4");
+    assert!(c.args().contains("-s 65536") && c.args().contains("-q 4"));
+    let c = DropCase::new("ib_atomic_lat", "RC", 2, 1);
+    assert!(matches!(c.op, Op::Atomic) && c.lat && c.size == 8 && !c.args().contains("-s"));
+    let c = DropCase::new("ib_send_bw", "UD", 1024, 1);
+    assert!(matches!(c.op, Op::Send) && c.args().ends_with("-c UD"));
+    assert_eq!(c.name(false), "dropin-ib_send_bw-UD-server_roce-s1024-q1");
+    let bw = " #bytes     #iterations    BW peak[MB/sec]    BW average[MB/sec]   MsgRate[Mpps]\n 65536      200              39.05              15.74  \t\t   0.000252\n";
+    assert_eq!(perftest_result(bw), Some((65536, 200, 15.74, 0.000252)));
+    let lat = " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]\n 2       200          72.51          52564.34      1974.82  \t       2383.95\n";
+    assert_eq!(perftest_result(lat), Some((2, 200, 1974.82, 1974.82)));
+    assert_eq!(perftest_result("no table\n"), None);
 }
