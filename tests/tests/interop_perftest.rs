@@ -318,6 +318,19 @@ impl DropCase {
         if self.conn != "RC" {
             let _ = write!(a, " -c {}", self.conn);
         }
+        // perftest's client of READ and atomics sets `max_rd_atomic` to the server's announced
+        // outstanding reads (`ctx_modify_qp_to_rts`), and each side announces its device's
+        // `max_qp_rd_atom` unless told: rxe's 128 is more than the library's device takes (the
+        // engine's limit, `DeviceConfig::max_qp_rd_atom`), and the modify to RTS is refused
+        // with EINVAL, as rxe refuses a value above its own (`rxe_qp_chk_attr`). Both sides
+        // announce the library's limit (`-o`), which rxe takes.
+        if matches!(self.op, Op::Read | Op::Atomic) {
+            let _ = write!(
+                a,
+                " -o {}",
+                roce::transport::DeviceConfig::default().max_qp_rd_atom
+            );
+        }
         a
     }
 
