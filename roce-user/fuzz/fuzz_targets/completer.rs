@@ -33,6 +33,7 @@ const CAP: QpCap = QpCap {
     max_send_wr: 16,
     max_recv_wr: 4,
     max_sge: 2,
+    max_inline_data: 0,
 };
 const CQ_DEPTH: usize = 64;
 /// Where the target region lives (VA) and its size.

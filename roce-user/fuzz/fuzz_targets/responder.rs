@@ -31,6 +31,7 @@ const CAP: QpCap = QpCap {
     max_send_wr: 16,
     max_recv_wr: 16,
     max_sge: 2,
+    max_inline_data: 0,
 };
 const CQ_DEPTH: usize = 64;
 
