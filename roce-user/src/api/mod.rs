@@ -883,41 +883,23 @@ impl Device {
         self.modify_qp(qpn, &attr, mask)
     }
 
-    /// INIT → RTR → RTS with the required attributes of each transition (the verbs state table).
-    /// A UC QP takes the same call: it gets only UC's attributes (address vector, path MTU,
-    /// destination QP and RQ PSN for RTR, SQ PSN for RTS, as ibv_uc_pingpong sets them) and
-    /// `c`'s reliability fields (timeout, retries, RNR timer, READ/atomic depths) are unused.
+    /// INIT → RTR → RTS with the required attributes of each transition for the QP's type,
+    /// as the transport's state table names them ([`transport::state::transition_masks`]):
+    /// a UC QP gets only UC's (address vector, path MTU, destination QP and RQ PSN for RTR,
+    /// SQ PSN for RTS, as ibv_uc_pingpong sets them), and `c`'s reliability fields (timeout,
+    /// retries, RNR timer, READ/atomic depths) go to RC QPs only.
     ///
     /// # Errors
     /// As [`Device::modify_qp`]; a path MTU too large for this device among them.
     pub fn qp_connect(&self, qpn: Qpn, c: &RcConnect) -> Result<(), ApiError> {
-        let uc = self
+        let qp_type = self
             .by_qpn(qpn)
             .lock()
             .qp(qpn)
-            .is_some_and(|q| q.qp_type == QpType::Uc);
-        if uc {
-            let rtr = QpAttr {
-                qp_state: QpState::Rtr,
-                path_mtu: c.path_mtu,
-                dest_qp_num: c.dest_qpn,
-                rq_psn: c.rq_psn,
-                ah_attr: Some(c.path),
-                ..QpAttr::default()
-            };
-            let mask = AttrMask::STATE
-                | AttrMask::AV
-                | AttrMask::PATH_MTU
-                | AttrMask::DEST_QPN
-                | AttrMask::RQ_PSN;
-            self.modify_qp(qpn, &rtr, mask)?;
-            let rts = QpAttr {
-                qp_state: QpState::Rts,
-                sq_psn: c.sq_psn,
-                ..rtr
-            };
-            return self.modify_qp(qpn, &rts, AttrMask::STATE | AttrMask::SQ_PSN);
-        }
+            .map_or(QpType::Rc, |q| q.qp_type);
+        let required = |from, to| {
+            transport::state::transition_masks(qp_type, from, to).map_or(AttrMask::empty(), |m| m.0)
+        };
         let rtr = QpAttr {
             qp_state: QpState::Rtr,
             path_mtu: c.path_mtu,
@@ -928,13 +910,7 @@ impl Device {
             ah_attr: Some(c.path),
             ..QpAttr::default()
         };
-        let mask = AttrMask::STATE
-            | AttrMask::AV
-            | AttrMask::PATH_MTU
-            | AttrMask::DEST_QPN
-            | AttrMask::RQ_PSN
-            | AttrMask::MAX_DEST_RD_ATOMIC
-            | AttrMask::MIN_RNR_TIMER;
+        let mask = AttrMask::STATE | required(QpState::Init, QpState::Rtr);
         self.modify_qp(qpn, &rtr, mask)?;
         let rts = QpAttr {
             qp_state: QpState::Rts,
@@ -945,12 +921,7 @@ impl Device {
             max_rd_atomic: c.max_rd_atomic,
             ..rtr
         };
-        let mask = AttrMask::STATE
-            | AttrMask::TIMEOUT
-            | AttrMask::RETRY_CNT
-            | AttrMask::RNR_RETRY
-            | AttrMask::SQ_PSN
-            | AttrMask::MAX_QP_RD_ATOMIC;
+        let mask = AttrMask::STATE | required(QpState::Rtr, QpState::Rts);
         self.modify_qp(qpn, &rts, mask)
     }
 

@@ -550,8 +550,9 @@ pub fn bring_up_uc(
     bring_up_typed(d, QpType::Uc, qpn, side, peer, (sq_psn, rq_psn), cfg);
 }
 
-/// [`bring_up`] or [`bring_up_uc`], by `qp_type`: RC adds the READ/atomic depths and the RNR
-/// timer at RTR, and the timeout and retries at RTS (`(sq_psn, rq_psn)`).
+/// [`bring_up`] or [`bring_up_uc`], by `qp_type` (`(sq_psn, rq_psn)`): each transition with
+/// exactly the attributes the transport's state table requires of that type
+/// ([`super::state::transition_masks`]).
 fn bring_up_typed(
     d: &mut Device,
     qp_type: QpType,
@@ -561,43 +562,31 @@ fn bring_up_typed(
     (sq_psn, rq_psn): (Psn, Psn),
     cfg: &RcConfig,
 ) {
-    let rc = qp_type == QpType::Rc;
+    let step = |d: &mut Device, attr: &QpAttr<Path>, from, what| {
+        let (required, _) =
+            super::state::transition_masks(qp_type, from, attr.qp_state).expect("a transition");
+        d.modify_qp(qpn, attr, AttrMask::STATE | required)
+            .expect(what);
+    };
     let mut attr: QpAttr<Path> = QpAttr {
         qp_state: QpState::Init,
         qp_access_flags: cfg.access,
+        ah_attr: Some(path(side)),
+        path_mtu: cfg.mtu,
+        dest_qp_num: peer,
+        rq_psn,
+        max_dest_rd_atomic: cfg.rd_atomic,
+        min_rnr_timer: cfg.min_rnr_timer,
+        sq_psn,
+        timeout: cfg.timeout,
+        retry_cnt: cfg.retry_cnt,
+        rnr_retry: cfg.rnr_retry,
+        max_rd_atomic: cfg.rd_atomic,
         ..QpAttr::default()
     };
-    d.modify_qp(
-        qpn,
-        &attr,
-        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-    )
-    .expect("INIT");
+    step(d, &attr, QpState::Reset, "INIT");
     attr.qp_state = QpState::Rtr;
-    attr.ah_attr = Some(path(side));
-    attr.path_mtu = cfg.mtu;
-    attr.dest_qp_num = peer;
-    attr.rq_psn = rq_psn;
-    let mut rtr =
-        AttrMask::STATE | AttrMask::AV | AttrMask::PATH_MTU | AttrMask::DEST_QPN | AttrMask::RQ_PSN;
-    if rc {
-        attr.max_dest_rd_atomic = cfg.rd_atomic;
-        attr.min_rnr_timer = cfg.min_rnr_timer;
-        rtr |= AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER;
-    }
-    d.modify_qp(qpn, &attr, rtr).expect("RTR");
+    step(d, &attr, QpState::Init, "RTR");
     attr.qp_state = QpState::Rts;
-    attr.sq_psn = sq_psn;
-    let mut rts = AttrMask::STATE | AttrMask::SQ_PSN;
-    if rc {
-        attr.timeout = cfg.timeout;
-        attr.retry_cnt = cfg.retry_cnt;
-        attr.rnr_retry = cfg.rnr_retry;
-        attr.max_rd_atomic = cfg.rd_atomic;
-        rts |= AttrMask::TIMEOUT
-            | AttrMask::RETRY_CNT
-            | AttrMask::RNR_RETRY
-            | AttrMask::MAX_QP_RD_ATOMIC;
-    }
-    d.modify_qp(qpn, &attr, rts).expect("RTS");
+    step(d, &attr, QpState::Rtr, "RTS");
 }

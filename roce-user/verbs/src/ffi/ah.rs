@@ -235,13 +235,7 @@ export!(
             let made = unsafe { init_ah_from_wc((*pd).context, port_num, wc, grh, &raw mut attr) }
                 // SAFETY: `attr` was just filled.
                 .and_then(|()| unsafe { create_ah(pd, &raw const attr) });
-            match made {
-                Ok(ah) => Box::into_raw(Box::new(ah)).cast(),
-                Err(e) => {
-                    set_errno(e);
-                    ptr::null_mut()
-                }
-            }
+            super::or_null(made.map(|ah| Box::into_raw(Box::new(ah))))
         })
     }
 );

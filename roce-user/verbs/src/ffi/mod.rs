@@ -34,6 +34,18 @@ pub(super) fn set_errno(e: c_int) {
     unsafe { *libc::__errno_location() = e };
 }
 
+/// What a creating verb returns: the object, or NULL with `errno` set to why not (rdma-core's
+/// convention for `ibv_create_*`, `ibv_alloc_*` and `ibv_reg_mr`).
+pub(super) fn or_null<T, U>(made: Result<*mut T, c_int>) -> *mut U {
+    match made {
+        Ok(p) => p.cast(),
+        Err(e) => {
+            set_errno(e);
+            core::ptr::null_mut()
+        }
+    }
+}
+
 mod ah;
 mod async_event;
 mod compat;

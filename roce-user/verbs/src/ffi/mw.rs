@@ -10,8 +10,7 @@ use roce::api::{Access, BindMw, LKey, MwType, PdId, Qpn, RKey, SendFlags, SendOp
 
 use super::{
     guard,
-    objects::{PdObj, device_of, give, qp_dev},
-    set_errno,
+    objects::{device_of, give, pd_parts, qp_dev},
 };
 use crate::sys;
 
@@ -99,8 +98,7 @@ unsafe extern "C" fn alloc_mw(pd: *mut sys::ibv_pd, type_: sys::ibv_mw_type) -> 
                 _ => return Err(libc::EINVAL),
             };
             // SAFETY: `pd` is a live `PdObj` of ours (the verbs contract).
-            let (context, id) =
-                unsafe { ((*pd.cast::<PdObj>()).ibv.context, (*pd.cast::<PdObj>()).id) };
+            let (context, id) = unsafe { pd_parts(pd) };
             // SAFETY: the PD's context is live while the PD is.
             let dev = unsafe { device_of(context) }?;
             let rkey = dev.alloc_mw(id, ty).map_err(|e| e.errno())?;
@@ -115,13 +113,7 @@ unsafe extern "C" fn alloc_mw(pd: *mut sys::ibv_pd, type_: sys::ibv_mw_type) -> 
                 pd: id,
             }))
         })();
-        match made {
-            Ok(mw) => mw.cast(),
-            Err(e) => {
-                set_errno(e);
-                ptr::null_mut()
-            }
-        }
+        super::or_null(made)
     })
 }
 

@@ -57,6 +57,17 @@ pub(super) struct PdObj {
     pub(super) id: PdId,
 }
 
+/// The context and the engine's id of a PD, for the verbs that create objects in it.
+///
+/// # Safety
+/// `pd` is a live `ibv_pd` of ours (the first field of a [`PdObj`]), as verbs require of
+/// every PD passed in.
+pub(super) unsafe fn pd_parts(pd: *mut sys::ibv_pd) -> (*mut sys::ibv_context, PdId) {
+    // SAFETY: the caller's contract.
+    let obj = unsafe { &*pd.cast::<PdObj>() };
+    (obj.ibv.context, obj.id)
+}
+
 export!(
     "IBVERBS_1.1",
     /// `ibv_alloc_pd`; the first call on a context starts its engine.
@@ -152,13 +163,7 @@ unsafe fn reg_mr(
             },
         }))
     })();
-    match made {
-        Ok(mr) => mr.cast(),
-        Err(e) => {
-            set_errno(e);
-            ptr::null_mut()
-        }
-    }
+    super::or_null(made)
 }
 
 export!(
@@ -301,13 +306,7 @@ export!(
                 }
                 Ok(cq)
             })();
-            match made {
-                Ok(cq) => cq.cast(),
-                Err(e) => {
-                    set_errno(e);
-                    ptr::null_mut()
-                }
-            }
+            super::or_null(made)
         })
     }
 );
@@ -424,8 +423,7 @@ export!(
                 // SAFETY: `init_attr` is the caller's `struct ibv_qp_init_attr`.
                 let init = unsafe { &mut *init_attr };
                 // SAFETY: `pd` is a live `PdObj`.
-                let (context, pd_id) =
-                    unsafe { ((*pd.cast::<PdObj>()).ibv.context, (*pd.cast::<PdObj>()).id) };
+                let (context, pd_id) = unsafe { pd_parts(pd) };
                 let srq = if init.srq.is_null() {
                     None
                 } else {
@@ -510,13 +508,7 @@ export!(
                 }
                 Ok(qp)
             })();
-            match made {
-                Ok(qp) => qp.cast(),
-                Err(e) => {
-                    set_errno(e);
-                    ptr::null_mut()
-                }
-            }
+            super::or_null(made)
         })
     }
 );

@@ -24,7 +24,6 @@ use super::{
     ah::ud_dest_of,
     guard,
     objects::{QpObj, ibv_create_qp, qp_dev},
-    set_errno,
 };
 use crate::sys;
 
@@ -100,13 +99,7 @@ pub(super) unsafe extern "C" fn create_qp_ex(
     guard(ptr::null_mut(), || {
         // SAFETY: `attr` is NULL or the caller's `struct ibv_qp_init_attr_ex`.
         let made = unsafe { create(context, attr) };
-        match made {
-            Ok(qp) => qp,
-            Err(e) => {
-                set_errno(e);
-                ptr::null_mut()
-            }
-        }
+        super::or_null(made)
     })
 }
 

@@ -11,8 +11,7 @@ use roce::api::{Device, SrqAttr, SrqAttrMask, SrqId};
 use super::{
     device::ctx_of,
     guard,
-    objects::{PdObj, device_of, give},
-    set_errno,
+    objects::{device_of, give, pd_parts},
 };
 use crate::sys;
 
@@ -69,8 +68,7 @@ export!(
                 // SAFETY: `init_attr` is the caller's `struct ibv_srq_init_attr`.
                 let init = unsafe { &mut *init_attr };
                 // SAFETY: `pd` is a live `PdObj` (the verbs contract).
-                let (context, pd_id) =
-                    unsafe { ((*pd.cast::<PdObj>()).ibv.context, (*pd.cast::<PdObj>()).id) };
+                let (context, pd_id) = unsafe { pd_parts(pd) };
                 // SAFETY: the PD's context is live.
                 let dev = unsafe { device_of(context) }?;
                 let attr = SrqAttr {
@@ -97,13 +95,7 @@ export!(
                 }
                 Ok(srq)
             })();
-            match made {
-                Ok(s) => s.cast(),
-                Err(e) => {
-                    set_errno(e);
-                    ptr::null_mut()
-                }
-            }
+            super::or_null(made)
         })
     }
 );
