@@ -150,6 +150,7 @@ pub fn finish_within(mut r: Reaper, limit: Duration, what: &str) -> Output {
             break st;
         }
         if Instant::now() >= deadline {
+            let stacks = stacks_of(child.id());
             let _ = child.kill();
             let _ = child.wait();
             let (o, e) = (
@@ -157,7 +158,7 @@ pub fn finish_within(mut r: Reaper, limit: Duration, what: &str) -> Output {
                 err.join().unwrap_or_default(),
             );
             panic!(
-                "{what} still running after {limit:?}, killed: {}{}",
+                "{what} still running after {limit:?}, killed: {}{}\n{stacks}",
                 String::from_utf8_lossy(&o),
                 String::from_utf8_lossy(&e)
             );
@@ -169,6 +170,47 @@ pub fn finish_within(mut r: Reaper, limit: Duration, what: &str) -> Output {
         stdout: out.join().unwrap_or_default(),
         stderr: err.join().unwrap_or_default(),
     }
+}
+
+/// Where every thread of a hung process is, for the panic message of [`finish_within`]: each
+/// thread's name, state and kernel wait channel from /proc, then gdb's backtrace of every
+/// thread (`gdb` is installed by `cargo xtask setup`). Bounded: gdb gets 30 s.
+fn stacks_of(pid: u32) -> String {
+    let mut out = String::from("threads (name, state, wchan):\n");
+    if let Ok(tasks) = std::fs::read_dir(format!("/proc/{pid}/task")) {
+        for t in tasks.flatten() {
+            let p = t.path();
+            let read = |f: &str| {
+                std::fs::read_to_string(p.join(f))
+                    .unwrap_or_default()
+                    .trim()
+                    .to_owned()
+            };
+            let stat = read("stat");
+            let state = stat
+                .rsplit_once(") ")
+                .and_then(|(_, r)| r.split(' ').next())
+                .unwrap_or("?")
+                .to_owned();
+            out += &format!(
+                "  {} {} {} {}\n",
+                t.file_name().to_string_lossy(),
+                read("comm"),
+                state,
+                read("wchan")
+            );
+        }
+    }
+    let gdb = Command::new("timeout")
+        .args(["30", "gdb", "-p", &pid.to_string(), "-batch", "-nx"])
+        .args(["-ex", "set pagination off", "-ex", "thread apply all bt 30"])
+        .stdin(Stdio::null())
+        .output();
+    match gdb {
+        Ok(o) => out += &String::from_utf8_lossy(&o.stdout),
+        Err(e) => out += &format!("gdb: {e}\n"),
+    }
+    out
 }
 
 /// The JSON a successful run printed.

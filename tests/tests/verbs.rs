@@ -348,7 +348,15 @@ fn pingpong_on(
     let client = start(&pair.b, Some(&pair.a));
     let limit = std::time::Duration::from_secs(60);
     let c = roce_tests::child::finish_within(client, limit, &format!("{prog} client"));
-    let s = roce_tests::child::finish_within(server, limit, &format!("{prog} server"));
+    let s = roce_tests::child::finish_within(
+        server,
+        limit,
+        &format!(
+            "{prog} server (its client exited with {}, printing:\n{})",
+            c.status,
+            text(&c)
+        ),
+    );
     let (c, s) = (
         (c.status.success(), text(&c)),
         (s.status.success(), text(&s)),

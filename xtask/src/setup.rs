@@ -29,6 +29,7 @@ const APT_PACKAGES: &[&str] = &[
     "rdmacm-utils",
     "binutils", // objdump and readelf check the library's symbol versions
     "gcc",      // builds tests/c/*.c, C programs that use the library through its ABI
+    "gdb",      // the stacks of a test's child that outlived its time limit (tests/src/child.rs)
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const CARGO_FUZZ_VERSION: &str = "0.13.2";
