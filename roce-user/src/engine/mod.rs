@@ -322,9 +322,15 @@ impl<H: Handler> Engine<H> {
         })
     }
 
-    /// Flushes the backlog and reaps completions until nothing is in flight for transmit or
-    /// the drain timeout passes. Received frames are still recycled meanwhile, not handled.
+    /// Takes the handler's last transmits, then flushes the backlog and reaps completions
+    /// until nothing is in flight for transmit or the drain timeout passes. Received frames are still recycled meanwhile, not handled.
     fn drain(&mut self) -> Result<(), XskError> {
+        // What the handler still has to send (the ACKs a QP destroyed just before the stop
+        // owes its peer) goes into the ring first.
+        let now = self.clock.now();
+        let h = &mut self.handler;
+        self.queue
+            .with_tx_sink_limit(self.cfg.tx_per_turn as usize, |tx| h.poll_transmit(now, tx));
         let deadline = self.clock.now().saturating_add(self.cfg.drain_timeout);
         while !self.queue.tx_idle() && self.clock.now() < deadline {
             self.queue.reap_completions();

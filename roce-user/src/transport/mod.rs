@@ -470,6 +470,9 @@ pub struct Device {
     cqs: CqTable,
     srqs: SrqTable,
     qps: BTreeMap<u32, Qp>,
+    /// Destroyed QPs that still owe the peer ACKs or NAKs ([`Device::destroy_qp`]), sent
+    /// before anything else by [`Device::poll_transmit`] and then dropped.
+    closing: Vec<Qp>,
     next_qpn: u32,
     events: VecDeque<Event>,
     counters: DeviceCounters,
@@ -488,6 +491,7 @@ impl Device {
             cqs: CqTable::default(),
             srqs: SrqTable::default(),
             qps: BTreeMap::new(),
+            closing: Vec::new(),
             next_qpn: config.first_qpn.max(2),
             events: VecDeque::new(),
             counters: DeviceCounters::default(),
@@ -749,7 +753,17 @@ impl Device {
             .ok_or(DeviceError::NoSuchQp(qpn))?;
         self.sched.forget(&qp);
         self.mrs.qp_destroyed(qpn);
+        if let Some(owing) = qp.into_closing() {
+            self.closing.push(owing);
+        }
         Ok(())
+    }
+
+    /// Whether destroyed QPs still owe the peer ACKs or NAKs: the engine must run
+    /// [`Device::poll_transmit`] once more (after a `destroy_qp`, and before it stops).
+    #[must_use]
+    pub fn owes_transmit(&self) -> bool {
+        !self.closing.is_empty()
     }
 
     /// A QP, to query its state, attributes and counters.
@@ -977,6 +991,7 @@ impl Device {
     fn transmit_next(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
         let Self {
             qps,
+            closing,
             mrs,
             cqs,
             srqs,
@@ -994,6 +1009,15 @@ impl Device {
             max_events: config.max_events,
             counters,
         };
+        // What destroyed QPs owe goes first; a QP that has sent it is dropped.
+        while let Some(qp) = closing.last_mut() {
+            if max_frame_len(qp.attr.path_mtu) <= buf.len()
+                && let Some(size) = Self::transmit_qp(qp, now, &mut ctx, buf, false)
+            {
+                return Some(Transmit { size, qpn: qp.qpn });
+            }
+            closing.pop();
+        }
         while let Some(k) = sched.pop_ready() {
             let Some(qp) = qps.get_mut(&k) else {
                 continue; // destroyed since it was queued

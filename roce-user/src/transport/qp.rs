@@ -667,6 +667,24 @@ impl Qp {
         }
     }
 
+    /// A QP being destroyed, kept only to send the ACKs and NAKs its responder still owes the
+    /// peer (`Some`), or `None` when it owes nothing. Call from `Device::destroy_qp`.
+    ///
+    /// rxe sends the acknowledgement of a request in the same pass that completes it
+    /// (rxe_resp.c `send_ack` from the responder task), so a consumer that destroys its QP
+    /// right after the last receive completion has already acknowledged it; here the ACK
+    /// waits in `ctrl` for the next transmit, and a QP destroyed before that must still send
+    /// it. Otherwise the peer's last SEND is never acknowledged: it retries, and with
+    /// retry_cnt 7 (retry forever, as in rxe) it never completes.
+    pub(crate) fn into_closing(mut self) -> Option<Self> {
+        if self.ctrl.is_empty() {
+            return None;
+        }
+        // Error state: poll_transmit then gives the queued ACKs and NAKs and nothing else.
+        self.state = QpState::Err;
+        Some(self)
+    }
+
     // ---------------------------------------------------------------- output
 
     /// The next packet to send. With `data_ok` false (the congestion-control pacer holds the
