@@ -156,9 +156,10 @@ pub struct DeviceOptions {
     /// the queues themselves ([`Device::post_send`], [`Device::poll_cq`] and
     /// [`Device::wait_cq`] run an engine turn), so a message crosses no thread hand-off on
     /// either side. For latency-bound applications that keep calling `poll_cq` or `wait_cq`
-    /// (`roce pingpong` without `-e`, `roce perf --inline`). A helper thread runs a turn when
-    /// no application thread did for [`INLINE_IDLE_TURN`], so ACKs and retransmissions go on
-    /// while the application does other things, only later.
+    /// (`roce pingpong` without `-e`, `roce perf --inline`). A helper thread runs a turn when a
+    /// frame arrives that no application thread is polling for, and every
+    /// [`INLINE_IDLE_TURN`] for the timers, so ACKs, READ responses and retransmissions go on
+    /// while the application does other things.
     pub inline: bool,
     /// One transport per RX queue, QPs sharded by queue: each queue's engine thread owns its
     /// own transport and lock, so queues never wait for each other. Protection domains and
@@ -172,8 +173,47 @@ pub struct DeviceOptions {
 }
 
 /// How often the helper thread of an inline device ([`DeviceOptions::inline`]) drives the
-/// queues when no application thread has.
+/// queues (for the transport's timers) when no frame arrived and no application thread has.
 pub const INLINE_IDLE_TURN: Duration = Duration::from_millis(1);
+
+/// An application thread that turned an inline device's engines this recently is taken to be
+/// polling: the helper thread leaves a frame that just arrived to it.
+const INLINE_APP_POLLING: Duration = Duration::from_micros(50);
+
+/// The helper thread of an inline device, until `stop`: it sleeps on the queues' sockets and
+/// turns the engines when a frame arrives that no application thread is about to handle (none
+/// turned in the last [`INLINE_APP_POLLING`]), and every [`INLINE_IDLE_TURN`] otherwise. So
+/// the passive side of a WRITE or READ, whose program calls no verb while the data comes in,
+/// acknowledges and answers at once instead of once per idle turn.
+fn inline_helper(inline: &Inline, waiters: &[crate::xsk::RxWaiter], stop: &AtomicBool) {
+    let as_nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+    let (idle, polling) = (as_nanos(INLINE_IDLE_TURN), as_nanos(INLINE_APP_POLLING));
+    while !stop.load(Ordering::Relaxed) {
+        let arrived = match crate::xsk::RxWaiter::wait_any(waiters, INLINE_IDLE_TURN) {
+            Ok(a) => a,
+            Err(e) => {
+                log::debug!("inline helper: {e}");
+                std::thread::sleep(INLINE_IDLE_TURN);
+                false
+            }
+        };
+        let since = inline
+            .clock
+            .now()
+            .as_nanos()
+            .saturating_sub(inline.last_turn.load(Ordering::Relaxed));
+        if arrived && since < polling {
+            // An application thread is polling; give it the time to take the frame.
+            std::thread::sleep(Duration::from_nanos(polling - since));
+        } else if arrived || since >= idle {
+            let turned = inline.turn();
+            if arrived && !turned {
+                // An application thread is turning (or waiting on the sockets) right now.
+                std::thread::sleep(Duration::from_micros(20));
+            }
+        }
+    }
+}
 
 impl Default for DeviceOptions {
     fn default() -> Self {
@@ -363,19 +403,20 @@ impl Device {
                 clock: Clock::new(),
                 last_turn: AtomicU64::new(0),
             });
+            let waiters = {
+                let engines = inline
+                    .engines
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner);
+                engines
+                    .iter()
+                    .map(|e| e.queue().rx_waiter())
+                    .collect::<Result<Vec<_>, _>>()?
+            };
             let (i, st) = (Arc::clone(&inline), Arc::clone(&stop));
             let t = std::thread::Builder::new()
                 .name("roce-inline".into())
-                .spawn(move || {
-                    let idle = u64::try_from(INLINE_IDLE_TURN.as_nanos()).unwrap_or(u64::MAX);
-                    while !st.load(Ordering::Relaxed) {
-                        std::thread::sleep(INLINE_IDLE_TURN);
-                        let last = i.last_turn.load(Ordering::Relaxed);
-                        if i.clock.now().as_nanos().saturating_sub(last) >= idle {
-                            i.turn();
-                        }
-                    }
-                })
+                .spawn(move || inline_helper(&i, &waiters, &st))
                 .map_err(os("starting the inline helper thread"))?;
             (Vec::new(), Some(inline), Some(t))
         } else {
@@ -831,7 +872,12 @@ impl Device {
                 let _ = self.publisher.publish_qp(q);
             }
             dev.destroy_qp(qpn)?;
+            if dev.owes_transmit() {
+                // The ACKs it owes go now (an engine thread) or at the turn below (inline).
+                self.by_qpn(qpn).kick();
+            }
         }
+        self.drive();
         let _ = self
             .pins
             .qps()

@@ -965,6 +965,48 @@ fn ppoll(pfds: &mut [libc::pollfd], timeout: Option<Duration>) -> Result<bool, X
     Ok(rc > 0)
 }
 
+/// A second descriptor of a queue's socket, for a thread that does not hold the queue and
+/// only needs to know when a frame has arrived (the helper thread of an inline device, which
+/// turns the engines only when the application's own threads are not doing so). Get one with
+/// [`XskQueue::rx_waiter`]; it keeps the socket open, not the queue's rings.
+#[derive(Debug)]
+pub struct RxWaiter(std::os::fd::OwnedFd);
+
+impl XskQueue {
+    /// A descriptor of this queue's socket to wait on with [`RxWaiter::wait_any`] from another
+    /// thread while this queue is in use (a `dup` of the socket).
+    ///
+    /// # Errors
+    /// When the descriptor cannot be duplicated (`EMFILE`).
+    pub fn rx_waiter(&self) -> Result<RxWaiter, XskError> {
+        // SAFETY: the socket's descriptor stays open for as long as `self`, and it is borrowed
+        // only for the duration of the dup below.
+        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(self.as_raw_fd()) };
+        fd.try_clone_to_owned()
+            .map(RxWaiter)
+            .map_err(XskError::Poll)
+    }
+}
+
+impl RxWaiter {
+    /// Waits until one of the sockets has a received frame on its RX ring or `timeout`
+    /// passes; returns whether one has (`false` on a timeout or a signal).
+    ///
+    /// # Errors
+    /// When `ppoll` fails for another reason than a signal.
+    pub fn wait_any(waiters: &[Self], timeout: Duration) -> Result<bool, XskError> {
+        let mut pfds: Vec<libc::pollfd> = waiters
+            .iter()
+            .map(|w| libc::pollfd {
+                fd: std::os::fd::AsRawFd::as_raw_fd(&w.0),
+                events: libc::POLLIN,
+                revents: 0,
+            })
+            .collect();
+        ppoll(&mut pfds, Some(timeout))
+    }
+}
+
 impl AsRawFd for XskQueue {
     /// The socket's descriptor, for `ROCE_XSKS`. Do not close it.
     fn as_raw_fd(&self) -> RawFd {
