@@ -142,8 +142,8 @@ fn run(pair: &VethPair, case: &Case, port: u16) -> Vec<Row> {
         roce_tests::child::spawn(&end.netns, &args)
     };
     let server = start(&pair.a, None);
-    // perftest's client gives up at once if nobody listens: give the server time to bind.
-    std::thread::sleep(Duration::from_millis(700));
+    // perftest's client gives up at once if nobody listens: wait for the server's socket.
+    roce_tests::rxe::wait_host_listen(&pair.a.netns, port, Duration::from_secs(30));
     let client = start(&pair.b, Some(&pair.a));
     let name = case.name();
     let c = roce_tests::child::finish_within(client, RUN_LIMIT, &format!("{name} client"));

@@ -344,7 +344,9 @@ fn pingpong_on(
         roce_tests::child::spawn(&end.netns, &args)
     };
     let server = start(&pair.a, None);
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    // The client gives up at once if nobody listens yet (a loaded machine can take seconds
+    // to start the server): wait for the server's socket, never a probe connection.
+    roce_tests::rxe::wait_host_listen(&pair.a.netns, port, std::time::Duration::from_secs(30));
     let client = start(&pair.b, Some(&pair.a));
     let limit = std::time::Duration::from_secs(60);
     let c = roce_tests::child::finish_within(client, limit, &format!("{prog} client"));
@@ -715,7 +717,7 @@ fn programs_started_with_ip_netns_exec_attach_and_release() {
     let pair = veth_pair("vb4", 173);
     let (a, b) = (&pair.a, &pair.b);
     let server = ip_netns_server(a, 18650, 100);
-    std::thread::sleep(std::time::Duration::from_millis(500));
+    roce_tests::rxe::wait_host_listen(&a.netns, 18650, std::time::Duration::from_secs(30));
     ip_netns_client_against(b, a, server, 18650, 100);
     assert_clean(&[a, b]);
 
@@ -813,6 +815,7 @@ fn a_second_program_on_a_taken_queue_is_told_why_and_the_first_goes_on() {
         )) && out.contains("one program per interface queue"),
         "{out}"
     );
+    roce_tests::rxe::wait_host_listen(&a.netns, 18653, std::time::Duration::from_secs(30));
     ip_netns_client_against(b, a, server, 18653, 50);
     assert_clean(&[a, b]);
 }
@@ -835,6 +838,11 @@ fn run_cases(
     let (da, db) = (format!("roce_{}", a.ifname), format!("roce_{}", b.ifname));
     let (port, ip) = (port.to_string(), a.ipv4.to_string());
     let server = ip_netns_exec_spawn(a, &[&exe, &da, &ga, &port]);
+    roce_tests::rxe::wait_host_listen(
+        &a.netns,
+        port.parse().unwrap(),
+        std::time::Duration::from_secs(30),
+    );
     let client = ip_netns_exec_spawn(b, &[&exe, &db, &gb, &port, &ip]);
     let limit = std::time::Duration::from_secs(60);
     let c = roce_tests::child::finish_within(client, limit, "client");
@@ -944,7 +952,7 @@ fn async_events_srq_limit_and_qp_fatal_through_the_abi() {
         roce_tests::child::spawn(&end.netns, &args)
     };
     let server = start(&pair.a, None);
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    roce_tests::rxe::wait_host_listen(&pair.a.netns, 18800, std::time::Duration::from_secs(30));
     let client = start(&pair.b, Some(&pair.a));
     let limit = std::time::Duration::from_secs(60);
     let c = roce_tests::child::finish_within(client, limit, "async_events client");
