@@ -35,28 +35,22 @@ impl Device {
         }
     }
 
-    /// [`Device::wait_cq`] of an inline device: turns, and waits on the sockets in between.
+    /// [`Device::wait_cq`] of an inline device: turns, then waits on the condition variable
+    /// that turns notify (the helper thread's, on a frame's arrival; another thread's verb
+    /// call), at most [`INLINE_IDLE_TURN`] at a time.
     fn wait_cq_inline(sh: &Shared, inline: &Inline, cq: CqId, deadline: StdInstant) -> Option<Wc> {
         loop {
             inline.turn();
-            let next = {
-                let mut dev = sh.lock();
-                if let Some(wc) = dev.poll_cq(cq) {
-                    return Some(wc);
-                }
-                dev.poll_timeout()
-            };
+            let mut dev = sh.lock();
+            if let Some(wc) = dev.poll_cq(cq) {
+                return Some(wc);
+            }
             let left = deadline.checked_duration_since(StdInstant::now())?;
-            // Until a frame arrives, another thread posts (the eventfd), the next transport
-            // timer, or 1 ms (completions another thread's turn produced).
-            let mut wait = left.min(INLINE_IDLE_TURN);
-            if let Some(t) = next {
-                let now = inline.clock.now().as_nanos();
-                wait = wait.min(Duration::from_nanos(t.as_nanos().saturating_sub(now)));
-            }
-            if !wait.is_zero() {
-                inline.wait(wait, &sh.wake);
-            }
+            drop(
+                sh.progress
+                    .wait_timeout(dev, left.min(INLINE_IDLE_TURN))
+                    .unwrap_or_else(std::sync::PoisonError::into_inner),
+            );
         }
     }
 

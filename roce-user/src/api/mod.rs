@@ -177,40 +177,62 @@ pub struct DeviceOptions {
 pub const INLINE_IDLE_TURN: Duration = Duration::from_millis(1);
 
 /// An application thread that turned an inline device's engines this recently is taken to be
-/// polling: the helper thread leaves a frame that just arrived to it.
-const INLINE_APP_POLLING: Duration = Duration::from_micros(50);
+/// polling (a busy `ibv_poll_cq` loop turns every microsecond or so): the helper thread leaves
+/// a frame that just arrived to it.
+const INLINE_APP_POLLING: Duration = Duration::from_micros(10);
 
-/// The helper thread of an inline device, until `stop`: it sleeps on the queues' sockets and
-/// turns the engines when a frame arrives that no application thread is about to handle (none
-/// turned in the last [`INLINE_APP_POLLING`]), and every [`INLINE_IDLE_TURN`] otherwise. So
-/// the passive side of a WRITE or READ, whose program calls no verb while the data comes in,
-/// acknowledges and answers at once instead of once per idle turn.
-fn inline_helper(inline: &Inline, waiters: &[crate::xsk::RxWaiter], stop: &AtomicBool) {
+/// The helper thread of an inline device, until `stop`: the only thread that sleeps on the
+/// queues' sockets. It turns the engines when a frame arrives that no application thread is
+/// about to handle (none turned in the last [`INLINE_APP_POLLING`]), when a verb call could
+/// not turn because another thread was (its kick, on a shard's eventfd), and every
+/// [`INLINE_IDLE_TURN`] for the timers. So the passive side of a WRITE or READ, whose program
+/// calls no verb while the data comes in (or spins on its buffer, as `ib_write_lat` does),
+/// acknowledges and answers at once; and threads blocked in `wait_cq`/`wait_event` wait on
+/// the condition variables its turns notify.
+fn inline_helper(
+    inline: &Inline,
+    shards: &[Arc<Shared>],
+    waiters: &[crate::xsk::RxWaiter],
+    stop: &AtomicBool,
+) {
+    use std::os::fd::AsFd as _;
     let as_nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
     let (idle, polling) = (as_nanos(INLINE_IDLE_TURN), as_nanos(INLINE_APP_POLLING));
+    let wakes: Vec<_> = shards.iter().map(|s| s.wake.as_fd()).collect();
     while !stop.load(Ordering::Relaxed) {
-        let arrived = match crate::xsk::RxWaiter::wait_any(waiters, INLINE_IDLE_TURN) {
-            Ok(a) => a,
-            Err(e) => {
-                log::debug!("inline helper: {e}");
-                std::thread::sleep(INLINE_IDLE_TURN);
-                false
+        let (arrived, kicked) =
+            match crate::xsk::RxWaiter::wait_any(waiters, &wakes, INLINE_IDLE_TURN) {
+                Ok(w) => w,
+                Err(e) => {
+                    log::debug!("inline helper: {e}");
+                    std::thread::sleep(INLINE_IDLE_TURN);
+                    (false, false)
+                }
+            };
+        if kicked {
+            for sh in shards {
+                // Cleared before the turn, which then sees everything posted before the kick.
+                let _ = sh.wake.read();
             }
-        };
-        let since = inline
-            .clock
-            .now()
-            .as_nanos()
-            .saturating_sub(inline.last_turn.load(Ordering::Relaxed));
-        if arrived && since < polling {
-            // An application thread is polling; give it the time to take the frame.
-            std::thread::sleep(Duration::from_nanos(polling - since));
-        } else if arrived || since >= idle {
-            let turned = inline.turn();
-            if arrived && !turned {
-                // An application thread is turning (or waiting on the sockets) right now.
-                std::thread::sleep(Duration::from_micros(20));
+            // A verb call found the engines busy: make sure a turn follows its post.
+            while !inline.helper_turn() && !stop.load(Ordering::Relaxed) {
+                std::thread::sleep(Duration::from_micros(10));
             }
+            continue;
+        }
+        let now = inline.clock.now().as_nanos();
+        let since = |t: &AtomicU64| now.saturating_sub(t.load(Ordering::Relaxed));
+        if arrived {
+            let app = since(&inline.last_app_turn);
+            if app < polling {
+                // An application thread is polling; give it the time to take the frame.
+                std::thread::sleep(Duration::from_nanos(polling - app));
+            } else if !inline.helper_turn() {
+                // An application thread is turning right now.
+                std::thread::sleep(Duration::from_micros(10));
+            }
+        } else if since(&inline.last_turn) >= idle {
+            inline.helper_turn();
         }
     }
 }
@@ -402,6 +424,7 @@ impl Device {
                 ),
                 clock: Clock::new(),
                 last_turn: AtomicU64::new(0),
+                last_app_turn: AtomicU64::new(0),
             });
             let waiters = {
                 let engines = inline
@@ -413,10 +436,10 @@ impl Device {
                     .map(|e| e.queue().rx_waiter())
                     .collect::<Result<Vec<_>, _>>()?
             };
-            let (i, st) = (Arc::clone(&inline), Arc::clone(&stop));
+            let (i, st, sh) = (Arc::clone(&inline), Arc::clone(&stop), Arc::clone(&shards));
             let t = std::thread::Builder::new()
                 .name("roce-inline".into())
-                .spawn(move || inline_helper(&i, &waiters, &st))
+                .spawn(move || inline_helper(&i, &sh, &waiters, &st))
                 .map_err(os("starting the inline helper thread"))?;
             (Vec::new(), Some(inline), Some(t))
         } else {
@@ -872,12 +895,14 @@ impl Device {
                 let _ = self.publisher.publish_qp(q);
             }
             dev.destroy_qp(qpn)?;
-            if dev.owes_transmit() {
-                // The ACKs it owes go now (an engine thread) or at the turn below (inline).
+            if dev.owes_transmit() && self.inline.is_none() {
+                // The ACKs it owes go at once.
                 self.by_qpn(qpn).kick();
             }
         }
-        self.drive();
+        if self.inline.is_some() {
+            self.drive_or_kick(self.by_qpn(qpn));
+        }
         let _ = self
             .pins
             .qps()
@@ -997,8 +1022,7 @@ impl Device {
     pub fn post_send(&self, qpn: Qpn, wr: SendWr<Path>) -> Result<(), ApiError> {
         let sh = self.by_qpn(qpn);
         sh.lock().post_send(qpn, wr)?;
-        sh.kick();
-        self.drive();
+        self.drive_or_kick(sh);
         Ok(())
     }
 
@@ -1010,8 +1034,7 @@ impl Device {
     pub fn post_send_all(&self, qpn: Qpn, wrs: Vec<SendWr<Path>>) -> Result<(), ApiError> {
         let sh = self.by_qpn(qpn);
         sh.lock().post_send_all(qpn, wrs).map_err(|(_, e)| e)?;
-        sh.kick();
-        self.drive();
+        self.drive_or_kick(sh);
         Ok(())
     }
 
@@ -1022,8 +1045,7 @@ impl Device {
     pub fn post_recv(&self, qpn: Qpn, wr: RecvWr) -> Result<(), ApiError> {
         let sh = self.by_qpn(qpn);
         sh.lock().post_recv(qpn, wr)?;
-        sh.kick();
-        self.drive();
+        self.drive_or_kick(sh);
         Ok(())
     }
 
@@ -1098,25 +1120,17 @@ impl Device {
             }
             let left = deadline.checked_duration_since(std::time::Instant::now())?;
             let step = left.min(Duration::from_millis(10));
-            if let Some(inline) = &self.inline {
-                // As `wait_cq` on an inline device: until a frame arrives, another thread
-                // posts (the eventfd), the next transport timer, or 1 ms (events another
-                // thread's turn produced).
-                let mut wait = step.min(INLINE_IDLE_TURN);
-                if let Some(t) = dev.poll_timeout() {
-                    let now = inline.clock.now().as_nanos();
-                    wait = wait.min(Duration::from_nanos(t.as_nanos().saturating_sub(now)));
-                }
-                drop(dev);
-                if !wait.is_zero() {
-                    inline.wait(wait, &sh.wake);
-                }
+            // On an inline device the helper thread's turns (and other threads' verb
+            // calls) notify; the wait is capped at its idle turn so timers' events come too.
+            let step = if self.inline.is_some() {
+                step.min(INLINE_IDLE_TURN)
             } else {
-                let _ = sh
-                    .events
-                    .wait_timeout(dev, step)
-                    .unwrap_or_else(std::sync::PoisonError::into_inner);
-            }
+                step
+            };
+            let _ = sh
+                .events
+                .wait_timeout(dev, step)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
         }
     }
 
@@ -1138,9 +1152,17 @@ impl Device {
     }
 
     /// Runs an engine turn on an inline device ([`DeviceOptions::inline`]); nothing otherwise.
-    fn drive(&self) {
-        if let Some(inline) = &self.inline {
-            inline.turn();
+    /// Returns whether it ran one.
+    fn drive(&self) -> bool {
+        self.inline.as_ref().is_some_and(|i| i.turn())
+    }
+
+    /// After a post to `sh`'s transport: sends it now with an engine turn on an inline device,
+    /// else wakes the thread that will (the queue's engine thread, or an inline device's
+    /// helper when another thread is turning and may have passed its transmit already).
+    fn drive_or_kick(&self, sh: &Shared) {
+        if !self.drive() {
+            sh.kick();
         }
     }
 

@@ -89,8 +89,7 @@ impl Device {
         let (queue, raw) = self.split_srq(srq);
         let sh = self.shard(queue)?;
         sh.lock().post_srq_recv(raw, wr)?;
-        sh.kick();
-        self.drive();
+        self.drive_or_kick(sh);
         Ok(())
     }
 }

@@ -10,17 +10,13 @@ use std::{
         atomic::{AtomicU64, Ordering},
     },
     task::Waker,
-    time::Duration,
 };
 
 use crossbeam_queue::ArrayQueue;
 use nix::sys::eventfd::EventFd;
 
 use super::{Clock, Engine, Handler, Instant, RxFrameFn, RxVerdict, TxSink};
-use crate::{
-    transport,
-    xsk::{XskQueue, XskStats},
-};
+use crate::{transport, xsk::XskStats};
 
 /// What the engines and the application threads share.
 #[derive(Debug)]
@@ -142,12 +138,15 @@ impl Shared {
     }
 }
 
-/// The engines of an inline device and when one last ran.
+/// The engines of an inline device, when one last ran, and the sockets' second descriptors
+/// its helper thread sleeps on.
 pub(crate) struct Inline {
     pub(crate) engines: Mutex<Vec<Engine<TransportHandler>>>,
     pub(crate) clock: Clock,
-    /// [`Clock`] time of the last turn.
+    /// [`Clock`] time of the last turn, by any thread.
     pub(crate) last_turn: AtomicU64,
+    /// [`Clock`] time of the last turn by an application thread (a verb call).
+    pub(crate) last_app_turn: AtomicU64,
 }
 
 impl std::fmt::Debug for Inline {
@@ -157,9 +156,19 @@ impl std::fmt::Debug for Inline {
 }
 
 impl Inline {
-    /// One turn of every queue's engine, unless another thread is running them right now
-    /// (then that thread's turn serves this caller too). Returns whether it ran.
+    /// One turn of every queue's engine from an application thread (a verb call), unless
+    /// another thread is running them right now (then that thread's turn serves this caller
+    /// too, or the caller kicks the helper). Returns whether it ran.
     pub(crate) fn turn(&self) -> bool {
+        self.run(true)
+    }
+
+    /// [`Inline::turn`] from the device's helper thread.
+    pub(crate) fn helper_turn(&self) -> bool {
+        self.run(false)
+    }
+
+    fn run(&self, app: bool) -> bool {
         let Ok(mut engines) = self.engines.try_lock() else {
             return false;
         };
@@ -168,20 +177,10 @@ impl Inline {
             e.turn_and_report(now);
         }
         self.last_turn.store(now.as_nanos(), Ordering::Relaxed);
+        if app {
+            self.last_app_turn.store(now.as_nanos(), Ordering::Relaxed);
+        }
         true
-    }
-
-    /// Waits up to `timeout` for a frame on any queue (or transmit room); called with no
-    /// engine running so that the caller's next turn handles it.
-    pub(crate) fn wait(&self, timeout: Duration, wake: &EventFd) {
-        let Ok(engines) = self.engines.lock() else {
-            return;
-        };
-        let queues: Vec<&XskQueue> = engines.iter().map(Engine::queue).collect();
-        let _ = XskQueue::wait_any(&queues, Some(timeout), Some(wake.as_fd()));
-        // Cleared after the wait, as Handler::on_woken does: the caller's next turn sees what
-        // was posted before the signal.
-        let _ = wake.read();
     }
 }
 

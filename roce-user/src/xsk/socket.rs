@@ -989,21 +989,33 @@ impl XskQueue {
 }
 
 impl RxWaiter {
-    /// Waits until one of the sockets has a received frame on its RX ring or `timeout`
-    /// passes; returns whether one has (`false` on a timeout or a signal).
+    /// Waits until one of the sockets has a received frame on its RX ring, one of `wakes`
+    /// (eventfds) is readable, or `timeout` passes. Returns whether a frame arrived and
+    /// whether a wake fd fired (both `false` on a timeout or a signal).
     ///
     /// # Errors
     /// When `ppoll` fails for another reason than a signal.
-    pub fn wait_any(waiters: &[Self], timeout: Duration) -> Result<bool, XskError> {
+    pub fn wait_any(
+        waiters: &[Self],
+        wakes: &[std::os::fd::BorrowedFd<'_>],
+        timeout: Duration,
+    ) -> Result<(bool, bool), XskError> {
+        let fd = |fd: RawFd| libc::pollfd {
+            fd,
+            events: libc::POLLIN,
+            revents: 0,
+        };
         let mut pfds: Vec<libc::pollfd> = waiters
             .iter()
-            .map(|w| libc::pollfd {
-                fd: std::os::fd::AsRawFd::as_raw_fd(&w.0),
-                events: libc::POLLIN,
-                revents: 0,
-            })
+            .map(|w| fd(std::os::fd::AsRawFd::as_raw_fd(&w.0)))
+            .chain(wakes.iter().map(|w| fd(w.as_raw_fd())))
             .collect();
-        ppoll(&mut pfds, Some(timeout))
+        if !ppoll(&mut pfds, Some(timeout))? {
+            return Ok((false, false));
+        }
+        let (socks, wakes) = pfds.split_at(waiters.len());
+        let fired = |p: &[libc::pollfd]| p.iter().any(|p| p.revents != 0);
+        Ok((fired(socks), fired(wakes)))
     }
 }
 
