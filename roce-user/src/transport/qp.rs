@@ -36,7 +36,9 @@ pub use requester::{packets_for, position_of};
 pub const MAX_UNACKED_PSNS: u32 = 128;
 /// rxe `RXE_MAX_PKT_PER_ACK`: AckReq is set at least every this many packets.
 pub const MAX_PKT_PER_ACK: u32 = 64;
-/// Control responses (ACK/NAK) a responder queues before coalescing or dropping.
+/// Control responses (ACK/NAK) a responder queues until the device transmits them. A full
+/// queue merges a new answer with the newest queued one (a newer ACK or a NAK implies the
+/// ACKs before it), so it never drops a NAK (see `Qp::queue_ctrl` in qp/responder.rs).
 pub const MAX_PENDING_ACKS: usize = 16;
 /// The most the local ACK timeout is doubled after consecutive timeouts (×16).
 ///
@@ -279,8 +281,8 @@ impl<'a> TxBuf<'a> {
 /// queues are bounded: at most `max_send_wr` send WQEs and `max_recv_wr` receive WQEs (both
 /// posted by the local application, never by a peer), at most `max_dest_rd_atomic` responder
 /// resources (a ring: one more evicts the oldest, as in rxe) and at most
-/// [`MAX_PENDING_ACKS`] control responses (newer ACKs replace older ones, NAKs beyond are
-/// counted in `ack_queue_full`). With the defaults (256 + 256 WRs of 4 SGEs, 16 resources) a
+/// [`MAX_PENDING_ACKS`] control responses (beyond that a newer ACK or a NAK takes the place
+/// of the newest queued answer it implies, counted in `ack_deferred`). With the defaults (256 + 256 WRs of 4 SGEs, 16 resources) a
 /// QP holds at most 256 × 272 + 256 × 96 + 16 × 64 + 16 × 12 + 888 ≈ 94 KiB; nothing a peer
 /// sends can grow it.
 #[derive(Debug)]
