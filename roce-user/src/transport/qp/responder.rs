@@ -721,6 +721,15 @@ impl Qp {
     /// NAK for a PSN before the newest queued answer, is counted in `ack_queue_full` and
     /// returns false; the responder never produces it (a READ response that fails sends its
     /// NAK directly, see [`Self::next_response`]).
+    ///
+    /// The responder's other answers have no queue that could drop them: READ responses and
+    /// atomic ACKs are built from the responder resources when the device transmits (a ring of
+    /// `max_dest_rd_atomic`; a duplicate request replays from it, and a new one
+    /// past the ring evicts the oldest as rxe does, counted in `rd_atomic_evicted`); a CNP is a
+    /// count of CNPs due on one template (transport/cc.rs), never a queued packet; and the
+    /// engine asks the device for a frame only when the AF_XDP transmit ring has room for it
+    /// (xsk/socket.rs `TxSink::send` runs the writer only then), so a built answer is not
+    /// lost for want of a slot.
     pub(super) fn queue_ctrl(&mut self, syndrome: AethSyndrome, psn: Psn) -> bool {
         let c = Ctrl {
             syndrome,
