@@ -452,6 +452,18 @@ impl Qp {
         self.ctrl.len()
     }
 
+    /// The PSN of the next response packet the responder owes (the oldest pending READ or
+    /// atomic resource), if any: what [`Self::next_response`] would send.
+    fn first_pending_response(&self) -> Option<Psn> {
+        self.resources
+            .iter()
+            .find(|r| r.pending())
+            .map(|r| match r {
+                Resource::Read { cur_psn, .. } => *cur_psn,
+                Resource::Atomic { psn, .. } => *psn,
+            })
+    }
+
     fn mtu(&self) -> Mtu {
         self.attr.path_mtu
     }
@@ -672,7 +684,8 @@ impl Qp {
     // ---------------------------------------------------------------- output
 
     /// The next packet to send. With `data_ok` false (the congestion-control pacer holds the
-    /// QP back) only control packets (ACK/NAK) are returned; with `fresh_ok` false (the
+    /// QP back) only control packets (ACK/NAK) are returned, and not one for a PSN after a
+    /// READ response or atomic ACK still owed (answers leave in PSN order); with `fresh_ok` false (the
     /// device's in-flight budget is used up) no first packet of a new message, though started
     /// messages, retransmissions and responses still go.
     pub(crate) fn poll_transmit(
@@ -683,7 +696,25 @@ impl Qp {
         data_ok: bool,
         fresh_ok: bool,
     ) -> Option<OutPkt> {
-        if let Some(c) = self.ctrl.pop_front() {
+        if let Some(c) = self.ctrl.front().copied() {
+            // Answers leave in PSN order, as rxe's responder sends a READ's responses (and an
+            // atomic's ACK) before it acknowledges the requests behind it. An ACK that overtook
+            // them would make the requester take the READ as unanswered (an implied NAK,
+            // rxe_comp.c) and retry it against retry_cnt. So a pending response for an earlier
+            // PSN goes first, and the answer waits with it while the pacer holds data.
+            if self.state.responder_ready()
+                && self
+                    .first_pending_response()
+                    .is_some_and(|r| r.distance(c.psn) < 0)
+            {
+                if !data_ok {
+                    return None;
+                }
+                if let Some(p) = self.next_response(ctx, tx) {
+                    return Some(p);
+                }
+            }
+            self.ctrl.pop_front();
             return Some(self.ctrl_pkt(c));
         }
         if !data_ok {

@@ -288,3 +288,60 @@ fn sim_send_burst_past_the_posted_receives_gets_the_rnr_nak_and_loses_nothing() 
     );
     assert_eq!(p.stats.lost, 0);
 }
+
+#[test]
+fn sim_a_send_behind_a_read_costs_no_retry() {
+    // The ACK of the SEND must not overtake the READ's response: the requester would take it
+    // as an implied NAK and retry the READ against retry_cnt (here 0: the READ would fail).
+    let mut p = Pair::new(2, DeviceConfig::default(), Link::default());
+    let cfg = RcConfig {
+        retry_cnt: 0,
+        ..RcConfig::default()
+    };
+    let (a, b) = connect_rc(&mut p, &cfg);
+    let ma =
+        p.a.reg_mr(a.pd, vec![1; 8192], 0x1000, Access::LOCAL_WRITE)
+            .unwrap();
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 3) as u8).collect();
+    let mb =
+        p.b.reg_mr(b.pd, data.clone(), 0x1000, Access::all())
+            .unwrap();
+    let sg = |off: u64, len: u32| {
+        vec![Sge {
+            addr: 0x1000 + off,
+            length: len,
+            lkey: ma.lkey,
+        }]
+    };
+    p.b.post_recv(
+        b.qpn,
+        RecvWr {
+            wr_id: 7,
+            sg_list: vec![Sge {
+                addr: 0x1000,
+                length: 64,
+                lkey: mb.lkey,
+            }],
+        },
+    )
+    .unwrap();
+    p.a.post_send(
+        a.qpn,
+        SendWr::new(1, read(0x1000 + 64, mb.rkey), sg(0, 3000)),
+    )
+    .unwrap();
+    p.a.post_send(a.qpn, SendWr::send(2, sg(4096, 64))).unwrap();
+    assert!(p.drive(10_000));
+    let got: Vec<_> = core::iter::from_fn(|| p.a.poll_cq(a.cq))
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(got, [(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(&p.a.mrs().bytes(ma.lkey).unwrap()[..3000], &data[64..3064]);
+    let ca = *p.a.qp(a.qpn).unwrap().counters();
+    assert_eq!(
+        (ca.implied_nak_seq_err, ca.completer_retry_err),
+        (0, 0),
+        "{ca:?}"
+    );
+    assert_eq!(p.b.qp(b.qpn).unwrap().counters().duplicate_request, 0);
+}

@@ -751,3 +751,37 @@ fn resp_full_control_queue_keeps_a_class_c_nak() {
     assert_eq!(h.state(), QpState::Err);
     assert_eq!(h.c().ack_queue_full, 0);
 }
+
+#[test]
+fn resp_answers_leave_in_psn_order_read_responses_before_the_ack_behind_them() {
+    // rxe sends a READ's responses (and an atomic's ACK) before it acknowledges the next
+    // request; an ACK that overtook them would be an implied NAK for the READ at the requester.
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    h.recv(1, 0x100, 64);
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 2048),
+        &[],
+    );
+    h.rx(
+        with_atomic(hdr(Opcode::RC_FETCH_ADD, RQ_PSN + 2), BASE + 8, rkey, 1, 0),
+        &[],
+    );
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 3), &[1; 8]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 4), &[1; 8]);
+    let out: Vec<_> = h
+        .tx()
+        .iter()
+        .map(|(h, _)| (h.bth.opcode, h.bth.psn.value()))
+        .collect();
+    assert_eq!(
+        out,
+        [
+            (Opcode::RC_RDMA_READ_RESPONSE_FIRST, RQ_PSN),
+            (Opcode::RC_RDMA_READ_RESPONSE_LAST, RQ_PSN + 1),
+            (Opcode::RC_ATOMIC_ACKNOWLEDGE, RQ_PSN + 2),
+            (Opcode::RC_ACKNOWLEDGE, RQ_PSN + 3),
+            (Opcode::RC_ACKNOWLEDGE, RQ_PSN + 4),
+        ]
+    );
+}
