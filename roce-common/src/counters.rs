@@ -196,7 +196,7 @@ counter_struct! {
         out_of_seq_request,
         /// mlx5: same event as out_of_seq_request.
         out_of_sequence,
-        /// rxe: ACKs not sent on their own because a newer cumulative ACK replaced them.
+        /// rxe: ACKs (or NAKs) not sent on their own because a newer answer that implies them took their place in the full control queue (a cumulative ACK, or a NAK, which acknowledges every request before its PSN).
         ack_deferred,
         /// rxe: RNR NAKs received by the requester.
         rcvd_rnr_err,
@@ -258,7 +258,7 @@ counter_struct! {
         rx_dropped,
         /// roce-xdp: completions lost because the CQ was full.
         cq_overflow,
-        /// roce-xdp: control responses (ACK/NAK) dropped because the bounded queue was full.
+        /// roce-xdp: control responses dropped because the bounded queue was full and they could not take the place of a queued one (a NAK for a PSN before the newest queued answer; the responder never makes one).
         ack_queue_full,
         /// roce-xdp: READ/atomic responder resources given up for a newer request while their responses were still going out (full ring; rxe overwrites too).
         rd_atomic_evicted,

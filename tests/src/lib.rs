@@ -325,6 +325,10 @@ for line in sys.stdin:
     if cmd == "S":
         s.send(bytes.fromhex(arg))
         print("ok", flush=True)
+    elif cmd == "B":
+        for h in arg.split():
+            s.send(bytes.fromhex(h))
+        print("ok", flush=True)
     elif cmd == "R":
         end = time.monotonic() + int(arg) / 1000.0
         out = []
@@ -410,6 +414,30 @@ impl RawPort {
             Ok(())
         } else {
             Err(std::io::Error::other(format!("send: {l:?}")))
+        }
+    }
+
+    /// Sends `frames` back to back, in order, in one tight loop of the helper (a burst: no
+    /// round trip to the test between two frames, unlike [`RawPort::send`]).
+    ///
+    /// # Errors
+    /// If the helper is gone or the kernel refused a frame.
+    pub fn send_burst(&mut self, frames: &[Vec<u8>]) -> std::io::Result<()> {
+        use std::{fmt::Write as _, io::Write};
+        let mut line = String::from("B");
+        for f in frames {
+            line.push(' ');
+            for b in f {
+                let _ = write!(line, "{b:02x}");
+            }
+        }
+        writeln!(self.stdin, "{line}")?;
+        self.stdin.flush()?;
+        let l = self.line()?;
+        if l.trim() == "ok" {
+            Ok(())
+        } else {
+            Err(std::io::Error::other(format!("send_burst: {l:?}")))
         }
     }
 

@@ -224,6 +224,13 @@ fn check(w: &mut World) {
     }
     let q = w.d.qp(w.qpn).unwrap();
     assert!(q.pending_acks() <= MAX_PENDING_ACKS);
+    // A full control queue merges answers; it drops one only for a NAK before the newest
+    // queued answer, which the responder never makes (issue 20: a NAK is never lost).
+    assert_eq!(
+        q.counters().ack_queue_full,
+        0,
+        "a control answer was dropped"
+    );
     assert!(q.responder_resources() <= 2);
     assert!(q.recv_queue_len() <= CAP.max_recv_wr as usize);
     assert!(q.send_queue_len() <= CAP.max_send_wr as usize);

@@ -1084,7 +1084,8 @@ impl Device {
         );
         let mut tx = TxBuf::new(buf, bth_off);
         loop {
-            // The DCQCN pacer holds data back; ACKs and NAKs always go.
+            // The DCQCN pacer holds data back; ACKs and NAKs go, unless a held READ response
+            // or atomic ACK for an earlier PSN must go before them (Qp::poll_transmit).
             let data_ok = qp.cc_data_ok(now, max_frame);
             let out = qp.poll_transmit(now, ctx, &mut tx, data_ok, fresh_ok)?;
             let Some(mut path) = out.ud_path.or(qp.attr.ah_attr) else {

@@ -36,7 +36,9 @@ pub use requester::{packets_for, position_of};
 pub const MAX_UNACKED_PSNS: u32 = 128;
 /// rxe `RXE_MAX_PKT_PER_ACK`: AckReq is set at least every this many packets.
 pub const MAX_PKT_PER_ACK: u32 = 64;
-/// Control responses (ACK/NAK) a responder queues before coalescing or dropping.
+/// Control responses (ACK/NAK) a responder queues until the device transmits them. A full
+/// queue merges a new answer with the newest queued one (a newer ACK or a NAK implies the
+/// ACKs before it), so it never drops a NAK (see `Qp::queue_ctrl` in qp/responder.rs).
 pub const MAX_PENDING_ACKS: usize = 16;
 /// The most the local ACK timeout is doubled after consecutive timeouts (×16).
 ///
@@ -279,8 +281,8 @@ impl<'a> TxBuf<'a> {
 /// queues are bounded: at most `max_send_wr` send WQEs and `max_recv_wr` receive WQEs (both
 /// posted by the local application, never by a peer), at most `max_dest_rd_atomic` responder
 /// resources (a ring: one more evicts the oldest, as in rxe) and at most
-/// [`MAX_PENDING_ACKS`] control responses (newer ACKs replace older ones, NAKs beyond are
-/// counted in `ack_queue_full`). With the defaults (256 + 256 WRs of 4 SGEs, 16 resources) a
+/// [`MAX_PENDING_ACKS`] control responses (beyond that a newer ACK or a NAK takes the place
+/// of the newest queued answer it implies, counted in `ack_deferred`). With the defaults (256 + 256 WRs of 4 SGEs, 16 resources) a
 /// QP holds at most 256 × 272 + 256 × 96 + 16 × 64 + 16 × 12 + 888 ≈ 94 KiB; nothing a peer
 /// sends can grow it.
 #[derive(Debug)]
@@ -448,6 +450,18 @@ impl Qp {
     #[must_use]
     pub fn pending_acks(&self) -> usize {
         self.ctrl.len()
+    }
+
+    /// The PSN of the next response packet the responder owes (the oldest pending READ or
+    /// atomic resource), if any: what [`Self::next_response`] would send.
+    fn first_pending_response(&self) -> Option<Psn> {
+        self.resources
+            .iter()
+            .find(|r| r.pending())
+            .map(|r| match r {
+                Resource::Read { cur_psn, .. } => *cur_psn,
+                Resource::Atomic { psn, .. } => *psn,
+            })
     }
 
     fn mtu(&self) -> Mtu {
@@ -688,7 +702,8 @@ impl Qp {
     // ---------------------------------------------------------------- output
 
     /// The next packet to send. With `data_ok` false (the congestion-control pacer holds the
-    /// QP back) only control packets (ACK/NAK) are returned; with `fresh_ok` false (the
+    /// QP back) only control packets (ACK/NAK) are returned, and not one for a PSN after a
+    /// READ response or atomic ACK still owed (answers leave in PSN order); with `fresh_ok` false (the
     /// device's in-flight budget is used up) no first packet of a new message, though started
     /// messages, retransmissions and responses still go.
     pub(crate) fn poll_transmit(
@@ -699,7 +714,25 @@ impl Qp {
         data_ok: bool,
         fresh_ok: bool,
     ) -> Option<OutPkt> {
-        if let Some(c) = self.ctrl.pop_front() {
+        if let Some(c) = self.ctrl.front().copied() {
+            // Answers leave in PSN order, as rxe's responder sends a READ's responses (and an
+            // atomic's ACK) before it acknowledges the requests behind it. An ACK that overtook
+            // them would make the requester take the READ as unanswered (an implied NAK,
+            // rxe_comp.c) and retry it against retry_cnt. So a pending response for an earlier
+            // PSN goes first, and the answer waits with it while the pacer holds data.
+            if self.state.responder_ready()
+                && self
+                    .first_pending_response()
+                    .is_some_and(|r| r.distance(c.psn) < 0)
+            {
+                if !data_ok {
+                    return None;
+                }
+                if let Some(p) = self.next_response(ctx, tx) {
+                    return Some(p);
+                }
+            }
+            self.ctrl.pop_front();
             return Some(self.ctrl_pkt(c));
         }
         if !data_ok {

@@ -39,8 +39,9 @@ impl Qp {
             self.counters.out_of_seq_request += 1;
             self.counters.out_of_sequence += 1;
             if !self.sent_psn_nak {
-                self.sent_psn_nak = true;
-                self.queue_ctrl(AethSyndrome::Nak(NakCode::PsnSequenceError), self.resp_psn);
+                // Recorded only if the NAK will go out (see `queue_ctrl`).
+                self.sent_psn_nak =
+                    self.queue_ctrl(AethSyndrome::Nak(NakCode::PsnSequenceError), self.resp_psn);
             }
             return;
         }
@@ -63,7 +64,10 @@ impl Qp {
                 }
                 self.counters.resp_cqe_error += u64::from(status.is_some());
                 self.counters.resp_invalid_request += u64::from(nak == NakCode::InvalidRequest);
-                self.queue_ctrl(AethSyndrome::Nak(nak), psn);
+                // Class C: the QP goes to ERR whether or not the NAK could be queued (it always
+                // can: its PSN is the expected one, at or after every queued answer). Without
+                // it the requester learns of the error by its retries running out.
+                let _ = self.queue_ctrl(AethSyndrome::Nak(nak), psn);
                 self.enter_error(ctx);
             }
         }
@@ -151,17 +155,21 @@ impl Qp {
             (Operation::Send, Position::First | Position::Only)
         ) || (info.operation == Operation::Write && info.immediate);
         if needs_rwqe && !self.fetch_rwqe(ctx) {
-            self.counters.send_rnr_err += 1;
+            // `out_of_buffer` counts the event (mlx5: receive queue empty), `send_rnr_err` the
+            // RNR NAKs that go out (rxe RXE_CNT_SND_RNR).
             self.counters.out_of_buffer += 1;
             // The RNR NAK stands for the gap it opens: the packets behind it are dropped
-            // without a PSN NAK until the retried request arrives (one NAK per gap).
-            self.sent_psn_nak = true;
-            self.queue_ctrl(
+            // without a PSN NAK until the retried request arrives (one NAK per gap). That is
+            // recorded only if the NAK will go out: if it could not be queued, the next packet
+            // of the gap NAKs the PSN again (as a PSN sequence error, which also makes the
+            // requester go back to it).
+            self.sent_psn_nak = self.queue_ctrl(
                 AethSyndrome::RnrNak {
                     timer: RnrTimer::new(self.attr.min_rnr_timer),
                 },
                 psn,
             );
+            self.counters.send_rnr_err += u64::from(self.sent_psn_nak);
             return Ok(());
         }
         let rd_atomic = matches!(
@@ -198,7 +206,8 @@ impl Qp {
         }
         self.resp_psn = psn.next();
         if bth.ack_req {
-            self.queue_ctrl(AethSyndrome::ACK_UNLIMITED, psn);
+            // Merged into the newest queued answer if the queue is full (`queue_ctrl`).
+            let _ = self.queue_ctrl(AethSyndrome::ACK_UNLIMITED, psn);
         }
         Ok(())
     }
@@ -503,8 +512,10 @@ impl Qp {
         let psn = pkt.repr.bth.psn;
         match op {
             Operation::Send | Operation::Write => {
-                // C9-105: ACK again with the PSN before the expected one.
-                self.queue_ctrl(AethSyndrome::ACK_UNLIMITED, self.resp_psn.wrapping_sub(1));
+                // C9-105: ACK again with the PSN before the expected one. A full queue merges
+                // it (`queue_ctrl`); if it were ever lost, the requester's next retry of the
+                // duplicate asks again.
+                let _ = self.queue_ctrl(AethSyndrome::ACK_UNLIMITED, self.resp_psn.wrapping_sub(1));
             }
             Operation::ReadRequest => {
                 let Some(reth) = pkt.repr.reth else { return };
@@ -679,26 +690,74 @@ impl Qp {
         }
     }
 
-    pub(super) fn queue_ctrl(&mut self, syndrome: AethSyndrome, psn: Psn) {
+    /// Queues an ACK or NAK for `psn` carrying the current MSN; call it wherever the responder
+    /// answers a request (rxe `send_ack`). Returns whether the answer will reach the wire: it
+    /// was queued, or it merged with a queued one that says as much. A caller that records
+    /// having sent a NAK (`sent_psn_nak`) records it only on `true`, so that the next packet
+    /// of the gap, or the requester's retry, triggers it again.
+    ///
+    /// rxe has no such queue: `send_ack` builds and transmits the packet at once. Here the
+    /// responder runs while the device receives a batch, and the answers wait in a bounded
+    /// queue of [`MAX_PENDING_ACKS`] until the device transmits, so a burst of requests that
+    /// ask for an ACK can fill it. A full queue never swallows a NAK; it merges the new answer
+    /// with the newest queued one instead, which keeps the bound without losing information:
+    ///
+    /// - IBA Vol. 1 §9.7.5.1 (coalesced acknowledgements): an ACK acknowledges every request
+    ///   up to its PSN, so a newer ACK stands for the older ones.
+    /// - A NAK acknowledges every request before its PSN (§9.7.5.1/§9.7.5.2; rxe_comp.c
+    ///   completes the WQEs that end before a NAK's PSN, as our completer's `ack_through`
+    ///   does), so a NAK (RNR NAK, PSN sequence error, or a class C NAK) takes the place of
+    ///   the queued ACK before it. A responder has at most one NAK outstanding at a time
+    ///   (§9.7.5.2: one NAK per PSN gap; an RNR NAK is answered by a retry of its PSN), so a
+    ///   NAK also replaces an older queued NAK, whose condition ended when the responder moved
+    ///   on to this PSN.
+    /// - An ACK newer than a queued NAK replaces it for the same reason; an ACK older than the
+    ///   newest queued answer (a duplicate's re-ACK, C9-105, behind a NAK for the expected
+    ///   PSN) is already implied by it and is not queued.
+    ///
+    /// Answers are queued in PSN order (the responder executes in order and every answer is
+    /// for a PSN at or before the expected one), so the newest queued answer is the one to
+    /// merge with. Each merge is counted in `ack_deferred`. The one case that cannot merge, a
+    /// NAK for a PSN before the newest queued answer, is counted in `ack_queue_full` and
+    /// returns false; the responder never produces it (a READ response that fails sends its
+    /// NAK directly, see [`Self::next_response`]).
+    ///
+    /// The responder's other answers have no queue that could drop them: READ responses and
+    /// atomic ACKs are built from the responder resources when the device transmits (a ring of
+    /// `max_dest_rd_atomic`; a duplicate request replays from it, and a new one
+    /// past the ring evicts the oldest as rxe does, counted in `rd_atomic_evicted`); a CNP is a
+    /// count of CNPs due on one template (transport/cc.rs), never a queued packet; and the
+    /// engine asks the device for a frame only when the AF_XDP transmit ring has room for it
+    /// (xsk/socket.rs `TxSink::send` runs the writer only then), so a built answer is not
+    /// lost for want of a slot.
+    pub(super) fn queue_ctrl(&mut self, syndrome: AethSyndrome, psn: Psn) -> bool {
         let c = Ctrl {
             syndrome,
             psn,
             msn: self.msn,
         };
-        if self.ctrl.len() >= MAX_PENDING_ACKS {
-            // ACKs are cumulative: a newer ACK replaces an older one at the tail.
-            if let Some(last) = self.ctrl.back_mut()
-                && last.syndrome.is_ack()
-                && syndrome.is_ack()
-            {
-                *last = c;
-                self.counters.ack_deferred += 1;
-                return;
-            }
-            self.counters.ack_queue_full += 1;
-            return;
+        if self.ctrl.len() < MAX_PENDING_ACKS {
+            self.ctrl.push_back(c);
+            return true;
         }
-        self.ctrl.push_back(c);
+        let Some(last) = self.ctrl.back_mut() else {
+            // MAX_PENDING_ACKS is not 0, so a full queue has a newest entry.
+            self.counters.ack_queue_full += 1;
+            return false;
+        };
+        if last.psn.distance(psn) <= 0 {
+            // The new answer is for the same PSN or a later one: it implies the queued one.
+            *last = c;
+            self.counters.ack_deferred += 1;
+            return true;
+        }
+        if syndrome.is_ack() {
+            // An ACK for an earlier PSN than a queued ACK or NAK: already implied.
+            self.counters.ack_deferred += 1;
+            return true;
+        }
+        self.counters.ack_queue_full += 1;
+        false
     }
 
     pub(super) fn next_response(
@@ -764,12 +823,18 @@ impl Qp {
                 match read {
                     Ok(()) => {}
                     Err(_) => {
-                        // The region went away mid-response: NAK remote access, class C.
+                        // The region went away mid-response: NAK remote access, class C. The
+                        // NAK is returned as this call's packet, not queued, so no full
+                        // queue can hold it back (its PSN is a response PSN, before the
+                        // answers queued for later requests).
                         self.counters.resp_remote_access_errors += 1;
                         self.resources.clear();
-                        self.queue_ctrl(AethSyndrome::Nak(NakCode::RemoteAccessError), psn);
+                        let c = Ctrl {
+                            syndrome: AethSyndrome::Nak(NakCode::RemoteAccessError),
+                            psn,
+                            msn: self.msn,
+                        };
                         self.enter_error(ctx);
-                        let c = self.ctrl.pop_front()?;
                         return Some(self.ctrl_pkt(c));
                     }
                 }

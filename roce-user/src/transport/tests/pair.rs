@@ -161,3 +161,187 @@ fn sim_corrupted_frames_fail_the_icrc_and_are_recovered_by_retransmission() {
     assert!(p.stats.corrupted > 0 && malformed > 0);
     let _ = b;
 }
+
+#[test]
+fn sim_send_burst_past_the_posted_receives_gets_the_rnr_nak_and_loses_nothing() {
+    // Issue 20: a burst of SENDs larger than the receives posted arrives before the responder
+    // transmits anything, so its control queue fills with ACKs. The first SEND without a
+    // receive WQE must still be answered with an RNR NAK (IBA: RNR NAK, class B), the
+    // requester must wait the RNR timer and retry against rnr_retry (never its ACK timeout
+    // and retry_cnt), and every message must arrive once, in order, when receives are posted.
+    const N: u64 = 100;
+    const POSTED: u64 = 40;
+    const LEN: u32 = 64;
+    let mut p = Pair::new(11, DeviceConfig::default(), Link::default());
+    let cfg = RcConfig {
+        // One transport retry would not be enough if the RNR NAK were lost: it would fail
+        // after the ACK timeouts; RNR retries are unlimited.
+        retry_cnt: 1,
+        rnr_retry: 7,
+        min_rnr_timer: 1,
+        ..RcConfig::default()
+    };
+    let (a, b) = connect_rc(&mut p, &cfg);
+    let src: Vec<u8> = (0..N * u64::from(LEN))
+        .map(|i| (i / 64) as u8 ^ (i as u8))
+        .collect();
+    let ma =
+        p.a.reg_mr(a.pd, src.clone(), 0x1000, Access::empty())
+            .unwrap();
+    let mb =
+        p.b.reg_mr(b.pd, vec![0; src.len()], 0x1000, Access::LOCAL_WRITE)
+            .unwrap();
+    let post_recvs = |p: &mut Pair, ids: core::ops::Range<u64>| {
+        for i in ids {
+            let sg_list = vec![Sge {
+                addr: 0x1000 + i * u64::from(LEN),
+                length: LEN,
+                lkey: mb.lkey,
+            }];
+            p.b.post_recv(b.qpn, RecvWr { wr_id: i, sg_list }).unwrap();
+        }
+    };
+    post_recvs(&mut p, 0..POSTED);
+    // Every NAK B sends (RNR or other), with its PSN, as the link sees them.
+    let naks = std::rc::Rc::new(std::cell::RefCell::new(Vec::new()));
+    let seen = naks.clone();
+    p.filter = Some(Box::new(move |from, frame| {
+        if from == Side::B
+            && let Ok(f) = parse_frame(frame)
+            && let Some(AethRepr { syndrome, .. }) = f.roce.aeth
+            && !syndrome.is_ack()
+        {
+            seen.borrow_mut().push((syndrome, f.roce.bth.psn));
+        }
+        true
+    }));
+    let rnr_naks = || -> Vec<Psn> {
+        let all = naks.borrow();
+        assert!(
+            all.iter()
+                .all(|(s, _)| matches!(s, AethSyndrome::RnrNak { .. })),
+            "only RNR NAKs: the RNR NAK stands for its gap: {all:?}"
+        );
+        all.iter().map(|(_, psn)| *psn).collect()
+    };
+    for i in 0..N {
+        let sg = vec![Sge {
+            addr: 0x1000 + i * u64::from(LEN),
+            length: LEN,
+            lkey: ma.lkey,
+        }];
+        p.a.post_send(a.qpn, SendWr::send(i, sg)).unwrap();
+    }
+    assert!(
+        p.drive_until(10_000, |p| p.a.qp(a.qpn).unwrap().counters().rcvd_rnr_err
+            >= 1),
+        "the requester heard an RNR NAK"
+    );
+    let first_rnr = Psn::new(cfg.psn_a).wrapping_add(POSTED as u32);
+    assert_eq!(rnr_naks().first(), Some(&first_rnr));
+    let cb = *p.b.qp(b.qpn).unwrap().counters();
+    assert!(
+        cb.ack_deferred > 0,
+        "the burst filled the control queue: {cb:?}"
+    );
+    assert_eq!(cb.ack_queue_full, 0, "{cb:?}");
+    // The application catches up; the requester's RNR retries then deliver the rest.
+    post_recvs(&mut p, POSTED..N);
+    assert!(p.drive(100_000), "the pair goes idle");
+
+    let wa: Vec<_> = core::iter::from_fn(|| p.a.poll_cq(a.cq)).collect();
+    assert_eq!(wa.len() as u64, N);
+    for (i, w) in wa.iter().enumerate() {
+        assert_eq!((w.wr_id, w.status), (i as u64, WcStatus::Success));
+    }
+    let wb: Vec<_> = core::iter::from_fn(|| p.b.poll_cq(b.cq)).collect();
+    assert_eq!(wb.len() as u64, N, "each message delivered once");
+    for (i, w) in wb.iter().enumerate() {
+        assert_eq!(
+            (w.wr_id, w.status, w.byte_len),
+            (i as u64, WcStatus::Success, LEN)
+        );
+    }
+    assert_eq!(p.b.mrs().bytes(mb.lkey).unwrap(), &src[..], "no data lost");
+
+    let ca = *p.a.qp(a.qpn).unwrap().counters();
+    let cb = *p.b.qp(b.qpn).unwrap().counters();
+    assert!(ca.rcvd_rnr_err >= 1);
+    assert_eq!(cb.send_rnr_err, rnr_naks().len() as u64);
+    assert_eq!(
+        ca.rcvd_rnr_err, cb.send_rnr_err,
+        "every RNR NAK sent was heard"
+    );
+    assert_eq!(
+        ca.local_ack_timeout_err, 0,
+        "never waited for the ACK timeout: {ca:?}"
+    );
+    assert_eq!(
+        ca.completer_retry_err, 0,
+        "no transport retry (retry_cnt): {ca:?}"
+    );
+    assert_eq!(ca.retry_exceeded_err, 0);
+    assert_eq!(cb.ack_queue_full, 0);
+    assert_eq!(
+        ca.rcvd_seq_err, 0,
+        "no PSN sequence NAK: the RNR NAK stood for its gap"
+    );
+    assert_eq!(p.stats.lost, 0);
+}
+
+#[test]
+fn sim_a_send_behind_a_read_costs_no_retry() {
+    // The ACK of the SEND must not overtake the READ's response: the requester would take it
+    // as an implied NAK and retry the READ against retry_cnt (here 0: the READ would fail).
+    let mut p = Pair::new(2, DeviceConfig::default(), Link::default());
+    let cfg = RcConfig {
+        retry_cnt: 0,
+        ..RcConfig::default()
+    };
+    let (a, b) = connect_rc(&mut p, &cfg);
+    let ma =
+        p.a.reg_mr(a.pd, vec![1; 8192], 0x1000, Access::LOCAL_WRITE)
+            .unwrap();
+    let data: Vec<u8> = (0..4096u32).map(|i| (i * 3) as u8).collect();
+    let mb =
+        p.b.reg_mr(b.pd, data.clone(), 0x1000, Access::all())
+            .unwrap();
+    let sg = |off: u64, len: u32| {
+        vec![Sge {
+            addr: 0x1000 + off,
+            length: len,
+            lkey: ma.lkey,
+        }]
+    };
+    p.b.post_recv(
+        b.qpn,
+        RecvWr {
+            wr_id: 7,
+            sg_list: vec![Sge {
+                addr: 0x1000,
+                length: 64,
+                lkey: mb.lkey,
+            }],
+        },
+    )
+    .unwrap();
+    p.a.post_send(
+        a.qpn,
+        SendWr::new(1, read(0x1000 + 64, mb.rkey), sg(0, 3000)),
+    )
+    .unwrap();
+    p.a.post_send(a.qpn, SendWr::send(2, sg(4096, 64))).unwrap();
+    assert!(p.drive(10_000));
+    let got: Vec<_> = core::iter::from_fn(|| p.a.poll_cq(a.cq))
+        .map(|w| (w.wr_id, w.status))
+        .collect();
+    assert_eq!(got, [(1, WcStatus::Success), (2, WcStatus::Success)]);
+    assert_eq!(&p.a.mrs().bytes(ma.lkey).unwrap()[..3000], &data[64..3064]);
+    let ca = *p.a.qp(a.qpn).unwrap().counters();
+    assert_eq!(
+        (ca.implied_nak_seq_err, ca.completer_retry_err),
+        (0, 0),
+        "{ca:?}"
+    );
+    assert_eq!(p.b.qp(b.qpn).unwrap().counters().duplicate_request, 0);
+}

@@ -674,3 +674,114 @@ fn resp_rkey_of_another_protection_domain_is_remote_access_error() {
         Err(DeviceError::NoSuchPd(_))
     ));
 }
+
+/// `n` SEND_ONLYs asking for an ACK, from `RQ_PSN` on, each into a receive WQE posted first.
+fn acked_sends(h: &mut H, n: u32) {
+    for i in 0..n {
+        h.recv(u64::from(i), u64::from(i) * 64, 64);
+        h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + i), &[1; 8]);
+    }
+}
+
+#[test]
+fn resp_full_control_queue_keeps_the_rnr_nak_in_place_of_an_ack() {
+    // Issue 20: a burst fills the control queue with ACKs before the device transmits; the
+    // RNR NAK for the first SEND without a receive WQE must still go out, in place of the
+    // newest queued ACK, which it implies (a NAK acknowledges every PSN before its own).
+    let mut h = h();
+    let n = qp::MAX_PENDING_ACKS as u32 + 4;
+    acked_sends(&mut h, n);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + n), &[1; 8]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + n + 1), &[1; 8]);
+    let acks = h.acks();
+    assert_eq!(acks.len(), qp::MAX_PENDING_ACKS, "{acks:?}");
+    let want: Vec<_> = (0..qp::MAX_PENDING_ACKS as u32 - 1)
+        .map(|i| (ACK, RQ_PSN + i))
+        .chain([(rnr(1), RQ_PSN + n)])
+        .collect();
+    assert_eq!(acks, want, "the RNR NAK ends the queue; nothing after it");
+    let c = h.c();
+    assert_eq!(c.send_rnr_err, 1);
+    assert_eq!(c.out_of_buffer, 1);
+    assert_eq!(c.ack_queue_full, 0);
+    assert_eq!(
+        c.ack_deferred, 5,
+        "4 ACKs merged, then the RNR NAK took the last place"
+    );
+    assert_eq!(
+        c.out_of_seq_request, 1,
+        "the packet behind the RNR NAK is counted and dropped without a NAK of its own"
+    );
+    // The retry is served once a receive is posted.
+    h.recv(99, 0x2000, 64);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + n), &[2; 8]);
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN + n)]);
+}
+
+#[test]
+fn resp_full_control_queue_keeps_the_psn_sequence_nak_and_drops_implied_reacks() {
+    let mut h = h();
+    let n = qp::MAX_PENDING_ACKS as u32 + 2;
+    acked_sends(&mut h, n);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + n + 3), &[1; 8]);
+    // A duplicate's re-ACK (C9-105, PSN n - 1) is implied by the queued NAK for PSN n.
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1), &[1; 8]);
+    let acks = h.acks();
+    assert_eq!(acks.len(), qp::MAX_PENDING_ACKS);
+    assert_eq!(acks.last(), Some(&(Nak(PsnSequenceError), RQ_PSN + n)));
+    let c = h.c();
+    assert_eq!(c.out_of_seq_request, 1);
+    assert_eq!(c.duplicate_request, 1);
+    assert_eq!(c.ack_queue_full, 0);
+    // The NAK went out, so the rest of the gap is silent.
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + n + 4), &[1; 8]);
+    assert_eq!(h.acks(), vec![]);
+}
+
+#[test]
+fn resp_full_control_queue_keeps_a_class_c_nak() {
+    let mut h = h();
+    let n = qp::MAX_PENDING_ACKS as u32 + 1;
+    acked_sends(&mut h, n);
+    // SEND_MIDDLE without FIRST: NAK invalid request, QP to ERR.
+    h.rx(hdr(Opcode::RC_SEND_MIDDLE, RQ_PSN + n), &[1; 1024]);
+    let acks = h.acks();
+    assert_eq!(acks.len(), qp::MAX_PENDING_ACKS);
+    assert_eq!(acks.last(), Some(&(Nak(InvalidRequest), RQ_PSN + n)));
+    assert_eq!(h.state(), QpState::Err);
+    assert_eq!(h.c().ack_queue_full, 0);
+}
+
+#[test]
+fn resp_answers_leave_in_psn_order_read_responses_before_the_ack_behind_them() {
+    // rxe sends a READ's responses (and an atomic's ACK) before it acknowledges the next
+    // request; an ACK that overtook them would be an implied NAK for the READ at the requester.
+    let mut h = h();
+    let rkey = h.mr.rkey;
+    h.recv(1, 0x100, 64);
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 2048),
+        &[],
+    );
+    h.rx(
+        with_atomic(hdr(Opcode::RC_FETCH_ADD, RQ_PSN + 2), BASE + 8, rkey, 1, 0),
+        &[],
+    );
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 3), &[1; 8]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 4), &[1; 8]);
+    let out: Vec<_> = h
+        .tx()
+        .iter()
+        .map(|(h, _)| (h.bth.opcode, h.bth.psn.value()))
+        .collect();
+    assert_eq!(
+        out,
+        [
+            (Opcode::RC_RDMA_READ_RESPONSE_FIRST, RQ_PSN),
+            (Opcode::RC_RDMA_READ_RESPONSE_LAST, RQ_PSN + 1),
+            (Opcode::RC_ATOMIC_ACKNOWLEDGE, RQ_PSN + 2),
+            (Opcode::RC_ACKNOWLEDGE, RQ_PSN + 3),
+            (Opcode::RC_ACKNOWLEDGE, RQ_PSN + 4),
+        ]
+    );
+}
