@@ -618,7 +618,8 @@ impl Cm {
             responder_resources: p.responder_resources,
             initiator_depth: p.initiator_depth,
             target_ack_delay: p.target_ack_delay & 0x1f,
-            failover_accepted: 1,
+            // As cma.c `cma_accept_ib` (no alternate path is offered anyway).
+            failover_accepted: 0,
             e2e_flow_control: false,
             rnr_retry_count: p.rnr_retry_count & 7,
             srq: p.srq,
