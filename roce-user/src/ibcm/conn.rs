@@ -1436,6 +1436,30 @@ impl Cm {
     }
 }
 
+#[cfg(test)]
+impl Cm {
+    /// Test check: every index entry names a live connection that has those remote
+    /// identifiers, and every pending passive SIDR request is in the table.
+    pub(crate) fn check_invariants(&self) {
+        for (&(g, r), id) in &self.by_remote_id {
+            let c = &self.conns[id];
+            assert_eq!((c.remote_ca_guid, c.remote_id), (Some(g), Some(r)));
+        }
+        for (&(g, q), id) in &self.by_remote_qpn {
+            let c = &self.conns[id];
+            assert_eq!((c.remote_ca_guid, c.remote_qpn), (Some(g), Some(q)));
+        }
+        for id in self.sidr_remote.values() {
+            assert!(self.sidr.contains_key(id));
+        }
+        for c in self.conns.values() {
+            if c.outstanding.is_some() {
+                assert!(c.deadline.is_some(), "a message to resend without a timer");
+            }
+        }
+    }
+}
+
 fn log_drop(msg: &str, e: &Dropped) {
     log::debug!("CM: dropped {msg}: {e}");
 }

@@ -404,8 +404,9 @@ impl Pair {
                 moved = true;
                 let at = attr(&t.mad);
                 self.log.push((false, at));
-                if !lose(false, at) {
-                    let _ = self.a.handle_mad(self.now, t.dest_swap(), &t.mad[..]);
+                // Only A is on this network; MADs to a stranger go nowhere.
+                if t.dest == gid_a() && !lose(false, at) {
+                    let _ = self.a.handle_mad(self.now, gid_b(), &t.mad[..]);
                 }
             }
             if !moved {
@@ -467,17 +468,6 @@ impl Pair {
             vec![Event::Established { id: b_id }]
         );
         (a_id, b_id)
-    }
-}
-
-/// Test plumbing: the MAD came from the other side (B only ever talks to A here).
-trait DestSwap {
-    fn dest_swap(&self) -> Gid;
-}
-impl DestSwap for super::conn::Transmit {
-    fn dest_swap(&self) -> Gid {
-        assert_eq!(self.dest, gid_a());
-        gid_b()
     }
 }
 
@@ -880,4 +870,155 @@ fn sidr_resolves_a_ud_service_and_no_listener_is_unsupported() {
         e => panic!("{e:?}"),
     }
     assert_eq!(p.a.poll_timeout(), None);
+}
+
+#[test]
+fn a_req_flood_is_bounded_by_the_table_and_answered() {
+    let mut cfg = CmConfig::new(GUID_B);
+    cfg.max_connections = 100;
+    let mut b = Cm::new(cfg);
+    b.listen(sid()).unwrap();
+    let mut a = Cm::new(CmConfig::new(GUID_A));
+    let mut rejected = 0;
+    for i in 0..10_000u32 {
+        let id = a
+            .connect(Instant::ZERO, &connect_params(0x100 + i))
+            .unwrap();
+        let t = a.poll_transmit().unwrap();
+        b.handle_mad(Instant::ZERO, gid_a(), &t.mad[..]).unwrap();
+        if let Some(t) = b.poll_transmit() {
+            let CmMsg::Rej(r) = CmMad::decode(&t.mad[..]).unwrap().msg else {
+                panic!("expected a REJ")
+            };
+            assert_eq!(r.reason, RejReason::NO_RESOURCES);
+            assert_eq!(r.remote_comm_id, id);
+            rejected += 1;
+        }
+        // A gives up on each at once (its table would fill too), as a flood source would not.
+        let _ = a.poll_event();
+        a = Cm::new(CmConfig::new(CaGuid(u64::from(i) + 0x1_0000)));
+    }
+    assert_eq!(b.connections(), 100);
+    assert_eq!(rejected, 10_000 - 100);
+    b.check_invariants();
+}
+
+/// MADs to mutate: one of each message with made-up IDs, and what A sends through a whole
+/// life against B (REQ, RTU, DREQ, SIDR_REQ, with IDs that B knows).
+fn mad_corpus() -> Vec<[u8; MAD_LEN]> {
+    let mut out: Vec<[u8; MAD_LEN]> = every_message()
+        .into_iter()
+        .map(|m| CmMad::new(Tid(1), m).encode().unwrap())
+        .collect();
+    let mut p = Pair::new();
+    let a = p.a.connect(p.now, &connect_params(0x11)).unwrap();
+    let req = p.a.poll_transmit().unwrap();
+    out.push(*req.mad);
+    p.b.handle_mad(p.now, gid_a(), &req.mad[..]).unwrap();
+    let b = expect_request(&mut p.b);
+    p.b.accept(p.now, b, &accept_params()).unwrap();
+    p.pump();
+    p.a.ready_to_use(a, &[]).unwrap();
+    p.a.disconnect(p.now, a, b"x").unwrap();
+    p.a.sidr_request(p.now, gid_b(), sid(), PKey::DEFAULT, &[])
+        .unwrap();
+    out.extend(std::iter::from_fn(|| p.a.poll_transmit()).map(|t| *t.mad));
+    out
+}
+
+#[derive(Clone, Debug)]
+enum Step {
+    /// Deliver corpus MAD `n` to B with bytes `(at, value)` changed, from A or a stranger.
+    Mad(usize, Vec<(usize, u8)>, bool),
+    /// Advance time by this many milliseconds and run both timers.
+    Wait(u32),
+    /// A consumer call on B's n-th known connection: accept, reject, delay, disconnect,
+    /// notify_established, ready_to_use.
+    Call(usize, u8),
+    /// A connects to B, and all queued MADs are delivered.
+    Connect,
+}
+
+fn step() -> impl Strategy<Value = Step> {
+    prop_oneof![
+        (
+            0usize..64,
+            proptest::collection::vec((24usize..256, any::<u8>()), 0..4),
+            any::<bool>()
+        )
+            .prop_map(|(n, m, s)| Step::Mad(n, m, s)),
+        (0u32..20_000).prop_map(Step::Wait),
+        (0usize..8, 0u8..6).prop_map(|(n, c)| Step::Call(n, c)),
+        Just(Step::Connect),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    /// Hostile input: mutated MADs, arbitrary consumer calls and timers in any order never
+    /// panic either agent or break its indexes, and every timer eventually drains.
+    #[test]
+    fn hostile_sequences_never_panic(steps in proptest::collection::vec(step(), 1..40)) {
+        let corpus = mad_corpus();
+        let mut p = Pair::new();
+        let mut ids: Vec<CommId> = Vec::new();
+        for s in steps {
+            match s {
+                Step::Mad(n, muts, stranger) => {
+                    let mut m = corpus[n % corpus.len()];
+                    for (at, v) in muts {
+                        m[at] = v;
+                    }
+                    let from = if stranger { Gid::from_ip("10.9.9.9".parse().unwrap()) } else { gid_a() };
+                    let _ = p.b.handle_mad(p.now, from, &m);
+                    while p.b.poll_transmit().is_some() {}
+                }
+                Step::Wait(ms) => {
+                    p.now = p.now + Duration::from_millis(u64::from(ms));
+                    p.a.handle_timeout(p.now);
+                    p.b.handle_timeout(p.now);
+                    p.pump();
+                }
+                Step::Call(n, c) => {
+                    if let Some(&id) = ids.get(n) {
+                        let _ = match c {
+                            0 => p.b.accept(p.now, id, &accept_params()),
+                            1 => p.b.reject(id, b"no"),
+                            2 => p.b.delay(id),
+                            3 => p.b.disconnect(p.now, id, &[]),
+                            4 => p.b.notify_established(id),
+                            _ => p.b.ready_to_use(id, &[]),
+                        };
+                        p.pump();
+                    }
+                }
+                Step::Connect => {
+                    let _ = p.a.connect(p.now, &connect_params(0x11 + ids.len() as u32));
+                    p.pump();
+                }
+            }
+            for e in std::iter::from_fn(|| p.b.poll_event()) {
+                if let Event::ConnectRequest { id, .. } = e {
+                    ids.push(id);
+                }
+            }
+            while p.a.poll_event().is_some() {}
+            p.a.check_invariants();
+            p.b.check_invariants();
+        }
+        // Every timer drains: retransmissions give up, TimeWaits end.
+        for _ in 0..200 {
+            let Some(t) = [p.a.poll_timeout(), p.b.poll_timeout()].into_iter().flatten().min() else {
+                break;
+            };
+            p.now = t;
+            p.a.handle_timeout(t);
+            p.b.handle_timeout(t);
+            while p.a.poll_transmit().is_some() {}
+            while p.b.poll_transmit().is_some() {}
+        }
+        prop_assert_eq!(p.a.poll_timeout(), None);
+        prop_assert_eq!(p.b.poll_timeout(), None);
+    }
 }
