@@ -1078,8 +1078,19 @@ impl Cm {
 
     /// REJ received (IBTA 12.9.7, 12.9.8; cm.c `cm_rej_handler`): the connection is gone,
     /// or in TimeWait for STALE_CONN or an established one.
+    ///
+    /// A REJ of a REQ is matched by its remote comm ID alone: the rejecter may have had no
+    /// ID of its own (0, cm.c `cm_issue_rej`), as cm.c `cm_acquire_rejected_id` does.
     fn on_rej(&mut self, now: Instant, m: Rej) -> Result<(), Dropped> {
-        let id = self.lookup(m.remote_comm_id, m.local_comm_id, "REJ")?;
+        let id = if m.message == MsgRejected::Req {
+            let id = m.remote_comm_id;
+            if !self.conns.contains_key(&id) {
+                return Err(Dropped::UnknownId("REJ"));
+            }
+            id
+        } else {
+            self.lookup(m.remote_comm_id, m.local_comm_id, "REJ")?
+        };
         let state = self.conns[&id].state;
         match state {
             State::ReqSent
