@@ -1,9 +1,10 @@
 //! The proof that our CM MAD layouts are right: every CM MAD our CM agent sends in a whole
 //! exchange (REQ, MRA, REP, RTU, REJ, DREQ, DREP, SIDR_REQ, SIDR_REP) is wrapped as RoCE v2
-//! would carry it (Ethernet / IPv4 / UDP 4791 / BTH UD SEND_ONLY to QP1 / DETH with the GSI
-//! Q_Key / the 256-byte MAD / ICRC), written to a pcap, and Wireshark's InfiniBand dissector
-//! must decode the MAD header and the CM attribute fields to the values we meant, with no
-//! malformed-packet or expert entry. tshark is required: the test fails if it is missing.
+//! would carry it (Ethernet / IPv4 or IPv6 / UDP 4791 / BTH UD SEND_ONLY to QP1 / DETH with
+//! the GSI Q_Key / the 256-byte MAD / ICRC), written to a pcap, and Wireshark's InfiniBand
+//! dissector must decode the MAD header and the CM attribute fields to the values we meant,
+//! with no malformed-packet or expert entry. tshark is required: the test fails if it is
+//! missing.
 
 mod wire_support;
 
@@ -23,6 +24,8 @@ use wire_support::{mac, which, write_pcap};
 
 const IP_A: &str = "10.77.0.1";
 const IP_B: &str = "10.77.0.2";
+const IP6_A: &str = "fd00:77::1";
+const IP6_B: &str = "fd00:77::2";
 
 fn gid(ip: &str) -> Gid {
     Gid::from_ip(ip.parse().unwrap())
@@ -135,14 +138,38 @@ fn exchange() -> Vec<(Gid, Gid, Box<[u8; 256]>)> {
     )
     .unwrap();
     pump(&mut a, &mut b, &mut out);
+    // Over IPv6: a REQ with an IPv6 RDMA CM header, rejected for want of a listener.
+    let mut p6 = params(0x66, ServiceId::rdma_cm(PortSpace::Tcp, 2));
+    p6.local = gid(IP6_A);
+    p6.remote = gid(IP6_B);
+    p6.private_data = CmaHdr {
+        src_port: 40000,
+        src: IP6_A.parse().unwrap(),
+        dst: IP6_B.parse().unwrap(),
+    }
+    .with_user_data(&[]);
+    a.connect(now, &p6).unwrap();
+    while let Some(t) = a.poll_transmit() {
+        let _ = b.handle_mad(now, gid(IP6_A), &t.mad[..]);
+        out.push((gid(IP6_A), t.dest, t.mad));
+    }
+    while let Some(t) = b.poll_transmit() {
+        out.push((gid(IP6_B), t.dest, t.mad));
+    }
     out
 }
 
 fn frame(src: Gid, dst: Gid, mad: &[u8; 256], i: u32) -> Vec<u8> {
-    let (IpAddr::V4(s), IpAddr::V4(d)) = (src.to_ip(), dst.to_ip()) else {
-        panic!("IPv4 GIDs")
+    let ip = match (src.to_ip(), dst.to_ip()) {
+        (IpAddr::V4(src), IpAddr::V4(dst)) => IpPath::V4 { src, dst },
+        (IpAddr::V6(src), IpAddr::V6(dst)) => IpPath::V6 {
+            src,
+            dst,
+            flow_label: 0,
+        },
+        (s, d) => panic!("mixed families {s} -> {d}"),
     };
-    let mut path = PathRepr::new(mac(0x0a), mac(0x0b), IpPath::V4 { src: s, dst: d });
+    let mut path = PathRepr::new(mac(0x0a), mac(0x0b), ip);
     path.udp_src_port = 0xc000 + i as u16;
     let mut roce = RoceRepr::new(BthRepr::new(Opcode::UD_SEND_ONLY, Qpn::GSI, Psn::new(i)));
     roce.deth = Some(DethRepr {
@@ -172,6 +199,8 @@ const FIELDS: &[&str] = &[
     "infiniband.cm.req.ip_cm.sip4",
     "infiniband.cm.req.ip_cm.dip4",
     "infiniband.cm.req.ip_cm.sport",
+    "infiniband.cm.req.ip_cm.sip6",
+    "infiniband.cm.req.ip_cm.dip6",
     // REP
     "infiniband.cm.rep",
     "infiniband.cm.rep.remotecommid",
@@ -251,6 +280,7 @@ fn tshark_decodes_our_cm_mads() {
     let col = |cols: &[&str], name: &str| -> String {
         cols[FIELDS.iter().position(|f| *f == name).unwrap()].to_string()
     };
+    let mut v6_reqs = 0;
     for ((line, (_, _, bytes)), f) in lines.iter().zip(&mads).zip(&frames) {
         let cols: Vec<&str> = line.split('|').collect();
         assert_eq!(cols.len(), FIELDS.len(), "{line}");
@@ -310,8 +340,21 @@ fn tshark_decodes_our_cm_mads() {
                     r.local_ca_guid.0,
                     "{what}"
                 );
-                assert_eq!(col(&cols, "infiniband.cm.req.ip_cm.sip4"), IP_A, "{what}");
-                assert_eq!(col(&cols, "infiniband.cm.req.ip_cm.dip4"), IP_B, "{what}");
+                let h = CmaHdr::parse(&r.private_data).unwrap();
+                let (sip, dip) = if h.src.is_ipv4() {
+                    (
+                        "infiniband.cm.req.ip_cm.sip4",
+                        "infiniband.cm.req.ip_cm.dip4",
+                    )
+                } else {
+                    v6_reqs += 1;
+                    (
+                        "infiniband.cm.req.ip_cm.sip6",
+                        "infiniband.cm.req.ip_cm.dip6",
+                    )
+                };
+                assert_eq!(col(&cols, sip), h.src.to_string(), "{what}");
+                assert_eq!(col(&cols, dip), h.dst.to_string(), "{what}");
                 assert_eq!(
                     num(&col(&cols, "infiniband.cm.req.ip_cm.sport")),
                     40000,
@@ -380,4 +423,5 @@ fn tshark_decodes_our_cm_mads() {
             CmMsg::Mra(_) | CmMsg::SidrReq(_) | CmMsg::SidrRep(_) => {}
         }
     }
+    assert_eq!(v6_reqs, 1, "the IPv6 REQ was dissected");
 }
