@@ -970,7 +970,11 @@ proptest! {
                     for (at, v) in muts {
                         m[at] = v;
                     }
-                    let from = if stranger { Gid::from_ip("10.9.9.9".parse().unwrap()) } else { gid_a() };
+                    let from = if stranger {
+                        Gid::from_ip("10.9.9.9".parse().unwrap())
+                    } else {
+                        gid_a()
+                    };
                     let _ = p.b.handle_mad(p.now, from, &m);
                     while p.b.poll_transmit().is_some() {}
                 }
@@ -1009,7 +1013,8 @@ proptest! {
         }
         // Every timer drains: retransmissions give up, TimeWaits end.
         for _ in 0..200 {
-            let Some(t) = [p.a.poll_timeout(), p.b.poll_timeout()].into_iter().flatten().min() else {
+            let next = [p.a.poll_timeout(), p.b.poll_timeout()];
+            let Some(t) = next.into_iter().flatten().min() else {
                 break;
             };
             p.now = t;
