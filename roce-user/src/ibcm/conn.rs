@@ -293,7 +293,7 @@ pub struct ConnectParams {
     pub srq: bool,
     /// Traffic class of the path.
     pub traffic_class: u8,
-    /// Hop limit of the path (RDMA CM sends 64 on RoCE v2... whatever the route says).
+    /// Hop limit of the path (the route's; cma.c takes it from the route's hop limit).
     pub hop_limit: u8,
     /// Flow label of the path.
     pub flow_label: u32,

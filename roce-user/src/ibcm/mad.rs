@@ -8,6 +8,9 @@
 //! of `width` bits starts at the most significant bit of its first byte (big-endian, IBTA 12.6
 //! "all fields are in network byte order").
 //!
+//! Message sections are those of IBTA vol 1 chapter 12 (12.6.5 REQ to 12.6.11 DREP, 12.11
+//! SIDR); table numbers are the ones ibta_vol1_c12.h names.
+//!
 //! Call [`CmMad::decode`] on the payload of every UD SEND that reached QP1 with the CM class;
 //! it never panics and names what was wrong with a bad MAD. Call [`CmMad::encode`] to build the
 //! 256 bytes of one to send.
@@ -191,9 +194,9 @@ pub enum AttrId {
     Dreq = 0x0015,
     /// Disconnection reply (12.6.11).
     Drep = 0x0016,
-    /// Service ID resolution request (12.11.3 / 12.6.16... Table 119).
+    /// Service ID resolution request (12.11, Table 119).
     SidrReq = 0x0017,
-    /// Service ID resolution reply (Table 120).
+    /// Service ID resolution reply (12.11, Table 120).
     SidrRep = 0x0018,
 }
 
@@ -354,7 +357,7 @@ pub struct ReqPath {
     pub remote_gid: Gid,
     /// 20-bit flow label.
     pub flow_label: u32,
-    /// 6-bit packet rate (IBTA 9.7.6.1.4... `enum ib_rate`).
+    /// 6-bit packet rate (the `enum ib_rate` encoding).
     pub packet_rate: u8,
     /// Traffic class.
     pub traffic_class: u8,
@@ -641,7 +644,7 @@ pub struct Drep {
     pub private_data: Vec<u8>,
 }
 
-/// SIDR_REQ (IBTA 12.11.3... 12.6 Table 119): which UD QP serves a service ID.
+/// SIDR_REQ (IBTA 12.11, Table 119): which UD QP serves a service ID.
 #[derive(Clone, PartialEq, Eq, Debug)]
 pub struct SidrReq {
     /// The requester's request ID.
