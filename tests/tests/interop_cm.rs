@@ -9,7 +9,9 @@
 //! And the other way: our agent's own MADs, sent from our veth as RoCE v2 UD SENDs to the
 //! guest's QP1, must be accepted by the kernel's CM: REQ → REP, RTU → `rping -s` established,
 //! DREQ → DREP, a REQ to a closed port → REJ "invalid service ID", with the guest's CM counters
-//! matching message for message. Root; boots the rxe-peer VM (two of them for the first test).
+//! matching message for message; and the kernel's `rping -c` connecting to our agent accepts
+//! our REP (its RTU establishes our side) and our DREQ. Root; boots the rxe-peer VM (two of
+//! them for the first test).
 
 use std::{
     collections::BTreeSet,
@@ -22,8 +24,8 @@ use std::{
 
 use roce::{
     ibcm::{
-        CaGuid, Cm, CmConfig, CmMad, CmMsg, CmaHdr, ConnectParams, Event, Gid, PathMtu, PortSpace,
-        RejReason, ServiceId,
+        AcceptParams, CaGuid, Cm, CmConfig, CmMad, CmMsg, CmaHdr, ConnectParams, Event, Gid,
+        PathMtu, PortSpace, RejReason, ServiceId,
     },
     time::Instant,
     wire::{
@@ -382,6 +384,83 @@ fn the_kernel_accepts_our_cm_mads() {
         ("cm_tx_msgs", "rej", attempts),
         ("cm_rx_duplicates", "req", 0),
         ("cm_tx_retries", "rep", 0),
+    ] {
+        assert_eq!(cm_counter(&peer, dir, name), want, "guest {dir}/{name}");
+    }
+    drop(port);
+    drop(peer);
+}
+
+/// The passive side: the kernel's `rping -c` connects to our agent; the kernel accepts our
+/// REP (it answers with an RTU, which establishes our side) and our DREQ (DREP).
+#[test]
+fn the_kernel_connects_to_our_cm() {
+    require_root();
+    let peer = Peer::boot(&tag("cp"), 73, &PeerOptions::default());
+    let guest = (
+        mac_of(peer.ready.get("RXE_MAC").expect("RXE_MAC")),
+        peer.guest_ip,
+    );
+    let us = (our_mac(&peer.netns, &peer.ifname), peer.host_ip);
+    let mut port = RawPort::open(&peer.netns, &peer.ifname).expect("raw port");
+    let m = us.0.0;
+    let guid = u64::from_be_bytes([m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]);
+    let mut cm = Cm::new(CmConfig::new(CaGuid(guid)));
+    let sid = ServiceId::rdma_cm(PortSpace::Tcp, 7174);
+    cm.listen(sid).unwrap();
+    let t0 = std::time::Instant::now();
+    let now = || Instant::from_nanos(u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX));
+    // The client gives up once its first SEND finds no QP behind our QPN; that is expected.
+    let c = peer.spawn(&format!("rping -c -d -a {} -p 7174 -C 1", peer.host_ip));
+    let (id, req) = match next_event(&mut cm, &mut port, t0, us, guest, 60) {
+        Some(Event::ConnectRequest { id, req, .. }) => (id, req),
+        e => panic!(
+            "no REQ from rping -c: {e:?}; guest: {}",
+            peer.wait_or_kill(&c, Duration::ZERO).out
+        ),
+    };
+    assert_eq!(req.service_id, sid);
+    let h = CmaHdr::parse(&req.private_data).expect("RDMA CM IP header");
+    assert_eq!(h.dst, IpAddr::V4(us.1));
+    assert_eq!(h.src, IpAddr::V4(guest.1));
+    let accept = AcceptParams {
+        qpn: Qpn::new(0x1234),
+        starting_psn: Psn::new(0x42),
+        responder_resources: req.initiator_depth.min(1),
+        initiator_depth: req.responder_resources.min(1),
+        rnr_retry_count: 7,
+        srq: false,
+        target_ack_delay: 0,
+        private_data: Vec::new(),
+    };
+    cm.accept(now(), id, &accept).unwrap();
+    let est = next_event(&mut cm, &mut port, t0, us, guest, 30);
+    assert_eq!(
+        est,
+        Some(Event::Established { id }),
+        "our REP was not answered with an RTU"
+    );
+    cm.disconnect(now(), id, &[]).unwrap();
+    let drep = next_event(&mut cm, &mut port, t0, us, guest, 30);
+    assert!(
+        matches!(drep, Some(Event::Disconnected { id: d, .. }) if d == id),
+        "no DREP from the kernel: {drep:?}"
+    );
+    let client = peer.wait_or_kill(&c, Duration::from_secs(60));
+    assert!(
+        client.out.contains("ESTABLISHED"),
+        "rping -c never saw the connection established: {}",
+        client.out
+    );
+    for (dir, name, want) in [
+        ("cm_tx_msgs", "req", 1),
+        ("cm_rx_msgs", "rep", 1),
+        ("cm_tx_msgs", "rtu", 1),
+        ("cm_rx_msgs", "dreq", 1),
+        ("cm_tx_msgs", "drep", 1),
+        ("cm_tx_msgs", "rej", 0),
+        ("cm_rx_duplicates", "rep", 0),
+        ("cm_tx_retries", "req", 0),
     ] {
         assert_eq!(cm_counter(&peer, dir, name), want, "guest {dir}/{name}");
     }
