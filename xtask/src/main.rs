@@ -42,7 +42,7 @@ enum Task {
         #[arg(long)]
         soak: bool,
     },
-    /// Check the sans-I/O rule: wire/, transport/, cc/, time.rs and stats.rs use no clock,
+    /// Check the sans-I/O rule: wire/, transport/, cc/, ibcm/, time.rs and stats.rs use no clock,
     /// socket, file, thread, lock, I/O crate or upper layer outside `#[cfg(test)]` code (also
     /// the first step of `test`).
     CheckLayers,
