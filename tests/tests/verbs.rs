@@ -927,6 +927,49 @@ fn ibv_srq_pingpong_runs_on_the_library_at_both_ends() {
     }
 }
 
+/// The extended CQ (tests/c/cq_ex.c): `ibv_create_cq_ex` with the standard `wc_flags`, and
+/// what rxe refuses (a completion timestamp or `IGNORE_OVERRUN`: EOPNOTSUPP; an unknown
+/// `comp_mask` bit: EINVAL); `ibv_start_poll` on an empty CQ is ENOENT; receives and sends
+/// read field by field through `ibv_start_poll`/`ibv_next_poll` and `ibv_wc_read_*` (opcode,
+/// byte_len, wc_flags, immediate data, QP number), and the same CQ polled with `ibv_poll_cq`.
+#[test]
+fn extended_cqs_poll_field_by_field_as_rxe() {
+    require_root();
+    let pair = veth_pair("vcx", 199);
+    run_cases(
+        &pair,
+        "cq_ex",
+        18657,
+        &[
+            "create_cq_ex_with_the_standard_flags",
+            "two_sends_posted",
+            "first_send_completion",
+            "second_send_completion",
+            "third_send_completion",
+        ],
+        &[
+            "completion_timestamp_flag_is_eopnotsupp",
+            "unknown_comp_mask_is_einval",
+            "ignore_overrun_is_eopnotsupp",
+            "single_threaded_is_accepted",
+            "start_poll_on_an_empty_cq_is_enoent",
+            "destroy_cq_ex",
+            "create_cq_ex_with_the_standard_flags",
+            "first_receive_polled",
+            "first_receive_status_and_wr_id",
+            "first_receive_opcode",
+            "first_receive_byte_len",
+            "first_receive_has_imm",
+            "first_receive_imm_data",
+            "first_receive_qp_num",
+            "first_receive_bytes",
+            "second_receive_polled",
+            "second_receive_byte_len_and_no_imm",
+            "ibv_poll_cq_on_the_same_cq",
+        ],
+    );
+}
+
 /// Asynchronous events through the ABI: tests/c/async_events.c, compiled with gcc against
 /// libibverbs-dev's headers (linked by SONAME, so it loads the drop-in library under `roce
 /// exec`). The server arms an SRQ limit, receives, and gets exactly one

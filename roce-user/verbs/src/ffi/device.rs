@@ -212,6 +212,7 @@ export!(
                 sz: size_of::<sys::verbs_context>(),
                 query_port: Some(query_port_ex),
                 create_qp_ex: Some(super::qp_ex::create_qp_ex),
+                create_cq_ex: Some(super::cq_ex::create_cq_ex),
                 ..Default::default()
             };
             objects::fill_ops(&mut vctx.context.ops);

@@ -49,6 +49,7 @@ pub(super) fn or_null<T, U>(made: Result<*mut T, c_int>) -> *mut U {
 mod ah;
 mod async_event;
 mod compat;
+mod cq_ex;
 mod device;
 mod mw;
 mod objects;

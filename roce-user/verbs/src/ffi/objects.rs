@@ -241,11 +241,82 @@ export!(
     }
 );
 
-/// A completion queue.
+/// A completion queue: an `ibv_cq_ex` whose first part is the `ibv_cq` that `ibv_create_cq`
+/// returns (verbs.h's `ibv_cq_ex_to_cq` is that cast), so every CQ can be polled both ways:
+/// `ibv_poll_cq` through `ops.poll_cq`, and `ibv_start_poll` and the `ibv_wc_read_*` calls
+/// through the function pointers of the `ibv_cq_ex` (ffi/cq_ex.rs).
 #[repr(C)]
-struct CqObj {
-    ibv: sys::ibv_cq,
-    id: CqId,
+pub(super) struct CqObj {
+    pub(super) ibv: sys::ibv_cq_ex,
+    pub(super) id: CqId,
+    /// The completion `ibv_start_poll`/`ibv_next_poll` took, which the `ibv_wc_read_*` calls
+    /// read.
+    pub(super) cur: sys::ibv_wc,
+    /// Held from a successful `ibv_start_poll` to `ibv_end_poll`, as providers lock the CQ
+    /// over a polling batch, so that two threads never share `cur`.
+    pub(super) polling: core::sync::atomic::AtomicBool,
+}
+
+/// Makes a CQ of `cqe` entries (`ibv_create_cq` and `ibv_create_cq_ex`); with a completion
+/// channel, its events (armed by `ibv_req_notify_cq`) go to that channel.
+///
+/// # Safety
+/// `context` is NULL or a live context of ours; `channel` is NULL or a live channel of ours.
+pub(super) unsafe fn make_cq(
+    context: *mut sys::ibv_context,
+    cqe: c_int,
+    cq_context: *mut c_void,
+    channel: *mut sys::ibv_comp_channel,
+) -> Result<*mut CqObj, c_int> {
+    let depth = usize::try_from(cqe)
+        .ok()
+        .filter(|&d| d > 0)
+        .ok_or(libc::EINVAL)?;
+    // SAFETY: `context` is NULL or a live context of ours (the caller's contract).
+    let dev = unsafe { device_of(context) }?;
+    let chan = if channel.is_null() {
+        None
+    } else {
+        // SAFETY: `channel` is a live channel of ours (the caller's contract).
+        let obj = unsafe { &*channel.cast::<ChanObj>() };
+        if obj.ibv.context != context {
+            return Err(libc::EINVAL);
+        }
+        Some(Arc::clone(&obj.state))
+    };
+    let id = dev.create_cq(depth).map_err(|e| e.errno())?;
+    // SAFETY: all zeroes is a valid `ibv_cq_ex` (null pointers, `None` functions, zero
+    // integers and an all-zero, unused pthread mutex and condition).
+    let mut ibv: sys::ibv_cq_ex = unsafe { core::mem::zeroed() };
+    ibv.context = context;
+    ibv.channel = channel;
+    ibv.cq_context = cq_context;
+    ibv.handle = id.0;
+    ibv.cqe = cqe;
+    super::cq_ex::fill(&mut ibv);
+    let cq = give(CqObj {
+        ibv,
+        id,
+        cur: sys::ibv_wc::default(),
+        polling: core::sync::atomic::AtomicBool::new(false),
+    });
+    // SAFETY: `context` is live (`device_of` found it above).
+    if let Some(ctx) = unsafe { ctx_of(context) } {
+        ctx.verbs.add_cq(id, cq as usize);
+    }
+    if let Some(state) = chan {
+        // SAFETY: `context` is live (`device_of` found it above).
+        let ctx = unsafe { ctx_of(context) }.ok_or(libc::EINVAL)?;
+        if let Err(e) = ctx.verbs.route(id, state, cq as usize) {
+            let _ = dev.destroy_cq(id);
+            // SAFETY: just made by `give`, never handed to C.
+            drop(unsafe { Box::from_raw(cq) });
+            return Err(e);
+        }
+        // SAFETY: `channel` is a live `ChanObj`; C does not write its refcnt.
+        unsafe { (*channel).refcnt += 1 };
+    }
+    Ok(cq)
 }
 
 export!(
@@ -259,54 +330,11 @@ export!(
         channel: *mut sys::ibv_comp_channel,
         comp_vector: c_int,
     ) -> *mut sys::ibv_cq {
+        let _ = comp_vector;
         guard(ptr::null_mut(), || {
-            let made = (|| {
-                let depth = usize::try_from(cqe)
-                    .ok()
-                    .filter(|&d| d > 0)
-                    .ok_or(libc::EINVAL)?;
-                // SAFETY: `context` is NULL or a live context of ours.
-                let dev = unsafe { device_of(context) }?;
-                let chan = if channel.is_null() {
-                    None
-                } else {
-                    // SAFETY: `channel` is a live channel of ours (the verbs contract).
-                    let obj = unsafe { &*channel.cast::<ChanObj>() };
-                    if obj.ibv.context != context {
-                        return Err(libc::EINVAL);
-                    }
-                    Some(Arc::clone(&obj.state))
-                };
-                let id = dev.create_cq(depth).map_err(|e| e.errno())?;
-                let ibv = sys::ibv_cq {
-                    context,
-                    channel,
-                    cq_context,
-                    handle: id.0,
-                    cqe,
-                    ..Default::default()
-                };
-                let _ = comp_vector;
-                let cq = give(CqObj { ibv, id });
-                // SAFETY: `context` is live (`device_of` found it above).
-                if let Some(ctx) = unsafe { ctx_of(context) } {
-                    ctx.verbs.add_cq(id, cq as usize);
-                }
-                if let Some(state) = chan {
-                    // SAFETY: `context` is live (`device_of` found it above).
-                    let ctx = unsafe { ctx_of(context) }.ok_or(libc::EINVAL)?;
-                    if let Err(e) = ctx.verbs.route(id, state, cq as usize) {
-                        let _ = dev.destroy_cq(id);
-                        // SAFETY: just made by `give`, never handed to C.
-                        drop(unsafe { Box::from_raw(cq) });
-                        return Err(e);
-                    }
-                    // SAFETY: `channel` is a live `ChanObj`; C does not write its refcnt.
-                    unsafe { (*channel).refcnt += 1 };
-                }
-                Ok(cq)
-            })();
-            super::or_null(made)
+            // SAFETY: `context` and `channel` are NULL or live objects of ours (the verbs
+            // contract).
+            super::or_null(unsafe { make_cq(context, cqe, cq_context, channel) })
         })
     }
 );
