@@ -419,7 +419,8 @@ const UD_MAX: &str = "1024";
 
 /// Debian's unmodified `ibv_ud_pingpong` at both ends on the library: address handles from
 /// the exchanged GIDs, UD sends through them, receives whose buffers start with the 40-byte
-/// GRH area; 1 byte, 512 bytes and the path MTU, polling and with `-e`.
+/// GRH area; 1 byte, 512 bytes and the path MTU, polling and with `-e`; and 4 KiB on a jumbo
+/// link.
 #[test]
 fn ibv_ud_pingpong_runs_on_the_library_at_both_ends() {
     require_root();
@@ -440,6 +441,28 @@ fn ibv_ud_pingpong_runs_on_the_library_at_both_ends() {
         assert_iters(&s, size, 200);
     }
     assert_interfaces_clean(&pair);
+    // On a jumbo link a UD QP takes the port's active MTU (4096), as rxe's do: datagrams of
+    // 4 KiB go through. veth refuses native XDP at MTU 9000, so the library also falls back
+    // to generic XDP there, and says so.
+    let jumbo = roce::netns::VethPair::new(
+        &roce_tests::tag("vbj"),
+        &roce::netns::VethOptions {
+            mtu: 9000,
+            subnet: 200,
+            ..roce::netns::VethOptions::default()
+        },
+    )
+    .expect("jumbo veth pair");
+    let (c, s) = pingpong(
+        "ibv_ud_pingpong",
+        &jumbo,
+        18710,
+        &["-s", "4096", "-n", "200"],
+    );
+    assert_iters(&c, "4096", 200);
+    assert_iters(&s, "4096", 200);
+    assert!(s.contains("using generic XDP"), "{s}");
+    assert_interfaces_clean(&jumbo);
 }
 
 /// `ibv_rc_pingpong -N`: the new post-send API (ibv_create_qp_ex with send ops,

@@ -871,6 +871,13 @@ impl Device {
             let owner = qps.get(&n, 0).map_or(0, |e| e.owner);
             if owner == 0 || owner == me || !loader::process_alive(owner) {
                 drop(qps);
+                if init.qp_type == QpType::Ud {
+                    // The port's active MTU, as rxe gives its UD QPs (what ibv_query_port
+                    // reports: the largest path MTU of IPv4 frames on this device).
+                    let mtu = transport::Mtu::from_bytes(self.max_path_mtu(false))
+                        .unwrap_or(transport::Mtu::Mtu1024);
+                    sh.lock().set_ud_mtu(qpn, mtu)?;
+                }
                 self.pins.add_qp(n, me)?;
                 self.qpns
                     .lock()

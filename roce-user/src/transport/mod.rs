@@ -759,6 +759,25 @@ impl Device {
         Ok(())
     }
 
+    /// Sets the MTU of UD QP `qpn`: the largest datagram it sends or accepts. A UD QP has no
+    /// path MTU attribute (ibv_modify_qp(3) takes none for UD); rxe gives it the port's active
+    /// MTU (rxe_qp.c `rxe_qp_init_req` for UD/GSI), and so should the caller, right after
+    /// [`Device::create_qp`]. Until then it is the default path MTU (1024). Other QP types are
+    /// left as they are.
+    ///
+    /// # Errors
+    /// [`DeviceError::NoSuchQp`].
+    pub fn set_ud_mtu(&mut self, qpn: Qpn, mtu: Mtu) -> Result<(), DeviceError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn.value())
+            .ok_or(DeviceError::NoSuchQp(qpn))?;
+        if qp.qp_type == QpType::Ud {
+            qp.attr.path_mtu = mtu;
+        }
+        Ok(())
+    }
+
     /// Whether destroyed QPs still owe the peer ACKs or NAKs: the engine must run
     /// [`Device::poll_transmit`] once more (after a `destroy_qp`, and before it stops).
     #[must_use]

@@ -15,9 +15,12 @@ use std::{
 };
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use roce::api::{
-    Access, AttrMask, CqId, Device, DeviceOptions, Event, Mtu, Path, Psn, QKey, QpAttr, QpState,
-    Qpn, SrqId, Wc, WcFlags,
+use roce::{
+    api::{
+        Access, ApiError, AttrMask, CqId, Device, DeviceOptions, Event, Mtu, Path, Psn, QKey,
+        QpAttr, QpState, Qpn, SrqId, Wc, WcFlags,
+    },
+    loader::{AttachMode, LoadError},
 };
 
 use crate::{
@@ -32,10 +35,10 @@ use crate::{
 /// - `inline`: the program's own threads drive the transport inside `ibv_poll_cq`,
 ///   `ibv_post_send` and `ibv_post_recv` (`DeviceOptions::inline`, as `roce perf --inline`),
 ///   so a busy-polling program (perftest's default, the pingpongs without `-e`) crosses no
-///   thread hand-off and does not fight an engine thread for a core; the library's event
-///   thread drives it while it waits for completion events (`-e`), and a helper thread runs
-///   a turn whenever no other thread did for 1 ms, so ACKs and retransmissions go on while
-///   the program computes.
+///   thread hand-off and does not fight an engine thread for a core; one helper thread
+///   sleeps on the sockets and turns when a frame arrives that no program thread is polling
+///   for (and every 1 ms for the timers), so ACKs, READ responses and retransmissions go on
+///   while the program computes or waits for completion events (`-e`).
 /// - `threads`: one engine thread per queue serves the device, as `roce perf` does by default.
 pub const ENGINE_ENV: &str = "ROCE_ENGINE";
 
@@ -225,7 +228,27 @@ impl Verbs {
             inline: engine_inline(std::env::var(ENGINE_ENV).ok().as_deref()),
             ..DeviceOptions::default()
         };
-        match Device::open(ifname, &opts) {
+        let opened = Device::open(ifname, &opts).or_else(|e| match e {
+            // A driver that refuses native XDP (veth above about 3.5 KB of MTU, some NICs):
+            // a program cannot be given `roce load -m skb`'s flag, so fall back to generic
+            // XDP, as `roce load -m skb` would attach it, and say so.
+            ApiError::Load(LoadError::NativeRefused { .. }) => {
+                eprintln!(
+                    "libibverbs (roce-xdp): {ifname}: the driver refused native XDP; using \
+                     generic XDP (slower; `roce load -i {ifname} -m skb` beforehand says it \
+                     explicitly)"
+                );
+                Device::open(
+                    ifname,
+                    &DeviceOptions {
+                        mode: AttachMode::Skb,
+                        ..opts
+                    },
+                )
+            }
+            e => Err(e),
+        });
+        match opened {
             Ok(d) => {
                 let d = Arc::clone(self.dev.get_or_init(|| Arc::new(d)));
                 self.start_pump(d)?;
