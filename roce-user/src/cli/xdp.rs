@@ -99,6 +99,19 @@ pub(crate) fn status(out: Output) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The DCQCN state of a QP (`QpStatsRecord`'s gauges), in the order `snapshot` reads them.
+const QP_GAUGES: [(&str, &str); 3] = [
+    (
+        "rate_bps",
+        "DCQCN current rate of the QP, bits/s (the line rate while not limited; 0 without congestion control).",
+    ),
+    ("target_bps", "DCQCN target rate of the QP, bits/s."),
+    (
+        "alpha_1024",
+        "DCQCN alpha of the QP, in 1024ths (mlx5 fixed point).",
+    ),
+];
+
 /// The counters of one interface: XDP (summed over CPUs), transport (summed over QPs), device
 /// (summed over endpoint processes), AF_XDP per queue, and with `per_qp` each QP.
 pub(crate) fn snapshot(
@@ -109,15 +122,13 @@ pub(crate) fn snapshot(
 ) -> anyhow::Result<Snapshot> {
     let cpus = pins.xdp_stats_per_cpu()?;
     let total = loader::sum_per_cpu(&cpus);
-    let mut sections = vec![Section::from_names(
-        "xdp",
-        &XdpStats::NAMES,
-        &total.values(),
-    )];
+    let mut sections =
+        vec![Section::new("xdp").with("xdp", &XdpStats::NAMES, &XdpStats::HELP, &total.values())];
     if per_cpu {
         for (i, c) in cpus.iter().enumerate() {
             sections.push(
-                Section::from_names(&format!("xdp_cpu{i}"), &XdpStats::NAMES, &c.values())
+                Section::new(&format!("xdp_cpu{i}"))
+                    .with("xdp_cpu", &XdpStats::NAMES, &XdpStats::HELP, &c.values())
                     .label("cpu", &i.to_string()),
             );
         }
@@ -129,23 +140,25 @@ pub(crate) fn snapshot(
     for (_, r) in &qps {
         transport.add(&r.counters);
     }
-    sections.push(Section::from_names(
+    sections.push(Section::new("transport").with(
         "transport",
         &QpCounters::NAMES,
+        &QpCounters::HELP,
         &transport.values(),
     ));
     let mut cc = CcStats::default();
     for (_, r) in &qps {
         cc.add(&r.cc);
     }
-    sections.push(Section::from_names("cc", &CcStats::NAMES, &cc.values()));
+    sections.push(Section::new("cc").with("cc", &CcStats::NAMES, &CcStats::HELP, &cc.values()));
     let mut device = DeviceCounters::default();
     for (_, d) in pins.dev_stats()?.iter().filter_map(Result::ok) {
         device.add(&d);
     }
-    sections.push(Section::from_names(
+    sections.push(Section::new("device").with(
         "device",
         &DeviceCounters::NAMES,
+        &DeviceCounters::HELP,
         &device.values(),
     ));
     let mut queues: Vec<(u32, XskQueueRecord)> =
@@ -158,7 +171,8 @@ pub(crate) fn snapshot(
             "copy"
         };
         sections.push(
-            Section::from_names(&format!("xsk_q{q}"), &XskStats::NAMES, &r.stats.values())
+            Section::new(&format!("xsk_q{q}"))
+                .with("xsk", &XskStats::NAMES, &XskStats::HELP, &r.stats.values())
                 .label("queue", &q.to_string())
                 .label("mode", mode),
         );
@@ -168,15 +182,24 @@ pub(crate) fn snapshot(
             let state = roce::transport::QpState::from_code(r.state)
                 .map_or_else(|| "?".to_owned(), |s| s.to_string());
             // DCQCN state (rate and target in bits/s, α in 1024ths as mlx5 keeps it), then
-            // the congestion counters, then the transport counters.
-            let mut names: Vec<&'static str> = vec!["rate_bps", "target_bps", "alpha_1024"];
-            let mut values = vec![r.rate_bps, r.target_bps, r.alpha_1024];
-            names.extend(CcStats::NAMES);
-            values.extend(r.cc.values());
-            names.extend(QpCounters::NAMES);
-            values.extend(r.counters.values());
+            // the congestion counters, then the transport counters. In Prometheus the state is
+            // made of gauges, and the congestion counters are a family of their own
+            // (`roce_qp_cc_*`): np_ecn_marked_roce_packets is in both structs.
             sections.push(
-                Section::from_names(&format!("qp_0x{q:06x}"), &names, &values)
+                Section::new(&format!("qp_0x{q:06x}"))
+                    .with_gauges(
+                        "qp",
+                        &QP_GAUGES.map(|(n, _)| n),
+                        &QP_GAUGES.map(|(_, h)| h),
+                        &[r.rate_bps, r.target_bps, r.alpha_1024],
+                    )
+                    .with("qp_cc", &CcStats::NAMES, &CcStats::HELP, &r.cc.values())
+                    .with(
+                        "qp",
+                        &QpCounters::NAMES,
+                        &QpCounters::HELP,
+                        &r.counters.values(),
+                    )
                     .label("qpn", &q.to_string())
                     .label("state", &state)
                     .label("owner", &r.owner.to_string()),
