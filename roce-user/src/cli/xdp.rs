@@ -214,10 +214,24 @@ pub(crate) fn snapshot(
 
 /// Flags of `roce stats`.
 #[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  roce stats -i eth0              every counter once\n  \
+roce stats -i eth0 -z -w 1 -c 5  what changed, every second, five times\n  \
+roce stats -i eth0 --prometheus  one Prometheus exposition page on stdout\n  \
+roce stats --listen 127.0.0.1:9435\n                                  serve /metrics over HTTP\n\n\
+--listen turns `roce stats` into a Prometheus exporter: it serves GET /metrics, built at each scrape \
+from the pinned maps of every interface roce_xdp is attached to in this network namespace (as \
+`roce status` lists them, and only those whose interface is here; with -i only that one; run it \
+under `ip netns exec NAME` or with --netns NAME for another namespace), per AF_XDP queue and per \
+QP, with the names, HELP texts and TYPEs of --prometheus: counters are roce_<family>_<name>_total, \
+labelled ifname, queue, qpn. `/` answers a pointer to /metrics, any other path 404. It prints the \
+address it listens on (port 0 picks a free one) and runs until SIGINT or SIGTERM. Scrape config: \
+`static_configs: [{targets: ['HOST:9435']}]`."
+)]
 pub struct StatsArgs {
-    /// Interface.
-    #[arg(short, long)]
-    pub iface: String,
+    /// Interface (with --listen: serve only this one).
+    #[arg(short, long, required_unless_present = "listen")]
+    pub iface: Option<String>,
     /// Repeat every SECS seconds, printing the change and the rate since the last report.
     #[arg(short, long, value_name = "SECS")]
     pub watch: Option<f64>,
@@ -230,6 +244,10 @@ pub struct StatsArgs {
     /// Print Prometheus exposition text.
     #[arg(long, conflicts_with_all = ["json", "pretty"])]
     pub prometheus: bool,
+    /// Serve the Prometheus exposition over HTTP at http://ADDR:PORT/metrics until interrupted,
+    /// for every interface with roce_xdp in this namespace (or -i IFACE), per queue and per QP.
+    #[arg(long, value_name = "ADDR:PORT", conflicts_with_all = ["watch", "nonzero", "prometheus"])]
+    pub listen: Option<std::net::SocketAddr>,
     /// Also show per-CPU XDP counters.
     #[arg(short = 'e', long)]
     pub per_cpu: bool,
@@ -239,24 +257,24 @@ pub struct StatsArgs {
 }
 
 pub(crate) fn stats(out: Output, a: &StatsArgs) -> anyhow::Result<()> {
+    if let Some(addr) = a.listen {
+        return super::exporter::run(out, addr, a.iface.as_deref(), a.per_cpu);
+    }
     let StatsArgs {
         iface,
         watch,
         count,
         nonzero,
         prometheus,
+        listen: _,
         per_cpu,
         per_qp,
     } = a;
-    let (iface, watch, count, nonzero, prometheus, per_cpu, per_qp) = (
-        iface.as_str(),
-        *watch,
-        *count,
-        *nonzero,
-        *prometheus,
-        *per_cpu,
-        *per_qp,
-    );
+    let Some(iface) = iface.as_deref() else {
+        bail!("roce stats needs -i IFACE (or --listen ADDR:PORT)");
+    };
+    let (watch, count, nonzero, prometheus, per_cpu, per_qp) =
+        (*watch, *count, *nonzero, *prometheus, *per_cpu, *per_qp);
     loader::require_root()?;
     loader::check_ifname(iface)?;
     let pins = Pins::new(iface);
