@@ -42,6 +42,22 @@ pub struct Section {
     /// One entry per counter, in the same order: family, help and kind for Prometheus.
     #[serde(skip)]
     pub meta: Vec<Meta>,
+    /// Attributes that may change while the counters go on (a QP's state), for Prometheus.
+    #[serde(skip)]
+    pub info: Option<Info>,
+}
+
+/// Attributes of a section that may change while its counters go on (a QP's state): in
+/// Prometheus the labels of an info gauge `roce_<family>_info{<section labels>,<these>} 1`
+/// rather than labels of every counter, whose series would otherwise restart at each change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Info {
+    /// Metric family (`qp` gives `roce_qp_info`).
+    pub family: String,
+    /// The info gauge's help text.
+    pub help: &'static str,
+    /// The attributes, as labels.
+    pub labels: Vec<(String, String)>,
 }
 
 impl Section {
@@ -54,6 +70,7 @@ impl Section {
             labels: Vec::new(),
             counters: Vec::new(),
             meta: Vec::new(),
+            info: None,
         }
     }
 
@@ -116,6 +133,21 @@ impl Section {
         self
     }
 
+    /// Adds an attribute that may change while the counters go on, rendered in Prometheus as
+    /// a label of the info gauge `roce_<family>_info` (value 1), described by `help`.
+    #[must_use]
+    pub fn info(mut self, family: &str, help: &'static str, key: &str, value: &str) -> Self {
+        self.info
+            .get_or_insert_with(|| Info {
+                family: family.to_owned(),
+                help,
+                labels: Vec::new(),
+            })
+            .labels
+            .push((key.to_owned(), value.to_owned()));
+        self
+    }
+
     /// The value of `name`.
     #[must_use]
     pub fn get(&self, name: &str) -> Option<u64> {
@@ -157,6 +189,7 @@ impl Snapshot {
                     labels: s.labels.clone(),
                     counters,
                     meta: s.meta.clone(),
+                    info: s.info.clone(),
                 }
             })
             .collect();
@@ -251,19 +284,8 @@ pub fn prometheus(snapshots: &[Snapshot]) -> String {
             for (k, val) in &s.labels {
                 let _ = write!(labels, ",{}=\"{}\"", sanitize(k), escape(val));
             }
-            for (i, (n, v)) in s.counters.iter().enumerate() {
-                let (family, help, kind) = s.meta.get(i).map_or_else(
-                    || (sanitize(&s.name), "", Kind::Counter),
-                    |m| (sanitize(&m.family), m.help, m.kind),
-                );
-                let suffix = if kind == Kind::Counter { "_total" } else { "" };
-                let metric = format!("roce_{family}_{}{suffix}", sanitize(n));
+            let mut add = |metric: String, help: String, kind: Kind, labels: &str, v: u64| {
                 let at = *index.entry(metric.clone()).or_insert_with(|| {
-                    let help = if help.is_empty() {
-                        format!("roce-xdp {family} {n}")
-                    } else {
-                        escape_help(help)
-                    };
                     families.push(Family {
                         metric,
                         help,
@@ -274,6 +296,44 @@ pub fn prometheus(snapshots: &[Snapshot]) -> String {
                 });
                 let f = &mut families[at];
                 let _ = writeln!(f.samples, "{}{{{labels}}} {v}", f.metric);
+            };
+            if let Some(Info {
+                family,
+                help,
+                labels: attrs,
+            }) = &s.info
+            {
+                let mut all = labels.clone();
+                for (k, val) in attrs {
+                    let _ = write!(all, ",{}=\"{}\"", sanitize(k), escape(val));
+                }
+                let family = sanitize(family);
+                add(
+                    format!("roce_{family}_info"),
+                    escape_help(help),
+                    Kind::Gauge,
+                    &all,
+                    1,
+                );
+            }
+            for (i, (n, v)) in s.counters.iter().enumerate() {
+                let (family, help, kind) = s.meta.get(i).map_or_else(
+                    || (sanitize(&s.name), "", Kind::Counter),
+                    |m| (sanitize(&m.family), m.help, m.kind),
+                );
+                let suffix = if kind == Kind::Counter { "_total" } else { "" };
+                let help = if help.is_empty() {
+                    format!("roce-xdp {family} {n}")
+                } else {
+                    escape_help(help)
+                };
+                add(
+                    format!("roce_{family}_{}{suffix}", sanitize(n)),
+                    help,
+                    kind,
+                    &labels,
+                    *v,
+                );
             }
         }
     }
@@ -404,7 +464,8 @@ mod tests {
                     .with_gauges("qp", &["rate_bps"], &["Current rate."], &[100])
                     .with("qp_cc", &["np_ecn_marked_roce_packets"], &["cc help"], &[1])
                     .with("qp", &["np_ecn_marked_roce_packets"], &["qp help"], &[2])
-                    .label("qpn", "17"),
+                    .label("qpn", "17")
+                    .info("qp", "QP attributes.", "state", "RTS"),
             ],
         };
         let t = prometheus(&[snap("a", 5), snap("b", 6)]);
@@ -429,6 +490,14 @@ mod tests {
         assert!(
             t.contains("roce_qp_np_ecn_marked_roce_packets_total{ifname=\"a\",qpn=\"17\"} 2\n")
         );
-        assert_eq!(t.matches("# TYPE ").count(), XdpStats::COUNT + 3);
+        assert!(t.contains(
+            "# HELP roce_qp_info QP attributes.\n# TYPE roce_qp_info gauge\n\
+             roce_qp_info{ifname=\"a\",qpn=\"17\",state=\"RTS\"} 1\n"
+        ));
+        assert!(
+            !t.contains("state=\"RTS\"} 2"),
+            "the state is not a label of counters"
+        );
+        assert_eq!(t.matches("# TYPE ").count(), XdpStats::COUNT + 4);
     }
 }

@@ -285,6 +285,18 @@ fn metrics_during_traffic_pass_promtool_and_match_bpftool() {
             "{metric}"
         );
     }
+    // A QP's state and owner are labels of roce_qp_info, not of its counters.
+    let info = samples(&during, "roce_qp_info", &format!("ifname=\"{a}\",qpn="));
+    assert_eq!(info.len(), 2, "{during}");
+    assert!(
+        info.iter()
+            .all(|(k, v)| *v == 1 && k.contains(",state=\"RTS\",owner=\"")),
+        "{info:?}"
+    );
+    assert!(
+        qp_sent(&during).keys().all(|k| !k.contains("state=")),
+        "{during}"
+    );
     let line_rate = samples(&during, "roce_qp_rate_bps", &format!("ifname=\"{a}\",qpn="));
     assert!(line_rate.values().all(|v| *v > 0), "{line_rate:?}");
     let xsk = samples(

@@ -112,6 +112,10 @@ const QP_GAUGES: [(&str, &str); 3] = [
     ),
 ];
 
+/// Help of `roce_qp_info`, whose labels are what may change while a QP's counters go on.
+const QP_INFO_HELP: &str =
+    "A QP's state (RESET..ERR) and the PID of the process that owns it, as labels; always 1.";
+
 /// The counters of one interface: XDP (summed over CPUs), transport (summed over QPs), device
 /// (summed over endpoint processes), AF_XDP per queue, and with `per_qp` each QP.
 pub(crate) fn snapshot(
@@ -201,8 +205,8 @@ pub(crate) fn snapshot(
                         &r.counters.values(),
                     )
                     .label("qpn", &q.to_string())
-                    .label("state", &state)
-                    .label("owner", &r.owner.to_string()),
+                    .info("qp", QP_INFO_HELP, "state", &state)
+                    .info("qp", QP_INFO_HELP, "owner", &r.owner.to_string()),
             );
         }
     }
