@@ -2,10 +2,32 @@
 //! Prometheus exposition text.
 //!
 //! Pure: the caller reads the counters (from pinned maps, the engine, the transport) and hands
-//! them over as sections of `(name, value)` pairs whose names come from the counter structs'
-//! `NAMES` tables, so there is one source of truth for every name.
+//! them over as sections of `(name, value)` pairs whose names and help texts come from the counter
+//! structs' `NAMES` and `HELP` tables, so there is one source of truth for every name.
 
-use std::fmt::Write as _;
+use std::{collections::HashMap, fmt::Write as _};
+
+/// How Prometheus is to read a value (exposition format `# TYPE`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Kind {
+    /// Only goes up (until the process or map that keeps it restarts): rendered `..._total`.
+    Counter,
+    /// A current value that goes up and down (a rate, a level).
+    Gauge,
+}
+
+/// What the Prometheus exposition needs about one value besides its name and number.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Meta {
+    /// Metric family: the part of the metric name between `roce_` and the counter name
+    /// (`xdp`, `transport`, `qp`, ...), shared by every interface, queue and QP so that they
+    /// differ only in their labels.
+    pub family: String,
+    /// The one-line help (the counter struct's `HELP` entry), or empty.
+    pub help: &'static str,
+    /// Counter or gauge.
+    pub kind: Kind,
+}
 
 /// A named group of counters, for example `xdp` or `qp 0x000011`.
 #[derive(Clone, Debug, PartialEq, Eq, serde::Serialize)]
@@ -17,23 +39,112 @@ pub struct Section {
     pub labels: Vec<(String, String)>,
     /// Counters in their struct's field order.
     pub counters: Vec<(&'static str, u64)>,
+    /// One entry per counter, in the same order: family, help and kind for Prometheus.
+    #[serde(skip)]
+    pub meta: Vec<Meta>,
+    /// Attributes that may change while the counters go on (a QP's state), for Prometheus.
+    #[serde(skip)]
+    pub info: Option<Info>,
+}
+
+/// Attributes of a section that may change while its counters go on (a QP's state): in
+/// Prometheus the labels of an info gauge `roce_<family>_info{<section labels>,<these>} 1`
+/// rather than labels of every counter, whose series would otherwise restart at each change.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Info {
+    /// Metric family (`qp` gives `roce_qp_info`).
+    pub family: String,
+    /// The info gauge's help text.
+    pub help: &'static str,
+    /// The attributes, as labels.
+    pub labels: Vec<(String, String)>,
 }
 
 impl Section {
-    /// A section from a counter struct's `NAMES` and `values()`.
+    /// A section without counters yet; add them with [`Section::with`] and
+    /// [`Section::with_gauges`].
     #[must_use]
-    pub fn from_names(name: &str, names: &[&'static str], values: &[u64]) -> Self {
+    pub fn new(name: &str) -> Self {
         Self {
             name: name.to_owned(),
             labels: Vec::new(),
-            counters: names.iter().copied().zip(values.iter().copied()).collect(),
+            counters: Vec::new(),
+            meta: Vec::new(),
+            info: None,
         }
+    }
+
+    /// A section from a counter struct's `NAMES` and `values()`, without help texts; its
+    /// Prometheus family is the section name.
+    #[must_use]
+    pub fn from_names(name: &str, names: &[&'static str], values: &[u64]) -> Self {
+        let family = sanitize(name);
+        Self::new(name).push(&family, names, &[], values, Kind::Counter)
+    }
+
+    /// Appends counters from a counter struct's `NAMES`, `HELP` and `values()`, in the
+    /// Prometheus family `family`.
+    #[must_use]
+    pub fn with(
+        self,
+        family: &str,
+        names: &[&'static str],
+        help: &[&'static str],
+        values: &[u64],
+    ) -> Self {
+        self.push(family, names, help, values, Kind::Counter)
+    }
+
+    /// Appends gauges (current values, not counts), in the Prometheus family `family`.
+    #[must_use]
+    pub fn with_gauges(
+        self,
+        family: &str,
+        names: &[&'static str],
+        help: &[&'static str],
+        values: &[u64],
+    ) -> Self {
+        self.push(family, names, help, values, Kind::Gauge)
+    }
+
+    fn push(
+        mut self,
+        family: &str,
+        names: &[&'static str],
+        help: &[&'static str],
+        values: &[u64],
+        kind: Kind,
+    ) -> Self {
+        for (i, (n, v)) in names.iter().zip(values).enumerate() {
+            self.counters.push((n, *v));
+            self.meta.push(Meta {
+                family: family.to_owned(),
+                help: help.get(i).copied().unwrap_or(""),
+                kind,
+            });
+        }
+        self
     }
 
     /// Adds a Prometheus label.
     #[must_use]
     pub fn label(mut self, key: &str, value: &str) -> Self {
         self.labels.push((key.to_owned(), value.to_owned()));
+        self
+    }
+
+    /// Adds an attribute that may change while the counters go on, rendered in Prometheus as
+    /// a label of the info gauge `roce_<family>_info` (value 1), described by `help`.
+    #[must_use]
+    pub fn info(mut self, family: &str, help: &'static str, key: &str, value: &str) -> Self {
+        self.info
+            .get_or_insert_with(|| Info {
+                family: family.to_owned(),
+                help,
+                labels: Vec::new(),
+            })
+            .labels
+            .push((key.to_owned(), value.to_owned()));
         self
     }
 
@@ -77,6 +188,8 @@ impl Snapshot {
                     name: s.name.clone(),
                     labels: s.labels.clone(),
                     counters,
+                    meta: s.meta.clone(),
+                    info: s.info.clone(),
                 }
             })
             .collect();
@@ -140,24 +253,101 @@ impl Snapshot {
         obj.into()
     }
 
-    /// Renders Prometheus exposition text: `roce_<section>_<name>_total{ifname=..,..} value`.
+    /// Renders Prometheus exposition text for this interface alone; see [`prometheus`].
     #[must_use]
     pub fn to_prometheus(&self) -> String {
-        let mut out = String::new();
-        for s in &self.sections {
-            let section = sanitize(&s.name);
-            for (n, v) in &s.counters {
-                let metric = format!("roce_{section}_{n}_total");
-                let _ = writeln!(out, "# TYPE {metric} counter");
-                let mut labels = format!("ifname=\"{}\"", escape(&self.ifname));
-                for (k, val) in &s.labels {
-                    let _ = write!(labels, ",{}=\"{}\"", sanitize(k), escape(val));
+        prometheus(std::slice::from_ref(self))
+    }
+}
+
+/// Renders the counters of any number of interfaces as one Prometheus exposition page (text
+/// format 0.0.4): one family per metric, each introduced once by its `# HELP` and `# TYPE`
+/// lines and followed by its samples for every interface, queue and QP, which differ only in
+/// their labels (`ifname`, then the section's: `queue`, `qpn`, ...). Counters are named
+/// `roce_<family>_<name>_total`, gauges `roce_<family>_<name>`.
+///
+/// Call it with every snapshot of one scrape: a family split over two calls would repeat its
+/// `# TYPE` line, which the format forbids.
+#[must_use]
+pub fn prometheus(snapshots: &[Snapshot]) -> String {
+    struct Family {
+        metric: String,
+        help: String,
+        kind: Kind,
+        samples: String,
+    }
+    let mut families: Vec<Family> = Vec::new();
+    let mut index: HashMap<String, usize> = HashMap::new();
+    for snap in snapshots {
+        for s in &snap.sections {
+            let mut labels = format!("ifname=\"{}\"", escape(&snap.ifname));
+            for (k, val) in &s.labels {
+                let _ = write!(labels, ",{}=\"{}\"", sanitize(k), escape(val));
+            }
+            let mut add = |metric: String, help: String, kind: Kind, labels: &str, v: u64| {
+                let at = *index.entry(metric.clone()).or_insert_with(|| {
+                    families.push(Family {
+                        metric,
+                        help,
+                        kind,
+                        samples: String::new(),
+                    });
+                    families.len() - 1
+                });
+                let f = &mut families[at];
+                let _ = writeln!(f.samples, "{}{{{labels}}} {v}", f.metric);
+            };
+            if let Some(Info {
+                family,
+                help,
+                labels: attrs,
+            }) = &s.info
+            {
+                let mut all = labels.clone();
+                for (k, val) in attrs {
+                    let _ = write!(all, ",{}=\"{}\"", sanitize(k), escape(val));
                 }
-                let _ = writeln!(out, "{metric}{{{labels}}} {v}");
+                let family = sanitize(family);
+                add(
+                    format!("roce_{family}_info"),
+                    escape_help(help),
+                    Kind::Gauge,
+                    &all,
+                    1,
+                );
+            }
+            for (i, (n, v)) in s.counters.iter().enumerate() {
+                let (family, help, kind) = s.meta.get(i).map_or_else(
+                    || (sanitize(&s.name), "", Kind::Counter),
+                    |m| (sanitize(&m.family), m.help, m.kind),
+                );
+                let suffix = if kind == Kind::Counter { "_total" } else { "" };
+                let help = if help.is_empty() {
+                    format!("roce-xdp {family} {n}")
+                } else {
+                    escape_help(help)
+                };
+                add(
+                    format!("roce_{family}_{}{suffix}", sanitize(n)),
+                    help,
+                    kind,
+                    &labels,
+                    *v,
+                );
             }
         }
-        out
     }
+    let mut out = String::new();
+    for f in &families {
+        let kind = match f.kind {
+            Kind::Counter => "counter",
+            Kind::Gauge => "gauge",
+        };
+        let _ = writeln!(out, "# HELP {} {}", f.metric, f.help);
+        let _ = writeln!(out, "# TYPE {} {kind}", f.metric);
+        out.push_str(&f.samples);
+    }
+    out
 }
 
 fn sanitize(s: &str) -> String {
@@ -172,6 +362,12 @@ fn sanitize(s: &str) -> String {
         .collect()
 }
 
+/// Escapes a `# HELP` text (exposition format: backslash and line feed).
+fn escape_help(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('\n', "\\n")
+}
+
+/// Escapes a label value (exposition format: backslash, double quote and line feed).
 fn escape(s: &str) -> String {
     s.replace('\\', "\\\\")
         .replace('"', "\\\"")
@@ -234,12 +430,74 @@ mod tests {
         };
         let t = p.to_prometheus();
         assert!(
-            t.contains("# TYPE roce_qp_17_sent_pkts_total counter\n"),
+            t.starts_with(
+                "# HELP roce_qp_17_sent_pkts_total roce-xdp qp_17 sent_pkts\n\
+                 # TYPE roce_qp_17_sent_pkts_total counter\n"
+            ),
             "{t}"
         );
         assert!(
             t.contains("roce_qp_17_sent_pkts_total{ifname=\"ve\\\"th\",qpn=\"17\"} 3\n"),
             "{t}"
         );
+    }
+
+    /// Several interfaces, queues and QPs on one page: each family once with its HELP and TYPE
+    /// (from the counter struct), its samples told apart by labels; gauges without `_total`; the
+    /// same counter name in two families stays two metrics.
+    #[test]
+    fn prometheus_page_groups_families() {
+        let snap = |ifname: &str, rx: u64| Snapshot {
+            ifname: ifname.into(),
+            sections: vec![
+                Section::new("xdp").with(
+                    "xdp",
+                    &XdpStats::NAMES,
+                    &XdpStats::HELP,
+                    &XdpStats {
+                        rx_packets: rx,
+                        ..Default::default()
+                    }
+                    .values(),
+                ),
+                Section::new("qp_0x000011")
+                    .with_gauges("qp", &["rate_bps"], &["Current rate."], &[100])
+                    .with("qp_cc", &["np_ecn_marked_roce_packets"], &["cc help"], &[1])
+                    .with("qp", &["np_ecn_marked_roce_packets"], &["qp help"], &[2])
+                    .label("qpn", "17")
+                    .info("qp", "QP attributes.", "state", "RTS"),
+            ],
+        };
+        let t = prometheus(&[snap("a", 5), snap("b", 6)]);
+        let help = format!(
+            "# HELP roce_xdp_rx_packets_total {}\n# TYPE roce_xdp_rx_packets_total counter\n",
+            XdpStats::HELP[0]
+        );
+        assert_eq!(XdpStats::NAMES[0], "rx_packets");
+        assert_eq!(t.matches(&help).count(), 1, "{t}");
+        assert!(
+            t.contains(&format!(
+                "{help}roce_xdp_rx_packets_total{{ifname=\"a\"}} 5\n\
+                 roce_xdp_rx_packets_total{{ifname=\"b\"}} 6\n"
+            )),
+            "{t}"
+        );
+        assert_eq!(t.matches("# TYPE roce_qp_rate_bps gauge\n").count(), 1);
+        assert!(t.contains("roce_qp_rate_bps{ifname=\"b\",qpn=\"17\"} 100\n"));
+        assert!(
+            t.contains("roce_qp_cc_np_ecn_marked_roce_packets_total{ifname=\"a\",qpn=\"17\"} 1\n")
+        );
+        assert!(
+            t.contains("roce_qp_np_ecn_marked_roce_packets_total{ifname=\"a\",qpn=\"17\"} 2\n")
+        );
+        assert!(t.contains(
+            "# HELP roce_qp_info QP attributes.\n# TYPE roce_qp_info gauge\n\
+             roce_qp_info{ifname=\"a\",qpn=\"17\",state=\"RTS\"} 1\n"
+        ));
+        assert!(
+            !t.contains("state=\"RTS\"} 2"),
+            "the state is not a label of counters"
+        );
+        assert_eq!(t.matches("# TYPE ").count(), XdpStats::COUNT + 4);
     }
 }

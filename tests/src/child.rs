@@ -25,6 +25,15 @@ impl Reaper {
         self.0.as_ref().expect("running child").id()
     }
 
+    /// Takes the child's standard output, to read what it prints while it runs (a server's
+    /// first line saying where it listens); [`finish`] then returns an empty stdout.
+    ///
+    /// # Panics
+    /// After [`finish`].
+    pub fn take_stdout(&mut self) -> Option<std::process::ChildStdout> {
+        self.0.as_mut().expect("running child").stdout.take()
+    }
+
     /// Kills the child now (SIGKILL) and reaps it; a later [`finish`] is not possible.
     ///
     /// # Errors

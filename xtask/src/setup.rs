@@ -29,7 +29,10 @@ const APT_PACKAGES: &[&str] = &[
     "rdmacm-utils",
     "binutils", // objdump and readelf check the library's symbol versions
     "gcc",      // builds tests/c/*.c, C programs that use the library through its ABI
-    "gdb",      // the stacks of a test's child that outlived its time limit (tests/src/child.rs)
+    // promtool, Prometheus' own checker of the exposition format: tests/tests/exporter.rs runs
+    // `promtool check metrics` on what `roce stats --listen` serves.
+    "prometheus",
+    "gdb", // the stacks of a test's child that outlived its time limit (tests/src/child.rs)
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";
 const CARGO_FUZZ_VERSION: &str = "0.13.2";

@@ -5,6 +5,7 @@
 
 mod demo;
 mod exec;
+mod exporter;
 mod r#gen;
 mod impair;
 mod perf;

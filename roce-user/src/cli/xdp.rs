@@ -99,6 +99,23 @@ pub(crate) fn status(out: Output) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// The DCQCN state of a QP (`QpStatsRecord`'s gauges), in the order `snapshot` reads them.
+const QP_GAUGES: [(&str, &str); 3] = [
+    (
+        "rate_bps",
+        "DCQCN current rate of the QP, bits/s (the line rate while not limited; 0 without congestion control).",
+    ),
+    ("target_bps", "DCQCN target rate of the QP, bits/s."),
+    (
+        "alpha_1024",
+        "DCQCN alpha of the QP, in 1024ths (mlx5 fixed point).",
+    ),
+];
+
+/// Help of `roce_qp_info`, whose labels are what may change while a QP's counters go on.
+const QP_INFO_HELP: &str =
+    "A QP's state (RESET..ERR) and the PID of the process that owns it, as labels; always 1.";
+
 /// The counters of one interface: XDP (summed over CPUs), transport (summed over QPs), device
 /// (summed over endpoint processes), AF_XDP per queue, and with `per_qp` each QP.
 pub(crate) fn snapshot(
@@ -109,15 +126,13 @@ pub(crate) fn snapshot(
 ) -> anyhow::Result<Snapshot> {
     let cpus = pins.xdp_stats_per_cpu()?;
     let total = loader::sum_per_cpu(&cpus);
-    let mut sections = vec![Section::from_names(
-        "xdp",
-        &XdpStats::NAMES,
-        &total.values(),
-    )];
+    let mut sections =
+        vec![Section::new("xdp").with("xdp", &XdpStats::NAMES, &XdpStats::HELP, &total.values())];
     if per_cpu {
         for (i, c) in cpus.iter().enumerate() {
             sections.push(
-                Section::from_names(&format!("xdp_cpu{i}"), &XdpStats::NAMES, &c.values())
+                Section::new(&format!("xdp_cpu{i}"))
+                    .with("xdp_cpu", &XdpStats::NAMES, &XdpStats::HELP, &c.values())
                     .label("cpu", &i.to_string()),
             );
         }
@@ -129,23 +144,25 @@ pub(crate) fn snapshot(
     for (_, r) in &qps {
         transport.add(&r.counters);
     }
-    sections.push(Section::from_names(
+    sections.push(Section::new("transport").with(
         "transport",
         &QpCounters::NAMES,
+        &QpCounters::HELP,
         &transport.values(),
     ));
     let mut cc = CcStats::default();
     for (_, r) in &qps {
         cc.add(&r.cc);
     }
-    sections.push(Section::from_names("cc", &CcStats::NAMES, &cc.values()));
+    sections.push(Section::new("cc").with("cc", &CcStats::NAMES, &CcStats::HELP, &cc.values()));
     let mut device = DeviceCounters::default();
     for (_, d) in pins.dev_stats()?.iter().filter_map(Result::ok) {
         device.add(&d);
     }
-    sections.push(Section::from_names(
+    sections.push(Section::new("device").with(
         "device",
         &DeviceCounters::NAMES,
+        &DeviceCounters::HELP,
         &device.values(),
     ));
     let mut queues: Vec<(u32, XskQueueRecord)> =
@@ -158,7 +175,8 @@ pub(crate) fn snapshot(
             "copy"
         };
         sections.push(
-            Section::from_names(&format!("xsk_q{q}"), &XskStats::NAMES, &r.stats.values())
+            Section::new(&format!("xsk_q{q}"))
+                .with("xsk", &XskStats::NAMES, &XskStats::HELP, &r.stats.values())
                 .label("queue", &q.to_string())
                 .label("mode", mode),
         );
@@ -168,18 +186,27 @@ pub(crate) fn snapshot(
             let state = roce::transport::QpState::from_code(r.state)
                 .map_or_else(|| "?".to_owned(), |s| s.to_string());
             // DCQCN state (rate and target in bits/s, α in 1024ths as mlx5 keeps it), then
-            // the congestion counters, then the transport counters.
-            let mut names: Vec<&'static str> = vec!["rate_bps", "target_bps", "alpha_1024"];
-            let mut values = vec![r.rate_bps, r.target_bps, r.alpha_1024];
-            names.extend(CcStats::NAMES);
-            values.extend(r.cc.values());
-            names.extend(QpCounters::NAMES);
-            values.extend(r.counters.values());
+            // the congestion counters, then the transport counters. In Prometheus the state is
+            // made of gauges, and the congestion counters are a family of their own
+            // (`roce_qp_cc_*`): np_ecn_marked_roce_packets is in both structs.
             sections.push(
-                Section::from_names(&format!("qp_0x{q:06x}"), &names, &values)
+                Section::new(&format!("qp_0x{q:06x}"))
+                    .with_gauges(
+                        "qp",
+                        &QP_GAUGES.map(|(n, _)| n),
+                        &QP_GAUGES.map(|(_, h)| h),
+                        &[r.rate_bps, r.target_bps, r.alpha_1024],
+                    )
+                    .with("qp_cc", &CcStats::NAMES, &CcStats::HELP, &r.cc.values())
+                    .with(
+                        "qp",
+                        &QpCounters::NAMES,
+                        &QpCounters::HELP,
+                        &r.counters.values(),
+                    )
                     .label("qpn", &q.to_string())
-                    .label("state", &state)
-                    .label("owner", &r.owner.to_string()),
+                    .info("qp", QP_INFO_HELP, "state", &state)
+                    .info("qp", QP_INFO_HELP, "owner", &r.owner.to_string()),
             );
         }
     }
@@ -191,10 +218,24 @@ pub(crate) fn snapshot(
 
 /// Flags of `roce stats`.
 #[derive(Debug, clap::Args)]
+#[command(
+    after_help = "Examples:\n  roce stats -i eth0              every counter once\n  \
+roce stats -i eth0 -z -w 1 -c 5  what changed, every second, five times\n  \
+roce stats -i eth0 --prometheus  one Prometheus exposition page on stdout\n  \
+roce stats --listen 127.0.0.1:9435\n                                  serve /metrics over HTTP\n\n\
+--listen turns `roce stats` into a Prometheus exporter: it serves GET /metrics, built at each scrape \
+from the pinned maps of every interface roce_xdp is attached to in this network namespace (as \
+`roce status` lists them, and only those whose interface is here; with -i only that one; run it \
+under `ip netns exec NAME` or with --netns NAME for another namespace), per AF_XDP queue and per \
+QP, with the names, HELP texts and TYPEs of --prometheus: counters are roce_<family>_<name>_total, \
+labelled ifname, queue, qpn. `/` answers a pointer to /metrics, any other path 404. It prints the \
+address it listens on (port 0 picks a free one) and runs until SIGINT or SIGTERM. Scrape config: \
+`static_configs: [{targets: ['HOST:9435']}]`."
+)]
 pub struct StatsArgs {
-    /// Interface.
-    #[arg(short, long)]
-    pub iface: String,
+    /// Interface (with --listen: serve only this one).
+    #[arg(short, long, required_unless_present = "listen")]
+    pub iface: Option<String>,
     /// Repeat every SECS seconds, printing the change and the rate since the last report.
     #[arg(short, long, value_name = "SECS")]
     pub watch: Option<f64>,
@@ -207,6 +248,10 @@ pub struct StatsArgs {
     /// Print Prometheus exposition text.
     #[arg(long, conflicts_with_all = ["json", "pretty"])]
     pub prometheus: bool,
+    /// Serve the Prometheus exposition over HTTP at http://ADDR:PORT/metrics until interrupted,
+    /// for every interface with roce_xdp in this namespace (or -i IFACE), per queue and per QP.
+    #[arg(long, value_name = "ADDR:PORT", conflicts_with_all = ["watch", "nonzero", "prometheus"])]
+    pub listen: Option<std::net::SocketAddr>,
     /// Also show per-CPU XDP counters.
     #[arg(short = 'e', long)]
     pub per_cpu: bool,
@@ -216,24 +261,24 @@ pub struct StatsArgs {
 }
 
 pub(crate) fn stats(out: Output, a: &StatsArgs) -> anyhow::Result<()> {
+    if let Some(addr) = a.listen {
+        return super::exporter::run(out, addr, a.iface.as_deref(), a.per_cpu);
+    }
     let StatsArgs {
         iface,
         watch,
         count,
         nonzero,
         prometheus,
+        listen: _,
         per_cpu,
         per_qp,
     } = a;
-    let (iface, watch, count, nonzero, prometheus, per_cpu, per_qp) = (
-        iface.as_str(),
-        *watch,
-        *count,
-        *nonzero,
-        *prometheus,
-        *per_cpu,
-        *per_qp,
-    );
+    let Some(iface) = iface.as_deref() else {
+        bail!("roce stats needs -i IFACE (or --listen ADDR:PORT)");
+    };
+    let (watch, count, nonzero, prometheus, per_cpu, per_qp) =
+        (*watch, *count, *nonzero, *prometheus, *per_cpu, *per_qp);
     loader::require_root()?;
     loader::check_ifname(iface)?;
     let pins = Pins::new(iface);
