@@ -11,6 +11,7 @@
 #include <infiniband/verbs.h>
 #include <stdint.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -30,6 +31,43 @@ static void report(const char *name, int ok, const char *fmt, long a, long b)
 		failures++;
 	}
 	fflush(stdout);
+}
+
+/* Writes `len` bytes of `mine` (unless NULL), then reads `len` bytes into `theirs` (unless
+ * NULL): one step of an exchange over the out-of-band socket. 0, or -1. */
+static inline int xfer(int fd, const void *mine, void *theirs, size_t len)
+{
+	if (mine && write(fd, mine, len) != (ssize_t)len)
+		return -1;
+	size_t got = 0;
+	while (theirs && got < len) {
+		ssize_t n = read(fd, (char *)theirs + got, len - got);
+		if (n <= 0)
+			return -1;
+		got += n;
+	}
+	return 0;
+}
+
+/* The command line of a case-reporting program, "PROG DEV GID_INDEX PORT [SERVER_IP]": opens
+ * device DEV (its list stays allocated until exit, as the programs keep using it) and says
+ * whether this end is the client (SERVER_IP given). NULL after printing why. */
+static inline struct ibv_context *open_from_args(int argc, char **argv, const char **server, int *gidx)
+{
+	if (argc < 4) {
+		fprintf(stderr, "usage: %s DEV GID_INDEX PORT [SERVER_IP]\n", argv[0]);
+		return NULL;
+	}
+	*server = argc > 4 ? argv[4] : NULL;
+	*gidx = atoi(argv[2]);
+	struct ibv_device **list = ibv_get_device_list(NULL);
+	struct ibv_context *ctx = NULL;
+	for (int i = 0; list && list[i]; i++)
+		if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
+			ctx = ibv_open_device(list[i]);
+	if (!ctx)
+		fprintf(stderr, "no device %s\n", argv[1]);
+	return ctx;
 }
 
 static int tcp(const char *server, int port)

@@ -22,20 +22,6 @@ struct hello {
 	union ibv_gid gid;
 };
 
-static int xfer(int fd, const void *mine, void *theirs, size_t len)
-{
-	if (mine && write(fd, mine, len) != (ssize_t)len)
-		return -1;
-	size_t got = 0;
-	while (theirs && got < len) {
-		ssize_t n = read(fd, (char *)theirs + got, len - got);
-		if (n <= 0)
-			return -1;
-		got += n;
-	}
-	return 0;
-}
-
 /* Waits (up to ~10 s) for the next completion of the batch: ibv_start_poll when `first`,
  * else ibv_next_poll, retried (a new batch) while the CQ is empty. */
 static int next_wc(struct ibv_cq_ex *cq, int *in_batch)
@@ -214,21 +200,11 @@ static int run_client(struct ibv_cq_ex *cq, struct ibv_qp *qp, struct ibv_mr *mr
 
 int main(int argc, char **argv)
 {
-	if (argc < 4) {
-		fprintf(stderr, "usage: %s DEV GID_INDEX PORT [SERVER_IP]\n", argv[0]);
+	const char *server;
+	int gidx;
+	struct ibv_context *ctx = open_from_args(argc, argv, &server, &gidx);
+	if (!ctx)
 		return 100;
-	}
-	const char *server = argc > 4 ? argv[4] : NULL;
-	int gidx = atoi(argv[2]);
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	struct ibv_context *ctx = NULL;
-	for (int i = 0; list && list[i]; i++)
-		if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
-			ctx = ibv_open_device(list[i]);
-	if (!ctx) {
-		fprintf(stderr, "no device %s\n", argv[1]);
-		return 100;
-	}
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	if (!server)
 		attribute_cases(ctx);
@@ -279,6 +255,5 @@ int main(int argc, char **argv)
 	ibv_destroy_cq(ibv_cq_ex_to_cq(cq));
 	ibv_dealloc_pd(pd);
 	ibv_close_device(ctx);
-	ibv_free_device_list(list);
 	return r ? r : failures != 0;
 }

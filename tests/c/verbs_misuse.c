@@ -155,21 +155,11 @@ static void local_cases(struct ibv_context *ctx, struct ibv_pd *pd)
 
 int main(int argc, char **argv)
 {
-	if (argc < 4) {
-		fprintf(stderr, "usage: %s DEV GID_INDEX PORT [SERVER_IP]\n", argv[0]);
+	const char *server;
+	int gidx;
+	struct ibv_context *ctx = open_from_args(argc, argv, &server, &gidx);
+	if (!ctx)
 		return 100;
-	}
-	const char *server = argc > 4 ? argv[4] : NULL;
-	int gidx = atoi(argv[2]);
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	struct ibv_context *ctx = NULL;
-	for (int i = 0; list && list[i]; i++)
-		if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
-			ctx = ibv_open_device(list[i]);
-	if (!ctx) {
-		fprintf(stderr, "no device %s\n", argv[1]);
-		return 100;
-	}
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	if (!pd) {
 		perror("ibv_alloc_pd");

@@ -45,20 +45,6 @@ struct keys {
 	uint32_t w[4]; /* rkeys of W1..W4 */
 };
 
-static int xfer(int fd, const void *mine, void *theirs, size_t len)
-{
-	if (mine && write(fd, mine, len) != (ssize_t)len)
-		return -1;
-	size_t got = 0;
-	while (theirs && got < len) {
-		ssize_t n = read(fd, (char *)theirs + got, len - got);
-		if (n <= 0)
-			return -1;
-		got += n;
-	}
-	return 0;
-}
-
 static void step(int fd, char c)
 {
 	if (write(fd, &c, 1) != 1)
@@ -364,21 +350,11 @@ static int run_client(struct ibv_pd *pd, struct ibv_cq *cq, struct ibv_qp **qp, 
 
 int main(int argc, char **argv)
 {
-	if (argc < 4) {
-		fprintf(stderr, "usage: %s DEV GID_INDEX PORT [SERVER_IP]\n", argv[0]);
+	const char *server;
+	int gidx;
+	struct ibv_context *ctx = open_from_args(argc, argv, &server, &gidx);
+	if (!ctx)
 		return 100;
-	}
-	const char *server = argc > 4 ? argv[4] : NULL;
-	int gidx = atoi(argv[2]);
-	struct ibv_device **list = ibv_get_device_list(NULL);
-	struct ibv_context *ctx = NULL;
-	for (int i = 0; list && list[i]; i++)
-		if (!strcmp(ibv_get_device_name(list[i]), argv[1]))
-			ctx = ibv_open_device(list[i]);
-	if (!ctx) {
-		fprintf(stderr, "no device %s\n", argv[1]);
-		return 100;
-	}
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	struct ibv_cq *cq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
 	if (!pd || !cq) {
