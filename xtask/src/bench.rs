@@ -9,7 +9,7 @@ use std::{fmt::Write as _, fs};
 
 use anyhow::{Context as _, bail};
 
-use crate::{cargo, root, run};
+use crate::{cargo, root, run, target_dir};
 
 /// (name, package, bench target, needs root)
 const BENCHES: &[(&str, &str, &str, bool)] = &[
@@ -20,14 +20,6 @@ const BENCHES: &[(&str, &str, &str, bool)] = &[
     ("interop", "roce-tests", "interop", true),
     ("verbs", "roce-tests", "verbs", true),
 ];
-
-/// Cargo's target folder: `$CARGO_TARGET_DIR` when set (as cargo itself resolves it, relative
-/// to the workspace root), else `target/` of the workspace.
-fn target_dir() -> std::path::PathBuf {
-    std::env::var_os("CARGO_TARGET_DIR")
-        .filter(|d| !d.is_empty())
-        .map_or_else(|| root().join("target"), |d| root().join(d))
-}
 
 /// Why the Soft-RoCE peer cannot run here, if it cannot: the rxe-peer scripts
 /// (`$RXE_PEER_TOOLS`, else `shared/rxe-peer` beside the repository or a parent) and a built

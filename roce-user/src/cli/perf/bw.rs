@@ -21,7 +21,7 @@ use super::{
     report::PerfResult,
     setup::{QpCtx, poll_cqs, qp_index},
     trace::Tracer,
-    verify::{msg_offset, pattern_at, verify_len},
+    verify::{msg_offset, pattern_into, verify_len},
 };
 
 pub(super) fn run_client(
@@ -75,6 +75,9 @@ pub(super) fn run_client(
         let stop_posting = deadline.is_some_and(|d| Instant::now() >= d);
         for i in refill.drain(..) {
             let qp = &qps[i];
+            // At most `depth` (--tx-depth) WRs in flight per QP. For SEND, `Plan::new` holds it
+            // to at most --rx-depth, the receives the server posted before it answered us and
+            // reposts as they complete (`run_server`), so a SEND finds a receive waiting.
             let r = qp.remote.expect("remote keys exchanged");
             while inflight[i].len() < depth
                 && !stop_posting
@@ -240,18 +243,38 @@ pub(super) fn run_client(
     })
 }
 
+/// The server's side of a bandwidth run: for WRITE, READ and atomics it only waits for the
+/// client's next sync. For SEND it does what ib_send_bw's server does (perftest's
+/// `run_iter_bw_server`): its `rx_depth` receives per QP were posted before the client
+/// connected (`setup::Local::new`), and each receive that completes is checked and posted
+/// again before the CQ is polled further, so the receive queue stays `rx_depth` deep less what
+/// is in the batch at hand. The client keeps at most `tx_depth` ≤ `rx_depth` SENDs in flight
+/// per QP, so a SEND finds its receive posted unless this loop falls `rx_depth − tx_depth`
+/// messages behind (rxe's `check_resource` then answers with an RNR NAK, `send_rnr_err`). The
+/// loop sleeps only when a pass completed nothing. Call once, after the exchange.
 pub(super) fn run_server(
     dev: &Device,
     a: &PerfArgs,
     cqs: &[CqId],
     qps: &[QpCtx],
-    size: u32,
+    (size, rx_depth): (u32, u32),
     comm: &Comm,
     tracer: &mut Option<Tracer>,
 ) -> anyhow::Result<PerfResult> {
-    // The server does nothing for WRITE/READ/atomics but wait for the client's next sync. For
-    // SEND it receives, reposts and checks every message.
     let mut wc_buf = Vec::new();
+    // A pass takes up to a full receive queue's completions from each CQ.
+    let batch = (rx_depth as usize).clamp(64, 1024);
+    // What a message must hold, computed outside the transport's lock (`with_mr` holds it while
+    // comparing): without --span every message of a QP carries the same bytes, computed once
+    // per QP; with --span each receive's bytes go through `want`, reused.
+    let same: Vec<Vec<u8>> = if a.span == 0 && a.op == PerfOp::Send {
+        (0..qps.len())
+            .map(|i| pattern(i as u32, size as usize))
+            .collect()
+    } else {
+        Vec::new()
+    };
+    let mut want = Vec::with_capacity(if a.span == 0 { 0 } else { size as usize });
     let start = Instant::now();
     let mut msgs = 0u64;
     let mut good = true;
@@ -269,8 +292,11 @@ pub(super) fn run_server(
             bail!("interrupted");
         }
         Tracer::poll(tracer, dev);
+        let mut busy = false;
         if a.op == PerfOp::Send {
-            for wc in poll_cqs(dev, cqs, 64, &mut wc_buf) {
+            let wcs = poll_cqs(dev, cqs, batch, &mut wc_buf);
+            busy = !wcs.is_empty();
+            for wc in wcs {
                 if wc.status != WcStatus::Success {
                     bail!("receive on QP {:?} failed: {:?}", wc.qp_num, wc.status);
                 }
@@ -285,16 +311,18 @@ pub(super) fn run_server(
                 } else {
                     wc.wr_id * u64::from(size)
                 };
-                let want = if a.span == 0 {
-                    pattern(i as u32, size as usize)
+                let expected = if a.span == 0 {
+                    &same[i]
                 } else {
                     let off = msg_offset(a.span, recvd[i], size) as usize;
-                    pattern_at(i as u32, off, size as usize)
+                    pattern_into(i as u32, off, size as usize, &mut want);
+                    &want
                 };
                 recvd[i] += 1;
                 let ok = wc.byte_len == size
                     && dev.with_mr(qps[i].mr.lkey, |b| {
-                        b.get(slot as usize..slot as usize + size as usize) == Some(want.as_slice())
+                        b.get(slot as usize..slot as usize + size as usize)
+                            == Some(expected.as_slice())
                     })?;
                 if !ok && good {
                     eprintln!(
@@ -318,13 +346,20 @@ pub(super) fn run_server(
                 )?;
             }
         }
-        if closing {
+        // The client syncs once all its SENDs are acknowledged, so each of them has its receive
+        // completion on our CQs by then: drain them (a pass that finds none ends the run), even
+        // when this loop has fallen behind by more than a pass.
+        if closing && !busy {
             break;
+        }
+        if closing {
+            continue;
         }
         match comm.stream().peek(&mut peek) {
             Ok(0) => bail!("the client closed the connection"),
-            // One more pass over the CQ: receives completed just before the client's sync.
             Ok(_) => closing = true,
+            // Receives are completing: straight back to the CQ.
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && busy => {}
             Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
                 std::thread::sleep(Duration::from_micros(if a.op == PerfOp::Send {
                     20

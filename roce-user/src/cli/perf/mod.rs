@@ -82,9 +82,13 @@ pub struct PerfArgs {
     /// Outstanding work requests per QP.
     #[arg(short = 't', long = "tx-depth", default_value_t = 128)]
     pub tx_depth: u32,
-    /// Receive queue depth per QP (perftest's `-r`): the receive WRs a SEND receiver keeps
-    /// posted, and each QP's `max_recv_wr` (at most `DeviceConfig::max_qp_wr`, 16384).
-    /// Default: the tx depth.
+    /// Receive queue depth per QP (perftest's `-r`), and each QP's `max_recv_wr` (at most
+    /// `DeviceConfig::max_qp_wr`, 16384). A SEND server posts this many receives on every QP
+    /// before it answers the client, and reposts one for each receive that completes before it
+    /// polls again, as ib_send_bw does. Send bandwidth: at least the tx depth (the sender never
+    /// has more SENDs in flight than the receiver posted; both sides take the same `-t` and
+    /// `-r`), default 512 (perftest's `DEF_RX_SEND`), at most the slots `--span` holds.
+    /// Otherwise the default is the tx depth.
     #[arg(short = 'r', long = "rx-depth", value_name = "N")]
     pub rx_depth: Option<u32>,
     /// Local GID index.
@@ -221,6 +225,32 @@ fn mtu_enum(bytes: u32) -> Option<u8> {
     })
 }
 
+/// The receive queue depth a send bandwidth run uses without `--rx-depth`: perftest's
+/// `DEF_RX_SEND`. Four times the default tx depth, so the receiver may fall 384 messages behind
+/// in reposting before the sender, which keeps at most 128 in flight, can find its receive queue
+/// empty (IBA 9.7.5.2.8: the responder then answers with an RNR NAK and the requester waits).
+const DEF_RX_SEND: u32 = 512;
+
+/// `--rx-depth`, or its default: for send bandwidth [`DEF_RX_SEND`], but no more receives than
+/// `--span` has slots for (each receive has a slot of its own there) and never fewer than the
+/// tx depth `depth`; otherwise `depth`.
+fn rx_depth(a: &PerfArgs, size: u32, depth: u32) -> u32 {
+    if let Some(r) = a.rx_depth {
+        return r.max(1);
+    }
+    if a.op != PerfOp::Send || a.lat {
+        return depth;
+    }
+    let slots = if a.span == 0 {
+        u64::from(DEF_RX_SEND)
+    } else {
+        a.span / u64::from(size.max(1))
+    };
+    u32::try_from(slots.min(u64::from(DEF_RX_SEND)))
+        .unwrap_or(DEF_RX_SEND)
+        .max(depth)
+}
+
 /// The arguments checked, and what follows from them. Built first, before anything is opened.
 struct Plan {
     /// We connect (`host` given) rather than wait for a client.
@@ -274,6 +304,14 @@ impl Plan {
         }
         let span = a.span as usize;
         let depth = a.tx_depth.max(1);
+        let rx_depth = rx_depth(a, size, depth);
+        if a.op == PerfOp::Send && !a.lat && rx_depth < depth {
+            bail!(
+                "--rx-depth ({rx_depth}) must be at least --tx-depth ({depth}) for send: the \
+                 receiver keeps --rx-depth receives posted and the sender at most --tx-depth \
+                 SENDs in flight, so that no SEND finds the receive queue empty (an RNR NAK)"
+            );
+        }
         Ok(Self {
             client,
             size,
@@ -281,7 +319,7 @@ impl Plan {
             mtu_code,
             span,
             depth,
-            rx_depth: a.rx_depth.unwrap_or(depth).max(1),
+            rx_depth,
         })
     }
 }
@@ -329,7 +367,15 @@ fn measure(
     } else if plan.client {
         bw::run_client(dev, a, cqs, qps, size, &mut tracer)?
     } else {
-        bw::run_server(dev, a, cqs, qps, size, &session.comm, &mut tracer)?
+        bw::run_server(
+            dev,
+            a,
+            cqs,
+            qps,
+            (size, plan.rx_depth),
+            &session.comm,
+            &mut tracer,
+        )?
     };
     Tracer::poll(&mut tracer, dev);
     if let (Some(t), Some(path)) = (&tracer, &a.trace) {
@@ -337,4 +383,46 @@ fn measure(
             .with_context(|| format!("writing the trace {path}"))?;
     }
     Ok(result)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        perf: PerfArgs,
+    }
+
+    fn plan(args: &str) -> anyhow::Result<Plan> {
+        let cli = Cli::try_parse_from(std::iter::once("perf").chain(args.split_whitespace()))?;
+        Plan::new(&cli.perf)
+    }
+
+    #[test]
+    fn send_posts_perftests_receive_depth_and_never_fewer_than_the_tx_depth() {
+        // ib_send_bw's default: 512 receives per QP against 128 SENDs in flight.
+        let p = plan("send -d x").unwrap();
+        assert_eq!((p.depth, p.rx_depth), (128, 512));
+        // A deeper send queue takes the receive queue with it.
+        assert_eq!(plan("send -d x -t 1000").unwrap().rx_depth, 1000);
+        // --span has a slot per receive: 1 MiB of 16 KiB messages holds 64, and never fewer
+        // than the tx depth (the span check refuses a span too small for that).
+        let p = plan("send -d x -s 16384 --span 1048576 -t 8").unwrap();
+        assert_eq!(p.rx_depth, 64);
+        let p = plan("send -d x -s 65536 --span 33554432").unwrap();
+        assert_eq!(p.rx_depth, 512);
+        assert_eq!(plan("send -d x -r 300").unwrap().rx_depth, 300);
+        // Fewer receives than SENDs in flight is refused: the sender could outrun them.
+        let Err(e) = plan("send -d x -t 64 -r 32") else {
+            panic!("-r 32 below -t 64 was accepted");
+        };
+        assert!(e.to_string().contains("must be at least --tx-depth"), "{e}");
+        // Other operations and the latency test keep the tx depth.
+        assert_eq!(plan("write -d x").unwrap().rx_depth, 128);
+        assert_eq!(plan("send -d x --lat -t 1").unwrap().rx_depth, 1);
+    }
 }

@@ -7,11 +7,11 @@ use roce::{api::Device, cm::perftest::pattern};
 
 use super::{PerfArgs, PerfOp, setup::QpCtx};
 
-/// Bytes `off..off + len` of QP `q`'s pattern.
-pub(super) fn pattern_at(q: u32, off: usize, len: usize) -> Vec<u8> {
-    (off..off + len)
-        .map(|i| roce::cm::perftest::pattern_byte(q, i))
-        .collect()
+/// Bytes `off..off + len` of QP `q`'s pattern, into `buf` (cleared first), so that a loop over
+/// many messages reuses one buffer.
+pub(super) fn pattern_into(q: u32, off: usize, len: usize, buf: &mut Vec<u8>) {
+    buf.clear();
+    buf.extend((off..off + len).map(|i| roce::cm::perftest::pattern_byte(q, i)));
 }
 
 /// Where message `k` of `size` bytes goes in the local and remote buffers: offset
@@ -88,6 +88,8 @@ mod tests {
         assert_eq!(verify_len(4096, 2, 1024), 2048);
         assert_eq!(verify_len(4096, 100, 1024), 4096);
         // The pattern at an offset is the same bytes as the whole pattern there.
-        assert_eq!(pattern_at(3, 1000, 24), pattern(3, 1024)[1000..]);
+        let mut buf = vec![0xff; 7];
+        pattern_into(3, 1000, 24, &mut buf);
+        assert_eq!(buf, pattern(3, 1024)[1000..]);
     }
 }
