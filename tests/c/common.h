@@ -70,7 +70,7 @@ static inline struct ibv_context *open_from_args(int argc, char **argv, const ch
 	return ctx;
 }
 
-static int tcp(const char *server, int port)
+static inline int tcp(const char *server, int port)
 {
 	struct sockaddr_in sa = {.sin_family = AF_INET, .sin_port = htons(port)};
 	int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -92,7 +92,7 @@ static int tcp(const char *server, int port)
 	return c;
 }
 
-static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq)
+static inline struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq)
 {
 	struct ibv_qp_init_attr a = {
 		.send_cq = cq,
@@ -103,7 +103,7 @@ static struct ibv_qp *rc_qp(struct ibv_pd *pd, struct ibv_cq *cq)
 	return ibv_create_qp(pd, &a);
 }
 
-static int connect_qp(struct ibv_qp *qp, uint32_t dqpn, uint32_t psn, const union ibv_gid *gid,
+static inline int connect_qp(struct ibv_qp *qp, uint32_t dqpn, uint32_t psn, const union ibv_gid *gid,
 		      int gidx)
 {
 	struct ibv_qp_attr a = {

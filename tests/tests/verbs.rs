@@ -520,8 +520,9 @@ fn gid4(ip: std::net::Ipv4Addr) -> String {
     ip.to_ipv6_mapped().to_string()
 }
 
-/// Runs `ud_check ARGS` in `end`'s namespace on the library; its output.
-fn ud_check(check: &CProgram, end: &VethEnd, args: &[&str]) -> Vec<String> {
+/// The `roce` arguments that run C program `check` with `args` in `end`'s namespace on the
+/// library (`roce --netns NS exec -d IFACE -- PROGRAM ARGS`).
+fn exec_args(check: &CProgram, end: &VethEnd, args: &[&str]) -> Vec<String> {
     let mut a: Vec<String> = ["--netns", &end.netns, "exec", "-d", &end.ifname, "--"]
         .map(str::to_owned)
         .to_vec();
@@ -548,7 +549,7 @@ fn ud_address_handles_and_bad_use_get_rxes_answers() {
     let gidx_a = ipv4_gid_index(a);
     let mut stranger = b.ipv4.octets();
     stranger[3] = 99;
-    let args = ud_check(
+    let args = exec_args(
         &check,
         a,
         &[
@@ -589,13 +590,13 @@ fn ud_address_handles_and_bad_use_get_rxes_answers() {
     let qpn_path = qpn_file.display().to_string();
     let echo = roce_tests::child::spawn(
         "",
-        &ud_check(&check, a, &["echo", &dev_a, &gidx_a, &qpn_path]),
+        &exec_args(&check, a, &["echo", &dev_a, &gidx_a, &qpn_path]),
     );
     let dev_b = format!("roce_{}", b.ifname);
     let gidx_b = ipv4_gid_index(b);
     let ask = roce_tests::child::spawn(
         "",
-        &ud_check(
+        &exec_args(
             &check,
             b,
             &["ask", &dev_b, &gidx_b, &gid4(a.ipv4), &qpn_path],
@@ -991,6 +992,34 @@ fn extended_cqs_poll_field_by_field_as_rxe() {
             "ibv_poll_cq_on_the_same_cq",
         ],
     );
+}
+
+/// Loopback through the library (tests/c/loopback.c): one program connects two RC QPs of its
+/// device to each other through the device's own GID, as RDMA libraries' test suites do, and
+/// a SEND and an 8 KiB RDMA WRITE from one to the other complete with their bytes in place.
+/// The frames loop back inside the engine, as on rxe.
+#[test]
+fn two_qps_of_one_device_connect_to_each_other_through_the_library() {
+    require_root();
+    let prog = CProgram::build("loopback");
+    let pair = veth_pair("vlb", 201);
+    let a = &pair.a;
+    let dev = format!("roce_{}", a.ifname);
+    let args = exec_args(&prog, a, &[&dev, &ipv4_gid_index(a)]);
+    let o = roce(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = text(&o);
+    assert!(o.status.success(), "{out}");
+    for case in [
+        "connect_both_qps_to_the_own_gid",
+        "send_completes",
+        "receive_completes_with_the_bytes",
+        "write_completes",
+        "write_lands_in_the_other_qps_region",
+    ] {
+        assert!(out.contains(&format!("CASE {case} ok")), "{case}:\n{out}");
+    }
+    assert!(!out.contains("FAIL"), "{out}");
+    assert_interfaces_clean(&pair);
 }
 
 /// Asynchronous events through the ABI: tests/c/async_events.c, compiled with gcc against

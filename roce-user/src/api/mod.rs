@@ -402,6 +402,7 @@ impl Device {
         }
         let stop = Arc::new(AtomicBool::new(false));
         let all = Arc::clone(&shards);
+        let mac = info.mac;
         let handler = move |queue: u32| {
             let index = if all.len() == 1 { 0 } else { queue as usize };
             TransportHandler {
@@ -409,6 +410,7 @@ impl Device {
                 index,
                 all: Arc::clone(&all),
                 activity: false,
+                mac,
             }
         };
         let (engines, inline, inline_thread) = if opts.inline {

@@ -109,7 +109,11 @@ impl Device {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .get(remote_ip, now);
+        let own = self.info.gids.iter().any(|g| g.ip == remote_ip);
         let dst_mac = match cached {
+            // One of this interface's own addresses: loopback, addressed to our own MAC,
+            // which the engine hands back to the receive path (engine/driver.rs).
+            _ if own => self.info.mac,
             Some(mac) => mac,
             None => {
                 let hop = netinfo::next_hop(&self.info.ifname, remote_ip)?;

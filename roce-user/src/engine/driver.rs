@@ -193,7 +193,13 @@ pub(crate) struct TransportHandler {
     /// Every transport of the device (one unless sharded), for frames of other queues' QPs.
     pub(crate) all: Arc<[Arc<Shared>]>,
     pub(crate) activity: bool,
+    /// The interface's MAC: a frame the transport addresses to it loops back.
+    pub(crate) mac: [u8; 6],
 }
+
+/// How many loopback frames one transmit pass hands back to the receive path at most, so a
+/// large loopback transfer does not keep a turn from its other work.
+const LOOPBACK_PER_TURN: usize = 64;
 
 impl TransportHandler {
     /// The transport that owns `frame`'s QP: this queue's, unless the device is sharded and
@@ -297,24 +303,45 @@ impl Handler for TransportHandler {
         n
     }
 
+    /// The transmit path. A frame addressed to this interface's own MAC (a QP connected to
+    /// another QP of this device: loopback, as rxe serves it through its own receive path,
+    /// rxe_net.c `rxe_loopback`) goes straight back into the receive path instead of onto
+    /// the wire, where no one would bring it back; at most [`LOOPBACK_PER_TURN`] per turn, and
+    /// the engine is woken for the rest.
     fn poll_transmit(&mut self, now: Instant, tx: &mut TxSink<'_>) {
-        let mut dev = self.shared.lock();
-        while tx.room() > 0 {
-            let mut sent = false;
-            let _ = tx.send(|buf| match dev.poll_transmit(now, buf) {
-                Some(t) => {
-                    sent = true;
-                    t.size
+        let this = &*self;
+        let (mut dev, mut kick) = (Some(this.shared.lock()), 0u64);
+        let (mut looped, mut active) = (0, false);
+        while tx.room() > 0 && looped < LOOPBACK_PER_TURN {
+            let (mut sent, mut back) = (false, false);
+            let _ = tx.send(|buf| {
+                let Some(t) = dev.as_mut().and_then(|d| d.poll_transmit(now, buf)) else {
+                    return 0;
+                };
+                sent = true;
+                let frame = &mut buf[..t.size];
+                if frame.get(..6) == Some(&this.mac[..]) {
+                    back = true;
+                    this.route(now, frame, &mut dev, &mut kick);
+                    return 0;
                 }
-                None => 0,
+                t.size
             });
             if !sent {
                 break;
             }
-            self.activity = true;
+            looped += usize::from(back);
+            active = true;
         }
+        if looped == LOOPBACK_PER_TURN {
+            // More may be waiting to loop back: come back at once rather than after a sleep.
+            this.shared.kick();
+        }
+        let dev = dev.unwrap_or_else(|| this.shared.lock());
+        this.kick(kick);
         let events = dev.has_events();
         drop(dev);
+        self.activity |= active;
         if std::mem::take(&mut self.activity) {
             self.shared.notify();
         }
