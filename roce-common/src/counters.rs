@@ -226,9 +226,9 @@ counter_struct! {
         req_rnr_retries_exceeded,
         /// rxe: requests that could not be sent (local errors).
         send_err,
-        /// rxe: RDMA operations (WRITE/READ/atomic) sent.
+        /// rxe: SEND work requests completed by the requester, not counting flushed ones.
         rdma_sends,
-        /// rxe: RDMA operations (WRITE/READ/atomic) executed as responder.
+        /// rxe: receive work requests completed successfully (SEND, WRITE with immediate).
         rdma_recvs,
         /// mlx5: RDMA WRITE requests received.
         rx_write_requests,

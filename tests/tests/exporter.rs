@@ -230,7 +230,7 @@ fn metrics_during_traffic_pass_promtool_and_match_bpftool() {
     assert_eq!(
         sample(
             &before,
-            "roce_transport_rdma_sends_total",
+            "roce_transport_sent_pkts_total",
             &format!("ifname=\"{a}\"")
         ),
         0
@@ -379,9 +379,9 @@ fn metrics_during_traffic_pass_promtool_and_match_bpftool() {
         );
     }
     // The traffic itself: WRITEs went out of A and every one was steered into B's sockets.
-    let sends = sample(&after, "roce_transport_rdma_sends_total", &ifl);
+    let sends = sample(&after, "roce_transport_sent_pkts_total", &ifl);
     assert!(sends > 0);
-    let during_sends = sample(&during, "roce_transport_rdma_sends_total", &ifl);
+    let during_sends = sample(&during, "roce_transport_sent_pkts_total", &ifl);
     assert!(during_sends <= sends, "{during_sends} > {sends}");
     assert_eq!(
         sample(&after, "roce_transport_retry_exceeded_err_total", &ifl),

@@ -609,6 +609,16 @@ impl Qp {
             WcStatus::WrFlushErr => self.counters.req_cqe_flush_error += 1,
             _ => self.counters.req_cqe_error += 1,
         }
+        // rxe counts each SEND-family WQE its completer completes, not the flushed ones
+        // (rxe_comp.c do_complete).
+        if status != WcStatus::WrFlushErr
+            && matches!(
+                wqe.wr.op,
+                SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }
+            )
+        {
+            self.counters.rdma_sends += 1;
+        }
         let signaled = self.init.sq_sig_all
             || wqe.wr.flags.contains(super::wr::SendFlags::SIGNALED)
             || status != WcStatus::Success;

@@ -591,12 +591,6 @@ impl Qp {
             && wqe.first_psn.is_none()
         {
             wqe.first_psn = Some(self.next_psn);
-            if !matches!(
-                op,
-                SendOp::Send | SendOp::SendWithImm { .. } | SendOp::SendWithInv { .. }
-            ) {
-                self.counters.rdma_sends += 1;
-            }
         }
         let is_read = matches!(op, SendOp::Read { .. });
         self.noack_pkts += 1;

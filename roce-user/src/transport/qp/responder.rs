@@ -84,6 +84,10 @@ impl Qp {
         let Some(r) = self.rq.pop_front() else {
             return;
         };
+        if status == WcStatus::Success {
+            // rxe counts each successful receive completion (rxe_resp.c do_complete).
+            self.counters.rdma_recvs += 1;
+        }
         let (opcode, imm, inv) = extra.unwrap_or((WcOpcode::Recv, None, None));
         let mut flags = WcFlags::default();
         if imm.is_some() {
@@ -318,7 +322,6 @@ impl Qp {
             self.write_resid = len;
             self.write_len = reth.dma_len;
             self.counters.rx_write_requests += 1;
-            self.counters.rdma_recvs += 1;
         }
         // The payload must fill the MTU while more than an MTU remains, else be exactly the
         // rest (rxe check_rkey "resid > mtu" rule).
@@ -435,7 +438,6 @@ impl Qp {
         self.msn = self.msn.wrapping_add(1);
         self.resp_psn = psn.wrapping_add(npkts);
         self.counters.rx_read_requests += 1;
-        self.counters.rdma_recvs += 1;
         Ok(())
     }
 
@@ -503,7 +505,6 @@ impl Qp {
         self.msn = self.msn.wrapping_add(1);
         self.resp_psn = psn.next();
         self.counters.rx_atomic_requests += 1;
-        self.counters.rdma_recvs += 1;
         Ok(())
     }
 
@@ -606,7 +607,9 @@ impl Qp {
         if pkt.repr.immdt.is_some() {
             flags |= WcFlags::WITH_IMM;
         }
-        if status != WcStatus::Success {
+        if status == WcStatus::Success {
+            self.counters.rdma_recvs += 1;
+        } else {
             self.counters.resp_cqe_error += 1;
         }
         let wc = Wc {

@@ -98,9 +98,6 @@ impl Qp {
             && wqe.first_psn.is_none()
         {
             wqe.first_psn = Some(psn);
-            if matches!(op, SendOp::Write { .. } | SendOp::WriteWithImm { .. }) {
-                self.counters.rdma_sends += 1;
-            }
         }
         let mut repr = req.repr;
         // No ACKs on UC: AckReq stays clear (rxe init_req_packet sets it for RC only).
