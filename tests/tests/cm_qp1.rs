@@ -10,15 +10,21 @@ use std::{net::IpAddr, sync::Arc, time::Duration};
 use roce::{
     api::{CmAccept, CmConnect, CmEvent, CmState, Device, DeviceOptions, RejReason},
     ibcm::{CmaHdr, Gid, ip::CMA_HDR_LEN},
-    netns::{self, VethEnd},
+    netns::{self, VethEnd, VethOptions, VethPair},
     transport::{Psn, Qpn},
 };
-use roce_tests::{require_root, veth_pair};
+use roce_tests::{require_root, tag, veth_pair};
 
-fn open(end: &VethEnd) -> Arc<Device> {
+fn open(end: &VethEnd, sharded: bool) -> Arc<Device> {
     let ifname = end.ifname.clone();
     let dev = netns::in_netns(&end.netns, move || {
-        Device::open(&ifname, &DeviceOptions::default())
+        Device::open(
+            &ifname,
+            &DeviceOptions {
+                sharded,
+                ..DeviceOptions::default()
+            },
+        )
     })
     .expect("enter namespace")
     .expect("open device");
@@ -49,7 +55,32 @@ const WAIT: Duration = Duration::from_secs(10);
 fn two_roce_xdp_devices_connect_through_their_cms_on_qp1() {
     require_root();
     let pair = veth_pair("cq1", 231);
-    let (a, b) = (open(&pair.a), open(&pair.b));
+    connect_and_disconnect(&pair, false);
+}
+
+/// The same with two RX queues per end and one transport per queue: QP 1 lives in the
+/// transport that owns QPN 1 (`Shard::of_qpn`), which the engines route MADs to whichever
+/// queue receives them, and the API drives.
+#[test]
+fn cms_on_qp1_of_sharded_devices_connect() {
+    require_root();
+    let pair = VethPair::new(
+        &tag("cq2"),
+        &VethOptions {
+            subnet: 232,
+            queues: 2,
+            ..VethOptions::default()
+        },
+    )
+    .expect("veth pair");
+    connect_and_disconnect(&pair, true);
+}
+
+fn connect_and_disconnect(pair: &VethPair, sharded: bool) {
+    let (a, b) = (open(&pair.a, sharded), open(&pair.b, sharded));
+    if sharded {
+        assert_eq!((a.shards(), b.shards()), (2, 2));
+    }
     let (a_ip, b_ip) = (IpAddr::V4(pair.a.ipv4), IpAddr::V4(pair.b.ipv4));
     b.cm_enable().expect("B's CM");
     assert_ne!(a.node_guid(), b.node_guid());
@@ -147,5 +178,4 @@ fn two_roce_xdp_devices_connect_through_their_cms_on_qp1() {
     assert_eq!(b.cm_stats().unwrap().0.no_listener, 1);
     drop(a);
     drop(b);
-    drop(pair);
 }
