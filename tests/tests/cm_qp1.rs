@@ -55,7 +55,16 @@ const WAIT: Duration = Duration::from_secs(10);
 fn two_roce_xdp_devices_connect_through_their_cms_on_qp1() {
     require_root();
     let pair = veth_pair("cq1", 231);
-    connect_and_disconnect(&pair, false);
+    connect_and_disconnect(&pair, false, false);
+}
+
+/// The same over IPv6 GIDs: the REQ's RDMA CM header names IPv6 addresses, and every MAD
+/// goes in a RoCE v2 frame over IPv6.
+#[test]
+fn two_roce_xdp_devices_connect_through_their_cms_on_qp1_over_ipv6() {
+    require_root();
+    let pair = veth_pair("cq3", 233);
+    connect_and_disconnect(&pair, false, true);
 }
 
 /// The same with two RX queues per end and one transport per queue: QP 1 lives in the
@@ -73,15 +82,19 @@ fn cms_on_qp1_of_sharded_devices_connect() {
         },
     )
     .expect("veth pair");
-    connect_and_disconnect(&pair, true);
+    connect_and_disconnect(&pair, true, false);
 }
 
-fn connect_and_disconnect(pair: &VethPair, sharded: bool) {
+fn connect_and_disconnect(pair: &VethPair, sharded: bool, ipv6: bool) {
     let (a, b) = (open(&pair.a, sharded), open(&pair.b, sharded));
     if sharded {
         assert_eq!((a.shards(), b.shards()), (2, 2));
     }
-    let (a_ip, b_ip) = (IpAddr::V4(pair.a.ipv4), IpAddr::V4(pair.b.ipv4));
+    let (a_ip, b_ip) = if ipv6 {
+        (IpAddr::V6(pair.a.ipv6), IpAddr::V6(pair.b.ipv6))
+    } else {
+        (IpAddr::V4(pair.a.ipv4), IpAddr::V4(pair.b.ipv4))
+    };
     b.cm_enable().expect("B's CM");
     assert_ne!(a.node_guid(), b.node_guid());
 

@@ -223,7 +223,17 @@ impl Device {
     /// a full connection table; see [`Device::cm_enable`].
     pub fn cm_connect(&self, c: &CmConnect) -> Result<CommId, ApiError> {
         self.cm_enable()?;
-        let gid_index = self.info.default_gid_index(c.dest.is_ipv4());
+        // Our GID of the peer's family and scope: an IPv6 link-local source only for a
+        // link-local peer (the GID table lists link-local addresses first).
+        let link_local = |ip: IpAddr| matches!(ip, IpAddr::V6(v6) if v6.is_unicast_link_local());
+        let gid_index = self
+            .info
+            .gids
+            .iter()
+            .position(|g| {
+                g.ip.is_ipv4() == c.dest.is_ipv4() && link_local(g.ip) == link_local(c.dest)
+            })
+            .unwrap_or_else(|| self.info.default_gid_index(c.dest.is_ipv4()));
         let local = self.gid(gid_index)?.ip;
         let remote = Gid::from_ip(c.dest);
         let path = self.path_to(gid_index, &remote.0, Qpn::GSI, Qpn::GSI)?;
