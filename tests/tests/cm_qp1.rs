@@ -9,11 +9,18 @@ use std::{net::IpAddr, sync::Arc, time::Duration};
 
 use roce::{
     api::{CmAccept, CmConnect, CmEvent, CmState, Device, DeviceOptions, RejReason},
-    ibcm::{CmaHdr, Gid, ip::CMA_HDR_LEN},
+    ibcm::{
+        CaGuid, Cm, CmConfig, CmMad, CmMsg, CmaHdr, ConnectParams, Gid, PathMtu, PortSpace,
+        ServiceId, ip::CMA_HDR_LEN,
+    },
     netns::{self, VethEnd, VethOptions, VethPair},
     transport::{Psn, Qpn},
+    wire::{
+        BthRepr, DethRepr, EthernetAddress, IpPath, Opcode, PKey, PathRepr, QKey, RoceRepr,
+        emit_frame,
+    },
 };
-use roce_tests::{require_root, tag, veth_pair};
+use roce_tests::{RawPort, require_root, tag, veth_pair};
 
 fn open(end: &VethEnd, sharded: bool) -> Arc<Device> {
     let ifname = end.ifname.clone();
@@ -190,5 +197,143 @@ fn connect_and_disconnect(pair: &VethPair, sharded: bool, ipv6: bool) {
     }
     assert_eq!(b.cm_stats().unwrap().0.no_listener, 1);
     drop(a);
+    drop(b);
+}
+
+/// A RoCE v2 frame from A to B's QP 1 carrying `payload`, as rxe would send a MAD, with `edit`
+/// applied to its headers first.
+fn to_qp1(pair: &VethPair, payload: &[u8], edit: impl FnOnce(&mut RoceRepr)) -> Vec<u8> {
+    let mut path = PathRepr::new(
+        EthernetAddress(pair.a.mac),
+        EthernetAddress(pair.b.mac),
+        IpPath::V4 {
+            src: pair.a.ipv4,
+            dst: pair.b.ipv4,
+        },
+    );
+    path.udp_src_port = roce::wire::frame::rxe_udp_src_port(Qpn::GSI);
+    let mut r = RoceRepr::new(BthRepr::new(Opcode::UD_SEND_ONLY, Qpn::GSI, Psn::new(0)));
+    r.deth = Some(DethRepr {
+        qkey: QKey::GSI,
+        src_qp: Qpn::GSI,
+    });
+    edit(&mut r);
+    let mut buf = vec![0u8; 1024];
+    let n = emit_frame(&path, &r, payload, &mut buf).expect("emit");
+    buf.truncate(n);
+    buf
+}
+
+/// `n` REQs from a CM of our own (sans-I/O, on the test's side) to B's port `port`.
+fn reqs(pair: &VethPair, port: u16, n: usize) -> Vec<[u8; 256]> {
+    let mut cm = Cm::new(CmConfig::new(CaGuid(0x0200_00ff_fe00_0001)));
+    let (a, b) = (IpAddr::V4(pair.a.ipv4), IpAddr::V4(pair.b.ipv4));
+    (0..n)
+        .map(|i| {
+            let p = ConnectParams {
+                remote: Gid::from_ip(b),
+                local: Gid::from_ip(a),
+                service_id: ServiceId::rdma_cm(PortSpace::Tcp, port),
+                qpn: Qpn::new(0x100 + i as u32),
+                starting_psn: Psn::new(1),
+                responder_resources: 1,
+                initiator_depth: 1,
+                retry_count: 7,
+                rnr_retry_count: 7,
+                path_mtu: PathMtu::MTU_1024,
+                pkey: PKey::DEFAULT,
+                srq: false,
+                traffic_class: 0,
+                hop_limit: 64,
+                flow_label: 0,
+                private_data: CmaHdr {
+                    src_port: 40000,
+                    src: a,
+                    dst: b,
+                }
+                .with_user_data(&[]),
+            };
+            cm.connect(roce::time::Instant::from_nanos(0), &p)
+                .expect("REQ");
+            *cm.poll_transmit().expect("a REQ to send").mad
+        })
+        .collect()
+}
+
+/// Hostile input to QP 1 over the real path (roce_xdp, AF_XDP, the engine): frames with the
+/// wrong Q_Key, P_Key, length, opcode or management class are counted drops of QP 1 and
+/// answered with nothing; a burst of REQs to a port nobody listens on gets one REJ each and
+/// leaves no connection behind.
+#[test]
+fn hostile_mads_to_qp1_are_counted_drops_and_a_req_burst_is_rejected() {
+    require_root();
+    let pair = veth_pair("cq4", 234);
+    let b = open(&pair.b, false);
+    b.cm_enable().expect("B's CM");
+    b.cm_listen(7174).expect("listen");
+    let mut port = RawPort::open(&pair.a.netns, &pair.a.ifname).expect("raw port");
+    let good = reqs(&pair, 7174, 1)[0];
+    let mut bad_class = good;
+    bad_class[1] = 0x01; // subnet management, not the CM's class 0x07
+    let bad = [
+        to_qp1(&pair, &good, |r| {
+            r.deth = Some(DethRepr {
+                qkey: QKey::new(0x1234),
+                src_qp: Qpn::GSI,
+            });
+        }),
+        to_qp1(&pair, &good, |r| r.bth.pkey = PKey::new(0x7fff)),
+        to_qp1(&pair, &good[..200], |_| {}),
+        to_qp1(&pair, &bad_class, |_| {}),
+        to_qp1(&pair, &good, |r| {
+            *r = RoceRepr::new(BthRepr::new(Opcode::RC_SEND_ONLY, Qpn::GSI, Psn::new(0)));
+        }),
+    ];
+    port.send_burst(&bad).expect("send");
+    std::thread::sleep(Duration::from_millis(500));
+    let (_, gsi) = b.cm_stats().expect("CM stats");
+    assert_eq!(
+        (
+            gsi.bad_qkey,
+            gsi.bad_pkey,
+            gsi.bad_length,
+            gsi.not_cm,
+            gsi.bad_opcode
+        ),
+        (1, 1, 1, 1, 1),
+        "{gsi:?}"
+    );
+    assert_eq!(qp1_counters(&b), (0, 0, 5, 0));
+    assert_eq!(b.poll_cm_event(), None);
+
+    // A burst of REQs to a closed port: one REJ "invalid service ID" each, sent back to A.
+    const BURST: usize = 100;
+    let frames: Vec<Vec<u8>> = reqs(&pair, 7199, BURST)
+        .iter()
+        .map(|m| to_qp1(&pair, m, |_| {}))
+        .collect();
+    port.send_burst(&frames).expect("send");
+    let mut rejs = 0;
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    while rejs < BURST && std::time::Instant::now() < end {
+        for f in port.recv(Duration::from_millis(200)).expect("recv") {
+            let Ok(p) = roce::wire::parse_frame(&f) else {
+                continue;
+            };
+            if p.roce.bth.dest_qp == Qpn::GSI && p.icrc_ok {
+                let mad = CmMad::decode(p.payload).expect("B's MAD decodes");
+                match mad.msg {
+                    CmMsg::Rej(r) if r.reason == RejReason::INVALID_SERVICE_ID => rejs += 1,
+                    m => panic!("B sent {} instead of a REJ", m.name()),
+                }
+            }
+        }
+    }
+    assert_eq!(rejs, BURST);
+    let (cm, _) = b.cm_stats().expect("CM stats");
+    assert_eq!(cm.no_listener, BURST as u64, "{cm:?}");
+    assert_eq!(qp1_counters(&b), (BURST as u64, BURST as u64, 5, 0));
+    assert_eq!(b.poll_cm_event(), None);
+    drop(port);
     drop(b);
 }
