@@ -8,11 +8,12 @@
 use std::{net::IpAddr, sync::Arc, time::Duration};
 
 use roce::{
-    api::{CmAccept, CmConnect, CmEvent, CmState, Device, DeviceOptions, RejReason},
+    api::{ApiError, CmAccept, CmConnect, CmEvent, CmState, Device, DeviceOptions, RejReason},
     ibcm::{
         CaGuid, Cm, CmConfig, CmMad, CmMsg, CmaHdr, ConnectParams, Gid, PathMtu, PortSpace,
         ServiceId, ip::CMA_HDR_LEN,
     },
+    loader::Pins,
     netns::{self, VethEnd, VethOptions, VethPair},
     transport::{Psn, Qpn},
     wire::{
@@ -263,14 +264,31 @@ fn reqs(pair: &VethPair, port: u16, n: usize) -> Vec<[u8; 256]> {
 /// Hostile input to QP 1 over the real path (roce_xdp, AF_XDP, the engine): frames with the
 /// wrong Q_Key, P_Key, length, opcode or management class are counted drops of QP 1 and
 /// answered with nothing; a burst of REQs to a port nobody listens on gets one REJ each and
-/// leaves no connection behind.
+/// leaves no connection behind. Every frame went through roce_xdp's redirect. And QP 1 held by
+/// another live process refuses the CM with `EBUSY`.
 #[test]
 fn hostile_mads_to_qp1_are_counted_drops_and_a_req_burst_is_rejected() {
     require_root();
     let pair = veth_pair("cq4", 234);
     let b = open(&pair.b, false);
+    let pins = Pins::new(&pair.b.ifname);
+    // QP 1 held by another live process (PID 1 stands for it): the CM is refused, EBUSY.
+    pins.add_qp(Qpn::GSI.value(), 1)
+        .expect("claim QP 1 for PID 1");
+    let taken = b.cm_enable().expect_err("QP 1 is taken");
+    assert!(
+        matches!(taken, ApiError::CmTaken { owner: 1, .. }),
+        "{taken}"
+    );
+    assert_eq!(taken.errno(), nix::libc::EBUSY);
+    pins.remove_qp(Qpn::GSI.value()).expect("release QP 1");
     b.cm_enable().expect("B's CM");
+    assert_eq!(
+        pins.qps().unwrap().get(&Qpn::GSI.value(), 0).unwrap().owner,
+        std::process::id()
+    );
     b.cm_listen(7174).expect("listen");
+    let xdp_before = pins.xdp_stats().expect("XDP stats");
     let mut port = RawPort::open(&pair.a.netns, &pair.a.ifname).expect("raw port");
     let good = reqs(&pair, 7174, 1)[0];
     let mut bad_class = good;
@@ -334,6 +352,14 @@ fn hostile_mads_to_qp1_are_counted_drops_and_a_req_burst_is_rejected() {
     assert_eq!(cm.no_listener, BURST as u64, "{cm:?}");
     assert_eq!(qp1_counters(&b), (BURST as u64, BURST as u64, 5, 0));
     assert_eq!(b.poll_cm_event(), None);
+    // Every one of them came through roce_xdp's redirect to our socket, none to the kernel.
+    let xdp = pins.xdp_stats().expect("XDP stats");
+    assert_eq!(
+        xdp.redirected - xdp_before.redirected,
+        BURST as u64 + 5,
+        "{xdp:?}"
+    );
+    assert_eq!(xdp.pass_foreign_qp, xdp_before.pass_foreign_qp);
     drop(port);
     drop(b);
 }
