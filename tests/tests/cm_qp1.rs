@@ -8,7 +8,10 @@
 use std::{net::IpAddr, sync::Arc, time::Duration};
 
 use roce::{
-    api::{ApiError, CmAccept, CmConnect, CmEvent, CmState, Device, DeviceOptions, RejReason},
+    api::{
+        ApiError, CmAccept, CmConnect, CmEvent, CmState, Device, DeviceOptions, RejReason,
+        SidrStatus,
+    },
     ibcm::{
         CaGuid, Cm, CmConfig, CmMad, CmMsg, CmaHdr, ConnectParams, Gid, PathMtu, PortSpace,
         ServiceId, ip::CMA_HDR_LEN,
@@ -361,5 +364,76 @@ fn hostile_mads_to_qp1_are_counted_drops_and_a_req_burst_is_rejected() {
     );
     assert_eq!(xdp.pass_foreign_qp, xdp_before.pass_foreign_qp);
     drop(port);
+    drop(b);
+}
+
+/// SIDR (IBTA 12.11, what `udaddy` does) between two roce-xdp devices: a request to a UDP
+/// port nobody serves is answered "unsupported"; one to a listener reaches it with the RDMA
+/// CM IP header, and its reply gives the asker the UD QPN and Q_Key.
+#[test]
+fn sidr_between_two_roce_xdp_devices() {
+    require_root();
+    let pair = veth_pair("cq5", 235);
+    let (a, b) = (open(&pair.a, false), open(&pair.b, false));
+    let (a_ip, b_ip) = (IpAddr::V4(pair.a.ipv4), IpAddr::V4(pair.b.ipv4));
+    b.cm_enable().expect("B's CM");
+    let sidr = |port: u16, data: &'static [u8]| {
+        let d = Arc::clone(&a);
+        netns::in_netns(&pair.a.netns, move || {
+            d.cm_sidr_request(b_ip, port, 40010, data)
+        })
+        .expect("enter namespace")
+        .expect("SIDR request")
+    };
+    let closed = sidr(7175, b"");
+    match a.wait_cm_event(WAIT) {
+        Some(CmEvent::SidrReply { id, rep }) => {
+            assert_eq!(id, closed);
+            assert_eq!(rep.status, SidrStatus::UNSUPPORTED);
+        }
+        e => panic!("no SIDR_REP for a closed port: {e:?}"),
+    }
+    let sid = b.cm_listen_ud(7174).expect("listen");
+    assert_eq!(sid, ServiceId::rdma_cm(PortSpace::Udp, 7174));
+    let id_a = sidr(7174, b"ud?");
+    let (id_b, req) = match b.wait_cm_event(WAIT) {
+        Some(CmEvent::SidrRequest { id, from, req }) => {
+            assert_eq!(from, Gid::from_ip(a_ip));
+            (id, req)
+        }
+        e => panic!("no SIDR_REQ at B: {e:?}"),
+    };
+    assert_eq!(req.service_id, sid);
+    let h = CmaHdr::parse(&req.private_data).expect("RDMA CM IP header");
+    assert_eq!((h.src, h.dst, h.src_port), (a_ip, b_ip, 40010));
+    assert_eq!(
+        &req.private_data[CMA_HDR_LEN..CMA_HDR_LEN + 3],
+        b"ud?".as_slice()
+    );
+    b.cm_sidr_reply(
+        id_b,
+        SidrStatus::SUCCESS,
+        Qpn::new(0x77),
+        QKey::new(0x1111_1111),
+        b"ok",
+    )
+    .expect("SIDR reply");
+    match a.wait_cm_event(WAIT) {
+        Some(CmEvent::SidrReply { id, rep }) => {
+            assert_eq!(id, id_a);
+            assert_eq!(rep.status, SidrStatus::SUCCESS);
+            assert_eq!(
+                (rep.qpn, rep.qkey),
+                (Qpn::new(0x77), QKey::new(0x1111_1111))
+            );
+            assert_eq!(&rep.private_data[..2], b"ok".as_slice());
+        }
+        e => panic!("no SIDR_REP at A: {e:?}"),
+    }
+    // A sent two SIDR_REQs and got two SIDR_REPs; nothing retransmitted or dropped.
+    assert_eq!(qp1_counters(&a), (2, 2, 0, 0));
+    assert_eq!(qp1_counters(&b), (2, 2, 0, 0));
+    assert_eq!(a.cm_stats().unwrap().0.retransmits, 0);
+    drop(a);
     drop(b);
 }

@@ -20,14 +20,14 @@ use roce_common::maps::QpEntry;
 
 pub use crate::ibcm::{
     CaGuid, CmStats, CommId, Event as CmEvent, PathMtu, PortSpace, RejReason, ServiceId,
-    State as CmState,
+    SidrStatus, State as CmState,
 };
 use crate::{
     api::{ApiError, Device, claims::lock_file},
     engine::driver::Shared,
     ibcm::{AcceptParams, CmConfig, CmaHdr, ConnectParams, Gid},
     loader,
-    transport::{PKey, Psn, Qpn, gsi::GsiStats},
+    transport::{PKey, Psn, QKey, Qpn, gsi::GsiStats},
 };
 
 /// An active connection request ([`Device::cm_connect`]): what `rdma_connect` puts in the REQ.
@@ -223,20 +223,8 @@ impl Device {
     /// a full connection table; see [`Device::cm_enable`].
     pub fn cm_connect(&self, c: &CmConnect) -> Result<CommId, ApiError> {
         self.cm_enable()?;
-        // Our GID of the peer's family and scope: an IPv6 link-local source only for a
-        // link-local peer (the GID table lists link-local addresses first).
-        let link_local = |ip: IpAddr| matches!(ip, IpAddr::V6(v6) if v6.is_unicast_link_local());
-        let gid_index = self
-            .info
-            .gids
-            .iter()
-            .position(|g| {
-                g.ip.is_ipv4() == c.dest.is_ipv4() && link_local(g.ip) == link_local(c.dest)
-            })
-            .unwrap_or_else(|| self.info.default_gid_index(c.dest.is_ipv4()));
-        let local = self.gid(gid_index)?.ip;
+        let (local, path) = self.gsi_path(c.dest)?;
         let remote = Gid::from_ip(c.dest);
-        let path = self.path_to(gid_index, &remote.0, Qpn::GSI, Qpn::GSI)?;
         let ipv6 = c.dest.is_ipv6();
         // The REQ's path MTU (IBTA 12.7.24: the enum of 9.7.6.1.3, 256 → 1 ... 4096 → 5).
         let code = match self.max_path_mtu(ipv6) {
@@ -275,6 +263,84 @@ impl Device {
             g.set_path(remote, path);
             Ok(g.cm_mut().connect(now, &params)?)
         })
+    }
+
+    /// Our source IP for `dest` and the path to `dest`'s QP 1, from the kernel's routing and
+    /// neighbour tables (as [`Device::path_to`] for a UD address handle).
+    fn gsi_path(&self, dest: IpAddr) -> Result<(IpAddr, crate::transport::Path), ApiError> {
+        // Our GID of the peer's family and scope: an IPv6 link-local source only for a
+        // link-local peer (the GID table lists link-local addresses first).
+        let link_local = |ip: IpAddr| matches!(ip, IpAddr::V6(v6) if v6.is_unicast_link_local());
+        let gid_index = self
+            .info
+            .gids
+            .iter()
+            .position(|g| g.ip.is_ipv4() == dest.is_ipv4() && link_local(g.ip) == link_local(dest))
+            .unwrap_or_else(|| self.info.default_gid_index(dest.is_ipv4()));
+        let local = self.gid(gid_index)?.ip;
+        let path = self.path_to(gid_index, &Gid::from_ip(dest).0, Qpn::GSI, Qpn::GSI)?;
+        Ok((local, path))
+    }
+
+    /// Listens for SIDR requests to `port` of RDMA CM's UDP port space (`rdma_listen` on a
+    /// `RDMA_PS_UDP` id; service ID `0x0000_0000_0111_<port>`): each comes as a
+    /// [`CmEvent::SidrRequest`], answered with [`Device::cm_sidr_reply`]. A SIDR_REQ to a port
+    /// nobody listens on is answered with status "unsupported" (IBTA 12.11.2).
+    ///
+    /// # Errors
+    /// As [`Device::cm_listen`].
+    pub fn cm_listen_ud(&self, port: u16) -> Result<ServiceId, ApiError> {
+        let sid = ServiceId::rdma_cm(PortSpace::Udp, port);
+        self.with_cm(|g| Ok(g.cm_mut().listen(sid)?))?;
+        Ok(sid)
+    }
+
+    /// Asks `dest` for the UD QP that serves its UDP-port-space `port` (`rdma_connect` on a
+    /// `RDMA_PS_UDP` id, cma.c `cma_resolve_ib_udp`): sends a SIDR_REQ with the RDMA CM IP
+    /// header (source port `src_port`) and `private_data`. The answer is a
+    /// [`CmEvent::SidrReply`] (its QPN and Q_Key on success) or [`CmEvent::SidrTimedOut`].
+    ///
+    /// # Errors
+    /// As [`Device::cm_connect`].
+    pub fn cm_sidr_request(
+        &self,
+        dest: IpAddr,
+        port: u16,
+        src_port: u16,
+        private_data: &[u8],
+    ) -> Result<CommId, ApiError> {
+        self.cm_enable()?;
+        let (local, path) = self.gsi_path(dest)?;
+        let remote = Gid::from_ip(dest);
+        let pd = CmaHdr {
+            src_port,
+            src: local,
+            dst: dest,
+        }
+        .with_user_data(private_data);
+        let sid = ServiceId::rdma_cm(PortSpace::Udp, port);
+        let now = self.now();
+        self.with_cm(|g| {
+            g.set_path(remote, path);
+            Ok(g.cm_mut()
+                .sidr_request(now, remote, sid, PKey::DEFAULT, &pd)?)
+        })
+    }
+
+    /// Answers a [`CmEvent::SidrRequest`] (`rdma_accept` on a UDP id, or `rdma_reject`):
+    /// `status` [`SidrStatus::SUCCESS`] with our UD QP and its Q_Key, or a refusal.
+    ///
+    /// # Errors
+    /// No such request, private data longer than 136 bytes.
+    pub fn cm_sidr_reply(
+        &self,
+        id: CommId,
+        status: SidrStatus,
+        qpn: Qpn,
+        qkey: QKey,
+        private_data: &[u8],
+    ) -> Result<(), ApiError> {
+        self.with_cm(|g| Ok(g.cm_mut().sidr_reply(id, status, qpn, qkey, private_data)?))
     }
 
     /// Accepts a [`CmEvent::ConnectRequest`] (`rdma_accept`): sends the REP. The connection

@@ -76,7 +76,7 @@ use self::claims::lock_file;
 pub use self::{
     cm::{
         CaGuid, CmAccept, CmConnect, CmEvent, CmState, CmStats, CommId, PathMtu, PortSpace,
-        RejReason, ServiceId,
+        RejReason, ServiceId, SidrStatus,
     },
     cq::CqReady,
     error::ApiError,
