@@ -12,16 +12,21 @@
 //! - Our `cm_connect` to the guest's `rping -s` (path from the neighbour table): the kernel
 //!   answers with a REP, our RTU establishes it.
 //!
+//! - The guest's `udaddy -s` resolves our UD service (SIDR) on UDP port 7174.
+//!
 //! The data phase of rping is not run (our QPs are not brought up from the CM events here).
 //! Root; boots the rxe-peer VM.
 
 use std::{net::IpAddr, sync::Arc, time::Duration};
 
 use roce::{
-    api::{CmAccept, CmConnect, CmEvent, CmState, Device, DeviceOptions, RejReason, ServiceId},
+    api::{
+        CmAccept, CmConnect, CmEvent, CmState, Device, DeviceOptions, RejReason, ServiceId,
+        SidrStatus,
+    },
     ibcm::{CmaHdr, Gid, PortSpace},
     netns,
-    transport::{Psn, Qpn},
+    transport::{Psn, QKey, Qpn},
 };
 use roce_tests::{
     require_root,
@@ -101,7 +106,11 @@ fn the_guests_rping_connects_to_our_cm_on_qp1() {
     // We listen on 7174: the request names the service and carries the RDMA CM IP header.
     let sid = dev.cm_listen(7174).expect("listen");
     assert_eq!(sid, ServiceId::rdma_cm(PortSpace::Tcp, 7174));
-    let c = peer.spawn(&format!("rping -c -d -a {} -p 7174 -C 1", peer.host_ip));
+    // stdbuf: rping's debug log (stdout) must survive a kill.
+    let c = peer.spawn(&format!(
+        "stdbuf -oL rping -c -d -a {} -p 7174 -C 1",
+        peer.host_ip
+    ));
     let (id, from, req) = match dev.wait_cm_event(Duration::from_secs(60)) {
         Some(CmEvent::ConnectRequest { id, from, req }) => (id, from, req),
         e => panic!(
@@ -125,24 +134,28 @@ fn the_guests_rping_connects_to_our_cm_on_qp1() {
         "our REP was not answered with an RTU"
     );
     assert_eq!(dev.cm_state(id), Some(CmState::Established));
+    // Our DREQ: the kernel tells rping (DISCONNECTED) at once, but sends its DREP only when
+    // rping calls rdma_disconnect or destroys its id (cma.c), which it does once its first
+    // SEND to the QPN we named (no QP of ours behind it) has failed after the transport's
+    // retries; until then our DREQ is retransmitted (IBTA 12.9.6, on the CM response
+    // timeout) and the kernel counts the duplicates.
     dev.cm_disconnect(id, &[]).expect("disconnect");
-    let drep = dev.wait_cm_event(Duration::from_secs(30));
+    let drep = dev.wait_cm_event(Duration::from_secs(120));
     assert!(
         matches!(drep, Some(CmEvent::Disconnected { id: d, .. }) if d == id),
-        "no DREP from the kernel: {drep:?}"
+        "no DREP from the kernel: {drep:?}; CM {:?}",
+        dev.cm_stats()
     );
-    // The client gives up once its first SEND finds no QP behind our QPN; that is expected.
     let client = peer.wait_or_kill(&c, Duration::from_secs(60));
     assert!(
-        client.out.contains("ESTABLISHED"),
-        "rping -c never saw the connection established: {}",
+        client.out.contains("ESTABLISHED") && client.out.contains("DISCONNECT EVENT"),
+        "rping -c did not see the connection established and disconnected: {}",
         client.out
     );
     for (dir, name, want) in [
         ("cm_tx_msgs", "req", 2),
         ("cm_rx_msgs", "rep", 1),
         ("cm_tx_msgs", "rtu", 1),
-        ("cm_rx_msgs", "dreq", 1),
         ("cm_tx_msgs", "drep", 1),
         ("cm_rx_msgs", "rej", 1),
         ("cm_rx_duplicates", "rep", 0),
@@ -150,14 +163,17 @@ fn the_guests_rping_connects_to_our_cm_on_qp1() {
     ] {
         assert_eq!(cm_counter(&peer, dir, name), want, "guest {dir}/{name}");
     }
-    // QP 1 received REQ, REQ, RTU, DREP and sent REJ, REP, DREQ; nothing dropped.
-    assert_eq!(qp1(&dev), (4, 3, 0));
     let (cm, gsi) = dev.cm_stats().expect("CM stats");
+    // Every DREQ we sent (first and retransmissions) reached the kernel's CM.
     assert_eq!(
-        (cm.malformed, cm.unexpected, cm.retransmits),
-        (0, 0, 0),
+        cm_counter(&peer, "cm_rx_msgs", "dreq"),
+        1 + cm.retransmits,
         "{cm:?}"
     );
+    // QP 1 received REQ, REQ, RTU, DREP and sent REJ, REP and the DREQs; nothing malformed,
+    // nothing unexpected.
+    assert_eq!(qp1(&dev), (4, 3 + cm.retransmits, 0));
+    assert_eq!((cm.malformed, cm.unexpected), (0, 0), "{cm:?}");
     assert_eq!(gsi, Default::default());
     drop(dev);
     drop(peer);
@@ -240,6 +256,70 @@ fn our_cm_connects_to_the_guests_rping_server_over_qp1() {
     let (rx, tx, dropped) = qp1(&dev);
     // In: a REJ per early attempt, the REP, the DREP. Out: the REQs, the RTU, the DREQ.
     assert_eq!((rx, tx, dropped), (attempts + 1, attempts + 2, 0));
+    drop(dev);
+    drop(peer);
+}
+
+/// The guest's `udaddy -s` asks our CM for the UD QP behind UDP port 7174 (SIDR, IBTA 12.11):
+/// the SIDR_REQ reaches our listener through roce_xdp and QP 1 with the RDMA CM IP header, and
+/// the kernel takes our SIDR_REP (RDMA CM's UDP Q_Key). udaddy's data phase is not ours here
+/// (no UD QP behind the QPN we name), so the guest's run is cut short by `timeout` (its stdout
+/// line-buffered so that what it printed survives).
+#[test]
+fn the_guests_udaddy_resolves_our_ud_service_over_qp1() {
+    require_root();
+    let peer = Peer::boot(&tag("q3"), 76, &PeerOptions::default());
+    let dev = open(&peer);
+    let sid = dev.cm_listen_ud(7174).expect("listen");
+    let u = peer.spawn(&format!(
+        "timeout 20 stdbuf -oL udaddy -s {} -C 1",
+        peer.host_ip
+    ));
+    let (id, from, req) = match dev.wait_cm_event(Duration::from_secs(60)) {
+        Some(CmEvent::SidrRequest { id, from, req }) => (id, from, req),
+        e => panic!(
+            "no SIDR_REQ from udaddy: {e:?}; guest: {}",
+            peer.wait_or_kill(&u, Duration::ZERO).out
+        ),
+    };
+    assert_eq!(from, Gid::from_ip(IpAddr::V4(peer.guest_ip)));
+    assert_eq!(req.service_id, sid);
+    let h = CmaHdr::parse(&req.private_data).expect("RDMA CM IP header");
+    assert_eq!(
+        (h.src, h.dst),
+        (IpAddr::V4(peer.guest_ip), IpAddr::V4(peer.host_ip))
+    );
+    // RDMA CM's Q_Key for the UDP port space (RDMA_UDP_QKEY): the kernel checks it.
+    dev.cm_sidr_reply(
+        id,
+        SidrStatus::SUCCESS,
+        Qpn::new(0x1234),
+        QKey::new(0x0123_4567),
+        &[],
+    )
+    .expect("SIDR reply");
+    let out = peer.wait_or_kill(&u, Duration::from_secs(60));
+    assert_eq!(
+        cm_counter(&peer, "cm_tx_msgs", "sidr_req"),
+        1,
+        "{}",
+        out.out
+    );
+    assert_eq!(
+        cm_counter(&peer, "cm_rx_msgs", "sidr_rep"),
+        1,
+        "{}",
+        out.out
+    );
+    assert_eq!(cm_counter(&peer, "cm_tx_retries", "sidr_req"), 0);
+    // udaddy starts its data phase only once every SIDR_REP was taken (its "resolved"
+    // handler created the address handle from our QPN and Q_Key).
+    assert!(
+        out.out.contains("initiating data transfers"),
+        "udaddy did not take our SIDR_REP: {}",
+        out.out
+    );
+    assert_eq!(qp1(&dev), (1, 1, 0));
     drop(dev);
     drop(peer);
 }
