@@ -160,8 +160,9 @@ impl Device {
         // peer may still hold. Never 0 (0 means "unknown" in a REJ).
         config.comm_id_seed = u32::from_ne_bytes([seed[0], seed[1], seed[2], seed[3]]).max(1);
         config.tid_hi = me;
-        self.gsi_shard().lock().enable_gsi(config);
+        // The claim first: if it fails, no agent runs that roce_xdp would not feed.
         self.pins.add_qp(Qpn::GSI.value(), me)?;
+        self.gsi_shard().lock().enable_gsi(config);
         let mut qpns = self
             .qpns
             .lock()
