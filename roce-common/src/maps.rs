@@ -11,6 +11,9 @@ pub const MAP_XDP_STATS: &str = "ROCE_XDP_STATS";
 pub const MAP_XSKS: &str = "ROCE_XSKS";
 /// Array indexed by destination QPN of [`QpEntry`]: the QPs that are ours (`owner != 0`).
 /// roce-xdp allocates its QPNs in `[FIRST_QPN, MAX_QPS)`, so the lookup needs no hashing.
+/// QPN 1 (the GSI, which carries the CM's MADs) is in it too while a process runs a CM agent on
+/// the interface (`roce::api::Device::cm_enable`); otherwise its packets go to the kernel like
+/// any foreign QP's. QPN 0 is never ours (the program drops it as reserved: no QP 0 on RoCE).
 pub const MAP_QPS: &str = "ROCE_QPS";
 
 /// Array with one [`LoadInfo`]: how and where the program was loaded, written by `roce load`.

@@ -238,6 +238,8 @@ fn classify(ctx: Bounds) -> Class {
         return Class::Malformed(DropReason::BadLength);
     }
     let dest_qp = bth.dest_qp();
+    // QP 0 (the SMI) does not exist on RoCE. QP 1 (the GSI, the CM's MADs) is looked up in
+    // ROCE_QPS like any QPN: ours while a CM agent claims it, the kernel's otherwise.
     if dest_qp == 0 {
         return Class::Malformed(DropReason::ReservedQpn);
     }

@@ -144,6 +144,19 @@ pub enum ApiError {
         /// The SRQ's queue.
         srq: u32,
     },
+    /// The communication manager refused a call (unknown connection, wrong state, a service
+    /// ID already listened on, a full connection table, private data too long).
+    #[error(transparent)]
+    Cm(#[from] crate::ibcm::CmError),
+    /// Another live process runs the CM on this interface (it owns QP 1 in the XDP QP map):
+    /// one CM agent serves an interface, as one kernel CM serves a port.
+    #[error("QP 1 (the CM) of {ifname} is owned by roce-xdp process {owner}")]
+    CmTaken {
+        /// The interface.
+        ifname: String,
+        /// The owning process.
+        owner: u32,
+    },
 }
 
 fn holders_text(pids: &[u32]) -> String {
@@ -173,6 +186,7 @@ impl ApiError {
             Self::PdBusy(_)
             | Self::CqBusy(_)
             | Self::QueueTaken { .. }
+            | Self::CmTaken { .. }
             | Self::Device(
                 DeviceError::PdInUse(_) | DeviceError::CqInUse(_) | DeviceError::SrqInUse(_),
             ) => libc::EBUSY,
@@ -185,7 +199,10 @@ impl ApiError {
             )
             | Self::Mr(MrError::TableFull(_) | MrError::WindowTableFull(_))
             | Self::Post(PostError::QueueFull(_))
-            | Self::NoQpn(_) => libc::ENOMEM,
+            | Self::NoQpn(_)
+            | Self::Cm(crate::ibcm::CmError::TooManyConnections(_)) => libc::ENOMEM,
+            // rdma_listen on a port taken (cma.c `cma_alloc_port`).
+            Self::Cm(crate::ibcm::CmError::AlreadyListening(_)) => libc::EADDRINUSE,
             Self::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
             // As the kernel's address resolution answers ibv_create_ah and ibv_modify_qp
             // for rxe (core/addr.c): no route, or no neighbour reply in time.

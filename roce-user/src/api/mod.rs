@@ -35,6 +35,7 @@
 #![doc = concat!("```no_run\n", include_str!("../../examples/rc_write.rs"), "```")]
 
 mod claims;
+mod cm;
 mod cq;
 mod error;
 mod handles;
@@ -73,6 +74,10 @@ use crate::{
 
 use self::claims::lock_file;
 pub use self::{
+    cm::{
+        CaGuid, CmAccept, CmConnect, CmEvent, CmState, CmStats, CommId, PathMtu, PortSpace,
+        RejReason, ServiceId, SidrStatus,
+    },
     cq::CqReady,
     error::ApiError,
     handles::{Ah, Cq, Mr, Mw, Pd, Qp},
@@ -278,6 +283,9 @@ pub struct Device {
     next_iova: Mutex<u64>,
     /// Next-hop MACs that [`Device::path_to`] resolved lately.
     hops: Mutex<HopCache>,
+    /// Time for the calls that start CM timers, started before the engines' own clocks so
+    /// that a deadline it sets is never early by their measure.
+    clock: Clock,
 }
 
 impl std::fmt::Debug for Device {
@@ -333,6 +341,7 @@ impl Device {
         held: Option<loader::HeldLink>,
     ) -> Result<Self, ApiError> {
         let loaded_here = held.is_some();
+        let clock = Clock::new();
         let mut config = opts.transport.clone();
         config
             .cc
@@ -495,6 +504,7 @@ impl Device {
             multi_buffer: xsk_cfg.multi_buffer,
             next_iova: Mutex::new(0x1000_0000),
             hops: Mutex::new(HopCache::default()),
+            clock,
             info,
         })
     }
@@ -1182,6 +1192,7 @@ impl Device {
         let mut qps = Vec::new();
         for sh in self.shards.iter() {
             let dev = sh.lock();
+            qps.extend(dev.gsi().map(|g| (Qpn::GSI, *g.counters())));
             qps.extend(dev.qps().map(|q| (q.qpn(), *q.counters())));
             devc.add(dev.device_counters());
         }

@@ -32,6 +32,15 @@ impl Publisher {
         let mut qps = Vec::new();
         for shard in self.shards.iter() {
             let dev = shard.lock();
+            // QP 1 (the CM's), always ready to send, as a GSI QP is once the port is up.
+            qps.extend(dev.gsi().map(|g| {
+                (
+                    transport::Qpn::GSI,
+                    transport::QpState::Rts,
+                    *g.counters(),
+                    None,
+                )
+            }));
             qps.extend(dev.qps().map(|q| {
                 let cc = q.congestion().map(transport::QpCc::snapshot);
                 (q.qpn(), q.state(), *q.counters(), cc)

@@ -443,6 +443,13 @@ impl Cm {
         self.transmits.pop_front()
     }
 
+    /// Whether a MAD waits for [`Self::poll_transmit`] (the caller's transmit path checks it
+    /// before it builds a frame).
+    #[must_use]
+    pub fn has_transmit(&self) -> bool {
+        !self.transmits.is_empty()
+    }
+
     /// The next event for the consumer, if any. Call it until `None` after every call.
     pub fn poll_event(&mut self) -> Option<Event> {
         self.events.pop_front()

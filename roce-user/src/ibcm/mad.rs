@@ -117,6 +117,25 @@ newtype!(
     /// with the QPN it identifies a connection for stale-connection detection (IBTA 12.4.1).
     CaGuid(u64), 18
 );
+impl CaGuid {
+    /// The node GUID of an Ethernet port: its MAC as a modified EUI-64 (RFC 4291 appendix A:
+    /// `ff:fe` in the middle, the universal/local bit flipped), as rxe derives its node GUID
+    /// (`rxe_init_device_param` via `addrconf_addr_eui48`). Stable for the interface, never 0.
+    #[must_use]
+    pub const fn from_mac(m: [u8; 6]) -> Self {
+        Self(u64::from_be_bytes([
+            m[0] ^ 2,
+            m[1],
+            m[2],
+            0xff,
+            0xfe,
+            m[3],
+            m[4],
+            m[5],
+        ]))
+    }
+}
+
 newtype!(
     /// A MAD transaction ID (IBTA 13.4.6.4): a request and its responses share it.
     Tid(u64), 18

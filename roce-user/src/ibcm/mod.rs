@@ -6,27 +6,29 @@
 //! RDMA CM's service IDs and the IP header it puts in a REQ's private data, and [`conn`] is the
 //! connection state machine of one port ([`Cm`]), driven by received MADs and injected time,
 //! with queues of MADs to send and events for the consumer. Carrying the MADs on QP1 of the
-//! device and the drop-in librdmacm are layers above (issue 18).
+//! device is [`crate::transport::gsi`]; the drop-in librdmacm is a layer above (issue 18).
 //!
 //! Not to be confused with [`crate::cm`], the TCP out-of-band exchanges of the classic tools.
 //!
-//! # Wiring it to QP1 (the layer above, not here yet)
-//! - Receive: a RoCE v2 frame with opcode UD SEND_ONLY to QP 1, P_Key 0xFFFF and DETH Q_Key
-//!   0x80010000 (`QKey::GSI`) carries a 256-byte MAD: pass it to [`Cm::handle_mad`] with the
-//!   sender's GID ([`Gid::from_ip`] of the frame's source IP). A MAD of another management
-//!   class comes back as [`MadError::BadClass`] and is the caller's to route or count.
-//! - Send: each [`Transmit`] goes as a UD SEND_ONLY to QP 1 of `dest` with DETH (Q_Key GSI,
-//!   source QP 1) from the interface whose IP is our GID; the MAC comes from the kernel's
-//!   neighbour table, as rxe does (no SA on RoCE).
-//! - Time: call [`Cm::handle_timeout`] when [`Cm::poll_timeout`] comes, then drain
-//!   [`Cm::poll_transmit`] and [`Cm::poll_event`].
-//! - RDMA CM events map as: [`Event::ConnectRequest`] → `RDMA_CM_EVENT_CONNECT_REQUEST`;
-//!   [`Event::Reply`] → the library moves the QP to RTR/RTS and calls [`Cm::ready_to_use`]
-//!   (`RDMA_CM_EVENT_CONNECT_RESPONSE` only for a consumer without a QP);
-//!   [`Event::Established`] → `ESTABLISHED`; [`Event::Rejected`] → `REJECTED` (status =
-//!   reason); [`Event::TimedOut`] → `UNREACHABLE`; [`Event::Disconnected`] → `DISCONNECTED`;
-//!   [`Event::TimeWaitExit`] → `TIMEWAIT_EXIT`; [`Event::SidrReply`] → `ESTABLISHED` with the
-//!   UD QPN/Q_Key, or `UNREACHABLE` for a non-zero status.
+//! # On QP1 of a device
+//! [`crate::transport::gsi`] carries the agent on QP 1 of the transport's `Device`
+//! (`Device::enable_gsi`): a received RoCE v2 UD SEND_ONLY to QP 1 with P_Key 0xFFFF, DETH
+//! Q_Key 0x80010000 (`QKey::GSI`) and a 256-byte MAD goes to [`Cm::handle_mad`] with the
+//! sender's GID ([`Gid::from_ip`] of the frame's source IP); anything else to QP 1 is a
+//! counted drop. Each [`Transmit`] leaves as a UD SEND_ONLY to the peer's QP 1 (Q_Key GSI,
+//! source QP 1) on the path the peer's last MAD came by, or on the path the consumer set from
+//! the kernel's neighbour table before connecting, as rxe does (no SA on RoCE). The device's
+//! `poll_timeout`/`handle_timeout` run [`Cm::handle_timeout`]. `roce::api::Device::cm_*` is
+//! the API on top (it claims QPN 1 in roce_xdp's QP map, so the frames reach our sockets).
+//!
+//! # RDMA CM events
+//! They map as: [`Event::ConnectRequest`] → `RDMA_CM_EVENT_CONNECT_REQUEST`;
+//! [`Event::Reply`] → the library moves the QP to RTR/RTS and calls [`Cm::ready_to_use`]
+//! (`RDMA_CM_EVENT_CONNECT_RESPONSE` only for a consumer without a QP);
+//! [`Event::Established`] → `ESTABLISHED`; [`Event::Rejected`] → `REJECTED` (status =
+//! reason); [`Event::TimedOut`] → `UNREACHABLE`; [`Event::Disconnected`] → `DISCONNECTED`;
+//! [`Event::TimeWaitExit`] → `TIMEWAIT_EXIT`; [`Event::SidrReply`] → `ESTABLISHED` with the
+//! UD QPN/Q_Key, or `UNREACHABLE` for a non-zero status.
 
 pub mod conn;
 pub mod ip;

@@ -55,6 +55,7 @@
 pub mod cc;
 pub mod counters;
 pub mod cq;
+pub mod gsi;
 pub mod ids;
 mod mem;
 pub mod mr;
@@ -478,6 +479,8 @@ pub struct Device {
     counters: DeviceCounters,
     /// Ready queue and timer set (transport/sched.rs).
     sched: sched::Schedule,
+    /// QP 1 and its CM agent, once [`Device::enable_gsi`] made this device run one.
+    gsi: Option<Box<gsi::Gsi>>,
 }
 
 impl Device {
@@ -496,6 +499,7 @@ impl Device {
             events: VecDeque::new(),
             counters: DeviceCounters::default(),
             sched: sched::Schedule::new(config.max_inflight_pkts),
+            gsi: None,
             config,
         }
     }
@@ -910,6 +914,13 @@ impl Device {
                 return;
             }
         };
+        // QP 1 (the GSI) is not a QP of the table: its MADs go to the CM agent, if one runs.
+        if f.roce.bth.dest_qp == Qpn::GSI
+            && let Some(gsi) = self.gsi.as_deref_mut()
+        {
+            gsi.handle_frame(now, &f);
+            return;
+        }
         let (src, dst) = (f.src_ip(), f.dst_ip());
         let pkt = RxPkt {
             repr: f.roce,
@@ -1000,6 +1011,17 @@ impl Device {
     /// responses, atomic ACKs) go before new requests.
     #[must_use]
     pub fn poll_transmit(&mut self, now: Instant, buf: &mut [u8]) -> Option<Transmit> {
+        // QP 1's MADs first: few, and a connection waits on each.
+        if let Some(gsi) = self.gsi.as_deref_mut()
+            && gsi.has_transmit()
+            && let Some(size) = gsi.poll_transmit(buf)
+        {
+            self.counters.sent_pkts += 1;
+            return Some(Transmit {
+                size,
+                qpn: Qpn::GSI,
+            });
+        }
         let out = self.transmit_next(now, buf);
         self.sched.end_transmit();
         out
@@ -1134,6 +1156,16 @@ impl Device {
     /// entries up to date (they are moved lazily, transport/sched.rs), so the answer is exact.
     #[must_use]
     pub fn poll_timeout(&mut self) -> Option<Instant> {
+        let qps = self.poll_qp_timeout();
+        let gsi = self.gsi.as_deref().and_then(gsi::Gsi::poll_timeout);
+        match (qps, gsi) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// The QPs' part of [`Device::poll_timeout`].
+    fn poll_qp_timeout(&mut self) -> Option<Instant> {
         loop {
             let (t, k) = self.sched.first_timer()?;
             let real = self.qps.get(&k).and_then(Qp::next_deadline);
@@ -1149,6 +1181,9 @@ impl Device {
     /// Runs the timers due at `now` (retransmission, RNR back-off, DCQCN). Spurious calls are
     /// no-ops.
     pub fn handle_timeout(&mut self, now: Instant) {
+        if let Some(gsi) = self.gsi.as_deref_mut() {
+            gsi.handle_timeout(now);
+        }
         let (qps, mut ctx, sched) = self.split();
         // Only the QPs whose earliest deadline is due (transport/sched.rs).
         let due = sched.take_due(now);
@@ -1192,6 +1227,30 @@ impl Device {
     #[must_use]
     pub const fn device_counters(&self) -> &DeviceCounters {
         &self.counters
+    }
+
+    /// Makes this device run QP 1 with a CM agent of `config` (IBTA 13.5: the GSI; 12: the
+    /// CM): from now on frames to QP 1 go to it instead of being counted as for an unknown
+    /// QP. Call it once, on the transport that owns QPN 1 ([`Shard::of_qpn`]), after claiming
+    /// QPN 1 in the XDP program's QP map. Returns false, changing nothing, if it already runs.
+    pub fn enable_gsi(&mut self, config: crate::ibcm::CmConfig) -> bool {
+        if self.gsi.is_some() {
+            return false;
+        }
+        self.gsi = Some(Box::new(gsi::Gsi::new(config)));
+        true
+    }
+
+    /// QP 1 and its CM agent, if [`Device::enable_gsi`] was called.
+    #[must_use]
+    pub fn gsi(&self) -> Option<&gsi::Gsi> {
+        self.gsi.as_deref()
+    }
+
+    /// QP 1 and its CM agent, to drive the CM; its MADs go out at the next
+    /// [`Device::poll_transmit`].
+    pub fn gsi_mut(&mut self) -> Option<&mut gsi::Gsi> {
+        self.gsi.as_deref_mut()
     }
 
     /// Every QP, in QPN order.

@@ -81,19 +81,12 @@ pub fn device_name(ifname: &str) -> String {
 }
 
 /// The node GUID of a port with MAC `mac`, as 8 bytes in network order: the modified EUI-64
-/// (the MAC's universal/local bit flipped, `ff:fe` in the middle), as rxe derives it.
+/// (the MAC's universal/local bit flipped, `ff:fe` in the middle), as rxe derives it, and as
+/// the CM agent on QP 1 sends it ([`roce::ibcm::CaGuid::from_mac`]).
 #[must_use]
 pub fn node_guid(mac: [u8; 6]) -> [u8; 8] {
-    [
-        mac[0] ^ 2,
-        mac[1],
-        mac[2],
-        0xff,
-        0xfe,
-        mac[3],
-        mac[4],
-        mac[5],
-    ]
+    // One derivation for both: the CM sends the same GUID as its LocalCAGUID.
+    roce::ibcm::CaGuid::from_mac(mac).0.to_be_bytes()
 }
 
 /// The IEEE OUI-less vendor id rxe reports (`RXE_VENDOR_ID`, 0xffffff): not Mellanox's 0x02c9,
