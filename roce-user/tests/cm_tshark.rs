@@ -13,7 +13,7 @@ use std::{net::IpAddr, process::Command};
 use roce::{
     ibcm::{
         AcceptParams, CaGuid, Cm, CmConfig, CmMad, CmMsg, CmaHdr, CommId, ConnectParams, Event,
-        Gid, PathMtu, PortSpace, ServiceId, SidrStatus,
+        Gid, PortSpace, ServiceId, SidrStatus,
     },
     time::Instant,
     wire::{
@@ -61,27 +61,15 @@ fn exchange() -> Vec<(Gid, Gid, Box<[u8; 256]>)> {
         }
     };
     let params = |qpn: u32, sid: ServiceId| ConnectParams {
-        remote: gb,
-        local: ga,
         service_id: sid,
-        qpn: Qpn::new(qpn),
         starting_psn: Psn::new(0xabcdef),
-        responder_resources: 1,
-        initiator_depth: 1,
-        retry_count: 7,
-        rnr_retry_count: 7,
-        path_mtu: PathMtu::MTU_1024,
-        pkey: PKey::DEFAULT,
-        srq: false,
-        traffic_class: 0,
-        hop_limit: 64,
-        flow_label: 0,
-        private_data: CmaHdr {
-            src_port: 40000,
-            src: IP_A.parse().unwrap(),
-            dst: IP_B.parse().unwrap(),
-        }
-        .with_user_data(b"rping"),
+        ..ConnectParams::rdma_cm(
+            format!("{IP_A}:40000").parse().unwrap(),
+            format!("{IP_B}:7174").parse().unwrap(),
+            Qpn::new(qpn),
+            Psn::new(0xabcdef),
+            b"rping",
+        )
     };
     // REQ, MRA, REP, RTU, DREQ, DREP.
     let id = a.connect(now, &params(0x11, sid)).unwrap();

@@ -13,8 +13,8 @@ use roce::{
         SidrStatus,
     },
     ibcm::{
-        CaGuid, Cm, CmConfig, CmMad, CmMsg, CmaHdr, ConnectParams, Gid, PathMtu, PortSpace,
-        ServiceId, ip::CMA_HDR_LEN,
+        CaGuid, Cm, CmConfig, CmMad, CmMsg, CmaHdr, ConnectParams, Gid, PortSpace, ServiceId,
+        ip::CMA_HDR_LEN,
     },
     loader::Pins,
     netns::{self, VethEnd, VethOptions, VethPair},
@@ -234,29 +234,13 @@ fn reqs(pair: &VethPair, port: u16, n: usize) -> Vec<[u8; 256]> {
     let (a, b) = (IpAddr::V4(pair.a.ipv4), IpAddr::V4(pair.b.ipv4));
     (0..n)
         .map(|i| {
-            let p = ConnectParams {
-                remote: Gid::from_ip(b),
-                local: Gid::from_ip(a),
-                service_id: ServiceId::rdma_cm(PortSpace::Tcp, port),
-                qpn: Qpn::new(0x100 + i as u32),
-                starting_psn: Psn::new(1),
-                responder_resources: 1,
-                initiator_depth: 1,
-                retry_count: 7,
-                rnr_retry_count: 7,
-                path_mtu: PathMtu::MTU_1024,
-                pkey: PKey::DEFAULT,
-                srq: false,
-                traffic_class: 0,
-                hop_limit: 64,
-                flow_label: 0,
-                private_data: CmaHdr {
-                    src_port: 40000,
-                    src: a,
-                    dst: b,
-                }
-                .with_user_data(&[]),
-            };
+            let p = ConnectParams::rdma_cm(
+                (a, 40000).into(),
+                (b, port).into(),
+                Qpn::new(0x100 + i as u32),
+                Psn::new(1),
+                &[],
+            );
             cm.connect(roce::time::Instant::from_nanos(0), &p)
                 .expect("REQ");
             *cm.poll_transmit().expect("a REQ to send").mad

@@ -25,12 +25,12 @@ use std::{
 use roce::{
     ibcm::{
         AcceptParams, CaGuid, Cm, CmConfig, CmMad, CmMsg, CmaHdr, ConnectParams, Event, Gid,
-        PathMtu, PortSpace, RejReason, ServiceId,
+        PortSpace, RejReason, ServiceId,
     },
     time::Instant,
     wire::{
-        BthRepr, DethRepr, EthernetAddress, IpPath, Opcode, PKey, PathRepr, Psn, QKey, Qpn,
-        RoceRepr, emit_frame,
+        BthRepr, DethRepr, EthernetAddress, IpPath, Opcode, PathRepr, Psn, QKey, Qpn, RoceRepr,
+        emit_frame,
     },
 };
 use roce_tests::{
@@ -299,33 +299,18 @@ fn the_kernel_accepts_our_cm_mads() {
     let s = peer.spawn(&format!("rping -s -d -a {} -p 7174 -C 1", peer.guest_ip));
     let m = us.0.0;
     // A node GUID from our MAC (EUI-64), as rxe derives its own.
-    let guid = u64::from_be_bytes([m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]);
-    let mut cm = Cm::new(CmConfig::new(CaGuid(guid)));
+    let mut cm = Cm::new(CmConfig::new(CaGuid::from_mac(m)));
     let t0 = std::time::Instant::now();
     let now = || Instant::from_nanos(u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX));
     std::thread::sleep(Duration::from_secs(3));
-    let params = |port_no: u16| ConnectParams {
-        remote: Gid::from_ip(IpAddr::V4(guest.1)),
-        local: Gid::from_ip(IpAddr::V4(us.1)),
-        service_id: ServiceId::rdma_cm(PortSpace::Tcp, port_no),
-        qpn: Qpn::new(0x1234),
-        starting_psn: Psn::new(0x42),
-        responder_resources: 1,
-        initiator_depth: 1,
-        retry_count: 7,
-        rnr_retry_count: 7,
-        path_mtu: PathMtu::MTU_1024,
-        pkey: PKey::DEFAULT,
-        srq: false,
-        traffic_class: 0,
-        hop_limit: 64,
-        flow_label: 0,
-        private_data: CmaHdr {
-            src_port: 40000,
-            src: IpAddr::V4(us.1),
-            dst: IpAddr::V4(guest.1),
-        }
-        .with_user_data(&[]),
+    let params = |port_no: u16| {
+        ConnectParams::rdma_cm(
+            (us.1, 40000).into(),
+            (guest.1, port_no).into(),
+            Qpn::new(0x1234),
+            Psn::new(0x42),
+            &[],
+        )
     };
     // rping -s listens some time after it starts (its stdout is a pipe, so it cannot tell us
     // when): until then the kernel rejects with "invalid service ID", and we try again.
@@ -404,8 +389,7 @@ fn the_kernel_connects_to_our_cm() {
     let us = (our_mac(&peer.netns, &peer.ifname), peer.host_ip);
     let mut port = RawPort::open(&peer.netns, &peer.ifname).expect("raw port");
     let m = us.0.0;
-    let guid = u64::from_be_bytes([m[0] ^ 2, m[1], m[2], 0xff, 0xfe, m[3], m[4], m[5]]);
-    let mut cm = Cm::new(CmConfig::new(CaGuid(guid)));
+    let mut cm = Cm::new(CmConfig::new(CaGuid::from_mac(m)));
     let sid = ServiceId::rdma_cm(PortSpace::Tcp, 7174);
     cm.listen(sid).unwrap();
     let t0 = std::time::Instant::now();

@@ -237,27 +237,19 @@ impl Device {
         };
         let mtu = PathMtu::from_code(code).unwrap_or(PathMtu::MTU_1024);
         let params = ConnectParams {
-            remote,
-            local: Gid::from_ip(local),
-            service_id: ServiceId::rdma_cm(PortSpace::Tcp, c.port),
-            qpn: c.qpn,
-            starting_psn: c.starting_psn,
             responder_resources: c.responder_resources,
             initiator_depth: c.initiator_depth,
             retry_count: c.retry_count,
             rnr_retry_count: c.rnr_retry_count,
             path_mtu: mtu,
-            pkey: PKey::DEFAULT,
             srq: c.srq,
-            traffic_class: 0,
-            hop_limit: 64,
-            flow_label: 0,
-            private_data: CmaHdr {
-                src_port: c.src_port,
-                src: local,
-                dst: c.dest,
-            }
-            .with_user_data(&c.private_data),
+            ..ConnectParams::rdma_cm(
+                (local, c.src_port).into(),
+                (c.dest, c.port).into(),
+                c.qpn,
+                c.starting_psn,
+                &c.private_data,
+            )
         };
         let now = self.now();
         self.with_cm(|g| {

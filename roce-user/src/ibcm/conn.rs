@@ -301,6 +301,47 @@ pub struct ConnectParams {
     pub private_data: Vec<u8>,
 }
 
+impl ConnectParams {
+    /// A connection request as `rdma_connect` makes one with librdmacm's and rping's usual
+    /// `rdma_conn_param` (1 responder resource, initiator depth 1, retry and RNR retry 7) in
+    /// the TCP port space: from `local`:`src_port` to `remote`:`port` for QP `qpn` starting
+    /// at `starting_psn`, with RDMA CM's IP header then `user_data` as private data (cma.c
+    /// `cma_format_hdr`); path MTU 1024, the default P_Key, no SRQ, traffic class 0, hop limit
+    /// 64, flow label 0. Change any field after.
+    #[must_use]
+    pub fn rdma_cm(
+        local: std::net::SocketAddr,
+        remote: std::net::SocketAddr,
+        qpn: Qpn,
+        starting_psn: Psn,
+        user_data: &[u8],
+    ) -> Self {
+        Self {
+            remote: Gid::from_ip(remote.ip()),
+            local: Gid::from_ip(local.ip()),
+            service_id: ServiceId::rdma_cm(super::ip::PortSpace::Tcp, remote.port()),
+            qpn,
+            starting_psn,
+            responder_resources: 1,
+            initiator_depth: 1,
+            retry_count: 7,
+            rnr_retry_count: 7,
+            path_mtu: PathMtu::MTU_1024,
+            pkey: PKey::DEFAULT,
+            srq: false,
+            traffic_class: 0,
+            hop_limit: 64,
+            flow_label: 0,
+            private_data: super::ip::CmaHdr {
+                src_port: local.port(),
+                src: local.ip(),
+                dst: remote.ip(),
+            }
+            .with_user_data(user_data),
+        }
+    }
+}
+
 /// The parameters of a passive accept (`struct ib_cm_rep_param`).
 #[derive(Clone, Debug)]
 pub struct AcceptParams {

@@ -472,29 +472,15 @@ impl Pair {
 }
 
 fn connect_params(qpn: u32) -> ConnectParams {
-    ConnectParams {
-        remote: gid_b(),
-        local: gid_a(),
-        service_id: sid(),
-        qpn: Qpn::new(qpn),
-        starting_psn: Psn::new(0x1234),
-        responder_resources: 1,
-        initiator_depth: 1,
-        retry_count: 7,
-        rnr_retry_count: 7,
-        path_mtu: PathMtu::MTU_1024,
-        pkey: PKey::DEFAULT,
-        srq: false,
-        traffic_class: 0,
-        hop_limit: 64,
-        flow_label: 0,
-        private_data: CmaHdr {
-            src_port: 40000,
-            src: "10.0.0.1".parse().unwrap(),
-            dst: "10.0.0.2".parse().unwrap(),
-        }
-        .with_user_data(b"hello"),
-    }
+    let p = ConnectParams::rdma_cm(
+        "10.0.0.1:40000".parse().unwrap(),
+        "10.0.0.2:7174".parse().unwrap(),
+        Qpn::new(qpn),
+        Psn::new(0x1234),
+        b"hello",
+    );
+    assert_eq!((p.remote, p.local, p.service_id), (gid_b(), gid_a(), sid()));
+    p
 }
 
 fn accept_params() -> AcceptParams {

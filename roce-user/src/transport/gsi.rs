@@ -241,8 +241,8 @@ mod tests {
 
     use super::*;
     use crate::ibcm::{
-        AcceptParams, CaGuid, CmMad, CmMsg, CmaHdr, ConnectParams, Event, PathMtu, PortSpace,
-        RejReason, ServiceId, State,
+        AcceptParams, CaGuid, CmMad, CmMsg, CmaHdr, ConnectParams, Event, PortSpace, RejReason,
+        ServiceId, State,
     };
     use crate::transport::{Device, DeviceConfig, MAX_FRAME_LEN};
     use crate::wire::{EthernetAddress, IpPath, parse_frame};
@@ -284,29 +284,13 @@ mod tests {
     }
 
     fn params(port: u16) -> ConnectParams {
-        ConnectParams {
-            remote: gid(IP_B),
-            local: gid(IP_A),
-            service_id: ServiceId::rdma_cm(PortSpace::Tcp, port),
-            qpn: Qpn::new(0x11),
-            starting_psn: Psn::new(7),
-            responder_resources: 1,
-            initiator_depth: 1,
-            retry_count: 7,
-            rnr_retry_count: 7,
-            path_mtu: PathMtu::MTU_1024,
-            pkey: PKey::DEFAULT,
-            srq: false,
-            traffic_class: 0,
-            hop_limit: 64,
-            flow_label: 0,
-            private_data: CmaHdr {
-                src_port: 40000,
-                src: IpAddr::V4(IP_A),
-                dst: IpAddr::V4(IP_B),
-            }
-            .with_user_data(b"hi"),
-        }
+        ConnectParams::rdma_cm(
+            (IP_A, 40000).into(),
+            (IP_B, port).into(),
+            Qpn::new(0x11),
+            Psn::new(7),
+            b"hi",
+        )
     }
 
     /// A path from A to B's QP 1, as the API resolves it.
