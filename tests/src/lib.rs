@@ -15,6 +15,7 @@ use roce_common::opcode::Opcode;
 
 pub use roce::netns;
 
+pub mod bpftool;
 pub mod child;
 pub mod devinfo;
 pub mod rxe;

@@ -14,7 +14,7 @@ use roce::{
         WcStatus,
     },
     cm::perftest::{BwReport, Comm, KeyMsg, pattern},
-    loader::{self, LoadOptions, Pins, pin_dir},
+    loader::{self, LoadOptions, Pins},
     netns::{self, Lan, VethOptions, VethPair},
     wire::types::Psn,
 };
@@ -334,6 +334,7 @@ fn send_bandwidth_keeps_receives_posted() {
 /// 100 × 4 KiB at MTU 1024 is 400 request packets, each answered... and counted at both ends.
 #[test]
 fn counters_agree_with_bpftool_and_the_traffic() {
+    use roce_tests::bpftool::{dump as bpftool, xdp_total};
     let (pair, _l) = loaded_veth("ec", 84, 1500);
     let (c, _) = pair_run(
         &pair,
@@ -348,33 +349,9 @@ fn counters_agree_with_bpftool_and_the_traffic() {
             .unwrap();
         serde_json::from_slice(&o.stdout).unwrap()
     };
-    let bpftool = |ifname: &str, map: &str| -> Value {
-        let o = Command::new("bpftool")
-            .args(["-j", "map", "dump", "pinned"])
-            .arg(pin_dir(ifname).join(map))
-            .output()
-            .unwrap();
-        assert!(
-            o.status.success(),
-            "bpftool: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        serde_json::from_slice(&o.stdout).unwrap()
-    };
-    let sum_qps = |v: &Value| -> QpCounters {
-        let mut s = QpCounters::default();
-        for e in v.as_array().unwrap() {
-            for name in QpCounters::NAMES {
-                *s.get_mut(name).unwrap() += e["formatted"]["value"]["counters"][name]
-                    .as_u64()
-                    .unwrap_or_else(|| panic!("bpftool lacks {name}: {e}"));
-            }
-        }
-        s
-    };
     let (sa, sb) = (stats(&pair.a.ifname), stats(&pair.b.ifname));
     for (ifname, s) in [(&pair.a.ifname, &sa), (&pair.b.ifname, &sb)] {
-        let tool = sum_qps(&bpftool(ifname, "ROCE_QP_STATS"));
+        let tool = roce_tests::bpftool::qp_totals(&bpftool(ifname, "ROCE_QP_STATS"));
         for name in QpCounters::NAMES {
             assert_eq!(
                 s["transport"][name].as_u64(),
@@ -386,14 +363,6 @@ fn counters_agree_with_bpftool_and_the_traffic() {
         // multicast-listener traffic too), so a frame may arrive between two reads: `roce stats`
         // is read between two bpftool dumps and must lie between them, and equal them when
         // nothing arrived in between.
-        let xdp_total = |x: &Value, name: &str| -> u64 {
-            x[0]["formatted"]["values"]
-                .as_array()
-                .unwrap()
-                .iter()
-                .map(|c| c["value"][name].as_u64().unwrap())
-                .sum()
-        };
         let before = bpftool(ifname, "ROCE_XDP_STATS");
         let mid = stats(ifname);
         let after = bpftool(ifname, "ROCE_XDP_STATS");

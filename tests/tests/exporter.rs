@@ -13,11 +13,12 @@ use std::{
 };
 
 use roce::{
-    loader::{self, LoadOptions, pin_dir},
+    loader::{self, LoadOptions},
     netns::{self, VethOptions, VethPair},
 };
 use roce_common::counters::{QpCounters, XdpStats};
 use roce_tests::{
+    bpftool::{dump as bpftool, qp_totals, xdp_total},
     child::{Reaper, args, finish_within, json_ok, spawn},
     require_root, roce_bin, tag,
 };
@@ -198,20 +199,6 @@ fn sample(page: &str, metric: &str, labels: &str) -> u64 {
     s.into_values().next().unwrap()
 }
 
-fn bpftool(ifname: &str, map: &str) -> Value {
-    let o = Command::new("bpftool")
-        .args(["-j", "map", "dump", "pinned"])
-        .arg(pin_dir(ifname).join(map))
-        .output()
-        .unwrap();
-    assert!(
-        o.status.success(),
-        "bpftool: {}",
-        String::from_utf8_lossy(&o.stderr)
-    );
-    serde_json::from_slice(&o.stdout).unwrap()
-}
-
 /// An exporter in A's namespace, scraped over HTTP while `roce perf write` runs from A to B on
 /// two QPs and again after it: every page passes `promtool check metrics`; during the traffic
 /// each QP has its own series (`qpn` label) with packets counted, and the AF_XDP queue its
@@ -332,14 +319,6 @@ fn metrics_during_traffic_pass_promtool_and_match_bpftool() {
     assert_eq!(s["verified"], true, "{s}");
 
     // After the run: the transport counters no longer move.
-    let xdp_total = |x: &Value, name: &str| -> u64 {
-        x[0]["formatted"]["values"]
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|c| c["value"][name].as_u64().unwrap())
-            .sum()
-    };
     let xdp_before = bpftool(a, "ROCE_XDP_STATS");
     let after = exporter.scrape();
     let xdp_after = bpftool(a, "ROCE_XDP_STATS");
@@ -351,17 +330,9 @@ fn metrics_during_traffic_pass_promtool_and_match_bpftool() {
         .unwrap();
     let stats: Value = serde_json::from_slice(&o.stdout).unwrap();
     let ifl = format!("ifname=\"{a}\"");
+    let tool = qp_totals(&qp_dump);
     for name in QpCounters::NAMES {
-        let tool: u64 = qp_dump
-            .as_array()
-            .unwrap()
-            .iter()
-            .map(|e| {
-                e["formatted"]["value"]["counters"][name]
-                    .as_u64()
-                    .unwrap_or_else(|| panic!("bpftool lacks {name}: {e}"))
-            })
-            .sum();
+        let tool = tool.get(name).unwrap();
         let got = sample(&after, &format!("roce_transport_{name}_total"), &ifl);
         assert_eq!(got, tool, "transport {name}: exporter vs bpftool");
         assert_eq!(
