@@ -1233,6 +1233,15 @@ impl Device {
         {
             return;
         }
+        // The sockets leave ROCE_XSKS first: from here on a frame for one of our QPs falls back
+        // to the stack and roce_xdp counts it (`redirect_fallback_pass`), and the engines'
+        // drain hands what the kernel had already put into the RX rings to the transport, so
+        // that no frame is lost uncounted between the last turn and the socket's close.
+        if let Ok(mut xsks) = self.pins.xsks() {
+            for (q, _) in &self.bind_modes {
+                let _ = xsks.unset(*q);
+            }
+        }
         self.stop.store(true, Ordering::SeqCst);
         for sh in self.shards.iter() {
             sh.kick();
@@ -1257,11 +1266,6 @@ impl Device {
         let _ = self.publisher.publish();
         if let Ok(_lock) = lock_file(&self.info.ifname) {
             self.publisher.retire(Some(std::process::id()));
-        }
-        if let Ok(mut xsks) = self.pins.xsks() {
-            for (q, _) in &self.bind_modes {
-                let _ = xsks.unset(*q);
-            }
         }
         let qpns = std::mem::take(
             &mut *self

@@ -322,8 +322,15 @@ impl<H: Handler> Engine<H> {
         })
     }
 
-    /// Takes the handler's last transmits, then flushes the backlog and reaps completions
-    /// until nothing is in flight for transmit or the drain timeout passes. Received frames are still recycled meanwhile, not handled.
+    /// Takes the handler's last transmits, then flushes the backlog, reaps completions and
+    /// hands the frames still in the RX ring to the handler, until nothing is in flight for
+    /// transmit and the RX ring is empty, or the drain timeout passes.
+    ///
+    /// Frames the kernel put into the RX ring before the socket left `ROCE_XSKS` (the device
+    /// unsets it before it stops its engines) go through the handler like any other, so that
+    /// they are counted (received, or dropped for a QP that is gone) instead of vanishing with
+    /// the socket. The handler's `poll_transmit` runs once, not in the loop: a handler that
+    /// generates traffic must not go on generating it while the engine stops.
     fn drain(&mut self) -> Result<(), XskError> {
         // What the handler still has to send (the ACKs a QP destroyed just before the stop
         // owes its peer) goes into the ring first.
@@ -332,11 +339,20 @@ impl<H: Handler> Engine<H> {
         self.queue
             .with_tx_sink_limit(self.cfg.tx_per_turn as usize, |tx| h.poll_transmit(now, tx));
         let deadline = self.clock.now().saturating_add(self.cfg.drain_timeout);
-        while !self.queue.tx_idle() && self.clock.now() < deadline {
-            self.queue.reap_completions();
-            self.queue.flush_tx();
-            if !self.queue.tx_idle() {
-                self.queue.wait(Some(Duration::from_millis(1)))?;
+        let batch = self.cfg.batch;
+        loop {
+            let q = &mut self.queue;
+            let h = &mut self.handler;
+            q.reap_completions();
+            q.refill();
+            let now = self.clock.now();
+            let received = h.on_rx_batch(now, &mut |per_frame| q.receive(batch, per_frame));
+            q.flush_tx();
+            if (received == 0 && q.tx_idle()) || now >= deadline {
+                break;
+            }
+            if received == 0 {
+                q.wait(Some(Duration::from_millis(1)))?;
             }
         }
         self.queue.reap_completions();
