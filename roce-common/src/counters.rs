@@ -281,6 +281,10 @@ counter_struct! {
         rp_cnp_handled,
         /// CNPs received and not acted on: within rate_reduce_monitor_period of the last cut, or RP disabled.
         rp_cnp_ignored,
+        /// roce-xdp: losses (a retry, a replayed READ) that cut the rate as a CNP does (loss_backoff).
+        rp_loss_handled,
+        /// roce-xdp: losses not acted on: within rate_reduce_monitor_period of the last cut, RP or loss_backoff off.
+        rp_loss_ignored,
     }
 }
 

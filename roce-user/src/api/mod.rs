@@ -1201,7 +1201,8 @@ impl Device {
 
     /// Changes one congestion-control parameter of an RC QP: a DCQCN parameter under its mlx5
     /// name (`rpg_ai_rate`, `min_time_between_cnps`, ... see [`crate::cc::DcqcnConfig`]), or
-    /// `rp_enabled` / `np_enabled` / `enabled` (0 or 1). The QP's rate state starts afresh.
+    /// `rp_enabled` / `np_enabled` / `loss_backoff` / `enabled` (0 or 1). The QP's rate state
+    /// starts afresh.
     /// Load-time settings for every QP are [`DeviceOptions::transport`]`.cc`.
     ///
     /// # Errors

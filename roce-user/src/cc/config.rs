@@ -36,6 +36,12 @@ pub struct DcqcnConfig {
     /// Notification point on: CE-marked packets cause CNPs (mlx5 sysfs `ecn/roce_np/enable`).
     /// Default on.
     pub np_enabled: bool,
+    /// roce-xdp's addition, not an mlx5 knob: with the reaction point on, a loss the
+    /// transport detects (a retry, a replayed READ) cuts the rate as a CNP does
+    /// ([`super::ReactionPoint::on_loss`]), so that a QP backs off towards a peer or path
+    /// that marks nothing. Default off until it is measured against Soft-RoCE (the interop
+    /// matrix); `--cc-set loss_backoff=1` turns it on.
+    pub loss_backoff: bool,
     /// µs between rate increases while no CNP arrives (the DCQCN "timer", T). Default 300
     /// (CX-5 dump); paper 55. Range 1..=131071.
     pub rpg_time_reset: u32,
@@ -89,6 +95,7 @@ impl Default for DcqcnConfig {
         Self {
             rp_enabled: true,
             np_enabled: true,
+            loss_backoff: false,
             rpg_time_reset: 300,
             rpg_byte_reset: 32767,
             rpg_threshold: 1,

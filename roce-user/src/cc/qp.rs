@@ -87,6 +87,13 @@ impl QpCongestion {
         self.rp.on_cnp(now);
     }
 
+    /// The transport detected a loss on this QP: call when the requester starts a retry (go
+    /// back N after a PSN sequence error NAK or the ACK timeout) and when the responder
+    /// replays a READ. See [`ReactionPoint::on_loss`].
+    pub fn on_loss(&mut self, now: Instant) {
+        self.rp.on_loss(now);
+    }
+
     /// The earliest time a packet of `bytes` may be sent.
     #[must_use]
     pub fn next_send_time(&self, now: Instant, bytes: u32) -> Instant {

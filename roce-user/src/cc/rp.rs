@@ -85,6 +85,9 @@ enum Timer {
 #[derive(Debug, Clone)]
 pub struct ReactionPoint {
     enabled: bool,
+    loss_backoff: bool,
+    /// The last cut was for a loss: increases stay additive until a CNP or line rate.
+    loss_limited: bool,
     line_rate: u64,
     rate: u64,
     target: u64,
@@ -141,6 +144,8 @@ impl ReactionPoint {
         let line_rate = line_rate_bps.max(1);
         Self {
             enabled: config.rp_enabled,
+            loss_backoff: config.loss_backoff,
+            loss_limited: false,
             line_rate,
             rate: line_rate,
             target: line_rate,
@@ -174,18 +179,56 @@ impl ReactionPoint {
     /// Call for every CNP received for this QP (BTH opcode 0x81 to our QPN).
     pub fn on_cnp(&mut self, now: Instant) {
         self.cnps += 1;
-        if !self.enabled {
+        if self.enabled && self.may_cut(now) {
+            self.stats.rp_cnp_handled += 1;
+            self.react(now);
+        } else {
             self.stats.rp_cnp_ignored += 1;
+        }
+    }
+
+    /// Call when the transport detects a loss on this QP: the requester starts a retry (go
+    /// back N) or the responder replays a READ. roce-xdp's own addition to DCQCN, for a peer
+    /// that marks nothing (Linux Soft-RoCE) behind a path that marks nothing (a VM's tap, a
+    /// software switch): such a peer never sends a CNP, and without a reaction to loss a burst
+    /// to a slow receiver loops through drop, retry and replay at line rate.
+    ///
+    /// With `loss_backoff` on (`DcqcnConfig::loss_backoff`, off by default), a loss (at most one per `rate_reduce_monitor_period`) halves
+    /// the rate and sets the target to the new rate, as TCP halves its window once per loss
+    /// episode (RFC 5681 §3.1: multiplicative decrease by 1/2); until the next CNP, increases
+    /// are additive only (`rpg_ai_rate` per timer or byte-counter event), never fast recovery
+    /// back to the rate that lost packets, nor hyper increase. DCQCN's own cut would not do:
+    /// with mlx5's α timer (1 µs) α has decayed to nothing by the time a loss is detected,
+    /// and fast recovery returns to the lossy rate within five timer periods. The transport
+    /// starts at most one retry sequence per lost PSN (rxe `started_retry`), so one loss is
+    /// one event.
+    pub fn on_loss(&mut self, now: Instant) {
+        if !(self.enabled && self.loss_backoff && self.may_cut(now)) {
+            self.stats.rp_loss_ignored += 1;
             return;
         }
-        if self
-            .last_cut
-            .is_some_and(|t| now.saturating_duration_since(t) < self.monitor_period)
-        {
-            self.stats.rp_cnp_ignored += 1;
-            return;
-        }
-        self.stats.rp_cnp_handled += 1;
+        self.stats.rp_loss_handled += 1;
+        self.pacer.advance(now, self.rate);
+        self.limited = true;
+        self.loss_limited = true;
+        self.rate = (self.rate / 2).max(self.min_rate);
+        self.target = self.rate;
+        self.timer_stage = 0;
+        self.byte_stage = 0;
+        self.byte_count = 0;
+        self.last_cut = Some(now);
+        self.timers[Timer::Increase as usize] = Some(now + self.time_reset);
+    }
+
+    /// Whether `rate_reduce_monitor_period` has passed since the last cut.
+    fn may_cut(&self, now: Instant) -> bool {
+        self.last_cut
+            .is_none_or(|t| now.saturating_duration_since(t) >= self.monitor_period)
+    }
+
+    /// The DCQCN reaction to a CNP.
+    fn react(&mut self, now: Instant) {
+        self.loss_limited = false;
         self.pacer.advance(now, self.rate);
         if !self.limited {
             self.limited = true;
@@ -243,7 +286,12 @@ impl ReactionPoint {
     /// One increase event (a counter has just been incremented).
     fn increase(&mut self) {
         let (hi, lo) = self.counters();
-        match self.phase_of(hi, lo) {
+        let phase = if self.loss_limited {
+            Phase::AdditiveIncrease
+        } else {
+            self.phase_of(hi, lo)
+        };
+        match phase {
             Phase::FastRecovery | Phase::Unlimited => {}
             Phase::AdditiveIncrease => self.target = self.target.saturating_add(self.ai),
             Phase::HyperIncrease => {
@@ -257,6 +305,7 @@ impl ReactionPoint {
         self.rate = (t / 2 + r / 2 + (t % 2 + r % 2).div_ceil(2)).min(self.line_rate);
         if self.rate >= self.line_rate && self.target >= self.line_rate {
             self.limited = false;
+            self.loss_limited = false;
             self.rate = self.line_rate;
             self.timers = [None; 2];
         }
@@ -382,7 +431,9 @@ impl ReactionPoint {
     /// The increase stage.
     #[must_use]
     pub fn stage(&self) -> Stage {
-        let phase = if self.limited {
+        let phase = if self.loss_limited {
+            Phase::AdditiveIncrease
+        } else if self.limited {
             let (hi, lo) = self.counters();
             self.phase_of(hi, lo)
         } else {
@@ -436,6 +487,53 @@ mod tests {
             dce_tcp_rtt: 131_071,
             rpg_byte_reset: 0,
             ..DcqcnConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_loss_halves_rate_and_target_then_increases_are_additive_only() {
+        let cfg = DcqcnConfig {
+            loss_backoff: true,
+            ..quiet()
+        };
+        let mut rp = ReactionPoint::new(&cfg, LINE, us(0));
+        rp.on_loss(us(10));
+        assert_eq!((rp.rate_bps(), rp.target_bps()), (LINE / 2, LINE / 2));
+        assert!(rp.is_limited());
+        assert_eq!(rp.stage().phase, Phase::AdditiveIncrease);
+        // Within rate_reduce_monitor_period (4 µs) of the cut: ignored.
+        rp.on_loss(us(13));
+        assert_eq!(rp.rate_bps(), LINE / 2);
+        rp.on_loss(us(14));
+        assert_eq!((rp.rate_bps(), rp.target_bps()), (LINE / 4, LINE / 4));
+        assert_eq!((rp.stats.rp_loss_handled, rp.stats.rp_loss_ignored), (2, 1));
+        // Timer events past rpg_threshold would be hyper increase after a CNP; after a loss
+        // each adds rpg_ai_rate (5 Mb/s) to the target, and the rate goes half way to it.
+        let t = rp.poll_timeout().unwrap();
+        assert_eq!(t, us(14) + cfg.time_reset());
+        for k in 1..=4u64 {
+            rp.handle_timeout(us(14) + cfg.time_reset() * k as u32);
+            assert_eq!(rp.target_bps(), LINE / 4 + k * 5_000_000);
+        }
+        // ⌈(t + r)/2⌉ each event: 2.5e9 + 2.5e6, + 6.25e6, + 10.625e6, + 15.3125e6.
+        assert_eq!(rp.rate_bps(), 2_515_312_500);
+        // A CNP is DCQCN's own signal: the usual cut and stages from then on.
+        rp.on_cnp(us(2_000_000));
+        assert_eq!(rp.stage().phase, Phase::FastRecovery);
+        // With loss_backoff off (the default) or the RP off, losses are counted and ignored.
+        for cfg in [
+            quiet(),
+            DcqcnConfig {
+                rp_enabled: false,
+                loss_backoff: true,
+                ..quiet()
+            },
+        ] {
+            let mut rp = ReactionPoint::new(&cfg, LINE, us(0));
+            rp.on_loss(us(10));
+            assert_eq!(rp.rate_bps(), LINE);
+            assert!(!rp.is_limited());
+            assert_eq!((rp.stats.rp_loss_handled, rp.stats.rp_loss_ignored), (0, 1));
         }
     }
 

@@ -74,7 +74,7 @@ impl CcConfig {
     }
 
     /// Sets one parameter by name: a numeric DCQCN parameter ([`DcqcnConfig::NAMES`]), or
-    /// `rp_enabled` / `np_enabled` (0 or 1), or `enabled` (0 or 1: both).
+    /// `rp_enabled` / `np_enabled` / `loss_backoff` (0 or 1), or `enabled` (0 or 1: RP and NP).
     ///
     /// # Errors
     /// [`ConfigError`] for an unknown name or a value out of range.
@@ -87,6 +87,7 @@ impl CcConfig {
                     name: match name {
                         "rp_enabled" => "rp_enabled",
                         "np_enabled" => "np_enabled",
+                        "loss_backoff" => "loss_backoff",
                         _ => "enabled",
                     },
                     value: v,
@@ -99,6 +100,7 @@ impl CcConfig {
         match name {
             "rp_enabled" => self.dcqcn.rp_enabled = flag(value)?,
             "np_enabled" => self.dcqcn.np_enabled = flag(value)?,
+            "loss_backoff" => self.dcqcn.loss_backoff = flag(value)?,
             "enabled" => {
                 let on = flag(value)?;
                 self.dcqcn.rp_enabled = on;
@@ -169,6 +171,10 @@ impl QpCc {
 
     fn on_cnp(&mut self, now: Instant) {
         self.cc.on_cnp_received(now);
+    }
+
+    fn on_loss(&mut self, now: Instant) {
+        self.cc.on_loss(now);
     }
 
     fn on_packet(&mut self, now: Instant, ce: bool, path: Option<&Path>, peer: Qpn) {
@@ -259,6 +265,15 @@ impl Qp {
     pub(crate) fn cc_on_packet(&mut self, now: Instant, ce: bool) {
         if let Some(c) = self.cc.as_deref_mut() {
             c.on_packet(now, ce, self.attr.ah_attr.as_ref(), self.attr.dest_qp_num);
+        }
+    }
+
+    /// Hook of the requester's retry (go back N after a PSN sequence NAK or the ACK timeout)
+    /// and of the responder's replay of a READ: packets were lost, so the reaction point backs
+    /// off ([`QpCongestion::on_loss`]).
+    pub(crate) fn cc_on_loss(&mut self, now: Instant) {
+        if let Some(c) = self.cc.as_deref_mut() {
+            c.on_loss(now);
         }
     }
 

@@ -997,7 +997,7 @@ impl Device {
         if info.is_response() {
             qp.handle_response(now, pkt, &mut ctx);
         } else {
-            qp.handle_request(pkt, &mut ctx);
+            qp.handle_request(now, pkt, &mut ctx);
         }
         sched.touch(qp);
     }

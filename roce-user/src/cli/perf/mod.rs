@@ -124,7 +124,8 @@ pub struct PerfArgs {
     #[arg(long, value_enum, default_value_t = CcMode::On)]
     pub cc: CcMode,
     /// A congestion-control parameter under its mlx5 name, e.g. `--cc-set rpg_ai_rate=10`,
-    /// `--cc-set min_time_between_cnps=50` (repeatable; also rp_enabled / np_enabled = 0|1).
+    /// `--cc-set min_time_between_cnps=50` (repeatable; also rp_enabled / np_enabled = 0|1, and
+    /// loss_backoff=1: halve the rate on each loss, for peers and paths that mark nothing).
     #[arg(long = "cc-set", value_name = "NAME=VALUE")]
     pub cc_set: Vec<String>,
     /// The line rate DCQCN starts from and recovers to (e.g. 10gbit, 1gbit, bits/s).

@@ -373,6 +373,9 @@ impl Qp {
             self.retry_left -= 1;
         }
         self.counters.completer_retry_err += 1;
+        // A retry means packets (or their ACKs) were lost: back off as after a CNP, so that a
+        // peer or path that marks nothing still slows the QP down (issue: loss back-off).
+        self.cc_on_loss(now);
         self.go_back(self.comp_psn);
         self.arm_retransmit(now, true);
         true

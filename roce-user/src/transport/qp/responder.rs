@@ -12,8 +12,9 @@ pub(super) struct Fatal {
 }
 
 impl Qp {
-    /// Handles a request packet (SEND, WRITE, READ request, atomic) for this QP.
-    pub(crate) fn handle_request(&mut self, pkt: &RxPkt<'_>, ctx: &mut Ctx<'_>) {
+    /// Handles a request packet (SEND, WRITE, READ request, atomic) for this QP, received at
+    /// `now`.
+    pub(crate) fn handle_request(&mut self, now: Instant, pkt: &RxPkt<'_>, ctx: &mut Ctx<'_>) {
         if !self.state.responder_ready() {
             self.counters.rx_dropped += 1;
             return;
@@ -47,7 +48,7 @@ impl Qp {
         }
         if d < 0 {
             self.counters.duplicate_request += 1;
-            self.duplicate_request(pkt, info.operation);
+            self.duplicate_request(now, pkt, info.operation);
             return;
         }
         self.sent_psn_nak = false;
@@ -508,8 +509,10 @@ impl Qp {
         Ok(())
     }
 
-    /// A request with a PSN before the expected one (rxe `duplicate_request`).
-    fn duplicate_request(&mut self, pkt: &RxPkt<'_>, op: Operation) {
+    /// A request with a PSN before the expected one (rxe `duplicate_request`). A replayed READ
+    /// request means READ responses were lost on the way to the requester: the reaction point
+    /// backs off ([`Qp::cc_on_loss`]), towards a peer or path that marks nothing too.
+    fn duplicate_request(&mut self, now: Instant, pkt: &RxPkt<'_>, op: Operation) {
         let psn = pkt.repr.bth.psn;
         match op {
             Operation::Send | Operation::Write => {
@@ -545,6 +548,7 @@ impl Qp {
                             *cur_psn = psn;
                             *pending = true;
                             *restart = true;
+                            self.cc_on_loss(now);
                         }
                         return;
                     }

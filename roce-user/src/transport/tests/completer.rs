@@ -313,26 +313,54 @@ fn comp_retry_cnt_7_retries_forever_as_rxe() {
     assert_eq!(h.c().local_ack_timeout_err, 40);
 }
 
-/// `ib_read_bw -q 4 -s 1M` against rxe in a TCG guest, without the VM: B answers every READ
-/// at once (rxe's responder streams a whole READ response without pause) into a slow drop-tail
-/// transmit queue (the guest's qdisc, which drops silently), and A reads 8 × 1 MiB on each of
-/// 4 QPs with perftest's local ACK timeout (14: 67 ms), shorter than B takes to stream one
-/// round of 4 MiB. Returns (simulated seconds, READ response packets B sent, frames the queue
-/// dropped, A's retries).
-fn slow_bursty_read_responder(seed: u64) -> (f64, u64, u64, u64) {
+/// Which side streams data into the slow queue of [`slow_path`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Burst {
+    /// A READs from B: B's READ responses go through the queue on B's egress.
+    Read,
+    /// A WRITEs to B: A's WRITE packets go through the queue on A's egress.
+    Write,
+}
+
+/// What [`slow_path`] measured.
+#[derive(Clone, Copy, Debug)]
+struct SlowPath {
+    /// Simulated seconds until every WR completed, or the 30 s limit.
+    secs: f64,
+    /// WRs completed, of 32.
+    completed: u64,
+    /// Data packets the streaming side sent (READ responses or WRITE packets), replays included.
+    sent: u64,
+    /// Frames the queue dropped.
+    dropped: u64,
+    /// A's retries.
+    retries: u64,
+    /// Rate cuts for losses on the streaming side (`rp_loss_handled`).
+    loss_cuts: u64,
+}
+
+/// `ib_read_bw -q 4 -s 1M` (or `ib_write_bw`) against rxe in a TCG guest, without the VM: the
+/// streaming side sends into a slow drop-tail transmit queue that marks nothing (the guest's
+/// qdisc or its tap, which drop silently; rxe's responder streams a whole READ response
+/// without pause), and A moves 8 × 1 MiB on each of 4 QPs with perftest's local ACK timeout
+/// (14: 67 ms), shorter than B takes to stream one round of 4 MiB of READ responses.
+fn slow_path(seed: u64, burst: Burst, cc: CcConfig, frames_per_sec: u64, buffer: u64) -> SlowPath {
     const QPS: usize = 4;
-    const READS: u64 = 8;
+    const WRS: u64 = 8;
     const LEN: u32 = 1 << 20;
     let link = Link {
         bottleneck: Some(Bottleneck {
-            from: Side::B,
-            frames_per_sec: 25_000,
-            buffer: 3000,
+            from: match burst {
+                Burst::Read => Side::B,
+                Burst::Write => Side::A,
+            },
+            frames_per_sec,
+            buffer,
         }),
         ..Link::default()
     };
     let config = DeviceConfig {
-        cc: CcConfig::off(),
+        cc,
         ..DeviceConfig::default()
     };
     let mut p = Pair::new(seed, config, link);
@@ -344,20 +372,35 @@ fn slow_bursty_read_responder(seed: u64) -> (f64, u64, u64, u64) {
     let mut eps = Vec::new();
     for q in 0..QPS {
         let (a, b) = connect_rc(&mut p, &cfg);
-        let src: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8 ^ q as u8).collect();
-        let mb =
-            p.b.reg_mr(b.pd, src, 0x10_0000, Access::REMOTE_READ)
-                .unwrap();
-        let ma =
-            p.a.reg_mr(a.pd, vec![0; LEN as usize], 0x10_0000, Access::LOCAL_WRITE)
-                .unwrap();
-        for i in 0..READS {
-            let wr = signaled(i, read(0x10_0000, mb.rkey), 0x10_0000, LEN, ma.lkey);
+        let data: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8 ^ q as u8).collect();
+        let (src, dst) = match burst {
+            Burst::Read => (
+                p.b.reg_mr(b.pd, data, 0x10_0000, Access::REMOTE_READ)
+                    .unwrap(),
+                p.a.reg_mr(a.pd, vec![0; LEN as usize], 0x10_0000, Access::LOCAL_WRITE)
+                    .unwrap(),
+            ),
+            Burst::Write => (
+                p.a.reg_mr(a.pd, data, 0x10_0000, Access::empty()).unwrap(),
+                p.b.reg_mr(
+                    b.pd,
+                    vec![0; LEN as usize],
+                    0x10_0000,
+                    Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+                )
+                .unwrap(),
+            ),
+        };
+        for i in 0..WRS {
+            let wr = match burst {
+                Burst::Read => signaled(i, read(0x10_0000, src.rkey), 0x10_0000, LEN, dst.lkey),
+                Burst::Write => signaled(i, write(0x10_0000, dst.rkey), 0x10_0000, LEN, src.lkey),
+            };
             p.a.post_send(a.qpn, wr).unwrap();
         }
-        eps.push((a, b, ma));
+        eps.push((a, b, dst));
     }
-    let mut done = vec![0u64; QPS];
+    let mut done = [0u64; QPS];
     let limit = Instant::from_nanos(30_000_000_000);
     let finished = p.drive_until(20_000_000, |p| {
         for (i, (a, ..)) in eps.iter().enumerate() {
@@ -366,33 +409,110 @@ fn slow_bursty_read_responder(seed: u64) -> (f64, u64, u64, u64) {
                 done[i] += 1;
             }
         }
-        done.iter().all(|&d| d == READS) || p.time > limit
+        done.iter().all(|&d| d == WRS) || p.time > limit
     });
     let secs = p.time.as_nanos() as f64 / 1e9;
-    assert!(
-        finished && done.iter().all(|&d| d == READS),
-        "READs done per QP {done:?} after {secs:.2} simulated s; link {:?}",
-        p.stats
-    );
-    for (q, (a, _, ma)) in eps.iter().enumerate() {
-        let got = p.a.mrs().bytes(ma.lkey).unwrap();
+    let completed = done.iter().sum();
+    let all = finished && completed == QPS as u64 * WRS;
+    for (q, (a, _, dst)) in eps.iter().enumerate().filter(|_| all) {
+        let got = match burst {
+            Burst::Read => p.a.mrs().bytes(dst.lkey).unwrap(),
+            Burst::Write => p.b.mrs().bytes(dst.lkey).unwrap(),
+        };
         assert!(
             got.iter()
                 .enumerate()
                 .all(|(i, &x)| x == (i % 251) as u8 ^ q as u8),
-            "qp {q} read wrong data"
+            "qp {q} moved wrong data"
         );
         assert_eq!(p.a.qp(a.qpn).unwrap().state(), QpState::Rts);
     }
-    let sent: u64 = eps
+    let streamer = |a: Qpn, b: Qpn| match burst {
+        Burst::Read => p.b.qp(b).unwrap(),
+        Burst::Write => p.a.qp(a).unwrap(),
+    };
+    let sent = eps
         .iter()
-        .map(|(_, b, _)| p.b.qp(b.qpn).unwrap().counters().sent_pkts)
+        .map(|(a, b, _)| streamer(a.qpn, b.qpn).counters().sent_pkts)
         .sum();
-    let retries: u64 = eps
+    let loss_cuts = eps
+        .iter()
+        .map(|(a, b, _)| {
+            streamer(a.qpn, b.qpn)
+                .congestion()
+                .map_or(0, |c| c.stats().rp_loss_handled)
+        })
+        .sum();
+    let retries = eps
         .iter()
         .map(|(a, ..)| p.a.qp(a.qpn).unwrap().counters().completer_retry_err)
         .sum();
-    (secs, sent, p.stats.queue_full, retries)
+    SlowPath {
+        secs,
+        completed,
+        sent,
+        dropped: p.stats.queue_full,
+        retries,
+        loss_cuts,
+    }
+}
+
+/// [`slow_path`] READs with congestion control off, as the retry-storm test always ran them.
+fn slow_bursty_read_responder(seed: u64) -> (f64, u64, u64, u64) {
+    let r = slow_path(seed, Burst::Read, CcConfig::off(), 25_000, 3000);
+    assert_eq!(
+        r.completed, 32,
+        "READs left undone after 30 simulated s: {r:?}"
+    );
+    (r.secs, r.sent, r.dropped, r.retries)
+}
+
+/// A slow path that marks nothing (a 64-frame drop-tail queue at 25,000 frames/s, about
+/// 200 Mb/s at MTU 1024) behind a QP that starts at 10 Gb/s: without back-off on loss
+/// (congestion control off, or DCQCN without `loss_backoff`, which sees no CNP), every round
+/// of go-back-N sends the window again at line rate into the full queue, and the ACK timer's
+/// exponential back-off stretches the rounds: 2 of the 32 WRs complete in 30 simulated
+/// seconds, and READs take 22 s. With `loss_backoff` each retry or replayed READ halves the rate and the QP
+/// settles near the path's speed. Both directions: WRITE (the requester's retries cut its
+/// rate) and READ (the responder's replayed READs cut its rate).
+#[test]
+fn loss_backoff_settles_a_burst_to_a_slow_path_that_marks_nothing() {
+    let mut backoff = CcConfig::default();
+    backoff.set("loss_backoff", 1).unwrap();
+    for burst in [Burst::Write, Burst::Read] {
+        let off = slow_path(2, burst, CcConfig::off(), 25_000, 64);
+        let dcqcn_only = slow_path(2, burst, CcConfig::default(), 25_000, 64);
+        let on = slow_path(2, burst, backoff, 25_000, 64);
+        eprintln!(
+            "{burst:?}: off {off:?}\n  dcqcn without loss_backoff {dcqcn_only:?}\n  on {on:?}"
+        );
+        assert_eq!((off.loss_cuts, dcqcn_only.loss_cuts), (0, 0));
+        assert!(on.loss_cuts > 0, "{on:?}");
+        assert_eq!(on.completed, 32, "{burst:?}: {on:?}");
+        for without in [off, dcqcn_only] {
+            // Frames dropped per completed WR: at most a fifth; at least four times faster.
+            assert!(
+                on.dropped * 5 / 32 <= without.dropped / without.completed.max(1),
+                "{burst:?}: {on:?} against {without:?}"
+            );
+            assert!(
+                on.secs * 4.0 < without.secs,
+                "{burst:?}: {on:?} against {without:?}"
+            );
+        }
+        // 32 MiB = 32,768 data packets; at 25,000 frames/s the path needs 1.31 s at best.
+        let needed = 4 * 8 * 1024;
+        assert!(
+            on.sent < needed * 2,
+            "{burst:?}: {} data packets for {needed}: {on:?}",
+            on.sent
+        );
+        assert!(
+            on.secs < 1.31 * 2.5,
+            "{burst:?}: {:.2} simulated s for 1.31 s of data: {on:?}",
+            on.secs
+        );
+    }
 }
 
 #[test]
