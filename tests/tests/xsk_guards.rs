@@ -29,21 +29,43 @@ fn settle(q: &mut XskQueue, done: impl Fn(&XskQueue) -> bool) {
     }
 }
 
+/// roce_xdp on A with [`QPN`] registered and an A socket on queue 0 in `ROCE_XSKS`, made
+/// inside A's namespace.
+fn receiver_in_a(pair: &Pair) -> (XdpProg, XskQueue) {
+    let a_if = pair.a().ifname.clone();
+    pair.in_a(move || {
+        let mut prog = XdpProg::attach(&a_if, &[QPN]);
+        let q = XskQueue::open(&a_if, 0, &XskConfig::default()).expect("open A");
+        prog.set_xsk(&q);
+        (prog, q)
+    })
+    .join()
+    .expect("A setup")
+}
+
+/// Waits until roce_xdp on A has redirected `n` frames.
+#[track_caller]
+fn await_redirected(prog: &XdpProg, n: u64) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while prog.stats().redirected < n {
+        assert!(
+            Instant::now() < deadline,
+            "frames did not arrive: {:?}",
+            prog.stats()
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
 #[test]
 fn tx_rollback_and_rx_unread_stay_put() {
     let pair = Pair::new(1);
-    let (a_if, b_if) = (pair.a().ifname.clone(), pair.b().ifname.clone());
+    let b_if = pair.b().ifname.clone();
     let tmpl = RoceTemplate::new(&pair.b_to_a(128));
 
     // A: the frames wait on the RX ring; a batch dropped unread leaves them there.
-    let receiver = pair.in_a(move || {
-        let mut prog = XdpProg::attach(&a_if, &[QPN]);
-        let q = XskQueue::open(&a_if, 0, &XskConfig::default()).expect("open A");
-        let start: FrameAccounting = q.accounting();
-        prog.set_xsk(&q);
-        (prog, q, start)
-    });
-    let (prog, mut q, start) = receiver.join().expect("A setup");
+    let (prog, mut q) = receiver_in_a(&pair);
+    let start: FrameAccounting = q.accounting();
 
     // B: queue frames, roll a batch back, then send them for real.
     let sender = pair.in_b(move || {
@@ -75,15 +97,7 @@ fn tx_rollback_and_rx_unread_stay_put() {
     });
 
     sender.join().expect("sender");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while prog.stats().redirected < N {
-        assert!(
-            Instant::now() < deadline,
-            "frames did not arrive: {:?}",
-            prog.stats()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    await_redirected(&prog, N);
     {
         let b = q.rx_batch(N as u32);
         assert_eq!(u64::from(b.capacity()), N);
@@ -136,15 +150,9 @@ impl Handler for Counter {
 #[test]
 fn frames_waiting_at_stop_reach_the_handler_in_the_drain() {
     let pair = Pair::new(1);
-    let (a_if, b_if) = (pair.a().ifname.clone(), pair.b().ifname.clone());
+    let b_if = pair.b().ifname.clone();
     let tmpl = RoceTemplate::new(&pair.b_to_a(128));
-    let receiver = pair.in_a(move || {
-        let mut prog = XdpProg::attach(&a_if, &[QPN]);
-        let q = XskQueue::open(&a_if, 0, &XskConfig::default()).expect("open A");
-        prog.set_xsk(&q);
-        (prog, q)
-    });
-    let (prog, q) = receiver.join().expect("A setup");
+    let (prog, q) = receiver_in_a(&pair);
     let sender = pair.in_b(move || {
         let mut q = XskQueue::open(&b_if, 0, &XskConfig::default()).expect("open B");
         q.with_tx_sink(|tx| {
@@ -156,15 +164,7 @@ fn frames_waiting_at_stop_reach_the_handler_in_the_drain() {
         settle(&mut q, XskQueue::tx_idle);
     });
     sender.join().expect("sender");
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while prog.stats().redirected < N {
-        assert!(
-            Instant::now() < deadline,
-            "frames did not arrive: {:?}",
-            prog.stats()
-        );
-        std::thread::sleep(Duration::from_millis(5));
-    }
+    await_redirected(&prog, N);
     // The engine never ran a turn: everything is still on the RX ring when it stops.
     let mut e = Engine::new(q, Counter::default(), EngineConfig::default());
     e.finish().expect("drain");
