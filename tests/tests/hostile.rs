@@ -31,14 +31,14 @@ use roce::{
     cm::perftest::{BwReport, Comm, KeyMsg, pattern},
     loader::Pins,
     netinfo::Gid,
-    netns::{self, VethOptions, VethPair},
+    netns::{self, VethEnd, VethOptions, VethPair},
     wire::{
         AethRepr, AethSyndrome, AtomicEthRepr, BthRepr, DethRepr, EthernetAddress, IpPath, Msn,
         NakCode, Opcode, PKey, PathRepr, QKey, RethRepr, RoceRepr, emit_frame, parse_frame,
         types::Psn,
     },
 };
-use roce_common::counters::XdpStats;
+use roce_common::counters::{QpCounters, XdpStats};
 use roce_tests::{RawPort, require_root, roce_bin, tag};
 
 /// The first PSN the attacker (posing as each victim QP's peer) sends.
@@ -135,6 +135,22 @@ struct Attacker {
 }
 
 impl Attacker {
+    /// An attacker on `port` (a raw socket on A) that sends IPv4 frames from `a` to `b`.
+    fn new(port: RawPort, a: &VethEnd, b: &VethEnd) -> Self {
+        Self {
+            port,
+            tries: 0,
+            path: PathRepr::new(
+                EthernetAddress(a.mac),
+                EthernetAddress(b.mac),
+                IpPath::V4 {
+                    src: a.ipv4,
+                    dst: b.ipv4,
+                },
+            ),
+        }
+    }
+
     /// `p` as a frame on `path` (use [`Attacker::frame`] for the attacker's own path).
     fn frame_on(path: &PathRepr, p: &Pkt) -> Vec<u8> {
         let mut buf = vec![0; 9000];
@@ -263,18 +279,7 @@ fn hostile_frames_get_the_prescribed_answer_and_touch_nothing() {
     ));
     thread::sleep(Duration::from_millis(700));
     let port = RawPort::open(&a.netns, &a.ifname).expect("raw port on A");
-    let mut atk = Attacker {
-        port,
-        tries: 0,
-        path: PathRepr::new(
-            EthernetAddress(a.mac),
-            EthernetAddress(b.mac),
-            IpPath::V4 {
-                src: a.ipv4,
-                dst: b.ipv4,
-            },
-        ),
-    };
+    let mut atk = Attacker::new(port, &a, &b);
     let b_if = b.ifname.clone();
     let a_ip = a.ipv4;
     let report =
@@ -1099,6 +1104,41 @@ fn legit_finish(mut l: Legit) {
     let _ = l.comm.xchg(b"done\0", &mut done);
 }
 
+/// An RC QP of B (16 send WRs, `max_recv_wr` receive WRs of one SGE, every WR signalled,
+/// rights `access`, 4 responder resources, path MTU 1024) connected to `peer` on A, whose GID
+/// is `a_gid` (reached through B's GID `gidx`), with the PSNs the raw requester uses.
+fn rc_qp_to_a(
+    dev: &Device,
+    pd: roce::api::PdId,
+    cq: roce::api::CqId,
+    (gidx, a_gid): (usize, &[u8; 16]),
+    peer: Qpn,
+    max_recv_wr: u32,
+    access: Access,
+) -> Qpn {
+    let qpn = dev
+        .create_qp(QpInit {
+            pd,
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: QpCap {
+                max_send_wr: 16,
+                max_recv_wr,
+                max_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: true,
+        })
+        .expect("qp");
+    dev.qp_to_init(qpn, access).expect("init");
+    let path = dev.path_to(gidx, a_gid, qpn, peer).expect("path");
+    let mut c = RcConnect::new(path, Mtu::Mtu1024, peer, Psn::new(RQ_PSN), Psn::new(SQ_PSN));
+    c.max_dest_rd_atomic = 4;
+    dev.qp_connect(qpn, &c).expect("connect");
+    qpn
+}
+
 /// A victim RC QP of B connected to `peer` on A (which the raw socket impersonates): every
 /// remote right, 4 responder resources, path MTU 1024, 4 receive WRs of 256 bytes in `rx`.
 fn victim_qp(
@@ -1110,30 +1150,8 @@ fn victim_qp(
     peer: Qpn,
     rx: &roce::api::MrInfo,
 ) -> Qpn {
-    let qpn = dev
-        .create_qp(QpInit {
-            pd,
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            cap: QpCap {
-                max_send_wr: 16,
-                max_recv_wr: 16,
-                max_sge: 1,
-                max_inline_data: 0,
-            },
-            sq_sig_all: true,
-        })
-        .expect("victim qp");
-    dev.qp_to_init(
-        qpn,
-        Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC,
-    )
-    .expect("init");
-    let path = dev.path_to(gidx, a_gid, qpn, peer).expect("path");
-    let mut c = RcConnect::new(path, Mtu::Mtu1024, peer, Psn::new(RQ_PSN), Psn::new(SQ_PSN));
-    c.max_dest_rd_atomic = 4;
-    dev.qp_connect(qpn, &c).expect("connect victim");
+    let remote = Access::REMOTE_WRITE | Access::REMOTE_READ | Access::REMOTE_ATOMIC;
+    let qpn = rc_qp_to_a(dev, pd, cq, (gidx, a_gid), peer, 16, remote);
     for i in 0..4u64 {
         dev.post_recv(
             qpn,
@@ -1149,6 +1167,57 @@ fn victim_qp(
         .expect("post recv");
     }
     qpn
+}
+
+/// B's end of [`on_endpoint`]: the device opened on B, and where A is from it.
+struct Endpoint {
+    dev: Device,
+    /// B's GID index for IPv4.
+    gidx: usize,
+    /// A's GID (the raw socket's address).
+    a_gid: [u8; 16],
+}
+
+/// Makes a veth pair (tag `t`, subnet `subnet`), opens a [`Device`] on B, an [`Attacker`] on
+/// A's raw socket, and runs `f` with both inside B's namespace; unloads roce_xdp from B and
+/// removes the pair afterwards, also when `f` panics.
+fn on_endpoint<T: Send + 'static>(
+    t: &str,
+    subnet: u8,
+    f: impl FnOnce(Endpoint, &mut Attacker) -> T + Send + 'static,
+) -> T {
+    let pair = VethPair::new(
+        t,
+        &VethOptions {
+            subnet,
+            ..VethOptions::default()
+        },
+    )
+    .expect("veth pair");
+    let (a, b) = (pair.a.clone(), pair.b.clone());
+    let _unpin = Unpin(vec![b.ifname.clone()]);
+    let port = RawPort::open(&a.netns, &a.ifname).expect("raw port on A");
+    let mut atk = Attacker::new(port, &a, &b);
+    netns::in_netns(&b.netns, move || {
+        let dev = Device::open(&b.ifname, &DeviceOptions::default()).expect("open B");
+        let e = Endpoint {
+            gidx: dev.info().default_gid_index(true),
+            a_gid: Gid::of(IpAddr::V4(a.ipv4)).raw,
+            dev,
+        };
+        f(e, &mut atk)
+    })
+    .expect("enter namespace B")
+}
+
+/// The counters of QP `q` of `dev` (zero if it has none).
+fn qp_counters(dev: &Device, q: Qpn) -> QpCounters {
+    dev.counters()
+        .1
+        .into_iter()
+        .find(|(x, _)| *x == q)
+        .map(|(_, c)| c)
+        .unwrap_or_default()
 }
 
 /// VmRSS of this process, in KiB (/proc/self/status).
@@ -1170,38 +1239,10 @@ fn rss_kib() -> u64 {
 #[test]
 fn read_flood_is_bounded_and_accounted() {
     require_root();
-    let t = tag("hf");
-    let pair = VethPair::new(
-        &t,
-        &VethOptions {
-            subnet: 92,
-            ..VethOptions::default()
-        },
-    )
-    .expect("veth pair");
-    let (a, b) = (pair.a.clone(), pair.b.clone());
-    let _unpin = Unpin(vec![b.ifname.clone()]);
-    let port = RawPort::open(&a.netns, &a.ifname).expect("raw port on A");
-    let mut atk = Attacker {
-        port,
-        tries: 0,
-        path: PathRepr::new(
-            EthernetAddress(a.mac),
-            EthernetAddress(b.mac),
-            IpPath::V4 {
-                src: a.ipv4,
-                dst: b.ipv4,
-            },
-        ),
-    };
-    let b_if = b.ifname.clone();
-    let a_ip = a.ipv4;
-    let out = netns::in_netns(&b.netns, move || {
-        let dev = Device::open(&b_if, &DeviceOptions::default()).expect("open B");
+    let out = on_endpoint(&tag("hf"), 92, |e, atk| {
+        let Endpoint { dev, gidx, a_gid } = e;
         let pd = dev.alloc_pd().expect("pd");
         let cq = dev.create_cq(1024).expect("cq");
-        let gidx = dev.info().default_gid_index(true);
-        let a_gid = Gid::of(IpAddr::V4(a_ip)).raw;
         let all = Access::LOCAL_WRITE
             | Access::REMOTE_WRITE
             | Access::REMOTE_READ
@@ -1223,14 +1264,7 @@ fn read_flood_is_bounded_and_accounted() {
                 atk.frame(&p)
             })
             .collect();
-        let counters = |dev: &Device| {
-            dev.counters()
-                .1
-                .into_iter()
-                .find(|(x, _)| *x == q)
-                .map(|(_, c)| c)
-                .unwrap_or_default()
-        };
+        let counters = |dev: &Device| qp_counters(dev, q);
         let rss0 = rss_kib();
         let c0 = counters(&dev);
         for f in &frames {
@@ -1245,8 +1279,7 @@ fn read_flood_is_bounded_and_accounted() {
         let guards = dev.mr_guard_violations();
         dev.close();
         (d, rss0, rss1, state, guards)
-    })
-    .expect("enter namespace B");
+    });
     let (d, rss0, rss1, state, guards) = out;
     eprintln!(
         "READ flood: executed {}, evicted while answering {}, refused {}, dropped {}, state \
@@ -1459,61 +1492,15 @@ fn send_burst_past_the_posted_receives_gets_the_rnr_nak() {
     const N: u32 = 600;
     const POSTED: u32 = 500;
     const LEN: u32 = 64;
-    let t = tag("hr");
-    let pair = VethPair::new(
-        &t,
-        &VethOptions {
-            subnet: 97,
-            ..VethOptions::default()
-        },
-    )
-    .expect("veth pair");
-    let (a, b) = (pair.a.clone(), pair.b.clone());
-    let _unpin = Unpin(vec![b.ifname.clone()]);
-    let port = RawPort::open(&a.netns, &a.ifname).expect("raw port on A");
-    let mut atk = Attacker {
-        port,
-        tries: 0,
-        path: PathRepr::new(
-            EthernetAddress(a.mac),
-            EthernetAddress(b.mac),
-            IpPath::V4 {
-                src: a.ipv4,
-                dst: b.ipv4,
-            },
-        ),
-    };
-    let b_if = b.ifname.clone();
-    let a_ip = a.ipv4;
-    let out = netns::in_netns(&b.netns, move || {
-        let dev = Device::open(&b_if, &DeviceOptions::default()).expect("open B");
+    let out = on_endpoint(&tag("hr"), 97, |e, atk| {
+        let Endpoint { dev, gidx, a_gid } = e;
         let pd = dev.alloc_pd().expect("pd");
         let cq = dev.create_cq(2 * N as usize).expect("cq");
-        let gidx = dev.info().default_gid_index(true);
-        let a_gid = Gid::of(IpAddr::V4(a_ip)).raw;
         let rx = dev
             .reg_mr(pd, (N * LEN) as usize, Access::LOCAL_WRITE)
             .expect("mr");
         let peer = Qpn::new(0x7e00);
-        let q = dev
-            .create_qp(QpInit {
-                pd,
-                qp_type: QpType::Rc,
-                send_cq: cq,
-                recv_cq: cq,
-                cap: QpCap {
-                    max_send_wr: 16,
-                    max_recv_wr: N,
-                    max_sge: 1,
-                    max_inline_data: 0,
-                },
-                sq_sig_all: true,
-            })
-            .expect("qp");
-        dev.qp_to_init(q, Access::empty()).expect("init");
-        let path = dev.path_to(gidx, &a_gid, q, peer).expect("path");
-        let c = RcConnect::new(path, Mtu::Mtu1024, peer, Psn::new(RQ_PSN), Psn::new(SQ_PSN));
-        dev.qp_connect(q, &c).expect("connect");
+        let q = rc_qp_to_a(&dev, pd, cq, (gidx, &a_gid), peer, N, Access::empty());
         let post = |range: core::ops::Range<u32>| {
             for i in range {
                 dev.post_recv(
@@ -1539,14 +1526,7 @@ fn send_burst_past_the_posted_receives_gets_the_rnr_nak() {
                 atk.frame(&p)
             })
             .collect();
-        let counters = |dev: &Device| {
-            dev.counters()
-                .1
-                .into_iter()
-                .find(|(x, _)| *x == q)
-                .map(|(_, c)| c)
-                .unwrap_or_default()
-        };
+        let counters = |dev: &Device| qp_counters(dev, q);
         let c0 = counters(&dev);
         let mut log = Vec::new();
         let mut fails = Vec::new();
@@ -1635,8 +1615,7 @@ fn send_burst_past_the_posted_receives_gets_the_rnr_nak() {
         let state = dev.qp_state(q);
         dev.close();
         (next, rnr_seen, fails, log, d, wcs, data, state)
-    })
-    .expect("enter namespace B");
+    });
     let (next, rnr_seen, fails, log, d, wcs, data, state) = out;
     eprintln!("{}", log.join("\n"));
     eprintln!("responder counters: {d:?}");
