@@ -19,6 +19,7 @@ const BENCHES: &[(&str, &str, &str, bool)] = &[
     ("e2e", "roce-tests", "e2e", true),
     ("interop", "roce-tests", "interop", true),
     ("verbs", "roce-tests", "verbs", true),
+    ("xproc", "roce-tests", "xproc", false),
 ];
 
 /// Why the Soft-RoCE peer cannot run here, if it cannot: the rxe-peer scripts
