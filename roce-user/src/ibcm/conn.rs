@@ -398,6 +398,30 @@ struct Sidr {
     service_id: ServiceId,
 }
 
+/// Whose timer an entry of `Cm::timers` is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum TimerKey {
+    Conn(CommId),
+    Sidr(CommId),
+}
+
+/// Sets a connection's or SIDR request's `deadline` (`slot`) to `at`, keeping the timer index
+/// in step. Every change of a deadline goes through here.
+fn retime(
+    timers: &mut BTreeSet<(Instant, TimerKey)>,
+    key: TimerKey,
+    slot: &mut Option<Instant>,
+    at: Option<Instant>,
+) {
+    if let Some(old) = slot.take() {
+        timers.remove(&(old, key));
+    }
+    if let Some(t) = at {
+        timers.insert((t, key));
+    }
+    *slot = at;
+}
+
 /// The CM agent of one port: listeners, connections and SIDR requests.
 #[derive(Debug)]
 pub struct Cm {
@@ -411,6 +435,10 @@ pub struct Cm {
     /// `cm_insert_remote_qpn`, IBTA 12.4.1).
     by_remote_qpn: BTreeMap<(CaGuid, Qpn), CommId>,
     sidr: BTreeMap<CommId, Sidr>,
+    /// Every armed timer by its deadline, so that the next one is found without scanning
+    /// every connection (a CM may hold tens of thousands): the `deadline` of each connection
+    /// and SIDR request, indexed. Change a deadline only through [`retime`].
+    timers: BTreeSet<(Instant, TimerKey)>,
     /// (peer, peer's request ID) of pending passive SIDR requests.
     sidr_remote: BTreeMap<(Gid, CommId), CommId>,
     next_id: u32,
@@ -431,6 +459,7 @@ impl Cm {
             by_remote_id: BTreeMap::new(),
             by_remote_qpn: BTreeMap::new(),
             sidr: BTreeMap::new(),
+            timers: BTreeSet::new(),
             sidr_remote: BTreeMap::new(),
             next_id: config.comm_id_seed,
             next_tid: 0,
@@ -500,9 +529,21 @@ impl Cm {
     /// give-up, a TimeWait exit), or `None`.
     #[must_use]
     pub fn poll_timeout(&self) -> Option<Instant> {
-        let c = self.conns.values().filter_map(|c| c.deadline);
-        let s = self.sidr.values().filter_map(|s| s.deadline);
-        c.chain(s).min()
+        self.timers.first().map(|&(t, _)| t)
+    }
+
+    /// The keys of the timers due at `now`, connections then SIDR requests, each in ID order.
+    fn due(&self, now: Instant) -> (Vec<CommId>, Vec<CommId>) {
+        let (mut conns, mut sidr) = (Vec::new(), Vec::new());
+        for &(_, key) in self.timers.iter().take_while(|(t, _)| *t <= now) {
+            match key {
+                TimerKey::Conn(id) => conns.push(id),
+                TimerKey::Sidr(id) => sidr.push(id),
+            }
+        }
+        conns.sort_unstable();
+        sidr.sort_unstable();
+        (conns, sidr)
     }
 
     /// Starts listening for REQs and SIDR_REQs on `service_id` (`ib_cm_listen`).
@@ -627,12 +668,33 @@ impl Cm {
                 max_retries: self.config.max_cm_retries,
                 outstanding: Some(mad),
                 retries_left: self.config.max_cm_retries,
-                deadline: Some(now + wait),
+                deadline: None,
                 last_response: None,
                 service_id: p.service_id,
             },
         );
+        self.set_conn_deadline(id, Some(now + wait));
         Ok(id)
+    }
+
+    /// Sets connection `id`'s timer (see [`retime`]); nothing if it is gone.
+    fn set_conn_deadline(&mut self, id: CommId, at: Option<Instant>) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            retime(&mut self.timers, TimerKey::Conn(id), &mut c.deadline, at);
+        }
+    }
+
+    /// Sets SIDR request `id`'s timer (see [`retime`]); nothing if it is gone.
+    fn set_sidr_deadline(&mut self, id: CommId, at: Option<Instant>) {
+        if let Some(s) = self.sidr.get_mut(&id) {
+            retime(&mut self.timers, TimerKey::Sidr(id), &mut s.deadline, at);
+        }
+    }
+
+    /// Removes SIDR request `id` and its timer.
+    fn remove_sidr(&mut self, id: CommId) -> Option<Sidr> {
+        self.set_sidr_deadline(id, None);
+        self.sidr.remove(&id)
     }
 
     fn conn_mut(&mut self, id: CommId) -> Result<&mut Conn, CmError> {
@@ -683,7 +745,7 @@ impl Cm {
         c.outstanding = Some(mad.clone());
         c.last_response = Some(mad);
         c.retries_left = c.max_retries;
-        c.deadline = Some(now + wait);
+        self.set_conn_deadline(id, Some(now + wait));
         Ok(())
     }
 
@@ -780,7 +842,7 @@ impl Cm {
         if matches!(c.state, State::RepSent | State::MraRepRcvd) {
             c.state = State::Established;
             c.outstanding = None;
-            c.deadline = None;
+            self.set_conn_deadline(id, None);
             self.events.push_back(Event::Established { id });
         }
         Ok(())
@@ -818,7 +880,7 @@ impl Cm {
         c.state = State::DreqSent;
         c.outstanding = Some(mad);
         c.retries_left = c.max_retries;
-        c.deadline = Some(now + wait);
+        self.set_conn_deadline(id, Some(now + wait));
         Ok(())
     }
 
@@ -854,11 +916,12 @@ impl Cm {
                 tid,
                 outstanding: Some(mad),
                 retries_left: self.config.max_cm_retries,
-                deadline: Some(now + wait),
+                deadline: None,
                 remote_id: None,
                 service_id,
             },
         );
+        self.set_sidr_deadline(id, Some(now + wait));
         Ok(id)
     }
 
@@ -890,13 +953,14 @@ impl Cm {
         };
         let (peer, tid) = (s.peer, s.tid);
         self.send(peer, &CmMad::new(tid, CmMsg::SidrRep(rep)))?;
-        self.sidr.remove(&id);
+        self.remove_sidr(id);
         self.sidr_remote.remove(&(peer, remote_id));
         Ok(())
     }
 
     /// Forgets a connection and its index entries (back to IDLE).
     fn forget(&mut self, id: CommId) {
+        self.set_conn_deadline(id, None);
         if let Some(c) = self.conns.remove(&id) {
             if let (Some(g), Some(r)) = (c.remote_ca_guid, c.remote_id)
                 && self.by_remote_id.get(&(g, r)) == Some(&id)
@@ -916,7 +980,12 @@ impl Cm {
         if let Some(c) = self.conns.get_mut(&id) {
             c.state = State::TimeWait;
             c.outstanding = None;
-            c.deadline = Some(now + tw);
+            retime(
+                &mut self.timers,
+                TimerKey::Conn(id),
+                &mut c.deadline,
+                Some(now + tw),
+            );
         }
     }
 
@@ -1120,7 +1189,13 @@ impl Cm {
         if c.remote_id.is_none() {
             c.remote_id = Some(m.local_comm_id);
         }
-        c.deadline = Some(now + m.service_timeout.duration() + life);
+        let at = now + m.service_timeout.duration() + life;
+        retime(
+            &mut self.timers,
+            TimerKey::Conn(id),
+            &mut c.deadline,
+            Some(at),
+        );
         Ok(())
     }
 
@@ -1236,7 +1311,7 @@ impl Cm {
         c.remote_ca_guid = Some(m.local_ca_guid);
         c.remote_qpn = Some(m.local_qpn);
         c.outstanding = None;
-        c.deadline = None;
+        retime(&mut self.timers, TimerKey::Conn(id), &mut c.deadline, None);
         self.events.push_back(Event::Reply {
             id,
             rep: Box::new(m),
@@ -1253,7 +1328,7 @@ impl Cm {
             State::RepSent | State::MraRepRcvd => {
                 c.state = State::Established;
                 c.outstanding = None;
-                c.deadline = None;
+                retime(&mut self.timers, TimerKey::Conn(id), &mut c.deadline, None);
                 self.events.push_back(Event::Established { id });
                 Ok(())
             }
@@ -1391,7 +1466,7 @@ impl Cm {
             _ => return Err(Dropped::UnknownId("SIDR_REP")),
         }
         let id = m.request_id;
-        self.sidr.remove(&id);
+        self.remove_sidr(id);
         self.events.push_back(Event::SidrReply { id, rep: m });
         Ok(())
     }
@@ -1401,12 +1476,7 @@ impl Cm {
     /// [`Event::TimedOut`]; DREQ: TimeWait and [`Event::Disconnected`]), and ends TimeWaits.
     /// Call it when [`Self::poll_timeout`]'s time has come (earlier calls do nothing).
     pub fn handle_timeout(&mut self, now: Instant) {
-        let due: Vec<CommId> = self
-            .conns
-            .iter()
-            .filter(|(_, c)| c.deadline.is_some_and(|d| d <= now))
-            .map(|(&id, _)| id)
-            .collect();
+        let (due, due_sidr) = self.due(now);
         let life2 = self.config.packet_life_time.duration() * 2;
         let our_guid = self.config.ca_guid;
         for id in due {
@@ -1429,7 +1499,12 @@ impl Cm {
                 && let Some(m) = c.outstanding.clone()
             {
                 c.retries_left -= 1;
-                c.deadline = Some(now + wait);
+                retime(
+                    &mut self.timers,
+                    TimerKey::Conn(id),
+                    &mut c.deadline,
+                    Some(now + wait),
+                );
                 let peer = c.peer;
                 self.resend(peer, &m);
                 self.stats.retransmits += 1;
@@ -1462,15 +1537,10 @@ impl Cm {
                         private_data: Vec::new(),
                     });
                 }
-                _ => c.deadline = None,
+                _ => retime(&mut self.timers, TimerKey::Conn(id), &mut c.deadline, None),
             }
         }
-        let due: Vec<CommId> = self
-            .sidr
-            .iter()
-            .filter(|(_, s)| s.deadline.is_some_and(|d| d <= now))
-            .map(|(&id, _)| id)
-            .collect();
+        let due = due_sidr;
         let wait = self
             .config
             .retransmit_after(self.config.cm_response_timeout);
@@ -1481,13 +1551,18 @@ impl Cm {
             match s.outstanding.clone() {
                 Some(m) if s.retries_left > 0 => {
                     s.retries_left -= 1;
-                    s.deadline = Some(now + wait);
+                    retime(
+                        &mut self.timers,
+                        TimerKey::Sidr(id),
+                        &mut s.deadline,
+                        Some(now + wait),
+                    );
                     let peer = s.peer;
                     self.resend(peer, &m);
                     self.stats.retransmits += 1;
                 }
                 _ => {
-                    self.sidr.remove(&id);
+                    self.remove_sidr(id);
                     self.events.push_back(Event::SidrTimedOut { id });
                 }
             }
@@ -1516,6 +1591,18 @@ impl Cm {
                 assert!(c.deadline.is_some(), "a message to resend without a timer");
             }
         }
+        // The timer index holds exactly the armed deadlines.
+        let armed: BTreeSet<(Instant, TimerKey)> = self
+            .conns
+            .iter()
+            .filter_map(|(&id, c)| Some((c.deadline?, TimerKey::Conn(id))))
+            .chain(
+                self.sidr
+                    .iter()
+                    .filter_map(|(&id, s)| Some((s.deadline?, TimerKey::Sidr(id)))),
+            )
+            .collect();
+        assert_eq!(armed, self.timers, "timer index out of step");
     }
 }
 

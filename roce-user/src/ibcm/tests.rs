@@ -889,6 +889,50 @@ fn a_req_flood_is_bounded_by_the_table_and_answered() {
     b.check_invariants();
 }
 
+/// Ten thousand REQs that nobody answers, started 1 µs apart: the timer index serves each
+/// connection's retransmissions and its time-out at its own deadline (the earliest first,
+/// whatever the order of the IDs), and is empty when they are all gone.
+#[test]
+fn ten_thousand_unanswered_reqs_time_out_each_at_its_deadline() {
+    const N: u32 = 10_000;
+    let mut cfg = CmConfig::new(GUID_A);
+    cfg.max_connections = N as usize;
+    let mut a = Cm::new(cfg);
+    let step = core::time::Duration::from_micros(1);
+    let mut ids = Vec::new();
+    let mut first = None;
+    for i in 0..N {
+        let now = Instant::ZERO + step * i;
+        ids.push(a.connect(now, &connect_params(0x100 + i)).unwrap());
+        // The first REQ's retransmission stays the earliest deadline.
+        let t = a.poll_timeout();
+        assert_eq!(t, *first.get_or_insert(t));
+    }
+    assert_eq!(std::iter::from_fn(|| a.poll_transmit()).count(), N as usize);
+    a.check_invariants();
+    let mut timed_out = Vec::new();
+    let mut sent = 0usize;
+    let mut last = Instant::ZERO;
+    while let Some(t) = a.poll_timeout() {
+        assert!(t >= last, "time went back: {t:?} after {last:?}");
+        last = t;
+        a.handle_timeout(t);
+        sent += std::iter::from_fn(|| a.poll_transmit()).count();
+        timed_out.extend(std::iter::from_fn(|| a.poll_event()).map(|e| match e {
+            Event::TimedOut { id } => id,
+            e => panic!("unexpected {e:?}"),
+        }));
+    }
+    a.check_invariants();
+    // Each REQ was resent max_cm_retries times, then a REJ TIMEOUT went out.
+    let per = usize::from(cfg.max_cm_retries) + 1;
+    assert_eq!(per, 16);
+    assert_eq!(sent, N as usize * per);
+    // They time out in the order they were started, which is their deadlines' order.
+    assert_eq!(timed_out, ids);
+    assert_eq!(a.connections(), 0);
+}
+
 /// MADs to mutate: one of each message with made-up IDs, and what A sends through a whole
 /// life against B (REQ, RTU, DREQ, SIDR_REQ, with IDs that B knows).
 fn mad_corpus() -> Vec<[u8; MAD_LEN]> {
