@@ -124,9 +124,56 @@ fn connect_and_disconnect(pair: &VethPair, sharded: bool, ipv6: bool) {
     }
     assert_eq!(a.cm_state(closed), None);
 
-    // B listens on 7174; A's request carries "hello" after the RDMA CM IP header.
-    b.cm_listen(7174).expect("listen");
-    let mut c = CmConnect::new(b_ip, 7174, 40002, Qpn::new(0x41), Psn::new(2));
+    let (id_a, id_b) = establish(pair, (&a, a_ip), (&b, b_ip), 7174);
+
+    // A disconnects: B gets the DREQ, A the DREP; both go through TimeWait.
+    a.cm_disconnect(id_a, b"bye").expect("disconnect");
+    match b.wait_cm_event(WAIT) {
+        Some(CmEvent::Disconnected { id, private_data }) => {
+            assert_eq!(id, id_b);
+            assert_eq!(&private_data[..3], b"bye".as_slice());
+        }
+        e => panic!("no DREQ at B: {e:?}"),
+    }
+    assert!(
+        matches!(a.wait_cm_event(WAIT), Some(CmEvent::Disconnected { id, .. }) if id == id_a),
+        "no DREP at A"
+    );
+    assert_eq!(
+        a.wait_cm_event(WAIT),
+        Some(CmEvent::TimeWaitExit { id: id_a })
+    );
+    assert_eq!(
+        b.wait_cm_event(WAIT),
+        Some(CmEvent::TimeWaitExit { id: id_b })
+    );
+    assert_eq!((a.cm_state(id_a), b.cm_state(id_b)), (None, None));
+
+    // A sent REQ, REQ, RTU, DREQ and received REJ, REP, DREP; B the other way round.
+    // Nothing dropped, nothing unsendable, no retransmission.
+    assert_eq!(qp1_counters(&a), (3, 4, 0, 0));
+    assert_eq!(qp1_counters(&b), (4, 3, 0, 0));
+    for d in [&a, &b] {
+        let (cm, gsi) = d.cm_stats().expect("CM stats");
+        assert_eq!((cm.retransmits, cm.malformed, cm.unexpected), (0, 0, 0));
+        assert_eq!(gsi, Default::default());
+    }
+    assert_eq!(b.cm_stats().unwrap().0.no_listener, 1);
+    drop(a);
+    drop(b);
+}
+
+/// B listens on `port` and A connects to it through both CMs on QP 1, checking every step;
+/// returns (A's ID, B's ID) once both are established.
+fn establish(
+    pair: &VethPair,
+    (a, a_ip): (&Arc<Device>, IpAddr),
+    (b, b_ip): (&Arc<Device>, IpAddr),
+    port: u16,
+) -> (roce::api::CommId, roce::api::CommId) {
+    // B listens on `port`; A's request carries "hello" after the RDMA CM IP header.
+    b.cm_listen(port).expect("listen");
+    let mut c = CmConnect::new(b_ip, port, 40002, Qpn::new(0x41), Psn::new(2));
     c.private_data = b"hello".to_vec();
     let id_a = connect(&a, &pair.a, c);
     let (id_b, from, req) = match b.wait_cm_event(WAIT) {
@@ -167,41 +214,57 @@ fn connect_and_disconnect(pair: &VethPair, sharded: bool, ipv6: bool) {
     assert_eq!(a.cm_state(id_a), Some(CmState::Established));
     assert_eq!(b.cm_state(id_b), Some(CmState::Established));
 
-    // A disconnects: B gets the DREQ, A the DREP; both go through TimeWait.
-    a.cm_disconnect(id_a, b"bye").expect("disconnect");
-    match b.wait_cm_event(WAIT) {
-        Some(CmEvent::Disconnected { id, private_data }) => {
-            assert_eq!(id, id_b);
-            assert_eq!(&private_data[..3], b"bye".as_slice());
+    (id_a, id_b)
+}
+
+/// A device that closes ends its connections towards their peers as the kernel ends a
+/// process's RDMA CM IDs at exit (cm.c `cm_destroy_id`): an established connection with a
+/// DREQ, a request still unanswered with a REJ TIMEOUT naming its CA GUID, which the passive
+/// side matches without knowing our ID.
+#[test]
+fn a_closing_device_ends_its_connections_towards_their_peers() {
+    require_root();
+    let pair = veth_pair("cq4", 234);
+    let (a, b) = (open(&pair.a, false), open(&pair.b, false));
+    let (a_ip, b_ip) = (IpAddr::V4(pair.a.ipv4), IpAddr::V4(pair.b.ipv4));
+    b.cm_enable().expect("B's CM");
+    let (_, id_b) = establish(&pair, (&a, a_ip), (&b, b_ip), 7176);
+    // A second request that B holds without answering.
+    b.cm_listen(7177).expect("listen");
+    let _pending = connect(
+        &a,
+        &pair.a,
+        CmConnect::new(b_ip, 7177, 40003, Qpn::new(0x42), Psn::new(4)),
+    );
+    let pending_b = match b.wait_cm_event(WAIT) {
+        Some(CmEvent::ConnectRequest { id, .. }) => id,
+        e => panic!("no second connect request at B: {e:?}"),
+    };
+    drop(a);
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        match b.wait_cm_event(WAIT) {
+            Some(e) => seen.push(e),
+            None => panic!("B heard only {seen:?} of A's close"),
         }
-        e => panic!("no DREQ at B: {e:?}"),
     }
     assert!(
-        matches!(a.wait_cm_event(WAIT), Some(CmEvent::Disconnected { id, .. }) if id == id_a),
-        "no DREP at A"
+        seen.iter()
+            .any(|e| matches!(e, CmEvent::Disconnected { id, .. } if *id == id_b)),
+        "no DREQ for the established connection: {seen:?}"
     );
-    assert_eq!(
-        a.wait_cm_event(WAIT),
-        Some(CmEvent::TimeWaitExit { id: id_a })
+    assert!(
+        seen.iter().any(|e| matches!(
+            e,
+            CmEvent::Rejected { id, reason, .. } if *id == pending_b && *reason == RejReason::TIMEOUT
+        )),
+        "no REJ TIMEOUT for the pending request: {seen:?}"
     );
-    assert_eq!(
-        b.wait_cm_event(WAIT),
-        Some(CmEvent::TimeWaitExit { id: id_b })
-    );
-    assert_eq!((a.cm_state(id_a), b.cm_state(id_b)), (None, None));
-
-    // A sent REQ, REQ, RTU, DREQ and received REJ, REP, DREP; B the other way round.
-    // Nothing dropped, nothing unsendable, no retransmission.
-    assert_eq!(qp1_counters(&a), (3, 4, 0, 0));
-    assert_eq!(qp1_counters(&b), (4, 3, 0, 0));
-    for d in [&a, &b] {
-        let (cm, gsi) = d.cm_stats().expect("CM stats");
-        assert_eq!((cm.retransmits, cm.malformed, cm.unexpected), (0, 0, 0));
-        assert_eq!(gsi, Default::default());
-    }
-    assert_eq!(b.cm_stats().unwrap().0.no_listener, 1);
-    drop(a);
-    drop(b);
+    assert_eq!(b.cm_state(pending_b), None);
+    assert_eq!(b.cm_state(id_b), Some(CmState::TimeWait));
+    let (cm, gsi) = b.cm_stats().expect("CM stats");
+    assert_eq!((cm.malformed, cm.unexpected), (0, 0));
+    assert_eq!(gsi, Default::default());
 }
 
 /// A RoCE v2 frame from A to B's QP 1 carrying `payload`, as rxe would send a MAD, with `edit`

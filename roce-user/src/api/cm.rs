@@ -386,6 +386,28 @@ impl Device {
         self.with_cm(|g| Ok(g.cm_mut().disconnect(now, id, private_data)?))
     }
 
+    /// The application is done with a connection (`rdma_destroy_id`, `ib_destroy_cm_id`): the
+    /// peer is told as the kernel's CM tells it (a REJ before establishment, one DREQ after,
+    /// see [`crate::ibcm::Cm::destroy`]), and the ID is forgotten. Closing the device does this
+    /// for every connection still held.
+    ///
+    /// # Errors
+    /// No such connection.
+    pub fn cm_destroy(&self, id: CommId) -> Result<(), ApiError> {
+        let now = self.now();
+        self.with_cm(|g| Ok(g.cm_mut().destroy(now, id)?))
+    }
+
+    /// [`Device::cm_destroy`] for every connection, if the CM runs: called when the device
+    /// closes, before its engines send their last frames, so that every peer hears of it as
+    /// it hears of a process whose IDs the kernel destroys at exit.
+    pub(super) fn cm_destroy_all(&self) {
+        let now = self.now();
+        if let Some(g) = self.gsi_shard().lock().gsi_mut() {
+            g.cm_mut().destroy_all(now);
+        }
+    }
+
     /// A connection's state, `None` once it is forgotten (or the CM does not run).
     #[must_use]
     pub fn cm_state(&self, id: CommId) -> Option<CmState> {

@@ -1234,6 +1234,9 @@ impl Device {
         {
             return;
         }
+        // Every CM connection still held is ended towards its peer (REJ or DREQ); the engines'
+        // drain sends those MADs with the last frames.
+        self.cm_destroy_all();
         // The sockets leave ROCE_XSKS first: from here on a frame for one of our QPs falls back
         // to the stack and roce_xdp counts it (`redirect_fallback_pass`), and the engines'
         // drain hands what the kernel had already put into the RX rings to the transport, so

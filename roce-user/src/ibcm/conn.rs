@@ -884,6 +884,66 @@ impl Cm {
         Ok(())
     }
 
+    /// The consumer is done with connection `id` (`ib_destroy_cm_id`; librdmacm's
+    /// `rdma_destroy_id`, and every ID of a process that exits): the peer is told as the
+    /// kernel's CM tells it (cm.c `cm_destroy_id`). REQ sent, no REP yet: REJ TIMEOUT with our
+    /// CA GUID. A REQ or REP received and not answered, or our REP not yet acknowledged: REJ
+    /// CONSUMER_DEFINED. Established: one DREQ, not resent, and TimeWait. DREQ sent: TimeWait
+    /// without waiting for the DREP. The connection is forgotten, except in TimeWait, which
+    /// still guards its QPN against stale REQs until it ends (its `TimeWaitExit` event then
+    /// names an ID the consumer no longer holds). No event is raised for the destroy itself.
+    ///
+    /// # Errors
+    /// Unknown ID.
+    pub fn destroy(&mut self, now: Instant, id: CommId) -> Result<(), CmError> {
+        let c = self.conns.get(&id).ok_or(CmError::UnknownId(id))?;
+        let (peer, tid, remote) = (c.peer, c.tid, c.remote_id.unwrap_or_default());
+        let rej = |message, reason, ari| {
+            CmMsg::Rej(Rej {
+                local_comm_id: id,
+                remote_comm_id: remote,
+                message,
+                reason,
+                ari,
+                private_data: Vec::new(),
+            })
+        };
+        match c.state {
+            State::ReqSent | State::MraReqRcvd => {
+                let ari = self.config.ca_guid.0.to_be_bytes().to_vec();
+                let _ = self.send(
+                    peer,
+                    &CmMad::new(tid, rej(MsgRejected::Other, RejReason::TIMEOUT, ari)),
+                );
+                self.forget(id);
+            }
+            State::ReqRcvd | State::MraReqSent | State::RepRcvd | State::MraRepSent => {
+                self.reject(id, &[])?;
+            }
+            State::RepSent | State::MraRepRcvd => {
+                let m = rej(MsgRejected::Other, RejReason::CONSUMER_DEFINED, Vec::new());
+                let _ = self.send(peer, &CmMad::new(tid, m));
+                self.forget(id);
+            }
+            State::Established => {
+                self.disconnect(now, id, &[])?;
+                self.enter_timewait(now, id);
+            }
+            State::DreqSent => self.enter_timewait(now, id),
+            State::TimeWait => {}
+        }
+        Ok(())
+    }
+
+    /// [`Self::destroy`] for every connection, for a device that closes: call it before the
+    /// last MADs are sent, so that every peer hears of it.
+    pub fn destroy_all(&mut self, now: Instant) {
+        let ids: Vec<CommId> = self.conns.keys().copied().collect();
+        for id in ids {
+            let _ = self.destroy(now, id);
+        }
+    }
+
     /// Active SIDR: asks `remote` which UD QP serves `service_id` (IBTA 12.11,
     /// `ib_send_cm_sidr_req`); resent until the SIDR_REP, at most `max_cm_retries` times.
     ///
@@ -1205,7 +1265,22 @@ impl Cm {
     /// A REJ of a REQ is matched by its remote comm ID alone: the rejecter may have had no
     /// ID of its own (0, cm.c `cm_issue_rej`), as cm.c `cm_acquire_rejected_id` does.
     fn on_rej(&mut self, now: Instant, m: Rej) -> Result<(), Dropped> {
-        let id = if m.message == MsgRejected::Req {
+        let id = if m.reason == RejReason::TIMEOUT {
+            // A REJ TIMEOUT names its sender by the CA GUID in its ARI and its own comm ID
+            // (cm.c `cm_acquire_rejected_id`): the sender may never have learnt ours.
+            let guid = m
+                .ari
+                .get(..8)
+                .and_then(|b| <[u8; 8]>::try_from(b).ok())
+                .map(|b| CaGuid(u64::from_be_bytes(b)));
+            guid.and_then(|g| self.by_remote_id.get(&(g, m.local_comm_id)).copied())
+                .or_else(|| {
+                    // A REQ's time-out from a peer that knows our ID is also matched by it.
+                    (m.message == MsgRejected::Req && self.conns.contains_key(&m.remote_comm_id))
+                        .then_some(m.remote_comm_id)
+                })
+                .ok_or(Dropped::UnknownId("REJ"))?
+        } else if m.message == MsgRejected::Req {
             let id = m.remote_comm_id;
             if !self.conns.contains_key(&id) {
                 return Err(Dropped::UnknownId("REJ"));
@@ -1214,23 +1289,25 @@ impl Cm {
         } else {
             self.lookup(m.remote_comm_id, m.local_comm_id, "REJ")?
         };
+        // cm.c `cm_rej_handler`: before an established connection the REJ ends it (TimeWait
+        // for STALE_CONN); after our REP was received, or a DREQ sent, TimeWait.
         let state = self.conns[&id].state;
-        match state {
+        let timewait = match state {
             State::ReqSent
             | State::MraReqRcvd
             | State::RepSent
             | State::MraRepRcvd
-            | State::RepRcvd
-            | State::MraRepSent
-            | State::Established => {}
-            s => {
+            | State::ReqRcvd
+            | State::MraReqSent => m.reason == RejReason::STALE_CONN,
+            State::RepRcvd | State::MraRepSent | State::DreqSent | State::Established => true,
+            s @ State::TimeWait => {
                 return Err(Dropped::WrongState {
                     msg: "REJ",
                     state: s,
                 });
             }
-        }
-        if m.reason == RejReason::STALE_CONN || state == State::Established {
+        };
+        if timewait {
             self.enter_timewait(now, id);
         } else {
             self.forget(id);

@@ -727,6 +727,88 @@ fn disconnect_goes_through_timewait_to_idle() {
     assert_eq!(p.b.connections(), 0);
 }
 
+/// `destroy` tells the peer as the kernel's `cm_destroy_id` does, in each state it can meet.
+#[test]
+fn destroy_tells_the_peer_in_every_state() {
+    // Established: one DREQ; the peer answers with a DREP and disconnects; we are in TimeWait
+    // at once, without waiting for the DREP, and raise no event of our own.
+    let mut p = Pair::new();
+    let (a, b) = p.establish();
+    p.a.destroy(p.now, a).unwrap();
+    assert_eq!(p.a.state(a), Some(State::TimeWait));
+    p.pump();
+    assert_eq!(p.sent(true, AttrId::Dreq), 1);
+    assert_eq!(p.sent(false, AttrId::Drep), 1);
+    assert!(matches!(
+        Pair::events(&mut p.b).as_slice(),
+        [Event::Disconnected { id, .. }] if *id == b
+    ));
+    assert!(Pair::events(&mut p.a).is_empty());
+    assert_eq!(p.b.state(b), Some(State::TimeWait));
+    // No DREQ is resent: the next deadlines are the two TimeWaits.
+    let t = p.tick();
+    assert_eq!(t, Instant::ZERO + IbaTime::new(19).duration());
+    assert_eq!(p.sent(true, AttrId::Dreq), 1);
+    assert_eq!((p.a.connections(), p.b.connections()), (0, 0));
+    p.a.check_invariants();
+
+    // REQ sent, no answer yet: REJ TIMEOUT with our CA GUID; the peer forgets the REQ.
+    let mut p = Pair::new();
+    let a = p.connect();
+    p.pump();
+    let b = expect_request(&mut p.b);
+    p.a.destroy(p.now, a).unwrap();
+    p.pump();
+    assert_eq!(p.a.state(a), None);
+    assert_eq!(p.b.state(b), None);
+    match Pair::events(&mut p.b).as_slice() {
+        [
+            Event::Rejected {
+                id, reason, ari, ..
+            },
+        ] => {
+            assert_eq!(*id, b);
+            assert_eq!(*reason, RejReason::TIMEOUT);
+            assert_eq!(ari[..], GUID_A.0.to_be_bytes());
+        }
+        e => panic!("{e:?}"),
+    }
+    assert_eq!(p.a.poll_timeout(), None, "no REQ left to resend");
+
+    // A REQ received and not answered: REJ CONSUMER_DEFINED.
+    let mut p = Pair::new();
+    let a = p.connect();
+    p.pump();
+    let b = expect_request(&mut p.b);
+    p.b.destroy(p.now, b).unwrap();
+    p.pump();
+    assert!(matches!(
+        Pair::events(&mut p.a).as_slice(),
+        [Event::Rejected { id, reason, .. }] if *id == a && *reason == RejReason::CONSUMER_DEFINED
+    ));
+    assert_eq!((p.a.connections(), p.b.connections()), (0, 0));
+
+    // Our REP not yet acknowledged: REJ CONSUMER_DEFINED, and the REP is not resent.
+    let mut p = Pair::new();
+    let a = p.connect();
+    p.pump();
+    let b = expect_request(&mut p.b);
+    p.b.accept(p.now, b, &accept_params()).unwrap();
+    // The REP is lost; B gives up before A hears anything.
+    p.pump_lossy(|from_a, at| !from_a && at == AttrId::Rep as u16);
+    p.b.destroy(p.now, b).unwrap();
+    p.pump();
+    assert!(matches!(
+        Pair::events(&mut p.a).as_slice(),
+        [Event::Rejected { id, .. }] if *id == a
+    ));
+    assert_eq!(p.b.poll_timeout(), None);
+    assert_eq!(p.sent(false, AttrId::Rep), 1);
+
+    // Unknown IDs are refused.
+    assert_eq!(p.b.destroy(p.now, b), Err(super::CmError::UnknownId(b)));
+}
+
 #[test]
 fn lost_drep_is_answered_again_from_timewait() {
     let mut p = Pair::new();
