@@ -175,7 +175,7 @@ fn establish(
     b.cm_listen(port).expect("listen");
     let mut c = CmConnect::new(b_ip, port, 40002, Qpn::new(0x41), Psn::new(2));
     c.private_data = b"hello".to_vec();
-    let id_a = connect(&a, &pair.a, c);
+    let id_a = connect(a, &pair.a, c);
     let (id_b, from, req) = match b.wait_cm_event(WAIT) {
         Some(CmEvent::ConnectRequest { id, from, req }) => (id, from, req),
         e => panic!("no connect request at B: {e:?}"),
