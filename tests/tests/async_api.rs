@@ -110,11 +110,28 @@ fn registered(dev: &Device, mr: roce::api::LKey) -> bool {
 /// an error completion and the flush after it reach their futures. Nothing hangs or leaks.
 #[test]
 fn dropped_futures_keep_their_buffers_until_completion_and_later_completions_reach_their_waiters() {
-    let pair = veth("ac", 165);
+    cancellation("ac", 165, DeviceOptions::default());
+}
+
+/// The same on an inline device ([`DeviceOptions::inline`]): no engine threads; each poll of a
+/// future runs an engine turn, and the inline helper thread's turns wake the waiting tasks.
+#[test]
+fn cancellation_and_dispatch_hold_on_an_inline_device() {
+    cancellation(
+        "ai",
+        166,
+        DeviceOptions {
+            inline: true,
+            ..DeviceOptions::default()
+        },
+    );
+}
+
+fn cancellation(t: &str, subnet: u8, opts: DeviceOptions) {
+    let pair = veth(t, subnet);
     let ifname = pair.a.ifname.clone();
     netns::in_netns(&pair.a.netns, move || {
-        let adev =
-            AsyncDevice::new(Device::open(&ifname, &DeviceOptions::default()).expect("open"));
+        let adev = AsyncDevice::new(Device::open(&ifname, &opts).expect("open"));
         let dev = std::sync::Arc::clone(adev.device());
         let pd = adev.pd().unwrap();
         let (scq, rcq) = (adev.cq(64).unwrap(), adev.cq(64).unwrap());
