@@ -31,7 +31,8 @@
 //! An RDMA WRITE and a SEND over one RC connection, the peers exchanging QP numbers over TCP as
 //! `ibv_rc_pingpong` does: `roce-user/examples/rc_write.rs`, run by the privileged test
 //! `tests/tests/handles.rs` (`cargo run -p roce-user --example rc_write -- IFNAME [SERVER_IP]`
-//! as root).
+//! as root). An async server that serves many RC QPs at once, on [`asynch`] and tokio:
+//! `roce-user/examples/async_echo.rs`, run by `tests/tests/async_api.rs`.
 //!
 #![doc = concat!("```no_run\n", include_str!("../../examples/rc_write.rs"), "```")]
 
