@@ -8,8 +8,8 @@ use std::{future::Future, time::Duration};
 
 use roce::{
     api::{
-        Access, Device, DeviceOptions, Mtu, Psn, QpCap, QpType, RKey, RcConnect, RecvWr, Sge,
-        WcOpcode, WcStatus,
+        Access, AttrMask, Device, DeviceOptions, Mtu, Psn, QpAttr, QpCap, QpState, QpType, RKey,
+        RcConnect, RecvWr, Sge, WcOpcode, WcStatus,
         asynch::{AsyncDevice, AsyncError, AsyncQp, LocalMr, RemoteMr},
     },
     netns::{self, VethOptions, VethPair},
@@ -107,7 +107,8 @@ fn registered(dev: &Device, mr: roce::api::LKey) -> bool {
 /// and the next receive gets the next message; sends dropped in flight still go, in order, and
 /// their buffers are freed once their completions come; a dropped receive of a QP that is
 /// destroyed is freed with the QP; the application's own `wr_id`s come out of the CQ's stream;
-/// an error completion and the flush after it reach their futures. Nothing hangs or leaks.
+/// an error completion and the flush after it reach their futures; the handle API's
+/// `Cq::ready` wakes on a flush another thread's modify causes. Nothing hangs or leaks.
 #[test]
 fn dropped_futures_keep_their_buffers_until_completion_and_later_completions_reach_their_waiters() {
     cancellation("ac", 165, DeviceOptions::default());
@@ -281,6 +282,35 @@ fn cancellation(t: &str, subnet: u8, opts: DeviceOptions) {
             assert!(matches!(r, Err(AsyncError::Range { len: 65, .. })), "{r:?}");
         });
         assert_eq!(scq.stale() + rcq.stale(), 0);
+
+        // 6. The handle API's future (`Cq::ready`, on `Device::poll_cq_or_wake` as the async
+        //    API is) wakes when another thread's modify to ERR flushes a receive.
+        {
+            let hpd = dev.pd().unwrap();
+            let hcq = dev.cq(4).unwrap();
+            let hqp = hpd
+                .create_qp(&hcq, &hcq, QpType::Rc, QpCap::default())
+                .unwrap();
+            hqp.to_init(Access::LOCAL_WRITE).unwrap();
+            let mr = hpd.reg_mr(64, Access::LOCAL_WRITE).unwrap();
+            hqp.post_recv(RecvWr {
+                wr_id: 42,
+                sg_list: vec![mr.sge(0, 64)],
+            })
+            .unwrap();
+            let wc = std::thread::scope(|s| {
+                s.spawn(|| {
+                    std::thread::sleep(Duration::from_millis(50));
+                    let err = QpAttr {
+                        qp_state: QpState::Err,
+                        ..QpAttr::default()
+                    };
+                    hqp.modify(&err, AttrMask::STATE).unwrap();
+                });
+                rt.block_on(within("Cq::ready", hcq.ready()))
+            });
+            assert_eq!((wc.wr_id, wc.status), (42, WcStatus::WrFlushErr));
+        }
         drop((a, b));
         assert_eq!(rcq.abandoned() + scq.abandoned(), 0);
     })
