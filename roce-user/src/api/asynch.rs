@@ -35,9 +35,13 @@
 //! empty the polling task's waker is registered with the engines, which wake it after the next
 //! turn that made progress. Completions of requests posted with an application's own `wr_id`
 //! ([`AsyncQp::post_send`], [`AsyncQp::post_recv`], below bit 63) are kept in order for the
-//! CQ's stream ([`AsyncCq::unclaimed`]). On an inline device
+//! CQ's stream ([`AsyncCq::unclaimed`]) until taken (an application that posts its own
+//! requests consumes the stream, or they pile up there). On an inline device
 //! ([`super::DeviceOptions::inline`]) every poll also runs an engine turn, and the inline
-//! helper thread's turns wake the tasks.
+//! helper thread's turns wake the tasks. A turn wakes every task waiting on its transport
+//! (one list per queue, not per CQ); each re-polls its CQ once, which for the tens of QPs a
+//! task-per-QP server has is a lock and an empty poll per wake-up. Wakers must not poll the
+//! task from inside `wake` (tokio and the usual executors schedule it).
 //!
 //! # Why here, without a feature, and without an eventfd
 //!
