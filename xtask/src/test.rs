@@ -111,8 +111,8 @@ pub(crate) fn all(fuzz: bool, fuzz_secs: u32, soak: bool) -> anyhow::Result<()> 
     {
         bail!("the privileged tests (BPF_PROG_TEST_RUN, veth, AF_XDP) need root; run as root");
     }
-    // The `roce` binary and the examples (tests/tests/handles.rs runs examples/rc_write next to
-    // the binary, target/debug/examples).
+    // The `roce` binary and the examples (tests/tests/handles.rs runs examples/rc_write and
+    // tests/tests/async_api.rs examples/async_echo next to the binary, target/debug/examples).
     run(cargo().args([
         "build",
         "--package",

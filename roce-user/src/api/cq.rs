@@ -1,9 +1,10 @@
-//! Waiting for completions: blocking ([`Device::wait_cq`]) and async ([`Device::cq_ready`]).
+//! Waiting for completions: blocking ([`Device::wait_cq`]) and async ([`Device::cq_ready`],
+//! and under it [`Device::poll_cq_or_wake`], on which [`super::asynch`] is built).
 
 use std::{
     future::Future,
     pin::Pin,
-    task::{Context, Poll},
+    task::{Context, Poll, Waker},
     time::{Duration, Instant as StdInstant},
 };
 
@@ -54,10 +55,47 @@ impl Device {
         }
     }
 
-    /// A future that resolves with the next completion of `cq` (async wait).
+    /// A future that resolves with the next completion of `cq` (async wait). It takes
+    /// completions in CQ order, whoever posted them: one task per CQ should await it. For
+    /// per-work-request futures use [`super::asynch`], which dispatches each completion to the
+    /// future of its work request.
     #[must_use]
     pub fn cq_ready(&self, cq: CqId) -> CqReady<'_> {
         CqReady { dev: self, cq }
+    }
+
+    /// The poll step of every async wait for completions (`ibv_poll_cq` plus the arming half
+    /// of `ibv_req_notify_cq`, in one atomic step): moves up to `out.len()` completions of
+    /// `cq` into `out` and returns how many; when there are none, registers `waker` to be
+    /// woken by the next engine turn that makes progress, before the CQ's lock is released,
+    /// so a completion that arrives in between still wakes it. On an inline device
+    /// ([`super::DeviceOptions::inline`]) it runs an engine turn first, as
+    /// [`Device::poll_cq_into`] does.
+    ///
+    /// Call it from a `Future::poll` or `Stream::poll_next` with the context's waker, and keep
+    /// calling it until it returns 0: only a call that returns 0 registers the waker. A waker
+    /// is registered once however often it is offered (`Waker::will_wake`), and woken at most
+    /// once per registration; an unknown CQ yields 0 and the waker waits for the next turn.
+    pub fn poll_cq_or_wake(&self, cq: CqId, out: &mut [Wc], waker: &Waker) -> usize {
+        self.drive();
+        let (queue, raw) = self.split_cq(cq);
+        let sh = &self.shards[queue as usize];
+        let mut dev = sh.lock();
+        let n = dev.poll_cq_into(raw, out);
+        if n == 0 {
+            // Register before releasing the device lock: engines notify only after they
+            // released it following their own updates, so a completion cannot slip between the
+            // check and this.
+            let mut wakers = sh
+                .wakers
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            if !wakers.iter().any(|w| w.will_wake(waker)) {
+                wakers.push(waker.clone());
+            }
+        }
+        drop(dev);
+        n
     }
 }
 
@@ -72,19 +110,11 @@ impl Future for CqReady<'_> {
     type Output = Wc;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Wc> {
-        let (queue, cq) = self.dev.split_cq(self.cq);
-        let sh = &self.dev.shards[queue as usize];
-        let mut dev = sh.lock();
-        if let Some(wc) = dev.poll_cq(cq) {
-            return Poll::Ready(wc);
+        let mut wc = [Wc::default(); 1];
+        if self.dev.poll_cq_or_wake(self.cq, &mut wc, cx.waker()) == 1 {
+            Poll::Ready(wc[0])
+        } else {
+            Poll::Pending
         }
-        // Register before releasing the device lock: engines notify only while not holding it
-        // after their own updates, so a completion cannot slip between the check and this.
-        sh.wakers
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .push(cx.waker().clone());
-        drop(dev);
-        Poll::Pending
     }
 }

@@ -5,7 +5,8 @@
 //! methods are the verbs a user of `libibverbs` knows — `reg_mr`, `create_cq`, `create_qp`,
 //! `modify_qp`, `post_send`, `post_recv`, `poll_cq` — with Rust types instead of C structs.
 //! Completion queues can be polled into a caller's slice ([`Device::poll_cq_into`]), waited on
-//! (blocking), or awaited ([`Device::cq_ready`]).
+//! (blocking), or awaited ([`Device::cq_ready`]; per work request, with owned buffers, in
+//! [`asynch`]).
 //!
 //! Two forms of the same verbs: handles — [`Pd`], [`Mr`], [`Cq`], [`Qp`], [`Ah`], made by
 //! [`Device::pd`] and [`Device::cq`] — that borrow what they were made from and release it when
@@ -30,10 +31,12 @@
 //! An RDMA WRITE and a SEND over one RC connection, the peers exchanging QP numbers over TCP as
 //! `ibv_rc_pingpong` does: `roce-user/examples/rc_write.rs`, run by the privileged test
 //! `tests/tests/handles.rs` (`cargo run -p roce-user --example rc_write -- IFNAME [SERVER_IP]`
-//! as root).
+//! as root). An async server that serves many RC QPs at once, on [`asynch`] and tokio:
+//! `roce-user/examples/async_echo.rs`, run by `tests/tests/async_api.rs`.
 //!
 #![doc = concat!("```no_run\n", include_str!("../../examples/rc_write.rs"), "```")]
 
+pub mod asynch;
 mod claims;
 mod cm;
 mod cq;
@@ -953,6 +956,9 @@ impl Device {
         let sh = self.by_qpn(qpn);
         sh.lock().modify_qp(qpn, attr, mask)?;
         sh.kick();
+        // A move to ERR flushes the QP's WRs into its CQs here, not in an engine turn: wake
+        // the waiters (blocked in `wait_cq`, or async) now.
+        sh.notify();
         Ok(())
     }
 

@@ -366,6 +366,10 @@ impl Handler for TransportHandler {
     fn on_woken(&mut self) {
         // Everything posted before the signal is visible to the next turn, under the lock.
         let _ = self.shared.wake.read();
+        // A verb call kicked: it may have completed work without a frame (a modify to ERR
+        // flushes WRs into the CQs, a post to a QP in ERR completes at once), so the turn
+        // notifies the waiters (threads in `wait_cq`, async tasks) even if it sends nothing.
+        self.activity = true;
     }
 
     fn on_queue_stats(&mut self, queue_id: u32, stats: &XskStats) {
