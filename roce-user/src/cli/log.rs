@@ -197,6 +197,12 @@ pub(crate) fn run(out: Output, args: &LogArgs) -> anyhow::Result<()> {
     for m in &maps {
         m.logger(Discard)?.flush();
     }
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .context("starting the tokio runtime")?;
+    // AsyncFd registers with the runtime it is created in.
+    let _in_runtime = rt.enter();
     let sink = Sink { out };
     let mut readers = Vec::new();
     for m in &maps {
@@ -228,11 +234,7 @@ pub(crate) fn run(out: Output, args: &LogArgs) -> anyhow::Result<()> {
             level.as_str()
         );
     }
-    let result = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .context("starting the tokio runtime")
-        .and_then(|rt| rt.block_on(stream(&mut readers)));
+    let result = rt.block_on(stream(&mut readers));
     for m in &mut maps {
         let _ = m.set(LogLevel::Off);
     }
