@@ -104,9 +104,12 @@ impl LevelMap {
             Program::RoceXdp => pin_dir(ifname),
             Program::RoceImpair => impair::pin_dir(ifname),
         };
-        if !dir.join(super::PIN_LINK).exists()
-            && !(program == Program::RoceXdp && super::Pins::new(ifname).is_attached())
-        {
+        let attached = match program {
+            // Pinned by `roce load`, or held by a process that loaded it for itself.
+            Program::RoceXdp => super::Pins::new(ifname).is_attached(),
+            Program::RoceImpair => dir.join(super::PIN_LINK).exists(),
+        };
+        if !attached {
             return Err(LogError::NotAttached {
                 program: program.name(),
                 ifname: ifname.to_owned(),
