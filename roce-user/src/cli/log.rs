@@ -63,10 +63,8 @@ impl From<LoadLevel> for LogLevel {
     }
 }
 
-/// Arguments of `roce log`.
-#[derive(Debug, clap::Args)]
-#[command(
-    long_about = "Stream the log records of the roce_xdp program attached to an interface, and of \
+/// The long help of `roce log`.
+pub(crate) const LONG_ABOUT: &str = "Stream the log records of the roce_xdp program attached to an interface, and of \
 roce_impair when `roce impair` has attached it there too. Each record is one rare event: a frame \
 dropped (with the name of the counter it was counted under, e.g. drop_bad_tver), a redirect that \
 fell back to the kernel because no AF_XDP socket serves the queue, or what roce_impair did to a \
@@ -74,12 +72,16 @@ frame; with the frame's IP addresses, UDP source port and the BTH's QPN, opcode 
 The programs log nothing by default. This command switches them on at --level while it runs \
 (a map the programs read: no reload) and off again when it ends, also on Ctrl-C. Records are \
 read from the programs' aya-log ring buffers; when records come faster than they are read, the \
-ring buffer fills and further records are lost (the counters of `roce stats` never are).",
-    after_help = "Examples:\n  roce log -i eth0                 drops and fallbacks as text, until Ctrl-C\n  \
-roce log -i eth0 --level info    also foreign-QP drops and roce_impair's actions\n  \
+ring buffer fills and further records are lost (the counters of `roce stats` never are).";
+
+/// The examples under `roce log --help`.
+pub(crate) const EXAMPLES: &str = "Examples:\n  roce log -i eth0                 drops, fallbacks, roce_impair's actions as text, until Ctrl-C\n  \
+roce log -i eth0 --level warn    only malformed drops and fallbacks\n  \
 roce -j log -i eth0 | jq .qpn    JSON lines: program, level, event, reason, src, dst, sport, qpn, opcode, psn\n  \
-roce load -i eth0 --log-level warn   start logging at load time (read later with roce log)"
-)]
+roce load -i eth0 --log-level warn   start logging at load time (read later with roce log)";
+
+/// Arguments of `roce log`.
+#[derive(Debug, clap::Args)]
 pub struct LogArgs {
     /// Interface the programs are attached to.
     #[arg(short, long)]

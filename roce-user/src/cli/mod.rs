@@ -84,6 +84,7 @@ pub enum Command {
     },
     /// Stream the log records of the programs attached to an interface (drops with their reason,
     /// QPN, opcode and PSN; redirect fallbacks; roce_impair's actions), as text or JSON lines.
+    #[command(long_about = log::LONG_ABOUT, after_help = log::EXAMPLES)]
     Log(log::LogArgs),
     /// Detach roce_xdp from an interface and remove its pins.
     Unload {
