@@ -11,7 +11,8 @@
 //! The rare verdicts (a drop, a redirect that fell back to the kernel) are also logged with
 //! aya-log when `ROCE_LOG_LEVEL` asks for it (see `roce_common::log`): the map is read on those
 //! paths only, and the record is written by a BPF subprogram (`roce_ebpf::log::write`), so the
-//! paths of the frames that are redirected or passed do no more work than without logging.
+//! paths of the frames that are redirected or passed read no map and call no helper more than
+//! without logging (they only carry the two header offsets a record would need).
 // The object is built for bpfel-unknown-none; on the host (clippy --workspace) it is an empty
 // program so that the same sources are linted everywhere.
 #![cfg_attr(target_arch = "bpf", no_std)]
