@@ -11,7 +11,8 @@
 /// - `NAMES: [&str; N]` and `HELP: [&str; N]` in field order;
 /// - `values(&self) -> [u64; N]` in field order;
 /// - `get(&self, name) -> Option<u64>` and `get_mut`;
-/// - `add(&mut self, &Self)` and `saturating_sub(&self, &Self) -> Self` for sums and deltas.
+/// - `add(&mut self, &Self)` and `saturating_sub(&self, &Self) -> Self` for sums and deltas;
+/// - per field, an associated `&str` constant of the same name (`XdpStats::drop_foreign_qp`).
 #[macro_export]
 macro_rules! counter_struct {
     (
@@ -34,6 +35,12 @@ macro_rules! counter_struct {
             pub const NAMES: [&'static str; Self::COUNT] = [$(stringify!($field)),*];
             /// One-line help per counter, in field order.
             pub const HELP: [&'static str; Self::COUNT] = [$($help.trim_ascii()),*];
+
+            $(
+                #[doc = concat!("The name of the `", stringify!($field), "` counter: what `NAMES` holds for it, for code that names one counter (a log record's reason).")]
+                #[allow(non_upper_case_globals, reason = "named after its field")]
+                pub const $field: &'static str = stringify!($field);
+            )*
 
             /// Counter values, in field order.
             #[must_use]

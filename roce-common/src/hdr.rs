@@ -238,6 +238,8 @@ impl UdpHdr {
     pub const LEN: usize = core::mem::size_of::<Self>();
 
     be_u16_getters! {
+        /// Source port, host order (RoCE v2 senders put flow entropy there).
+        src_port => src;
         /// Destination port, host order.
         dst_port => dst;
         /// Length field (header plus payload), host order.
@@ -288,6 +290,13 @@ impl Bth {
     #[must_use]
     pub const fn dest_qp(&self) -> u32 {
         ((self.dest_qp[0] as u32) << 16) | ((self.dest_qp[1] as u32) << 8) | self.dest_qp[2] as u32
+    }
+
+    /// Packet sequence number (24 bits), host order.
+    #[inline(always)]
+    #[must_use]
+    pub const fn psn(&self) -> u32 {
+        ((self.psn[0] as u32) << 16) | ((self.psn[1] as u32) << 8) | self.psn[2] as u32
     }
 }
 

@@ -9,6 +9,7 @@
 pub mod counters;
 pub mod hdr;
 pub mod impair;
+pub mod log;
 pub mod maps;
 pub mod opcode;
 

@@ -21,6 +21,10 @@
 //!
 //! Copies the program makes carry `skb->mark = IMPAIR_MARK` and pass the hook untouched.
 //! Probabilities come from `ROCE_IMPAIR_CONFIG` on every packet, so they can be changed live.
+//!
+//! What it does to a frame is also logged with aya-log when `ROCE_LOG_LEVEL` asks for it (see
+//! `roce_common::log`): the map is read only when the program does something to a frame, and
+//! the record is written by a BPF subprogram (`roce_ebpf::log::write`).
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
 // bpfel-unknown-none says `atomic-cas: false`, so core offers no compare_exchange there; the
@@ -58,7 +62,9 @@ use roce_common::{
     impair::{
         BottleneckState, HELD_MAX, HeldPacket, IMPAIR_MARK, ImpairConfig, ImpairStats, PROB_ONE,
     },
+    log::{CODE_IMPAIR, level_of},
 };
+use roce_ebpf::log::FrameRecord;
 
 #[btf_map]
 static ROCE_IMPAIR_CONFIG: Array<ImpairConfig, 1> = Array::new();
@@ -71,6 +77,63 @@ static ROCE_IMPAIR_BOTTLENECK: Array<BottleneckState, 1> = Array::new();
 
 #[btf_map]
 static ROCE_IMPAIR_HELD: PerCpuArray<HeldPacket, 1> = PerCpuArray::new();
+
+/// The `roce_common::log::LogLevel` code of the records to write (0, the default: none).
+#[btf_map]
+static ROCE_LOG_LEVEL: Array<u32, 1> = Array::new();
+
+/// What the program did to a frame: the index of its counter in
+/// `roce_common::log::IMPAIR_ACTIONS`, whose record code is `CODE_IMPAIR` plus it.
+#[derive(Clone, Copy, PartialEq, Eq)]
+#[repr(u32)]
+enum Did {
+    BottleneckDropped,
+    BottleneckEarlyDropped,
+    BottleneckMarked,
+    Dropped,
+    Corrupted,
+    CeMarked,
+    Duplicated,
+    Reordered,
+    ReorderReleased,
+}
+
+/// Logs what the program did to the frame `r` in `ctx` if `ROCE_LOG_LEVEL` asks for it: its
+/// addresses, destination QPN, opcode and PSN. Call on the path of the impairment only: it
+/// reads the map.
+#[inline(always)]
+fn log_did(ctx: &TcContext, did: Did, r: &Roce) {
+    let code = CODE_IMPAIR + did as u32;
+    if !ROCE_LOG_LEVEL
+        .get(0)
+        .is_some_and(|&current| level_of(code).enabled_at(current))
+    {
+        return;
+    }
+    let mut rec = FrameRecord::new(code);
+    if r.v4 {
+        if let Ok(src) = ctx.load::<[u8; 4]>(r.ip + 12)
+            && let Ok(dst) = ctx.load::<[u8; 4]>(r.ip + 16)
+        {
+            rec.set_v4(src, dst);
+        }
+    } else if let Ok(src) = ctx.load::<[u8; 16]>(r.ip + 8)
+        && let Ok(dst) = ctx.load::<[u8; 16]>(r.ip + 24)
+    {
+        rec.src = src;
+        rec.dst = dst;
+    }
+    if let Ok(sport) = ctx.load::<[u8; 2]>(r.bth - UdpHdr::LEN) {
+        rec.sport = u16::from_be_bytes(sport);
+    }
+    if let Ok(b) = ctx.load::<Bth>(r.bth) {
+        rec.has_bth = 1;
+        rec.qpn = b.dest_qp();
+        rec.opcode = b.opcode;
+        rec.psn = b.psn();
+    }
+    roce_ebpf::log::write(&rec);
+}
 
 /// Where the headers of a RoCE v2 packet are.
 struct Roce {
@@ -314,7 +377,7 @@ fn bounded(len: usize) -> u32 {
 
 /// Holds the packet back, or releases a held one behind it. Returns the verdict.
 #[inline(always)]
-fn reorder(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats) -> i32 {
+fn reorder(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats, r: &Roce) -> i32 {
     let Some(held) = ROCE_IMPAIR_HELD.get_ptr_mut(0) else {
         stats.passed += 1;
         return TC_ACT_OK;
@@ -333,6 +396,7 @@ fn reorder(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats) -> 
         }
         stats.passed += 1;
         held.len = 0;
+        log_did(ctx, Did::ReorderReleased, r);
         if held_len > HELD_MAX {
             stats.errors += 1;
             return TC_ACT_SHOT;
@@ -354,14 +418,15 @@ fn reorder(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats) -> 
     } else if hit(cfg.reorder) && (1..=HELD_MAX).contains(&(ctx.len() as usize)) {
         let n = bounded(ctx.len() as usize);
         // SAFETY: a helper on our own context; `held.data` has room for `n` (<= HELD_MAX) bytes.
-        let r =
+        let loaded =
             unsafe { bpf_skb_load_bytes(ctx.skb.skb.cast(), 0, held.data.as_mut_ptr().cast(), n) };
-        match r {
+        match loaded {
             0 => {
                 held.len = n;
                 // SAFETY: a helper without arguments.
                 held.held_at_ns = unsafe { bpf_ktime_get_ns() };
                 stats.reordered += 1;
+                log_did(ctx, Did::Reordered, r);
                 TC_ACT_SHOT
             }
             _ => {
@@ -395,15 +460,18 @@ fn impair(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats) -> i
         match bottleneck(cfg, len, r.ecn != 0, stats) {
             Queue::Overflow => {
                 stats.bottleneck_dropped += 1;
+                log_did(ctx, Did::BottleneckDropped, &r);
                 return TC_ACT_SHOT;
             }
             Queue::EarlyDrop => {
                 stats.bottleneck_early_dropped += 1;
+                log_did(ctx, Did::BottleneckEarlyDropped, &r);
                 return TC_ACT_SHOT;
             }
             Queue::Mark => {
                 if mark_ce(ctx, &r) {
                     stats.bottleneck_marked += 1;
+                    log_did(ctx, Did::BottleneckMarked, &r);
                 } else {
                     stats.errors += 1;
                 }
@@ -413,11 +481,13 @@ fn impair(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats) -> i
     }
     if hit(cfg.drop) {
         stats.dropped += 1;
+        log_did(ctx, Did::Dropped, &r);
         return TC_ACT_SHOT;
     }
     if hit(cfg.corrupt) {
         if corrupt(ctx, &r) {
             stats.corrupted += 1;
+            log_did(ctx, Did::Corrupted, &r);
         } else {
             stats.errors += 1;
         }
@@ -425,6 +495,7 @@ fn impair(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats) -> i
     if hit(cfg.ce) {
         if mark_ce(ctx, &r) {
             stats.ce_marked += 1;
+            log_did(ctx, Did::CeMarked, &r);
         } else {
             stats.errors += 1;
         }
@@ -432,11 +503,12 @@ fn impair(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats) -> i
     if hit(cfg.dup) {
         if send_copy(ctx) {
             stats.duplicated += 1;
+            log_did(ctx, Did::Duplicated, &r);
         } else {
             stats.errors += 1;
         }
     }
-    reorder(ctx, cfg, stats)
+    reorder(ctx, cfg, stats, &r)
 }
 
 /// The tc entry point.

@@ -1,3 +1,6 @@
-//! The eBPF programs live in the `roce-ebpf` binary (src/main.rs); this library target exists so
-//! that roce-user can declare a build dependency on the crate and be rebuilt when it changes.
+//! The eBPF programs live in the binaries of this crate (src/main.rs, src/impair.rs, src/pass.rs);
+//! this library holds what two of them share (the writing of log records), and lets roce-user
+//! declare a build dependency on the crate so that it is rebuilt when it changes.
 #![no_std]
+
+pub mod log;

@@ -7,6 +7,12 @@
 //!
 //! Every frame is counted once in `rx_packets` and once under exactly one verdict counter of
 //! `ROCE_XDP_STATS` (see `roce_common::counters::XdpStats`).
+//!
+//! The rare verdicts (a drop, a redirect that fell back to the kernel) are also logged with
+//! aya-log when `ROCE_LOG_LEVEL` asks for it (see `roce_common::log`): the map is read on those
+//! paths only, and the record is written by a BPF subprogram (`roce_ebpf::log::write`), so the
+//! paths of the frames that are redirected or passed read no map and call no helper more than
+//! without logging (they only carry the two header offsets a record would need).
 // The object is built for bpfel-unknown-none; on the host (clippy --workspace) it is an empty
 // program so that the same sources are linted everywhere.
 #![cfg_attr(target_arch = "bpf", no_std)]
@@ -32,12 +38,14 @@ use roce_common::{
         Ipv4Hdr, Ipv6ExtHdr, Ipv6FragHdr, Ipv6Hdr, MAX_IPV6_EXT_HDRS, MAX_VLAN_TAGS, UdpHdr,
         VlanHdr,
     },
+    log::{CODE_FALLBACK, CODE_FOREIGN_QP, level_of},
     maps::{
         FLAG_DROP_FOREIGN, LoadInfo, MAX_QPS, MAX_QUEUES, MAX_STAT_PROCS, MAX_STAT_QPS, QpEntry,
         QpStatsRecord, XskQueueRecord,
     },
     opcode::{EXT_LEN_UNKNOWN, Opcode, XDP_NO_PAYLOAD, XDP_OPCODE_TABLE},
 };
+use roce_ebpf::log::FrameRecord;
 
 #[btf_map]
 static ROCE_XDP_STATS: PerCpuArray<XdpStats, 1> = PerCpuArray::new();
@@ -66,6 +74,10 @@ static ROCE_DEV_STATS: HashMap<u32, DeviceCounters, { MAX_STAT_PROCS as usize }>
 #[btf_map]
 static ROCE_XSK_STATS: HashMap<u32, XskQueueRecord, { MAX_QUEUES as usize }> = HashMap::new();
 
+/// The `roce_common::log::LogLevel` code of the records to write (0, the default: none).
+#[btf_map]
+static ROCE_LOG_LEVEL: Array<u32, 1> = Array::new();
+
 /// UDP destination port taken to be RoCE v2; set at load time (`roce load --port`).
 #[unsafe(no_mangle)]
 static ROCE_UDP_PORT: Global<u32> = Global::new(ROCE_V2_UDP_PORT as u32);
@@ -81,9 +93,22 @@ enum Class {
     /// An IP fragment: never RoCE.
     Fragment,
     /// UDP to the RoCE port, but malformed.
-    Malformed(DropReason),
+    Malformed(DropReason, At),
     /// A well-formed RoCE v2 packet.
-    Roce { dest_qp: u32, ce: bool, cnp: bool },
+    Roce {
+        dest_qp: u32,
+        ce: bool,
+        cnp: bool,
+        at: At,
+    },
+}
+
+/// Where the IP and UDP headers of a frame to the RoCE port are: what the log records of its
+/// rare verdicts read again (offsets into the frame).
+#[derive(Clone, Copy)]
+struct At {
+    ip: u32,
+    udp: u32,
 }
 
 /// The frame's bounds, read from the context once per packet.
@@ -135,6 +160,7 @@ fn classify(ctx: Bounds) -> Class {
     }
 
     // IP.
+    let ip_off = off;
     let ce;
     if ether_type == ETH_P_IPV4 {
         let Some(ip) = hdr_at::<Ipv4Hdr>(ctx, off) else {
@@ -206,48 +232,97 @@ fn classify(ctx: Bounds) -> Class {
     if udp.dst_port() as u32 != ROCE_UDP_PORT.load() {
         return Class::NotRoce;
     }
+    let at = At {
+        ip: ip_off as u32,
+        udp: off as u32,
+    };
     let udp_len = udp.length() as usize;
     if udp_len < UdpHdr::LEN || off + udp_len > frame_len {
-        return Class::Malformed(DropReason::UdpLength);
+        return Class::Malformed(DropReason::UdpLength, at);
     }
     let payload_len = udp_len - UdpHdr::LEN;
     off += UdpHdr::LEN;
 
     // BTH.
     if payload_len < Bth::LEN + ICRC_LEN {
-        return Class::Malformed(DropReason::BthTruncated);
+        return Class::Malformed(DropReason::BthTruncated, at);
     }
     let Some(bth) = hdr_at::<Bth>(ctx, off) else {
-        return Class::Malformed(DropReason::BthTruncated);
+        return Class::Malformed(DropReason::BthTruncated, at);
     };
     if bth.tver() != 0 {
-        return Class::Malformed(DropReason::BadTver);
+        return Class::Malformed(DropReason::BadTver, at);
     }
     let entry = XDP_OPCODE_TABLE[bth.opcode as usize];
     if entry == EXT_LEN_UNKNOWN {
-        return Class::Malformed(DropReason::UnknownOpcode);
+        return Class::Malformed(DropReason::UnknownOpcode, at);
     }
     let headers = Bth::LEN + (entry & 0x3f) as usize + ICRC_LEN;
     if payload_len < headers + bth.pad_count() as usize {
-        return Class::Malformed(DropReason::HdrTruncated);
+        return Class::Malformed(DropReason::HdrTruncated, at);
     }
     if entry & XDP_NO_PAYLOAD != 0 && payload_len != headers {
-        return Class::Malformed(DropReason::UnexpectedPayload);
+        return Class::Malformed(DropReason::UnexpectedPayload, at);
     }
     if payload_len & 3 != 0 {
-        return Class::Malformed(DropReason::BadLength);
+        return Class::Malformed(DropReason::BadLength, at);
     }
     let dest_qp = bth.dest_qp();
     // QP 0 (the SMI) does not exist on RoCE. QP 1 (the GSI, the CM's MADs) is looked up in
     // ROCE_QPS like any QPN: ours while a CM agent claims it, the kernel's otherwise.
     if dest_qp == 0 {
-        return Class::Malformed(DropReason::ReservedQpn);
+        return Class::Malformed(DropReason::ReservedQpn, at);
     }
     Class::Roce {
         dest_qp,
         ce,
         cnp: bth.opcode == Opcode::CNP.0,
+        at,
     }
+}
+
+/// Whether the record with code `code` is to be written now. Call on a rare path only: it
+/// reads the `ROCE_LOG_LEVEL` map.
+#[inline(always)]
+fn log_enabled(code: u32) -> bool {
+    ROCE_LOG_LEVEL
+        .get(0)
+        .is_some_and(|&current| level_of(code).enabled_at(current))
+}
+
+/// Writes the log record with code `code` (see `roce_common::log`: a `DropReason` code,
+/// `CODE_FOREIGN_QP` or `CODE_FALLBACK`) for the frame in `ctx`, whose IP and UDP headers are at
+/// `at`, if `ROCE_LOG_LEVEL` asks for it: the IP addresses, the UDP source port, and the BTH's
+/// destination QPN, opcode and PSN when the frame holds a whole BTH. Call on a rare path only.
+#[inline(always)]
+fn log_rare(ctx: &XdpContext, code: u32, at: At) {
+    if !log_enabled(code) {
+        return;
+    }
+    let b = Bounds {
+        start: ctx.data(),
+        end: ctx.data_end(),
+    };
+    let mut rec = FrameRecord::new(code);
+    let (ip, udp) = (at.ip as usize, at.udp as usize);
+    if let Some(v4) = hdr_at::<Ipv4Hdr>(b, ip)
+        && v4.version() == 4
+    {
+        rec.set_v4(v4.src, v4.dst);
+    } else if let Some(v6) = hdr_at::<Ipv6Hdr>(b, ip) {
+        rec.src = v6.src;
+        rec.dst = v6.dst;
+    }
+    if let Some(u) = hdr_at::<UdpHdr>(b, udp) {
+        rec.sport = u.src_port();
+    }
+    if let Some(bth) = hdr_at::<Bth>(b, udp + UdpHdr::LEN) {
+        rec.has_bth = 1;
+        rec.qpn = bth.dest_qp();
+        rec.opcode = bth.opcode;
+        rec.psn = bth.psn();
+    }
+    roce_ebpf::log::write(&rec);
 }
 
 /// The XDP entry point: classify, count once, act.
@@ -276,11 +351,17 @@ pub fn roce_xdp(ctx: XdpContext) -> u32 {
             stats.pass_fragment += 1;
             xdp_action::XDP_PASS
         }
-        Class::Malformed(reason) => {
+        Class::Malformed(reason, at) => {
             stats.count_drop(reason);
+            log_rare(&ctx, reason as u32, at);
             xdp_action::XDP_DROP
         }
-        Class::Roce { dest_qp, ce, cnp } => {
+        Class::Roce {
+            dest_qp,
+            ce,
+            cnp,
+            at,
+        } => {
             stats.roce_packets += 1;
             stats.roce_bytes += len;
             if ce {
@@ -299,11 +380,13 @@ pub fn roce_xdp(ctx: XdpContext) -> u32 {
                     }
                     _ => {
                         stats.redirect_fallback_pass += 1;
+                        log_rare(&ctx, CODE_FALLBACK, at);
                         xdp_action::XDP_PASS
                     }
                 }
             } else if ROCE_FLAGS.load() & FLAG_DROP_FOREIGN != 0 {
                 stats.drop_foreign_qp += 1;
+                log_rare(&ctx, CODE_FOREIGN_QP, at);
                 xdp_action::XDP_DROP
             } else {
                 stats.pass_foreign_qp += 1;

@@ -3,6 +3,12 @@
 //!
 //! Each figure is the median of REPS runs of `repeat` iterations (the kernel reports the mean
 //! duration of one iteration); min and max are shown next to it.
+//!
+//! With `ROCE_BENCH_XDP_AB=PATH` (the `roce-ebpf` object of another build, e.g. main's built with
+//! `cargo +nightly build --target bpfel-unknown-none -Z build-std=core --release --bin roce-ebpf`
+//! in roce-ebpf), that object's roce_xdp is measured too, set up the same way, its runs
+//! alternating with this build's, and shown in two more columns: an A/B of a change to the
+//! program within one run (how the cost of the log statements when off was measured).
 
 use std::{fmt::Write as _, time::Duration};
 
@@ -13,6 +19,7 @@ use aya::{
 };
 use roce::loader::{EBPF_OBJECT, XDP_PASS_OBJECT};
 use roce_common::{
+    log::{LogLevel, MAP_LOG_LEVEL},
     maps::{MAP_QPS, PROG_ROCE_XDP, QpEntry},
     opcode::Opcode,
 };
@@ -43,6 +50,91 @@ fn ns_per_packet(ebpf: &Ebpf, prog: &str, frame: &[u8]) -> Vec<f64> {
         .collect()
 }
 
+/// Iterations per run when records are written: few enough that the records of one run fit in
+/// aya-log's 128 KiB ring buffer (drained between runs), so every iteration writes its record.
+const LOG_REPEAT: u32 = 256;
+
+/// The cost of a logged drop: a malformed frame (BTH TVer 1) with the log switch off and on
+/// (warn), the ring buffer drained by aya-log's reader between runs. Adds its rows to `rows`
+/// (the "on" row with the "off" one as its baseline) and returns them as a text table.
+fn log_cost(roce: &mut Ebpf, rows: &mut Vec<serde_json::Value>) -> String {
+    struct Count(std::sync::Arc<std::sync::atomic::AtomicU64>);
+    impl log::Log for Count {
+        fn enabled(&self, _: &log::Metadata<'_>) -> bool {
+            true
+        }
+        fn log(&self, _: &log::Record<'_>) {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+        fn flush(&self) {}
+    }
+    let seen = std::sync::Arc::new(std::sync::atomic::AtomicU64::new(0));
+    let mut reader = aya_log::EbpfLogger::init_with_logger(roce, Count(seen.clone()))
+        .expect("aya-log ring buffer");
+    let frame = Frame {
+        tver: 1,
+        ..Frame::default()
+    }
+    .build();
+    let mut table = String::from(
+        "| dropped frame (BTH TVer 1) | roce_xdp ns/pkt (min..max) | records |\n|---|---|---|\n",
+    );
+    let mut off = 0.0;
+    for level in [LogLevel::Off, LogLevel::Warn] {
+        let mut m: Array<_, u32> = Array::try_from(roce.map_mut(MAP_LOG_LEVEL).unwrap()).unwrap();
+        m.set(0, level.code(), 0).unwrap();
+        reader.flush();
+        let before = seen.load(std::sync::atomic::Ordering::Relaxed);
+        let p: &Xdp = roce.program(PROG_ROCE_XDP).unwrap().try_into().unwrap();
+        let mut v: Vec<f64> = (0..REPS)
+            .map(|_| {
+                let opts = TestRunOptions {
+                    data_in: Some(&frame),
+                    repeat: LOG_REPEAT,
+                    ..TestRunOptions::default()
+                };
+                let d = p.test_run(opts).expect("test run").duration;
+                reader.flush();
+                d.as_nanos() as f64
+            })
+            .collect();
+        let records = seen.load(std::sync::atomic::Ordering::Relaxed) - before;
+        let (lo, hi) = (
+            v.iter().copied().fold(f64::MAX, f64::min),
+            v.iter().copied().fold(0.0, f64::max),
+        );
+        let m = median(&mut v);
+        let _ = writeln!(
+            table,
+            "| logging {} | {m:.1} ({lo:.0}..{hi:.0}) | {records} of {} |",
+            level.as_str(),
+            REPS as u32 * LOG_REPEAT
+        );
+        let name = format!(
+            "roce_xdp ns/packet: dropped frame (BTH TVer 1), logging {}",
+            level.as_str()
+        );
+        if level == LogLevel::Off {
+            off = m;
+            rows.push(serde_json::json!({
+                "name": name, "value": m, "unit": "ns", "target": "-", "min": lo, "max": hi,
+            }));
+        } else {
+            rows.push(serde_json::json!({
+                "name": name, "value": m, "unit": "ns", "baseline": off,
+                "ratio": m / off.max(1.0), "target": "-", "min": lo, "max": hi,
+            }));
+        }
+    }
+    let mut m: Array<_, u32> = Array::try_from(roce.map_mut(MAP_LOG_LEVEL).unwrap()).unwrap();
+    m.set(0, LogLevel::Off.code(), 0).unwrap();
+    let _ = writeln!(
+        table,
+        "(median of {REPS} runs of {LOG_REPEAT} iterations, the ring buffer drained between runs)"
+    );
+    table
+}
+
 fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
@@ -55,8 +147,13 @@ fn main() {
         "built with AYA_BUILD_SKIP=1"
     );
     let mut roce = load(EBPF_OBJECT, PROG_ROCE_XDP);
-    let mut qps: Array<_, QpEntry> = Array::try_from(roce.map_mut(MAP_QPS).unwrap()).unwrap();
-    qps.set(0x11, QpEntry { owner: 1, flags: 0 }, 0).unwrap();
+    let ab_object = std::env::var_os("ROCE_BENCH_XDP_AB")
+        .map(|p| std::fs::read(&p).unwrap_or_else(|e| panic!("ROCE_BENCH_XDP_AB {p:?}: {e}")));
+    let mut ab = ab_object.as_deref().map(|o| load(o, PROG_ROCE_XDP));
+    for ebpf in std::iter::once(&mut roce).chain(ab.as_mut()) {
+        let mut qps: Array<_, QpEntry> = Array::try_from(ebpf.map_mut(MAP_QPS).unwrap()).unwrap();
+        qps.set(0x11, QpEntry { owner: 1, flags: 0 }, 0).unwrap();
+    }
     let pass = load(XDP_PASS_OBJECT, "xdp_pass");
     // A real AF_XDP socket (bound to queue 0 of a veth in a namespace made here) in the XSKS slot
     // of queue 0, so "our QP" packets take the redirect path they take in production; under
@@ -75,10 +172,13 @@ fn main() {
     })
     .expect("enter namespace")
     .expect("AF_XDP socket");
-    let mut xsks: aya::maps::XskMap<_> =
-        aya::maps::XskMap::try_from(roce.map_mut(roce_common::maps::MAP_XSKS).unwrap()).unwrap();
-    xsks.set(0, std::os::fd::AsRawFd::as_raw_fd(&sock), 0)
-        .unwrap();
+    for ebpf in std::iter::once(&mut roce).chain(ab.as_mut()) {
+        let mut xsks: aya::maps::XskMap<_> =
+            aya::maps::XskMap::try_from(ebpf.map_mut(roce_common::maps::MAP_XSKS).unwrap())
+                .unwrap();
+        xsks.set(0, std::os::fd::AsRawFd::as_raw_fd(&sock), 0)
+            .unwrap();
+    }
 
     let cases = [
         (
@@ -121,12 +221,21 @@ fn main() {
         ),
     ];
     let mut rows = Vec::new();
-    let mut table = String::from(
-        "| packet | roce_xdp ns/pkt (min..max) | XDP_PASS ns/pkt | ratio | target |\n|---|---|---|---|---|\n",
-    );
+    let mut table = String::from(if ab.is_some() {
+        "| packet | roce_xdp ns/pkt (min..max) | XDP_PASS ns/pkt | ratio | target | A/B object ns/pkt (min..max) | this / A/B |\n|---|---|---|---|---|---|---|\n"
+    } else {
+        "| packet | roce_xdp ns/pkt (min..max) | XDP_PASS ns/pkt | ratio | target |\n|---|---|---|---|---|\n"
+    });
     for (name, f, target) in cases {
         let frame = f.build();
-        let mut r = ns_per_packet(&roce, PROG_ROCE_XDP, &frame);
+        let (mut r, mut o) = (Vec::new(), Vec::new());
+        // Alternating, so that a change in the machine's load hits both objects alike.
+        for _ in 0..if ab.is_some() { 3 } else { 1 } {
+            r.extend(ns_per_packet(&roce, PROG_ROCE_XDP, &frame));
+            if let Some(ab) = &ab {
+                o.extend(ns_per_packet(ab, PROG_ROCE_XDP, &frame));
+            }
+        }
         let mut b = ns_per_packet(&pass, "xdp_pass", &frame);
         let (rmin, rmax) = (
             r.iter().copied().fold(f64::MAX, f64::min),
@@ -141,21 +250,39 @@ fn main() {
         } else {
             " (NOT met)"
         };
-        let _ = writeln!(
+        let _ = write!(
             table,
             "| {name} | {rm:.1} ({rmin:.0}..{rmax:.0}) | {bm:.1} | {ratio:.2}x | {target}{met} |"
         );
+        if o.is_empty() {
+            table.push('\n');
+        } else {
+            let (omin, omax) = (
+                o.iter().copied().fold(f64::MAX, f64::min),
+                o.iter().copied().fold(0.0, f64::max),
+            );
+            let om = median(&mut o);
+            let _ = writeln!(
+                table,
+                " {om:.1} ({omin:.0}..{omax:.0}) | {:.2}x |",
+                rm / om.max(1.0)
+            );
+        }
         rows.push(serde_json::json!({
             "name": format!("roce_xdp ns/packet: {name}"), "value": rm, "unit": "ns",
             "baseline": bm, "ratio": ratio, "target": target, "min": rmin, "max": rmax,
         }));
     }
+    let log_rows = log_cost(&mut roce, &mut rows);
+    drop(ab);
     drop(sock);
     drop(pair);
     print!("{table}");
     println!(
-        "(median of {REPS} BPF_PROG_TEST_RUN calls of {REPEAT} iterations each; XDP_PASS baseline on the same bytes)"
+        "(median of {} BPF_PROG_TEST_RUN calls of {REPEAT} iterations each; XDP_PASS baseline on the same bytes)",
+        if ab_object.is_some() { 3 * REPS } else { REPS }
     );
+    print!("{log_rows}");
     if let Some(dir) = std::env::var_os("ROCE_BENCH_OUT") {
         let path = std::path::Path::new(&dir).join("xdp.json");
         std::fs::write(&path, serde_json::to_string_pretty(&rows).unwrap())

@@ -8,6 +8,7 @@ mod exec;
 mod exporter;
 mod r#gen;
 mod impair;
+mod log;
 mod perf;
 mod pingpong;
 mod plot;
@@ -20,7 +21,7 @@ use std::sync::{
 
 use clap::{Parser, Subcommand};
 
-use roce::loader::AttachMode;
+use roce::loader::{AttachMode, LoadOptions};
 
 /// roce-xdp: a RoCE v2 endpoint on XDP and AF_XDP, with counters anyone can read.
 #[derive(Debug, Parser)]
@@ -36,6 +37,7 @@ Maps and the XDP link are pinned under /sys/fs/bpf/roce/<ifname>/, so `bpftool m
     after_help = "Examples:\n  roce load -i eth0              attach roce_xdp in native mode\n  \
 roce load -i veth0 -m skb      attach in generic (skb) mode\n  roce stats -i eth0 -w 1        \
 counters and rates every second\n  roce -j status                 what is attached where, as JSON\n  \
+roce log -i eth0               drops and fallbacks of roce_xdp as they happen\n  \
 roce unload -i eth0            detach and remove the pins\n  roce demo                      \
 two namespaces, a veth pair, traffic, counters"
 )]
@@ -75,7 +77,15 @@ pub enum Command {
         /// Drop RoCE packets for QPs that are not ours instead of passing them to the kernel.
         #[arg(long)]
         drop_foreign: bool,
+        /// Start with the program's log records on at this level (read them with `roce log`,
+        /// which switches the level itself while it runs).
+        #[arg(long, value_enum, default_value_t = log::LoadLevel::Off)]
+        log_level: log::LoadLevel,
     },
+    /// Stream the log records of the programs attached to an interface (drops with their reason,
+    /// QPN, opcode and PSN; redirect fallbacks; roce_impair's actions), as text or JSON lines.
+    #[command(long_about = log::LONG_ABOUT, after_help = log::EXAMPLES)]
+    Log(log::LogArgs),
     /// Detach roce_xdp from an interface and remove its pins.
     Unload {
         /// Interface.
@@ -252,7 +262,19 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             mode,
             port,
             drop_foreign,
-        } => xdp::load(out, &iface, mode, port, drop_foreign, netns),
+            log_level,
+        } => xdp::load(
+            out,
+            &iface,
+            LoadOptions {
+                mode,
+                port,
+                drop_foreign,
+                netns,
+                log_level: log_level.into(),
+            },
+        ),
+        Command::Log(args) => log::run(out, &args),
         Command::Unload { iface } => xdp::unload(out, &iface),
         Command::Status => xdp::status(out),
         Command::Stats(args) => xdp::stats(out, &args),

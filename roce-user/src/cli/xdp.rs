@@ -18,20 +18,7 @@ use serde_json::json;
 
 use super::Output;
 
-pub(crate) fn load(
-    out: Output,
-    iface: &str,
-    mode: AttachMode,
-    port: u16,
-    drop_foreign: bool,
-    netns: Option<String>,
-) -> anyhow::Result<()> {
-    let opts = LoadOptions {
-        mode,
-        port,
-        drop_foreign,
-        netns,
-    };
+pub(crate) fn load(out: Output, iface: &str, opts: LoadOptions) -> anyhow::Result<()> {
     let r = loader::load(iface, &opts)?;
     let text = format!(
         "roce_xdp attached to {} ({} mode, prog id {}, link id {}), RoCE port {}{}\npinned in {}\n",
@@ -48,6 +35,12 @@ pub(crate) fn load(
         r.pin_dir
     );
     out.emit(&serde_json::to_value(&r)?, &text);
+    if opts.log_level != roce_common::log::LogLevel::Off && !out.json {
+        eprintln!(
+            "roce: roce_xdp logs at {}; read the records with `roce log -i {iface}`",
+            opts.log_level.as_str()
+        );
+    }
     Ok(())
 }
 

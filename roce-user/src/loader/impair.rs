@@ -7,7 +7,7 @@
 //! `/sys/fs/bpf/roce-impair/<ifname>/` (a sibling of roce_xdp's `/sys/fs/bpf/roce/<ifname>/`,
 //! not a subdirectory: `roce unload` clears that directory file by file, and `roce status`
 //! lists it): `link`, `ROCE_IMPAIR_CONFIG`, `ROCE_IMPAIR_STATS`, `ROCE_IMPAIR_BOTTLENECK`,
-//! `ROCE_IMPAIR_HELD`. `bpftool map dump pinned .../ROCE_IMPAIR_STATS` shows the counters by name.
+//! `ROCE_IMPAIR_HELD`, `ROCE_LOG_LEVEL` (its log switch, see `super::log`). `bpftool map dump pinned .../ROCE_IMPAIR_STATS` shows the counters by name.
 //!
 //! This is an I/O edge: it talks to the kernel through aya.
 
@@ -24,6 +24,7 @@ use roce_common::{
         BottleneckState, ImpairConfig, ImpairStats, MAP_IMPAIR_BOTTLENECK, MAP_IMPAIR_CONFIG,
         MAP_IMPAIR_HELD, MAP_IMPAIR_STATS, PROG_ROCE_IMPAIR, prob_from_fixed, prob_to_fixed,
     },
+    log::MAP_LOG_LEVEL,
 };
 
 use super::{
@@ -313,6 +314,7 @@ fn attach(ifname: &str, config: ImpairConfig, dir: &Path) -> Result<(u32, u32), 
         MAP_IMPAIR_STATS,
         MAP_IMPAIR_BOTTLENECK,
         MAP_IMPAIR_HELD,
+        MAP_LOG_LEVEL,
     ] {
         let map = ebpf.map(name).ok_or(LoadError::Missing(name))?;
         map.pin(dir.join(name))?;

@@ -4,11 +4,13 @@
 //!   receive path and [`unload`] takes it away; [`Pins`] opens its maps for the engine,
 //!   `roce status` and `roce stat`.
 //! - [`impair`] (also at `crate::impair`): `roce_impair` at an interface's egress.
+//! - [`ebpf_log`]: the programs' aya-log records, switched by level and read by `roce log`.
 //! - `pins.rs`: the pin directory handling both share (fresh directory, pinned link, detach,
 //!   removal).
 //!
 //! This is an I/O edge: it talks to the kernel through aya and nix.
 
+pub mod ebpf_log;
 pub mod impair;
 mod pins;
 mod xdp;

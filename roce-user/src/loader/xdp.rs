@@ -21,6 +21,7 @@ use aya::{
 use roce_common::{
     ROCE_V2_UDP_PORT,
     counters::XdpStats,
+    log::{LogLevel, MAP_LOG_LEVEL},
     maps::{
         FLAG_DROP_FOREIGN, FLAG_PROCESS_HELD, GLOBAL_FLAGS, GLOBAL_UDP_PORT, LoadInfo,
         MAP_DEV_STATS, MAP_INFO, MAP_QP_STATS, MAP_QPS, MAP_XDP_STATS, MAP_XSK_STATS, MAP_XSKS,
@@ -99,6 +100,8 @@ pub struct LoadOptions {
     pub drop_foreign: bool,
     /// Name of the network namespace the caller entered, recorded for `roce status`.
     pub netns: Option<String>,
+    /// Which log records the program writes from the start (`roce log` reads them).
+    pub log_level: LogLevel,
 }
 
 /// The XDP link of a roce_xdp that a process loaded for itself ([`load_held`]): the program
@@ -114,6 +117,7 @@ impl Default for LoadOptions {
             port: ROCE_V2_UDP_PORT,
             drop_foreign: false,
             netns: None,
+            log_level: LogLevel::Off,
         }
     }
 }
@@ -396,9 +400,17 @@ fn load_into(
         MAP_QP_STATS,
         MAP_DEV_STATS,
         MAP_XSK_STATS,
+        MAP_LOG_LEVEL,
     ] {
         let map = ebpf.map(name).ok_or(LoadError::Missing(name))?;
         map.pin(dir.join(name))?;
+    }
+    if opts.log_level != LogLevel::Off {
+        let map = ebpf
+            .map_mut(MAP_LOG_LEVEL)
+            .ok_or(LoadError::Missing(MAP_LOG_LEVEL))?;
+        let mut level: Array<_, u32> = Array::try_from(map)?;
+        level.set(0, opts.log_level.code(), 0)?;
     }
     {
         let map = ebpf.map_mut(MAP_INFO).ok_or(LoadError::Missing(MAP_INFO))?;
