@@ -402,3 +402,120 @@ fn filters_count_and_stdout() {
     assert!(o.status.success(), "{o:?}");
     assert!(!announce.exists());
 }
+
+/// A frame the transport drops is in the capture, inbound, with the name of the counter that
+/// counted it: three RoCE SENDs to a live QP of an in-process device, sent from B's raw socket
+/// with a zero ICRC (roce_xdp does not check the ICRC, so they reach the transport, which counts
+/// them in `rx_malformed`).
+#[test]
+fn frames_the_transport_drops_carry_the_counter_name() {
+    use roce::api::{Device, DeviceOptions, QpInit, QpType};
+    let (pair, _l) = setup("dmd", 100);
+    let file = std::env::temp_dir().join(format!("roce-dump-{}-drop.pcapng", std::process::id()));
+    let _cleanup = CaptureFiles(vec![file.clone()]);
+    let d = start_dump(
+        &pair.a.netns,
+        &pair.a.ifname,
+        &["-w", file.to_str().unwrap()],
+    );
+    let mut port = roce_tests::RawPort::open(&pair.b.netns, &pair.b.ifname).expect("raw socket");
+    let a_if = pair.a.ifname.clone();
+    let malformed = netns::in_netns(&pair.a.netns, move || {
+        let dev = Device::open(&a_if, &DeviceOptions::default()).expect("open A");
+        let pd = dev.alloc_pd().expect("pd");
+        let cq = dev.create_cq(16).expect("cq");
+        let qpn = dev.create_qp(QpInit::new(QpType::Rc, pd, cq)).expect("qp");
+        for psn in 0..3 {
+            let f = roce_tests::Frame {
+                dest_qp: qpn.value(),
+                psn,
+                ..roce_tests::Frame::default()
+            };
+            port.send(&f.build()).expect("send");
+        }
+        let t0 = Instant::now();
+        loop {
+            let n = dev.counters().0.rx_malformed;
+            if n >= 3 || t0.elapsed() > Duration::from_secs(5) {
+                // Past the device's close the capture ring is drained by the dump.
+                return n;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    })
+    .unwrap();
+    assert_eq!(malformed, 3);
+    std::thread::sleep(Duration::from_millis(300));
+    let summary = stop_dump(d, "dump of dropped frames");
+    let frames = read_pcapng(&file);
+    let dropped: Vec<_> = frames
+        .iter()
+        .filter(|f| {
+            f.comment
+                .ends_with("dropped by the transport: rx_malformed")
+        })
+        .collect();
+    assert_eq!(dropped.len(), 3, "{frames:?}");
+    assert!(dropped.iter().all(|f| f.inbound));
+    assert_eq!(summary["dropped"], 3, "{summary}");
+    assert_eq!(summary["lost"], 0, "{summary}");
+}
+
+/// Loopback: the `loopback` example connects two QPs of one device; each of its frames is in
+/// the capture twice, outbound and inbound with the same bytes, marked `loopback`, and the
+/// counts are the transport's `sent_pkts` and `rcvd_pkts`.
+#[test]
+fn looped_back_frames_appear_once_each_way() {
+    let (pair, _l) = setup("dml", 101);
+    let file = std::env::temp_dir().join(format!("roce-dump-{}-loop.pcapng", std::process::id()));
+    let _cleanup = CaptureFiles(vec![file.clone()]);
+    let d = start_dump(
+        &pair.a.netns,
+        &pair.a.ifname,
+        &["-w", file.to_str().unwrap()],
+    );
+    let bin = roce_tests::example_bin("loopback");
+    let run =
+        roce_tests::child::spawn_in(&pair.a.netns, &bin, std::slice::from_ref(&pair.a.ifname));
+    let o = finish_within(run, Duration::from_secs(60), "loopback");
+    assert!(o.status.success(), "loopback: {o:?}");
+    std::thread::sleep(Duration::from_millis(300));
+    let summary = stop_dump(d, "dump of loopback");
+    let frames = read_pcapng(&file);
+    let bytes = read_pcapng_bytes_data(&std::fs::read(&file).unwrap());
+    let (sent, rcvd) = (
+        transport(&pair.a.ifname, "sent_pkts"),
+        transport(&pair.a.ifname, "rcvd_pkts"),
+    );
+    let rx = frames.iter().filter(|f| f.inbound).count() as u64;
+    assert_eq!((frames.len() as u64 - rx, rx), (sent, rcvd), "{summary}");
+    // 64 WRITE packets, the READ and its 64 responses, a SEND, two atomics and the ACKs.
+    assert!(sent > 130, "{sent}");
+    assert!(frames.iter().all(|f| f.comment.contains("loopback")));
+    // Each frame sent is the next one received: the same bytes, out then in.
+    for (i, pair_of) in bytes.chunks(2).enumerate() {
+        assert_eq!(pair_of.len(), 2, "frame {i} has no twin");
+        assert!(!pair_of[0].0 && pair_of[1].0, "frame {i}: out then in");
+        assert_eq!(pair_of[0].1, pair_of[1].1, "frame {i}: the same bytes");
+    }
+    assert_eq!(tshark_count(&file, "_ws.malformed"), 0);
+    assert_eq!(tshark_count(&file, "infiniband"), frames.len());
+}
+
+/// (inbound, frame bytes) of every packet of a pcapng capture, in file order.
+fn read_pcapng_bytes_data(bytes: &[u8]) -> Vec<(bool, Vec<u8>)> {
+    let mut r = PcapNgReader::new(bytes).expect("a pcapng section header");
+    let mut out = Vec::new();
+    while let Some(b) = r.next_block() {
+        if let Block::EnhancedPacket(p) = b.expect("a well-formed pcapng block") {
+            let inbound = p.options.iter().any(|o| {
+                matches!(
+                    o,
+                    pcap_file::pcapng::blocks::enhanced_packet::EnhancedPacketOption::Flags(1)
+                )
+            });
+            out.push((inbound, p.data.to_vec()));
+        }
+    }
+    out
+}
