@@ -4,7 +4,7 @@
 //! A running `roce dump -i IFACE` announces itself with a file `dump-<pid>` in
 //! [`capture_dir`]`(IFACE)`. The device looks for live announcements when it opens and then on
 //! its stats thread every [`super::publish::PUBLISH_EVERY`]; while one exists it keeps a ring
-//! `<pid>-<n>.ring` in the same folder and sets [`Capture::active`], which the engines read
+//! `<pid>-<n>.ring` in the same folder and sets its `active` flag, which the engines read
 //! once per receive batch and once per transmit pass (a relaxed load: nothing else is paid
 //! while no one captures). When the last dump goes away the ring is removed. When the device
 //! closes, its ring is marked closed and left for the dump to drain and remove.
