@@ -92,6 +92,7 @@ use self::{
     path::{HopCache, XDP_PACKET_HEADROOM},
 };
 use crate::engine::{
+    capture::Capture,
     driver::{INBOX_SLOTS, Inbox, Inline, Shared, TransportHandler},
     exit::{LiveDevice, register_live, unregister_live},
     publish::Publisher,
@@ -263,6 +264,8 @@ impl Default for DeviceOptions {
 /// if it loaded roce_xdp, unloads it.
 pub struct Device {
     publisher: Publisher,
+    /// Whether `roce dump` captures this interface, and this device's capture ring.
+    capture: Arc<Capture>,
     stats_thread: Option<std::thread::JoinHandle<()>>,
     /// The transports: one, or one per RX queue ([`DeviceOptions::sharded`]), in queue order.
     shards: Arc<[Arc<Shared>]>,
@@ -415,6 +418,10 @@ impl Device {
         let stop = Arc::new(AtomicBool::new(false));
         let all = Arc::clone(&shards);
         let mac = info.mac;
+        // `roce dump`: look for a capture before the first frame moves.
+        let capture = Arc::new(Capture::new(&info.ifname));
+        capture.refresh();
+        let cap = Arc::clone(&capture);
         let handler = move |queue: u32| {
             let index = if all.len() == 1 { 0 } else { queue as usize };
             TransportHandler {
@@ -423,6 +430,8 @@ impl Device {
                 all: Arc::clone(&all),
                 activity: false,
                 mac,
+                queue,
+                capture: Arc::clone(&cap),
             }
         };
         let (engines, inline, inline_thread) = if opts.inline {
@@ -477,7 +486,7 @@ impl Device {
         if let Ok(_lock) = lock_file(&info.ifname) {
             publisher.retire(None);
         }
-        let (p, st) = (publisher.clone(), Arc::clone(&stop));
+        let (p, st, cap) = (publisher.clone(), Arc::clone(&stop), Arc::clone(&capture));
         let stats_thread = std::thread::Builder::new()
             .name("roce-stats".into())
             .spawn(move || {
@@ -485,12 +494,14 @@ impl Device {
                     if let Err(e) = p.publish() {
                         log::warn!("publishing counters: {e}");
                     }
+                    cap.refresh();
                     std::thread::sleep(PUBLISH_EVERY);
                 }
             })
             .map_err(os("starting the stats thread"))?;
         Ok(Self {
             publisher,
+            capture,
             stats_thread: Some(stats_thread),
             shards,
             pins,
@@ -1272,6 +1283,7 @@ impl Device {
         if let Some(t) = self.stats_thread.take() {
             let _ = t.join();
         }
+        self.capture.close();
         // The last counters go into the interface's cumulative totals (QPN 0 / PID 0).
         let _ = self.publisher.publish();
         if let Ok(_lock) = lock_file(&self.info.ifname) {

@@ -4,6 +4,7 @@
 //! 2 usage error).
 
 mod demo;
+mod dump;
 mod exec;
 mod exporter;
 mod r#gen;
@@ -129,6 +130,9 @@ pub enum Command {
     /// Run an unmodified RDMA program (ibv_devinfo, ...) on roce-xdp through the drop-in
     /// libibverbs.so.1: `roce exec -d eth0 -- ibv_devinfo`.
     Exec(exec::ExecArgs),
+    /// Capture the frames the endpoints on an interface receive, send and loop back, as
+    /// pcapng for Wireshark or tshark (tcpdump cannot see them: XDP and AF_XDP skip its taps).
+    Dump(dump::DumpArgs),
 }
 
 /// How results are printed.
@@ -286,5 +290,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Impair(args) => impair::run(out, &args),
         Command::Plot(args) => plot::run(out, &args),
         Command::Exec(args) => exec::run(&args),
+        Command::Dump(args) => dump::run(out, &args),
     }
 }

@@ -15,8 +15,14 @@ use std::{
 use crossbeam_queue::ArrayQueue;
 use nix::sys::eventfd::EventFd;
 
-use super::{Clock, Engine, Handler, Instant, RxFrameFn, RxVerdict, TxSink};
-use crate::{transport, xsk::XskStats};
+use super::{Clock, Engine, Handler, Instant, RxFrameFn, RxVerdict, TxSink, capture::Capture};
+use crate::{
+    transport::{self, DropCounter},
+    xsk::{
+        XskStats,
+        capture::{DIR_LOOPBACK, DIR_RX, DIR_TX, NO_QPN, reason_device, reason_qp},
+    },
+};
 
 /// What the engines and the application threads share.
 #[derive(Debug)]
@@ -195,6 +201,18 @@ pub(crate) struct TransportHandler {
     pub(crate) activity: bool,
     /// The interface's MAC: a frame the transport addresses to it loops back.
     pub(crate) mac: [u8; 6],
+    /// The AF_XDP queue this handler serves, as capture records name it.
+    pub(crate) queue: u32,
+    /// The device's capture state (`roce dump`), read once per batch.
+    pub(crate) capture: Arc<Capture>,
+}
+
+/// The capture record's drop code of a transport drop counter.
+fn drop_code(d: DropCounter) -> u8 {
+    match d {
+        DropCounter::Device(i) => reason_device(i),
+        DropCounter::Qp(i) => reason_qp(i),
+    }
 }
 
 /// How many loopback frames one transmit pass hands back to the receive path at most, so a
@@ -220,22 +238,39 @@ impl TransportHandler {
     /// whole batch (`dev` holds the guard from the first frame that needs it on). A frame of
     /// another queue's QP is copied into that queue's [`Inbox`] and `kick` gets the queue's
     /// bit, so that its engine is woken once after the batch.
+    ///
+    /// `capture` is `Some(flags)` while `roce dump` captures (read once per batch): the frame
+    /// is then recorded as received, with `flags` ([`DIR_LOOPBACK`] for a looped-back frame)
+    /// and the name of the counter that counted it as dropped, if one did.
     fn route<'a>(
         &'a self,
         now: Instant,
         frame: &mut [u8],
         dev: &mut Option<MutexGuard<'a, transport::Device>>,
         kick: &mut u64,
+        capture: Option<u8>,
     ) {
         let owner = self.owner(frame);
+        let mut reason = 0;
         if owner == self.index {
-            dev.get_or_insert_with(|| self.shared.lock())
-                .handle_packet_mut(now, frame);
+            let d = dev.get_or_insert_with(|| self.shared.lock());
+            if capture.is_some() {
+                reason = d.handle_packet_traced(now, frame).map_or(0, drop_code);
+            } else {
+                d.handle_packet_mut(now, frame);
+            }
         } else if self.all[owner].inbox.push(frame) {
             *kick |= 1u64 << (owner % 64);
         } else {
-            dev.get_or_insert_with(|| self.shared.lock())
-                .count_rx_other_queue_dropped();
+            let d = dev.get_or_insert_with(|| self.shared.lock());
+            let before = *d.device_counters();
+            d.count_rx_other_queue_dropped();
+            reason = DropCounter::device_delta(&before, d.device_counters()).map_or(0, drop_code);
+        }
+        if let Some(flags) = capture {
+            let qpn = crate::wire::peek::dest_qpn(frame).unwrap_or(NO_QPN);
+            self.capture
+                .record(self.queue, DIR_RX | flags, qpn, reason, frame);
         }
     }
 
@@ -273,7 +308,8 @@ impl TransportHandler {
 impl Handler for TransportHandler {
     fn on_rx(&mut self, now: Instant, frame: &mut [u8], _tx: &mut TxSink<'_>) -> RxVerdict {
         let (mut dev, mut kick) = (None, 0);
-        self.route(now, frame, &mut dev, &mut kick);
+        let capture = self.capture.active().then_some(0);
+        self.route(now, frame, &mut dev, &mut kick, capture);
         let activity = dev.is_some();
         drop(dev);
         self.kick(kick);
@@ -291,8 +327,9 @@ impl Handler for TransportHandler {
     ) -> u32 {
         let (mut dev, mut kick) = (None, 0u64);
         let this = &*self;
+        let capture = this.capture.active().then_some(0);
         let n = receive(&mut |frame, _tx| {
-            this.route(now, frame, &mut dev, &mut kick);
+            this.route(now, frame, &mut dev, &mut kick, capture);
             RxVerdict::Recycle
         });
         let handed = this.drain_inbox(now, &mut dev);
@@ -312,6 +349,7 @@ impl Handler for TransportHandler {
         let this = &*self;
         let (mut dev, mut kick) = (Some(this.shared.lock()), 0u64);
         let (mut looped, mut active) = (0, false);
+        let capture = this.capture.active();
         while tx.room() > 0 && looped < LOOPBACK_PER_TURN {
             let (mut sent, mut back) = (false, false);
             let _ = tx.send(|buf| {
@@ -320,9 +358,20 @@ impl Handler for TransportHandler {
                 };
                 sent = true;
                 let frame = &mut buf[..t.size];
-                if frame.get(..6) == Some(&this.mac[..]) {
+                let loopback = frame.get(..6) == Some(&this.mac[..]);
+                if capture {
+                    let dir = if loopback {
+                        DIR_TX | DIR_LOOPBACK
+                    } else {
+                        DIR_TX
+                    };
+                    this.capture
+                        .record(this.queue, dir, t.qpn.value(), 0, frame);
+                }
+                if loopback {
                     back = true;
-                    this.route(now, frame, &mut dev, &mut kick);
+                    let capture = capture.then_some(DIR_LOOPBACK);
+                    this.route(now, frame, &mut dev, &mut kick, capture);
                     return 0;
                 }
                 t.size

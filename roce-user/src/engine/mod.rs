@@ -13,6 +13,7 @@ use std::{
     time::{Duration, Instant as StdInstant},
 };
 
+pub mod capture;
 pub(crate) mod driver;
 pub(crate) mod exit;
 mod r#gen;

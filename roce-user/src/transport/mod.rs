@@ -368,6 +368,40 @@ pub enum DeviceError {
     NoCongestionControl(Qpn),
 }
 
+/// The counter that counted a received frame as dropped ([`Device::handle_packet_traced`]),
+/// by its index in the counter struct's `NAMES`: the one source of the drop's name.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+pub enum DropCounter {
+    /// `DeviceCounters::NAMES[i]`.
+    Device(usize),
+    /// `QpCounters::NAMES[i]` of the frame's DestQP.
+    Qp(usize),
+}
+
+impl DropCounter {
+    /// The device counters that do not mean a drop: totals and hand-overs.
+    const NOT_DROPS: [&'static str; 4] =
+        ["rcvd_pkts", "sent_pkts", "rx_other_queue", "events_lost"];
+
+    /// The first drop counter that moved from `before` to `after`.
+    #[must_use]
+    pub fn device_delta(before: &DeviceCounters, after: &DeviceCounters) -> Option<Self> {
+        let (b, a) = (before.values(), after.values());
+        (0..DeviceCounters::COUNT)
+            .find(|&i| a[i] > b[i] && !Self::NOT_DROPS.contains(&DeviceCounters::NAMES[i]))
+            .map(Self::Device)
+    }
+
+    /// The counter's name, as `roce stats` prints it.
+    #[must_use]
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Device(i) => DeviceCounters::NAMES.get(i).copied().unwrap_or("?"),
+            Self::Qp(i) => QpCounters::NAMES.get(i).copied().unwrap_or("?"),
+        }
+    }
+}
+
 /// What [`Device::poll_transmit`] wrote.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Transmit {
@@ -939,6 +973,32 @@ impl Device {
         self.counters.rcvd_pkts += 1;
         let parsed = crate::wire::parse_frame_in_place(frame);
         self.handle_parsed(now, parsed);
+    }
+
+    /// [`Device::handle_packet_mut`] that also says which counter counted the frame as
+    /// dropped, if one did: the first [`DeviceCounters`] drop counter that moved
+    /// (`rx_malformed`, `rx_unknown_qp`, `bad_pkey_cntr`, `qkey_viol_cntr`, ...), else the
+    /// DestQP's `rx_dropped`. Call it instead of `handle_packet_mut` while a capture runs
+    /// (`roce dump`): it costs a copy of the device counters per frame.
+    pub fn handle_packet_traced(&mut self, now: Instant, frame: &mut [u8]) -> Option<DropCounter> {
+        let before = self.counters;
+        let qpn = crate::wire::peek::dest_qpn(frame);
+        let qp_dropped = |d: &Self| {
+            qpn.and_then(|n| d.qps.get(&n))
+                .map_or(0, |q| q.counters.rx_dropped)
+        };
+        let qp_before = qp_dropped(self);
+        self.handle_packet_mut(now, frame);
+        DropCounter::device_delta(&before, &self.counters).or_else(|| {
+            (qp_dropped(self) > qp_before).then(|| {
+                DropCounter::Qp(
+                    QpCounters::NAMES
+                        .iter()
+                        .position(|n| *n == "rx_dropped")
+                        .unwrap_or(usize::MAX),
+                )
+            })
+        })
     }
 
     /// Handles one received packet that is already decoded (the frame path calls this after

@@ -61,6 +61,7 @@
 //! the kernel sets the need-wakeup flag (copy mode always does; it then sends about 32 frames per
 //! kick, so a flush kicks until the ring is drained or the kernel stops making progress).
 
+pub mod capture;
 mod socket;
 mod stats;
 mod umem;

@@ -85,3 +85,32 @@ fn recv_opcode_of_another_transport_is_dropped() {
     assert_eq!(h.c().rx_dropped, 2);
     assert_eq!(h.d.qp(h.qpn).unwrap().expected_psn(), Psn::new(RQ_PSN));
 }
+
+/// `handle_packet_traced` (what `roce dump` calls while capturing) names the counter that
+/// counted a dropped frame, by the counter structs' own names, and nothing for a frame that
+/// was taken.
+#[test]
+fn traced_receive_names_the_drop_counter() {
+    let mut h = h();
+    sends(&mut h, 1, 64);
+    let mut buf = vec![0; MAX_FRAME_LEN];
+    let t =
+        h.d.poll_transmit(h.now, &mut buf)
+            .expect("the SEND goes out");
+    let frame = buf[..t.size].to_vec();
+    // Our own SEND is for the peer's QP, which this device does not have.
+    let d = h.d.handle_packet_traced(h.now, &mut frame.clone());
+    assert_eq!(d.map(DropCounter::name), Some("rx_unknown_qp"));
+    // A bit flipped in the payload: the ICRC no longer matches.
+    let mut bad = frame.clone();
+    let last = bad.len() - 8;
+    bad[last] ^= 1;
+    let d = h.d.handle_packet_traced(h.now, &mut bad);
+    assert_eq!(d.map(DropCounter::name), Some("rx_malformed"));
+    assert_eq!(h.c().rx_dropped, 0);
+    // rcvd_pkts moves for every frame and is not a drop.
+    let before = *h.d.device_counters();
+    let mut after = before;
+    after.rcvd_pkts += 1;
+    assert_eq!(DropCounter::device_delta(&before, &after), None);
+}
