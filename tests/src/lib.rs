@@ -95,6 +95,68 @@ pub fn veth_pair(test: &str, subnet: u8) -> netns::VethPair {
     .expect("veth pair")
 }
 
+/// roce_xdp on some interfaces for the length of a test: loaded by the library in each
+/// end's namespace ([`Loaded::on`]), or by the test some other way ([`Loaded::guard`]);
+/// unloaded on drop, so a failing assertion leaves no program or pins behind.
+pub struct Loaded(Vec<String>);
+
+impl Loaded {
+    /// Loads roce_xdp on each of `ends`, attached the default way.
+    ///
+    /// # Panics
+    /// When a load fails.
+    #[must_use]
+    pub fn on(ends: &[&netns::VethEnd]) -> Self {
+        Self::on_mode(ends, roce::loader::LoadOptions::default().mode)
+    }
+
+    /// Loads roce_xdp on each of `ends`, attached in `mode`.
+    ///
+    /// # Panics
+    /// When a load fails.
+    #[must_use]
+    pub fn on_mode(ends: &[&netns::VethEnd], mode: roce::loader::AttachMode) -> Self {
+        let mut names = Vec::new();
+        for end in ends {
+            let (n, i) = (end.netns.clone(), end.ifname.clone());
+            let opts = roce::loader::LoadOptions {
+                netns: Some(n.clone()),
+                mode,
+                ..roce::loader::LoadOptions::default()
+            };
+            netns::in_netns(&n, move || roce::loader::load(&i, &opts))
+                .expect("enter namespace")
+                .unwrap_or_else(|e| panic!("load roce_xdp on {}: {e}", end.ifname));
+            names.push(end.ifname.clone());
+        }
+        Self(names)
+    }
+
+    /// roce_xdp on both ends of `pair`, attached the default way.
+    ///
+    /// # Panics
+    /// When a load fails.
+    #[must_use]
+    pub fn both(pair: &netns::VethPair) -> Self {
+        Self::on(&[&pair.a, &pair.b])
+    }
+
+    /// Only unloads, on drop, what the test loads itself on `ifname` (with `roce load`, or by
+    /// a program it starts).
+    #[must_use]
+    pub fn guard(ifname: &str) -> Self {
+        Self(vec![ifname.to_owned()])
+    }
+}
+
+impl Drop for Loaded {
+    fn drop(&mut self) {
+        for n in &self.0 {
+            let _ = roce::loader::unload(n);
+        }
+    }
+}
+
 /// The example `name` of roce-user (`roce-user/examples/NAME.rs`), built next to the `roce`
 /// binary under test: `target/debug/examples/NAME` beside `target/debug/roce`.
 ///

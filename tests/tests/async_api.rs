@@ -12,23 +12,16 @@ use roce::{
         RcConnect, RecvWr, Sge, WcOpcode, WcStatus,
         asynch::{AsyncDevice, AsyncError, AsyncQp, LocalMr, RemoteMr},
     },
-    netns::{self, VethOptions, VethPair},
+    netns::{self, VethPair},
 };
 use roce_tests::{
     child::{finish_within, spawn_in},
-    example_bin, require_root, tag,
+    example_bin, require_root, veth_pair,
 };
 
 fn veth(t: &str, subnet: u8) -> VethPair {
     require_root();
-    VethPair::new(
-        &tag(t),
-        &VethOptions {
-            subnet,
-            ..VethOptions::default()
-        },
-    )
-    .expect("veth pair")
+    veth_pair(t, subnet)
 }
 
 /// `f`, or a failed test after 10 s instead of a hang.

@@ -12,43 +12,14 @@ use std::{
 use pcap_file::pcapng::{Block, PcapNgReader};
 use roce::{
     engine::capture::capture_dir,
-    loader::{self, LoadOptions},
     netns::{self, VethOptions, VethPair},
 };
 use roce_tests::{
+    Loaded,
     child::{Reaper, finish, finish_within, json_ok, spawn},
     require_root, roce_bin, tag,
 };
 use serde_json::Value;
-
-/// roce_xdp on both ends for the whole test, so the counters add up over the perf processes.
-struct Loaded(Vec<String>);
-
-impl Loaded {
-    fn both(pair: &VethPair) -> Self {
-        let mut names = Vec::new();
-        for end in [&pair.a, &pair.b] {
-            let (ns, ifname) = (end.netns.clone(), end.ifname.clone());
-            let opts = LoadOptions {
-                netns: Some(ns.clone()),
-                ..LoadOptions::default()
-            };
-            netns::in_netns(&ns, move || loader::load(&ifname, &opts))
-                .unwrap()
-                .unwrap();
-            names.push(end.ifname.clone());
-        }
-        Self(names)
-    }
-}
-
-impl Drop for Loaded {
-    fn drop(&mut self) {
-        for n in &self.0 {
-            let _ = loader::unload(n);
-        }
-    }
-}
 
 /// Removes the capture files of the test's interfaces, whatever happened.
 struct CaptureFiles(Vec<PathBuf>);

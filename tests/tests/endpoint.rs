@@ -14,61 +14,17 @@ use roce::{
         WcStatus,
     },
     cm::perftest::{BwReport, Comm, KeyMsg, pattern},
-    loader::{self, LoadOptions, Pins},
+    loader::Pins,
     netns::{self, Lan, VethOptions, VethPair},
     wire::types::Psn,
 };
 use roce_common::counters::{QpCounters, XdpStats};
 use roce_tests::{
+    Loaded,
     child::{finish, json_ok, spawn},
     require_root, roce_bin, tag,
 };
 use serde_json::Value;
-
-/// roce_xdp on both ends for the whole test, so counters accumulate across processes.
-struct Loaded(Vec<String>);
-
-impl Loaded {
-    fn on(ends: &[(&str, &str)]) -> Self {
-        Self::on_mode(ends, LoadOptions::default().mode)
-    }
-
-    fn on_mode(ends: &[(&str, &str)], mode: roce::loader::AttachMode) -> Self {
-        let mut names = Vec::new();
-        for (ns, ifname) in ends {
-            let (n, i) = ((*ns).to_owned(), (*ifname).to_owned());
-            let opts = LoadOptions {
-                netns: Some(n.clone()),
-                mode,
-                ..LoadOptions::default()
-            };
-            netns::in_netns(&n, move || loader::load(&i, &opts))
-                .unwrap()
-                .unwrap();
-            names.push((*ifname).to_owned());
-        }
-        Self(names)
-    }
-
-    /// roce_xdp on both ends of `pair`, attached in `mode`.
-    fn both(pair: &VethPair, mode: roce::loader::AttachMode) -> Self {
-        Self::on_mode(
-            &[
-                (&pair.a.netns, &pair.a.ifname),
-                (&pair.b.netns, &pair.b.ifname),
-            ],
-            mode,
-        )
-    }
-}
-
-impl Drop for Loaded {
-    fn drop(&mut self) {
-        for n in &self.0 {
-            let _ = loader::unload(n);
-        }
-    }
-}
 
 /// Runs `args` as server in B and client in A; returns (client, server) JSON.
 fn pair_run(pair: &VethPair, args: &str, client_host: &str) -> (Value, Value) {
@@ -102,7 +58,7 @@ fn veth(t: &str, subnet: u8, mtu: u32) -> VethPair {
 fn loaded_veth(t: &str, subnet: u8, mtu: u32) -> (VethPair, Loaded) {
     require_root();
     let pair = veth(t, subnet, mtu);
-    let l = Loaded::both(&pair, LoadOptions::default().mode);
+    let l = Loaded::both(&pair);
     (pair, l)
 }
 
@@ -201,7 +157,7 @@ fn every_operation_and_size_at_two_mtus() {
 fn every_operation_at_path_mtu_4096_over_multi_buffer_sockets() {
     require_root();
     let pair = veth("ej", 86, 9000);
-    let _l = Loaded::both(&pair, roce::loader::AttachMode::Skb);
+    let _l = Loaded::on_mode(&[&pair.a, &pair.b], roce::loader::AttachMode::Skb);
     let host = pair.b.ipv4.to_string();
     for (op, size, n) in [
         ("write", 1u64, 200u64),
@@ -405,7 +361,7 @@ fn counters_agree_with_bpftool_and_the_traffic() {
 fn qpns_are_not_stolen() {
     require_root();
     let pair = veth("en", 85, 1500);
-    let _l = Loaded::on(&[(&pair.a.netns, &pair.a.ifname)]);
+    let _l = Loaded::on(&[&pair.a]);
     let pins = Pins::new(&pair.a.ifname);
     pins.add_qp(17, 1).unwrap(); // PID 1 is alive.
     let mut dead = Command::new("true").spawn().unwrap();
@@ -469,11 +425,7 @@ fn remote_loss_ends_in_retry_exceeded_and_others_keep_going() {
         lan.hosts[1].clone(),
         lan.hosts[2].clone(),
     );
-    let _l = Loaded::on(&[
-        (&a.netns, &a.ifname),
-        (&b.netns, &b.ifname),
-        (&c.netns, &c.ifname),
-    ]);
+    let _l = Loaded::on(&[&a, &b, &c]);
     let server = |h: &roce::netns::VethEnd, port: u16| {
         let args = format!("perf write -s 4096 -p {port} -d {}", h.ifname);
         spawn(
@@ -673,7 +625,7 @@ fn two_queue_pair(t: &str, subnet: u8) -> (VethPair, Loaded) {
         },
     )
     .expect("veth pair");
-    let l = Loaded::both(&pair, LoadOptions::default().mode);
+    let l = Loaded::both(&pair);
     (pair, l)
 }
 

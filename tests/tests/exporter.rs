@@ -12,57 +12,19 @@ use std::{
     time::{Duration, Instant},
 };
 
-use roce::{
-    loader::{self, LoadOptions},
-    netns::{self, VethOptions, VethPair},
-};
+use roce::netns::{self, VethPair};
 use roce_common::counters::{QpCounters, XdpStats};
 use roce_tests::{
+    Loaded,
     bpftool::{dump as bpftool, qp_totals, xdp_total},
     child::{Reaper, args, finish_within, json_ok, spawn},
-    require_root, roce_bin, tag,
+    require_root, roce_bin, veth_pair,
 };
 use serde_json::Value;
 
-/// roce_xdp on the given ends for the whole test; unloaded on drop.
-struct Loaded(Vec<String>);
-
-impl Loaded {
-    fn on(ends: &[&netns::VethEnd]) -> Self {
-        let mut names = Vec::new();
-        for end in ends {
-            let (n, i) = (end.netns.clone(), end.ifname.clone());
-            let opts = LoadOptions {
-                netns: Some(n.clone()),
-                ..LoadOptions::default()
-            };
-            netns::in_netns(&n, move || loader::load(&i, &opts))
-                .unwrap()
-                .unwrap();
-            names.push(end.ifname.clone());
-        }
-        Self(names)
-    }
-}
-
-impl Drop for Loaded {
-    fn drop(&mut self) {
-        for n in &self.0 {
-            let _ = loader::unload(n);
-        }
-    }
-}
-
 fn veth(t: &str, subnet: u8) -> VethPair {
     require_root();
-    VethPair::new(
-        &tag(t),
-        &VethOptions {
-            subnet,
-            ..VethOptions::default()
-        },
-    )
-    .expect("veth pair")
+    veth_pair(t, subnet)
 }
 
 /// A running `roce -j --netns NS stats --listen 127.0.0.1:0 EXTRA...` and the address it

@@ -14,21 +14,9 @@ use nix::{sys::signal, unistd::Pid};
 use roce::loader::{
     Pins,
     ebpf_log::{LevelMap, LogLevel, Program},
-    pin_dir,
 };
 use roce_common::{counters::DropReason, opcode::Opcode};
-use roce_tests::{Frame, RawPort, require_root, roce, roce_bin, roce_ok, veth_pair};
-
-/// Unloads on drop, so a failing assertion leaves no program or pins behind.
-struct Loaded(String);
-
-impl Drop for Loaded {
-    fn drop(&mut self) {
-        if pin_dir(&self.0).exists() {
-            let _ = roce(&["unload", "-i", &self.0]);
-        }
-    }
-}
+use roce_tests::{Frame, Loaded, RawPort, require_root, roce, roce_bin, roce_ok, veth_pair};
 
 /// Kills the `roce log` it holds on drop (by its PID), if it is still running.
 struct Streaming(Child);
@@ -53,7 +41,7 @@ fn roce_log_streams_drops_as_json_and_switches_the_level() {
     let pair = veth_pair("lg", 77);
     let b = pair.b.clone();
     roce_ok(&["--netns", &b.netns, "load", "-i", &b.ifname]);
-    let _guard = Loaded(b.ifname.clone());
+    let _guard = Loaded::guard(&b.ifname);
     assert_eq!(level(&b.ifname), LogLevel::Off, "off by default");
     Pins::new(&b.ifname)
         .add_qp(0x11, std::process::id())

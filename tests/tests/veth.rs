@@ -13,7 +13,7 @@ use roce::{
     netns,
 };
 use roce_common::{counters::XdpStats, opcode::Opcode};
-use roce_tests::{Frame, require_root, roce, roce_bin, roce_ok, veth_pair};
+use roce_tests::{Frame, Loaded, require_root, roce, roce_bin, roce_ok, veth_pair};
 use serde_json::Value;
 
 #[track_caller]
@@ -33,17 +33,6 @@ fn roce_err(args: &[&str], needle: &str) {
         all.contains(needle),
         "roce {args:?} should say {needle:?}: {all}"
     );
-}
-
-/// Unloads on drop, so a failing assertion leaves no program or pins behind.
-struct Loaded(String);
-
-impl Drop for Loaded {
-    fn drop(&mut self) {
-        if pin_dir(&self.0).exists() {
-            let _ = roce(&["unload", "-i", &self.0]);
-        }
-    }
 }
 
 fn bpftool_sum(ifname: &str) -> XdpStats {
@@ -93,7 +82,7 @@ fn load_steer_count_and_unload_on_veth() {
     let b = pair.b.clone();
 
     let out = roce_ok(&["--netns", &b.netns, "-j", "load", "-i", &b.ifname]);
-    let _guard = Loaded(b.ifname.clone());
+    let _guard = Loaded::guard(&b.ifname);
     let loaded: Value = serde_json::from_str(&out).unwrap();
     assert_eq!(loaded["mode"], "native");
     assert!(loaded["prog_id"].as_u64().unwrap() > 0);
@@ -320,7 +309,7 @@ fn skb_mode_and_custom_port() {
         "4792",
         "--drop-foreign",
     ]);
-    let _guard = Loaded(b.ifname.clone());
+    let _guard = Loaded::guard(&b.ifname);
     let link = netns::ip_in(&b.netns, &["-d", "link", "show", "dev", &b.ifname]).unwrap();
     assert!(
         String::from_utf8_lossy(&link.stdout).contains("xdpgeneric"),
