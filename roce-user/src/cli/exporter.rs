@@ -27,7 +27,7 @@ use hyper_util::{
     server::graceful::GracefulShutdown,
 };
 use roce::{
-    loader::{self, Holder, Pins},
+    loader::{self, Pins},
     stats::{Snapshot, prometheus},
 };
 use serde_json::json;
@@ -52,25 +52,11 @@ struct Scope {
     per_cpu: bool,
 }
 
-/// The interfaces roce_xdp is attached to (by its pinned link or a live process) whose
-/// interface exists in this network namespace with the index recorded at load time. The pins
-/// are in the host's bpffs, shared by every namespace; the index check keeps an exporter to
-/// its own namespace.
-fn interfaces(scope: &Scope) -> anyhow::Result<Vec<String>> {
-    Ok(loader::status()?
-        .into_iter()
-        .filter(|s| s.held != Holder::Stale)
-        .filter(|s| scope.only.as_deref().is_none_or(|o| o == s.ifname))
-        .filter(|s| nix::net::if_::if_nametoindex(s.ifname.as_str()).is_ok_and(|i| i == s.ifindex))
-        .map(|s| s.ifname)
-        .collect())
-}
-
 /// One exposition page: every interface in scope, with its AF_XDP queues and QPs. An interface
 /// unloaded between the listing and the read is left out (and said so on stderr).
 fn page(scope: &Scope) -> anyhow::Result<String> {
     let mut snaps: Vec<Snapshot> = Vec::new();
-    for ifname in interfaces(scope)? {
+    for ifname in super::xdp::attached_here(scope.only.as_deref())? {
         match super::xdp::snapshot(&Pins::new(&ifname), &ifname, scope.per_cpu, true) {
             Ok(s) => snaps.push(s),
             Err(e) => eprintln!("roce stats --listen: {ifname} left out of this scrape: {e:#}"),
@@ -201,7 +187,7 @@ pub(crate) fn run(
         only: only.map(str::to_owned),
         per_cpu,
     };
-    let ifaces = interfaces(&scope)?;
+    let ifaces = super::xdp::attached_here(scope.only.as_deref())?;
     if ifaces.is_empty() {
         match only {
             Some(i) => bail!(

@@ -209,6 +209,20 @@ pub(crate) fn snapshot(
     })
 }
 
+/// The interfaces roce_xdp is attached to (by its pinned link or a live process) whose
+/// interface exists in this network namespace with the index recorded at load time; with
+/// `only`, that one alone. The pins are in the host's bpffs, shared by every namespace; the
+/// index check keeps the exporter and `roce top` to their own namespace.
+pub(crate) fn attached_here(only: Option<&str>) -> anyhow::Result<Vec<String>> {
+    Ok(loader::attached()?
+        .into_iter()
+        .filter(|s| s.held != loader::Holder::Stale)
+        .filter(|s| only.is_none_or(|o| o == s.ifname))
+        .filter(|s| nix::net::if_::if_nametoindex(s.ifname.as_str()).is_ok_and(|i| i == s.ifindex))
+        .map(|s| s.ifname)
+        .collect())
+}
+
 /// Flags of `roce stats`.
 #[derive(Debug, clap::Args)]
 #[command(

@@ -578,11 +578,32 @@ pub fn process_alive(pid: u32) -> bool {
     pid != 0 && Path::new(&format!("/proc/{pid}")).exists()
 }
 
-/// Lists every interface with roce_xdp pins.
-///
-/// # Errors
-/// Not root, or unreadable pins.
-pub fn status() -> Result<Vec<Status>, LoadError> {
+/// An interface with roce_xdp pins, as [`attached`] lists it: what the exporter and `roce top`
+/// need to pick the interfaces of their namespace, without [`status`]'s count of QPs (a walk
+/// over the whole QP array, seconds on a debug build).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Attached {
+    /// Interface name (the pin directory's).
+    pub ifname: String,
+    /// Interface index recorded at load time.
+    pub ifindex: u32,
+    /// What keeps the program attached.
+    pub held: Holder,
+}
+
+/// What keeps the roce_xdp of the pin directory `dir`, whose load record is `info`, attached.
+fn holder(dir: &Path, info: &LoadInfo) -> Holder {
+    if dir.join(PIN_LINK).exists() {
+        Holder::Pin
+    } else if info.flags & FLAG_PROCESS_HELD != 0 && process_alive(info.loader_pid) {
+        Holder::Process
+    } else {
+        Holder::Stale
+    }
+}
+
+/// The pin directories under the pin root, sorted by interface name.
+fn pin_dirs() -> Result<Vec<(String, PathBuf)>, LoadError> {
     require_root()?;
     let root = pin_root();
     let root = root.as_path();
@@ -590,14 +611,43 @@ pub fn status() -> Result<Vec<Status>, LoadError> {
         return Ok(Vec::new());
     }
     let mut out = Vec::new();
-    let entries = fs::read_dir(root).map_err(io_err("read", root))?;
-    for entry in entries {
+    for entry in fs::read_dir(root).map_err(io_err("read", root))? {
         let entry = entry.map_err(io_err("read", root))?;
         let dir = entry.path();
-        if !dir.is_dir() {
-            continue;
+        if dir.is_dir() {
+            out.push((entry.file_name().to_string_lossy().into_owned(), dir));
         }
-        let ifname = entry.file_name().to_string_lossy().into_owned();
+    }
+    out.sort();
+    Ok(out)
+}
+
+/// Lists every interface with roce_xdp pins, cheaply: name, index and holder only (see
+/// [`status`] for everything). Call it to find the interfaces to read counters from.
+///
+/// # Errors
+/// Not root, or an unreadable pin root.
+pub fn attached() -> Result<Vec<Attached>, LoadError> {
+    Ok(pin_dirs()?
+        .into_iter()
+        .map(|(ifname, dir)| {
+            let info = Pins::new(&ifname).load_info().unwrap_or_default();
+            Attached {
+                held: holder(&dir, &info),
+                ifindex: info.ifindex,
+                ifname,
+            }
+        })
+        .collect())
+}
+
+/// Lists every interface with roce_xdp pins.
+///
+/// # Errors
+/// Not root, or unreadable pins.
+pub fn status() -> Result<Vec<Status>, LoadError> {
+    let mut out = Vec::new();
+    for (ifname, dir) in pin_dirs()? {
         let mut pins: Vec<String> = fs::read_dir(&dir)
             .map_err(io_err("read", &dir))?
             .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
@@ -617,20 +667,13 @@ pub fn status() -> Result<Vec<Status>, LoadError> {
             port: info.port,
             drop_foreign: info.flags & FLAG_DROP_FOREIGN != 0,
             loader_pid: info.loader_pid,
-            held: if dir.join(PIN_LINK).exists() {
-                Holder::Pin
-            } else if info.flags & FLAG_PROCESS_HELD != 0 && process_alive(info.loader_pid) {
-                Holder::Process
-            } else {
-                Holder::Stale
-            },
+            held: holder(&dir, &info),
             loaded_at: info.loaded_at,
             qps,
             pin_dir: dir.display().to_string(),
             pins,
         });
     }
-    out.sort_by(|a, b| a.ifname.cmp(&b.ifname));
     Ok(out)
 }
 
