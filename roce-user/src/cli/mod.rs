@@ -13,6 +13,7 @@ mod log;
 mod perf;
 mod pingpong;
 mod plot;
+mod progress;
 mod xdp;
 
 use std::sync::{

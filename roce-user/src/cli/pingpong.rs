@@ -20,7 +20,7 @@ use roce::{
 };
 use serde_json::json;
 
-use super::{Output, interrupted};
+use super::{Output, interrupted, progress::Progress};
 
 /// Flags of ibv_rc_pingpong.
 #[derive(Debug, Args)]
@@ -69,6 +69,9 @@ pub struct PingpongArgs {
     /// roce-xdp's own flag, not ibv_rc_pingpong's.
     #[arg(long)]
     pub threaded: bool,
+    /// Progress on stderr (iterations done).
+    #[command(flatten)]
+    pub progress: super::progress::ProgressArgs,
 }
 
 const RECV_WRID: u64 = 1;
@@ -203,6 +206,7 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
         pending |= SEND_WRID;
     }
     let mut last_progress = Instant::now();
+    let mut progress = Progress::new(&a.progress, out)?;
     // Completions are polled into this buffer (`ibv_poll_cq` into an array), allocated once.
     let mut wc_buf = [Wc::default(); 16];
     // Start of each iteration (each send the client posts), for round-trip percentiles.
@@ -211,6 +215,16 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
     while rcnt < a.iters || scnt < a.iters {
         if interrupted() {
             bail!("interrupted after {scnt} sends and {rcnt} receives");
+        }
+        if let Some(p) = super::progress::due(&mut progress) {
+            let secs = p.secs();
+            p.show(
+                &format!(
+                    "pingpong: {secs:.0} s, {rcnt} of {} messages received",
+                    a.iters
+                ),
+                json!({ "secs": secs, "sent": scnt, "received": rcnt, "iters": a.iters }),
+            );
         }
         let n = if a.events {
             match dev.wait_cq(cq, Duration::from_millis(100)) {
@@ -296,6 +310,7 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
     }
     let usec = start.elapsed().as_secs_f64() * 1e6;
     iter_starts.push(Instant::now());
+    drop(progress);
     let mut rtts: Vec<f64> = iter_starts
         .windows(2)
         .map(|w| (w[1] - w[0]).as_secs_f64() * 1e6)

@@ -16,7 +16,7 @@ use roce::{
 use serde_json::json;
 
 use super::{
-    PerfArgs, PerfOp, interrupted,
+    PerfArgs, PerfOp, Progress, interrupted,
     lat::LatHist,
     report::PerfResult,
     setup::{QpCtx, poll_cqs, qp_index},
@@ -31,6 +31,7 @@ pub(super) fn run_client(
     qps: &[QpCtx],
     size: u32,
     tracer: &mut Option<Tracer>,
+    progress: &mut Option<Progress>,
 ) -> anyhow::Result<PerfResult> {
     let depth = a.tx_depth as usize;
     let deadline = a
@@ -49,27 +50,27 @@ pub(super) fn run_client(
     let mut wc_buf = Vec::new();
     let start = Instant::now();
     let mut last_progress = start;
-    let every = a
-        .progress
-        .filter(|p| p.is_finite() && *p > 0.0)
-        .map(Duration::from_secs_f64);
-    let mut next_report = every.map(|e| start + e);
     // The QPs to top up this turn: all at first, then those that just completed something,
     // so a turn costs what completed, not what exists (1024 QPs).
     let mut refill: Vec<usize> = (0..qps.len()).collect();
     let mut outstanding = 0usize;
     loop {
-        if let (Some(e), Some(at)) = (every, next_report)
-            && Instant::now() >= at
-        {
-            next_report = Some(at + e);
-            eprintln!(
-                "{}",
-                json!({ "progress": {
-                    "secs": start.elapsed().as_secs_f64(),
+        if let Some(p) = super::super::progress::due(progress) {
+            let secs = p.secs();
+            let total: u64 = done.iter().sum();
+            p.show(
+                &format!(
+                    "perf {:?}: {secs:.0} s, {} QP(s), {total} of {} WRs done, {:.1} MB/s",
+                    a.op,
+                    qps.len(),
+                    posted.iter().sum::<u64>(),
+                    total as f64 * f64::from(size) / secs.max(1e-9) / 1_048_576.0,
+                ),
+                json!({
+                    "secs": secs,
                     "qpn": qps.iter().map(|q| q.qpn.value()).collect::<Vec<_>>(),
                     "posted": posted, "done": done,
-                }})
+                }),
             );
         }
         let stop_posting = deadline.is_some_and(|d| Instant::now() >= d);
@@ -259,7 +260,7 @@ pub(super) fn run_server(
     qps: &[QpCtx],
     (size, rx_depth): (u32, u32),
     comm: &Comm,
-    tracer: &mut Option<Tracer>,
+    (tracer, progress): (&mut Option<Tracer>, &mut Option<Progress>),
 ) -> anyhow::Result<PerfResult> {
     let mut wc_buf = Vec::new();
     // A pass takes up to a full receive queue's completions from each CQ.
@@ -290,6 +291,18 @@ pub(super) fn run_server(
     loop {
         if interrupted() {
             bail!("interrupted");
+        }
+        if let Some(p) = super::super::progress::due(progress) {
+            let secs = p.secs();
+            let text = if a.op == PerfOp::Send {
+                format!("perf server: {secs:.0} s, {msgs} SENDs received")
+            } else {
+                format!(
+                    "perf server: {secs:.0} s, serving {:?} until the client is done",
+                    a.op
+                )
+            };
+            p.show(&text, json!({ "secs": secs, "received": msgs }));
         }
         Tracer::poll(tracer, dev);
         let mut busy = false;

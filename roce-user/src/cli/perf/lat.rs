@@ -7,7 +7,7 @@ use anyhow::bail;
 use roce::api::{CqId, Device, RecvWr, SendOp, SendWr, Sge, WcStatus};
 
 use super::{
-    PerfArgs, PerfOp, interrupted,
+    PerfArgs, PerfOp, Progress, interrupted,
     report::PerfResult,
     setup::{QpCtx, poll_cqs},
 };
@@ -24,6 +24,7 @@ pub(super) fn run_lat(
     qp: &QpCtx,
     size: u32,
     client: bool,
+    progress: &mut Option<Progress>,
 ) -> anyhow::Result<PerfResult> {
     let r = qp.remote.expect("remote keys exchanged");
     let n = a.iters;
@@ -87,6 +88,16 @@ pub(super) fn run_lat(
         }
     };
     while scnt < n || rcnt < n || sends_done < n {
+        if let Some(p) = super::super::progress::due(progress) {
+            let secs = p.secs();
+            p.show(
+                &format!(
+                    "perf {:?} latency: {secs:.0} s, {scnt} of {n} iterations",
+                    a.op
+                ),
+                serde_json::json!({ "secs": secs, "iters": scnt, "of": n }),
+            );
+        }
         if rcnt < n && !(scnt < 1 && first) {
             rcnt += 1;
             let want = rcnt;

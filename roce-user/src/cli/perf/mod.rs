@@ -33,7 +33,7 @@ use self::{
     setup::Local,
     trace::Tracer,
 };
-use super::{Output, interrupted};
+use super::{Output, interrupted, progress::Progress};
 
 /// The operation to measure.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -146,11 +146,11 @@ pub struct PerfArgs {
     /// sides need the same SPAN; it is a multiple of the size and at least size × tx-depth.
     #[arg(long, value_name = "BYTES", default_value_t = 0)]
     pub span: u64,
-    /// Client: every SECS seconds, print a JSON line on stderr with each QP's work requests
-    /// posted and completed so far (`{"progress": {"secs": .., "qpn": [..], "posted": [..],
-    /// "done": [..]}}`), for watching a long run for stuck QPs.
-    #[arg(long, value_name = "SECS")]
-    pub progress: Option<f64>,
+    /// Progress on stderr: the client's work requests posted and completed per QP (with -j
+    /// `{"progress": {"secs": .., "qpn": [..], "posted": [..], "done": [..]}}`, for watching a
+    /// long run for stuck QPs), the server's messages received.
+    #[command(flatten)]
+    pub progress: super::progress::ProgressArgs,
     /// Most packets in flight (sent, not yet acknowledged) over all QPs together
     /// (`DeviceConfig::max_inflight_pkts`; 0: no limit). Each QP's own window is 128 PSNs, so
     /// this matters with many QPs: 1024 QPs without it overrun the peer's receive ring.
@@ -332,7 +332,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     let dev = setup::open_device(a, &plan, netns)?;
     let mut local = Local::new(&dev, a, &plan)?;
     let mut session = Session::connect(&dev, a, &plan, &mut local)?;
-    let result = measure(&dev, a, &plan, &local, &session)?;
+    let result = measure(out, &dev, a, &plan, &local, &session)?;
     let theirs = session.finish(a, &plan, &local.qps, &result)?;
     // The passive side verifies what landed in its buffers, now that the client is finished.
     let mut verified = result.verified;
@@ -355,6 +355,7 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
 /// Runs the test the arguments ask for (latency, or bandwidth as client or server), sampling
 /// `--trace` as it goes and writing it at the end.
 fn measure(
+    out: Output,
     dev: &Device,
     a: &PerfArgs,
     plan: &Plan,
@@ -363,10 +364,11 @@ fn measure(
 ) -> anyhow::Result<PerfResult> {
     let (cqs, qps, size) = (&local.cqs, &local.qps, plan.size);
     let mut tracer = Tracer::new(a)?;
+    let mut progress = Progress::new(&a.progress, out)?;
     let result = if a.lat {
-        lat::run_lat(dev, a, cqs, &qps[0], size, plan.client)?
+        lat::run_lat(dev, a, cqs, &qps[0], size, plan.client, &mut progress)?
     } else if plan.client {
-        bw::run_client(dev, a, cqs, qps, size, &mut tracer)?
+        bw::run_client(dev, a, cqs, qps, size, &mut tracer, &mut progress)?
     } else {
         bw::run_server(
             dev,
@@ -375,9 +377,11 @@ fn measure(
             qps,
             (size, plan.rx_depth),
             &session.comm,
-            &mut tracer,
+            (&mut tracer, &mut progress),
         )?
     };
+    // Erase a redrawn progress line before the report.
+    drop(progress);
     Tracer::poll(&mut tracer, dev);
     if let (Some(t), Some(path)) = (&tracer, &a.trace) {
         std::fs::write(path, t.trace.to_csv())
