@@ -5,6 +5,8 @@
 //! them over as sections of `(name, value)` pairs whose names and help texts come from the counter
 //! structs' `NAMES` and `HELP` tables, so there is one source of truth for every name.
 
+pub mod top;
+
 use std::{collections::HashMap, fmt::Write as _};
 
 /// How Prometheus is to read a value (exposition format `# TYPE`).

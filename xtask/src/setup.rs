@@ -32,6 +32,8 @@ const APT_PACKAGES: &[&str] = &[
     // promtool, Prometheus' own checker of the exposition format: tests/tests/exporter.rs runs
     // `promtool check metrics` on what `roce stats --listen` serves.
     "prometheus",
+    // A terminal of a fixed size for `roce top` and the progress line (tests/tests/top.rs).
+    "tmux",
     "gdb", // the stacks of a test's child that outlived its time limit (tests/src/child.rs)
 ];
 const BPF_LINKER_VERSION: &str = "0.13.0";

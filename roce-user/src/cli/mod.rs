@@ -14,6 +14,7 @@ mod perf;
 mod pingpong;
 mod plot;
 mod progress;
+mod top;
 mod xdp;
 
 use std::sync::{
@@ -38,7 +39,8 @@ Maps and the XDP link are pinned under /sys/fs/bpf/roce/<ifname>/, so `bpftool m
 /sys/fs/bpf/roce/<ifname>/ROCE_XDP_STATS` shows the same counters as `roce stats`.",
     after_help = "Examples:\n  roce load -i eth0              attach roce_xdp in native mode\n  \
 roce load -i veth0 -m skb      attach in generic (skb) mode\n  roce stats -i eth0 -w 1        \
-counters and rates every second\n  roce -j status                 what is attached where, as JSON\n  \
+counters and rates every second\n  roce top                       \
+live rates per interface and QP\n  roce -j status                 what is attached where, as JSON\n  \
 roce log -i eth0               drops and fallbacks of roce_xdp as they happen\n  \
 roce unload -i eth0            detach and remove the pins\n  roce demo                      \
 two namespaces, a veth pair, traffic, counters"
@@ -99,6 +101,10 @@ pub enum Command {
     /// Show counters: XDP (summed over all possible CPUs), transport, device and AF_XDP
     /// (ethtool -S style, JSON, or Prometheus).
     Stats(xdp::StatsArgs),
+    /// A live view, as top: per interface and per QP the packet rates (and the interface's
+    /// byte rates), retransmissions, NAKs, RNR NAKs, CNPs, the DCQCN rate and alpha, and the
+    /// XDP drop reasons.
+    Top(top::TopArgs),
     /// Send RoCE-shaped UDP 4791 frames on the AF_XDP TX path, at a set rate or flat out.
     Gen(r#gen::GenArgs),
     /// ibv_rc_pingpong's test: SEND/RECV ping-pong over an RC QP (server without a host,
@@ -283,6 +289,7 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Unload { iface } => xdp::unload(out, &iface),
         Command::Status => xdp::status(out),
         Command::Stats(args) => xdp::stats(out, &args),
+        Command::Top(args) => top::run(out, &args),
         Command::Demo { count, mode } => demo::run(out, count, mode),
         Command::Gen(args) => r#gen::run(out, &args),
         Command::Pingpong(args) => pingpong::run(out, &args, netns),
