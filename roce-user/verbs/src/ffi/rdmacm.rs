@@ -294,10 +294,10 @@ struct IdState {
     comm: Option<CommId>,
     /// The side that sent the REQ.
     active: bool,
-    /// The peer's QPN and first PSN (from the REQ or the REP).
+    /// The peer's QPN, and the PSN its REQ or REP carried: the PSN our QP sends from.
     remote_qpn: u32,
     remote_psn: u32,
-    /// Our QP's first send PSN.
+    /// The PSN our REQ or REP carried: the PSN our QP's receive queue expects first.
     our_psn: u32,
     /// RDMA READs we take at once and send at once.
     responder_resources: u8,
@@ -1009,7 +1009,10 @@ unsafe fn qp_attr(
             let gi = gid_index(ctx, src.ip()).ok_or(libc::EINVAL)?;
             a.path_mtu = st.path_mtu.max(sys::IBV_MTU_256);
             a.dest_qp_num = st.remote_qpn;
-            a.rq_psn = st.remote_psn;
+            // Each side's CM message carries the PSN its own receive queue expects (the
+            // kernel's cm.c: the passive side sends from the REQ's starting PSN and receives
+            // from the REP's; the active side the other way round).
+            a.rq_psn = st.our_psn;
             a.max_dest_rd_atomic = st.responder_resources;
             a.min_rnr_timer = MIN_RNR_TIMER;
             a.ah_attr.is_global = 1;
@@ -1029,7 +1032,7 @@ unsafe fn qp_attr(
             if st.comm.is_none() {
                 return Err(libc::EINVAL);
             }
-            a.sq_psn = st.our_psn;
+            a.sq_psn = st.remote_psn;
             a.timeout = LOCAL_ACK_TIMEOUT;
             a.retry_cnt = st.retry_count;
             a.rnr_retry = st.rnr_retry_count;
