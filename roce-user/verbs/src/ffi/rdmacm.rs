@@ -1572,7 +1572,10 @@ export!(
 
 /// Acts on one CM event of context `ctx` as cma.c's `cma_ib_handler` and librdmacm's
 /// `ucma_process_conn_resp` do, and queues the RDMA CM event for its id. Runs with the
-/// registry locked, so no id it finds is destroyed under it.
+/// registry locked, so no id it finds is destroyed under it. The QP is touched only on a REP
+/// (RTR and RTS before the RTU, while the connect is pending and the QP must exist): after a
+/// disconnect or a reject the program may have destroyed it with `ibv_destroy_qp` behind
+/// `id->qp` (rping does), so, as in librdmacm, only `rdma_disconnect` moves it to ERR.
 fn dispatch(r: &mut Registry, ctx: usize, dev: &Device, ev: CmEvent) {
     let conn = |r: &Registry, c: CommId| r.conns.get(&(ctx, c)).map(|&i| i as *mut sys::rdma_cm_id);
     match ev {
@@ -1746,7 +1749,6 @@ fn dispatch(r: &mut Registry, ctx: usize, dev: &Device, ev: CmEvent) {
                 let id = id as *mut sys::rdma_cm_id;
                 // SAFETY: ids in the registry are live.
                 unsafe {
-                    qp_to_error(id);
                     post_event(
                         id,
                         ptr::null_mut(),
@@ -1768,7 +1770,6 @@ fn dispatch(r: &mut Registry, ctx: usize, dev: &Device, ev: CmEvent) {
                     } else {
                         sys::RDMA_CM_EVENT_CONNECT_ERROR
                     };
-                    qp_to_error(id);
                     post_event(
                         id,
                         ptr::null_mut(),
@@ -1787,7 +1788,6 @@ fn dispatch(r: &mut Registry, ctx: usize, dev: &Device, ev: CmEvent) {
             if let Some(id) = conn(r, comm) {
                 // SAFETY: ids in the registry are live.
                 unsafe {
-                    qp_to_error(id);
                     post_event(
                         id,
                         ptr::null_mut(),
