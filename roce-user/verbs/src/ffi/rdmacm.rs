@@ -806,8 +806,8 @@ export!(
             let r = reg();
             // SAFETY: a live id of ours.
             let ctx = unsafe { (*id).verbs } as usize;
-            // SAFETY: as above.
             let (src, dst) = {
+                // SAFETY: a live id of ours.
                 let st = unsafe { state(id) };
                 (st.src, st.dst)
             };
@@ -1458,6 +1458,7 @@ export!(
             };
             // SAFETY: a live id of ours.
             if let Err(e) = unsafe { modify(id, sys::IBV_QPS_RTR) }
+                // SAFETY: as above.
                 .and_then(|()| unsafe { modify(id, sys::IBV_QPS_RTS) })
             {
                 say("rdma_accept: the QP did not take the connection's attributes");
@@ -1702,6 +1703,7 @@ fn dispatch(r: &mut Registry, ctx: usize, dev: &Device, ev: CmEvent) {
             }
             // SAFETY: as above.
             let moved = unsafe { modify(id, sys::IBV_QPS_RTR) }
+                // SAFETY: as above.
                 .and_then(|()| unsafe { modify(id, sys::IBV_QPS_RTS) });
             match moved.and_then(|()| dev.cm_ready(comm, &[]).map_err(|e| e.errno())) {
                 Ok(()) => {}
