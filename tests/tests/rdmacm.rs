@@ -205,15 +205,17 @@ fn rping_ucmatose_and_perftest_connect_through_the_library_at_both_ends() {
     let pair = veth_pair("cm1", 182);
     let server_ip = pair.a.ipv4.to_string();
 
-    // rping: 200 pings of 1 KiB, each RDMA READ by the server and WRITTEN back, verified.
+    // rping: 200 pings of 128 bytes, each RDMA READ by the server and WRITTEN back, verified.
+    // (The server's output waits in a pipe until the client is done: 200 lines of -v must
+    // fit in it.)
     let (c, s) = server_and_client(
         &pair,
         "rping",
         &args(&[
-            "-s", "-v", "-V", "-S", "1024", "-C", "200", "-p", "7174", "-a", &server_ip,
+            "-s", "-v", "-V", "-S", "128", "-C", "200", "-p", "7174", "-a", &server_ip,
         ]),
         &args(&[
-            "-c", "-v", "-V", "-S", "1024", "-C", "200", "-p", "7174", "-a", &server_ip,
+            "-c", "-v", "-V", "-S", "128", "-C", "200", "-p", "7174", "-a", &server_ip,
         ]),
     );
     let pings = |out: &str| {
