@@ -564,7 +564,19 @@ fn new_id(
         },
         st: Mutex::new(IdState::default()),
     });
-    Box::into_raw(obj).cast()
+    let id: *mut sys::rdma_cm_id = Box::into_raw(obj).cast();
+    lock(&LIVE).insert(id as usize);
+    id
+}
+
+/// The ids this library made and has not destroyed: a call on anything else (a stale or
+/// wild pointer) fails with EINVAL instead of reading through it.
+static LIVE: LazyLock<Mutex<std::collections::HashSet<usize>>> =
+    LazyLock::new(|| Mutex::new(std::collections::HashSet::new()));
+
+/// Whether `id` is a live id of ours.
+fn live(id: *mut sys::rdma_cm_id) -> bool {
+    !id.is_null() && lock(&LIVE).contains(&(id as usize))
 }
 
 export!(
@@ -611,7 +623,7 @@ export!(
     /// QP must have been destroyed first (the rdma_cm rule).
     fn rdma_destroy_id(id: *mut sys::rdma_cm_id) -> c_int {
         guard(-1, || {
-            if id.is_null() {
+            if !live(id) {
                 set_errno(libc::EINVAL);
                 return -1;
             }
@@ -652,6 +664,7 @@ export!(
                     !mine
                 });
             }
+            lock(&LIVE).remove(&(id as usize));
             drop(r);
             // SAFETY: `rdma_create_id` or the event thread made it with `Box::into_raw`;
             // the caller gives it up.
@@ -665,7 +678,7 @@ export!(
     "RDMACM_1.0",
     /// `rdma_migrate_id`: moves the id's future events to another channel.
     fn rdma_migrate_id(id: *mut sys::rdma_cm_id, channel: *mut sys::rdma_event_channel) -> c_int {
-        if id.is_null() || channel.is_null() {
+        if !live(id) || channel.is_null() {
             set_errno(libc::EINVAL);
             return -1;
         }
@@ -714,7 +727,7 @@ export!(
                 set_errno(libc::EAFNOSUPPORT);
                 return -1;
             };
-            if id.is_null() {
+            if !live(id) {
                 set_errno(libc::EINVAL);
                 return -1;
             }
@@ -751,7 +764,7 @@ export!(
                 set_errno(libc::EINVAL);
                 return -1;
             };
-            if id.is_null() {
+            if !live(id) {
                 set_errno(libc::EINVAL);
                 return -1;
             }
@@ -799,7 +812,7 @@ export!(
     fn rdma_resolve_route(id: *mut sys::rdma_cm_id, timeout_ms: c_int) -> c_int {
         let _ = timeout_ms;
         guard(-1, || {
-            if id.is_null() {
+            if !live(id) {
                 set_errno(libc::EINVAL);
                 return -1;
             }
@@ -918,7 +931,7 @@ export!(
     fn rdma_listen(id: *mut sys::rdma_cm_id, backlog: c_int) -> c_int {
         let _ = backlog;
         guard(-1, || {
-            if id.is_null() {
+            if !live(id) {
                 set_errno(libc::EINVAL);
                 return -1;
             }
@@ -1096,7 +1109,7 @@ export!(
         qp_attr_mask: *mut c_int,
     ) -> c_int {
         guard(-1, || {
-            if id.is_null() || qp_attr_out.is_null() || qp_attr_mask.is_null() {
+            if !live(id) || qp_attr_out.is_null() || qp_attr_mask.is_null() {
                 set_errno(libc::EINVAL);
                 return -1;
             }
@@ -1195,7 +1208,7 @@ export!(
         qp_init_attr: *mut sys::ibv_qp_init_attr,
     ) -> c_int {
         guard(-1, || {
-            if id.is_null() {
+            if !live(id) {
                 set_errno(libc::EINVAL);
                 return -1;
             }
@@ -1217,7 +1230,7 @@ export!(
     /// capacities and type; the extended fields beyond them are EOPNOTSUPP).
     fn rdma_create_qp_ex(id: *mut sys::rdma_cm_id, attr: *mut sys::ibv_qp_init_attr_ex) -> c_int {
         guard(-1, || {
-            if id.is_null() || attr.is_null() {
+            if !live(id) || attr.is_null() {
                 set_errno(libc::EINVAL);
                 return -1;
             }
@@ -1262,7 +1275,7 @@ export!(
     /// `rdma_destroy_qp`: destroys the QP `rdma_create_qp` made.
     fn rdma_destroy_qp(id: *mut sys::rdma_cm_id) -> () {
         guard((), || {
-            if id.is_null() {
+            if !live(id) {
                 return;
             }
             // SAFETY: a live id of ours; its QP is ours.
@@ -1322,7 +1335,7 @@ export!(
     /// `rdma_establish`.
     fn rdma_connect(id: *mut sys::rdma_cm_id, conn_param_in: *mut sys::rdma_conn_param) -> c_int {
         guard(-1, || {
-            if id.is_null() {
+            if !live(id) {
                 set_errno(libc::EINVAL);
                 return -1;
             }
@@ -1394,7 +1407,7 @@ export!(
     /// moved its own QP to RTS with `rdma_init_qp_attr`), sends the RTU.
     fn rdma_establish(id: *mut sys::rdma_cm_id) -> c_int {
         guard(-1, || {
-            if id.is_null() {
+            if !live(id) {
                 set_errno(libc::EINVAL);
                 return -1;
             }
@@ -1428,7 +1441,7 @@ export!(
     /// and sends the REP; ESTABLISHED follows the peer's RTU.
     fn rdma_accept(id: *mut sys::rdma_cm_id, conn_param_in: *mut sys::rdma_conn_param) -> c_int {
         guard(-1, || {
-            if id.is_null() {
+            if !live(id) {
                 set_errno(libc::EINVAL);
                 return -1;
             }
@@ -1501,7 +1514,7 @@ export!(
     /// "consumer reject" carrying the private data.
     fn rdma_reject(id: *mut sys::rdma_cm_id, data: *const c_void, len: u8) -> c_int {
         guard(-1, || {
-            if id.is_null() || (data.is_null() && len > 0) {
+            if !live(id) || (data.is_null() && len > 0) {
                 set_errno(libc::EINVAL);
                 return -1;
             }
@@ -1538,7 +1551,7 @@ export!(
     /// already it only moves the QP, as the kernel answers with the DREP it sent.
     fn rdma_disconnect(id: *mut sys::rdma_cm_id) -> c_int {
         guard(-1, || {
-            if id.is_null() {
+            if !live(id) {
                 set_errno(libc::EINVAL);
                 return -1;
             }
@@ -1956,7 +1969,7 @@ export!(
         optval: *mut c_void,
         optlen: usize,
     ) -> c_int {
-        if id.is_null() || optval.is_null() {
+        if !live(id) || optval.is_null() {
             set_errno(libc::EINVAL);
             return -1;
         }
@@ -1985,7 +1998,7 @@ export!(
     "RDMACM_1.0",
     /// `rdma_get_src_port`: the id's local port, network order.
     fn rdma_get_src_port(id: *mut sys::rdma_cm_id) -> u16 {
-        if id.is_null() {
+        if !live(id) {
             return 0;
         }
         // SAFETY: a live id of ours.
@@ -1997,7 +2010,7 @@ export!(
     "RDMACM_1.0",
     /// `rdma_get_dst_port`: the id's peer port, network order.
     fn rdma_get_dst_port(id: *mut sys::rdma_cm_id) -> u16 {
-        if id.is_null() {
+        if !live(id) {
             return 0;
         }
         // SAFETY: a live id of ours.
