@@ -5,11 +5,20 @@
 use std::{env, path::PathBuf};
 
 const HEADER: &str = "/usr/include/infiniband/verbs.h";
+const CMA_HEADER: &str = "/usr/include/rdma/rdma_cma.h";
 
 fn main() {
     println!("cargo:rerun-if-changed=wrapper.h");
     println!("cargo:rerun-if-changed=libibverbs.map");
     println!("cargo:rerun-if-changed={HEADER}");
+    println!("cargo:rerun-if-changed={CMA_HEADER}");
+    if !std::path::Path::new(CMA_HEADER).exists() {
+        panic!(
+            "{CMA_HEADER} is missing: the drop-in librdmacm is generated from rdma-core's \
+             headers. Install them with `cargo xtask setup` (Debian: apt-get install \
+             librdmacm-dev)"
+        );
+    }
     if !std::path::Path::new(HEADER).exists() {
         panic!(
             "{HEADER} is missing: the drop-in libibverbs is generated from rdma-core's headers. \
@@ -27,6 +36,10 @@ fn main() {
         .allowlist_type("ib_uverbs_ah_attr")
         .allowlist_type("ib_user_path_rec")
         .allowlist_var("IBV_.*")
+        // librdmacm's structs (rdma_cma.h), for the drop-in librdmacm served by this library.
+        .allowlist_type("rdma_.*")
+        .allowlist_var("RDMA_.*")
+        .allowlist_var("RAI_.*")
         .allowlist_var("__VERBS_ABI_IS_EXTENDED")
         .blocklist_function(".*")
         .default_enum_style(bindgen::EnumVariation::Consts)

@@ -14,7 +14,13 @@
 //!
 //! - The guest's `udaddy -s` resolves our UD service (SIDR) on UDP port 7174.
 //!
-//! The data phase of rping is not run (our QPs are not brought up from the CM events here).
+//! The data phase of rping is not run by the tests above (our QPs are not brought up from the
+//! CM events there); the last test runs all of it, with Debian's unmodified `rping` on the
+//! drop-in librdmacm (`roce exec`) at our end:
+//! - our `rping -c -V` against the guest's `rping -s -V`, and the guest's `rping -c -V`
+//!   against our `rping -s -V`: every ping verified at both ends, the counts checked, and the
+//!   guest's CM counters show one connection each way with nothing retried.
+//!
 //! Root; boots the rxe-peer VM.
 
 use std::{net::IpAddr, sync::Arc, time::Duration};
@@ -321,5 +327,151 @@ fn the_guests_udaddy_resolves_our_ud_service_over_qp1() {
     );
     assert_eq!(qp1(&dev), (1, 1, 0));
     drop(dev);
+    drop(peer);
+}
+
+/// The ping lines `rping -v` printed (`ping data: rdma-ping-N: ...`, the server's prefixed
+/// with "server").
+fn rping_lines(out: &str) -> usize {
+    out.lines()
+        .filter(|l| l.contains("ping data: rdma-ping-"))
+        .count()
+}
+
+/// Debian's unmodified `rping` on the drop-in librdmacm (`roce exec`) connects to rxe's and
+/// rxe's connects to ours, over the kernel's CM in the guest: the connect request, reply and
+/// RTU, RDMA READ and WRITE of every ping with `-V` (each side checks the payload), and the
+/// disconnect. One VM for both directions.
+#[test]
+fn rping_on_the_drop_in_librdmacm_connects_to_and_from_rxe() {
+    require_root();
+    const COUNT: usize = 50;
+    let peer = Peer::boot(&tag("q4"), 77, &PeerOptions::default());
+    let ours = |args: &[String]| {
+        // Line-buffered, so that a stuck run's output says how far it got.
+        let mut v: Vec<String> = ["exec", "-d", &peer.ifname, "--", "stdbuf", "-oL", "rping"]
+            .map(String::from)
+            .to_vec();
+        v.extend(args.iter().cloned());
+        roce_tests::child::spawn(&peer.netns, &v)
+    };
+    let text = |o: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+
+    // 1. Our client, the guest's server. The guest's rping listens some time after it
+    // starts; until then its kernel rejects (invalid service ID) and our client exits with
+    // an error: try again.
+    let s = peer.spawn(&format!(
+        "rping -s -v -V -a {} -p 7175 -C {COUNT}",
+        peer.guest_ip
+    ));
+    std::thread::sleep(Duration::from_secs(2));
+    let mut attempts = 0;
+    let client = loop {
+        attempts += 1;
+        let rr = ours(&[
+            "-c".into(),
+            "-v".into(),
+            "-V".into(),
+            "-a".into(),
+            peer.guest_ip.to_string(),
+            "-p".into(),
+            "7175".into(),
+            "-C".into(),
+            COUNT.to_string(),
+        ]);
+        let c = roce_tests::child::finish_within(rr, Duration::from_secs(60), "our rping -c");
+        let out = text(&c);
+        if c.status.success() || !out.contains("REJECTED") || attempts >= 20 {
+            break (c.status.success(), out);
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    };
+    let server = peer.wait_or_kill(&s, Duration::from_secs(60));
+    assert!(
+        client.0,
+        "our rping -c failed:\n{}\nguest's rping -s:\n{}",
+        client.1, server.out
+    );
+    assert_eq!(rping_lines(&client.1), COUNT, "our client:\n{}", client.1);
+    assert_eq!(server.rc, 0, "guest's rping -s:\n{}", server.out);
+    assert_eq!(
+        rping_lines(&server.out),
+        COUNT,
+        "guest's server:\n{}",
+        server.out
+    );
+    for (dir, name, want) in [
+        ("cm_rx_msgs", "req", attempts),
+        ("cm_tx_msgs", "rep", 1),
+        ("cm_rx_msgs", "rtu", 1),
+        ("cm_tx_retries", "rep", 0),
+        ("cm_rx_duplicates", "req", 0),
+    ] {
+        assert_eq!(
+            cm_counter(&peer, dir, name),
+            want,
+            "guest {dir}/{name}; our client:\n{}",
+            client.1
+        );
+    }
+
+    // 2. The guest's client, our server. Ours listens once its library has started the
+    // engine: the guest's client retries while it is rejected.
+    let server = ours(&[
+        "-s".into(),
+        "-v".into(),
+        "-V".into(),
+        "-a".into(),
+        peer.host_ip.to_string(),
+        "-p".into(),
+        "7176".into(),
+        "-C".into(),
+        COUNT.to_string(),
+    ]);
+    let c = peer.spawn(&format!(
+        "for i in $(seq 30); do out=$(rping -c -v -V -a {} -p 7176 -C {COUNT} 2>&1); rc=$?; \
+         echo \"$out\"; case \"$out\" in *REJECTED*) sleep 1;; *) exit $rc;; esac; done; exit 1",
+        peer.host_ip
+    ));
+    let guest = peer.wait_or_kill(&c, Duration::from_secs(120));
+    let ours_out =
+        roce_tests::child::finish_within(server, Duration::from_secs(60), "our rping -s");
+    let ours_text = text(&ours_out);
+    assert_eq!(
+        guest.rc, 0,
+        "guest's rping -c:\n{}\nour rping -s:\n{ours_text}",
+        guest.out
+    );
+    assert!(ours_out.status.success(), "our rping -s:\n{ours_text}");
+    assert_eq!(
+        guest
+            .out
+            .lines()
+            .filter(|l| l.starts_with("ping data: rdma-ping-"))
+            .count(),
+        COUNT,
+        "guest's client:\n{}",
+        guest.out
+    );
+    assert_eq!(rping_lines(&ours_text), COUNT, "our server:\n{ours_text}");
+    for (dir, name, want) in [
+        ("cm_tx_msgs", "rep", 1),
+        ("cm_rx_msgs", "rep", 1),
+        ("cm_tx_msgs", "rtu", 1),
+        ("cm_tx_retries", "req", 0),
+        ("cm_rx_duplicates", "rep", 0),
+    ] {
+        assert_eq!(
+            cm_counter(&peer, dir, name),
+            want,
+            "guest {dir}/{name}; our server:\n{ours_text}"
+        );
+    }
     drop(peer);
 }

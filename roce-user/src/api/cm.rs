@@ -42,7 +42,9 @@ pub struct CmConnect {
     pub src_port: u16,
     /// Our QP.
     pub qpn: Qpn,
-    /// Our QP's first PSN.
+    /// The REQ's starting PSN: the first PSN our QP's receive queue expects (its RTR
+    /// `rq_psn`); the peer's QP sends from it (cm.c: the passive side's `sq_psn` is the
+    /// REQ's, and the REP's PSN is what we send from).
     pub starting_psn: Psn,
     /// RDMA READ/atomic requests we accept at once.
     pub responder_resources: u8,
@@ -59,7 +61,7 @@ pub struct CmConnect {
 }
 
 impl CmConnect {
-    /// A request to `dest`:`port` for our QP `qpn` starting at `starting_psn`, with source port
+    /// A request to `dest`:`port` for our QP `qpn` receiving from `starting_psn`, with source port
     /// `src_port`, one READ each way, 7 retries of each kind, no private data.
     #[must_use]
     pub const fn new(dest: IpAddr, port: u16, src_port: u16, qpn: Qpn, starting_psn: Psn) -> Self {
@@ -84,7 +86,8 @@ impl CmConnect {
 pub struct CmAccept {
     /// Our QP.
     pub qpn: Qpn,
-    /// Our QP's first PSN.
+    /// The REP's starting PSN: the first PSN our QP's receive queue expects (its RTR
+    /// `rq_psn`); the active side sends from it, and our QP sends from the REQ's.
     pub starting_psn: Psn,
     /// RDMA READ/atomic requests we accept at once (at most the REQ's initiator depth).
     pub responder_resources: u8,
@@ -99,7 +102,7 @@ pub struct CmAccept {
 }
 
 impl CmAccept {
-    /// An accept for our QP `qpn` starting at `starting_psn`: one READ each way, RNR retries
+    /// An accept for our QP `qpn` receiving from `starting_psn`: one READ each way, RNR retries
     /// forever, no private data.
     #[must_use]
     pub const fn new(qpn: Qpn, starting_psn: Psn) -> Self {

@@ -83,9 +83,12 @@ pub struct ExecArgs {
 /// The libraries of the folder: the name programs load (a link in the folder) and the file
 /// cargo builds next to this binary. The first is the drop-in libibverbs; the others are the
 /// stand-ins for rdma-core's vendor libraries that programs such as Debian's perftest link
-/// against (roce-user/verbs/mlx5 and roce-user/verbs/efa say why they exist).
+/// against (roce-user/verbs/mlx5 and roce-user/verbs/efa say why they exist). The drop-in
+/// librdmacm is the same file as the drop-in libibverbs (roce-verbs' ffi/rdmacm.rs says why):
+/// the loader maps it once for both names.
 const LIBS: &[(&str, &str)] = &[
     ("libibverbs.so.1", "libibverbs.so"),
+    ("librdmacm.so.1", "libibverbs.so"),
     ("libmlx5.so.1", "libmlx5.so"),
     ("libefa.so.1", "libefa.so"),
 ];

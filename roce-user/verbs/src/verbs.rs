@@ -261,6 +261,17 @@ impl Verbs {
         }
     }
 
+    /// The engine of this context as a shared handle, started if needed (as
+    /// [`Verbs::device`]), for a thread that outlives the call: the drop-in librdmacm's
+    /// event thread.
+    ///
+    /// # Errors
+    /// As [`Verbs::device`].
+    pub fn device_arc(&self) -> Result<Arc<Device>, c_int> {
+        self.device()?;
+        self.dev.get().cloned().ok_or(libc::EIO)
+    }
+
     /// The engine if it was started.
     #[must_use]
     pub fn started(&self) -> Option<&Device> {

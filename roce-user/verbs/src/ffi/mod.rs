@@ -54,4 +54,5 @@ mod device;
 mod mw;
 mod objects;
 mod qp_ex;
+mod rdmacm;
 mod srq;

@@ -1,0 +1,2149 @@
+//! The drop-in `librdmacm.so.1`: rdma-core's RDMA connection manager API (`rdma_*`, version
+//! nodes RDMACM_1.0 to 1.3 of Debian 12's librdmacm1 44) over the communication manager on
+//! QP 1 of our devices (`roce::api::Device::cm_*`, the InfiniBand CM of `roce::ibcm`).
+//!
+//! # Why the same file as libibverbs
+//! rdma-core's librdmacm reaches the kernel's CM through `/dev/infiniband/rdma_cm` (ucma) and
+//! modifies its QPs through libibverbs. Ours has no kernel part: the CM runs in the process,
+//! inside the device that libibverbs opened, so librdmacm needs that device's Rust object.
+//! Two Rust cdylibs cannot share it (each has its own copy of every static), so the library
+//! would need a private C ABI just to pass it across. Instead this library also defines the
+//! `rdma_*` symbols, and `librdmacm.so.1` is a link to the same file (`roce exec` makes it):
+//! glibc's loader recognises the file it already mapped (by device and inode) and binds both
+//! names, with their version nodes, to the one copy. QPs are still made and moved through the
+//! public `ibv_*` calls, as rdma-core's librdmacm does (`rdma_create_qp`, the INIT/RTR/RTS
+//! transitions of `rdma_accept` and of the connect response).
+//!
+//! # Model
+//! - An event channel is an eventfd in semaphore mode, readable while events wait (programs
+//!   poll it), with the queue of events behind it.
+//! - Each device with a listener or a connection has one thread that takes its CM events
+//!   ([`roce::api::Device::wait_cm_event`]), acts on them as the kernel's `cma.c` does
+//!   (QP to RTR/RTS and RTU on a REP, QP to ERR on a disconnect), and queues the RDMA CM
+//!   event on the channel of the `rdma_cm_id` it belongs to.
+//! - Address and route resolution come from the kernel's routing and neighbour tables, as
+//!   rxe's do (no subnet administrator on RoCE): the source address is the one the kernel
+//!   would use for the destination, the device is the one with that address in its GID table,
+//!   and the route is the path to the peer (`Device::path_to`).
+//! - RC over the TCP port space (`RDMA_PS_TCP`), with the QP made by `rdma_create_qp` or by
+//!   the program (then `rdma_init_qp_attr` and `rdma_establish`, as `rping -q` does).
+//!
+//! Not provided (the call fails with ENOSYS and says so on stderr): the UDP and IB port
+//! spaces (SIDR through `rdma_connect`), multicast, the synchronous calls on an id without
+//! an event channel (`rdma_create_ep`, `rdma_get_request`), the ECE calls, and rsockets
+//! except `rpoll` and `rselect` on ordinary file descriptors (what they are while no
+//! rsocket exists; programs such as rping import them only for that).
+
+use core::{
+    ffi::{c_char, c_int, c_void},
+    mem::size_of,
+    ptr,
+};
+use std::{
+    collections::{HashMap, VecDeque},
+    net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket},
+    os::fd::{AsRawFd, FromRawFd, OwnedFd},
+    sync::{
+        Arc, LazyLock, Mutex, MutexGuard, PoisonError,
+        atomic::{AtomicU16, Ordering},
+    },
+    time::Duration,
+};
+
+use roce::{
+    api::{CmAccept, CmConnect, CmEvent, CmState, CommId, Device},
+    ibcm::{CmaHdr, Gid},
+    transport::{Psn, Qpn},
+};
+
+use super::{device::ctx_of, guard, set_errno};
+use crate::sys;
+
+/// Says on stderr why a call failed, as a C program has no other way to learn it.
+fn say(what: &str) {
+    eprintln!("librdmacm (roce-xdp): {what}");
+}
+
+/// The local ACK timeout librdmacm gives RC QPs on RoCE (cma.c: the packet lifetime of
+/// `CMA_IBOE_PACKET_LIFETIME` doubled, plus the CA's ACK delay), as the IBTA 9.7.6.1.3 code.
+const LOCAL_ACK_TIMEOUT: u8 = 18;
+/// The RNR NAK timer code of the receive side (IBTA 9.7.5.2.8: 12 is 0.64 ms, rxe's default).
+const MIN_RNR_TIMER: u8 = 12;
+/// The length of the RDMA CM IP header at the start of a REQ's private data (cma.c
+/// `struct cma_hdr`): the private data the program sees starts after it.
+const CMA_HDR_LEN: usize = 36;
+
+// ---------------------------------------------------------------------------------------
+// Event channels and events
+// ---------------------------------------------------------------------------------------
+
+/// An event channel: `struct rdma_event_channel` first (its `fd` is the eventfd), then the
+/// events waiting behind it.
+#[repr(C)]
+struct ChanObj {
+    ibv: sys::rdma_event_channel,
+    efd: OwnedFd,
+    queue: Mutex<VecDeque<usize>>,
+}
+
+/// An event: `struct rdma_cm_event` first, then the private data its `param` points into.
+#[repr(C)]
+struct EvObj {
+    ibv: sys::rdma_cm_event,
+    data: Vec<u8>,
+}
+
+fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The connection parameters an event reports (`event->param.conn`).
+#[derive(Clone, Copy, Default)]
+struct ConnInfo {
+    responder_resources: u8,
+    initiator_depth: u8,
+    flow_control: u8,
+    retry_count: u8,
+    rnr_retry_count: u8,
+    srq: u8,
+    qp_num: u32,
+}
+
+/// Queues an event for `id` on its channel and makes the channel's fd readable.
+///
+/// # Safety
+/// `id` must be a live id of ours (the registry's lock held by the caller keeps it so).
+unsafe fn post_event(
+    id: *mut sys::rdma_cm_id,
+    listen_id: *mut sys::rdma_cm_id,
+    event: sys::rdma_cm_event_type,
+    status: c_int,
+    info: ConnInfo,
+    data: Vec<u8>,
+) {
+    // SAFETY: the caller's contract.
+    let chan = unsafe { (*id).channel };
+    if chan.is_null() {
+        return;
+    }
+    let mut ev = Box::new(EvObj {
+        ibv: sys::rdma_cm_event {
+            id,
+            listen_id,
+            event,
+            status,
+            ..Default::default()
+        },
+        data,
+    });
+    let len = u8::try_from(ev.data.len()).unwrap_or(u8::MAX);
+    let pd = if ev.data.is_empty() {
+        ptr::null()
+    } else {
+        ev.data.as_ptr().cast::<c_void>()
+    };
+    ev.ibv.param.conn = sys::rdma_conn_param {
+        private_data: pd,
+        private_data_len: len,
+        responder_resources: info.responder_resources,
+        initiator_depth: info.initiator_depth,
+        flow_control: info.flow_control,
+        retry_count: info.retry_count,
+        rnr_retry_count: info.rnr_retry_count,
+        srq: info.srq,
+        qp_num: info.qp_num,
+    };
+    // SAFETY: an id's channel is a live `ChanObj` of ours while ids use it (the rdma_cm
+    // contract: a channel is destroyed after its ids).
+    let chan = unsafe { &*chan.cast::<ChanObj>() };
+    lock(&chan.queue).push_back(Box::into_raw(ev) as usize);
+    let one = 1u64.to_ne_bytes();
+    // SAFETY: writes 8 bytes from a local buffer to our eventfd.
+    let _ = unsafe { libc::write(chan.efd.as_raw_fd(), one.as_ptr().cast(), 8) };
+}
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_create_event_channel`: an eventfd-backed channel (see the module doc).
+    fn rdma_create_event_channel() -> *mut sys::rdma_event_channel {
+        guard(ptr::null_mut(), || {
+            // SAFETY: plain syscall.
+            let fd = unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_CLOEXEC) };
+            if fd < 0 {
+                return ptr::null_mut();
+            }
+            // SAFETY: `fd` was just made and is owned by nothing else.
+            let efd = unsafe { OwnedFd::from_raw_fd(fd) };
+            let c = Box::new(ChanObj {
+                ibv: sys::rdma_event_channel { fd },
+                efd,
+                queue: Mutex::new(VecDeque::new()),
+            });
+            Box::into_raw(c).cast()
+        })
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_destroy_event_channel`: frees the channel and the events nobody took.
+    fn rdma_destroy_event_channel(channel: *mut sys::rdma_event_channel) -> () {
+        guard((), || {
+            if channel.is_null() {
+                return;
+            }
+            // SAFETY: made by `rdma_create_event_channel`, given up by the caller.
+            let c = unsafe { Box::from_raw(channel.cast::<ChanObj>()) };
+            for e in lock(&c.queue).drain(..) {
+                // SAFETY: queued by `post_event` with `Box::into_raw`.
+                drop(unsafe { Box::from_raw(e as *mut EvObj) });
+            }
+        });
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_get_cm_event`: the next event, waiting for one unless the channel's fd was made
+    /// non-blocking (then -1 with errno EAGAIN when none waits). Ack it with
+    /// `rdma_ack_cm_event`.
+    fn rdma_get_cm_event(
+        channel: *mut sys::rdma_event_channel,
+        event: *mut *mut sys::rdma_cm_event,
+    ) -> c_int {
+        guard(-1, || {
+            if channel.is_null() || event.is_null() {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            // SAFETY: a live channel of ours (the rdma_cm contract).
+            let c = unsafe { &*channel.cast::<ChanObj>() };
+            loop {
+                let mut buf = [0u8; 8];
+                // SAFETY: reads 8 bytes into a local buffer from our eventfd.
+                let n = unsafe { libc::read(c.efd.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
+                if n < 0 {
+                    // errno is read's (EAGAIN on a non-blocking fd, EINTR).
+                    return -1;
+                }
+                // An event of a destroyed id was withdrawn: its count stays; take the next.
+                if let Some(e) = lock(&c.queue).pop_front() {
+                    // SAFETY: `event` is the caller's out pointer.
+                    unsafe { event.write(e as *mut sys::rdma_cm_event) };
+                    return 0;
+                }
+            }
+        })
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_ack_cm_event`: frees an event from `rdma_get_cm_event`.
+    fn rdma_ack_cm_event(event: *mut sys::rdma_cm_event) -> c_int {
+        if event.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        // SAFETY: an event handed out by `rdma_get_cm_event` (`Box::into_raw` of an `EvObj`),
+        // acked once.
+        drop(unsafe { Box::from_raw(event.cast::<EvObj>()) });
+        0
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_event_str`: the event's name, as librdmacm spells it.
+    fn rdma_event_str(event: sys::rdma_cm_event_type) -> *const c_char {
+        let s: &'static [u8] = match event {
+            sys::RDMA_CM_EVENT_ADDR_RESOLVED => b"RDMA_CM_EVENT_ADDR_RESOLVED\0",
+            sys::RDMA_CM_EVENT_ADDR_ERROR => b"RDMA_CM_EVENT_ADDR_ERROR\0",
+            sys::RDMA_CM_EVENT_ROUTE_RESOLVED => b"RDMA_CM_EVENT_ROUTE_RESOLVED\0",
+            sys::RDMA_CM_EVENT_ROUTE_ERROR => b"RDMA_CM_EVENT_ROUTE_ERROR\0",
+            sys::RDMA_CM_EVENT_CONNECT_REQUEST => b"RDMA_CM_EVENT_CONNECT_REQUEST\0",
+            sys::RDMA_CM_EVENT_CONNECT_RESPONSE => b"RDMA_CM_EVENT_CONNECT_RESPONSE\0",
+            sys::RDMA_CM_EVENT_CONNECT_ERROR => b"RDMA_CM_EVENT_CONNECT_ERROR\0",
+            sys::RDMA_CM_EVENT_UNREACHABLE => b"RDMA_CM_EVENT_UNREACHABLE\0",
+            sys::RDMA_CM_EVENT_REJECTED => b"RDMA_CM_EVENT_REJECTED\0",
+            sys::RDMA_CM_EVENT_ESTABLISHED => b"RDMA_CM_EVENT_ESTABLISHED\0",
+            sys::RDMA_CM_EVENT_DISCONNECTED => b"RDMA_CM_EVENT_DISCONNECTED\0",
+            sys::RDMA_CM_EVENT_DEVICE_REMOVAL => b"RDMA_CM_EVENT_DEVICE_REMOVAL\0",
+            sys::RDMA_CM_EVENT_MULTICAST_JOIN => b"RDMA_CM_EVENT_MULTICAST_JOIN\0",
+            sys::RDMA_CM_EVENT_MULTICAST_ERROR => b"RDMA_CM_EVENT_MULTICAST_ERROR\0",
+            sys::RDMA_CM_EVENT_ADDR_CHANGE => b"RDMA_CM_EVENT_ADDR_CHANGE\0",
+            sys::RDMA_CM_EVENT_TIMEWAIT_EXIT => b"RDMA_CM_EVENT_TIMEWAIT_EXIT\0",
+            _ => b"UNKNOWN EVENT\0",
+        };
+        s.as_ptr().cast()
+    }
+);
+
+// ---------------------------------------------------------------------------------------
+// Ids and the registry
+// ---------------------------------------------------------------------------------------
+
+/// What we know of an id besides its C struct.
+#[derive(Default)]
+struct IdState {
+    /// Bound (or resolved) local address.
+    src: Option<SocketAddr>,
+    /// Resolved peer address.
+    dst: Option<SocketAddr>,
+    /// The connection on the device's CM.
+    comm: Option<CommId>,
+    /// The side that sent the REQ.
+    active: bool,
+    /// The peer's QPN, and the PSN its REQ or REP carried: the PSN our QP sends from.
+    remote_qpn: u32,
+    remote_psn: u32,
+    /// The PSN our REQ or REP carried: the PSN our QP's receive queue expects first.
+    our_psn: u32,
+    /// RDMA READs we take at once and send at once.
+    responder_resources: u8,
+    initiator_depth: u8,
+    /// Transport and RNR retries of our QP's send side.
+    retry_count: u8,
+    rnr_retry_count: u8,
+    /// The path MTU (ibv_mtu code).
+    path_mtu: u32,
+    /// Active: a REP arrived for a program-made QP; `rdma_establish` sends the RTU.
+    rep_pending: bool,
+    /// The private data to report with ESTABLISHED (the REP's, on the active side).
+    est_data: Vec<u8>,
+    /// Contexts this id listens on.
+    listening: Vec<usize>,
+}
+
+/// An id: `struct rdma_cm_id` first.
+#[repr(C)]
+struct IdObj {
+    ibv: sys::rdma_cm_id,
+    st: Mutex<IdState>,
+}
+
+/// The state of an id.
+///
+/// # Safety
+/// `id` must be a live id of ours.
+unsafe fn state<'a>(id: *mut sys::rdma_cm_id) -> MutexGuard<'a, IdState> {
+    // SAFETY: the caller's contract.
+    lock(unsafe { &(*id.cast::<IdObj>()).st })
+}
+
+/// Who gets a device's CM events.
+#[derive(Default)]
+struct Registry {
+    /// (context, TCP port) → listening id.
+    listeners: HashMap<(usize, u16), usize>,
+    /// (context, our communication ID) → id.
+    conns: HashMap<(usize, CommId), usize>,
+    /// Contexts whose event thread runs.
+    pumps: Vec<usize>,
+    /// The contexts librdmacm opened (rdma-core opens every device once and keeps it).
+    contexts: Vec<usize>,
+    /// The PD `rdma_create_qp` uses when given none, per context.
+    pds: HashMap<usize, usize>,
+}
+
+static REG: LazyLock<Mutex<Registry>> = LazyLock::new(|| Mutex::new(Registry::default()));
+
+fn reg() -> MutexGuard<'static, Registry> {
+    lock(&REG)
+}
+
+/// Opens every device once (as rdma-core's `ucma_init`); returns the contexts.
+fn contexts(r: &mut Registry) -> Vec<usize> {
+    if r.contexts.is_empty() {
+        let mut n: c_int = 0;
+        // SAFETY: our own verb; `n` is a local out parameter.
+        let list = unsafe { super::device::ibv_get_device_list(&raw mut n) };
+        if !list.is_null() {
+            for i in 0..usize::try_from(n).unwrap_or(0) {
+                // SAFETY: `list` holds `n` device pointers.
+                let dev = unsafe { *list.add(i) };
+                // SAFETY: a device of the list.
+                let ctx = unsafe { super::device::ibv_open_device(dev) };
+                if !ctx.is_null() {
+                    r.contexts.push(ctx as usize);
+                }
+            }
+            // SAFETY: the list from `ibv_get_device_list`, freed once.
+            unsafe { super::device::ibv_free_device_list(list) };
+        }
+    }
+    r.contexts.clone()
+}
+
+/// The GID index of `ip` on context `ctx`.
+fn gid_index(ctx: usize, ip: IpAddr) -> Option<usize> {
+    // SAFETY: contexts in the registry are never closed.
+    let c = unsafe { ctx_of(ctx as *mut sys::ibv_context) }?;
+    let want = Gid::from_ip(ip).0;
+    c.verbs.port.gids().iter().position(|g| *g == want)
+}
+
+/// The context whose GID table holds `ip`.
+fn ctx_with(r: &mut Registry, ip: IpAddr) -> Option<usize> {
+    contexts(r)
+        .into_iter()
+        .find(|&c| gid_index(c, ip).is_some())
+}
+
+/// The engine of a context, started if needed.
+fn device_arc(ctx: usize) -> Result<Arc<Device>, c_int> {
+    // SAFETY: contexts in the registry are never closed.
+    let c = unsafe { ctx_of(ctx as *mut sys::ibv_context) }.ok_or(libc::EINVAL)?;
+    c.verbs.device_arc()
+}
+
+/// Starts the event thread of `ctx` once, and returns its engine.
+fn pump(r: &mut Registry, ctx: usize) -> Result<Arc<Device>, c_int> {
+    let dev = device_arc(ctx)?;
+    dev.cm_enable().map_err(|e| {
+        say(&format!("cannot run the CM on QP 1: {e:#}"));
+        e.errno()
+    })?;
+    if !r.pumps.contains(&ctx) {
+        let d = Arc::clone(&dev);
+        std::thread::Builder::new()
+            .name("rdmacm-events".into())
+            .spawn(move || {
+                loop {
+                    if let Some(ev) = d.wait_cm_event(Duration::from_millis(500)) {
+                        let mut r = reg();
+                        guard((), || dispatch(&mut r, ctx, &d, ev));
+                    }
+                }
+            })
+            .map_err(|_| libc::EAGAIN)?;
+        r.pumps.push(ctx);
+    }
+    Ok(dev)
+}
+
+/// A random 24-bit PSN.
+fn random_psn() -> u32 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(u64::from(std::process::id()));
+    (h.finish() & 0xff_ffff) as u32
+}
+
+/// An ephemeral source port for an id bound without one (the kernel's range).
+fn ephemeral_port() -> u16 {
+    static NEXT: AtomicU16 = AtomicU16::new(0);
+    let _ = NEXT.compare_exchange(
+        0,
+        32768 + (random_psn() % 28000) as u16,
+        Ordering::Relaxed,
+        Ordering::Relaxed,
+    );
+    let p = NEXT.fetch_add(1, Ordering::Relaxed);
+    if p < 32768 { 32768 } else { p }
+}
+
+// ---------------------------------------------------------------------------------------
+// Socket addresses
+// ---------------------------------------------------------------------------------------
+
+/// The address a `struct sockaddr *` holds (IPv4 or IPv6).
+///
+/// # Safety
+/// `sa` must be NULL or point at a socket address of the size its family says.
+unsafe fn sockaddr_in(sa: *const libc::sockaddr) -> Option<SocketAddr> {
+    if sa.is_null() {
+        return None;
+    }
+    // SAFETY: the caller's contract; the family is the first field of every sockaddr.
+    match c_int::from(unsafe { (*sa).sa_family }) {
+        libc::AF_INET => {
+            // SAFETY: an AF_INET address is a `sockaddr_in`.
+            let s = unsafe { &*sa.cast::<libc::sockaddr_in>() };
+            Some(SocketAddr::V4(SocketAddrV4::new(
+                Ipv4Addr::from(u32::from_be(s.sin_addr.s_addr)),
+                u16::from_be(s.sin_port),
+            )))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: an AF_INET6 address is a `sockaddr_in6`.
+            let s = unsafe { &*sa.cast::<libc::sockaddr_in6>() };
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                Ipv6Addr::from(s.sin6_addr.s6_addr),
+                u16::from_be(s.sin6_port),
+                s.sin6_flowinfo,
+                s.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// `a` as a `sockaddr_storage`, and its length.
+fn to_storage(a: SocketAddr) -> (libc::sockaddr_storage, u32) {
+    // SAFETY: all-zero is a valid `sockaddr_storage`.
+    let mut st: libc::sockaddr_storage = unsafe { core::mem::zeroed() };
+    let len = match a {
+        SocketAddr::V4(v4) => {
+            let s = libc::sockaddr_in {
+                sin_family: libc::AF_INET as libc::sa_family_t,
+                sin_port: v4.port().to_be(),
+                sin_addr: libc::in_addr {
+                    s_addr: u32::from(*v4.ip()).to_be(),
+                },
+                sin_zero: [0; 8],
+            };
+            // SAFETY: a `sockaddr_in` fits in a `sockaddr_storage`.
+            unsafe { ptr::from_mut(&mut st).cast::<libc::sockaddr_in>().write(s) };
+            size_of::<libc::sockaddr_in>()
+        }
+        SocketAddr::V6(v6) => {
+            let s = libc::sockaddr_in6 {
+                sin6_family: libc::AF_INET6 as libc::sa_family_t,
+                sin6_port: v6.port().to_be(),
+                sin6_flowinfo: v6.flowinfo(),
+                sin6_addr: libc::in6_addr {
+                    s6_addr: v6.ip().octets(),
+                },
+                sin6_scope_id: v6.scope_id(),
+            };
+            // SAFETY: a `sockaddr_in6` fits in a `sockaddr_storage`.
+            unsafe { ptr::from_mut(&mut st).cast::<libc::sockaddr_in6>().write(s) };
+            size_of::<libc::sockaddr_in6>()
+        }
+    };
+    (st, len as u32)
+}
+
+/// Writes the id's source (`dst == false`) or destination address into its route.
+///
+/// # Safety
+/// `id` must be a live id of ours.
+unsafe fn set_route_addr(id: *mut sys::rdma_cm_id, a: SocketAddr, dst: bool) {
+    let (st, _) = to_storage(a);
+    // SAFETY: `route.addr` starts with the source union and then the destination union,
+    // each a `sockaddr_storage` (rdma_cma.h `struct rdma_addr`).
+    unsafe {
+        let base = (&raw mut (*id).route.addr).cast::<libc::sockaddr_storage>();
+        base.add(usize::from(dst)).write(st);
+    }
+}
+
+/// The source address the kernel's routing table picks for `dst` (as rdma_resolve_addr does
+/// through the kernel's `rdma_translate_ip`/`addr_resolve`).
+fn route_source(dst: SocketAddr) -> Option<IpAddr> {
+    let bind: SocketAddr = match dst {
+        SocketAddr::V4(_) => (Ipv4Addr::UNSPECIFIED, 0).into(),
+        SocketAddr::V6(_) => (Ipv6Addr::UNSPECIFIED, 0).into(),
+    };
+    let s = UdpSocket::bind(bind).ok()?;
+    let mut to = dst;
+    to.set_port(4791);
+    s.connect(to).ok()?;
+    Some(s.local_addr().ok()?.ip())
+}
+
+// ---------------------------------------------------------------------------------------
+// Ids
+// ---------------------------------------------------------------------------------------
+
+/// Makes an id on `channel` for `ctx` (0: not bound to a device yet).
+fn new_id(
+    channel: *mut sys::rdma_event_channel,
+    context: *mut c_void,
+    ps: sys::rdma_port_space,
+    qp_type: sys::ibv_qp_type,
+) -> *mut sys::rdma_cm_id {
+    let obj = Box::new(IdObj {
+        ibv: sys::rdma_cm_id {
+            channel,
+            context,
+            ps,
+            qp_type,
+            ..Default::default()
+        },
+        st: Mutex::new(IdState::default()),
+    });
+    let id: *mut sys::rdma_cm_id = Box::into_raw(obj).cast();
+    lock(&LIVE).insert(id as usize);
+    id
+}
+
+/// The ids this library made and has not destroyed: a call on anything else (a stale or
+/// wild pointer) fails with EINVAL instead of reading through it.
+static LIVE: LazyLock<Mutex<std::collections::HashSet<usize>>> =
+    LazyLock::new(|| Mutex::new(std::collections::HashSet::new()));
+
+/// Whether `id` is a live id of ours.
+fn live(id: *mut sys::rdma_cm_id) -> bool {
+    !id.is_null() && lock(&LIVE).contains(&(id as usize))
+}
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_create_id`: an id on `channel` for port space `ps` (TCP: RC; UDP: UD). A NULL
+    /// channel asks for librdmacm's synchronous mode, which this library does not provide
+    /// (ENOSYS).
+    fn rdma_create_id(
+        channel: *mut sys::rdma_event_channel,
+        id: *mut *mut sys::rdma_cm_id,
+        context: *mut c_void,
+        ps: sys::rdma_port_space,
+    ) -> c_int {
+        guard(-1, || {
+            if id.is_null() {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            if channel.is_null() {
+                say("rdma_create_id without an event channel (synchronous mode) is not supported");
+                set_errno(libc::ENOSYS);
+                return -1;
+            }
+            let qp_type = match ps {
+                sys::RDMA_PS_TCP | sys::RDMA_PS_IPOIB => sys::IBV_QPT_RC,
+                sys::RDMA_PS_UDP => sys::IBV_QPT_UD,
+                _ => {
+                    set_errno(libc::EINVAL);
+                    return -1;
+                }
+            };
+            let made = new_id(channel, context, ps, qp_type);
+            // SAFETY: `id` is the caller's out pointer.
+            unsafe { id.write(made) };
+            0
+        })
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_destroy_id`: stops listening, disconnects an established connection (a DREQ, as
+    /// the kernel's `rdma_destroy_id`), withdraws the id's waiting events and frees it. The
+    /// QP must have been destroyed first (the rdma_cm rule).
+    fn rdma_destroy_id(id: *mut sys::rdma_cm_id) -> c_int {
+        guard(-1, || {
+            if !live(id) {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            let mut r = reg();
+            // SAFETY: a live id of ours (the rdma_cm contract).
+            let st = unsafe { state(id) };
+            let port = st.src.map_or(0, |s| s.port());
+            for &ctx in &st.listening {
+                if r.listeners.remove(&(ctx, port)).is_some()
+                    && let Ok(d) = device_arc(ctx)
+                {
+                    let _ = d.cm_unlisten(port);
+                }
+            }
+            // SAFETY: as above.
+            let ctx = unsafe { (*id).verbs } as usize;
+            if let Some(comm) = st.comm {
+                r.conns.remove(&(ctx, comm));
+                if let Ok(d) = device_arc(ctx)
+                    && d.cm_state(comm) == Some(CmState::Established)
+                {
+                    let _ = d.cm_disconnect(comm, &[]);
+                }
+            }
+            drop(st);
+            // SAFETY: as above.
+            let chan = unsafe { (*id).channel };
+            if !chan.is_null() {
+                // SAFETY: the id's channel outlives it.
+                let c = unsafe { &*chan.cast::<ChanObj>() };
+                lock(&c.queue).retain(|&e| {
+                    // SAFETY: queued events are live `EvObj`s.
+                    let mine = unsafe { (*(e as *mut EvObj)).ibv.id } == id;
+                    if mine {
+                        // SAFETY: withdrawn from the queue, never handed out.
+                        drop(unsafe { Box::from_raw(e as *mut EvObj) });
+                    }
+                    !mine
+                });
+            }
+            lock(&LIVE).remove(&(id as usize));
+            drop(r);
+            // SAFETY: `rdma_create_id` or the event thread made it with `Box::into_raw`;
+            // the caller gives it up.
+            drop(unsafe { Box::from_raw(id.cast::<IdObj>()) });
+            0
+        })
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_migrate_id`: moves the id's future events to another channel.
+    fn rdma_migrate_id(id: *mut sys::rdma_cm_id, channel: *mut sys::rdma_event_channel) -> c_int {
+        if !live(id) || channel.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        let _r = reg();
+        // SAFETY: a live id of ours; the registry lock keeps the event thread off it.
+        unsafe { (*id).channel = channel };
+        0
+    }
+);
+
+/// Binds `id` to the local address `a`: to the device that has it (none for a wildcard).
+///
+/// # Safety
+/// `id` must be a live id of ours.
+unsafe fn bind(r: &mut Registry, id: *mut sys::rdma_cm_id, mut a: SocketAddr) -> Result<(), c_int> {
+    if !a.ip().is_unspecified() {
+        let ctx = ctx_with(r, a.ip()).ok_or_else(|| {
+            say(&format!("no roce-xdp device has the address {}", a.ip()));
+            libc::ENODEV
+        })?;
+        // SAFETY: the caller's contract.
+        unsafe {
+            (*id).verbs = ctx as *mut sys::ibv_context;
+            (*id).port_num = 1;
+        }
+    }
+    if a.port() == 0 {
+        a.set_port(ephemeral_port());
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        set_route_addr(id, a, false);
+        state(id).src = Some(a);
+    }
+    Ok(())
+}
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_bind_addr`: binds to a local address (wildcard or one of a device's), and to its
+    /// device; port 0 takes an ephemeral port.
+    fn rdma_bind_addr(id: *mut sys::rdma_cm_id, addr: *mut libc::sockaddr) -> c_int {
+        guard(-1, || {
+            // SAFETY: the caller passes a socket address.
+            let Some(a) = (unsafe { sockaddr_in(addr) }) else {
+                set_errno(libc::EAFNOSUPPORT);
+                return -1;
+            };
+            if !live(id) {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            let mut r = reg();
+            // SAFETY: a live id of ours.
+            match unsafe { bind(&mut r, id, a) } {
+                Ok(()) => 0,
+                Err(e) => {
+                    set_errno(e);
+                    -1
+                }
+            }
+        })
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_resolve_addr`: the source address is `src_addr`, the bound one, or what the
+    /// kernel's routing table picks for `dst_addr`; the id is bound to the device with that
+    /// address. ADDR_RESOLVED is queued at once (the neighbour is resolved by the route
+    /// step), or the call fails with ENODEV when no device of ours has the source address.
+    fn rdma_resolve_addr(
+        id: *mut sys::rdma_cm_id,
+        src_addr: *mut libc::sockaddr,
+        dst_addr: *mut libc::sockaddr,
+        timeout_ms: c_int,
+    ) -> c_int {
+        let _ = timeout_ms;
+        guard(-1, || {
+            // SAFETY: the caller passes socket addresses (or NULL for the source).
+            let (src, dst) = unsafe { (sockaddr_in(src_addr), sockaddr_in(dst_addr)) };
+            let Some(dst) = dst else {
+                set_errno(libc::EINVAL);
+                return -1;
+            };
+            if !live(id) {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            let mut r = reg();
+            // SAFETY: a live id of ours.
+            let bound = unsafe { state(id).src };
+            let src = match src.or(bound) {
+                Some(s) if !s.ip().is_unspecified() => s,
+                other => {
+                    let Some(ip) = route_source(dst) else {
+                        set_errno(libc::ENETUNREACH);
+                        return -1;
+                    };
+                    SocketAddr::new(ip, other.map_or(0, |s| s.port()))
+                }
+            };
+            // SAFETY: a live id of ours.
+            if let Err(e) = unsafe { bind(&mut r, id, src) } {
+                set_errno(e);
+                return -1;
+            }
+            // SAFETY: as above; the registry lock is held.
+            unsafe {
+                set_route_addr(id, dst, true);
+                state(id).dst = Some(dst);
+                post_event(
+                    id,
+                    ptr::null_mut(),
+                    sys::RDMA_CM_EVENT_ADDR_RESOLVED,
+                    0,
+                    ConnInfo::default(),
+                    Vec::new(),
+                );
+            }
+            0
+        })
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_resolve_route`: the path to the peer from the kernel's routing and neighbour
+    /// tables (as rxe resolves an address vector); ROUTE_RESOLVED, or ROUTE_ERROR with
+    /// -EHOSTUNREACH when there is none.
+    fn rdma_resolve_route(id: *mut sys::rdma_cm_id, timeout_ms: c_int) -> c_int {
+        let _ = timeout_ms;
+        guard(-1, || {
+            if !live(id) {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            let r = reg();
+            // SAFETY: a live id of ours.
+            let ctx = unsafe { (*id).verbs } as usize;
+            let (src, dst) = {
+                // SAFETY: a live id of ours.
+                let st = unsafe { state(id) };
+                (st.src, st.dst)
+            };
+            let (Some(src), Some(dst), true) = (src, dst, ctx != 0) else {
+                set_errno(libc::EINVAL);
+                return -1;
+            };
+            let found = (|| {
+                let gi = gid_index(ctx, src.ip()).ok_or(libc::ENODEV)?;
+                let dev = device_arc(ctx)?;
+                dev.path_to(gi, &Gid::from_ip(dst.ip()).0, Qpn::GSI, Qpn::GSI)
+                    .map_err(|e| {
+                        say(&format!("no route to {}: {e:#}", dst.ip()));
+                        libc::EHOSTUNREACH
+                    })?;
+                let ipv6 = dst.is_ipv6();
+                // SAFETY: contexts in the registry are never closed.
+                let c = unsafe { ctx_of(ctx as *mut sys::ibv_context) }.ok_or(libc::EINVAL)?;
+                let mtu = mtu_code(
+                    c.verbs
+                        .port
+                        .info
+                        .max_path_mtu(ipv6)
+                        .min(dev.max_path_mtu(ipv6)),
+                );
+                Ok::<_, c_int>((gi, mtu))
+            })();
+            match found {
+                Ok((_, mtu)) => {
+                    // SAFETY: a live id of ours.
+                    unsafe {
+                        state(id).path_mtu = mtu;
+                        set_path_rec(id, src.ip(), dst.ip(), mtu);
+                        post_event(
+                            id,
+                            ptr::null_mut(),
+                            sys::RDMA_CM_EVENT_ROUTE_RESOLVED,
+                            0,
+                            ConnInfo::default(),
+                            Vec::new(),
+                        );
+                    }
+                }
+                Err(e) => {
+                    // SAFETY: a live id of ours.
+                    unsafe {
+                        post_event(
+                            id,
+                            ptr::null_mut(),
+                            sys::RDMA_CM_EVENT_ROUTE_ERROR,
+                            -e,
+                            ConnInfo::default(),
+                            Vec::new(),
+                        );
+                    }
+                }
+            }
+            drop(r);
+            0
+        })
+    }
+);
+
+/// The `ibv_mtu` code of a byte count.
+fn mtu_code(bytes: u32) -> u32 {
+    match bytes {
+        4096.. => sys::IBV_MTU_4096,
+        2048.. => sys::IBV_MTU_2048,
+        1024.. => sys::IBV_MTU_1024,
+        512.. => sys::IBV_MTU_512,
+        _ => sys::IBV_MTU_256,
+    }
+}
+
+/// Fills `id->route.path_rec` with the one path RoCE has (GIDs, P_Key, MTU), as the kernel
+/// reports a RoCE route.
+///
+/// # Safety
+/// `id` must be a live id of ours.
+unsafe fn set_path_rec(id: *mut sys::rdma_cm_id, src: IpAddr, dst: IpAddr, mtu: u32) {
+    let mut p = sys::ibv_sa_path_rec {
+        pkey: 0xffff_u16.to_be(),
+        hop_limit: 64,
+        mtu: mtu as u8,
+        mtu_selector: 2,
+        numb_path: 1,
+        reversible: 1,
+        ..Default::default()
+    };
+    p.sgid.raw = Gid::from_ip(src).0;
+    p.dgid.raw = Gid::from_ip(dst).0;
+    // SAFETY: the caller's contract; an old path record is ours (`Box::into_raw`).
+    unsafe {
+        let old = (*id).route.path_rec;
+        if !old.is_null() {
+            drop(Box::from_raw(old));
+        }
+        (*id).route.path_rec = Box::into_raw(Box::new(p));
+        (*id).route.num_paths = 1;
+    }
+}
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_listen`: listens on the bound port, on the bound device or, for a wildcard
+    /// address, on every device. TCP port space only (ENOSYS for UDP: SIDR is not offered
+    /// through this library yet).
+    fn rdma_listen(id: *mut sys::rdma_cm_id, backlog: c_int) -> c_int {
+        let _ = backlog;
+        guard(-1, || {
+            if !live(id) {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            // SAFETY: a live id of ours.
+            if unsafe { (*id).ps } != sys::RDMA_PS_TCP {
+                say("rdma_listen: only the TCP port space is supported");
+                set_errno(libc::ENOSYS);
+                return -1;
+            }
+            let mut r = reg();
+            // SAFETY: a live id of ours.
+            let Some(src) = (unsafe { state(id).src }) else {
+                set_errno(libc::EINVAL);
+                return -1;
+            };
+            // SAFETY: as above.
+            let ctx = unsafe { (*id).verbs } as usize;
+            let ctxs = if ctx == 0 {
+                contexts(&mut r)
+            } else {
+                vec![ctx]
+            };
+            let port = src.port();
+            let mut done = Vec::new();
+            for c in ctxs {
+                let res = pump(&mut r, c).and_then(|d| {
+                    d.cm_listen(port).map_err(|e| {
+                        say(&format!("rdma_listen on port {port}: {e:#}"));
+                        e.errno()
+                    })
+                });
+                if let Err(e) = res {
+                    for &c in &done {
+                        r.listeners.remove(&(c, port));
+                        if let Ok(d) = device_arc(c) {
+                            let _ = d.cm_unlisten(port);
+                        }
+                    }
+                    set_errno(e);
+                    return -1;
+                }
+                r.listeners.insert((c, port), id as usize);
+                done.push(c);
+            }
+            // SAFETY: a live id of ours.
+            unsafe { state(id).listening = done };
+            0
+        })
+    }
+);
+
+// ---------------------------------------------------------------------------------------
+// QPs
+// ---------------------------------------------------------------------------------------
+
+/// The attributes that bring the id's QP to `target` (INIT, RTR or RTS), and their mask, as
+/// the kernel's `rdma_init_qp_attr` gives them (cma.c `cma_ib_init_qp_attr`, cm.c
+/// `ib_cm_init_qp_attr`).
+///
+/// # Safety
+/// `id` must be a live id of ours.
+unsafe fn qp_attr(
+    id: *mut sys::rdma_cm_id,
+    target: sys::ibv_qp_state,
+) -> Result<(sys::ibv_qp_attr, c_int), c_int> {
+    // SAFETY: the caller's contract.
+    let st = unsafe { state(id) };
+    let mut a = sys::ibv_qp_attr {
+        qp_state: target,
+        ..Default::default()
+    };
+    let mask = match target {
+        sys::IBV_QPS_INIT => {
+            a.pkey_index = 0;
+            a.port_num = 1;
+            a.qp_access_flags = sys::IBV_ACCESS_LOCAL_WRITE
+                | sys::IBV_ACCESS_REMOTE_WRITE
+                | sys::IBV_ACCESS_REMOTE_READ
+                | sys::IBV_ACCESS_REMOTE_ATOMIC;
+            sys::IBV_QP_STATE | sys::IBV_QP_PKEY_INDEX | sys::IBV_QP_PORT | sys::IBV_QP_ACCESS_FLAGS
+        }
+        sys::IBV_QPS_RTR => {
+            let (Some(src), Some(dst), Some(_)) = (st.src, st.dst, st.comm) else {
+                return Err(libc::EINVAL);
+            };
+            // SAFETY: the caller's contract.
+            let ctx = unsafe { (*id).verbs } as usize;
+            let gi = gid_index(ctx, src.ip()).ok_or(libc::EINVAL)?;
+            a.path_mtu = st.path_mtu.max(sys::IBV_MTU_256);
+            a.dest_qp_num = st.remote_qpn;
+            // Each side's CM message carries the PSN its own receive queue expects (the
+            // kernel's cm.c: the passive side sends from the REQ's starting PSN and receives
+            // from the REP's; the active side the other way round).
+            a.rq_psn = st.our_psn;
+            a.max_dest_rd_atomic = st.responder_resources;
+            a.min_rnr_timer = MIN_RNR_TIMER;
+            a.ah_attr.is_global = 1;
+            a.ah_attr.port_num = 1;
+            a.ah_attr.grh.dgid.raw = Gid::from_ip(dst.ip()).0;
+            a.ah_attr.grh.sgid_index = u8::try_from(gi).map_err(|_| libc::EINVAL)?;
+            a.ah_attr.grh.hop_limit = 64;
+            sys::IBV_QP_STATE
+                | sys::IBV_QP_AV
+                | sys::IBV_QP_PATH_MTU
+                | sys::IBV_QP_DEST_QPN
+                | sys::IBV_QP_RQ_PSN
+                | sys::IBV_QP_MAX_DEST_RD_ATOMIC
+                | sys::IBV_QP_MIN_RNR_TIMER
+        }
+        sys::IBV_QPS_RTS => {
+            if st.comm.is_none() {
+                return Err(libc::EINVAL);
+            }
+            a.sq_psn = st.remote_psn;
+            a.timeout = LOCAL_ACK_TIMEOUT;
+            a.retry_cnt = st.retry_count;
+            a.rnr_retry = st.rnr_retry_count;
+            a.max_rd_atomic = st.initiator_depth;
+            sys::IBV_QP_STATE
+                | sys::IBV_QP_SQ_PSN
+                | sys::IBV_QP_TIMEOUT
+                | sys::IBV_QP_RETRY_CNT
+                | sys::IBV_QP_RNR_RETRY
+                | sys::IBV_QP_MAX_QP_RD_ATOMIC
+        }
+        _ => return Err(libc::EINVAL),
+    };
+    Ok((a, mask as c_int))
+}
+
+/// Moves the id's QP (if it has one) to `target` with [`qp_attr`]'s attributes.
+///
+/// # Safety
+/// `id` must be a live id of ours.
+unsafe fn modify(id: *mut sys::rdma_cm_id, target: sys::ibv_qp_state) -> Result<(), c_int> {
+    // SAFETY: the caller's contract.
+    let qp = unsafe { (*id).qp };
+    if qp.is_null() {
+        return Ok(());
+    }
+    // SAFETY: as above.
+    let (mut a, mask) = unsafe { qp_attr(id, target) }?;
+    // SAFETY: `qp` is the id's live QP; `a` a local attribute struct.
+    match unsafe { super::objects::ibv_modify_qp(qp, &raw mut a, mask) } {
+        0 => Ok(()),
+        e => Err(e),
+    }
+}
+
+/// Moves the id's QP to the error state (a disconnect: its work requests are flushed).
+///
+/// # Safety
+/// `id` must be a live id of ours.
+unsafe fn qp_to_error(id: *mut sys::rdma_cm_id) {
+    // SAFETY: the caller's contract.
+    let qp = unsafe { (*id).qp };
+    if qp.is_null() {
+        return;
+    }
+    let mut a = sys::ibv_qp_attr {
+        qp_state: sys::IBV_QPS_ERR,
+        ..Default::default()
+    };
+    // SAFETY: the id's live QP; a local attribute struct.
+    let _ = unsafe { super::objects::ibv_modify_qp(qp, &raw mut a, sys::IBV_QP_STATE as c_int) };
+}
+
+export!(
+    "RDMACM_1.2",
+    /// `rdma_init_qp_attr`: the attributes for `qp_attr->qp_state` (INIT, RTR or RTS) of a
+    /// QP the program made itself, from the connection's parameters.
+    fn rdma_init_qp_attr(
+        id: *mut sys::rdma_cm_id,
+        qp_attr_out: *mut sys::ibv_qp_attr,
+        qp_attr_mask: *mut c_int,
+    ) -> c_int {
+        guard(-1, || {
+            if !live(id) || qp_attr_out.is_null() || qp_attr_mask.is_null() {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            // SAFETY: the caller's struct.
+            let target = unsafe { (*qp_attr_out).qp_state };
+            // SAFETY: a live id of ours.
+            match unsafe { qp_attr(id, target) } {
+                Ok((a, m)) => {
+                    // SAFETY: the caller's out structs.
+                    unsafe {
+                        qp_attr_out.write(a);
+                        qp_attr_mask.write(m);
+                    }
+                    0
+                }
+                Err(e) => {
+                    set_errno(e);
+                    -1
+                }
+            }
+        })
+    }
+);
+
+/// `rdma_create_qp` for an `ibv_qp_init_attr`.
+///
+/// # Safety
+/// `id` a live id of ours, `pd` NULL or a PD of its context, `attr` the caller's struct.
+unsafe fn create_qp(
+    id: *mut sys::rdma_cm_id,
+    mut pd: *mut sys::ibv_pd,
+    attr: *mut sys::ibv_qp_init_attr,
+) -> Result<(), c_int> {
+    // SAFETY: the caller's contract.
+    let ctx = unsafe { (*id).verbs };
+    if ctx.is_null() || attr.is_null() {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: as above.
+    let a = unsafe { &mut *attr };
+    if a.send_cq.is_null() || a.recv_cq.is_null() {
+        say("rdma_create_qp: give the QP its CQs (send_cq and recv_cq)");
+        return Err(libc::EINVAL);
+    }
+    if pd.is_null() {
+        let mut r = reg();
+        let p = match r.pds.get(&(ctx as usize)) {
+            Some(&p) => p,
+            None => {
+                // SAFETY: a live context of ours.
+                let p = unsafe { super::objects::ibv_alloc_pd(ctx) };
+                if p.is_null() {
+                    return Err(libc::ENOMEM);
+                }
+                r.pds.insert(ctx as usize, p as usize);
+                p as usize
+            }
+        };
+        pd = p as *mut sys::ibv_pd;
+    }
+    // SAFETY: a PD of ours and the caller's attributes.
+    let qp = unsafe { super::objects::ibv_create_qp(pd, attr) };
+    if qp.is_null() {
+        // SAFETY: errno as ibv_create_qp left it.
+        return Err(unsafe { *libc::__errno_location() });
+    }
+    // SAFETY: the caller's contract.
+    unsafe {
+        (*id).qp = qp;
+        (*id).pd = pd;
+        (*id).send_cq = a.send_cq;
+        (*id).recv_cq = a.recv_cq;
+        (*id).srq = a.srq;
+        (*id).qp_type = a.qp_type;
+    }
+    // librdmacm's `ucma_init_conn_qp`: the QP goes to INIT at once so receives can be posted.
+    // SAFETY: the caller's contract.
+    if let Err(e) = unsafe { modify(id, sys::IBV_QPS_INIT) } {
+        // SAFETY: the QP we just made.
+        unsafe {
+            super::objects::ibv_destroy_qp(qp);
+            (*id).qp = ptr::null_mut();
+        }
+        return Err(e);
+    }
+    Ok(())
+}
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_create_qp`: an RC QP on the id's device (on a PD of the library's when `pd` is
+    /// NULL), brought to INIT so that receives can be posted. The CQs must be given.
+    fn rdma_create_qp(
+        id: *mut sys::rdma_cm_id,
+        pd: *mut sys::ibv_pd,
+        qp_init_attr: *mut sys::ibv_qp_init_attr,
+    ) -> c_int {
+        guard(-1, || {
+            if !live(id) {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            // SAFETY: a live id, NULL or a PD of ours, the caller's attributes.
+            match unsafe { create_qp(id, pd, qp_init_attr) } {
+                Ok(()) => 0,
+                Err(e) => {
+                    set_errno(e);
+                    -1
+                }
+            }
+        })
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_create_qp_ex`: `rdma_create_qp` from an `ibv_qp_init_attr_ex` (its PD, CQs,
+    /// capacities and type; the extended fields beyond them are EOPNOTSUPP).
+    fn rdma_create_qp_ex(id: *mut sys::rdma_cm_id, attr: *mut sys::ibv_qp_init_attr_ex) -> c_int {
+        guard(-1, || {
+            if !live(id) || attr.is_null() {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            // SAFETY: the caller's struct.
+            let x = unsafe { &mut *attr };
+            if x.comp_mask & !sys::IBV_QP_INIT_ATTR_PD != 0 {
+                say("rdma_create_qp_ex: only the PD of the extended attributes is supported");
+                set_errno(libc::EOPNOTSUPP);
+                return -1;
+            }
+            let pd = if x.comp_mask & sys::IBV_QP_INIT_ATTR_PD != 0 {
+                x.pd
+            } else {
+                ptr::null_mut()
+            };
+            let mut a = sys::ibv_qp_init_attr {
+                qp_context: x.qp_context,
+                send_cq: x.send_cq,
+                recv_cq: x.recv_cq,
+                srq: x.srq,
+                cap: x.cap,
+                qp_type: x.qp_type,
+                sq_sig_all: x.sq_sig_all,
+            };
+            // SAFETY: a live id, the caller's PD or NULL, a local attribute struct.
+            match unsafe { create_qp(id, pd, &raw mut a) } {
+                Ok(()) => {
+                    x.cap = a.cap;
+                    0
+                }
+                Err(e) => {
+                    set_errno(e);
+                    -1
+                }
+            }
+        })
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_destroy_qp`: destroys the QP `rdma_create_qp` made.
+    fn rdma_destroy_qp(id: *mut sys::rdma_cm_id) -> () {
+        guard((), || {
+            if !live(id) {
+                return;
+            }
+            // SAFETY: a live id of ours; its QP is ours.
+            unsafe {
+                let qp = (*id).qp;
+                if !qp.is_null() {
+                    super::objects::ibv_destroy_qp(qp);
+                    (*id).qp = ptr::null_mut();
+                }
+            }
+        });
+    }
+);
+
+// ---------------------------------------------------------------------------------------
+// Connecting
+// ---------------------------------------------------------------------------------------
+
+/// The conn_param values a program passes (`RDMA_MAX_RESP_RES`/`RDMA_MAX_INIT_DEPTH` and
+/// larger are clamped to what our QPs take, as librdmacm clamps them to the device's).
+///
+/// # Safety
+/// `p` must be NULL or the caller's `rdma_conn_param`.
+unsafe fn conn_param<'a>(p: *const sys::rdma_conn_param) -> Option<&'a sys::rdma_conn_param> {
+    // SAFETY: the caller's contract.
+    unsafe { p.as_ref() }
+}
+
+/// RDMA READs each way that a QP of ours takes (rxe's `max_qp_rd_atom`).
+const MAX_RD_ATOMIC: u8 = 128;
+
+/// The private data a `rdma_conn_param` carries.
+///
+/// # Safety
+/// As for [`conn_param`].
+unsafe fn private_data(p: Option<&sys::rdma_conn_param>) -> Vec<u8> {
+    match p {
+        Some(p) if !p.private_data.is_null() && p.private_data_len > 0 => {
+            // SAFETY: the caller's buffer of `private_data_len` bytes.
+            unsafe {
+                core::slice::from_raw_parts(
+                    p.private_data.cast::<u8>(),
+                    usize::from(p.private_data_len),
+                )
+            }
+            .to_vec()
+        }
+        _ => Vec::new(),
+    }
+}
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_connect`: sends the REQ (RDMA CM IP header, the program's private data) for the
+    /// id's QP, or `conn_param->qp_num` without one. The REP moves the QP to RTR and RTS and
+    /// sends the RTU (ESTABLISHED); without a QP the program gets CONNECT_RESPONSE and calls
+    /// `rdma_establish`.
+    fn rdma_connect(id: *mut sys::rdma_cm_id, conn_param_in: *mut sys::rdma_conn_param) -> c_int {
+        guard(-1, || {
+            if !live(id) {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            // SAFETY: NULL or the caller's struct.
+            let p = unsafe { conn_param(conn_param_in) };
+            let mut r = reg();
+            // SAFETY: a live id of ours.
+            let (ctx, qp) = unsafe { ((*id).verbs as usize, (*id).qp) };
+            // SAFETY: as above.
+            let mut st = unsafe { state(id) };
+            let (Some(src), Some(dst), true) = (st.src, st.dst, ctx != 0) else {
+                set_errno(libc::EINVAL);
+                return -1;
+            };
+            let qpn = if qp.is_null() {
+                p.map_or(0, |p| p.qp_num)
+            } else {
+                // SAFETY: the id's live QP.
+                unsafe { (*qp).qp_num }
+            };
+            let dev = match pump(&mut r, ctx) {
+                Ok(d) => d,
+                Err(e) => {
+                    set_errno(e);
+                    return -1;
+                }
+            };
+            let psn = random_psn();
+            let mut c = CmConnect::new(
+                dst.ip(),
+                dst.port(),
+                src.port(),
+                Qpn::new(qpn),
+                Psn::new(psn),
+            );
+            if let Some(p) = p {
+                c.responder_resources = p.responder_resources.min(MAX_RD_ATOMIC);
+                c.initiator_depth = p.initiator_depth.min(MAX_RD_ATOMIC);
+                c.retry_count = p.retry_count.min(7);
+                c.rnr_retry_count = p.rnr_retry_count.min(7);
+                c.srq = p.srq != 0;
+            }
+            // SAFETY: as for `conn_param`.
+            c.private_data = unsafe { private_data(p) };
+            match dev.cm_connect(&c) {
+                Ok(comm) => {
+                    st.comm = Some(comm);
+                    st.active = true;
+                    st.our_psn = psn;
+                    st.responder_resources = c.responder_resources;
+                    st.initiator_depth = c.initiator_depth;
+                    st.retry_count = c.retry_count;
+                    r.conns.insert((ctx, comm), id as usize);
+                    0
+                }
+                Err(e) => {
+                    say(&format!("rdma_connect to {dst}: {e:#}"));
+                    set_errno(e.errno());
+                    -1
+                }
+            }
+        })
+    }
+);
+
+export!(
+    "RDMACM_1.2",
+    /// `rdma_establish`: after CONNECT_RESPONSE on an id without a librdmacm QP (the program
+    /// moved its own QP to RTS with `rdma_init_qp_attr`), sends the RTU.
+    fn rdma_establish(id: *mut sys::rdma_cm_id) -> c_int {
+        guard(-1, || {
+            if !live(id) {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            let _r = reg();
+            // SAFETY: a live id of ours.
+            let ctx = unsafe { (*id).verbs } as usize;
+            // SAFETY: as above.
+            let mut st = unsafe { state(id) };
+            let (Some(comm), true) = (st.comm, st.rep_pending) else {
+                set_errno(libc::EINVAL);
+                return -1;
+            };
+            let res = device_arc(ctx).and_then(|d| d.cm_ready(comm, &[]).map_err(|e| e.errno()));
+            match res {
+                Ok(()) => {
+                    st.rep_pending = false;
+                    0
+                }
+                Err(e) => {
+                    set_errno(e);
+                    -1
+                }
+            }
+        })
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_accept`: on a CONNECT_REQUEST's id, moves its QP to RTR and RTS from the REQ
+    /// and sends the REP; ESTABLISHED follows the peer's RTU.
+    fn rdma_accept(id: *mut sys::rdma_cm_id, conn_param_in: *mut sys::rdma_conn_param) -> c_int {
+        guard(-1, || {
+            if !live(id) {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            // SAFETY: NULL or the caller's struct.
+            let p = unsafe { conn_param(conn_param_in) };
+            let r = reg();
+            // SAFETY: a live id of ours.
+            let (ctx, qp) = unsafe { ((*id).verbs as usize, (*id).qp) };
+            let comm = {
+                // SAFETY: as above.
+                let mut st = unsafe { state(id) };
+                let (Some(comm), false) = (st.comm, st.active) else {
+                    set_errno(libc::EINVAL);
+                    return -1;
+                };
+                if let Some(p) = p {
+                    // The REQ's offer bounds what we take (IBTA 12.7.29).
+                    if p.responder_resources != u8::MAX {
+                        st.responder_resources = st.responder_resources.min(p.responder_resources);
+                    }
+                    if p.initiator_depth != u8::MAX {
+                        st.initiator_depth = st.initiator_depth.min(p.initiator_depth);
+                    }
+                }
+                st.our_psn = random_psn();
+                comm
+            };
+            // SAFETY: a live id of ours.
+            if let Err(e) = unsafe { modify(id, sys::IBV_QPS_RTR) }
+                // SAFETY: as above.
+                .and_then(|()| unsafe { modify(id, sys::IBV_QPS_RTS) })
+            {
+                say("rdma_accept: the QP did not take the connection's attributes");
+                set_errno(e);
+                return -1;
+            }
+            let qpn = if qp.is_null() {
+                p.map_or(0, |p| p.qp_num)
+            } else {
+                // SAFETY: the id's live QP.
+                unsafe { (*qp).qp_num }
+            };
+            // SAFETY: a live id of ours.
+            let st = unsafe { state(id) };
+            let mut a = CmAccept::new(Qpn::new(qpn), Psn::new(st.our_psn));
+            a.responder_resources = st.responder_resources;
+            a.initiator_depth = st.initiator_depth;
+            if let Some(p) = p {
+                a.rnr_retry_count = p.rnr_retry_count.min(7);
+                a.srq = p.srq != 0;
+            }
+            // SAFETY: as for `conn_param`.
+            a.private_data = unsafe { private_data(p) };
+            drop(st);
+            drop(r);
+            match device_arc(ctx).and_then(|d| d.cm_accept(comm, &a).map_err(|e| e.errno())) {
+                Ok(()) => 0,
+                Err(e) => {
+                    set_errno(e);
+                    -1
+                }
+            }
+        })
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_reject`: answers a CONNECT_REQUEST (or a CONNECT_RESPONSE) with a REJ
+    /// "consumer reject" carrying the private data.
+    fn rdma_reject(id: *mut sys::rdma_cm_id, data: *const c_void, len: u8) -> c_int {
+        guard(-1, || {
+            if !live(id) || (data.is_null() && len > 0) {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            let pd = if len == 0 {
+                Vec::new()
+            } else {
+                // SAFETY: the caller's buffer of `len` bytes.
+                unsafe { core::slice::from_raw_parts(data.cast::<u8>(), usize::from(len)) }.to_vec()
+            };
+            let mut r = reg();
+            // SAFETY: a live id of ours.
+            let ctx = unsafe { (*id).verbs } as usize;
+            // SAFETY: as above.
+            let Some(comm) = (unsafe { state(id).comm }) else {
+                set_errno(libc::EINVAL);
+                return -1;
+            };
+            r.conns.remove(&(ctx, comm));
+            match device_arc(ctx).and_then(|d| d.cm_reject(comm, &pd).map_err(|e| e.errno())) {
+                Ok(()) => 0,
+                Err(e) => {
+                    set_errno(e);
+                    -1
+                }
+            }
+        })
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_disconnect`: moves the QP to the error state and sends a DREQ; DISCONNECTED
+    /// follows the DREP (or the DREQ's timeout). On a connection the peer disconnected
+    /// already it only moves the QP, as the kernel answers with the DREP it sent.
+    fn rdma_disconnect(id: *mut sys::rdma_cm_id) -> c_int {
+        guard(-1, || {
+            if !live(id) {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            let _r = reg();
+            // SAFETY: a live id of ours.
+            unsafe { qp_to_error(id) };
+            // SAFETY: as above.
+            let ctx = unsafe { (*id).verbs } as usize;
+            // SAFETY: as above.
+            let Some(comm) = (unsafe { state(id).comm }) else {
+                set_errno(libc::EINVAL);
+                return -1;
+            };
+            let Ok(d) = device_arc(ctx) else {
+                set_errno(libc::EINVAL);
+                return -1;
+            };
+            if d.cm_state(comm) == Some(CmState::Established)
+                && let Err(e) = d.cm_disconnect(comm, &[])
+            {
+                set_errno(e.errno());
+                return -1;
+            }
+            0
+        })
+    }
+);
+
+// ---------------------------------------------------------------------------------------
+// The event thread
+// ---------------------------------------------------------------------------------------
+
+/// Acts on one CM event of context `ctx` as cma.c's `cma_ib_handler` and librdmacm's
+/// `ucma_process_conn_resp` do, and queues the RDMA CM event for its id. Runs with the
+/// registry locked, so no id it finds is destroyed under it. The QP is touched only on a REP
+/// (RTR and RTS before the RTU, while the connect is pending and the QP must exist): after a
+/// disconnect or a reject the program may have destroyed it with `ibv_destroy_qp` behind
+/// `id->qp` (rping does), so, as in librdmacm, only `rdma_disconnect` moves it to ERR.
+fn dispatch(r: &mut Registry, ctx: usize, dev: &Device, ev: CmEvent) {
+    let conn = |r: &Registry, c: CommId| r.conns.get(&(ctx, c)).map(|&i| i as *mut sys::rdma_cm_id);
+    match ev {
+        CmEvent::ConnectRequest {
+            id: comm,
+            from,
+            req,
+        } => {
+            let port = req.service_id.port();
+            let Some(&listener) = r.listeners.get(&(ctx, port)) else {
+                let _ = dev.cm_reject(comm, &[]);
+                return;
+            };
+            let listener = listener as *mut sys::rdma_cm_id;
+            let Ok(h) = CmaHdr::parse(&req.private_data) else {
+                let _ = dev.cm_reject(comm, &[]);
+                return;
+            };
+            let _ = from;
+            // SAFETY: a listening id in the registry is live.
+            let (channel, context) = unsafe { ((*listener).channel, (*listener).context) };
+            let child = new_id(channel, context, sys::RDMA_PS_TCP, sys::IBV_QPT_RC);
+            let src = SocketAddr::new(h.dst, port);
+            let dst = SocketAddr::new(h.src, h.src_port);
+            // SAFETY: `c` is the port's active MTU limit; contexts are never closed.
+            let local_mtu =
+                unsafe { ctx_of(ctx as *mut sys::ibv_context) }.map_or(sys::IBV_MTU_1024, |c| {
+                    mtu_code(
+                        c.verbs
+                            .port
+                            .info
+                            .max_path_mtu(h.dst.is_ipv6())
+                            .min(dev.max_path_mtu(h.dst.is_ipv6())),
+                    )
+                });
+            // SAFETY: the id we just made.
+            unsafe {
+                (*child).verbs = ctx as *mut sys::ibv_context;
+                (*child).port_num = 1;
+                set_route_addr(child, src, false);
+                set_route_addr(child, dst, true);
+                set_path_rec(child, h.dst, h.src, local_mtu);
+                let mut st = state(child);
+                st.src = Some(src);
+                st.dst = Some(dst);
+                st.comm = Some(comm);
+                st.remote_qpn = req.local_qpn.value();
+                st.remote_psn = req.starting_psn.value();
+                // The CM's parameters from our side (cm.c `cm_format_req_event`).
+                st.responder_resources = req.initiator_depth;
+                st.initiator_depth = req.responder_resources;
+                st.retry_count = req.retry_count;
+                st.rnr_retry_count = req.rnr_retry_count;
+                st.path_mtu = u32::from(req.path_mtu.code()).min(local_mtu);
+            }
+            r.conns.insert((ctx, comm), child as usize);
+            let info = ConnInfo {
+                responder_resources: req.initiator_depth,
+                initiator_depth: req.responder_resources,
+                flow_control: u8::from(req.e2e_flow_control),
+                retry_count: req.retry_count,
+                rnr_retry_count: req.rnr_retry_count,
+                srq: u8::from(req.srq),
+                qp_num: req.local_qpn.value(),
+            };
+            let data = req
+                .private_data
+                .get(CMA_HDR_LEN..)
+                .unwrap_or_default()
+                .to_vec();
+            // SAFETY: the new id, live.
+            unsafe {
+                post_event(
+                    child,
+                    listener,
+                    sys::RDMA_CM_EVENT_CONNECT_REQUEST,
+                    0,
+                    info,
+                    data,
+                );
+            }
+        }
+        CmEvent::Reply { id: comm, rep } => {
+            let Some(id) = conn(r, comm) else {
+                let _ = dev.cm_reject(comm, &[]);
+                return;
+            };
+            // SAFETY: ids in the registry are live.
+            let qp = unsafe { (*id).qp };
+            {
+                // SAFETY: as above.
+                let mut st = unsafe { state(id) };
+                st.remote_qpn = rep.local_qpn.value();
+                st.remote_psn = rep.starting_psn.value();
+                // The peer's answer bounds ours (IBTA 12.7.29).
+                st.responder_resources = st.responder_resources.min(rep.initiator_depth);
+                st.initiator_depth = st.initiator_depth.min(rep.responder_resources);
+                st.rnr_retry_count = rep.rnr_retry_count;
+                st.est_data = rep.private_data.clone();
+            }
+            let info = ConnInfo {
+                responder_resources: rep.initiator_depth,
+                initiator_depth: rep.responder_resources,
+                flow_control: u8::from(rep.e2e_flow_control),
+                retry_count: 0,
+                rnr_retry_count: rep.rnr_retry_count,
+                srq: u8::from(rep.srq),
+                qp_num: rep.local_qpn.value(),
+            };
+            if qp.is_null() {
+                // SAFETY: as above.
+                unsafe {
+                    state(id).rep_pending = true;
+                    post_event(
+                        id,
+                        ptr::null_mut(),
+                        sys::RDMA_CM_EVENT_CONNECT_RESPONSE,
+                        0,
+                        info,
+                        rep.private_data.clone(),
+                    );
+                }
+                return;
+            }
+            // SAFETY: as above.
+            let moved = unsafe { modify(id, sys::IBV_QPS_RTR) }
+                // SAFETY: as above.
+                .and_then(|()| unsafe { modify(id, sys::IBV_QPS_RTS) });
+            match moved.and_then(|()| dev.cm_ready(comm, &[]).map_err(|e| e.errno())) {
+                Ok(()) => {}
+                Err(e) => {
+                    say("the QP did not take the connection's attributes; rejecting the REP");
+                    let _ = dev.cm_reject(comm, &[]);
+                    r.conns.remove(&(ctx, comm));
+                    // SAFETY: as above.
+                    unsafe {
+                        post_event(
+                            id,
+                            ptr::null_mut(),
+                            sys::RDMA_CM_EVENT_CONNECT_ERROR,
+                            -e,
+                            ConnInfo::default(),
+                            Vec::new(),
+                        );
+                    }
+                }
+            }
+        }
+        CmEvent::Established { id: comm } => {
+            if let Some(id) = conn(r, comm) {
+                // SAFETY: ids in the registry are live.
+                unsafe {
+                    let data = core::mem::take(&mut state(id).est_data);
+                    post_event(
+                        id,
+                        ptr::null_mut(),
+                        sys::RDMA_CM_EVENT_ESTABLISHED,
+                        0,
+                        ConnInfo::default(),
+                        data,
+                    );
+                }
+            }
+        }
+        CmEvent::Rejected {
+            id: comm,
+            reason,
+            private_data,
+            ..
+        } => {
+            if let Some(id) = r.conns.remove(&(ctx, comm)) {
+                let id = id as *mut sys::rdma_cm_id;
+                // SAFETY: ids in the registry are live.
+                unsafe {
+                    post_event(
+                        id,
+                        ptr::null_mut(),
+                        sys::RDMA_CM_EVENT_REJECTED,
+                        c_int::from(reason.0),
+                        ConnInfo::default(),
+                        private_data,
+                    );
+                }
+            }
+        }
+        CmEvent::TimedOut { id: comm } => {
+            if let Some(id) = r.conns.remove(&(ctx, comm)) {
+                let id = id as *mut sys::rdma_cm_id;
+                // SAFETY: ids in the registry are live.
+                unsafe {
+                    let kind = if state(id).active {
+                        sys::RDMA_CM_EVENT_UNREACHABLE
+                    } else {
+                        sys::RDMA_CM_EVENT_CONNECT_ERROR
+                    };
+                    post_event(
+                        id,
+                        ptr::null_mut(),
+                        kind,
+                        -libc::ETIMEDOUT,
+                        ConnInfo::default(),
+                        Vec::new(),
+                    );
+                }
+            }
+        }
+        CmEvent::Disconnected {
+            id: comm,
+            private_data,
+        } => {
+            if let Some(id) = conn(r, comm) {
+                // SAFETY: ids in the registry are live.
+                unsafe {
+                    post_event(
+                        id,
+                        ptr::null_mut(),
+                        sys::RDMA_CM_EVENT_DISCONNECTED,
+                        0,
+                        ConnInfo::default(),
+                        private_data,
+                    );
+                }
+            }
+        }
+        CmEvent::TimeWaitExit { id: comm } => {
+            if let Some(id) = r.conns.remove(&(ctx, comm)) {
+                // SAFETY: ids in the registry are live.
+                unsafe {
+                    post_event(
+                        id as *mut sys::rdma_cm_id,
+                        ptr::null_mut(),
+                        sys::RDMA_CM_EVENT_TIMEWAIT_EXIT,
+                        0,
+                        ConnInfo::default(),
+                        Vec::new(),
+                    );
+                }
+            }
+        }
+        // SIDR is not offered through this library (UDP port space): the CM answers SIDR
+        // requests to ports nobody listens on itself.
+        CmEvent::SidrRequest { id, .. } => {
+            let _ = dev.cm_sidr_reply(
+                id,
+                roce::api::SidrStatus::UNSUPPORTED,
+                Qpn::new(0),
+                roce::transport::QKey::new(0),
+                &[],
+            );
+        }
+        CmEvent::SidrReply { .. } | CmEvent::SidrTimedOut { .. } => {}
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// Addresses, options, devices
+// ---------------------------------------------------------------------------------------
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_getaddrinfo`: the first address `getaddrinfo` finds for `node`/`service`, as the
+    /// source (RAI_PASSIVE) or the destination, with the hints' QP type and port space (RC
+    /// over TCP by default). Returns `getaddrinfo`'s error code on failure.
+    fn rdma_getaddrinfo(
+        node: *const c_char,
+        service: *const c_char,
+        hints: *const sys::rdma_addrinfo,
+        res: *mut *mut sys::rdma_addrinfo,
+    ) -> c_int {
+        guard(libc::EAI_FAIL, || {
+            if res.is_null() || (node.is_null() && service.is_null()) {
+                return libc::EAI_NONAME;
+            }
+            // SAFETY: NULL or the caller's hints.
+            let h = unsafe { hints.as_ref() };
+            let flags = h.map_or(0, |h| h.ai_flags);
+            let passive = flags & sys::RAI_PASSIVE as c_int != 0;
+            // SAFETY: all-zero is a valid `addrinfo`.
+            let mut ah: libc::addrinfo = unsafe { core::mem::zeroed() };
+            ah.ai_family = h.map_or(libc::AF_UNSPEC, |h| h.ai_family);
+            ah.ai_socktype = libc::SOCK_STREAM;
+            if passive {
+                ah.ai_flags |= libc::AI_PASSIVE;
+            }
+            if flags & sys::RAI_NUMERICHOST as c_int != 0 {
+                ah.ai_flags |= libc::AI_NUMERICHOST;
+            }
+            let mut found: *mut libc::addrinfo = ptr::null_mut();
+            // SAFETY: C strings or NULL from the caller, local hints, an out pointer.
+            let rc = unsafe { libc::getaddrinfo(node, service, &raw const ah, &raw mut found) };
+            if rc != 0 {
+                return rc;
+            }
+            // SAFETY: getaddrinfo succeeded: `found` is a list of at least one entry.
+            let a = unsafe { sockaddr_in((*found).ai_addr) };
+            // SAFETY: the list getaddrinfo gave, freed once.
+            unsafe { libc::freeaddrinfo(found) };
+            let Some(a) = a else {
+                return libc::EAI_FAMILY;
+            };
+            let (st, len) = to_storage(a);
+            // SAFETY: calloc of plain C structs; NULL results are checked.
+            let (rai, sa) = unsafe {
+                (
+                    libc::calloc(1, size_of::<sys::rdma_addrinfo>()).cast::<sys::rdma_addrinfo>(),
+                    libc::calloc(1, size_of::<libc::sockaddr_storage>())
+                        .cast::<libc::sockaddr_storage>(),
+                )
+            };
+            if rai.is_null() || sa.is_null() {
+                // SAFETY: free of calloc's results (NULL is fine).
+                unsafe {
+                    libc::free(rai.cast());
+                    libc::free(sa.cast());
+                }
+                return libc::EAI_MEMORY;
+            }
+            // SAFETY: `sa` and `rai` were just allocated with room for these.
+            unsafe {
+                sa.write(st);
+                let r = &mut *rai;
+                r.ai_flags = flags;
+                r.ai_family = c_int::from(st.ss_family);
+                r.ai_qp_type = h
+                    .map(|h| h.ai_qp_type)
+                    .filter(|&t| t != 0)
+                    .unwrap_or(sys::IBV_QPT_RC as c_int);
+                r.ai_port_space = h
+                    .map(|h| h.ai_port_space)
+                    .filter(|&p| p != 0)
+                    .unwrap_or(sys::RDMA_PS_TCP as c_int);
+                if passive {
+                    r.ai_src_addr = sa.cast();
+                    r.ai_src_len = len;
+                } else {
+                    r.ai_dst_addr = sa.cast();
+                    r.ai_dst_len = len;
+                }
+                res.write(rai);
+            }
+            0
+        })
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_freeaddrinfo`: frees a list from `rdma_getaddrinfo`.
+    fn rdma_freeaddrinfo(res: *mut sys::rdma_addrinfo) -> () {
+        let mut p = res;
+        while !p.is_null() {
+            // SAFETY: a list from `rdma_getaddrinfo`: calloc'd entries and addresses.
+            unsafe {
+                let next = (*p).ai_next;
+                libc::free((*p).ai_src_addr.cast());
+                libc::free((*p).ai_dst_addr.cast());
+                libc::free((*p).ai_src_canonname.cast());
+                libc::free((*p).ai_dst_canonname.cast());
+                libc::free((*p).ai_route);
+                libc::free((*p).ai_connect);
+                libc::free(p.cast());
+                p = next;
+            }
+        }
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_set_option`: RDMA_OPTION_ID_TOS, _REUSEADDR, _AFONLY and _ACK_TIMEOUT are taken
+    /// (the kernel's checks on their sizes); they change nothing here (one traffic class, no
+    /// port reuse restriction, listeners per family). Other options: ENOSYS.
+    fn rdma_set_option(
+        id: *mut sys::rdma_cm_id,
+        level: c_int,
+        optname: c_int,
+        optval: *mut c_void,
+        optlen: usize,
+    ) -> c_int {
+        if !live(id) || optval.is_null() {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        let want = match (level as u32, optname as u32) {
+            (sys::RDMA_OPTION_ID, sys::RDMA_OPTION_ID_TOS | sys::RDMA_OPTION_ID_ACK_TIMEOUT) => 1,
+            (sys::RDMA_OPTION_ID, sys::RDMA_OPTION_ID_REUSEADDR | sys::RDMA_OPTION_ID_AFONLY) => {
+                size_of::<c_int>()
+            }
+            _ => {
+                say(&format!(
+                    "rdma_set_option: level {level} option {optname} is not supported"
+                ));
+                set_errno(libc::ENOSYS);
+                return -1;
+            }
+        };
+        if optlen != want {
+            set_errno(libc::EINVAL);
+            return -1;
+        }
+        0
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_get_src_port`: the id's local port, network order.
+    fn rdma_get_src_port(id: *mut sys::rdma_cm_id) -> u16 {
+        if !live(id) {
+            return 0;
+        }
+        // SAFETY: a live id of ours.
+        unsafe { state(id).src }.map_or(0, |a| a.port().to_be())
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_get_dst_port`: the id's peer port, network order.
+    fn rdma_get_dst_port(id: *mut sys::rdma_cm_id) -> u16 {
+        if !live(id) {
+            return 0;
+        }
+        // SAFETY: a live id of ours.
+        unsafe { state(id).dst }.map_or(0, |a| a.port().to_be())
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_get_devices`: the contexts librdmacm opened (kept open while it is loaded),
+    /// NULL-terminated; free the array with `rdma_free_devices`.
+    fn rdma_get_devices(num_devices: *mut c_int) -> *mut *mut sys::ibv_context {
+        guard(ptr::null_mut(), || {
+            let ctxs = contexts(&mut reg());
+            // SAFETY: calloc of n+1 pointers, checked.
+            let list = unsafe { libc::calloc(ctxs.len() + 1, size_of::<usize>()) }.cast::<usize>();
+            if list.is_null() {
+                set_errno(libc::ENOMEM);
+                return ptr::null_mut();
+            }
+            for (i, c) in ctxs.iter().enumerate() {
+                // SAFETY: `list` has room for `len + 1` entries.
+                unsafe { list.add(i).write(*c) };
+            }
+            if !num_devices.is_null() {
+                // SAFETY: the caller's int.
+                unsafe { num_devices.write(c_int::try_from(ctxs.len()).unwrap_or(0)) };
+            }
+            list.cast()
+        })
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_free_devices`: frees the array of `rdma_get_devices` (the contexts stay open).
+    fn rdma_free_devices(list: *mut *mut sys::ibv_context) -> () {
+        // SAFETY: the calloc'd array of `rdma_get_devices`.
+        unsafe { libc::free(list.cast()) };
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rpoll`: `poll(2)`. rsockets are not provided, so every descriptor is an ordinary one,
+    /// for which rsocket's `rpoll` is `poll`.
+    fn rpoll(fds: *mut libc::pollfd, nfds: libc::nfds_t, timeout: c_int) -> c_int {
+        // SAFETY: the caller's array of `nfds` entries.
+        unsafe { libc::poll(fds, nfds, timeout) }
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rselect`: `select(2)`, for the reason `rpoll` is `poll`.
+    fn rselect(
+        nfds: c_int,
+        readfds: *mut libc::fd_set,
+        writefds: *mut libc::fd_set,
+        exceptfds: *mut libc::fd_set,
+        timeout: *mut libc::timeval,
+    ) -> c_int {
+        // SAFETY: the caller's sets and timeout.
+        unsafe { libc::select(nfds, readfds, writefds, exceptfds, timeout) }
+    }
+);
+
+/// Exports librdmacm calls this library does not provide: each says so on stderr and fails
+/// with ENOSYS (an `int` call returns -1, a pointer call NULL), so programs that import them
+/// load and fail cleanly if they call them.
+macro_rules! unsupported {
+    ($node:literal, $ret:ty, $fail:expr, $($name:ident),+ $(,)?) => {$(
+        export!(
+            $node,
+            /// Not provided by roce-xdp's librdmacm: ENOSYS (see the module doc).
+            fn $name() -> $ret {
+                say(concat!(stringify!($name), " is not supported"));
+                set_errno(libc::ENOSYS);
+                $fail
+            }
+        );
+    )+};
+}
+
+unsupported!(
+    "RDMACM_1.0",
+    c_int,
+    -1,
+    rdma_create_ep,
+    rdma_get_request,
+    rdma_create_srq,
+    rdma_create_srq_ex,
+    rdma_join_multicast,
+    rdma_leave_multicast,
+    rdma_notify,
+    rsocket,
+    rbind,
+    rlisten,
+    raccept,
+    rconnect,
+    rshutdown,
+    rclose,
+    rsetsockopt,
+    rgetsockopt,
+    rfcntl,
+    rgetpeername,
+    rgetsockname,
+    riounmap,
+);
+unsupported!("RDMACM_1.1", c_int, -1, rdma_join_multicast_ex);
+unsupported!(
+    "RDMACM_1.3",
+    c_int,
+    -1,
+    rdma_reject_ece,
+    rdma_set_local_ece,
+    rdma_get_remote_ece,
+);
+unsupported!(
+    "RDMACM_1.0",
+    isize,
+    -1,
+    rrecv,
+    rrecvfrom,
+    rrecvmsg,
+    rsend,
+    rsendto,
+    rsendmsg,
+    rread,
+    rreadv,
+    rwrite,
+    rwritev,
+    riowrite,
+);
+unsupported!("RDMACM_1.0", libc::off_t, -1, riomap);
+unsupported!("RDMACM_1.0", (), (), rdma_destroy_ep, rdma_destroy_srq);

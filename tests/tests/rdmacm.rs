@@ -1,0 +1,301 @@
+//! The drop-in librdmacm (roce-user/verbs/src/ffi/rdmacm.rs: the same file as the drop-in
+//! libibverbs, linked as librdmacm.so.1 by `roce exec`) under Debian's unmodified
+//! rdmacm-utils and perftest:
+//! - every `rdma_*` and rsocket symbol the Debian binaries import is defined with the version
+//!   node they require, the library defines every symbol of Debian's librdmacm1 44, and the
+//!   binaries load on it with every symbol bound (`ldd -r`);
+//! - `rping -V` (every ping verified), `ucmatose` (several connections, sends both ways) and
+//!   `ib_write_bw -R` (perftest connecting through RDMA CM) at both ends of a veth pair, each
+//!   end on roce-xdp, and the interfaces left clean.
+//!
+//! Against the kernel's CM and rxe in the Soft-RoCE VM: tests/tests/interop_qp1.rs. Root.
+
+use std::{
+    collections::BTreeSet,
+    path::PathBuf,
+    process::{Command, Output},
+    time::Duration,
+};
+
+use roce::netns::{VethEnd, VethPair};
+use roce_tests::{require_root, roce, roce_bin, veth_pair};
+
+/// The folder `roce exec` puts on LD_LIBRARY_PATH (made on first use), with
+/// libibverbs.so.1 and librdmacm.so.1 in it.
+fn lib_dir() -> PathBuf {
+    let bin = roce_bin();
+    let dir = bin.parent().expect("roce's folder");
+    assert!(
+        dir.join("libibverbs.so").exists(),
+        "the drop-in libibverbs is not built next to {} (cargo build -p roce-verbs)",
+        bin.display()
+    );
+    let o = roce(&["exec", "--", "true"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    dir.join("roce-verbs")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The dynamic symbols of `path` in a version node starting with `node` (`RDMACM`):
+/// (version, name), the undefined ones or the defined ones.
+fn dynsyms(path: &str, node: &str, undefined: bool) -> BTreeSet<(String, String)> {
+    let o = Command::new("objdump")
+        .args(["-T", path])
+        .output()
+        .expect("objdump (binutils)");
+    assert!(o.status.success(), "objdump -T {path}");
+    String::from_utf8_lossy(&o.stdout)
+        .lines()
+        .filter(|l| l.contains("*UND*") == undefined && l.contains(node))
+        .filter_map(|l| {
+            let mut w = l.split_whitespace().rev();
+            let name = w.next()?.to_owned();
+            let ver = w.next()?.trim_matches(['(', ')']).to_owned();
+            // The version nodes' own entries (`*ABS*` RDMACM_1.0 RDMACM_1.0).
+            (ver != name).then_some((ver, name))
+        })
+        .collect()
+}
+
+/// The Debian binaries that link librdmacm (rdmacm-utils and perftest).
+const TOOLS: &[&str] = &[
+    "rping",
+    "ucmatose",
+    "udaddy",
+    "mckey",
+    "rdma_server",
+    "rdma_client",
+    "rdma_xserver",
+    "rdma_xclient",
+    "cmtime",
+    "rcopy",
+    "riostream",
+    "rstream",
+    "ib_write_bw",
+    "ib_read_bw",
+    "ib_send_bw",
+    "ib_write_lat",
+];
+
+/// Every RDMACM symbol the tools import is defined with its version node, the library
+/// defines every symbol of Debian's librdmacm.so.1, librdmacm.so.1 is the same file as
+/// libibverbs.so.1, and each tool loads on it with every symbol bound.
+#[test]
+fn the_library_defines_what_the_rdmacm_tools_import_with_their_versions() {
+    require_root();
+    let dir = lib_dir();
+    let lib = dir.join("librdmacm.so.1");
+    assert_eq!(
+        std::fs::canonicalize(&lib).expect("librdmacm.so.1"),
+        std::fs::canonicalize(dir.join("libibverbs.so.1")).expect("libibverbs.so.1"),
+        "librdmacm.so.1 must be the drop-in libibverbs (one copy of the devices and the CM)"
+    );
+    let defined = dynsyms(lib.to_str().unwrap(), "RDMACM", false);
+    let debian = dynsyms("/usr/lib/x86_64-linux-gnu/librdmacm.so.1", "RDMACM", false);
+    assert!(debian.len() > 60, "Debian's librdmacm: {debian:?}");
+    let missing: Vec<_> = debian.difference(&defined).collect();
+    assert!(
+        missing.is_empty(),
+        "Debian's librdmacm defines, ours does not: {missing:?}"
+    );
+    for tool in TOOLS {
+        let path = format!("/usr/bin/{tool}");
+        assert!(
+            std::path::Path::new(&path).exists(),
+            "{tool} is not installed (cargo xtask setup: rdmacm-utils, perftest)"
+        );
+        let path = path.as_str();
+        let needed = dynsyms(path, "RDMACM", true);
+        assert!(!needed.is_empty(), "{tool} imports nothing from librdmacm?");
+        let missing: Vec<_> = needed.difference(&defined).collect();
+        assert!(missing.is_empty(), "{tool} needs {missing:?}");
+        // Loads: `ldd -r` has the loader map the tool on the library and bind every symbol
+        // (data and functions, with their versions) without running it.
+        let o = Command::new("ldd")
+            .args(["-r", path])
+            .env("LD_LIBRARY_PATH", &dir)
+            .output()
+            .expect("ldd");
+        let out = text(&o);
+        assert!(
+            o.status.success()
+                && out.contains(&format!("librdmacm.so.1 => {}", lib.display()))
+                && !out.contains("undefined symbol")
+                && !out.contains("not found"),
+            "{tool} does not load on the library: {out}"
+        );
+    }
+}
+
+/// Runs `prog args` on end `end` through `roce exec`, line-buffered.
+fn ours(end: &VethEnd, prog: &str, args: &[String]) -> roce_tests::child::Reaper {
+    let mut v: Vec<String> = ["exec", "-d", &end.ifname, "--", "stdbuf", "-oL", prog]
+        .map(String::from)
+        .to_vec();
+    v.extend(args.iter().cloned());
+    roce_tests::child::spawn(&end.netns, &v)
+}
+
+/// Runs a server on end A and its client on end B; the client is run again while the server
+/// is not listening yet (the connect is rejected, or the REQ times out), at most 30 times.
+/// Returns (client, server) after checking both succeeded.
+fn server_and_client(
+    pair: &VethPair,
+    prog: &str,
+    server: &[String],
+    client: &[String],
+) -> (String, String) {
+    let s = ours(&pair.a, prog, server);
+    let limit = Duration::from_secs(90);
+    let mut attempts = 0;
+    let c = loop {
+        attempts += 1;
+        std::thread::sleep(Duration::from_millis(500));
+        let c = roce_tests::child::finish_within(
+            ours(&pair.b, prog, client),
+            limit,
+            &format!("{prog} client"),
+        );
+        let out = text(&c);
+        let early = out.contains("REJECTED")
+            || out.contains("UNREACHABLE")
+            || out.contains("Unable to Connect")
+            || out.contains("Failed to connect");
+        if c.status.success() || !early || attempts >= 30 {
+            break c;
+        }
+    };
+    let ct = text(&c);
+    let s = roce_tests::child::finish_within(
+        s,
+        limit,
+        &format!(
+            "{prog} server (its client exited with {}, printing:\n{ct})",
+            c.status
+        ),
+    );
+    let st = text(&s);
+    assert!(
+        c.status.success() && s.status.success(),
+        "{prog} client ({}):\n{ct}\n{prog} server ({}):\n{st}",
+        c.status,
+        s.status
+    );
+    (ct, st)
+}
+
+fn args(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// Debian's unmodified rping, ucmatose and ib_write_bw -R, both ends on roce-xdp through the
+/// drop-in librdmacm: every rping payload verified at both ends (`-V`), ucmatose's
+/// connections all complete their sends, perftest's run reports every iteration; the
+/// interfaces are left without roce_xdp or pins.
+#[test]
+fn rping_ucmatose_and_perftest_connect_through_the_library_at_both_ends() {
+    require_root();
+    let pair = veth_pair("cm1", 182);
+    let server_ip = pair.a.ipv4.to_string();
+
+    // rping: 200 pings of 128 bytes, each RDMA READ by the server and WRITTEN back, verified.
+    // (The server's output waits in a pipe until the client is done: 200 lines of -v must
+    // fit in it.)
+    let (c, s) = server_and_client(
+        &pair,
+        "rping",
+        &args(&[
+            "-s", "-v", "-V", "-S", "128", "-C", "200", "-p", "7174", "-a", &server_ip,
+        ]),
+        &args(&[
+            "-c", "-v", "-V", "-S", "128", "-C", "200", "-p", "7174", "-a", &server_ip,
+        ]),
+    );
+    let pings = |out: &str| {
+        out.lines()
+            .filter(|l| l.contains("ping data: rdma-ping-"))
+            .count()
+    };
+    assert_eq!(pings(&c), 200, "client:\n{c}");
+    assert_eq!(pings(&s), 200, "server:\n{s}");
+
+    // ucmatose: 4 connections, 50 sends each way on each.
+    let (c, s) = server_and_client(
+        &pair,
+        "ucmatose",
+        &args(&["-b", &server_ip, "-p", "7175", "-c", "4", "-C", "50"]),
+        &args(&["-s", &server_ip, "-p", "7175", "-c", "4", "-C", "50"]),
+    );
+    for out in [&c, &s] {
+        assert!(
+            out.contains("data transfers complete") && out.contains("return status 0"),
+            "{out}"
+        );
+    }
+
+    // perftest's ib_write_bw connecting with RDMA CM: 500 writes of 64 KiB.
+    let dev = |end: &VethEnd| format!("roce_{}", end.ifname);
+    let (c, s) = server_and_client(
+        &pair,
+        "ib_write_bw",
+        &args(&[
+            "-R",
+            "-d",
+            &dev(&pair.a),
+            "-n",
+            "500",
+            "-s",
+            "65536",
+            "-p",
+            "18520",
+        ]),
+        &args(&[
+            "-R",
+            "-d",
+            &dev(&pair.b),
+            "-n",
+            "500",
+            "-s",
+            "65536",
+            "-p",
+            "18520",
+            &server_ip,
+        ]),
+    );
+    for out in [&c, &s] {
+        assert!(out.contains("Data ex. method : rdma_cm"), "{out}");
+        let row = out
+            .lines()
+            .find(|l| l.trim_start().starts_with("65536 "))
+            .unwrap_or_else(|| panic!("no result row:\n{out}"));
+        assert_eq!(
+            row.split_whitespace().nth(1),
+            Some("500"),
+            "iterations: {out}"
+        );
+    }
+
+    for end in [&pair.a, &pair.b] {
+        assert!(
+            !std::path::Path::new(&format!("/sys/fs/bpf/roce/{}", end.ifname)).exists(),
+            "pins left behind on {}",
+            end.ifname
+        );
+        let o = Command::new("ip")
+            .args(["-n", &end.netns, "link", "show", &end.ifname])
+            .output()
+            .expect("ip link");
+        assert!(
+            !String::from_utf8_lossy(&o.stdout).contains("xdp"),
+            "roce_xdp left on {}",
+            end.ifname
+        );
+    }
+}
