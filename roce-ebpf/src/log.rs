@@ -2,7 +2,7 @@
 //! its form and the switch that guards it).
 //!
 //! The program that saw the frame reads its headers into a [`FrameRecord`] on its stack, on its
-//! rare path only, and calls [`write`], a BPF subprogram that takes only that pointer: it never
+//! rare path only, and calls [`write()`], a BPF subprogram that takes only that pointer: it never
 //! touches the packet (a context or packet pointer handed to a subprogram is easily mangled by
 //! LLVM beyond what the verifier accepts), and aya-log's instructions and stack stay out of the
 //! callers' other paths.
