@@ -642,10 +642,12 @@ export!(
             let ctx = unsafe { (*id).verbs } as usize;
             if let Some(comm) = st.comm {
                 r.conns.remove(&(ctx, comm));
+                // As the kernel's rdma_destroy_id: the peer hears a REJ before the connection
+                // is established, one DREQ after (cm.c `cm_destroy_id`).
                 if let Ok(d) = device_arc(ctx)
-                    && d.cm_state(comm) == Some(CmState::Established)
+                    && d.cm_state(comm).is_some()
                 {
-                    let _ = d.cm_disconnect(comm, &[]);
+                    let _ = d.cm_destroy(comm);
                 }
             }
             drop(st);
