@@ -14,6 +14,7 @@ use nix::{sys::signal, unistd::Pid};
 use roce::loader::{
     Pins,
     ebpf_log::{LevelMap, LogLevel, Program},
+    pin_dir,
 };
 use roce_common::{counters::DropReason, opcode::Opcode};
 use roce_tests::{Frame, Loaded, RawPort, require_root, roce, roce_bin, roce_ok, veth_pair};
@@ -226,8 +227,45 @@ fn roce_log_streams_drops_as_json_and_switches_the_level() {
     ]);
     assert_eq!(level(&b.ifname), LogLevel::Info);
 
-    // Without a program, roce log says what to do.
+    // An endpoint that loads roce_xdp itself starts it at its `--log-level`, and takes the
+    // program away when it ends.
     roce_ok(&["unload", "-i", &b.ifname]);
+    let server = Streaming(
+        Command::new(roce_bin())
+            .args(["--netns", &b.netns, "pingpong", "-d", &b.ifname])
+            .args(["-p", "18781", "--log-level", "warn"])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn roce pingpong"),
+    );
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let warn_now = |ifname: &str| {
+        LevelMap::open(Program::RoceXdp, ifname)
+            .and_then(|m| m.get())
+            .is_ok_and(|l| l == LogLevel::Warn)
+    };
+    while !warn_now(&b.ifname) {
+        assert!(
+            Instant::now() < deadline,
+            "roce pingpong --log-level warn did not load roce_xdp at warn"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Ctrl-C: it unloads what it loaded on its way out.
+    let pid = nix::unistd::Pid::from_raw(i32::try_from(server.0.id()).expect("pid"));
+    nix::sys::signal::kill(pid, nix::sys::signal::Signal::SIGINT).expect("SIGINT");
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pin_dir(&b.ifname).exists() {
+        assert!(
+            Instant::now() < deadline,
+            "roce pingpong left roce_xdp behind"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    drop(server);
+
+    // Without a program, roce log says what to do.
     let o = roce(&["--netns", &b.netns, "log", "-i", &b.ifname]);
     assert_eq!(o.status.code(), Some(1));
     assert!(

@@ -179,6 +179,9 @@ pub struct DeviceOptions {
     /// peer's hash put it there) is handed to the owner and counted in `rx_other_queue`.
     /// Without it (the default) every queue's engine serves one shared transport.
     pub sharded: bool,
+    /// The level of roce_xdp's log records (`roce log` reads them) when the device loads
+    /// roce_xdp itself; a program already attached keeps its level. Off by default.
+    pub log_level: roce_common::log::LogLevel,
 }
 
 /// How often the helper thread of an inline device ([`DeviceOptions::inline`]) drives the
@@ -256,6 +259,7 @@ impl Default for DeviceOptions {
             netns: None,
             inline: false,
             sharded: false,
+            log_level: roce_common::log::LogLevel::Off,
         }
     }
 }
@@ -328,6 +332,7 @@ impl Device {
             let lo = LoadOptions {
                 mode: opts.mode,
                 netns: opts.netns.clone().or_else(crate::netns::identify),
+                log_level: opts.log_level,
                 ..LoadOptions::default()
             };
             Some(loader::load_held(ifname, &lo)?.1)

@@ -33,6 +33,10 @@ pub struct PingpongArgs {
     /// Use interface DEV (ibv_rc_pingpong: IB device).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     pub dev: String,
+    /// If this run loads roce_xdp itself, start it with its log records on at this level
+    /// (read them with `roce log -i DEV`).
+    #[arg(long, value_enum, default_value_t = crate::cli::log::LoadLevel::Off)]
+    pub log_level: crate::cli::log::LoadLevel,
     /// Use port PORT of the device (roce-xdp devices have one port, 1).
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     pub ib_port: u8,
@@ -117,6 +121,7 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
         &DeviceOptions {
             netns,
             inline: !a.events && !a.threaded,
+            log_level: a.log_level.into(),
             ..DeviceOptions::default()
         },
     )?;

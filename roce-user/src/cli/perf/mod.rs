@@ -59,6 +59,10 @@ pub struct PerfArgs {
     /// Interface to use (perftest: IB device).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     pub dev: String,
+    /// If this run loads roce_xdp itself, start it with its log records on at this level
+    /// (read them with `roce log -i DEV`).
+    #[arg(long, value_enum, default_value_t = crate::cli::log::LoadLevel::Off)]
+    pub log_level: crate::cli::log::LoadLevel,
     /// TCP port of the out-of-band exchange.
     #[arg(short, long, default_value_t = perftest::DEFAULT_PORT)]
     pub port: u16,

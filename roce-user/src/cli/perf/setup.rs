@@ -99,6 +99,7 @@ pub(super) fn open_device(
         netns,
         inline: a.inline && plan.client,
         sharded: a.sharded,
+        log_level: a.log_level.into(),
         ..DeviceOptions::default()
     };
     opts.transport.cc = cc_config(a)?;
