@@ -273,6 +273,10 @@ counter_struct! {
         uc_msg_dropped,
         /// mlx5: received RoCE packets marked ECN CE.
         np_ecn_marked_roce_packets,
+        /// roce-xdp: RoCE payload bytes the QP sent (SEND and WRITE data, READ responses, retransmissions included).
+        tx_payload_bytes,
+        /// roce-xdp: RoCE payload bytes the QP received on its path (duplicates included).
+        rx_payload_bytes,
     }
 }
 

@@ -275,7 +275,9 @@ fn top_in_tmux_shows_rates_and_quits_clean() {
     let screen = tmux.wait_for("top", Duration::from_secs(20), "rows with rates", |s| {
         let qps = qp_rows(s, a);
         qps.len() == 2
-            && qps.iter().all(|r| r[3] != "0" && r[4] != "0")
+            && qps
+                .iter()
+                .all(|r| r[3] != "0" && r[4] != "0" && r[5] != "0")
             && iface_row(s, a).is_some_and(|r| r[1] != "0" && r[4] != "0")
     });
     eprintln!("roce top in tmux:\n{screen}");
@@ -297,11 +299,11 @@ fn top_in_tmux_shows_rates_and_quits_clean() {
     for r in qp_rows(&screen, a) {
         assert_eq!(r[2], "RTS", "{screen}");
         assert!(
-            r[10].ends_with("bit/s") && r[10] != "0bit/s",
+            r[12].ends_with("bit/s") && r[12] != "0bit/s",
             "DCQCN rate: {screen}"
         );
         assert!(
-            r[11].parse::<f64>().is_ok_and(|x| (0.0..=1.0).contains(&x)),
+            r[13].parse::<f64>().is_ok_and(|x| (0.0..=1.0).contains(&x)),
             "alpha: {screen}"
         );
     }
@@ -331,6 +333,12 @@ fn top_in_tmux_shows_rates_and_quits_clean() {
     assert_eq!(qps.len(), 2, "{once}");
     assert!(
         qps.iter().all(|q| q["tx_pps"].as_f64().unwrap() > 0.0),
+        "{once}"
+    );
+    // This end WRITEs: each QP sends payload (at least a frame's worth a second).
+    assert!(
+        qps.iter()
+            .all(|q| q["tx_bytes_per_sec"].as_f64().unwrap() > 1000.0),
         "{once}"
     );
     assert!(

@@ -97,6 +97,10 @@ pub struct QpRow {
     pub tx_pps: f64,
     /// Packets received per second.
     pub rx_pps: f64,
+    /// RoCE payload bytes sent per second (`tx_payload_bytes`).
+    pub tx_bytes_per_sec: f64,
+    /// RoCE payload bytes received per second (`rx_payload_bytes`).
+    pub rx_bytes_per_sec: f64,
     /// Retransmissions per second.
     pub retrans_per_sec: f64,
     /// NAKs per second (sent and received, RNR apart).
@@ -128,6 +132,10 @@ pub enum SortKey {
     Tx,
     /// Packets received per second.
     Rx,
+    /// Payload bytes sent per second.
+    TxBytes,
+    /// Payload bytes received per second.
+    RxBytes,
     /// Retransmissions per second.
     Retrans,
     /// NAKs per second.
@@ -144,10 +152,12 @@ pub enum SortKey {
 
 impl SortKey {
     /// Every key, in column order.
-    pub const ALL: [Self; 9] = [
+    pub const ALL: [Self; 11] = [
         Self::Qpn,
         Self::Tx,
         Self::Rx,
+        Self::TxBytes,
+        Self::RxBytes,
         Self::Retrans,
         Self::Naks,
         Self::Rnr,
@@ -177,6 +187,8 @@ impl SortKey {
             Self::Qpn => "QPN",
             Self::Tx => "TX pkt/s",
             Self::Rx => "RX pkt/s",
+            Self::TxBytes => "TX B/s",
+            Self::RxBytes => "RX B/s",
             Self::Retrans => "RETX/s",
             Self::Naks => "NAK/s",
             Self::Rnr => "RNR/s",
@@ -191,6 +203,8 @@ impl SortKey {
             Self::Qpn => f64::from(r.qpn),
             Self::Tx => r.tx_pps,
             Self::Rx => r.rx_pps,
+            Self::TxBytes => r.tx_bytes_per_sec,
+            Self::RxBytes => r.rx_bytes_per_sec,
             Self::Retrans => r.retrans_per_sec,
             Self::Naks => r.naks_per_sec,
             Self::Rnr => r.rnr_per_sec,
@@ -304,6 +318,8 @@ pub fn rows(now: &Snapshot, before: Option<&Snapshot>, secs: f64) -> (IfaceRow, 
             owner: info(s, "owner").unwrap_or("?").to_owned(),
             tx_pps: rate(s, b, "sent_pkts", secs),
             rx_pps: rate(s, b, "rcvd_pkts", secs),
+            tx_bytes_per_sec: rate(s, b, "tx_payload_bytes", secs),
+            rx_bytes_per_sec: rate(s, b, "rx_payload_bytes", secs),
             retrans_per_sec: rate(s, b, RETRY_COUNTER, secs),
             naks_per_sec: rate_sum(s, b, &NAK_COUNTERS, secs),
             rnr_per_sec: rate_sum(s, b, &RNR_COUNTERS, secs),
@@ -427,12 +443,14 @@ pub fn iface_cells(r: &IfaceRow) -> Vec<String> {
 }
 
 /// The headers of the QP table.
-pub const QP_COLUMNS: [&str; 12] = [
+pub const QP_COLUMNS: [&str; 14] = [
     "IFACE",
     "QPN",
     "STATE",
     "TX pkt/s",
     "RX pkt/s",
+    "TX B/s",
+    "RX B/s",
     "RETX/s",
     "NAK/s",
     "RNR/s",
@@ -450,12 +468,14 @@ impl SortKey {
             Self::Qpn => 1,
             Self::Tx => 3,
             Self::Rx => 4,
-            Self::Retrans => 5,
-            Self::Naks => 6,
-            Self::Rnr => 7,
-            Self::Cnp => 8,
-            Self::Rate => 10,
-            Self::Alpha => 11,
+            Self::TxBytes => 5,
+            Self::RxBytes => 6,
+            Self::Retrans => 7,
+            Self::Naks => 8,
+            Self::Rnr => 9,
+            Self::Cnp => 10,
+            Self::Rate => 12,
+            Self::Alpha => 13,
         }
     }
 }
@@ -473,6 +493,8 @@ pub fn qp_cells(r: &QpRow) -> Vec<String> {
         [
             r.tx_pps,
             r.rx_pps,
+            r.tx_bytes_per_sec,
+            r.rx_bytes_per_sec,
             r.retrans_per_sec,
             r.naks_per_sec,
             r.rnr_per_sec,
@@ -569,6 +591,8 @@ mod tests {
             rcvd_seq_err: retry,
             out_of_seq_request: 1,
             send_rnr_err: retry * 3,
+            tx_payload_bytes: sent * 1000,
+            rx_payload_bytes: sent * 10,
             ..Default::default()
         };
         let cc = CcStats {
@@ -689,6 +713,11 @@ mod tests {
             (17, "RTS", "42")
         );
         assert_eq!((r.tx_pps, r.rx_pps), (100.0, 50.0));
+        // Payload bytes: 100,000 -> 300,000 sent and 1,000 -> 3,000 received in 2 s.
+        assert_eq!(
+            (r.tx_bytes_per_sec, r.rx_bytes_per_sec),
+            (100_000.0, 1_000.0)
+        );
         assert_eq!(r.retrans_per_sec, 2.0);
         assert_eq!(r.naks_per_sec, 2.0);
         assert_eq!(r.rnr_per_sec, 6.0);
@@ -796,8 +825,8 @@ mod tests {
         let q = qp_cells(&v.qps[0]);
         assert_eq!(q.len(), QP_COLUMNS.len());
         assert_eq!(&q[..4], ["veth0", "0x000011", "RTS", "1.5k"]);
-        assert_eq!(q[10], "1.0Gbit/s");
-        assert_eq!(q[11], "0.250");
+        assert_eq!(q[12], "1.0Gbit/s");
+        assert_eq!(q[13], "0.250");
         for k in SortKey::ALL {
             assert_eq!(QP_COLUMNS[k.column()], k.title(), "{k:?}");
         }

@@ -1050,6 +1050,7 @@ impl Device {
             }
         }
         qp.counters.rcvd_pkts += 1;
+        qp.counters.rx_payload_bytes += pkt.payload.len() as u64;
         if pkt.ce {
             qp.counters.np_ecn_marked_roce_packets += 1;
         }
@@ -1197,12 +1198,14 @@ impl Device {
                 qp.cc_apply(&mut path);
             }
             let repr = out.repr;
+            let payload_len = out.payload.len() as u64;
             // The path's headers as built for the previous frame, unless the path changed.
             let sent = FrameTemplate::for_path(&mut qp.tx_template, &path)
                 .and_then(|t| t.emit_around_payload(&repr, out.payload, tx.frame()));
             match sent {
                 Ok(size) => {
                     qp.cc_on_sent(now, size);
+                    qp.counters.tx_payload_bytes += payload_len;
                     ctx.counters.sent_pkts += 1;
                     return Some(size);
                 }

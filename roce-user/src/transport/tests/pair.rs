@@ -77,6 +77,14 @@ fn pair_send_write_read_atomic_end_to_end() {
     let wb: Vec<_> = core::iter::from_fn(|| p.b.poll_cq(b.cq)).collect();
     assert_eq!(wb.len(), 1);
     assert_eq!(wb[0].byte_len, 5000);
+    // Payload bytes per QP: A sent the SEND's 5000 and the WRITE's 2000 (a READ request and an
+    // atomic carry headers only), B the READ response's 2000; nothing was lost or repeated.
+    let (ca, cb) = (
+        p.a.qp(a.qpn).unwrap().counters(),
+        p.b.qp(b.qpn).unwrap().counters(),
+    );
+    assert_eq!((ca.tx_payload_bytes, ca.rx_payload_bytes), (7000, 2000));
+    assert_eq!((cb.tx_payload_bytes, cb.rx_payload_bytes), (2000, 7000));
 }
 
 #[test]
