@@ -178,7 +178,12 @@ fn the_guests_rping_connects_to_our_cm_on_qp1() {
     );
     // QP 1 received REQ, REQ, RTU, DREP and sent REJ, REP and the DREQs; nothing malformed,
     // nothing unexpected.
-    assert_eq!(qp1(&dev), (4, 3 + cm.retransmits, 0));
+    assert_eq!(
+        qp1(&dev),
+        (4, 3 + cm.retransmits, 0),
+        "QP 1 (received, sent, dropped); CM {cm:?}, GSI {gsi:?}; rping -c: {}",
+        client.out
+    );
     assert_eq!((cm.malformed, cm.unexpected), (0, 0), "{cm:?}");
     assert_eq!(gsi, Default::default());
     drop(dev);
