@@ -35,7 +35,7 @@ use roce::{
     transport::{Psn, QKey, Qpn},
 };
 use roce_tests::{
-    require_root,
+    Loaded, require_root,
     rxe::{Peer, PeerOptions},
     tag,
 };
@@ -352,6 +352,8 @@ fn rping_on_the_drop_in_librdmacm_connects_to_and_from_rxe() {
     require_root();
     const COUNT: usize = 50;
     let peer = Peer::boot(&tag("q4"), 77, &PeerOptions::default());
+    // A program killed at a timeout cannot unload what it loaded: the pins go with the test.
+    let _unpin = Loaded::guard(&peer.ifname);
     let ours = |args: &[String]| {
         // Line-buffered, so that a stuck run's output says how far it got.
         let mut v: Vec<String> = ["exec", "-d", &peer.ifname, "--", "stdbuf", "-oL", "rping"]

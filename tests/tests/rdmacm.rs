@@ -18,7 +18,7 @@ use std::{
 };
 
 use roce::netns::{VethEnd, VethPair};
-use roce_tests::{require_root, roce, roce_bin, veth_pair};
+use roce_tests::{Loaded, require_root, roce, roce_bin, veth_pair};
 
 /// The folder `roce exec` puts on LD_LIBRARY_PATH (made on first use), with
 /// libibverbs.so.1 and librdmacm.so.1 in it.
@@ -203,6 +203,8 @@ fn args(a: &[&str]) -> Vec<String> {
 fn rping_ucmatose_and_perftest_connect_through_the_library_at_both_ends() {
     require_root();
     let pair = veth_pair("cm1", 182);
+    // A program killed at a timeout cannot unload what it loaded: the pins go with the test.
+    let _unpin = (Loaded::guard(&pair.a.ifname), Loaded::guard(&pair.b.ifname));
     let server_ip = pair.a.ipv4.to_string();
 
     // rping: 200 pings of 128 bytes, each RDMA READ by the server and WRITTEN back, verified.
