@@ -157,6 +157,36 @@ impl Drop for Loaded {
     }
 }
 
+/// The folder `roce exec` puts on LD_LIBRARY_PATH, with the drop-in `libibverbs.so.1` and
+/// `librdmacm.so.1` in it (`roce exec` makes it next to the `roce` under test on first use;
+/// this runs it once).
+///
+/// # Panics
+/// When the library is not built next to `roce` (`cargo build -p roce-verbs`).
+#[must_use]
+pub fn drop_in_lib_dir() -> PathBuf {
+    let bin = roce_bin();
+    let dir = bin.parent().expect("roce's folder");
+    assert!(
+        dir.join("libibverbs.so").exists(),
+        "the drop-in libibverbs is not built next to {} (cargo build -p roce-verbs)",
+        bin.display()
+    );
+    let o = roce(&["exec", "--", "true"]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    dir.join("roce-verbs")
+}
+
+/// A finished program's stdout then stderr, as text (for assertion messages and searches).
+#[must_use]
+pub fn output_text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
 /// The example `name` of roce-user (`roce-user/examples/NAME.rs`), built next to the `roce`
 /// binary under test: `target/debug/examples/NAME` beside `target/debug/roce`.
 ///

@@ -26,11 +26,7 @@ fn full() -> bool {
 const RUN_LIMIT: Duration = Duration::from_secs(180);
 
 fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    roce_tests::output_text(o)
 }
 
 /// Checks that the library and both stand-ins are built next to the `roce` under test (what

@@ -12,35 +12,15 @@
 
 use std::{
     collections::BTreeSet,
-    path::PathBuf,
     process::{Command, Output},
     time::Duration,
 };
 
 use roce::netns::{VethEnd, VethPair};
-use roce_tests::{Loaded, require_root, roce, roce_bin, veth_pair};
-
-/// The folder `roce exec` puts on LD_LIBRARY_PATH (made on first use), with
-/// libibverbs.so.1 and librdmacm.so.1 in it.
-fn lib_dir() -> PathBuf {
-    let bin = roce_bin();
-    let dir = bin.parent().expect("roce's folder");
-    assert!(
-        dir.join("libibverbs.so").exists(),
-        "the drop-in libibverbs is not built next to {} (cargo build -p roce-verbs)",
-        bin.display()
-    );
-    let o = roce(&["exec", "--", "true"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    dir.join("roce-verbs")
-}
+use roce_tests::{Loaded, require_root, veth_pair};
 
 fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    roce_tests::output_text(o)
 }
 
 /// The dynamic symbols of `path` in a version node starting with `node` (`RDMACM`):
@@ -90,7 +70,7 @@ const TOOLS: &[&str] = &[
 #[test]
 fn the_library_defines_what_the_rdmacm_tools_import_with_their_versions() {
     require_root();
-    let dir = lib_dir();
+    let dir = roce_tests::drop_in_lib_dir();
     let lib = dir.join("librdmacm.so.1");
     assert_eq!(
         std::fs::canonicalize(&lib).expect("librdmacm.so.1"),

@@ -14,28 +14,8 @@ use nix::errno::Errno;
 use roce::{netns::VethEnd, transport::DeviceConfig};
 use roce_tests::{ipv4_gid_index, require_root, roce, roce_bin, roce_ok, veth_pair};
 
-/// The folder holding the library as libibverbs.so.1, as `roce exec` makes it next to the
-/// `roce` binary under test (`cargo build -p roce-verbs` writes libibverbs.so there).
-fn lib_dir() -> PathBuf {
-    let bin = roce_bin();
-    let dir = bin.parent().expect("roce's folder");
-    assert!(
-        dir.join("libibverbs.so").exists(),
-        "the drop-in libibverbs is not built next to {} (cargo build -p roce-verbs)",
-        bin.display()
-    );
-    // `roce exec` makes roce-verbs/libibverbs.so.1 on first use; any run does.
-    let o = roce(&["exec", "--", "true"]);
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    dir.join("roce-verbs")
-}
-
 fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
+    roce_tests::output_text(o)
 }
 
 /// Runs `prog args` in `end`'s namespace with `ip netns exec` and the library on
@@ -43,7 +23,10 @@ fn text(o: &Output) -> String {
 fn ip_netns_exec(end: &VethEnd, devices: Option<&str>, prog: &[&str]) -> Output {
     let mut c = Command::new("ip");
     c.args(["netns", "exec", &end.netns, "env"]);
-    c.arg(format!("LD_LIBRARY_PATH={}", lib_dir().display()));
+    c.arg(format!(
+        "LD_LIBRARY_PATH={}",
+        roce_tests::drop_in_lib_dir().display()
+    ));
     if let Some(d) = devices {
         c.arg(format!("ROCE_DEVICES={d}"));
     }
@@ -223,7 +206,7 @@ fn the_device_list_follows_roce_devices_and_roce_load() {
 #[test]
 fn the_library_defines_what_the_tools_import_with_their_versions() {
     require_root();
-    let lib = lib_dir().join("libibverbs.so.1");
+    let lib = roce_tests::drop_in_lib_dir().join("libibverbs.so.1");
     let dynsyms = |path: &str, undefined: bool| -> BTreeSet<(String, String)> {
         let o = Command::new("objdump")
             .args(["-T", path])
@@ -288,7 +271,12 @@ for fn, codes in [("ibv_wc_status_str", range(0, 30)), ("ibv_node_type_str", ran
         assert!(o.status.success(), "{}", text(&o));
         String::from_utf8_lossy(&o.stdout).into_owned()
     };
-    let ours = names(lib_dir().join("libibverbs.so.1").to_str().unwrap());
+    let ours = names(
+        roce_tests::drop_in_lib_dir()
+            .join("libibverbs.so.1")
+            .to_str()
+            .unwrap(),
+    );
     let theirs = names("/usr/lib/x86_64-linux-gnu/libibverbs.so.1");
     assert_eq!(ours, theirs);
 }
@@ -628,7 +616,10 @@ fn ud_address_handles_and_bad_use_get_rxes_answers() {
 fn ip_netns_exec_spawn(end: &VethEnd, prog: &[&str]) -> roce_tests::child::Reaper {
     let mut c = Command::new("ip");
     c.args(["netns", "exec", &end.netns, "env"]);
-    c.arg(format!("LD_LIBRARY_PATH={}", lib_dir().display()));
+    c.arg(format!(
+        "LD_LIBRARY_PATH={}",
+        roce_tests::drop_in_lib_dir().display()
+    ));
     c.arg(format!("ROCE_DEVICES={}", end.ifname));
     c.args(prog);
     roce_tests::child::spawn_command(c)
