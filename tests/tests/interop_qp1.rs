@@ -31,6 +31,7 @@ use roce::{
         SidrStatus,
     },
     ibcm::{CmaHdr, Gid, PortSpace},
+    loader::Pins,
     netns,
     transport::{Psn, QKey, Qpn},
 };
@@ -140,13 +141,31 @@ fn the_guests_rping_connects_to_our_cm_on_qp1() {
         "our REP was not answered with an RTU"
     );
     assert_eq!(dev.cm_state(id), Some(CmState::Established));
-    // Our DREQ: the kernel tells rping (DISCONNECTED) at once, but sends its DREP only when
-    // rping calls rdma_disconnect or destroys its id (cma.c), which it does once its first
-    // SEND to the QPN we named (no QP of ours behind it) has failed after the transport's
-    // retries; until then our DREQ is retransmitted (IBTA 12.9.6, on the CM response
-    // timeout) and the kernel counts the duplicates.
+    // rping's main thread checks that its state is CONNECTED once the ESTABLISHED event has
+    // woken it (rping.c `rping_connect_client`); a DISCONNECTED event that the CM thread
+    // handles before that check overwrites the state, and rping then gives up without
+    // calling rdma_disconnect and waits for its CQ thread forever, so the kernel's DREP
+    // only leaves when the process dies (cm.c `cm_destroy_id` in DREQ_RCVD). Disconnect
+    // once rping is past that check: its first SEND (to the QPN we named, which no QP of
+    // ours owns) has reached roce_xdp and gone on to the kernel as a foreign QP's packet.
+    let pins = Pins::new(&peer.ifname);
+    let foreign = |p: &Pins| p.xdp_stats().expect("roce_xdp's counters").pass_foreign_qp;
+    let foreign_before = foreign(&pins);
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while foreign(&pins) == foreign_before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "rping -c sent no SEND after the connection was established: {}",
+            peer.wait_or_kill(&c, Duration::ZERO).out
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Our DREQ: the kernel tells rping (DISCONNECTED), rping's wait for its SEND's answer
+    // ends, and it calls rdma_disconnect, which sends the DREP (cma.c). A DREQ the kernel
+    // has not answered within the CM response timeout is retransmitted (IBTA 12.9.6) and
+    // counted there as a duplicate.
     dev.cm_disconnect(id, &[]).expect("disconnect");
-    let drep = dev.wait_cm_event(Duration::from_secs(120));
+    let drep = dev.wait_cm_event(Duration::from_secs(60));
     assert!(
         matches!(drep, Some(CmEvent::Disconnected { id: d, .. }) if d == id),
         "no DREP from the kernel: {drep:?}; CM {:?}",
