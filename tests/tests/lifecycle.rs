@@ -12,7 +12,7 @@ use roce::{
     loader::pin_dir,
     netns::{self, VethOptions, VethPair},
 };
-use roce_tests::{require_root, roce_bin, tag};
+use roce_tests::{Loaded, require_root, roce, roce_bin, roce_ok, tag, veth_pair};
 
 struct Reaper(Child);
 
@@ -219,4 +219,64 @@ fn after_sigkill_the_kernel_detaches_and_a_restarted_endpoint_serves() {
             end.ifname
         );
     }
+}
+
+/// The `held` word `roce status -j` gives `ifname`, if it lists it.
+fn held_by(ifname: &str) -> Option<serde_json::Value> {
+    let o = Command::new(roce_bin())
+        .args(["status", "-j"])
+        .output()
+        .unwrap();
+    let status: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    status
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["ifname"] == ifname)
+        .map(|s| s["held"].clone())
+}
+
+/// An interface deleted under a pinned link (its namespace removed, as a killed test or
+/// container leaves it) shows as `stale`, not `pin`, and `roce unload --stale` removes its
+/// pins while a live pinned load elsewhere stays attached with its pins.
+#[test]
+fn pins_of_a_deleted_interface_are_stale_and_unload_stale_removes_them() {
+    require_root();
+    let gone = veth_pair("lg", 87);
+    let live = veth_pair("ll", 88);
+    let _loaded = Loaded::on(&[&gone.a, &live.a]);
+    let gone_if = gone.a.ifname.clone();
+    assert_eq!(held_by(&gone_if), Some(serde_json::json!("pin")));
+    drop(gone);
+    // The pinned link keeps its pins but is attached to nothing once the veth is gone.
+    wait_for(
+        "the deleted interface's pins to show as stale",
+        Duration::from_secs(10),
+        || held_by(&gone_if) == Some(serde_json::json!("stale")),
+    );
+    assert!(pin_dir(&gone_if).exists());
+    assert_eq!(held_by(&live.a.ifname), Some(serde_json::json!("pin")));
+
+    let out = roce_ok(&["unload", "--stale", "-j"]);
+    let removed: serde_json::Value = serde_json::from_str(&out).unwrap();
+    let names: Vec<&str> = removed
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|r| r["ifname"].as_str())
+        .collect();
+    assert!(names.contains(&gone_if.as_str()), "{out}");
+    assert!(!names.contains(&live.a.ifname.as_str()), "{out}");
+    assert!(!pin_dir(&gone_if).exists(), "pins of {gone_if} left");
+    assert_eq!(held_by(&live.a.ifname), Some(serde_json::json!("pin")));
+    assert!(xdp_attached(&live.a.netns, &live.a.ifname));
+    // Nothing stale is left: a second run removes nothing, and says so.
+    assert_eq!(
+        roce_ok(&["unload", "--stale"]).trim(),
+        "no stale roce_xdp pins"
+    );
+    // Without an interface or --stale, unload says what it needs.
+    let o = roce(&["unload"]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--iface"));
 }

@@ -90,11 +90,25 @@ pub enum Command {
     /// QPN, opcode and PSN; redirect fallbacks; roce_impair's actions), as text or JSON lines.
     #[command(long_about = log::LONG_ABOUT, after_help = log::EXAMPLES)]
     Log(log::LogArgs),
-    /// Detach roce_xdp from an interface and remove its pins.
+    /// Detach roce_xdp from an interface and remove its pins; or, with --stale, remove the pins
+    /// that nothing holds any more (`roce status` shows them as `stale`).
+    #[command(
+        after_help = "Examples:\n  roce unload -i veth0    detach from veth0 and remove its pins\n  \
+roce unload --stale     remove the pins of killed programs and deleted interfaces"
+    )]
     Unload {
         /// Interface.
-        #[arg(short, long)]
-        iface: String,
+        #[arg(
+            short,
+            long,
+            required_unless_present = "stale",
+            conflicts_with = "stale"
+        )]
+        iface: Option<String>,
+        /// Remove the pins of every interface whose program is no longer attached: its loading
+        /// process ended without unloading, or the interface was deleted under a pinned link.
+        #[arg(long)]
+        stale: bool,
     },
     /// Show where roce_xdp is attached: mode, program and link ids, port, QPs, pins.
     Status,
@@ -286,7 +300,10 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
             },
         ),
         Command::Log(args) => log::run(out, &args),
-        Command::Unload { iface } => xdp::unload(out, &iface),
+        Command::Unload { iface, stale } => match iface {
+            Some(iface) if !stale => xdp::unload(out, &iface),
+            _ => xdp::unload_stale(out),
+        },
         Command::Status => xdp::status(out),
         Command::Stats(args) => xdp::stats(out, &args),
         Command::Top(args) => top::run(out, &args),

@@ -60,6 +60,25 @@ pub(crate) fn unload(out: Output, iface: &str) -> anyhow::Result<()> {
     Ok(())
 }
 
+/// `roce unload --stale`: removes the pins nothing holds, one line per interface.
+pub(crate) fn unload_stale(out: Output) -> anyhow::Result<()> {
+    let all = loader::unload_stale()?;
+    let mut text = String::new();
+    if all.is_empty() {
+        text.push_str("no stale roce_xdp pins\n");
+    }
+    for r in &all {
+        let _ = writeln!(
+            text,
+            "{}: removed stale pins: {}",
+            r.ifname,
+            r.removed.join(" ")
+        );
+    }
+    out.emit(&serde_json::to_value(&all)?, &text);
+    Ok(())
+}
+
 pub(crate) fn status(out: Output) -> anyhow::Result<()> {
     let all = loader::status()?;
     let mut text = String::new();

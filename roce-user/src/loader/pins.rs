@@ -156,6 +156,35 @@ pub(super) fn link_ids(dir: &Path) -> (Option<u32>, Option<u32>) {
     }
 }
 
+/// The interface index the pinned link in `dir` is attached to: `Some(0)` when the kernel has
+/// detached it because its interface is gone (a veth deleted with its namespace, say: the pin
+/// keeps the link object alive, attached to nothing), `None` when there is no link pin or its
+/// record cannot be read. Call it to tell a live pinned load from one whose interface went away.
+///
+/// The kernel prints an XDP link's interface in the link fd's `fdinfo` (`ifindex:`, 0 once
+/// detached; net/core/dev.c `bpf_xdp_link_show_fdinfo`), and aya does not expose the fd, so the
+/// link is opened from its pin and its fd found among this process's by the link id.
+pub(super) fn link_ifindex(dir: &Path) -> Option<u32> {
+    let link: FdLink = PinnedLink::from_pin(dir.join(PIN_LINK)).ok()?.into();
+    let id = link.info().ok()?.id();
+    let found = fs::read_dir("/proc/self/fdinfo")
+        .ok()?
+        .filter_map(Result::ok)
+        .filter_map(|e| fs::read_to_string(e.path()).ok())
+        .find_map(|info| {
+            let field = |name: &str| {
+                info.lines()
+                    .find_map(|l| l.strip_prefix(name))
+                    .and_then(|v| v.trim().parse::<u32>().ok())
+            };
+            (field("link_id:") == Some(id))
+                .then(|| field("ifindex:"))
+                .flatten()
+        });
+    drop(link);
+    found
+}
+
 /// Removes every pin in `dir`, then `dir`, then `root` if that was its last interface. Returns
 /// the names removed, sorted.
 ///

@@ -514,6 +514,34 @@ pub fn unload(ifname: &str) -> Result<UnloadReport, LoadError> {
     })
 }
 
+/// Removes the pins of every interface whose roce_xdp nothing holds any more ([`Holder::Stale`]:
+/// its loading process ended without unloading, or its interface was deleted under a pinned
+/// link), as `roce unload --stale` does. A directory whose load is still under way (no link
+/// pin yet, its loader alive) or whose load record cannot be read is left alone. Returns what
+/// was removed, one report per interface.
+///
+/// # Errors
+/// Not root, or a pin that cannot be read or removed.
+pub fn unload_stale() -> Result<Vec<UnloadReport>, LoadError> {
+    let mut out = Vec::new();
+    for (ifname, dir) in pin_dirs()? {
+        let Ok(info) = Pins::new(&ifname).load_info() else {
+            continue;
+        };
+        let loading = !dir.join(PIN_LINK).exists() && process_alive(info.loader_pid);
+        if loading || holder(&dir, &info) != Holder::Stale {
+            continue;
+        }
+        let pins::Detached { detached, removed } = pins::detach(&dir, &pin_root())?;
+        out.push(UnloadReport {
+            ifname,
+            detached,
+            removed,
+        });
+    }
+    Ok(out)
+}
+
 /// One interface with roce_xdp pins, as `roce status` shows it.
 #[derive(Clone, Debug, serde::Serialize)]
 pub struct Status {
@@ -555,8 +583,9 @@ pub enum Holder {
     Pin,
     /// The process that loaded it for itself ([`load_held`]), which is alive.
     Process,
-    /// Nothing: the process that held it ended without unloading, the kernel detached the
-    /// program, and these pins wait for the next load to clear them.
+    /// Nothing: the process that held it ended without unloading, or the interface of a pinned
+    /// link is gone, so the kernel detached the program; these pins wait for the next load of
+    /// that interface, or `roce unload --stale`, to clear them.
     Stale,
 }
 
@@ -594,7 +623,12 @@ pub struct Attached {
 /// What keeps the roce_xdp of the pin directory `dir`, whose load record is `info`, attached.
 fn holder(dir: &Path, info: &LoadInfo) -> Holder {
     if dir.join(PIN_LINK).exists() {
-        Holder::Pin
+        // A pinned link outlives its interface, attached to nothing.
+        if pins::link_ifindex(dir) == Some(0) {
+            Holder::Stale
+        } else {
+            Holder::Pin
+        }
     } else if info.flags & FLAG_PROCESS_HELD != 0 && process_alive(info.loader_pid) {
         Holder::Process
     } else {
