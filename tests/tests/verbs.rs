@@ -1151,3 +1151,62 @@ fn memory_windows_bind_invalidate_and_refuse_as_rxe() {
         ],
     );
 }
+
+/// Congestion-control parameters reach a program's engine through `roce exec --cc-set` or
+/// ROCE_CC_SET, and a wrong one stops with a reason: `roce exec` refuses it before the program
+/// starts; the library refuses it when the engine starts (the program's first QP fails, with
+/// the library's message on stderr), and leaves nothing attached.
+#[test]
+fn cc_parameters_reach_the_library_and_a_wrong_one_is_refused_with_its_reason() {
+    require_root();
+    let pair = veth_pair("vcc", 179);
+    let a = &pair.a;
+    // roce exec passes what it checked on to the program.
+    let o = roce_tests::roce(&[
+        "--netns",
+        &a.netns,
+        "exec",
+        "-d",
+        &a.ifname,
+        "--cc-set",
+        "loss_backoff=1",
+        "--cc-set",
+        "rpg_ai_rate=7",
+        "--",
+        "env",
+    ]);
+    assert!(o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("ROCE_CC_SET=loss_backoff=1,rpg_ai_rate=7"),
+        "{}",
+        text(&o)
+    );
+    for bad in ["no_such_parameter=1", "loss_backoff=2", "rpg_ai_rate"] {
+        let o = roce_tests::roce(&[
+            "--netns", &a.netns, "exec", "-d", &a.ifname, "--cc-set", bad, "--", "true",
+        ]);
+        assert!(!o.status.success(), "roce exec took --cc-set {bad}");
+        assert!(text(&o).contains(bad), "{bad}: {}", text(&o));
+    }
+    // The library, given a wrong one directly: the engine does not start.
+    let o = ip_netns_exec(
+        a,
+        Some(&a.ifname),
+        &[
+            "env",
+            "ROCE_CC_SET=rpg_ai_rate=7,no_such_parameter=1",
+            "ibv_rc_pingpong",
+            "-d",
+            &format!("roce_{}", a.ifname),
+            "-g",
+            &ipv4_gid_index(a),
+        ],
+    );
+    assert!(!o.status.success(), "{}", text(&o));
+    assert!(
+        text(&o).contains("ROCE_CC_SET: \"no_such_parameter=1\""),
+        "{}",
+        text(&o)
+    );
+    assert_interfaces_clean(&pair);
+}

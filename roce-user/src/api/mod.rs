@@ -40,6 +40,7 @@ pub mod asynch;
 mod claims;
 mod cm;
 mod cq;
+pub mod env;
 mod error;
 mod handles;
 mod path;

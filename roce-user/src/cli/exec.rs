@@ -9,12 +9,7 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-/// The environment variable the library reads its devices from (roce-verbs' `DEVICES_ENV`).
-const DEVICES_ENV: &str = "ROCE_DEVICES";
-
-/// The environment variable the library reads its engine model from (roce-verbs'
-/// `ENGINE_ENV`).
-const ENGINE_ENV: &str = "ROCE_ENGINE";
+use roce::api::env::{CC_ENV, DEVICES_ENV, ENGINE_ENV};
 
 /// How the library runs the engine in the program (`ROCE_ENGINE`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -70,6 +65,10 @@ pub struct ExecArgs {
     /// How the engine runs in the program (sets ROCE_ENGINE). Default: inline.
     #[arg(long, value_enum)]
     engine: Option<Engine>,
+    /// A congestion-control parameter for every QP of the program, as `roce perf --cc-set`
+    /// takes it (repeatable; sets ROCE_CC_SET), e.g. `--cc-set loss_backoff=1`.
+    #[arg(long = "cc-set", value_name = "NAME=VALUE")]
+    cc_set: Vec<String>,
     /// The program and its arguments (after `--`).
     #[arg(
         required = true,
@@ -170,6 +169,15 @@ pub fn run(args: &ExecArgs) -> anyhow::Result<()> {
     }
     if let Some(e) = args.engine {
         cmd.env(ENGINE_ENV, e.as_str());
+    }
+    if !args.cc_set.is_empty() {
+        // Checked here, so a typo stops before the program starts rather than at its first
+        // verb that needs the engine.
+        let mut cc = roce::transport::CcConfig::default();
+        for kv in &args.cc_set {
+            cc.set_pair(kv).context("--cc-set")?;
+        }
+        cmd.env(CC_ENV, args.cc_set.join(","));
     }
     let err = cmd.exec();
     Err(err).with_context(|| format!("cannot run {}", prog.to_string_lossy()))

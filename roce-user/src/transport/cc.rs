@@ -110,6 +110,45 @@ impl CcConfig {
         }
         Ok(())
     }
+
+    /// Sets one parameter from its `NAME=VALUE` text, as `roce perf --cc-set`, `roce exec
+    /// --cc-set` and the drop-in library's `ROCE_CC_SET` give it; see [`CcConfig::set`].
+    ///
+    /// # Errors
+    /// [`CcSetError`] naming the text that is not a pair, not a number, or not a parameter in
+    /// range.
+    pub fn set_pair(&mut self, pair: &str) -> Result<(), CcSetError> {
+        let (k, v) = pair
+            .split_once('=')
+            .ok_or_else(|| CcSetError::NotPair(pair.to_owned()))?;
+        let v: u64 = v
+            .trim()
+            .parse()
+            .map_err(|_| CcSetError::NotNumber(pair.to_owned()))?;
+        self.set(k.trim(), v).map_err(|source| CcSetError::Param {
+            pair: pair.to_owned(),
+            source,
+        })
+    }
+}
+
+/// A `NAME=VALUE` congestion-control setting that cannot be applied ([`CcConfig::set_pair`]).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CcSetError {
+    /// No `=` in the text.
+    #[error("{0:?} is not NAME=VALUE")]
+    NotPair(String),
+    /// The value is not a whole number.
+    #[error("{0:?}: the value is not a number")]
+    NotNumber(String),
+    /// An unknown name or a value out of range.
+    #[error("{pair:?}: {source}")]
+    Param {
+        /// The text given.
+        pair: String,
+        /// What is wrong with it.
+        source: ConfigError,
+    },
 }
 
 /// The congestion state the device keeps for one RC QP.

@@ -73,7 +73,7 @@ use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use roce_common::opcode::{Opcode, Transport};
 
-pub use self::cc::{CcConfig, QpCc};
+pub use self::cc::{CcConfig, CcSetError, QpCc};
 pub use self::counters::{DeviceCounters, QpCounters};
 pub use self::cq::{Cq, CqId, CqOverflow, Wc, WcFlags, WcOpcode, WcStatus};
 pub use self::ids::{LKey, Msn, PKey, Psn, QKey, Qpn, RKey};

@@ -25,7 +25,7 @@ use roce::{
 };
 
 /// The environment variable that names the interfaces to serve.
-pub const DEVICES_ENV: &str = "ROCE_DEVICES";
+pub use roce::api::env::DEVICES_ENV;
 
 /// The prefix of every device name.
 pub const NAME_PREFIX: &str = "roce_";

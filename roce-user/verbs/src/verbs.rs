@@ -40,7 +40,7 @@ use crate::{
 ///   for (and every 1 ms for the timers), so ACKs, READ responses and retransmissions go on
 ///   while the program computes or waits for completion events (`-e`).
 /// - `threads`: one engine thread per queue serves the device, as `roce perf` does by default.
-pub const ENGINE_ENV: &str = "ROCE_ENGINE";
+pub use roce::api::env::ENGINE_ENV;
 
 /// Whether [`ENGINE_ENV`]'s value asks for the inline engine (anything but `threads`, with a
 /// warning for a value that is neither).
@@ -55,6 +55,30 @@ fn engine_inline(value: Option<&str>) -> bool {
             true
         }
     }
+}
+
+/// The environment variable that sets congestion-control parameters for every QP of the
+/// program (`ROCE_CC_SET=loss_backoff=1`; see its definition for the names).
+pub use roce::api::env::CC_ENV;
+
+/// The transport's congestion-control settings with [`CC_ENV`]'s value applied to the
+/// defaults. Call when the engine starts.
+///
+/// # Errors
+/// A message naming the pair that is malformed, unknown or out of range.
+fn cc_from_env(
+    value: Option<&str>,
+    mut cc: roce::transport::CcConfig,
+) -> Result<roce::transport::CcConfig, String> {
+    for kv in value
+        .unwrap_or_default()
+        .split(',')
+        .map(str::trim)
+        .filter(|kv| !kv.is_empty())
+    {
+        cc.set_pair(kv).map_err(|e| format!("{CC_ENV}: {e}"))?;
+    }
+    Ok(cc)
 }
 
 /// What a context holds besides its C struct: the interface, and the engine, started when the
@@ -224,10 +248,15 @@ impl Verbs {
             return Ok(d);
         }
         let ifname = &self.port.info.ifname;
-        let opts = DeviceOptions {
+        let mut opts = DeviceOptions {
             inline: engine_inline(std::env::var(ENGINE_ENV).ok().as_deref()),
             ..DeviceOptions::default()
         };
+        opts.transport.cc = cc_from_env(std::env::var(CC_ENV).ok().as_deref(), opts.transport.cc)
+            .map_err(|e| {
+            eprintln!("libibverbs (roce-xdp): cannot start the engine on {ifname}: {e}");
+            libc::EINVAL
+        })?;
         let opened = Device::open(ifname, &opts).or_else(|e| match e {
             // A driver that refuses native XDP (veth above about 3.5 KB of MTU, some NICs):
             // a program cannot be given `roce load -m skb`'s flag, so fall back to generic
@@ -519,6 +548,27 @@ mod tests {
         assert!(engine_inline(Some("inline")));
         assert!(!engine_inline(Some("threads")));
         assert!(engine_inline(Some("bogus")));
+    }
+
+    #[test]
+    fn cc_parameters_come_from_the_environment_or_say_what_is_wrong() {
+        let base = roce::transport::CcConfig::default();
+        assert_eq!(cc_from_env(None, base), Ok(base));
+        assert_eq!(cc_from_env(Some(""), base), Ok(base));
+        let c = cc_from_env(Some("loss_backoff=1, rpg_ai_rate=7,"), base).unwrap();
+        assert!(c.dcqcn.loss_backoff);
+        assert_eq!(c.dcqcn.rpg_ai_rate, 7);
+        let off = cc_from_env(Some("enabled=0"), base).unwrap();
+        assert!(!off.dcqcn.rp_enabled && !off.dcqcn.np_enabled);
+        for bad in [
+            "loss_backoff",
+            "rpg_ai_rate=x",
+            "no_such=1",
+            "loss_backoff=2",
+        ] {
+            let e = cc_from_env(Some(bad), base).unwrap_err();
+            assert!(e.starts_with(CC_ENV) && e.contains(bad), "{bad}: {e}");
+        }
     }
 
     #[test]

@@ -75,15 +75,7 @@ fn cc_config(a: &PerfArgs) -> anyhow::Result<roce::transport::CcConfig> {
     };
     c.line_rate_bps = a.line_rate;
     for kv in &a.cc_set {
-        let (k, v) = kv
-            .split_once('=')
-            .with_context(|| format!("--cc-set takes NAME=VALUE, not {kv:?}"))?;
-        let v: u64 = v
-            .trim()
-            .parse()
-            .with_context(|| format!("--cc-set {kv}: the value is not a number"))?;
-        c.set(k.trim(), v)
-            .with_context(|| format!("--cc-set {kv}"))?;
+        c.set_pair(kv).context("--cc-set")?;
     }
     Ok(c)
 }

@@ -1,0 +1,19 @@
+//! The environment variables through which `roce exec` (and a user's shell) configure the
+//! drop-in libibverbs (roce-user/verbs): named once here, read by the library, set by
+//! `roce exec`.
+
+/// The interfaces the library serves, comma-separated (`roce exec -d IFACE` sets it); without
+/// it, every interface where `roce load` attached roce_xdp.
+pub const DEVICES_ENV: &str = "ROCE_DEVICES";
+
+/// How the library runs the engine in the program: `inline` (the default: the program's
+/// threads drive the transport inside `ibv_poll_cq` and the posting verbs) or `threads` (one
+/// engine thread per queue). `roce exec --engine` sets it.
+pub const ENGINE_ENV: &str = "ROCE_ENGINE";
+
+/// Congestion-control parameters for every QP of the program: `NAME=VALUE` pairs separated by
+/// commas, with the names `roce perf --cc-set` takes (DCQCN's mlx5 names such as
+/// `rpg_ai_rate` or `min_time_between_cnps`; `enabled`, `rp_enabled`, `np_enabled`,
+/// `loss_backoff` as 0 or 1), for example `ROCE_CC_SET=loss_backoff=1`. `roce exec --cc-set`
+/// sets it.
+pub const CC_ENV: &str = "ROCE_CC_SET";
