@@ -95,7 +95,7 @@ use self::{
 use crate::engine::{
     capture::Capture,
     driver::{INBOX_SLOTS, Inbox, Inline, Shared, TransportHandler},
-    exit::{LiveDevice, register_live, unregister_live},
+    exit::{LastWords, LiveDevice, register_live, unregister_live},
     publish::Publisher,
 };
 pub use crate::engine::{exit::release_all_for_exit, publish::PUBLISH_EVERY};
@@ -277,7 +277,9 @@ pub struct Device {
     info: IfInfo,
     pins: Pins,
     stop: Arc<AtomicBool>,
-    engines: Vec<EngineThread<TransportHandler>>,
+    /// The engine threads (none for an inline device); shared with the device's last words
+    /// at process exit, which wait for them to drain.
+    engines: Arc<Mutex<Vec<EngineThread<TransportHandler>>>>,
     /// The queues' engines of an inline device ([`DeviceOptions::inline`]), driven by the
     /// application's threads and the helper thread.
     inline: Option<Arc<Inline>>,
@@ -476,6 +478,7 @@ impl Device {
                 .map_err(os("starting engine threads"))?;
             (engines, None, None)
         };
+        let engines = Arc::new(Mutex::new(engines));
         let qpns = Arc::new(Mutex::new(Vec::new()));
         let live_id = register_live(LiveDevice {
             id: 0,
@@ -483,6 +486,14 @@ impl Device {
             loaded_here,
             queues: bind_modes.iter().map(|(q, _)| *q).collect(),
             qpns: Arc::clone(&qpns),
+            last_words: Some(last_words(
+                &shards,
+                inline.as_ref(),
+                &engines,
+                &stop,
+                clock,
+                opts.engine.drain_timeout,
+            )),
         });
         let publisher = Publisher {
             shards: Arc::clone(&shards),
@@ -1250,7 +1261,13 @@ impl Device {
     }
 
     fn shutdown(&mut self) {
-        if self.engines.is_empty()
+        let mut engines = std::mem::take(
+            &mut *self
+                .engines
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner),
+        );
+        if engines.is_empty()
             && self.inline.is_none()
             && self.qpns.lock().map_or(true, |q| q.is_empty())
             && !self.loaded_here
@@ -1273,7 +1290,7 @@ impl Device {
         for sh in self.shards.iter() {
             sh.kick();
         }
-        for e in self.engines.drain(..) {
+        for e in engines.drain(..) {
             let _ = e.join();
         }
         if let Some(t) = self.inline_thread.take() {
@@ -1316,6 +1333,61 @@ impl Drop for Device {
     fn drop(&mut self) {
         self.shutdown();
     }
+}
+
+/// The device's last words at process exit ([`release_all_for_exit`]), for a program that
+/// exits without closing it: its CM connections are ended towards their peers, as the
+/// kernel's CM ends them when a process exits (ucma's close, cm.c `cm_destroy_id`), and the
+/// engines drain what the transports owe the wire (for instance the DREP answering a DREQ
+/// whose DISCONNECTED event made the program exit before the engine's turn had flushed it).
+/// An inline device's engines are drained here, engine threads are stopped and waited for,
+/// each within `drain_timeout`.
+fn last_words(
+    shards: &Arc<[Arc<Shared>]>,
+    inline: Option<&Arc<Inline>>,
+    engines: &Arc<Mutex<Vec<EngineThread<TransportHandler>>>>,
+    stop: &Arc<AtomicBool>,
+    clock: Clock,
+    drain_timeout: Duration,
+) -> LastWords {
+    let shards = Arc::downgrade(shards);
+    let inline = inline.map(Arc::downgrade);
+    let (engines, stop) = (Arc::downgrade(engines), Arc::downgrade(stop));
+    LastWords(Box::new(move || {
+        let Some(shards) = shards.upgrade() else {
+            return;
+        };
+        let now = clock.now();
+        for sh in shards.iter() {
+            if let Some(g) = sh.lock().gsi_mut() {
+                g.cm_mut().destroy_all(now);
+            }
+        }
+        if let Some(inline) = inline.as_ref().and_then(std::sync::Weak::upgrade) {
+            let mut engines = inline
+                .engines
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            for e in engines.iter_mut() {
+                let _ = e.finish();
+            }
+        } else if let (Some(engines), Some(stop)) = (engines.upgrade(), stop.upgrade()) {
+            stop.store(true, Ordering::SeqCst);
+            for sh in shards.iter() {
+                sh.kick();
+            }
+            let deadline = std::time::Instant::now() + drain_timeout;
+            while std::time::Instant::now() < deadline
+                && !engines
+                    .lock()
+                    .unwrap_or_else(std::sync::PoisonError::into_inner)
+                    .iter()
+                    .all(std::thread::JoinHandle::is_finished)
+            {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+        }
+    }))
 }
 
 /// [`ApiError::QueueTaken`] for a socket bind that found its queue taken (`EBUSY`), naming the
