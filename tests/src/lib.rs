@@ -18,6 +18,7 @@ pub use roce::netns;
 pub mod bpftool;
 pub mod child;
 pub mod devinfo;
+pub mod rdmacm;
 pub mod rxe;
 
 /// Fails the test (never skips it) when it cannot run with the privileges it needs.

@@ -17,6 +17,7 @@ use roce::{
 use roce_tests::{
     Loaded,
     child::{Reaper, finish, finish_within, json_ok, spawn},
+    rdmacm::{args, server_and_client},
     require_root, roce_bin, tag,
 };
 use serde_json::Value;
@@ -535,4 +536,84 @@ fn a_capture_that_falls_behind_loses_records_counted_never_traffic() {
         sent + rcvd,
         "captured + lost vs sent_pkts + rcvd_pkts: {err}"
     );
+}
+
+/// What Debian's rping and ucmatose on the drop-in librdmacm send and receive through QP 1,
+/// captured at both ends: every frame to or from QP 1 is a MAD of the Communication Management
+/// class that tshark's InfiniBand dissector decodes with no warning or error (so the kernel's
+/// CM, which parses the same fields, gets what it expects), and the whole exchange is there:
+/// REQ, REP, RTU, DREQ and DREP (REJ too while the server was not listening yet).
+#[test]
+fn the_librarys_cm_mads_dissect_in_tshark_without_a_warning() {
+    let (pair, _l) = setup("dcm", 99);
+    let dir = std::env::temp_dir();
+    let files: Vec<PathBuf> = ["a", "b"]
+        .iter()
+        .map(|e| dir.join(format!("roce-dump-cm-{}-{e}.pcapng", std::process::id())))
+        .collect();
+    let _cleanup = CaptureFiles(files.clone());
+    let dumps = [
+        start_dump(
+            &pair.a.netns,
+            &pair.a.ifname,
+            &["-w", files[0].to_str().unwrap()],
+        ),
+        start_dump(
+            &pair.b.netns,
+            &pair.b.ifname,
+            &["-w", files[1].to_str().unwrap()],
+        ),
+    ];
+    let server_ip = pair.a.ipv4.to_string();
+    let (c, _) = server_and_client(
+        &pair,
+        "rping",
+        &args(&["-s", "-V", "-C", "20", "-p", "7176", "-a", &server_ip]),
+        &args(&["-c", "-V", "-v", "-C", "20", "-p", "7176", "-a", &server_ip]),
+    );
+    assert_eq!(c.matches("ping data: rdma-ping-").count(), 20, "{c}");
+    let (c, _) = server_and_client(
+        &pair,
+        "ucmatose",
+        &args(&["-b", &server_ip, "-p", "7177", "-c", "2", "-C", "10"]),
+        &args(&["-s", &server_ip, "-p", "7177", "-c", "2", "-C", "10"]),
+    );
+    assert!(c.contains("return status 0"), "{c}");
+    std::thread::sleep(Duration::from_millis(300));
+    let [da, db] = dumps;
+    let summaries = [stop_dump(da, "dump a"), stop_dump(db, "dump b")];
+    for (file, summary) in files.iter().zip(&summaries) {
+        assert_eq!(summary["lost"], 0, "{summary}");
+        let qp1 = "infiniband.bth.destqp == 1";
+        let mads = tshark_count(file, qp1);
+        assert!(mads >= 5, "{file:?}: {mads} frames to QP 1");
+        assert_eq!(
+            tshark_count(file, &format!("{qp1} && infiniband.mad.mgmtclass == 0x07")),
+            mads,
+            "{file:?}: a frame to QP 1 that is not a CM MAD"
+        );
+        assert_eq!(tshark_count(file, "_ws.malformed"), 0, "{file:?}");
+        assert_eq!(
+            tshark_count(file, "_ws.expert.severity >= warning"),
+            0,
+            "{file:?}"
+        );
+        // IBTA 16.7.2 attribute IDs, in each end's capture: three connections each made with
+        // a REQ, REP and RTU; each ended with DREQs and DREPs (how many of each end's depends
+        // on who disconnects first: both ends of ucmatose do, and crossing DREQs are each
+        // answered).
+        for (id, what, least) in [
+            (0x10, "REQ", 3),
+            (0x13, "REP", 3),
+            (0x14, "RTU", 3),
+            (0x15, "DREQ", 1),
+            (0x16, "DREP", 1),
+        ] {
+            let n = tshark_count(
+                file,
+                &format!("{qp1} && infiniband.mad.attributeid == {id:#06x}"),
+            );
+            assert!(n >= least, "{file:?}: {n} {what}");
+        }
+    }
 }

@@ -13,11 +13,14 @@
 use std::{
     collections::BTreeSet,
     process::{Command, Output},
-    time::Duration,
 };
 
-use roce::netns::{VethEnd, VethPair};
-use roce_tests::{Loaded, require_root, veth_pair};
+use roce::netns::VethEnd;
+use roce_tests::{
+    Loaded,
+    rdmacm::{args, server_and_client},
+    require_root, veth_pair,
+};
 
 fn text(o: &Output) -> String {
     roce_tests::output_text(o)
@@ -112,67 +115,6 @@ fn the_library_defines_what_the_rdmacm_tools_import_with_their_versions() {
             "{tool} does not load on the library: {out}"
         );
     }
-}
-
-/// Runs `prog args` on end `end` through `roce exec`, line-buffered.
-fn ours(end: &VethEnd, prog: &str, args: &[String]) -> roce_tests::child::Reaper {
-    let mut v: Vec<String> = ["exec", "-d", &end.ifname, "--", "stdbuf", "-oL", prog]
-        .map(String::from)
-        .to_vec();
-    v.extend(args.iter().cloned());
-    roce_tests::child::spawn(&end.netns, &v)
-}
-
-/// Runs a server on end A and its client on end B; the client is run again while the server
-/// is not listening yet (the connect is rejected, or the REQ times out), at most 30 times.
-/// Returns (client, server) after checking both succeeded.
-fn server_and_client(
-    pair: &VethPair,
-    prog: &str,
-    server: &[String],
-    client: &[String],
-) -> (String, String) {
-    let s = ours(&pair.a, prog, server);
-    let limit = Duration::from_secs(90);
-    let mut attempts = 0;
-    let c = loop {
-        attempts += 1;
-        std::thread::sleep(Duration::from_millis(500));
-        let c = roce_tests::child::finish_within(
-            ours(&pair.b, prog, client),
-            limit,
-            &format!("{prog} client"),
-        );
-        let out = text(&c);
-        let early = out.contains("REJECTED")
-            || out.contains("UNREACHABLE")
-            || out.contains("Unable to Connect")
-            || out.contains("Failed to connect");
-        if c.status.success() || !early || attempts >= 30 {
-            break c;
-        }
-    };
-    let ct = text(&c);
-    let s = roce_tests::child::finish_within(
-        s,
-        limit,
-        &format!(
-            "{prog} server (its client exited with {}, printing:\n{ct})",
-            c.status
-        ),
-    );
-    let st = text(&s);
-    assert!(
-        c.status.success() && s.status.success(),
-        "{prog} client ({}):\n{ct}\n{prog} server ({}):\n{st}",
-        c.status,
-        s.status
-    );
-    (ct, st)
-}
-
-fn args(a: &[&str]) -> Vec<String> {
-    a.iter().map(|s| (*s).to_owned()).collect()
 }
 
 /// Debian's unmodified rping, ucmatose and ib_write_bw -R, both ends on roce-xdp through the

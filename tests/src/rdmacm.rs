@@ -1,0 +1,75 @@
+//! Running Debian's rdmacm-utils and perftest on the drop-in librdmacm at both ends of a veth
+//! pair (`roce exec`), as tests/tests/rdmacm.rs and tests/tests/dump.rs do.
+
+use std::time::Duration;
+
+use roce::netns::{VethEnd, VethPair};
+
+use crate::output_text as text;
+
+/// Runs `prog args` on end `end` through `roce exec`, line-buffered.
+#[must_use]
+pub fn ours(end: &VethEnd, prog: &str, args: &[String]) -> crate::child::Reaper {
+    let mut v: Vec<String> = ["exec", "-d", &end.ifname, "--", "stdbuf", "-oL", prog]
+        .map(String::from)
+        .to_vec();
+    v.extend(args.iter().cloned());
+    crate::child::spawn(&end.netns, &v)
+}
+
+/// Runs a server on end A and its client on end B; the client is run again while the server
+/// is not listening yet (the connect is rejected, or the REQ times out), at most 30 times.
+/// Returns (client, server) after checking both succeeded.
+///
+/// # Panics
+/// When either fails or outlives its 90 s limit.
+pub fn server_and_client(
+    pair: &VethPair,
+    prog: &str,
+    server: &[String],
+    client: &[String],
+) -> (String, String) {
+    let s = ours(&pair.a, prog, server);
+    let limit = Duration::from_secs(90);
+    let mut attempts = 0;
+    let c = loop {
+        attempts += 1;
+        std::thread::sleep(Duration::from_millis(500));
+        let c = crate::child::finish_within(
+            ours(&pair.b, prog, client),
+            limit,
+            &format!("{prog} client"),
+        );
+        let out = text(&c);
+        let early = out.contains("REJECTED")
+            || out.contains("UNREACHABLE")
+            || out.contains("Unable to Connect")
+            || out.contains("Failed to connect");
+        if c.status.success() || !early || attempts >= 30 {
+            break c;
+        }
+    };
+    let ct = text(&c);
+    let s = crate::child::finish_within(
+        s,
+        limit,
+        &format!(
+            "{prog} server (its client exited with {}, printing:\n{ct})",
+            c.status
+        ),
+    );
+    let st = text(&s);
+    assert!(
+        c.status.success() && s.status.success(),
+        "{prog} client ({}):\n{ct}\n{prog} server ({}):\n{st}",
+        c.status,
+        s.status
+    );
+    (ct, st)
+}
+
+/// Owned arguments from string slices.
+#[must_use]
+pub fn args(a: &[&str]) -> Vec<String> {
+    a.iter().map(|s| (*s).to_owned()).collect()
+}
