@@ -85,6 +85,19 @@ fn start_dump(ns: &str, ifname: &str, args: &[&str]) -> Reaper {
     r
 }
 
+/// `roce dump -w FILE` at both ends of `pair`, into `/tmp/<name>-<pid>-{a,b}.pcapng`: the
+/// files (removed when the guard drops) and the running dumps.
+fn capture_both(pair: &VethPair, name: &str) -> (Vec<PathBuf>, CaptureFiles, [Reaper; 2]) {
+    let dir = std::env::temp_dir();
+    let files: Vec<PathBuf> = ["a", "b"]
+        .iter()
+        .map(|e| dir.join(format!("{name}-{}-{e}.pcapng", std::process::id())))
+        .collect();
+    let dumps = [(&pair.a, &files[0]), (&pair.b, &files[1])]
+        .map(|(end, file)| start_dump(&end.netns, &end.ifname, &["-w", file.to_str().unwrap()]));
+    (files.clone(), CaptureFiles(files), dumps)
+}
+
 /// Sends SIGINT, as Ctrl-C does.
 fn interrupt(r: &Reaper) {
     nix::sys::signal::kill(
@@ -177,24 +190,7 @@ fn transport(ifname: &str, name: &str) -> u64 {
 #[test]
 fn capture_matches_the_counters_and_tshark_finds_nothing_malformed() {
     let (pair, _l) = setup("dmc", 98);
-    let dir = std::env::temp_dir();
-    let files: Vec<PathBuf> = ["a", "b"]
-        .iter()
-        .map(|e| dir.join(format!("roce-dump-{}-{e}.pcapng", std::process::id())))
-        .collect();
-    let _cleanup = CaptureFiles(files.clone());
-    let dumps = [
-        start_dump(
-            &pair.a.netns,
-            &pair.a.ifname,
-            &["-w", files[0].to_str().unwrap()],
-        ),
-        start_dump(
-            &pair.b.netns,
-            &pair.b.ifname,
-            &["-w", files[1].to_str().unwrap()],
-        ),
-    ];
+    let (files, _cleanup, dumps) = capture_both(&pair, "roce-dump");
     for args in [
         "perf write -s 4096 -n 100 -m 1024 -t 16",
         "perf read -s 4096 -n 100 -m 1024 -t 16",
@@ -546,24 +542,7 @@ fn a_capture_that_falls_behind_loses_records_counted_never_traffic() {
 #[test]
 fn the_librarys_cm_mads_dissect_in_tshark_without_a_warning() {
     let (pair, _l) = setup("dcm", 99);
-    let dir = std::env::temp_dir();
-    let files: Vec<PathBuf> = ["a", "b"]
-        .iter()
-        .map(|e| dir.join(format!("roce-dump-cm-{}-{e}.pcapng", std::process::id())))
-        .collect();
-    let _cleanup = CaptureFiles(files.clone());
-    let dumps = [
-        start_dump(
-            &pair.a.netns,
-            &pair.a.ifname,
-            &["-w", files[0].to_str().unwrap()],
-        ),
-        start_dump(
-            &pair.b.netns,
-            &pair.b.ifname,
-            &["-w", files[1].to_str().unwrap()],
-        ),
-    ];
+    let (files, _cleanup, dumps) = capture_both(&pair, "roce-dump-cm");
     let server_ip = pair.a.ipv4.to_string();
     let (c, _) = server_and_client(
         &pair,

@@ -682,10 +682,14 @@ pub fn attached() -> Result<Vec<Attached>, LoadError> {
 pub fn status() -> Result<Vec<Status>, LoadError> {
     let mut out = Vec::new();
     for (ifname, dir) in pin_dirs()? {
-        let mut pins: Vec<String> = fs::read_dir(&dir)
-            .map_err(io_err("read", &dir))?
-            .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
-            .collect();
+        let mut pins: Vec<String> = match fs::read_dir(&dir) {
+            Ok(d) => d
+                .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+                .collect(),
+            // Unloaded since the root was listed (another program's exit, a parallel test).
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => continue,
+            Err(e) => return Err(io_err("read", &dir)(e)),
+        };
         pins.sort();
         let info = Pins::new(&ifname).load_info().unwrap_or_default();
         let (prog_id, link_id) = pins::link_ids(&dir);
