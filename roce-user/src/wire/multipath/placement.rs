@@ -230,7 +230,7 @@ impl PlacementTrailer {
     /// [`WireError::Malformed`] naming the inconsistency.
     pub fn check_packet(&self, psn: Psn, data_len: usize, pmtu: u32) -> Result<()> {
         let pmtu = pmtu.max(1);
-        if self.offset % pmtu != 0 {
+        if !self.offset.is_multiple_of(pmtu) {
             return Err(WireError::Malformed(
                 "placement trailer: offset not a multiple of the path MTU",
             ));
