@@ -2,6 +2,8 @@
 //! clock (time is an argument), no I/O, no frames. Step 1 of the design's order of work: the
 //! state machines are built and tested here on their own, not yet wired into the QPs.
 //!
+//! - [`Negotiation`] (one per QP): the in-band agreement by the BTH `resv7` bits, and the
+//!   fall back to plain RoCE v2.
 //! - [`Reassembly`] (receiver, one per QP): which PSNs beyond the cumulative one arrived,
 //!   each packet placed exactly once, completions in PSN order, the SACK to send.
 //! - [`SelectiveRepeat`] (sender, one per QP): per-packet state of the window, which PSNs to
@@ -13,9 +15,11 @@
 //! lives beside the QPs that will own it in step 2 (the import graph runs transport -> wire).
 //! The simulator's several paths are in [`super::sim`] ([`super::sim::Pair::set_paths`]).
 
+mod negotiation;
 mod reassembly;
 mod selective;
 
+pub use negotiation::{MpState, Negotiation, RxDecision};
 pub use reassembly::{Arrival, Completion, Reassembly, ReassemblyCounters};
 pub use selective::{SelectiveRepeat, SrConfig, SrCounters, bdp_window};
 

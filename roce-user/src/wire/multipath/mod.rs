@@ -51,6 +51,8 @@ impl MpBthFlags {
     pub const OFFER: Self = Self(0x01);
     /// The packet carries a multipath trailer.
     pub const TRAILER: Self = Self(0x02);
+    /// Both: a packet with a trailer from a QP with the extension on.
+    pub const OFFER_TRAILER: Self = Self(0x03);
     const KNOWN: u8 = 0x03;
 
     /// The known bits of a `resv7` value; the others are reserved and ignored.
