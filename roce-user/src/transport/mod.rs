@@ -59,6 +59,7 @@ pub mod gsi;
 pub mod ids;
 mod mem;
 pub mod mr;
+pub mod multipath;
 pub mod qp;
 mod sched;
 pub mod sim;

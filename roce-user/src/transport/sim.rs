@@ -3,6 +3,14 @@
 //! corruption and ECN CE marks, all drawn from one seeded RNG, in simulated time. Sans-I/O:
 //! frames are byte vectors moved between the devices' `poll_transmit` and `handle_packet`.
 //!
+//! Several paths (docs/multipath.md, "Test bed and proof"; issue 19): [`Pair::set_paths`]
+//! replaces the one link's random behaviour by several [`Link`]s, and each frame takes the
+//! path its UDP source port (its entropy) hashes to ([`path_index`]), as an ECMP fabric with
+//! an L4 hash (`fib_multipath_hash_policy=1`) would: each path has its own latency, loss,
+//! duplication, reordering, corruption and CE marking, and its own [`LinkStats`]
+//! ([`Pair::path_stats`]). A QP's frames all take one path today (one source port per QP);
+//! spraying (step 3 of the design) will spread them.
+//!
 //! Always built (it is small and pure) so unit tests, `roce-user/tests/` and benches share it.
 
 use core::time::Duration;
@@ -105,6 +113,8 @@ struct InFlight {
     at: Instant,
     seq: u64,
     to: u8,
+    /// The path of [`Pair::set_paths`] it took, if any.
+    path: Option<usize>,
     frame: Vec<u8>,
 }
 
@@ -133,6 +143,10 @@ pub struct Pair {
     bottleneck_free: Instant,
     /// The bottleneck's frames, one queue per destination QP in order of arrival.
     bottleneck_q: VecDeque<(u32, VecDeque<Vec<u8>>)>,
+    /// Several paths chosen by UDP source port, or none (then `link` is the only path).
+    paths: Vec<Link>,
+    /// What each path did.
+    path_stats: Vec<LinkStats>,
 }
 
 impl core::fmt::Debug for Pair {
@@ -188,6 +202,24 @@ pub fn frame_opcode_psn(frame: &[u8]) -> Option<(Opcode, Psn)> {
         .map(|f| (f.roce.bth.opcode, f.roce.bth.psn))
 }
 
+/// The path of `n` a frame with UDP source port `src_port` takes: a fixed multiplicative
+/// hash of the port (Fibonacci hashing), standing in for an ECMP switch's L4 hash, so the
+/// same entropy always takes the same path and consecutive entropies spread over all paths.
+/// `n` of 0 is treated as 1.
+#[must_use]
+pub const fn path_index(src_port: u16, n: usize) -> usize {
+    let h = (src_port as u32).wrapping_mul(0x9e37_79b1) >> 16;
+    h as usize % if n == 0 { 1 } else { n }
+}
+
+/// The path from `from` to the other endpoint with UDP source port `port` (a QP's entropy).
+#[must_use]
+pub const fn path_with_port(from: Side, port: u16) -> Path {
+    let mut p = path(from);
+    p.udp_src_port = port;
+    p
+}
+
 impl Pair {
     /// Two devices with `config`, a link, and a seed for every random choice of the link.
     #[must_use]
@@ -207,6 +239,43 @@ impl Pair {
             buf: vec![0; MAX_FRAME_LEN],
             bottleneck_free: Instant::ZERO,
             bottleneck_q: VecDeque::new(),
+            paths: Vec::new(),
+            path_stats: Vec::new(),
+        }
+    }
+
+    /// Gives the pair several paths: from now on every frame takes
+    /// `paths[path_index(its UDP source port, paths.len())]` for its latency, loss,
+    /// duplication, reordering, corruption and CE marking (the same in both directions, as
+    /// an ECMP fabric hashing the source port). `link` keeps its bottleneck and its filter
+    /// runs first; its random knobs no longer apply. An empty `paths` goes back to the one
+    /// link. Call it before or between [`Self::step`]s; frames in flight keep their path.
+    pub fn set_paths(&mut self, paths: Vec<Link>) {
+        self.path_stats = vec![LinkStats::default(); paths.len()];
+        self.paths = paths;
+    }
+
+    /// What each path of [`Self::set_paths`] did (the totals are in `stats`).
+    #[must_use]
+    pub fn path_stats(&self) -> &[LinkStats] {
+        &self.path_stats
+    }
+
+    /// The link a frame takes: its path's, by UDP source port, or the one link.
+    fn link_of(&self, frame: &[u8]) -> (Link, Option<usize>) {
+        if self.paths.is_empty() {
+            return (self.link, None);
+        }
+        let port = parse_frame(frame).map_or(0, |f| f.udp.src_port);
+        let i = path_index(port, self.paths.len());
+        (self.paths[i], Some(i))
+    }
+
+    /// Counts an event in the totals and in the frame's path.
+    fn count(&mut self, path: Option<usize>, f: impl Fn(&mut LinkStats)) {
+        f(&mut self.stats);
+        if let Some(s) = path.and_then(|i| self.path_stats.get_mut(i)) {
+            f(s);
         }
     }
 
@@ -280,15 +349,19 @@ impl Pair {
     }
 
     fn deliver(&mut self, from: Side, mut frame: Vec<u8>) {
-        let l = self.link;
+        let (l, path) = self.link_of(&frame);
+        // `stats.sent` counted the frame in `enqueue` already.
+        if let Some(s) = path.and_then(|i| self.path_stats.get_mut(i)) {
+            s.sent += 1;
+        }
         if self.rng.random_bool(l.loss) {
-            self.stats.lost += 1;
+            self.count(path, |s| s.lost += 1);
             return;
         }
         if frame.len() > 34 && self.rng.random_bool(l.corrupt) {
             let i = self.rng.random_range(14..frame.len());
             frame[i] ^= 1 << self.rng.random_range(0..8u32);
-            self.stats.corrupted += 1;
+            self.count(path, |s| s.corrupted += 1);
         }
         // Like a switch (RFC 3168), only ECN-capable packets are marked.
         if frame.len() > 34
@@ -300,10 +373,10 @@ impl Pair {
             let tos = p.tos();
             p.set_tos(tos | 3);
             p.fill_checksum();
-            self.stats.ce_marked += 1;
+            self.count(path, |s| s.ce_marked += 1);
         }
         let copies = if self.rng.random_bool(l.dup) {
-            self.stats.duplicated += 1;
+            self.count(path, |s| s.duplicated += 1);
             2
         } else {
             1
@@ -316,13 +389,14 @@ impl Pair {
                     .rng
                     .random_range(0..=l.reorder_jitter.as_nanos() as u64);
                 at = at + Duration::from_nanos(j);
-                self.stats.reordered += 1;
+                self.count(path, |s| s.reordered += 1);
             }
             self.seq += 1;
             self.queue.push(Reverse(InFlight {
                 at,
                 seq: self.seq,
                 to,
+                path,
                 frame: frame.clone(),
             }));
         }
@@ -369,7 +443,7 @@ impl Pair {
             let Some(Reverse(p)) = self.queue.pop() else {
                 break;
             };
-            self.stats.delivered += 1;
+            self.count(p.path, |s| s.delivered += 1);
             let now = self.time;
             let dev = if p.to == 1 { &mut self.b } else { &mut self.a };
             dev.handle_packet(now, &p.frame);
@@ -476,7 +550,24 @@ pub struct Endpoint {
 /// # Panics
 /// If a device refuses (a bug in the transport or in `cfg`).
 pub fn connect_rc(pair: &mut Pair, cfg: &RcConfig) -> (Endpoint, Endpoint) {
-    connect(pair, cfg, QpType::Rc)
+    connect(pair, cfg, QpType::Rc, (path(Side::A), path(Side::B)))
+}
+
+/// [`connect_rc`] with the UDP source ports (entropies) of A's and B's QP, so a test picks
+/// the paths of [`Pair::set_paths`] their frames take ([`path_index`]).
+///
+/// # Panics
+/// If a device refuses (a bug in the transport or in `cfg`).
+pub fn connect_rc_ports(
+    pair: &mut Pair,
+    cfg: &RcConfig,
+    ports: (u16, u16),
+) -> (Endpoint, Endpoint) {
+    let paths = (
+        path_with_port(Side::A, ports.0),
+        path_with_port(Side::B, ports.1),
+    );
+    connect(pair, cfg, QpType::Rc, paths)
 }
 
 /// Creates a UC QP on each device and brings both to RTS, connected to each other, with UC's
@@ -488,11 +579,16 @@ pub fn connect_rc(pair: &mut Pair, cfg: &RcConfig) -> (Endpoint, Endpoint) {
 /// # Panics
 /// If a device refuses (a bug in the transport or in `cfg`).
 pub fn connect_uc(pair: &mut Pair, cfg: &RcConfig) -> (Endpoint, Endpoint) {
-    connect(pair, cfg, QpType::Uc)
+    connect(pair, cfg, QpType::Uc, (path(Side::A), path(Side::B)))
 }
 
 /// [`connect_rc`] or [`connect_uc`], by `qp_type`.
-fn connect(pair: &mut Pair, cfg: &RcConfig, qp_type: QpType) -> (Endpoint, Endpoint) {
+fn connect(
+    pair: &mut Pair,
+    cfg: &RcConfig,
+    qp_type: QpType,
+    (path_a, path_b): (Path, Path),
+) -> (Endpoint, Endpoint) {
     let mk = |d: &mut Device| {
         let pd = d.alloc_pd().expect("alloc pd");
         let cq = d.create_cq(cfg.cq_depth).expect("create cq");
@@ -508,11 +604,11 @@ fn connect(pair: &mut Pair, cfg: &RcConfig, qp_type: QpType) -> (Endpoint, Endpo
     let eb = mk(&mut pair.b);
     let psn_a = Psn::new(cfg.psn_a);
     let psn_b = psn_a.wrapping_add(0x1000);
-    let up = |d: &mut Device, qpn, side, peer, sq, rq| {
-        bring_up_typed(d, qp_type, qpn, side, peer, (sq, rq), cfg);
+    let up = |d: &mut Device, qpn, av, peer, sq, rq| {
+        bring_up_typed(d, qp_type, qpn, av, peer, (sq, rq), cfg);
     };
-    up(&mut pair.a, ea.qpn, Side::A, eb.qpn, psn_a, psn_b);
-    up(&mut pair.b, eb.qpn, Side::B, ea.qpn, psn_b, psn_a);
+    up(&mut pair.a, ea.qpn, path_a, eb.qpn, psn_a, psn_b);
+    up(&mut pair.b, eb.qpn, path_b, ea.qpn, psn_b, psn_a);
     (ea, eb)
 }
 
@@ -530,7 +626,7 @@ pub fn bring_up(
     rq_psn: Psn,
     cfg: &RcConfig,
 ) {
-    bring_up_typed(d, QpType::Rc, qpn, side, peer, (sq_psn, rq_psn), cfg);
+    bring_up_typed(d, QpType::Rc, qpn, path(side), peer, (sq_psn, rq_psn), cfg);
 }
 
 /// Moves UC QP `qpn` of `d` (on endpoint `side`) from RESET to RTS, connected to `peer`, with
@@ -547,7 +643,7 @@ pub fn bring_up_uc(
     rq_psn: Psn,
     cfg: &RcConfig,
 ) {
-    bring_up_typed(d, QpType::Uc, qpn, side, peer, (sq_psn, rq_psn), cfg);
+    bring_up_typed(d, QpType::Uc, qpn, path(side), peer, (sq_psn, rq_psn), cfg);
 }
 
 /// [`bring_up`] or [`bring_up_uc`], by `qp_type` (`(sq_psn, rq_psn)`): each transition with
@@ -557,7 +653,7 @@ fn bring_up_typed(
     d: &mut Device,
     qp_type: QpType,
     qpn: Qpn,
-    side: Side,
+    av: Path,
     peer: Qpn,
     (sq_psn, rq_psn): (Psn, Psn),
     cfg: &RcConfig,
@@ -571,7 +667,7 @@ fn bring_up_typed(
     let mut attr: QpAttr<Path> = QpAttr {
         qp_state: QpState::Init,
         qp_access_flags: cfg.access,
-        ah_attr: Some(path(side)),
+        ah_attr: Some(av),
         path_mtu: cfg.mtu,
         dest_qp_num: peer,
         rq_psn,

@@ -85,6 +85,13 @@ impl<T: AsRef<[u8]>> Packet<T> {
     pub fn ack_req(&self) -> bool {
         self.buffer.as_ref()[field::ACK_REQ] & ACK_REQ != 0
     }
+    /// The seven reserved bits below AckReq (`resv7`), as received. IBA 9.2 has senders write
+    /// 0 and receivers ignore them; the multipath extension reads its flags here
+    /// ([`super::multipath::MpBthFlags`]).
+    #[must_use]
+    pub fn resv7(&self) -> u8 {
+        self.buffer.as_ref()[field::ACK_REQ] & !ACK_REQ
+    }
     /// Packet sequence number.
     #[must_use]
     pub fn psn(&self) -> Psn {
@@ -124,6 +131,14 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     /// Sets AckReq and clears the reserved bits.
     pub fn set_ack_req(&mut self, v: bool) {
         self.buffer.as_mut()[field::ACK_REQ] = if v { ACK_REQ } else { 0 };
+    }
+    /// Sets the seven reserved bits below AckReq (`resv7`, IBA 9.2: transmitted as 0), keeping
+    /// AckReq. Only the multipath extension between two roce-xdp QPs writes them
+    /// ([`super::multipath::MpBthFlags`], docs/multipath.md "Agreeing on the extension"); call
+    /// it after [`Self::set_ack_req`], which clears them.
+    pub fn set_resv7(&mut self, v: u8) {
+        let b = &mut self.buffer.as_mut()[field::ACK_REQ];
+        *b = (*b & ACK_REQ) | (v & !ACK_REQ);
     }
     /// Sets the PSN.
     pub fn set_psn(&mut self, v: Psn) {

@@ -22,6 +22,11 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     pub fn clear(&mut self) {
         self.buffer.as_mut()[..HEADER_LEN].fill(0);
     }
+    /// Writes the reserved bytes: only the multipath extension's path feedback does
+    /// ([`super::multipath::PathFeedback`]); plain CNPs are [`Self::clear`]ed.
+    pub fn set_reserved(&mut self, v: &[u8; HEADER_LEN]) {
+        self.buffer.as_mut()[..HEADER_LEN].copy_from_slice(v);
+    }
 }
 
 /// A parsed CNP reserved block: it has no fields.

@@ -55,6 +55,7 @@ pub mod ieth;
 pub mod immdt;
 pub mod ipv4;
 pub mod ipv6;
+pub mod multipath;
 pub mod peek;
 pub mod reth;
 pub mod roce;

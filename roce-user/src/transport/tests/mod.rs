@@ -9,7 +9,9 @@
 
 use core::net::IpAddr;
 
-use super::sim::{Bottleneck, Link, Pair, RcConfig, Side, bring_up, connect_rc, ip};
+use super::sim::{
+    Bottleneck, Link, Pair, RcConfig, Side, bring_up, connect_rc, connect_rc_ports, ip, path_index,
+};
 use super::timer::local_ack_timeout;
 use super::*;
 use crate::wire::{
@@ -25,6 +27,7 @@ use AethSyndrome::Nak;
 mod completer;
 mod mw;
 mod pair;
+mod paths;
 mod recv;
 mod requester;
 mod responder;

@@ -1,0 +1,27 @@
+//! The multipath extension's transport state (docs/multipath.md; issue 19), sans-I/O: no
+//! clock (time is an argument), no I/O, no frames. Step 1 of the design's order of work: the
+//! state machines are built and tested here on their own, not yet wired into the QPs.
+//!
+//! - [`Negotiation`] (one per QP): the in-band agreement by the BTH `resv7` bits, and the
+//!   fall back to plain RoCE v2.
+//! - [`Reassembly`] (receiver, one per QP): which PSNs beyond the cumulative one arrived,
+//!   each packet placed exactly once, completions in PSN order, the SACK to send.
+//! - [`SelectiveRepeat`] (sender, one per QP): per-packet state of the window, which PSNs to
+//!   resend (only missing ones, after a reordering tolerance or a timeout), the window bounded
+//!   by the bandwidth-delay product.
+//!
+//! Why here: the codecs of the trailers these use are wire formats and live with the other
+//! headers in [`crate::wire::multipath`]; the state that reads them is transport state and
+//! lives beside the QPs that will own it in step 2 (the import graph runs transport -> wire).
+//! The simulator's several paths are in [`super::sim`] ([`super::sim::Pair::set_paths`]).
+
+mod negotiation;
+mod reassembly;
+mod selective;
+
+pub use negotiation::{MpState, Negotiation, RxDecision};
+pub use reassembly::{Arrival, Completion, Reassembly, ReassemblyCounters};
+pub use selective::{SelectiveRepeat, SrConfig, SrCounters, bdp_window};
+
+#[cfg(test)]
+mod tests;
