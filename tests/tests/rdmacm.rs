@@ -6,7 +6,7 @@
 //!   binaries load on it with every symbol bound (`ldd -r`);
 //! - `rping -V` (every ping verified), `ucmatose` (several connections, sends both ways) and
 //!   `ib_write_bw -R` (perftest connecting through RDMA CM) at both ends of a veth pair, each
-//!   end on roce-xdp, and the interfaces left clean.
+//!   end on roce-xdp (rping over IPv4 and IPv6), and the interfaces left clean.
 //!
 //! Against the kernel's CM and rxe in the Soft-RoCE VM: tests/tests/interop_qp1.rs. Root.
 
@@ -163,6 +163,41 @@ fn rping_ucmatose_and_perftest_connect_through_the_library_at_both_ends() {
             "{out}"
         );
     }
+
+    // rping over IPv6: the RDMA CM IP header and the GIDs carry the IPv6 addresses.
+    let server_ip6 = pair.a.ipv6.to_string();
+    let (c, s) = server_and_client(
+        &pair,
+        "rping",
+        &args(&[
+            "-s",
+            "-v",
+            "-V",
+            "-S",
+            "128",
+            "-C",
+            "50",
+            "-p",
+            "7176",
+            "-a",
+            &server_ip6,
+        ]),
+        &args(&[
+            "-c",
+            "-v",
+            "-V",
+            "-S",
+            "128",
+            "-C",
+            "50",
+            "-p",
+            "7176",
+            "-a",
+            &server_ip6,
+        ]),
+    );
+    assert_eq!(pings(&c), 50, "client over IPv6:\n{c}");
+    assert_eq!(pings(&s), 50, "server over IPv6:\n{s}");
 
     // perftest's ib_write_bw connecting with RDMA CM: 500 writes of 64 KiB.
     let dev = |end: &VethEnd| format!("roce_{}", end.ifname);
