@@ -431,6 +431,13 @@ impl Qp {
         if self.next_psn.distance(self.comp_psn) >= MAX_UNACKED_PSNS as i32 {
             return None;
         }
+        // Swift's window (transport/cc.rs): no more PSNs unacknowledged than it allows.
+        if self
+            .cc_window()
+            .is_some_and(|w| self.next_psn.distance(self.comp_psn) >= w as i32)
+        {
+            return None;
+        }
         let wqe = self.sq.get(self.req_idx)?;
         if wqe.done.is_some() {
             return None;
@@ -598,6 +605,7 @@ impl Qp {
         if repr.bth.ack_req {
             self.noack_pkts = 0;
         }
+        self.cc_on_request_sent(now, psn, psns);
         let next = psn.wrapping_add(psns);
         if next.distance(self.next_psn) > 0 {
             self.next_psn = next;
