@@ -671,9 +671,11 @@ mod tests {
         w += 8.0 / w;
         assert!((s.cwnd() - w).abs() < EPS);
         // Below one packet: cwnd += ai · n.
-        let mut c = SwiftConfig::default();
-        c.swift_init_cwnd = 1;
-        c.swift_ai = 250;
+        let c = SwiftConfig {
+            swift_init_cwnd: 1,
+            swift_ai: 250,
+            ..SwiftConfig::default()
+        };
         let mut s = Swift::new(&c);
         s.cwnd = 0.5;
         s.on_ack(us(0), d(50), 1);

@@ -20,6 +20,13 @@
 //! The transport's only change for this is a `data_ok` flag on the QP's `poll_transmit`
 //! (transport/qp.rs): when false it returns control packets only.
 //!
+//! With [`CcAlgorithm::Swift`] ([`CcConfig::swift`], `--cc swift`) the DCQCN reaction point
+//! is off and the QP also carries a [`Swift`] window and an [`RttSampler`]; the requester
+//! reports each new request packet (`Qp::cc_on_request_sent`), each go back N
+//! (`Qp::cc_on_go_back`, Karn's rule) and each retry (`Qp::cc_on_retry`), the completer each
+//! acknowledged PSN (`Qp::cc_on_ack`, the RTT sample), and the requester sends no new PSN
+//! while `Qp::cc_window` PSNs are unacknowledged (asking for an ACK every half window).
+//!
 //! Time: the transport and `cc` share the core's one clock, [`crate::time::Instant`].
 
 use super::{Device, DeviceError, Instant, Path, Qp, QpType, Qpn};
