@@ -296,6 +296,16 @@ counter_struct! {
         rp_loss_handled,
         /// roce-xdp: losses not acted on: within rate_reduce_monitor_period of the last cut, RP or loss_backoff off.
         rp_loss_ignored,
+        /// roce-xdp Swift: RTT samples taken from ACK timing and fed to the window.
+        swift_rtt_samples,
+        /// roce-xdp Swift: acknowledgements that gave no RTT sample because their packet was retransmitted (Karn's rule).
+        swift_rtt_skipped,
+        /// roce-xdp Swift: window cuts for an RTT over the target delay.
+        swift_delay_decreases,
+        /// roce-xdp Swift: window cuts for a loss (a NAK's retry or the retransmission timeout).
+        swift_loss_decreases,
+        /// roce-xdp Swift: cuts not made because the window was already cut within the last RTT.
+        swift_decreases_held,
     }
 }
 

@@ -1235,7 +1235,8 @@ impl Device {
 
     /// Changes one congestion-control parameter of an RC QP: a DCQCN parameter under its mlx5
     /// name (`rpg_ai_rate`, `min_time_between_cnps`, ... see [`crate::cc::DcqcnConfig`]), or
-    /// `rp_enabled` / `np_enabled` / `loss_backoff` / `enabled` (0 or 1). The QP's rate state
+    /// `rp_enabled` / `np_enabled` / `loss_backoff` / `enabled` (0 or 1), or a Swift parameter
+    /// (`swift_base_target`, ... see [`crate::cc::SwiftConfig`]). The QP's rate state
     /// starts afresh.
     /// Load-time settings for every QP are [`DeviceOptions::transport`]`.cc`.
     ///
@@ -1243,6 +1244,21 @@ impl Device {
     /// No such QP, a UD QP, an unknown name or a value out of range.
     pub fn set_cc_param(&self, qpn: Qpn, name: &str, value: u64) -> Result<(), ApiError> {
         self.by_qpn(qpn).lock().set_cc_param(qpn, name, value)?;
+        Ok(())
+    }
+
+    /// Switches one RC QP to congestion control `algorithm` (DCQCN, Swift or none); its
+    /// state starts afresh. Load-time choice for every QP: [`DeviceOptions::transport`]`.cc`
+    /// ([`crate::transport::CcConfig::set_algorithm`]).
+    ///
+    /// # Errors
+    /// No such QP or a UD QP.
+    pub fn set_cc_algorithm(
+        &self,
+        qpn: Qpn,
+        algorithm: crate::cc::CcAlgorithm,
+    ) -> Result<(), ApiError> {
+        self.by_qpn(qpn).lock().set_cc_algorithm(qpn, algorithm)?;
         Ok(())
     }
 

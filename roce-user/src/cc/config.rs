@@ -11,7 +11,10 @@ use core::time::Duration;
 
 /// A parameter out of its allowed range.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("DCQCN parameter {name} = {value} is out of range (allowed {min}..={max} {unit})")]
+#[error(
+    "{} parameter {name} = {value} is out of range (allowed {min}..={max} {unit})",
+    family(name)
+)]
 pub struct ConfigError {
     /// The parameter's mlx5 name.
     pub name: &'static str,
@@ -23,6 +26,15 @@ pub struct ConfigError {
     pub max: u64,
     /// Unit of the value.
     pub unit: &'static str,
+}
+
+/// The algorithm a parameter name belongs to, for [`ConfigError`]'s message.
+fn family(name: &str) -> &'static str {
+    if name.starts_with("swift_") {
+        "Swift"
+    } else {
+        "DCQCN"
+    }
 }
 
 /// DCQCN configuration of a port (applied to every QP). Build it with [`Default`] and change

@@ -16,6 +16,9 @@
 //!   recovery, additive and hyper increase, driven by a timer and a byte counter. It also paces
 //!   the QP's transmissions with a token bucket filled at the current rate.
 //! - [`DcqcnConfig`]: the knobs under their mlx5 names, with units, defaults and validation.
+//! - [`Swift`] (Kumar et al., SIGCOMM 2020): delay-based window control from RTT samples
+//!   ([`RttSampler`], ACK timing), for peers and paths that mark nothing; [`SwiftConfig`] its
+//!   knobs, [`CcAlgorithm`] the per-device and per-QP choice (`--cc dcqcn|swift|off`).
 //! - [`trace`]: rows of (time, qpn, rate, target, α, CNPs, bytes) written as CSV for `roce plot`.
 //!
 //! How the transport uses this: one [`QpCongestion`] (a `NotificationPoint` and a
@@ -37,6 +40,7 @@ mod pacing;
 mod qp;
 mod rp;
 pub mod sim;
+mod swift;
 pub mod trace;
 
 pub use config::{ConfigError, DcqcnConfig};
@@ -44,6 +48,9 @@ pub use np::{NotificationPoint, cnp_frame};
 pub use pacing::Pacer;
 pub use qp::{CcSnapshot, QpCongestion};
 pub use rp::{Phase, ReactionPoint, Stage};
+pub use swift::{
+    CcAlgorithm, RTT_SAMPLER_CAPACITY, RttSampler, Swift, SwiftConfig, flow_scaling_coefficients,
+};
 pub use trace::{Trace, TraceError, TraceRow};
 
 /// Time in `cc` is the core's one clock, [`crate::time::Instant`]; durations are

@@ -1,6 +1,8 @@
 //! Everything congestion control keeps for one RC QP, behind the calls the transport makes.
 
-use super::{CcStats, DcqcnConfig, Instant, NotificationPoint, ReactionPoint, Stage, cnp_frame};
+use super::{
+    CcAlgorithm, CcStats, DcqcnConfig, Instant, NotificationPoint, ReactionPoint, Stage, cnp_frame,
+};
 use crate::wire::{Ecn, PathRepr, Qpn, RoceRepr};
 
 /// The congestion state of one QP as `roce stats -s` and JSON show it.
@@ -25,6 +27,14 @@ pub struct CcSnapshot {
     /// Counters.
     #[serde(skip)]
     pub stats: CcStats,
+    /// The algorithm that limits the QP.
+    pub algorithm: CcAlgorithm,
+    /// Swift's window, packets (Swift QPs only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cwnd: Option<f64>,
+    /// Swift's latest RTT sample, ns (Swift QPs with a sample only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub rtt_ns: Option<u64>,
 }
 
 /// The notification point (we receive data) and reaction point (we send data) of one RC QP.
@@ -137,6 +147,13 @@ impl QpCongestion {
             cnps: self.rp.cnps(),
             bytes: self.rp.bytes_sent(),
             stats: self.stats(),
+            algorithm: if self.config.rp_enabled {
+                CcAlgorithm::Dcqcn
+            } else {
+                CcAlgorithm::Off
+            },
+            cwnd: None,
+            rtt_ns: None,
         }
     }
 

@@ -20,12 +20,22 @@
 //! The transport's only change for this is a `data_ok` flag on the QP's `poll_transmit`
 //! (transport/qp.rs): when false it returns control packets only.
 //!
+//! With [`CcAlgorithm::Swift`] ([`CcConfig::swift`], `--cc swift`) the DCQCN reaction point
+//! is off and the QP also carries a [`Swift`] window and an [`RttSampler`]; the requester
+//! reports each new request packet (`Qp::cc_on_request_sent`), each go back N
+//! (`Qp::cc_on_go_back`, Karn's rule) and each retry (`Qp::cc_on_retry`), the completer each
+//! acknowledged PSN (`Qp::cc_on_ack`, the RTT sample), and the requester sends no new PSN
+//! while `Qp::cc_window` PSNs are unacknowledged (asking for an ACK every half window).
+//!
 //! Time: the transport and `cc` share the core's one clock, [`crate::time::Instant`].
 
 use super::{Device, DeviceError, Instant, Path, Qp, QpType, Qpn};
 use crate::{
-    cc::{CcSnapshot, CcStats, ConfigError, DcqcnConfig, QpCongestion},
-    wire::{Ecn, IpPath, RoceRepr, emit_frame},
+    cc::{
+        CcAlgorithm, CcSnapshot, CcStats, ConfigError, DcqcnConfig, QpCongestion, RttSampler,
+        Swift, SwiftConfig,
+    },
+    wire::{Ecn, IpPath, Psn, RoceRepr, emit_frame},
 };
 
 /// How late a DCQCN timer may be served (see `QpCc::poll_timeout`).
@@ -46,6 +56,13 @@ pub struct CcConfig {
     /// DSCP of every packet a QP sends except CNPs (whose DSCP is `dcqcn.cnp_dscp`); `None`
     /// keeps the DSCP of the QP's address vector.
     pub data_dscp: Option<u8>,
+    /// What limits a QP's sending: DCQCN (default; `dcqcn.rp_enabled` false turns its
+    /// reaction point off), Swift (the DCQCN reaction point is then off and data leaves
+    /// Not-ECT; the notification point still answers a peer's marked packets with CNPs as
+    /// `dcqcn.np_enabled` says), or nothing ([`CcAlgorithm::Off`] as [`CcConfig::off`]).
+    pub algorithm: CcAlgorithm,
+    /// Swift's parameters, used when `algorithm` is [`CcAlgorithm::Swift`].
+    pub swift: SwiftConfig,
 }
 
 impl Default for CcConfig {
@@ -55,6 +72,8 @@ impl Default for CcConfig {
             line_rate_bps: 10_000_000_000,
             data_ecn: Ecn::Ect0,
             data_dscp: None,
+            algorithm: CcAlgorithm::Dcqcn,
+            swift: SwiftConfig::default(),
         }
     }
 }
@@ -69,11 +88,36 @@ impl CcConfig {
                 np_enabled: false,
                 ..DcqcnConfig::default()
             },
+            algorithm: CcAlgorithm::Off,
             ..Self::default()
         }
     }
 
-    /// Sets one parameter by name: a numeric DCQCN parameter ([`DcqcnConfig::NAMES`]), or
+    /// Swift on every QP ([`crate::cc::Swift`]): no DCQCN reaction point, data Not-ECT, the
+    /// notification point on (a DCQCN peer still gets its CNPs).
+    #[must_use]
+    pub fn swift() -> Self {
+        let mut c = Self::default();
+        c.set_algorithm(CcAlgorithm::Swift);
+        c
+    }
+
+    /// Switches to `algorithm`: `Dcqcn` turns the reaction point and the notification point
+    /// on, `Swift` the reaction point off (and the notification point on), `Off` both off.
+    /// Other settings stay.
+    pub fn set_algorithm(&mut self, algorithm: CcAlgorithm) {
+        self.algorithm = algorithm;
+        let (rp, np) = match algorithm {
+            CcAlgorithm::Dcqcn => (true, true),
+            CcAlgorithm::Swift => (false, true),
+            CcAlgorithm::Off => (false, false),
+        };
+        self.dcqcn.rp_enabled = rp;
+        self.dcqcn.np_enabled = np;
+    }
+
+    /// Sets one parameter by name: a numeric DCQCN parameter ([`DcqcnConfig::NAMES`]), a
+    /// Swift parameter ([`SwiftConfig::NAMES`], `swift_*`), or
     /// `rp_enabled` / `np_enabled` / `loss_backoff` (0 or 1), or `enabled` (0 or 1: RP and NP).
     ///
     /// # Errors
@@ -106,6 +150,7 @@ impl CcConfig {
                 self.dcqcn.rp_enabled = on;
                 self.dcqcn.np_enabled = on;
             }
+            _ if name.starts_with("swift_") => self.swift.set(name, value)?,
             _ => self.dcqcn.set(name, value)?,
         }
         Ok(())
@@ -163,6 +208,17 @@ pub struct QpCc {
     wake: Option<Instant>,
     /// Counters of the DCQCN states replaced by [`Device::set_cc_param`].
     carried: CcStats,
+    /// Swift's window and RTT samples, when the QP runs Swift.
+    swift: Option<SwiftState>,
+}
+
+/// What a QP running Swift keeps.
+#[derive(Debug, Clone)]
+struct SwiftState {
+    swift: Swift,
+    rtt: RttSampler,
+    /// The largest frame the QP sent (for the rate `roce stats` and traces show).
+    frame: u32,
 }
 
 impl QpCc {
@@ -176,7 +232,18 @@ impl QpCc {
             cnps_due: 0,
             wake: None,
             carried: CcStats::default(),
+            swift: (config.algorithm == CcAlgorithm::Swift).then(|| SwiftState {
+                swift: Swift::new(&config.swift),
+                rtt: RttSampler::new(),
+                frame: 0,
+            }),
         }
+    }
+
+    /// Swift's state, when the QP runs Swift.
+    #[must_use]
+    pub fn swift(&self) -> Option<&Swift> {
+        self.swift.as_ref().map(|s| &s.swift)
     }
 
     /// The DCQCN state (its counters start again at each [`Device::set_cc_param`]; see
@@ -191,6 +258,10 @@ impl QpCc {
     pub fn stats(&self) -> CcStats {
         let mut s = self.carried;
         s.add(&self.cc.stats());
+        if let Some(w) = &self.swift {
+            s.add(&w.swift.stats());
+            s.swift_rtt_skipped += w.rtt.skipped();
+        }
         s
     }
 
@@ -199,6 +270,21 @@ impl QpCc {
     pub fn snapshot(&self) -> CcSnapshot {
         let mut s = self.cc.snapshot();
         s.stats = self.stats();
+        s.algorithm = self.config.algorithm;
+        if let Some(w) = &self.swift {
+            // Swift's window as a rate, for `roce stats` and traces: the rate the window
+            // gives at the last RTT (rate) and at the target delay (target), both capped at the
+            // line rate; before the first RTT sample, the line rate.
+            let line = self.config.line_rate_bps;
+            let frame = f64::from(w.frame.max(1)) * 8.0 * 1e9;
+            let at = |rtt_ns: f64| ((w.swift.cwnd() * frame / rtt_ns.max(1.0)) as u64).min(line);
+            s.cwnd = Some(w.swift.cwnd());
+            s.rtt_ns = w.swift.rtt().map(|r| r.as_nanos() as u64);
+            s.rate_bps = s.rtt_ns.map_or(line, |r| at(r as f64));
+            s.target_bps = at(w.swift.target_delay().as_nanos() as f64);
+            s.limited = s.rate_bps < line;
+            s.bytes = w.swift.bytes_sent();
+        }
         s
     }
 
@@ -242,7 +328,10 @@ impl QpCc {
     /// Whether a data frame of up to `max_frame` bytes may leave at `now`; if not, remembers
     /// when it may.
     fn data_ok(&mut self, now: Instant, max_frame: u32) -> bool {
-        let at = self.cc.next_send_time(now, max_frame);
+        let mut at = self.cc.next_send_time(now, max_frame);
+        if let Some(w) = &self.swift {
+            at = at.max(w.swift.next_send_time(now));
+        }
         if at <= now {
             self.wake = None;
             true
@@ -264,7 +353,12 @@ impl QpCc {
     }
 
     fn on_sent(&mut self, now: Instant, len: usize) {
-        self.cc.on_sent(now, u32::try_from(len).unwrap_or(u32::MAX));
+        let len = u32::try_from(len).unwrap_or(u32::MAX);
+        self.cc.on_sent(now, len);
+        if let Some(w) = &mut self.swift {
+            w.swift.on_sent(now, len);
+            w.frame = w.frame.max(len);
+        }
     }
 
     /// The DCQCN timers rounded up to [`CC_TIMER_GRANULARITY`] (the α timer runs every
@@ -314,6 +408,51 @@ impl Qp {
         if let Some(c) = self.cc.as_deref_mut() {
             c.on_loss(now);
         }
+    }
+
+    /// Hook of the requester (`commit_rc_request`): a request packet starting at `psn` and
+    /// covering `psns` PSNs left at `now` (Swift times it, [`RttSampler::on_send`]).
+    pub(crate) fn cc_on_request_sent(&mut self, now: Instant, psn: Psn, psns: u32) {
+        if let Some(w) = self.cc.as_deref_mut().and_then(|c| c.swift.as_mut()) {
+            w.rtt.on_send(now, psn, psns);
+        }
+    }
+
+    /// Hook of the requester's go back N to `psn` (rxe `req_retry`), having sent up to
+    /// `sent_psn`: the PSNs sent again are not timed (Karn's rule).
+    pub(crate) fn cc_on_go_back(&mut self, psn: Psn, sent_psn: Psn) {
+        if let Some(w) = self.cc.as_deref_mut().and_then(|c| c.swift.as_mut()) {
+            w.rtt.on_go_back(psn, sent_psn);
+        }
+    }
+
+    /// Hook of the completer: a response (ACK, NAK, READ response, atomic ACK) at `now`
+    /// acknowledges every request PSN up to `psn`. Gives Swift its RTT sample
+    /// ([`RttSampler::on_ack`], [`Swift::on_ack`]).
+    pub(crate) fn cc_on_ack(&mut self, now: Instant, psn: Psn) {
+        if let Some(w) = self.cc.as_deref_mut().and_then(|c| c.swift.as_mut())
+            && let Some((rtt, acked)) = w.rtt.on_ack(now, psn)
+        {
+            w.swift.on_ack(now, rtt, acked);
+        }
+    }
+
+    /// Hook of the completer's retry: `timeout` when the retransmission timer started it, else
+    /// a NAK or a response past a gap did (Swift's fast recovery).
+    pub(crate) fn cc_on_retry(&mut self, now: Instant, timeout: bool) {
+        if let Some(w) = self.cc.as_deref_mut().and_then(|c| c.swift.as_mut()) {
+            if timeout {
+                w.swift.on_timeout(now);
+            } else {
+                w.swift.on_nak_loss(now);
+            }
+        }
+    }
+
+    /// How many PSNs the QP's congestion control lets be unacknowledged (Swift's window), if
+    /// it limits them.
+    pub(crate) fn cc_window(&self) -> Option<u32> {
+        self.cc.as_deref()?.swift.as_ref().map(|w| w.swift.window())
     }
 
     /// Hook of [`Device::poll_transmit`]: whether data may leave now.
@@ -411,6 +550,40 @@ impl Device {
             .ok_or(DeviceError::NoCongestionControl(qpn))?;
         let mut config = c.config;
         config.set(name, value)?;
+        let mut fresh = QpCc::new(&config);
+        fresh.carried = c.stats();
+        if let (Some(f), Some(old)) = (fresh.swift.as_mut(), c.swift.as_ref()) {
+            // The samples of packets in flight stay valid; the window starts afresh.
+            f.rtt = old.rtt.clone();
+            f.rtt.clear_skipped();
+        }
+        fresh.cnp = c.cnp;
+        fresh.cnps_due = c.cnps_due;
+        *c = fresh;
+        self.sched.touch(qp);
+        Ok(())
+    }
+
+    /// Switches QP `qpn` to congestion control `algorithm` (`--cc dcqcn|swift|off` for one
+    /// QP; [`CcConfig::set_algorithm`]). Its state starts afresh; its counters go on.
+    ///
+    /// # Errors
+    /// [`DeviceError::NoSuchQp`], or [`DeviceError::NoCongestionControl`] for a UD QP.
+    pub fn set_cc_algorithm(
+        &mut self,
+        qpn: Qpn,
+        algorithm: CcAlgorithm,
+    ) -> Result<(), DeviceError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn.value())
+            .ok_or(DeviceError::NoSuchQp(qpn))?;
+        let c = qp
+            .cc
+            .as_deref_mut()
+            .ok_or(DeviceError::NoCongestionControl(qpn))?;
+        let mut config = c.config;
+        config.set_algorithm(algorithm);
         let mut fresh = QpCc::new(&config);
         fresh.carried = c.stats();
         fresh.cnp = c.cnp;

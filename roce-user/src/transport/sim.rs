@@ -135,6 +135,10 @@ pub struct Pair {
     pub filter: Option<Filter>,
     /// What the link did.
     pub stats: LinkStats,
+    /// The bottleneck is one drop-tail FIFO for every frame (a switch port or a qdisc), not
+    /// one queue per destination QP served until empty (rxe's transmit, [`Bottleneck`]).
+    /// Default false.
+    pub bottleneck_fifo: bool,
     rng: StdRng,
     queue: BinaryHeap<Reverse<InFlight>>,
     seq: u64,
@@ -232,6 +236,7 @@ impl Pair {
             time: Instant::ZERO,
             link,
             filter: None,
+            bottleneck_fifo: false,
             stats: LinkStats::default(),
             rng: StdRng::seed_from_u64(seed),
             queue: BinaryHeap::new(),
@@ -304,7 +309,12 @@ impl Pair {
                 return;
             }
             // One queue per destination QP, served oldest first until empty (see Bottleneck).
-            let qpn = parse_frame(&frame).map_or(0, |f| f.roce.bth.dest_qp.value());
+            // A FIFO keeps every frame in the one queue of key 0.
+            let qpn = if self.bottleneck_fifo {
+                0
+            } else {
+                parse_frame(&frame).map_or(0, |f| f.roce.bth.dest_qp.value())
+            };
             if let Some((_, q)) = self.bottleneck_q.iter_mut().find(|(f, _)| *f == qpn) {
                 q.push_back(frame);
             } else {

@@ -124,12 +124,18 @@ pub struct PerfArgs {
     #[arg(short = 'u', long = "qp-timeout", default_value_t = 14,
           value_parser = clap::value_parser!(u8).range(1..=31))]
     pub qp_timeout: u8,
-    /// Congestion control (ECN-marked data, CNPs, DCQCN pacing): on or off.
+    /// Congestion control of every QP: dcqcn (ECN-marked data, CNPs, DCQCN pacing; needs a
+    /// path that marks ECN), swift (delay-based, from the RTT of ACKs: for peers and paths that
+    /// mark nothing, as Soft-RoCE, a VM's tap or a software switch), or off.
     #[arg(long, value_enum, default_value_t = CcMode::On)]
     pub cc: CcMode,
     /// A congestion-control parameter under its mlx5 name, e.g. `--cc-set rpg_ai_rate=10`,
     /// `--cc-set min_time_between_cnps=50` (repeatable; also rp_enabled / np_enabled = 0|1, and
     /// loss_backoff=1: halve the rate on each loss, for peers and paths that mark nothing).
+    /// With --cc swift: swift_base_target (µs), swift_fs_range (µs), swift_fs_min_cwnd
+    /// (/1000 packets), swift_fs_max_cwnd (packets), swift_ai (/1000 packets per RTT),
+    /// swift_beta (/1000), swift_max_mdf (/1000), swift_min_cwnd (/1000 packets),
+    /// swift_max_cwnd, swift_init_cwnd (packets), swift_retx_reset (timeouts).
     #[arg(long = "cc-set", value_name = "NAME=VALUE")]
     pub cc_set: Vec<String>,
     /// The line rate DCQCN starts from and recovers to (e.g. 10gbit, 1gbit, bits/s).
@@ -183,8 +189,11 @@ pub struct PerfArgs {
 /// `--cc`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum CcMode {
-    /// DCQCN on (default).
+    /// DCQCN (default; `on` is the same).
+    #[value(name = "dcqcn", alias = "on")]
     On,
+    /// Swift: delay-based, needs no ECN marks.
+    Swift,
     /// No ECT on data, no CNPs, no rate limit.
     Off,
 }

@@ -72,6 +72,7 @@ fn cc_config(a: &PerfArgs) -> anyhow::Result<roce::transport::CcConfig> {
     let mut c = match a.cc {
         CcMode::On => roce::transport::CcConfig::default(),
         CcMode::Off => roce::transport::CcConfig::off(),
+        CcMode::Swift => roce::transport::CcConfig::swift(),
     };
     c.line_rate_bps = a.line_rate;
     for kv in &a.cc_set {

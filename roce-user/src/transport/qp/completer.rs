@@ -33,12 +33,14 @@ impl Qp {
                             // An old ACK (already covered): harmless, ignore.
                             return;
                         }
+                        self.cc_on_ack(now, psn);
                         self.ack_through(now, psn, ctx);
                     }
                     AethSyndrome::RnrNak { timer } => {
                         if d_comp < 0 {
                             return;
                         }
+                        self.cc_on_ack(now, psn.wrapping_sub(1));
                         if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
                             return;
                         }
@@ -48,6 +50,7 @@ impl Qp {
                         if d_comp < 0 {
                             return;
                         }
+                        self.cc_on_ack(now, psn.wrapping_sub(1));
                         if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
                             return;
                         }
@@ -65,6 +68,7 @@ impl Qp {
                     self.arm_retransmit(now, true);
                     return;
                 }
+                self.cc_on_ack(now, psn);
                 if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
                     return;
                 }
@@ -75,6 +79,7 @@ impl Qp {
                     self.counters.rx_dropped += 1;
                     return;
                 }
+                self.cc_on_ack(now, psn);
                 if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
                     return;
                 }
@@ -376,6 +381,7 @@ impl Qp {
         // A retry means packets (or their ACKs) were lost: back off as after a CNP, so that a
         // peer or path that marks nothing still slows the QP down (issue: loss back-off).
         self.cc_on_loss(now);
+        self.cc_on_retry(now, !implied);
         self.go_back(self.comp_psn);
         self.arm_retransmit(now, true);
         true
@@ -383,6 +389,7 @@ impl Qp {
 
     /// Rewinds the requester to resend from `psn` (go back N; rxe `req_retry`).
     pub(super) fn go_back(&mut self, psn: Psn) {
+        self.cc_on_go_back(psn, self.sent_psn);
         for (i, w) in self.sq.iter().enumerate() {
             let (Some(f), Some(l)) = (w.first_psn, w.last_psn()) else {
                 break;

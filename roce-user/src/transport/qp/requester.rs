@@ -431,6 +431,13 @@ impl Qp {
         if self.next_psn.distance(self.comp_psn) >= MAX_UNACKED_PSNS as i32 {
             return None;
         }
+        // Swift's window (transport/cc.rs): no more PSNs unacknowledged than it allows.
+        if self
+            .cc_window()
+            .is_some_and(|w| self.next_psn.distance(self.comp_psn) >= w as i32)
+        {
+            return None;
+        }
         let wqe = self.sq.get(self.req_idx)?;
         if wqe.done.is_some() {
             return None;
@@ -594,10 +601,21 @@ impl Qp {
         }
         let is_read = matches!(op, SendOp::Read { .. });
         self.noack_pkts += 1;
-        repr.bth.ack_req = last || is_read || self.noack_pkts >= MAX_PKT_PER_ACK;
+        // Under Swift's window (transport/cc.rs) an ACK is asked for at least every half window
+        // and on the packet that fills it: the window opens only as ACKs come back, and each
+        // ACK is an RTT sample.
+        let (per_ack, fills) = match self.cc_window() {
+            Some(w) => (
+                (w / 2).clamp(1, MAX_PKT_PER_ACK),
+                psn.wrapping_add(psns).distance(self.comp_psn) >= w as i32,
+            ),
+            None => (MAX_PKT_PER_ACK, false),
+        };
+        repr.bth.ack_req = last || is_read || fills || self.noack_pkts >= per_ack;
         if repr.bth.ack_req {
             self.noack_pkts = 0;
         }
+        self.cc_on_request_sent(now, psn, psns);
         let next = psn.wrapping_add(psns);
         if next.distance(self.next_psn) > 0 {
             self.next_psn = next;

@@ -34,6 +34,7 @@ mod responder;
 mod sched;
 mod srq;
 mod state;
+mod swift;
 mod uc;
 mod ud;
 
