@@ -43,6 +43,7 @@ mod cq;
 mod error;
 mod handles;
 mod path;
+pub mod remote;
 mod srq;
 
 use std::{
