@@ -1,0 +1,271 @@
+//! `roce engine` (docs/multiprocess.md, step 1): one process owns an interface's device and
+//! serves several programs over its Unix socket. Root; the namespaces and veths are the
+//! test's own, the engine is killed by PID if the test fails.
+
+use std::{
+    io::{Read as _, Write as _},
+    os::unix::{fs::PermissionsExt as _, net::UnixStream},
+    path::{Path, PathBuf},
+    process::Command,
+    thread,
+    time::{Duration, Instant},
+};
+
+use nix::errno::Errno;
+use roce::api::{
+    Access, QpInit, QpState, QpType,
+    remote::{EngineClient, RUN_DIR, RemoteError, proto},
+};
+use roce_tests::{
+    child::{Reaper, finish_within, spawn},
+    require_root, roce_bin, veth_pair,
+};
+
+/// Waits until `path` exists (the engine bound its socket) or `limit` passes.
+fn wait_for(path: &Path, limit: Duration, engine: &mut Reaper) {
+    let t0 = Instant::now();
+    while !path.exists() {
+        assert!(
+            t0.elapsed() < limit,
+            "no engine socket at {} after {limit:?}",
+            path.display()
+        );
+        thread::sleep(Duration::from_millis(50));
+    }
+    let _ = engine.pid();
+}
+
+/// Whether `ip link show` reports an XDP program on `ifname` in `ns`.
+fn xdp_attached(ns: &str, ifname: &str) -> bool {
+    let o = Command::new("ip")
+        .args(["-n", ns, "link", "show", "dev", ifname])
+        .output()
+        .expect("ip link");
+    assert!(o.status.success(), "ip link show {ifname}");
+    String::from_utf8_lossy(&o.stdout).contains("prog/xdp")
+}
+
+/// `roce engine -i IF --status` run as `nobody` inside the namespace: (success, stderr).
+fn status_as_nobody(ns: &str, ifname: &str) -> (bool, String) {
+    let o = Command::new("nsenter")
+        .arg(format!("--net=/var/run/netns/{ns}"))
+        .args(["--setuid", "65534", "--setgid", "65534", "--"])
+        .arg(roce_bin())
+        .args(["engine", "-i", ifname, "--status"])
+        .output()
+        .expect("nsenter");
+    (
+        o.status.success(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+/// Removes an engine's socket and its namespace's folder on drop: a failing test kills the
+/// engine (SIGKILL, no chance to clean up), and the namespace is gone after the test anyway.
+struct SocketGuard(PathBuf);
+
+impl Drop for SocketGuard {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+        if let Some(d) = self.0.parent() {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
+}
+
+#[track_caller]
+fn errno_of<T: std::fmt::Debug>(r: Result<T, RemoteError>) -> i32 {
+    r.expect_err("the engine must refuse this").errno()
+}
+
+#[test]
+fn engine_serves_several_programs_keeps_their_objects_apart_and_leaves_with_the_last() {
+    require_root();
+    let pair = veth_pair("eng", 91);
+    let (ns, ifname) = (pair.a.netns.clone(), pair.a.ifname.clone());
+    assert!(
+        !xdp_attached(&ns, &ifname),
+        "a fresh veth has no XDP program"
+    );
+    let path: PathBuf = Path::new(RUN_DIR).join(&ns).join(format!("{ifname}.sock"));
+    let _socket = SocketGuard(path.clone());
+    let mut engine = spawn(
+        &ns,
+        &["engine", "-i", &ifname, "--linger", "1"].map(String::from),
+    );
+    wait_for(&path, Duration::from_secs(20), &mut engine);
+    let mode = std::fs::metadata(&path)
+        .expect("socket")
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the engine socket is root's alone");
+
+    // The engine accepts once the device is open: the first Hello answered, roce_xdp is on.
+    let mut a = EngineClient::connect_at(&path).expect("client a");
+    assert!(xdp_attached(&ns, &ifname), "the engine loaded roce_xdp");
+
+    // A second engine on the same interface is refused, and leaves the first one's socket.
+    let second = Command::new(roce_bin())
+        .args(["--netns", &ns, "engine", "-i", &ifname])
+        .output()
+        .expect("second engine");
+    assert!(!second.status.success(), "a second engine must not start");
+    assert!(
+        String::from_utf8_lossy(&second.stderr).contains("already serves"),
+        "{}",
+        String::from_utf8_lossy(&second.stderr)
+    );
+    assert!(path.exists());
+
+    // Two programs (two connections of this process; the engine tells them apart by
+    // connection, as it tells processes apart).
+    let mut b = EngineClient::connect_at(&path).expect("client b");
+    assert_eq!(a.engine_pid(), engine.pid());
+    let gid = a.query_gid(1).expect("GID 1");
+    assert_eq!(
+        &gid[12..],
+        &pair.a.ipv4.octets(),
+        "GID 1 is the IPv4-mapped address"
+    );
+    assert_eq!(errno_of(a.query_gid(1000)), Errno::EINVAL as i32);
+
+    let pd = a.alloc_pd().expect("alloc_pd");
+    let cq = a.create_cq(64).expect("create_cq");
+    let qpn = a
+        .create_qp(&QpInit::new(QpType::Rc, pd, cq))
+        .expect("create_qp");
+    assert_eq!(
+        a.query_qp(qpn).expect("query"),
+        (QpType::Rc, QpState::Reset)
+    );
+    a.qp_to_init(qpn, Access::REMOTE_WRITE | Access::LOCAL_WRITE)
+        .expect("to INIT");
+    assert_eq!(a.query_qp(qpn).expect("query"), (QpType::Rc, QpState::Init));
+    assert_eq!(
+        errno_of(a.dealloc_pd(pd)),
+        Errno::EBUSY as i32,
+        "a QP uses the PD"
+    );
+    assert_eq!(
+        errno_of(a.destroy_cq(cq)),
+        Errno::EBUSY as i32,
+        "a QP completes on it"
+    );
+    assert_eq!(errno_of(a.create_cq(0)), Errno::EINVAL as i32);
+
+    // B cannot name A's objects, and makes its own.
+    assert_eq!(errno_of(b.query_qp(qpn)), Errno::EINVAL as i32);
+    assert_eq!(errno_of(b.destroy_qp(qpn)), Errno::EINVAL as i32);
+    assert_eq!(errno_of(b.dealloc_pd(pd)), Errno::EINVAL as i32);
+    assert_eq!(errno_of(b.destroy_cq(cq)), Errno::EINVAL as i32);
+    assert_eq!(
+        errno_of(b.create_qp(&QpInit::new(QpType::Rc, pd, cq))),
+        Errno::EINVAL as i32,
+        "a QP in another program's PD"
+    );
+    let bpd = b.alloc_pd().expect("b pd");
+    let bcq = b.create_cq(16).expect("b cq");
+    let bqp = b
+        .create_qp(&QpInit::new(QpType::Ud, bpd, bcq))
+        .expect("b qp");
+    assert_ne!(bqp, qpn);
+    assert_eq!(b.status().expect("status"), (2, 2));
+
+    // A garbage frame costs its sender its connection and nobody else anything.
+    let mut raw = UnixStream::connect(&path).expect("raw");
+    raw.write_all(b"GET / HTTP/1.0\r\n\r\n").expect("write");
+    raw.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    let mut got = Vec::new();
+    raw.read_to_end(&mut got)
+        .expect("the engine answers, then closes");
+    let (f, _) = proto::decode_reply(&got).expect("decodes").expect("whole");
+    assert_eq!(
+        (f.kind, f.msg),
+        (proto::REJECT, proto::Reply::Err(Errno::EPROTO as i32))
+    );
+    assert_eq!(
+        b.query_qp(bqp).expect("b still served"),
+        (QpType::Ud, QpState::Reset)
+    );
+
+    // Without root: the 0600 file stops the connect; past it, SO_PEERCRED refuses.
+    let (ok, err) = status_as_nobody(&ns, &ifname);
+    assert!(!ok && err.contains("Permission denied"), "{err}");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o666)).expect("chmod");
+    let (ok, err) = status_as_nobody(&ns, &ifname);
+    assert!(
+        !ok && err.contains("engine refused the connection: Permission denied"),
+        "{err}"
+    );
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
+
+    // A leaves without cleaning up: the engine destroys its QP, CQ and PD.
+    drop(a);
+    let t0 = Instant::now();
+    loop {
+        let (clients, qps) = b.status().expect("status");
+        if (clients, qps) == (1, 1) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "A's objects were not released: {clients} clients, {qps} QPs"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    b.destroy_qp(bqp).expect("b destroys its QP");
+    b.destroy_cq(bcq).expect("b destroys its CQ");
+    b.dealloc_pd(bpd).expect("b frees its PD");
+    assert_eq!(b.status().expect("status"), (1, 0));
+
+    // The last program leaves: the engine lingers 1 s, exits, unloads, removes its socket.
+    drop(b);
+    let out = finish_within(
+        engine,
+        Duration::from_secs(10),
+        "engine after its last client",
+    );
+    assert!(
+        out.status.success(),
+        "engine: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("engine JSON");
+    // a, b, the second engine's probe, the garbage sender and the nobody past the file mode.
+    assert_eq!(report["connections"], 5, "{report}");
+    assert_eq!(report["refused"], 1, "{report}");
+    assert!(!path.exists(), "the socket file is removed");
+    assert!(
+        !path.parent().expect("folder").exists(),
+        "and the namespace's folder, empty now"
+    );
+    assert!(
+        !xdp_attached(&ns, &ifname),
+        "the engine unloaded the roce_xdp it loaded"
+    );
+}
+
+#[test]
+fn engine_without_clients_exits_after_its_linger() {
+    require_root();
+    let pair = veth_pair("engl", 92);
+    let (ns, ifname) = (pair.a.netns.clone(), pair.a.ifname.clone());
+    let path: PathBuf = Path::new(RUN_DIR).join(&ns).join(format!("{ifname}.sock"));
+    let t0 = Instant::now();
+    let _socket = SocketGuard(path.clone());
+    let mut engine = spawn(
+        &ns,
+        &["engine", "-i", &ifname, "--linger", "0.5"].map(String::from),
+    );
+    wait_for(&path, Duration::from_secs(20), &mut engine);
+    let out = finish_within(engine, Duration::from_secs(10), "idle engine");
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(t0.elapsed() >= Duration::from_millis(500));
+    assert!(!path.exists());
+    assert!(!path.parent().expect("folder").exists());
+    assert!(!xdp_attached(&ns, &ifname));
+}
