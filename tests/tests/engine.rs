@@ -130,6 +130,34 @@ fn engine_serves_several_programs_keeps_their_objects_apart_and_leaves_with_the_
     assert_eq!(errno_of(a.query_gid(1000)), Errno::EINVAL as i32);
 
     let pd = a.alloc_pd().expect("alloc_pd");
+    // Memory of this process, registered through the engine, which reaches it with
+    // process_vm_readv/writev (it read the first and last byte to accept it).
+    let mut region = vec![0u8; 3 * 4096];
+    let addr = region.as_mut_ptr() as u64;
+    let (lkey, _rkey) = a
+        .reg_mr(
+            pd,
+            addr,
+            3 * 4096,
+            Access::LOCAL_WRITE | Access::REMOTE_WRITE,
+        )
+        .expect("reg_mr");
+    let (lkey2, _) = a
+        .reg_mr(pd, addr + 100, 10, Access::empty())
+        .expect("a second region over part of the first");
+    assert_ne!(lkey, lkey2);
+    assert_eq!(
+        errno_of(a.reg_mr(pd, 16, 64, Access::LOCAL_WRITE)),
+        Errno::EFAULT as i32,
+        "page 0 is not mapped in this process"
+    );
+    assert_eq!(
+        errno_of(a.reg_mr(pd, u64::MAX - 8, 64, Access::LOCAL_WRITE)),
+        Errno::EINVAL as i32,
+        "a range that wraps"
+    );
+    a.dereg_mr(lkey2).expect("dereg_mr");
+    assert_eq!(errno_of(a.dereg_mr(lkey2)), Errno::EINVAL as i32, "twice");
     let cq = a.create_cq(64).expect("create_cq");
     let qpn = a
         .create_qp(&QpInit::new(QpType::Rc, pd, cq))
@@ -158,6 +186,7 @@ fn engine_serves_several_programs_keeps_their_objects_apart_and_leaves_with_the_
     assert_eq!(errno_of(b.destroy_qp(qpn)), Errno::EINVAL as i32);
     assert_eq!(errno_of(b.dealloc_pd(pd)), Errno::EINVAL as i32);
     assert_eq!(errno_of(b.destroy_cq(cq)), Errno::EINVAL as i32);
+    assert_eq!(errno_of(b.dereg_mr(lkey)), Errno::EINVAL as i32);
     assert_eq!(
         errno_of(b.create_qp(&QpInit::new(QpType::Rc, pd, cq))),
         Errno::EINVAL as i32,
@@ -199,8 +228,9 @@ fn engine_serves_several_programs_keeps_their_objects_apart_and_leaves_with_the_
     );
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).expect("chmod");
 
-    // A leaves without cleaning up: the engine destroys its QP, CQ and PD.
+    // A leaves without cleaning up: the engine destroys its QP, MR, CQ and PD.
     drop(a);
+    // The engine may touch `region` until it released A's MR: keep it until then.
     let t0 = Instant::now();
     loop {
         let (clients, qps) = b.status().expect("status");
@@ -213,6 +243,7 @@ fn engine_serves_several_programs_keeps_their_objects_apart_and_leaves_with_the_
         );
         thread::sleep(Duration::from_millis(20));
     }
+    drop(region);
     b.destroy_qp(bqp).expect("b destroys its QP");
     b.destroy_cq(bcq).expect("b destroys its CQ");
     b.dealloc_pd(bpd).expect("b frees its PD");

@@ -62,10 +62,10 @@ use roce_common::maps::{MAX_QPS, QpEntry};
 
 pub use crate::transport::Event;
 pub use crate::transport::{
-    Access, AttrMask, BindMw, CqId, DeviceConfig, DeviceCounters, LKey, MemBuf, Memory, MrInfo,
-    Mtu, MwType, Path, PdId, PostError, Psn, QKey, QpAttr, QpCap, QpCounters, QpInit, QpState,
-    QpType, Qpn, RKey, RawMem, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqAttr, SrqAttrMask, SrqId,
-    UdDest, Wc, WcFlags, WcOpcode, WcStatus,
+    Access, AttrMask, BindMw, CqId, DeviceConfig, DeviceCounters, ExternalMem, LKey, MemBuf,
+    Memory, MrInfo, Mtu, MwType, Path, PdId, PostError, Psn, QKey, QpAttr, QpCap, QpCounters,
+    QpInit, QpState, QpType, Qpn, RKey, RawMem, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqAttr,
+    SrqAttrMask, SrqId, UdDest, Wc, WcFlags, WcOpcode, WcStatus,
 };
 use crate::{
     engine::{Clock, Engine, EngineConfig, EngineThread, spawn_engines},
@@ -662,6 +662,7 @@ impl Device {
         let mem = mem.into();
         let iova = match &mem {
             Memory::Raw(raw) => raw.addr(),
+            Memory::External(e) => e.addr(),
             Memory::Owned(buf) => {
                 let mut next = self
                     .next_iova

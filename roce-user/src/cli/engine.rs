@@ -22,12 +22,13 @@ The engine opens IFACE as `roce perf` does (it loads roce_xdp unless it is alrea
 and listens on /run/roce/<netns>/<IFACE>.sock, where <netns> is the name `ip netns add` gave the \
 namespace, or net-<inode> for an unnamed one. The socket is 0600 and every peer's credentials \
 are checked (SO_PEERCRED): only root's processes are served; others get EACCES. Each program's \
-PDs, CQs and QPs are its own (a handle of another program is EINVAL) and are destroyed when its \
+PDs, MRs, CQs and QPs are its own (a handle of another program is EINVAL) and are destroyed when its \
 connection closes, however the program ended. The engine exits --linger seconds after its last \
 client left (or after it started, if none came), and unloads roce_xdp if it loaded it.\n\n\
-Step 1 of docs/multiprocess.md: the control verbs (PD, CQ, QP create/destroy, RESET to INIT, \
-queries) work through the engine; memory registration and posting/polling through shared rings \
-do not yet, so `roce perf` cannot run through it yet.";
+Step 1 of docs/multiprocess.md: the control verbs (PD, MR, CQ, QP create/destroy, RESET to \
+INIT, queries) work through the engine, which reaches a program's registered memory with \
+process_vm_readv/writev; connecting QPs, posting and polling through it do not yet, so \
+`roce perf` cannot run through it yet.";
 
 /// Examples of `roce engine`.
 pub const EXAMPLES: &str = "Examples:\n  \

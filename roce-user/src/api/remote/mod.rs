@@ -4,10 +4,12 @@
 //! [`socket_path`]. Opt-in: [`crate::api::Device::open`] stays the in-process device, whose
 //! data path this changes nothing of.
 //!
-//! Step 1 as built: the control verbs (PD, CQ, QP create/destroy, RESET → INIT, queries) with
-//! each connection's objects its own and released when it closes. Memory registration and the
-//! shared-ring data path are the next steps of the design and are not here yet.
+//! Step 1 as built: the control verbs (PD, MR, CQ, QP create/destroy, RESET → INIT, queries)
+//! with each connection's objects its own and released when it closes; registered memory is
+//! reached through `process_vm_readv/writev` ([`memory`]). Connecting QPs (RTR/RTS), posting
+//! and polling through the engine (the shared-ring data path) are not here yet.
 
+pub mod memory;
 pub mod proto;
 pub mod server;
 
@@ -18,7 +20,7 @@ use std::{
 };
 
 use self::proto::{ProtoError, QpSpec, REJECT, Reply, Request, Value};
-use crate::transport::{Access, CqId, PdId, QpInit, QpState, QpType, Qpn};
+use crate::transport::{Access, CqId, LKey, PdId, QpInit, QpState, QpType, Qpn, RKey};
 
 /// The directory of engine sockets: one folder per network namespace below it.
 pub const RUN_DIR: &str = "/run/roce";
@@ -320,6 +322,45 @@ impl EngineClient {
                 access,
             },
         )
+    }
+
+    /// `ibv_reg_mr` of `len` bytes at `addr` of this process: the engine reads and writes
+    /// them with `process_vm_readv/writev` from now until [`EngineClient::dereg_mr`] or the
+    /// connection closes, as a NIC's DMA would. Keep the range mapped that long; what the
+    /// engine writes there appears without this process doing anything, so read it as device
+    /// memory (volatile, or after a completion), not through a Rust reference held across.
+    /// Returns (lkey, rkey).
+    ///
+    /// # Errors
+    /// `EFAULT` when the range's first or last byte is not mapped, `EINVAL` for a PD not of
+    /// this connection or a range that wraps, the device's limits.
+    pub fn reg_mr(
+        &mut self,
+        pd: PdId,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<(LKey, RKey), RemoteError> {
+        match self.call(
+            "reg_mr",
+            &Request::RegMr {
+                pd: pd.0,
+                addr,
+                len,
+                access,
+            },
+        )? {
+            Value::Mr { lkey, rkey } => Ok((LKey::new(lkey), RKey::new(rkey))),
+            _ => Err(self.unexpected()),
+        }
+    }
+
+    /// `ibv_dereg_mr`: the engine no longer touches the region when this returns.
+    ///
+    /// # Errors
+    /// A region not of this connection (`EINVAL`).
+    pub fn dereg_mr(&mut self, lkey: LKey) -> Result<(), RemoteError> {
+        self.done("dereg_mr", &Request::DeregMr { lkey: lkey.value() })
     }
 
     /// A QP's type and state (`ibv_query_qp`).

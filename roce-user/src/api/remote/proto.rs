@@ -90,6 +90,23 @@ pub enum Request {
         /// The QP.
         qpn: Handle,
     },
+    /// `ibv_reg_mr` of `len` bytes at `addr` in the asking process (the engine takes the pid
+    /// from the socket's credentials, never from the request).
+    RegMr {
+        /// Protection domain.
+        pd: Handle,
+        /// Address in the program.
+        addr: u64,
+        /// Bytes (1 or more).
+        len: u64,
+        /// Access flags.
+        access: Access,
+    },
+    /// `ibv_dereg_mr`.
+    DeregMr {
+        /// The region's lkey.
+        lkey: u32,
+    },
 }
 
 /// The attributes of [`Request::CreateQp`] (`struct ibv_qp_init_attr`).
@@ -138,6 +155,13 @@ pub enum Value {
     Done,
     /// A new object's handle: PD, CQ or QPN.
     Created(Handle),
+    /// To [`Request::RegMr`]: the region's keys.
+    Mr {
+        /// Local key.
+        lkey: u32,
+        /// Remote key.
+        rkey: u32,
+    },
     /// To [`Request::QueryQp`].
     QpInfo {
         /// Its type.
@@ -229,6 +253,10 @@ const K_CREATE_QP: u8 = 8;
 const K_DESTROY_QP: u8 = 9;
 const K_QP_TO_INIT: u8 = 10;
 const K_QUERY_QP: u8 = 11;
+const K_REG_MR: u8 = 12;
+const K_DEREG_MR: u8 = 13;
+/// The last verb's kind.
+const K_LAST: u8 = K_DEREG_MR;
 
 /// Bytes of a [`QpSpec`] body.
 const QP_SPEC_LEN: usize = 4 + 1 + 4 * 6 + 1;
@@ -249,6 +277,8 @@ impl Request {
             Self::DestroyQp { .. } => K_DESTROY_QP,
             Self::QpToInit { .. } => K_QP_TO_INIT,
             Self::QueryQp { .. } => K_QUERY_QP,
+            Self::RegMr { .. } => K_REG_MR,
+            Self::DeregMr { .. } => K_DEREG_MR,
         }
     }
 
@@ -260,7 +290,19 @@ impl Request {
             | Self::CreateCq { depth: v }
             | Self::DestroyCq { cq: v }
             | Self::DestroyQp { qpn: v }
-            | Self::QueryQp { qpn: v } => out.extend_from_slice(&v.to_le_bytes()),
+            | Self::QueryQp { qpn: v }
+            | Self::DeregMr { lkey: v } => out.extend_from_slice(&v.to_le_bytes()),
+            Self::RegMr {
+                pd,
+                addr,
+                len,
+                access,
+            } => {
+                out.extend_from_slice(&pd.to_le_bytes());
+                out.extend_from_slice(&addr.to_le_bytes());
+                out.extend_from_slice(&len.to_le_bytes());
+                out.extend_from_slice(&access.bits().to_le_bytes());
+            }
             Self::QpToInit { qpn, access } => {
                 out.extend_from_slice(&qpn.to_le_bytes());
                 out.extend_from_slice(&access.bits().to_le_bytes());
@@ -367,6 +409,10 @@ pub fn encode_reply(out: &mut Vec<u8>, seq: u32, kind: u8, reply: &Reply) {
                 Value::Gid(g) => o.extend_from_slice(g),
                 Value::Done => {}
                 Value::Created(h) => o.extend_from_slice(&h.to_le_bytes()),
+                Value::Mr { lkey, rkey } => {
+                    o.extend_from_slice(&lkey.to_le_bytes());
+                    o.extend_from_slice(&rkey.to_le_bytes());
+                }
                 Value::QpInfo { qp_type, state } => {
                     o.push(qp_type_code(*qp_type));
                     o.push(*state as u8);
@@ -438,6 +484,17 @@ fn u32_at(b: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]])
 }
 
+fn u64_at(b: &[u8], at: usize) -> u64 {
+    u64::from(u32_at(b, at)) | (u64::from(u32_at(b, at + 4)) << 32)
+}
+
+fn access_from(bits: u32) -> Result<Access, ProtoError> {
+    Access::from_bits(bits).ok_or(ProtoError::Field {
+        field: "access",
+        value: bits.into(),
+    })
+}
+
 fn bool_from(field: &'static str, v: u8) -> Result<bool, ProtoError> {
     match v {
         0 => Ok(false),
@@ -482,16 +539,28 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Frame<Request>, usize)>, Pro
         K_DESTROY_CQ => Request::DestroyCq { cq: one(body)? },
         K_DESTROY_QP => Request::DestroyQp { qpn: one(body)? },
         K_QUERY_QP => Request::QueryQp { qpn: one(body)? },
+        K_DEREG_MR => Request::DeregMr { lkey: one(body)? },
+        K_REG_MR => {
+            exact(k, body, 24)?;
+            let len = u64_at(body, 12);
+            if len == 0 {
+                return Err(ProtoError::Field {
+                    field: "len",
+                    value: 0,
+                });
+            }
+            Request::RegMr {
+                pd: u32_at(body, 0),
+                addr: u64_at(body, 4),
+                len,
+                access: access_from(u32_at(body, 20))?,
+            }
+        }
         K_QP_TO_INIT => {
             exact(k, body, 8)?;
-            let bits = u32_at(body, 4);
-            let access = Access::from_bits(bits).ok_or(ProtoError::Field {
-                field: "access",
-                value: bits.into(),
-            })?;
             Request::QpToInit {
                 qpn: u32_at(body, 0),
-                access,
+                access: access_from(u32_at(body, 4))?,
             }
         }
         K_CREATE_QP => {
@@ -534,7 +603,7 @@ pub fn decode_reply(buf: &[u8]) -> Result<Option<(Frame<Reply>, usize)>, ProtoEr
         return Ok(None);
     };
     let k = h.kind;
-    if k & REPLY_BIT == 0 || !(k == REJECT || (K_HELLO..=K_QUERY_QP).contains(&(k & !REPLY_BIT))) {
+    if k & REPLY_BIT == 0 || !(k == REJECT || (K_HELLO..=K_LAST).contains(&(k & !REPLY_BIT))) {
         return Err(ProtoError::Kind(k));
     }
     if body.len() < 4 {
@@ -580,6 +649,13 @@ pub fn decode_reply(buf: &[u8]) -> Result<Option<(Frame<Reply>, usize)>, ProtoEr
             K_ALLOC_PD | K_CREATE_CQ | K_CREATE_QP => {
                 exact(k, rest, 4)?;
                 Value::Created(u32_at(rest, 0))
+            }
+            K_REG_MR => {
+                exact(k, rest, 8)?;
+                Value::Mr {
+                    lkey: u32_at(rest, 0),
+                    rkey: u32_at(rest, 4),
+                }
             }
             K_QUERY_QP => {
                 exact(k, rest, 2)?;
@@ -663,6 +739,15 @@ mod tests {
                 access: Access::from_bits_truncate(a),
             }),
             spec,
+            any::<u32>().prop_map(|lkey| Request::DeregMr { lkey }),
+            (any::<u32>(), any::<u64>(), 1..=u64::MAX, any::<u32>()).prop_map(
+                |(pd, addr, len, a)| Request::RegMr {
+                    pd,
+                    addr,
+                    len,
+                    access: Access::from_bits_truncate(a),
+                }
+            ),
         ]
     }
 
@@ -677,6 +762,9 @@ mod tests {
                 .prop_map(|(clients, qps)| Value::Status { clients, qps })
                 .boxed(),
             K_QUERY_GID => any::<[u8; 16]>().prop_map(Value::Gid).boxed(),
+            K_REG_MR => (any::<u32>(), any::<u32>())
+                .prop_map(|(lkey, rkey)| Value::Mr { lkey, rkey })
+                .boxed(),
             K_ALLOC_PD | K_CREATE_CQ | K_CREATE_QP => any::<u32>().prop_map(Value::Created).boxed(),
             K_QUERY_QP => (qp_type(), qp_state())
                 .prop_map(|(qp_type, state)| Value::QpInfo { qp_type, state })
@@ -864,6 +952,21 @@ mod tests {
                 value: 0x8000_0000
             }),
             "access bits nobody defined"
+        );
+    }
+
+    #[test]
+    fn a_registration_of_zero_bytes_is_refused() {
+        let mut b = 1u32.to_le_bytes().to_vec();
+        b.extend_from_slice(&0x1000u64.to_le_bytes());
+        b.extend_from_slice(&0u64.to_le_bytes());
+        b.extend_from_slice(&Access::LOCAL_WRITE.bits().to_le_bytes());
+        assert_eq!(
+            decode_request(&frame(K_REG_MR, &b)),
+            Err(ProtoError::Field {
+                field: "len",
+                value: 0
+            })
         );
     }
 

@@ -27,10 +27,13 @@ use std::{
 
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
-use super::proto::{self, QpSpec, REJECT, Reply, Request, Value};
+use super::{
+    memory::ProcessMem,
+    proto::{self, QpSpec, REJECT, Reply, Request, Value},
+};
 use crate::{
     api::Device,
-    transport::{CqId, PdId, QpCap, QpInit, Qpn},
+    transport::{CqId, LKey, Memory, PdId, QpCap, QpInit, Qpn},
 };
 
 /// How the engine serves.
@@ -224,6 +227,8 @@ struct Connection<'a> {
     pds: BTreeSet<u32>,
     cqs: BTreeSet<u32>,
     qps: BTreeSet<u32>,
+    /// Memory regions by lkey.
+    mrs: BTreeSet<u32>,
 }
 
 impl<'a> Connection<'a> {
@@ -234,6 +239,7 @@ impl<'a> Connection<'a> {
             pds: BTreeSet::new(),
             cqs: BTreeSet::new(),
             qps: BTreeSet::new(),
+            mrs: BTreeSet::new(),
         }
     }
 
@@ -283,8 +289,9 @@ impl<'a> Connection<'a> {
         self.release();
     }
 
-    /// Destroys what this connection made: QPs first (their WRs flush), then CQs, then PDs,
-    /// the order `ibv_close_device` of a dying process takes in the kernel.
+    /// Destroys what this connection made: QPs first (their WRs flush), then memory regions
+    /// (no engine access reaches the program's memory afterwards), CQs, PDs: the order in which
+    /// the kernel releases a dying process's verbs objects.
     fn release(&mut self) {
         let dev = &self.engine.dev;
         for qpn in std::mem::take(&mut self.qps) {
@@ -292,6 +299,11 @@ impl<'a> Connection<'a> {
                 log::warn!("engine: pid {}: destroying QP {qpn:#x}: {e}", self.pid);
             }
             self.engine.qps.fetch_sub(1, Ordering::SeqCst);
+        }
+        for lkey in std::mem::take(&mut self.mrs) {
+            if let Err(e) = dev.dereg_mr(LKey::new(lkey)) {
+                log::warn!("engine: pid {}: deregistering MR {lkey:#x}: {e}", self.pid);
+            }
         }
         for cq in std::mem::take(&mut self.cqs) {
             if let Err(e) = dev.destroy_cq(CqId(cq)) {
@@ -407,6 +419,33 @@ impl<'a> Connection<'a> {
             Request::QpToInit { qpn, access } => {
                 Self::own(&self.qps, qpn)?;
                 dev.qp_to_init(Qpn::new(qpn), access).map_err(errno)?;
+                Value::Done
+            }
+            Request::RegMr {
+                pd,
+                addr,
+                len,
+                access,
+            } => {
+                Self::own(&self.pds, pd)?;
+                let mem = ProcessMem::new(self.pid, addr, len).ok_or(libc::EINVAL)?;
+                if !mem.reachable() {
+                    // ibv_reg_mr over a hole in the address space.
+                    return Err(libc::EFAULT);
+                }
+                let info = dev
+                    .reg_mr_mem(PdId(pd), Memory::External(Box::new(mem)), access)
+                    .map_err(errno)?;
+                self.mrs.insert(info.lkey.value());
+                Value::Mr {
+                    lkey: info.lkey.value(),
+                    rkey: info.rkey.value(),
+                }
+            }
+            Request::DeregMr { lkey } => {
+                Self::own(&self.mrs, lkey)?;
+                dev.dereg_mr(LKey::new(lkey)).map_err(errno)?;
+                self.mrs.remove(&lkey);
                 Value::Done
             }
             Request::QueryQp { qpn } => {
