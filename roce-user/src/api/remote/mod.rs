@@ -363,6 +363,82 @@ impl EngineClient {
         self.done("dereg_mr", &Request::DeregMr { lkey: lkey.value() })
     }
 
+    /// INIT → RTR → RTS of an RC QP to the peer's `dest_qpn` at `dgid`, from local GID
+    /// `gid_index` (ibv_rc_pingpong's attributes, [`crate::api::RcConnect::new`]).
+    ///
+    /// # Errors
+    /// No route to `dgid`, a bad GID index or MTU, an illegal transition.
+    #[allow(clippy::too_many_arguments)]
+    pub fn qp_connect(
+        &mut self,
+        qpn: Qpn,
+        gid_index: u32,
+        dgid: [u8; 16],
+        dest_qpn: Qpn,
+        rq_psn: u32,
+        sq_psn: u32,
+        mtu: crate::transport::Mtu,
+    ) -> Result<(), RemoteError> {
+        self.done(
+            "qp_connect",
+            &Request::QpConnect {
+                qpn: qpn.value(),
+                gid_index,
+                dgid,
+                dest_qpn: dest_qpn.value(),
+                rq_psn,
+                sq_psn,
+                mtu,
+            },
+        )
+    }
+
+    /// `ibv_post_send` of one WR (through the socket: correct, not fast; the shared rings
+    /// replace this).
+    ///
+    /// # Errors
+    /// As `ibv_post_send`: a full queue (`ENOMEM`), a bad WR (`EINVAL`).
+    pub fn post_send(&mut self, qpn: Qpn, wr: proto::WireSendWr) -> Result<(), RemoteError> {
+        self.done(
+            "post_send",
+            &Request::PostSend {
+                qpn: qpn.value(),
+                wr,
+            },
+        )
+    }
+
+    /// `ibv_post_recv` of one WR.
+    ///
+    /// # Errors
+    /// As `ibv_post_recv`.
+    pub fn post_recv(
+        &mut self,
+        qpn: Qpn,
+        wr_id: u64,
+        sges: Vec<proto::WireSge>,
+    ) -> Result<(), RemoteError> {
+        self.done(
+            "post_recv",
+            &Request::PostRecv {
+                qpn: qpn.value(),
+                wr_id,
+                sges,
+            },
+        )
+    }
+
+    /// `ibv_poll_cq` of at most `max` (1..=[`proto::MAX_POLL`]) completions.
+    ///
+    /// # Errors
+    /// A CQ not of this connection (`EINVAL`).
+    pub fn poll_cq(&mut self, cq: CqId, max: u32) -> Result<Vec<proto::WireWc>, RemoteError> {
+        match self.call("poll_cq", &Request::PollCq { cq: cq.0, max })? {
+            Value::Wcs(w) => Ok(w),
+            _ => Err(self.unexpected()),
+        }
+    }
+
     /// A QP's type and state (`ibv_query_qp`).
     ///
     /// # Errors

@@ -22,7 +22,7 @@
 //! `EPROTONOSUPPORT`), the kind, the exact body length of that kind, enumerations (QP type and
 //! state), booleans (0 or 1), access flags (only the bits [`Access`] knows) and errnos.
 
-use crate::transport::{Access, QpState, QpType};
+use crate::transport::{Access, Mtu, QpState, QpType, WcOpcode, WcStatus};
 
 /// The first two bytes of every frame: "RE" read as a little-endian u16.
 pub const MAGIC: u16 = u16::from_le_bytes(*b"RE");
@@ -107,6 +107,112 @@ pub enum Request {
         /// The region's lkey.
         lkey: u32,
     },
+    /// INIT → RTR → RTS of an RC QP to `dest_qpn` at `dgid` from GID `gid_index`, with
+    /// ibv_rc_pingpong's reliability attributes ([`crate::api::RcConnect::new`]).
+    QpConnect {
+        /// The QP.
+        qpn: Handle,
+        /// Local GID index.
+        gid_index: u32,
+        /// The peer's GID.
+        dgid: [u8; 16],
+        /// The peer's QPN.
+        dest_qpn: u32,
+        /// Our RQ PSN (the peer's first).
+        rq_psn: u32,
+        /// Our first PSN.
+        sq_psn: u32,
+        /// Path MTU.
+        mtu: Mtu,
+    },
+    /// `ibv_post_send` of one WR.
+    PostSend {
+        /// The QP.
+        qpn: Handle,
+        /// The WR.
+        wr: WireSendWr,
+    },
+    /// `ibv_post_recv` of one WR.
+    PostRecv {
+        /// The QP.
+        qpn: Handle,
+        /// `wr_id`.
+        wr_id: u64,
+        /// Scatter list.
+        sges: Vec<WireSge>,
+    },
+    /// `ibv_poll_cq` of at most `max` completions (1..=[`MAX_POLL`]).
+    PollCq {
+        /// The CQ.
+        cq: Handle,
+        /// At most this many.
+        max: u32,
+    },
+}
+
+/// Scatter/gather entries a WR may carry on the wire.
+pub const MAX_SGE: usize = 4;
+/// Completions one PollCq may return.
+pub const MAX_POLL: usize = 8;
+
+/// One scatter/gather entry (`struct ibv_sge`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WireSge {
+    /// Address (the iova of the region).
+    pub addr: u64,
+    /// Bytes.
+    pub length: u32,
+    /// The region's lkey.
+    pub lkey: u32,
+}
+
+/// The operations a [`Request::PostSend`] carries so far.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum WireOp {
+    /// SEND.
+    Send,
+    /// RDMA WRITE to `remote_addr` under `rkey`.
+    Write {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+    /// RDMA READ from `remote_addr` under `rkey`.
+    Read {
+        /// Remote address.
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+    },
+}
+
+/// A send WR (`struct ibv_send_wr`, one of it).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct WireSendWr {
+    /// `wr_id`.
+    pub wr_id: u64,
+    /// The operation.
+    pub op: WireOp,
+    /// `IBV_SEND_SIGNALED`.
+    pub signaled: bool,
+    /// Gather (or, for READ, scatter) list, at most [`MAX_SGE`].
+    pub sges: Vec<WireSge>,
+}
+
+/// One completion (`struct ibv_wc`, the fields step 1 carries).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct WireWc {
+    /// `wr_id`.
+    pub wr_id: u64,
+    /// Status.
+    pub status: WcStatus,
+    /// Opcode.
+    pub opcode: WcOpcode,
+    /// Bytes.
+    pub byte_len: u32,
+    /// The local QP.
+    pub qp_num: u32,
 }
 
 /// The attributes of [`Request::CreateQp`] (`struct ibv_qp_init_attr`).
@@ -162,6 +268,8 @@ pub enum Value {
         /// Remote key.
         rkey: u32,
     },
+    /// To [`Request::PollCq`]: at most [`MAX_POLL`] completions.
+    Wcs(Vec<WireWc>),
     /// To [`Request::QueryQp`].
     QpInfo {
         /// Its type.
@@ -255,8 +363,12 @@ const K_QP_TO_INIT: u8 = 10;
 const K_QUERY_QP: u8 = 11;
 const K_REG_MR: u8 = 12;
 const K_DEREG_MR: u8 = 13;
+const K_QP_CONNECT: u8 = 14;
+const K_POST_SEND: u8 = 15;
+const K_POST_RECV: u8 = 16;
+const K_POLL_CQ: u8 = 17;
 /// The last verb's kind.
-const K_LAST: u8 = K_DEREG_MR;
+const K_LAST: u8 = K_POLL_CQ;
 
 /// Bytes of a [`QpSpec`] body.
 const QP_SPEC_LEN: usize = 4 + 1 + 4 * 6 + 1;
@@ -279,6 +391,10 @@ impl Request {
             Self::QueryQp { .. } => K_QUERY_QP,
             Self::RegMr { .. } => K_REG_MR,
             Self::DeregMr { .. } => K_DEREG_MR,
+            Self::QpConnect { .. } => K_QP_CONNECT,
+            Self::PostSend { .. } => K_POST_SEND,
+            Self::PostRecv { .. } => K_POST_RECV,
+            Self::PollCq { .. } => K_POLL_CQ,
         }
     }
 
@@ -292,6 +408,46 @@ impl Request {
             | Self::DestroyQp { qpn: v }
             | Self::QueryQp { qpn: v }
             | Self::DeregMr { lkey: v } => out.extend_from_slice(&v.to_le_bytes()),
+            Self::QpConnect {
+                qpn,
+                gid_index,
+                dgid,
+                dest_qpn,
+                rq_psn,
+                sq_psn,
+                mtu,
+            } => {
+                for v in [*qpn, *gid_index] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+                out.extend_from_slice(dgid);
+                for v in [*dest_qpn, *rq_psn, *sq_psn, mtu.bytes()] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
+            }
+            Self::PostSend { qpn, wr } => {
+                out.extend_from_slice(&qpn.to_le_bytes());
+                out.extend_from_slice(&wr.wr_id.to_le_bytes());
+                let (code, addr, rkey) = match wr.op {
+                    WireOp::Send => (0u8, 0, 0),
+                    WireOp::Write { remote_addr, rkey } => (1, remote_addr, rkey),
+                    WireOp::Read { remote_addr, rkey } => (2, remote_addr, rkey),
+                };
+                out.push(code);
+                out.extend_from_slice(&addr.to_le_bytes());
+                out.extend_from_slice(&rkey.to_le_bytes());
+                out.push(u8::from(wr.signaled));
+                put_sges(out, &wr.sges);
+            }
+            Self::PostRecv { qpn, wr_id, sges } => {
+                out.extend_from_slice(&qpn.to_le_bytes());
+                out.extend_from_slice(&wr_id.to_le_bytes());
+                put_sges(out, sges);
+            }
+            Self::PollCq { cq, max } => {
+                out.extend_from_slice(&cq.to_le_bytes());
+                out.extend_from_slice(&max.to_le_bytes());
+            }
             Self::RegMr {
                 pd,
                 addr,
@@ -324,6 +480,91 @@ impl Request {
             }
         }
     }
+}
+
+/// Bytes of one SGE on the wire.
+const SGE_LEN: usize = 16;
+/// Bytes of one completion on the wire.
+const WC_LEN: usize = 18;
+
+fn put_sges(out: &mut Vec<u8>, sges: &[WireSge]) {
+    out.push(u8::try_from(sges.len()).unwrap_or(u8::MAX));
+    for g in sges {
+        out.extend_from_slice(&g.addr.to_le_bytes());
+        out.extend_from_slice(&g.length.to_le_bytes());
+        out.extend_from_slice(&g.lkey.to_le_bytes());
+    }
+}
+
+/// The SG list at the front of `b`: a count (at most [`MAX_SGE`]) and exactly that many.
+fn get_sges(kind: u8, b: &[u8]) -> Result<Vec<WireSge>, ProtoError> {
+    let Some((&n, rest)) = b.split_first() else {
+        return Err(ProtoError::Length {
+            kind,
+            got: 0,
+            want: 1,
+        });
+    };
+    if usize::from(n) > MAX_SGE {
+        return Err(ProtoError::Field {
+            field: "num_sge",
+            value: n.into(),
+        });
+    }
+    exact(kind, rest, usize::from(n) * SGE_LEN)?;
+    Ok(rest
+        .chunks_exact(SGE_LEN)
+        .map(|c| WireSge {
+            addr: u64_at(c, 0),
+            length: u32_at(c, 8),
+            lkey: u32_at(c, 12),
+        })
+        .collect())
+}
+
+fn wc_status_from(code: u8) -> Result<WcStatus, ProtoError> {
+    use WcStatus as S;
+    [
+        S::Success,
+        S::LocLenErr,
+        S::LocQpOpErr,
+        S::LocProtErr,
+        S::WrFlushErr,
+        S::MwBindErr,
+        S::BadRespErr,
+        S::RemInvReqErr,
+        S::RemAccessErr,
+        S::RemOpErr,
+        S::RetryExcErr,
+        S::RnrRetryExcErr,
+    ]
+    .into_iter()
+    .find(|s| *s as u8 == code)
+    .ok_or(ProtoError::Field {
+        field: "wc_status",
+        value: code.into(),
+    })
+}
+
+fn wc_opcode_from(code: u8) -> Result<WcOpcode, ProtoError> {
+    use WcOpcode as O;
+    [
+        O::Send,
+        O::RdmaWrite,
+        O::RdmaRead,
+        O::CompSwap,
+        O::FetchAdd,
+        O::BindMw,
+        O::LocalInv,
+        O::Recv,
+        O::RecvRdmaWithImm,
+    ]
+    .into_iter()
+    .find(|o| *o as u8 == code)
+    .ok_or(ProtoError::Field {
+        field: "wc_opcode",
+        value: code.into(),
+    })
 }
 
 const fn qp_type_code(t: QpType) -> u8 {
@@ -409,6 +650,16 @@ pub fn encode_reply(out: &mut Vec<u8>, seq: u32, kind: u8, reply: &Reply) {
                 Value::Gid(g) => o.extend_from_slice(g),
                 Value::Done => {}
                 Value::Created(h) => o.extend_from_slice(&h.to_le_bytes()),
+                Value::Wcs(wcs) => {
+                    o.push(u8::try_from(wcs.len()).unwrap_or(u8::MAX));
+                    for w in wcs {
+                        o.extend_from_slice(&w.wr_id.to_le_bytes());
+                        o.push(w.status as u8);
+                        o.push(w.opcode as u8);
+                        o.extend_from_slice(&w.byte_len.to_le_bytes());
+                        o.extend_from_slice(&w.qp_num.to_le_bytes());
+                    }
+                }
                 Value::Mr { lkey, rkey } => {
                     o.extend_from_slice(&lkey.to_le_bytes());
                     o.extend_from_slice(&rkey.to_le_bytes());
@@ -540,6 +791,82 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Frame<Request>, usize)>, Pro
         K_DESTROY_QP => Request::DestroyQp { qpn: one(body)? },
         K_QUERY_QP => Request::QueryQp { qpn: one(body)? },
         K_DEREG_MR => Request::DeregMr { lkey: one(body)? },
+        K_QP_CONNECT => {
+            exact(k, body, 8 + 16 + 16)?;
+            let mut dgid = [0; 16];
+            dgid.copy_from_slice(&body[8..24]);
+            let bytes = u32_at(body, 36);
+            Request::QpConnect {
+                qpn: u32_at(body, 0),
+                gid_index: u32_at(body, 4),
+                dgid,
+                dest_qpn: u32_at(body, 24),
+                rq_psn: u32_at(body, 28),
+                sq_psn: u32_at(body, 32),
+                mtu: Mtu::from_bytes(bytes).ok_or(ProtoError::Field {
+                    field: "mtu",
+                    value: bytes.into(),
+                })?,
+            }
+        }
+        K_POST_SEND => {
+            if body.len() < 26 {
+                return Err(ProtoError::Length {
+                    kind: k,
+                    got: body.len(),
+                    want: 26,
+                });
+            }
+            let (remote_addr, rkey) = (u64_at(body, 13), u32_at(body, 21));
+            let op = match body[12] {
+                0 if remote_addr == 0 && rkey == 0 => WireOp::Send,
+                1 => WireOp::Write { remote_addr, rkey },
+                2 => WireOp::Read { remote_addr, rkey },
+                v => {
+                    return Err(ProtoError::Field {
+                        field: "opcode",
+                        value: v.into(),
+                    });
+                }
+            };
+            Request::PostSend {
+                qpn: u32_at(body, 0),
+                wr: WireSendWr {
+                    wr_id: u64_at(body, 4),
+                    op,
+                    signaled: bool_from("signaled", body[25])?,
+                    sges: get_sges(k, &body[26..])?,
+                },
+            }
+        }
+        K_POST_RECV => {
+            if body.len() < 12 {
+                return Err(ProtoError::Length {
+                    kind: k,
+                    got: body.len(),
+                    want: 12,
+                });
+            }
+            Request::PostRecv {
+                qpn: u32_at(body, 0),
+                wr_id: u64_at(body, 4),
+                sges: get_sges(k, &body[12..])?,
+            }
+        }
+        K_POLL_CQ => {
+            exact(k, body, 8)?;
+            let max = u32_at(body, 4);
+            if max == 0 || max as usize > MAX_POLL {
+                return Err(ProtoError::Field {
+                    field: "max",
+                    value: max.into(),
+                });
+            }
+            Request::PollCq {
+                cq: u32_at(body, 0),
+                max,
+            }
+        }
         K_REG_MR => {
             exact(k, body, 24)?;
             let len = u64_at(body, 12);
@@ -650,6 +977,33 @@ pub fn decode_reply(buf: &[u8]) -> Result<Option<(Frame<Reply>, usize)>, ProtoEr
                 exact(k, rest, 4)?;
                 Value::Created(u32_at(rest, 0))
             }
+            K_POLL_CQ => {
+                let Some((&n, wcs)) = rest.split_first() else {
+                    return Err(ProtoError::Length {
+                        kind: k,
+                        got: 0,
+                        want: 1,
+                    });
+                };
+                if usize::from(n) > MAX_POLL {
+                    return Err(ProtoError::Field {
+                        field: "num_wc",
+                        value: n.into(),
+                    });
+                }
+                exact(k, wcs, usize::from(n) * WC_LEN)?;
+                let mut v = Vec::with_capacity(n.into());
+                for c in wcs.chunks_exact(WC_LEN) {
+                    v.push(WireWc {
+                        wr_id: u64_at(c, 0),
+                        status: wc_status_from(c[8])?,
+                        opcode: wc_opcode_from(c[9])?,
+                        byte_len: u32_at(c, 10),
+                        qp_num: u32_at(c, 14),
+                    });
+                }
+                Value::Wcs(v)
+            }
             K_REG_MR => {
                 exact(k, rest, 8)?;
                 Value::Mr {
@@ -708,6 +1062,39 @@ mod tests {
         ]
     }
 
+    fn sges() -> impl Strategy<Value = Vec<WireSge>> {
+        proptest::collection::vec(
+            (any::<u64>(), any::<u32>(), any::<u32>()).prop_map(|(addr, length, lkey)| WireSge {
+                addr,
+                length,
+                lkey,
+            }),
+            0..=MAX_SGE,
+        )
+    }
+
+    fn wc() -> impl Strategy<Value = WireWc> {
+        (
+            any::<u64>(),
+            0u8..14,
+            prop::sample::select(vec![0u8, 1, 2, 3, 4, 5, 6, 128, 129]),
+            any::<u32>(),
+            any::<u32>(),
+        )
+            .prop_filter_map(
+                "a status libibverbs defines",
+                |(wr_id, st, op, byte_len, qp_num)| {
+                    Some(WireWc {
+                        wr_id,
+                        status: wc_status_from(st).ok()?,
+                        opcode: wc_opcode_from(op).ok()?,
+                        byte_len,
+                        qp_num,
+                    })
+                },
+            )
+    }
+
     fn request() -> impl Strategy<Value = Request> {
         let spec = (any::<u32>(), qp_type(), any::<[u32; 6]>(), any::<bool>()).prop_map(
             |(pd, qp_type, v, sq_sig_all)| {
@@ -740,6 +1127,48 @@ mod tests {
             }),
             spec,
             any::<u32>().prop_map(|lkey| Request::DeregMr { lkey }),
+            (any::<[u32; 5]>(), any::<[u8; 16]>(), 0usize..5).prop_map(|(v, dgid, m)| {
+                Request::QpConnect {
+                    qpn: v[0],
+                    gid_index: v[1],
+                    dgid,
+                    dest_qpn: v[2],
+                    rq_psn: v[3],
+                    sq_psn: v[4],
+                    mtu: Mtu::from_bytes(256 << m).unwrap(),
+                }
+            }),
+            (
+                any::<u32>(),
+                any::<u64>(),
+                0u8..3,
+                any::<u64>(),
+                any::<u32>(),
+                any::<bool>(),
+                sges()
+            )
+                .prop_map(|(qpn, wr_id, code, remote_addr, rkey, signaled, sges)| {
+                    let op = match code {
+                        0 => WireOp::Send,
+                        1 => WireOp::Write { remote_addr, rkey },
+                        _ => WireOp::Read { remote_addr, rkey },
+                    };
+                    Request::PostSend {
+                        qpn,
+                        wr: WireSendWr {
+                            wr_id,
+                            op,
+                            signaled,
+                            sges,
+                        },
+                    }
+                }),
+            (any::<u32>(), any::<u64>(), sges()).prop_map(|(qpn, wr_id, sges)| Request::PostRecv {
+                qpn,
+                wr_id,
+                sges
+            }),
+            (any::<u32>(), 1..=MAX_POLL as u32).prop_map(|(cq, max)| Request::PollCq { cq, max }),
             (any::<u32>(), any::<u64>(), 1..=u64::MAX, any::<u32>()).prop_map(
                 |(pd, addr, len, a)| Request::RegMr {
                     pd,
@@ -762,6 +1191,9 @@ mod tests {
                 .prop_map(|(clients, qps)| Value::Status { clients, qps })
                 .boxed(),
             K_QUERY_GID => any::<[u8; 16]>().prop_map(Value::Gid).boxed(),
+            K_POLL_CQ => proptest::collection::vec(wc(), 0..=MAX_POLL)
+                .prop_map(Value::Wcs)
+                .boxed(),
             K_REG_MR => (any::<u32>(), any::<u32>())
                 .prop_map(|(lkey, rkey)| Value::Mr { lkey, rkey })
                 .boxed(),

@@ -29,12 +29,27 @@ use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
 use super::{
     memory::ProcessMem,
-    proto::{self, QpSpec, REJECT, Reply, Request, Value},
+    proto::{self, QpSpec, REJECT, Reply, Request, Value, WireOp, WireSge, WireWc},
 };
 use crate::{
-    api::Device,
-    transport::{CqId, LKey, Memory, PdId, QpCap, QpInit, Qpn},
+    api::{Device, RcConnect},
+    transport::{
+        CqId, LKey, Memory, PdId, Psn, QpCap, QpInit, Qpn, RKey, RecvWr, SendFlags, SendOp, SendWr,
+        Sge,
+    },
 };
+
+/// The transport's SG list of a wire one: the lkeys and ranges are checked by the transport
+/// when it uses them, as for any program's WR.
+fn sges(list: &[WireSge]) -> Vec<Sge> {
+    list.iter()
+        .map(|g| Sge {
+            addr: g.addr,
+            length: g.length,
+            lkey: LKey::new(g.lkey),
+        })
+        .collect()
+}
 
 /// How the engine serves.
 #[derive(Clone, Debug)]
@@ -447,6 +462,91 @@ impl<'a> Connection<'a> {
                 dev.dereg_mr(LKey::new(lkey)).map_err(errno)?;
                 self.mrs.remove(&lkey);
                 Value::Done
+            }
+            Request::QpConnect {
+                qpn,
+                gid_index,
+                dgid,
+                dest_qpn,
+                rq_psn,
+                sq_psn,
+                mtu,
+            } => {
+                Self::own(&self.qps, qpn)?;
+                let q = Qpn::new(qpn);
+                let gi = usize::try_from(gid_index).map_err(|_| libc::EINVAL)?;
+                let path = dev
+                    .path_to(gi, &dgid, q, Qpn::new(dest_qpn))
+                    .map_err(errno)?;
+                let c = RcConnect::new(
+                    path,
+                    mtu,
+                    Qpn::new(dest_qpn),
+                    Psn::new(rq_psn),
+                    Psn::new(sq_psn),
+                );
+                dev.qp_connect(q, &c).map_err(errno)?;
+                Value::Done
+            }
+            Request::PostSend { qpn, wr } => {
+                Self::own(&self.qps, qpn)?;
+                let op = match wr.op {
+                    WireOp::Send => SendOp::Send,
+                    WireOp::Write { remote_addr, rkey } => SendOp::Write {
+                        remote_addr,
+                        rkey: RKey::new(rkey),
+                    },
+                    WireOp::Read { remote_addr, rkey } => SendOp::Read {
+                        remote_addr,
+                        rkey: RKey::new(rkey),
+                    },
+                };
+                let swr = SendWr {
+                    wr_id: wr.wr_id,
+                    op,
+                    sg_list: sges(&wr.sges),
+                    flags: if wr.signaled {
+                        SendFlags::SIGNALED
+                    } else {
+                        SendFlags::empty()
+                    },
+                    ud: None,
+                    inline_data: None,
+                };
+                dev.post_send(Qpn::new(qpn), swr).map_err(errno)?;
+                Value::Done
+            }
+            Request::PostRecv {
+                qpn,
+                wr_id,
+                sges: list,
+            } => {
+                Self::own(&self.qps, qpn)?;
+                dev.post_recv(
+                    Qpn::new(qpn),
+                    RecvWr {
+                        wr_id,
+                        sg_list: sges(&list),
+                    },
+                )
+                .map_err(errno)?;
+                Value::Done
+            }
+            Request::PollCq { cq, max } => {
+                Self::own(&self.cqs, cq)?;
+                let max = usize::try_from(max).map_err(|_| libc::EINVAL)?;
+                let wcs = dev.poll_cq(CqId(cq), max.min(proto::MAX_POLL));
+                Value::Wcs(
+                    wcs.iter()
+                        .map(|w| WireWc {
+                            wr_id: w.wr_id,
+                            status: w.status,
+                            opcode: w.opcode,
+                            byte_len: w.byte_len,
+                            qp_num: w.qp_num.value(),
+                        })
+                        .collect(),
+                )
             }
             Request::QueryQp { qpn } => {
                 Self::own(&self.qps, qpn)?;
