@@ -532,3 +532,97 @@ fn two_processes_write_through_one_engine() {
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("engine JSON");
     assert_eq!(report["connections"], 2, "{report}");
 }
+
+/// Lifecycle: a program holding a PD, an MR, a CQ and a QP in the engine is killed with
+/// SIGKILL while another pair of programs runs a WRITE through the same engine: the pair
+/// finishes with every byte right, and the dead program's QP is reclaimed.
+#[test]
+fn a_killed_program_is_reclaimed_and_the_others_go_on() {
+    require_root();
+    let pair = veth_pair("engk", 95);
+    let (ns, ifname) = (pair.a.netns.clone(), pair.a.ifname.clone());
+    let path: PathBuf = Path::new(RUN_DIR).join(&ns).join(format!("{ifname}.sock"));
+    let _socket = SocketGuard(path.clone());
+    let mut engine = spawn(
+        &ns,
+        &["engine", "-i", &ifname, "--linger", "1"].map(String::from),
+    );
+    wait_for(&path, Duration::from_secs(20), &mut engine);
+    let base = std::env::temp_dir().join(format!("roce-engk-{}", std::process::id()));
+    let (vdir, pdir) = (base.join("victim"), base.join("pair"));
+    for d in [&vdir, &pdir] {
+        std::fs::create_dir_all(d).expect("exchange folder");
+    }
+    struct Rm(PathBuf);
+    impl Drop for Rm {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+    let _rm = Rm(base);
+    let peer = roce_tests::example_bin("engine_peer");
+    let run = |dir: &Path, role: &str| {
+        let mut cmd = Command::new("nsenter");
+        cmd.arg(format!("--net=/var/run/netns/{ns}"))
+            .arg("--")
+            .arg(&peer)
+            .arg(&path)
+            .arg(dir)
+            .arg(role);
+        roce_tests::child::spawn_command(cmd)
+    };
+    let wait_path = |p: &Path| {
+        let t0 = Instant::now();
+        while !p.exists() {
+            assert!(t0.elapsed() < Duration::from_secs(20), "no {}", p.display());
+            thread::sleep(Duration::from_millis(10));
+        }
+    };
+    // The victim: a target whose writer never comes; its objects exist once its file does.
+    let mut victim = run(&vdir, "target");
+    wait_path(&vdir.join("target"));
+    let mut watch = EngineClient::connect_at(&path).expect("watcher");
+    assert_eq!(watch.status().expect("status"), (2, 1));
+    let target = run(&pdir, "target");
+    wait_path(&pdir.join("target"));
+    let writer = run(&pdir, "writer");
+    victim.kill().expect("SIGKILL the victim");
+    let w = finish_within(writer, Duration::from_secs(30), "writer");
+    let t = finish_within(target, Duration::from_secs(30), "target");
+    let text = |o: &std::process::Output| {
+        format!(
+            "{}{}",
+            String::from_utf8_lossy(&o.stdout),
+            String::from_utf8_lossy(&o.stderr)
+        )
+    };
+    assert!(w.status.success(), "writer: {}", text(&w));
+    assert!(
+        t.status.success() && text(&t).contains("all right"),
+        "target: {}",
+        text(&t)
+    );
+    let t0 = Instant::now();
+    loop {
+        let st = watch.status().expect("status");
+        if st == (1, 0) {
+            break;
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the victim's QP stays: {st:?}"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    drop(watch);
+    let out = finish_within(
+        engine,
+        Duration::from_secs(10),
+        "engine after its last client",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
