@@ -25,10 +25,10 @@ are checked (SO_PEERCRED): only root's processes are served; others get EACCES. 
 PDs, MRs, CQs and QPs are its own (a handle of another program is EINVAL) and are destroyed when its \
 connection closes, however the program ended. The engine exits --linger seconds after its last \
 client left (or after it started, if none came), and unloads roce_xdp if it loaded it.\n\n\
-Step 1 of docs/multiprocess.md: the control verbs (PD, MR, CQ, QP create/destroy, RESET to \
-INIT, queries) work through the engine, which reaches a program's registered memory with \
-process_vm_readv/writev; connecting QPs, posting and polling through it do not yet, so \
-`roce perf` cannot run through it yet.";
+Step 1 of docs/multiprocess.md: PD, MR, CQ and RC QP verbs, SEND/WRITE/READ posts and polls \
+work through the engine (roce::api::remote::EngineClient; roce-user/examples/engine_peer.rs), \
+which reaches a program's registered memory with process_vm_readv/writev; posts and polls \
+still cross the socket, and `roce perf` does not use the engine yet.";
 
 /// Examples of `roce engine`.
 pub const EXAMPLES: &str = "Examples:\n  \

@@ -6,8 +6,9 @@
 //!
 //! Step 1 as built: the control verbs (PD, MR, CQ, QP create/destroy, RESET → INIT, queries)
 //! with each connection's objects its own and released when it closes; registered memory is
-//! reached through `process_vm_readv/writev` ([`memory`]). Connecting QPs (RTR/RTS), posting
-//! and polling through the engine (the shared-ring data path) are not here yet.
+//! reached through `process_vm_readv/writev` ([`memory`]); RC connection, SEND/WRITE/READ
+//! posts and polls go over the same socket (correct, slow: the shared-ring data path of the
+//! design is not here yet).
 
 pub mod memory;
 pub mod proto;
