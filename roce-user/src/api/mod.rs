@@ -44,6 +44,7 @@ pub mod env;
 mod error;
 mod handles;
 mod path;
+pub mod remote;
 mod srq;
 
 use std::{
@@ -62,10 +63,10 @@ use roce_common::maps::{MAX_QPS, QpEntry};
 
 pub use crate::transport::Event;
 pub use crate::transport::{
-    Access, AttrMask, BindMw, CqId, DeviceConfig, DeviceCounters, LKey, MemBuf, Memory, MrInfo,
-    Mtu, MwType, Path, PdId, PostError, Psn, QKey, QpAttr, QpCap, QpCounters, QpInit, QpState,
-    QpType, Qpn, RKey, RawMem, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqAttr, SrqAttrMask, SrqId,
-    UdDest, Wc, WcFlags, WcOpcode, WcStatus,
+    Access, AttrMask, BindMw, CqId, DeviceConfig, DeviceCounters, ExternalMem, LKey, MemBuf,
+    Memory, MrInfo, Mtu, MwType, Path, PdId, PostError, Psn, QKey, QpAttr, QpCap, QpCounters,
+    QpInit, QpState, QpType, Qpn, RKey, RawMem, RecvWr, SendFlags, SendOp, SendWr, Sge, SrqAttr,
+    SrqAttrMask, SrqId, UdDest, Wc, WcFlags, WcOpcode, WcStatus,
 };
 use crate::{
     engine::{Clock, Engine, EngineConfig, EngineThread, spawn_engines},
@@ -673,6 +674,7 @@ impl Device {
         let mem = mem.into();
         let iova = match &mem {
             Memory::Raw(raw) => raw.addr(),
+            Memory::External(e) => e.addr(),
             Memory::Owned(buf) => {
                 let mut next = self
                     .next_iova

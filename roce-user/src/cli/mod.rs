@@ -5,6 +5,7 @@
 
 mod demo;
 mod dump;
+mod engine;
 mod exec;
 mod exporter;
 mod r#gen;
@@ -154,6 +155,10 @@ roce unload --stale     remove the pins of killed programs and deleted interface
     /// Capture the frames the endpoints on an interface receive, send and loop back, as
     /// pcapng for Wireshark or tshark (tcpdump cannot see them: XDP and AF_XDP skip its taps).
     Dump(dump::DumpArgs),
+    /// Serve an interface's RoCE device to several programs at once over a Unix socket:
+    /// `roce engine -i eth0` (docs/multiprocess.md).
+    #[command(long_about = engine::LONG_ABOUT, after_help = engine::EXAMPLES)]
+    Engine(engine::EngineArgs),
 }
 
 /// How results are printed.
@@ -316,5 +321,6 @@ pub fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Plot(args) => plot::run(out, &args),
         Command::Exec(args) => exec::run(&args),
         Command::Dump(args) => dump::run(out, &args),
+        Command::Engine(args) => engine::run(out, &args, netns),
     }
 }

@@ -48,6 +48,18 @@ pub struct OutOfRegion {
     pub region: usize,
 }
 
+/// An access to [`Memory::External`] whose owner's memory could not be reached: reported as an
+/// access outside a region of 0 bytes, so that the transport answers it as any access
+/// violation (a remote access error NAK, a local protection error completion), as a NIC does
+/// for a page the program unmapped under a registration.
+const fn unreachable_owner(offset: usize, len: usize) -> OutOfRegion {
+    OutOfRegion {
+        offset,
+        len,
+        region: 0,
+    }
+}
+
 /// Memory a safe Rust application registers: an owned, zero-initialised buffer with
 /// [`MR_GUARD_LEN`] canary bytes on each side in the same allocation. Fill it through
 /// `Deref`/`DerefMut` before registering it; deregistration hands it back.
@@ -194,6 +206,26 @@ impl core::fmt::Debug for RawMem {
 // shared between engine threads behind a lock) is sound.
 unsafe impl Send for RawMem {}
 
+/// Memory the transport reaches through someone else: another process's registered region,
+/// which `roce engine` reads and writes with `process_vm_readv/writev`
+/// (`api::remote`, docs/multiprocess.md). The transport stays sans-I/O: it only calls these.
+pub trait ExternalMem: Send + core::fmt::Debug {
+    /// The region's length in bytes.
+    fn len(&self) -> usize;
+    /// Whether the region is empty (registration refuses empty ones).
+    fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+    /// The region's address in its owner's address space (its iova, as `ibv_reg_mr` gives).
+    fn addr(&self) -> u64;
+    /// Copies `out.len()` bytes at `offset` (inside the region: the caller checked) into
+    /// `out`; false when the owner's memory could not be reached whole (unmapped since, or
+    /// the owner is gone).
+    fn read(&self, offset: usize, out: &mut [u8]) -> bool;
+    /// Copies `data` to `offset` (inside the region); false as for [`ExternalMem::read`].
+    fn write(&self, offset: usize, data: &[u8]) -> bool;
+}
+
 /// The memory of one registered region.
 #[derive(Debug)]
 pub enum Memory {
@@ -201,6 +233,8 @@ pub enum Memory {
     Owned(MemBuf),
     /// Memory the application keeps ([`RawMem`]).
     Raw(RawMem),
+    /// Memory of another process ([`ExternalMem`]).
+    External(Box<dyn ExternalMem>),
 }
 
 impl From<MemBuf> for Memory {
@@ -229,6 +263,7 @@ impl Memory {
         match self {
             Self::Owned(b) => b.len(),
             Self::Raw(r) => r.len,
+            Self::External(e) => e.len(),
         }
     }
 
@@ -244,7 +279,7 @@ impl Memory {
     pub fn as_slice(&self) -> Option<&[u8]> {
         match self {
             Self::Owned(b) => Some(b),
-            Self::Raw(_) => None,
+            Self::Raw(_) | Self::External(_) => None,
         }
     }
 
@@ -252,7 +287,7 @@ impl Memory {
     pub fn as_mut_slice(&mut self) -> Option<&mut [u8]> {
         match self {
             Self::Owned(b) => Some(b),
-            Self::Raw(_) => None,
+            Self::Raw(_) | Self::External(_) => None,
         }
     }
 
@@ -261,7 +296,7 @@ impl Memory {
     pub fn guards_intact(&self) -> bool {
         match self {
             Self::Owned(b) => b.guards_intact(),
-            Self::Raw(_) => true,
+            Self::Raw(_) | Self::External(_) => true,
         }
     }
 
@@ -296,6 +331,11 @@ impl Memory {
                 // may register any address of its own), and no reference to the region is made.
                 unsafe { core::ptr::copy(m.ptr.as_ptr().add(r.start), out.as_mut_ptr(), r.len()) }
             }
+            Self::External(e) => {
+                if !e.read(r.start, out) {
+                    return Err(unreachable_owner(offset, out.len()));
+                }
+            }
         }
         Ok(())
     }
@@ -315,6 +355,11 @@ impl Memory {
                 // happened while this `Memory` is in its slot. `data` is valid for `r.len()`
                 // reads; `ptr::copy` tolerates overlap and no reference to the region is made.
                 unsafe { core::ptr::copy(data.as_ptr(), m.ptr.as_ptr().add(r.start), r.len()) }
+            }
+            Self::External(e) => {
+                if !e.write(r.start, data) {
+                    return Err(unreachable_owner(offset, data.len()));
+                }
             }
         }
         Ok(())

@@ -79,8 +79,8 @@ pub use self::counters::{DeviceCounters, QpCounters};
 pub use self::cq::{Cq, CqId, CqOverflow, Wc, WcFlags, WcOpcode, WcStatus};
 pub use self::ids::{LKey, Msn, PKey, Psn, QKey, Qpn, RKey};
 pub use self::mr::{
-    Access, AccessError, BindMw, MR_GUARD_BYTE, MR_GUARD_LEN, MemBuf, Memory, MrError, MrInfo,
-    MrTable, MwError, MwType, OutOfRegion, PdId, RawMem, Sge,
+    Access, AccessError, BindMw, ExternalMem, MR_GUARD_BYTE, MR_GUARD_LEN, MemBuf, Memory, MrError,
+    MrInfo, MrTable, MwError, MwType, OutOfRegion, PdId, RawMem, Sge,
 };
 use self::qp::TxBuf;
 pub use self::qp::{PostError, Qp, QpCap, QpInit};

@@ -25,7 +25,9 @@ use rand::{Rng, SeedableRng, rngs::StdRng};
 
 use super::Shard;
 use super::ids::{LKey, Qpn, RKey};
-pub use super::mem::{MR_GUARD_BYTE, MR_GUARD_LEN, MemBuf, Memory, OutOfRegion, RawMem};
+pub use super::mem::{
+    ExternalMem, MR_GUARD_BYTE, MR_GUARD_LEN, MemBuf, Memory, OutOfRegion, RawMem,
+};
 
 bitflags::bitflags! {
     /// Memory access rights (`enum ibv_access_flags`). [`Access::all`] is every right,

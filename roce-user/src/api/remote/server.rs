@@ -1,0 +1,558 @@
+//! The serving side of `roce engine` (docs/multiprocess.md): a [`Device`] opened in this
+//! process, offered over a Unix socket to programs that speak [`super::proto`].
+//!
+//! Each connection is served by a thread of its own and owns what it created: a handle of
+//! another connection is refused with `EINVAL` (uverbs' answer to a handle it does not know),
+//! and when the connection closes (the program exited, or was killed) its QPs, CQs and PDs are
+//! destroyed in that order, as the kernel releases a dead process's verbs objects. Peers are
+//! checked with `SO_PEERCRED`: only root's processes may use the engine (opening the device
+//! needs root, so the engine grants nothing a program could not take itself); the socket file
+//! is 0600 as well. The engine stops [`ServeOptions::linger`] after its last client left (or
+//! after it started, if none came), or when `stop` says so.
+
+use std::{
+    collections::BTreeSet,
+    io::{ErrorKind, Read as _, Write as _},
+    os::unix::{
+        fs::PermissionsExt as _,
+        net::{UnixListener, UnixStream},
+    },
+    path::{Path, PathBuf},
+    sync::{
+        Arc,
+        atomic::{AtomicBool, AtomicU32, Ordering},
+    },
+    time::{Duration, Instant},
+};
+
+use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+
+use super::{
+    memory::ProcessMem,
+    proto::{self, QpSpec, REJECT, Reply, Request, Value, WireOp, WireSge, WireWc},
+};
+use crate::{
+    api::{Device, RcConnect},
+    transport::{
+        CqId, LKey, Memory, PdId, Psn, QpCap, QpInit, Qpn, RKey, RecvWr, SendFlags, SendOp, SendWr,
+        Sge,
+    },
+};
+
+/// The transport's SG list of a wire one: the lkeys and ranges are checked by the transport
+/// when it uses them, as for any program's WR.
+fn sges(list: &[WireSge]) -> Vec<Sge> {
+    list.iter()
+        .map(|g| Sge {
+            addr: g.addr,
+            length: g.length,
+            lkey: LKey::new(g.lkey),
+        })
+        .collect()
+}
+
+/// How the engine serves.
+#[derive(Clone, Debug)]
+pub struct ServeOptions {
+    /// How long the engine waits for a client after the last one left (or after it started),
+    /// before it exits and releases the interface.
+    pub linger: Duration,
+    /// How often the accept loop looks at `stop` and the idle time.
+    pub tick: Duration,
+}
+
+impl Default for ServeOptions {
+    fn default() -> Self {
+        Self {
+            linger: Duration::from_secs(5),
+            tick: Duration::from_millis(50),
+        }
+    }
+}
+
+/// How long a reply may wait for room in a program's socket before the engine gives up on
+/// that program's connection.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(1);
+
+/// What an engine did, when it stopped.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct ServeReport {
+    /// Connections accepted (refused ones included).
+    pub connections: u32,
+    /// Connections refused by `SO_PEERCRED`.
+    pub refused: u32,
+}
+
+/// Shared by the accept loop and the connections.
+struct Engine {
+    dev: Device,
+    clients: AtomicU32,
+    qps: AtomicU32,
+    stop: AtomicBool,
+}
+
+/// Binds the engine socket at `path`: makes its directory (0755), takes over a stale socket
+/// that no engine answers on, refuses when another engine serves there, and sets the file to
+/// 0600.
+///
+/// # Errors
+/// Another engine listens at `path` (`EADDRINUSE`), or the file system refused.
+pub fn bind(path: &Path) -> std::io::Result<UnixListener> {
+    if let Some(dir) = path.parent() {
+        std::fs::create_dir_all(dir)?;
+    }
+    if path.exists() {
+        match UnixStream::connect(path) {
+            Ok(_) => {
+                return Err(std::io::Error::new(
+                    ErrorKind::AddrInUse,
+                    format!("an engine already serves {}", path.display()),
+                ));
+            }
+            // A socket left by an engine that died: nobody listens on it.
+            Err(_) => std::fs::remove_file(path)?,
+        }
+    }
+    let l = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(l)
+}
+
+/// Removes the socket file when the engine stops, however it stops, and its namespace's
+/// folder when no other engine's socket is left in it.
+struct Unlink(PathBuf);
+
+impl Drop for Unlink {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+        if let Some(dir) = self.0.parent() {
+            // Fails, as it should, while another interface's engine has its socket there.
+            let _ = std::fs::remove_dir(dir);
+        }
+    }
+}
+
+/// Serves `dev` on `listener` (bound at `path` by [`bind`]) until the engine has had no client
+/// for [`ServeOptions::linger`], or `stop` returns true; then waits for the connections'
+/// threads, removes the socket file, and drops the device (which unloads roce_xdp if the
+/// device loaded it). Call it from the engine's main thread.
+///
+/// # Errors
+/// Accepting failed in a way other than a signal or a client that left at once.
+pub fn serve(
+    dev: Device,
+    listener: UnixListener,
+    path: &Path,
+    opts: &ServeOptions,
+    stop: &dyn Fn() -> bool,
+) -> std::io::Result<ServeReport> {
+    let _unlink = Unlink(path.to_owned());
+    listener.set_nonblocking(true)?;
+    let engine = Arc::new(Engine {
+        dev,
+        clients: AtomicU32::new(0),
+        qps: AtomicU32::new(0),
+        stop: AtomicBool::new(false),
+    });
+    let mut report = ServeReport::default();
+    let mut threads = Vec::new();
+    let mut idle_since = Instant::now();
+    let result = loop {
+        if stop() {
+            break Ok(());
+        }
+        if engine.clients.load(Ordering::SeqCst) > 0 {
+            idle_since = Instant::now();
+        } else if idle_since.elapsed() >= opts.linger {
+            log::info!("engine: no client for {:?}, stopping", opts.linger);
+            break Ok(());
+        }
+        match listener.accept() {
+            Ok((stream, _)) => {
+                report.connections += 1;
+                let allowed = match getsockopt(&stream, PeerCredentials) {
+                    Ok(c) if c.uid() == 0 => Some(c.pid()),
+                    Ok(c) => {
+                        log::warn!("engine: refused pid {} (uid {})", c.pid(), c.uid());
+                        None
+                    }
+                    Err(e) => {
+                        log::warn!("engine: SO_PEERCRED: {e}");
+                        None
+                    }
+                };
+                let Some(pid) = allowed else {
+                    report.refused += 1;
+                    refuse(stream, libc::EACCES);
+                    continue;
+                };
+                engine.clients.fetch_add(1, Ordering::SeqCst);
+                let e = Arc::clone(&engine);
+                let tick = opts.tick;
+                match std::thread::Builder::new()
+                    .name(format!("roce-engine-{pid}"))
+                    .spawn(move || {
+                        let _ = stream.set_read_timeout(Some(tick));
+                        // A program that sends and never reads its replies loses its
+                        // connection instead of holding this thread (and the engine's exit).
+                        let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
+                        Connection::new(&e, pid).run(stream);
+                        e.clients.fetch_sub(1, Ordering::SeqCst);
+                    }) {
+                    Ok(t) => threads.push(t),
+                    Err(err) => {
+                        engine.clients.fetch_sub(1, Ordering::SeqCst);
+                        log::warn!("engine: no thread for pid {pid}: {err}");
+                    }
+                }
+            }
+            Err(e) if e.kind() == ErrorKind::WouldBlock => std::thread::sleep(opts.tick),
+            Err(e)
+                if matches!(
+                    e.kind(),
+                    ErrorKind::Interrupted | ErrorKind::ConnectionAborted
+                ) => {}
+            Err(e) => break Err(e),
+        }
+        threads.retain(|t| !t.is_finished());
+    };
+    engine.stop.store(true, Ordering::SeqCst);
+    for t in threads {
+        let _ = t.join();
+    }
+    drop(listener);
+    // Every connection has released its objects; dropping the last reference closes the
+    // device (and unloads what it loaded).
+    drop(engine);
+    result.map(|()| report)
+}
+
+/// Answers a connection with a [`REJECT`] of `errno` and closes it.
+fn refuse(mut stream: UnixStream, errno: i32) {
+    let mut out = Vec::new();
+    proto::encode_reply(&mut out, 0, REJECT, &Reply::Err(errno));
+    let _ = stream.set_nonblocking(false);
+    let _ = stream.write_all(&out);
+}
+
+/// One program's connection and the objects it made.
+struct Connection<'a> {
+    engine: &'a Engine,
+    pid: i32,
+    pds: BTreeSet<u32>,
+    cqs: BTreeSet<u32>,
+    qps: BTreeSet<u32>,
+    /// Memory regions by lkey.
+    mrs: BTreeSet<u32>,
+}
+
+impl<'a> Connection<'a> {
+    fn new(engine: &'a Engine, pid: i32) -> Self {
+        Self {
+            engine,
+            pid,
+            pds: BTreeSet::new(),
+            cqs: BTreeSet::new(),
+            qps: BTreeSet::new(),
+            mrs: BTreeSet::new(),
+        }
+    }
+
+    /// Reads requests and answers them until the peer closes, sends garbage, or the engine
+    /// stops; then releases what the connection made.
+    fn run(mut self, mut stream: UnixStream) {
+        let _ = stream.set_nonblocking(false);
+        let mut buf = Vec::new();
+        let mut chunk = [0u8; 512];
+        let mut out = Vec::new();
+        'conn: while !self.engine.stop.load(Ordering::SeqCst) {
+            match stream.read(&mut chunk) {
+                Ok(0) => break,
+                Ok(n) => buf.extend_from_slice(&chunk[..n]),
+                Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {
+                    continue;
+                }
+                Err(e) if e.kind() == ErrorKind::Interrupted => continue,
+                Err(_) => break,
+            }
+            loop {
+                out.clear();
+                match proto::decode_request(&buf) {
+                    Ok(None) => break,
+                    Ok(Some((f, used))) => {
+                        buf.drain(..used);
+                        let reply = self.handle(f.msg);
+                        proto::encode_reply(&mut out, f.seq, f.kind, &reply);
+                        if stream.write_all(&out).is_err() {
+                            break 'conn;
+                        }
+                    }
+                    Err(e) => {
+                        log::warn!("engine: pid {}: {e}; closing its connection", self.pid);
+                        proto::encode_reply(
+                            &mut out,
+                            proto::peek_seq(&buf),
+                            REJECT,
+                            &Reply::Err(e.errno()),
+                        );
+                        let _ = stream.write_all(&out);
+                        break 'conn;
+                    }
+                }
+            }
+        }
+        self.release();
+    }
+
+    /// Destroys what this connection made: QPs first (their WRs flush), then memory regions
+    /// (no engine access reaches the program's memory afterwards), CQs, PDs: the order in which
+    /// the kernel releases a dying process's verbs objects.
+    fn release(&mut self) {
+        let dev = &self.engine.dev;
+        for qpn in std::mem::take(&mut self.qps) {
+            if let Err(e) = dev.destroy_qp(Qpn::new(qpn)) {
+                log::warn!("engine: pid {}: destroying QP {qpn:#x}: {e}", self.pid);
+            }
+            self.engine.qps.fetch_sub(1, Ordering::SeqCst);
+        }
+        for lkey in std::mem::take(&mut self.mrs) {
+            if let Err(e) = dev.dereg_mr(LKey::new(lkey)) {
+                log::warn!("engine: pid {}: deregistering MR {lkey:#x}: {e}", self.pid);
+            }
+        }
+        for cq in std::mem::take(&mut self.cqs) {
+            if let Err(e) = dev.destroy_cq(CqId(cq)) {
+                log::warn!("engine: pid {}: destroying CQ {cq}: {e}", self.pid);
+            }
+        }
+        for pd in std::mem::take(&mut self.pds) {
+            if let Err(e) = dev.dealloc_pd(PdId(pd)) {
+                log::warn!("engine: pid {}: freeing PD {pd}: {e}", self.pid);
+            }
+        }
+    }
+
+    /// `EINVAL` unless `h` is in `set`: a handle of another connection is unknown here.
+    fn own(set: &BTreeSet<u32>, h: u32) -> Result<(), i32> {
+        if set.contains(&h) {
+            Ok(())
+        } else {
+            Err(libc::EINVAL)
+        }
+    }
+
+    fn handle(&mut self, req: Request) -> Reply {
+        match self.verb(req) {
+            Ok(v) => Reply::Ok(v),
+            Err(e) => Reply::Err(e),
+        }
+    }
+
+    fn verb(&mut self, req: Request) -> Result<Value, i32> {
+        let dev = &self.engine.dev;
+        let errno = |e: crate::api::ApiError| e.errno();
+        Ok(match req {
+            Request::Hello => Value::Hello {
+                version: proto::VERSION,
+                pid: std::process::id(),
+            },
+            Request::Status => Value::Status {
+                clients: self.engine.clients.load(Ordering::SeqCst),
+                qps: self.engine.qps.load(Ordering::SeqCst),
+            },
+            Request::QueryGid { index } => {
+                let i = usize::try_from(index).map_err(|_| libc::EINVAL)?;
+                Value::Gid(dev.gid(i).map_err(|_| libc::EINVAL)?.raw)
+            }
+            Request::AllocPd => {
+                let pd = dev.alloc_pd().map_err(errno)?;
+                self.pds.insert(pd.0);
+                Value::Created(pd.0)
+            }
+            Request::DeallocPd { pd } => {
+                Self::own(&self.pds, pd)?;
+                dev.dealloc_pd(PdId(pd)).map_err(errno)?;
+                self.pds.remove(&pd);
+                Value::Done
+            }
+            Request::CreateCq { depth } => {
+                if depth == 0 {
+                    return Err(libc::EINVAL);
+                }
+                let d = usize::try_from(depth).map_err(|_| libc::EINVAL)?;
+                let cq = dev.create_cq(d).map_err(errno)?;
+                self.cqs.insert(cq.0);
+                Value::Created(cq.0)
+            }
+            Request::DestroyCq { cq } => {
+                Self::own(&self.cqs, cq)?;
+                dev.destroy_cq(CqId(cq)).map_err(errno)?;
+                self.cqs.remove(&cq);
+                Value::Done
+            }
+            Request::CreateQp(s) => {
+                let QpSpec {
+                    pd,
+                    qp_type,
+                    send_cq,
+                    recv_cq,
+                    max_send_wr,
+                    max_recv_wr,
+                    max_sge,
+                    max_inline_data,
+                    sq_sig_all,
+                } = s;
+                Self::own(&self.pds, pd)?;
+                Self::own(&self.cqs, send_cq)?;
+                Self::own(&self.cqs, recv_cq)?;
+                let qpn = dev
+                    .create_qp(QpInit {
+                        pd: PdId(pd),
+                        qp_type,
+                        send_cq: CqId(send_cq),
+                        recv_cq: CqId(recv_cq),
+                        cap: QpCap {
+                            max_send_wr,
+                            max_recv_wr,
+                            max_sge,
+                            max_inline_data,
+                        },
+                        sq_sig_all,
+                    })
+                    .map_err(errno)?;
+                self.qps.insert(qpn.value());
+                self.engine.qps.fetch_add(1, Ordering::SeqCst);
+                Value::Created(qpn.value())
+            }
+            Request::DestroyQp { qpn } => {
+                Self::own(&self.qps, qpn)?;
+                dev.destroy_qp(Qpn::new(qpn)).map_err(errno)?;
+                self.qps.remove(&qpn);
+                self.engine.qps.fetch_sub(1, Ordering::SeqCst);
+                Value::Done
+            }
+            Request::QpToInit { qpn, access } => {
+                Self::own(&self.qps, qpn)?;
+                dev.qp_to_init(Qpn::new(qpn), access).map_err(errno)?;
+                Value::Done
+            }
+            Request::RegMr {
+                pd,
+                addr,
+                len,
+                access,
+            } => {
+                Self::own(&self.pds, pd)?;
+                let mem = ProcessMem::new(self.pid, addr, len).ok_or(libc::EINVAL)?;
+                if !mem.reachable() {
+                    // ibv_reg_mr over a hole in the address space.
+                    return Err(libc::EFAULT);
+                }
+                let info = dev
+                    .reg_mr_mem(PdId(pd), Memory::External(Box::new(mem)), access)
+                    .map_err(errno)?;
+                self.mrs.insert(info.lkey.value());
+                Value::Mr {
+                    lkey: info.lkey.value(),
+                    rkey: info.rkey.value(),
+                }
+            }
+            Request::DeregMr { lkey } => {
+                Self::own(&self.mrs, lkey)?;
+                dev.dereg_mr(LKey::new(lkey)).map_err(errno)?;
+                self.mrs.remove(&lkey);
+                Value::Done
+            }
+            Request::QpConnect {
+                qpn,
+                gid_index,
+                dgid,
+                dest_qpn,
+                rq_psn,
+                sq_psn,
+                mtu,
+            } => {
+                Self::own(&self.qps, qpn)?;
+                let q = Qpn::new(qpn);
+                let gi = usize::try_from(gid_index).map_err(|_| libc::EINVAL)?;
+                let path = dev
+                    .path_to(gi, &dgid, q, Qpn::new(dest_qpn))
+                    .map_err(errno)?;
+                let c = RcConnect::new(
+                    path,
+                    mtu,
+                    Qpn::new(dest_qpn),
+                    Psn::new(rq_psn),
+                    Psn::new(sq_psn),
+                );
+                dev.qp_connect(q, &c).map_err(errno)?;
+                Value::Done
+            }
+            Request::PostSend { qpn, wr } => {
+                Self::own(&self.qps, qpn)?;
+                let op = match wr.op {
+                    WireOp::Send => SendOp::Send,
+                    WireOp::Write { remote_addr, rkey } => SendOp::Write {
+                        remote_addr,
+                        rkey: RKey::new(rkey),
+                    },
+                    WireOp::Read { remote_addr, rkey } => SendOp::Read {
+                        remote_addr,
+                        rkey: RKey::new(rkey),
+                    },
+                };
+                let swr = SendWr {
+                    wr_id: wr.wr_id,
+                    op,
+                    sg_list: sges(&wr.sges),
+                    flags: if wr.signaled {
+                        SendFlags::SIGNALED
+                    } else {
+                        SendFlags::empty()
+                    },
+                    ud: None,
+                    inline_data: None,
+                };
+                dev.post_send(Qpn::new(qpn), swr).map_err(errno)?;
+                Value::Done
+            }
+            Request::PostRecv {
+                qpn,
+                wr_id,
+                sges: list,
+            } => {
+                Self::own(&self.qps, qpn)?;
+                dev.post_recv(
+                    Qpn::new(qpn),
+                    RecvWr {
+                        wr_id,
+                        sg_list: sges(&list),
+                    },
+                )
+                .map_err(errno)?;
+                Value::Done
+            }
+            Request::PollCq { cq, max } => {
+                Self::own(&self.cqs, cq)?;
+                let max = usize::try_from(max).map_err(|_| libc::EINVAL)?;
+                let wcs = dev.poll_cq(CqId(cq), max.min(proto::MAX_POLL));
+                Value::Wcs(
+                    wcs.iter()
+                        .map(|w| WireWc {
+                            wr_id: w.wr_id,
+                            status: w.status,
+                            opcode: w.opcode,
+                            byte_len: w.byte_len,
+                            qp_num: w.qp_num.value(),
+                        })
+                        .collect(),
+                )
+            }
+            Request::QueryQp { qpn } => {
+                Self::own(&self.qps, qpn)?;
+                let (qp_type, state, _) = dev.qp_query(Qpn::new(qpn)).ok_or(libc::EINVAL)?;
+                Value::QpInfo { qp_type, state }
+            }
+        })
+    }
+}

@@ -1,0 +1,126 @@
+//! `roce engine -i IFACE`: one process that owns an interface's RoCE device and serves it to
+//! any number of programs over a Unix socket (docs/multiprocess.md, step 1).
+
+use std::time::Duration;
+
+use anyhow::Context as _;
+use roce::{
+    api::{
+        Device, DeviceOptions,
+        remote::{self, EngineClient, server},
+    },
+    loader::AttachMode,
+};
+
+use super::Output;
+
+/// The long help of `roce engine`.
+pub const LONG_ABOUT: &str = "Own an interface's RoCE device in this process and serve it to \
+other programs, so that several RDMA programs share one interface (an AF_XDP socket serves one \
+process per queue, and the engine is that process).\n\n\
+The engine opens IFACE as `roce perf` does (it loads roce_xdp unless it is already attached) \
+and listens on /run/roce/<netns>/<IFACE>.sock, where <netns> is the name `ip netns add` gave the \
+namespace, or net-<inode> for an unnamed one. The socket is 0600 and every peer's credentials \
+are checked (SO_PEERCRED): only root's processes are served; others get EACCES. Each program's \
+PDs, MRs, CQs and QPs are its own (a handle of another program is EINVAL) and are destroyed when its \
+connection closes, however the program ended. The engine exits --linger seconds after its last \
+client left (or after it started, if none came), and unloads roce_xdp if it loaded it.\n\n\
+Step 1 of docs/multiprocess.md: PD, MR, CQ and RC QP verbs, SEND/WRITE/READ posts and polls \
+work through the engine (roce::api::remote::EngineClient; roce-user/examples/engine_peer.rs), \
+which reaches a program's registered memory with process_vm_readv/writev; posts and polls \
+still cross the socket, and `roce perf` does not use the engine yet.";
+
+/// Examples of `roce engine`.
+pub const EXAMPLES: &str = "Examples:\n  \
+roce engine -i eth0                 serve eth0 until 5 s after the last program left\n  \
+roce engine -i veth0 -m skb --linger 60\n  \
+roce engine -i eth0 --status        is an engine serving eth0? how many programs, QPs";
+
+/// Arguments of `roce engine`.
+#[derive(Debug, clap::Args)]
+pub struct EngineArgs {
+    /// Interface to serve.
+    #[arg(short, long)]
+    iface: String,
+    /// XDP attach mode, if the engine loads roce_xdp itself.
+    #[arg(short, long, value_enum, default_value_t = AttachMode::Native)]
+    mode: AttachMode,
+    /// Seconds to wait for a program after the last one left before exiting.
+    #[arg(long, default_value_t = 5.0, value_parser = parse_linger)]
+    linger: f64,
+    /// Do not serve: ask the engine of IFACE how many programs and QPs it has, and its pid.
+    #[arg(long)]
+    status: bool,
+}
+
+fn parse_linger(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("{e}"))?;
+    if v.is_finite() && (0.0..=86_400.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err("between 0 and 86400 seconds".into())
+    }
+}
+
+/// Runs `roce engine`.
+///
+/// # Errors
+/// No such interface, not root, another engine serves it, or the device cannot be opened.
+pub fn run(out: Output, args: &EngineArgs, netns: Option<String>) -> anyhow::Result<()> {
+    let path = remote::socket_path(&args.iface).context("naming the engine socket")?;
+    if args.status {
+        let mut c = EngineClient::connect_at(&path)?;
+        let (clients, qps) = c.status()?;
+        out.emit(
+            &serde_json::json!({
+                "iface": args.iface, "socket": path, "pid": c.engine_pid(),
+                "clients": clients, "qps": qps,
+            }),
+            &format!(
+                "engine of {} (pid {}) at {}: {clients} client(s) including this one, {qps} QP(s)\n",
+                args.iface,
+                c.engine_pid(),
+                path.display()
+            ),
+        );
+        return Ok(());
+    }
+    let listener = server::bind(&path).with_context(|| format!("binding {}", path.display()))?;
+    let dev = match Device::open(
+        &args.iface,
+        &DeviceOptions {
+            mode: args.mode,
+            netns,
+            ..DeviceOptions::default()
+        },
+    ) {
+        Ok(d) => d,
+        Err(e) => {
+            let _ = std::fs::remove_file(&path);
+            return Err(e).with_context(|| format!("opening {}", args.iface));
+        }
+    };
+    if !out.json {
+        eprintln!(
+            "roce engine: serving {} at {} (pid {})",
+            args.iface,
+            path.display(),
+            std::process::id()
+        );
+    }
+    let opts = server::ServeOptions {
+        linger: Duration::from_secs_f64(args.linger),
+        ..server::ServeOptions::default()
+    };
+    let report = server::serve(dev, listener, &path, &opts, &super::interrupted)?;
+    out.emit(
+        &serde_json::json!({
+            "iface": args.iface, "connections": report.connections, "refused": report.refused,
+        }),
+        &format!(
+            "roce engine: {} stopped after {} connection(s), {} refused\n",
+            args.iface, report.connections, report.refused
+        ),
+    );
+    Ok(())
+}
