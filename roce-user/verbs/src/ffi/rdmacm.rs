@@ -139,7 +139,8 @@ unsafe fn post_event(
 ) {
     // SAFETY: the caller's contract.
     let chan = unsafe { (*id).channel };
-    if chan.is_null() {
+    // A channel the program destroyed under a live id gets nothing.
+    if chan.is_null() || !lock(&LIVE_CHANNELS).contains(&(chan as usize)) {
         return;
     }
     let mut ev = Box::new(EvObj {
@@ -204,19 +205,40 @@ export!(
                 efd,
                 queue: Mutex::new(VecDeque::new()),
             });
-            Box::into_raw(c).cast()
+            let c: *mut sys::rdma_event_channel = Box::into_raw(c).cast();
+            lock(&LIVE_CHANNELS).insert(c as usize);
+            c
         })
     }
 );
+
+/// The event channels this library made and has not destroyed: a call on anything else (a
+/// channel destroyed already, as perftest 4.5-0.17's RDMA CM retry passes) fails with EINVAL
+/// and a line on stderr instead of reading freed memory (a double `rdma_destroy_event_channel`
+/// in rdma-core's librdmacm is a double free).
+static LIVE_CHANNELS: LazyLock<Mutex<std::collections::HashSet<usize>>> =
+    LazyLock::new(|| Mutex::new(std::collections::HashSet::new()));
+
+/// Whether `c` is a live channel of ours; says so on stderr when it is not.
+fn live_channel(c: *mut sys::rdma_event_channel, call: &str) -> bool {
+    let live = !c.is_null() && lock(&LIVE_CHANNELS).contains(&(c as usize));
+    if !live && !c.is_null() {
+        say(&format!(
+            "{call}: {c:p} is not an event channel of this process (destroyed already?)"
+        ));
+    }
+    live
+}
 
 export!(
     "RDMACM_1.0",
     /// `rdma_destroy_event_channel`: frees the channel and the events nobody took.
     fn rdma_destroy_event_channel(channel: *mut sys::rdma_event_channel) -> () {
         guard((), || {
-            if channel.is_null() {
+            if !live_channel(channel, "rdma_destroy_event_channel") {
                 return;
             }
+            lock(&LIVE_CHANNELS).remove(&(channel as usize));
             // SAFETY: made by `rdma_create_event_channel`, given up by the caller.
             let c = unsafe { Box::from_raw(channel.cast::<ChanObj>()) };
             for e in lock(&c.queue).drain(..) {
@@ -237,7 +259,7 @@ export!(
         event: *mut *mut sys::rdma_cm_event,
     ) -> c_int {
         guard(-1, || {
-            if channel.is_null() || event.is_null() {
+            if event.is_null() || !live_channel(channel, "rdma_get_cm_event") {
                 set_errno(libc::EINVAL);
                 return -1;
             }
@@ -633,6 +655,10 @@ export!(
                 set_errno(libc::ENOSYS);
                 return -1;
             }
+            if !live_channel(channel, "rdma_create_id") {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
             let qp_type = match ps {
                 sys::RDMA_PS_TCP | sys::RDMA_PS_IPOIB => sys::IBV_QPT_RC,
                 sys::RDMA_PS_UDP => sys::IBV_QPT_UD,
@@ -736,7 +762,7 @@ export!(
     "RDMACM_1.0",
     /// `rdma_migrate_id`: moves the id's future events to another channel.
     fn rdma_migrate_id(id: *mut sys::rdma_cm_id, channel: *mut sys::rdma_event_channel) -> c_int {
-        if !live(id) || channel.is_null() {
+        if !live(id) || !live_channel(channel, "rdma_migrate_id") {
             set_errno(libc::EINVAL);
             return -1;
         }
