@@ -95,6 +95,7 @@ fn perftest_guest_server(peer: &Peer, tool: &str, size: u32, port: u16) -> Resul
     ));
     let dev = format!("roce_{}", peer.ifname);
     let mut attempts = 0;
+    let mut earlier = String::new();
     let client = loop {
         attempts += 1;
         std::thread::sleep(Duration::from_millis(500));
@@ -111,9 +112,15 @@ fn perftest_guest_server(peer: &Peer, tool: &str, size: u32, port: u16) -> Resul
             &format!("our {tool} client"),
         );
         let out = roce_tests::output_text(&c);
-        if c.status.success() || !not_listening_yet(&out) || attempts >= 30 || s.done() {
+        // perftest reports a rejected control connection as "Unexpected CM event ... 8"
+        // (RDMA_CM_EVENT_REJECTED): the server is not listening yet. A failure of the data
+        // connection ("RDMA CM event error") leaves the server waiting for it: no retry.
+        let early = (not_listening_yet(&out) || out.contains("Unexpected CM event bl blka 8"))
+            && !out.contains("RDMA CM event error");
+        if c.status.success() || !early || attempts >= 30 || s.done() {
             break (c.status.success(), out);
         }
+        earlier.push_str(&format!("attempt {attempts}:\n{out}\n"));
     };
     // A server whose client failed may wait for it forever: not long, then.
     let wait = if client.0 { 120 } else { 10 };
@@ -121,7 +128,7 @@ fn perftest_guest_server(peer: &Peer, tool: &str, size: u32, port: u16) -> Resul
     if !client.0 || server.rc != 0 {
         return Err(format!(
             "our {tool} client (ok: {}, attempt {attempts}):\n{}\nguest's {tool} server \
-             (rc {}):\n{}",
+             (rc {}):\n{}\nour client's earlier attempts:\n{earlier}",
             client.0, client.1, server.rc, server.out
         ));
     }
