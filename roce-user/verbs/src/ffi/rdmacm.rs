@@ -1314,26 +1314,13 @@ unsafe fn create_qp(
     }
     // librdmacm's `ucma_init_conn_qp`: the QP goes to INIT at once so receives can be posted;
     // a UD QP (`ucma_init_ud_qp`) on to RTS, ready to send once the peer is resolved.
-    let ud = a.qp_type == sys::IBV_QPT_UD;
+    let targets: &[sys::ibv_qp_state] = if a.qp_type == sys::IBV_QPT_UD {
+        &[sys::IBV_QPS_INIT, sys::IBV_QPS_RTR, sys::IBV_QPS_RTS]
+    } else {
+        &[sys::IBV_QPS_INIT]
+    };
     // SAFETY: the caller's contract.
-    if let Err(e) = unsafe { modify(id, sys::IBV_QPS_INIT) }
-        // SAFETY: as above.
-        .and_then(|()| {
-            if ud {
-                unsafe { modify(id, sys::IBV_QPS_RTR) }
-            } else {
-                Ok(())
-            }
-        })
-        // SAFETY: as above.
-        .and_then(|()| {
-            if ud {
-                unsafe { modify(id, sys::IBV_QPS_RTS) }
-            } else {
-                Ok(())
-            }
-        })
-    {
+    if let Err(e) = targets.iter().try_for_each(|&t| unsafe { modify(id, t) }) {
         // SAFETY: the QP we just made.
         unsafe {
             super::objects::ibv_destroy_qp(qp);
