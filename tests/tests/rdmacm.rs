@@ -6,9 +6,12 @@
 //!   binaries load on it with every symbol bound (`ldd -r`);
 //! - `rping -V` (every ping verified), `ucmatose` (several connections, sends both ways) and
 //!   `ib_write_bw -R` (perftest connecting through RDMA CM) at both ends of a veth pair, each
-//!   end on roce-xdp (rping over IPv4 and IPv6), and the interfaces left clean.
+//!   end on roce-xdp (rping over IPv4 and IPv6), and the interfaces left clean;
+//! - `udaddy` (the UDP port space: UD QPs resolved by SIDR, then UD SENDs both ways) at both
+//!   ends of a veth pair.
 //!
-//! Against the kernel's CM and rxe in the Soft-RoCE VM: tests/tests/interop_qp1.rs. Root.
+//! Against the kernel's CM and rxe in the Soft-RoCE VM: tests/tests/interop_qp1.rs and
+//! tests/tests/interop_rdmacm.rs. Root.
 
 use std::{
     collections::BTreeSet,
@@ -257,4 +260,30 @@ fn rping_ucmatose_and_perftest_connect_through_the_library_at_both_ends() {
             end.ifname
         );
     }
+}
+
+/// Debian's unmodified udaddy, both ends on roce-xdp through the drop-in librdmacm: each of
+/// the client's SIDR requests is answered with the server's UD QP and RDMA CM's Q_Key, and
+/// the messages go both ways over the UD QPs (udaddy waits for every one of them before it
+/// prints "data transfers complete").
+#[test]
+fn udaddy_resolves_and_sends_through_the_library_at_both_ends() {
+    require_root();
+    let pair = veth_pair("cm2", 183);
+    let _unpin = (Loaded::guard(&pair.a.ifname), Loaded::guard(&pair.b.ifname));
+    let server_ip = pair.a.ipv4.to_string();
+    let (c, s) = server_and_client(
+        &pair,
+        "udaddy",
+        &args(&["-b", &server_ip, "-c", "2", "-C", "20", "-S", "512"]),
+        &args(&["-s", &server_ip, "-c", "2", "-C", "20", "-S", "512"]),
+    );
+    for out in [&c, &s] {
+        assert!(
+            out.contains("data transfers complete") && out.contains("return status 0"),
+            "{out}"
+        );
+    }
+    assert!(c.contains("initiating data transfers"), "client:\n{c}");
+    assert!(s.contains("sending replies"), "server:\n{s}");
 }

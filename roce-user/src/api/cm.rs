@@ -291,6 +291,16 @@ impl Device {
         Ok(sid)
     }
 
+    /// Stops listening for SIDR requests to UDP-port-space `port`; returns whether it was
+    /// listened on. Call it when the `RDMA_PS_UDP` id that listens is destroyed.
+    ///
+    /// # Errors
+    /// See [`Device::cm_enable`].
+    pub fn cm_unlisten_ud(&self, port: u16) -> Result<bool, ApiError> {
+        let sid = ServiceId::rdma_cm(PortSpace::Udp, port);
+        self.with_cm(|g| Ok(g.cm_mut().unlisten(sid)))
+    }
+
     /// Asks `dest` for the UD QP that serves its UDP-port-space `port` (`rdma_connect` on a
     /// `RDMA_PS_UDP` id, cma.c `cma_resolve_ib_udp`): sends a SIDR_REQ with the RDMA CM IP
     /// header (source port `src_port`) and `private_data`. The answer is a

@@ -10,6 +10,12 @@
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 
 use super::mad::ServiceId;
+use crate::transport::QKey;
+
+/// The Q_Key of every UD QP in RDMA CM's UDP and IPoIB port spaces (`RDMA_UDP_QKEY` of
+/// include/rdma/rdma_cm.h): `rdma_init_qp_attr` gives it to the QP, `rdma_accept` puts it in
+/// the SIDR_REP, and the active side refuses a SIDR_REP naming another (cma.c `cma_set_qkey`).
+pub const RDMA_UDP_QKEY: QKey = QKey::new(0x0123_4567);
 
 /// An RDMA CM port space (`enum rdma_ucm_port_space` in include/uapi/rdma/rdma_user_cm.h).
 #[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]

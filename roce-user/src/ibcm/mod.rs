@@ -37,7 +37,7 @@ pub mod mad;
 pub use conn::{
     AcceptParams, Cm, CmConfig, CmError, CmStats, ConnectParams, Dropped, Event, State, Transmit,
 };
-pub use ip::{CmaHdr, CmaHdrError, PortSpace};
+pub use ip::{CmaHdr, CmaHdrError, PortSpace, RDMA_UDP_QKEY};
 pub use mad::{
     AttrId, CaGuid, CmMad, CmMsg, CommId, Gid, IbaTime, MAD_LEN, MadError, PathMtu, RejReason,
     ServiceId, SidrStatus, Tid,

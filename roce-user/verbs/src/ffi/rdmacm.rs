@@ -27,9 +27,14 @@
 //!   and the route is the path to the peer (`Device::path_to`).
 //! - RC over the TCP port space (`RDMA_PS_TCP`), with the QP made by `rdma_create_qp` or by
 //!   the program (then `rdma_init_qp_attr` and `rdma_establish`, as `rping -q` does).
+//! - UD over the UDP port space (`RDMA_PS_UDP`, udaddy): `rdma_create_qp` brings the UD QP
+//!   to RTS with RDMA CM's Q_Key, `rdma_connect` sends a SIDR_REQ and its SIDR_REP becomes
+//!   ESTABLISHED with the peer's address handle attributes, QPN and Q_Key in `param.ud`; a
+//!   listener's SIDR_REQ becomes a CONNECT_REQUEST, answered by `rdma_accept` (SIDR_REP with
+//!   our QPN) or `rdma_reject`.
 //!
-//! Not provided (the call fails with ENOSYS and says so on stderr): the UDP and IB port
-//! spaces (SIDR through `rdma_connect`), multicast, the synchronous calls on an id without
+//! Not provided (the call fails with ENOSYS and says so on stderr): the IB port space,
+//! multicast, the synchronous calls on an id without
 //! an event channel (`rdma_create_ep`, `rdma_get_request`), the ECE calls, and rsockets
 //! except `rpoll` and `rselect` on ordinary file descriptors (what they are while no
 //! rsocket exists; programs such as rping import them only for that).
@@ -97,7 +102,8 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-/// The connection parameters an event reports (`event->param.conn`).
+/// The connection parameters an event reports (`event->param.conn`), or for a UD id's
+/// event the peer's address, QP and Q_Key (`event->param.ud`).
 #[derive(Clone, Copy, Default)]
 struct ConnInfo {
     responder_resources: u8,
@@ -107,6 +113,16 @@ struct ConnInfo {
     rnr_retry_count: u8,
     srq: u8,
     qp_num: u32,
+    ud: Option<UdInfo>,
+}
+
+/// What `event->param.ud` reports (librdmacm's `ucma_copy_ud_event`): the address handle
+/// attributes of the path to the peer, its QPN and Q_Key.
+#[derive(Clone, Copy)]
+struct UdInfo {
+    ah_attr: sys::ibv_ah_attr,
+    qp_num: u32,
+    qkey: u32,
 }
 
 /// Queues an event for `id` on its channel and makes the channel's fd readable.
@@ -153,6 +169,15 @@ unsafe fn post_event(
         srq: info.srq,
         qp_num: info.qp_num,
     };
+    if let Some(u) = info.ud {
+        ev.ibv.param.ud = sys::rdma_ud_param {
+            private_data: pd,
+            private_data_len: len,
+            ah_attr: u.ah_attr,
+            qp_num: u.qp_num,
+            qkey: u.qkey,
+        };
+    }
     // SAFETY: an id's channel is a live `ChanObj` of ours while ids use it (the rdma_cm
     // contract: a channel is destroyed after its ids).
     let chan = unsafe { &*chan.cast::<ChanObj>() };
@@ -179,19 +204,40 @@ export!(
                 efd,
                 queue: Mutex::new(VecDeque::new()),
             });
-            Box::into_raw(c).cast()
+            let c: *mut sys::rdma_event_channel = Box::into_raw(c).cast();
+            lock(&LIVE_CHANNELS).insert(c as usize);
+            c
         })
     }
 );
+
+/// The event channels this library made and has not destroyed: a call on anything else (a
+/// channel destroyed already, as perftest 4.5-0.17's RDMA CM retry passes) fails with EINVAL
+/// and a line on stderr instead of reading freed memory (a double `rdma_destroy_event_channel`
+/// in rdma-core's librdmacm is a double free).
+static LIVE_CHANNELS: LazyLock<Mutex<std::collections::HashSet<usize>>> =
+    LazyLock::new(|| Mutex::new(std::collections::HashSet::new()));
+
+/// Whether `c` is a live channel of ours; says so on stderr when it is not.
+fn live_channel(c: *mut sys::rdma_event_channel, call: &str) -> bool {
+    let live = !c.is_null() && lock(&LIVE_CHANNELS).contains(&(c as usize));
+    if !live && !c.is_null() {
+        say(&format!(
+            "{call}: {c:p} is not an event channel of this process (destroyed already?)"
+        ));
+    }
+    live
+}
 
 export!(
     "RDMACM_1.0",
     /// `rdma_destroy_event_channel`: frees the channel and the events nobody took.
     fn rdma_destroy_event_channel(channel: *mut sys::rdma_event_channel) -> () {
         guard((), || {
-            if channel.is_null() {
+            if !live_channel(channel, "rdma_destroy_event_channel") {
                 return;
             }
+            lock(&LIVE_CHANNELS).remove(&(channel as usize));
             // SAFETY: made by `rdma_create_event_channel`, given up by the caller.
             let c = unsafe { Box::from_raw(channel.cast::<ChanObj>()) };
             for e in lock(&c.queue).drain(..) {
@@ -212,7 +258,7 @@ export!(
         event: *mut *mut sys::rdma_cm_event,
     ) -> c_int {
         guard(-1, || {
-            if channel.is_null() || event.is_null() {
+            if event.is_null() || !live_channel(channel, "rdma_get_cm_event") {
                 set_errno(libc::EINVAL);
                 return -1;
             }
@@ -313,6 +359,9 @@ struct IdState {
     est_data: Vec<u8>,
     /// Contexts this id listens on.
     listening: Vec<usize>,
+    /// UDP port space: `comm` is a SIDR request (ours on the active side, the peer's on the
+    /// passive side) rather than a connection.
+    sidr: bool,
 }
 
 /// An id: `struct rdma_cm_id` first.
@@ -336,8 +385,13 @@ unsafe fn state<'a>(id: *mut sys::rdma_cm_id) -> MutexGuard<'a, IdState> {
 struct Registry {
     /// (context, TCP port) → listening id.
     listeners: HashMap<(usize, u16), usize>,
+    /// (context, UDP port) → listening id (SIDR requests).
+    ud_listeners: HashMap<(usize, u16), usize>,
     /// (context, our communication ID) → id.
     conns: HashMap<(usize, CommId), usize>,
+    /// (context, SIDR request handle) → id: our requests waiting for their SIDR_REP, and the
+    /// peers' waiting for `rdma_accept` or `rdma_reject`.
+    sidrs: HashMap<(usize, CommId), usize>,
     /// Contexts whose event thread runs.
     pumps: Vec<usize>,
     /// The contexts librdmacm opened (rdma-core opens every device once and keeps it).
@@ -600,6 +654,10 @@ export!(
                 set_errno(libc::ENOSYS);
                 return -1;
             }
+            if !live_channel(channel, "rdma_create_id") {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
             let qp_type = match ps {
                 sys::RDMA_PS_TCP | sys::RDMA_PS_IPOIB => sys::IBV_QPT_RC,
                 sys::RDMA_PS_UDP => sys::IBV_QPT_UD,
@@ -631,8 +689,16 @@ export!(
             // SAFETY: a live id of ours (the rdma_cm contract).
             let st = unsafe { state(id) };
             let port = st.src.map_or(0, |s| s.port());
+            // SAFETY: as above.
+            let udp = unsafe { (*id).ps } == sys::RDMA_PS_UDP;
             for &ctx in &st.listening {
-                if r.listeners.remove(&(ctx, port)).is_some()
+                if udp {
+                    if r.ud_listeners.remove(&(ctx, port)).is_some()
+                        && let Ok(d) = device_arc(ctx)
+                    {
+                        let _ = d.cm_unlisten_ud(port);
+                    }
+                } else if r.listeners.remove(&(ctx, port)).is_some()
                     && let Ok(d) = device_arc(ctx)
                 {
                     let _ = d.cm_unlisten(port);
@@ -640,7 +706,22 @@ export!(
             }
             // SAFETY: as above.
             let ctx = unsafe { (*id).verbs } as usize;
-            if let Some(comm) = st.comm {
+            if let (Some(comm), true) = (st.comm, st.sidr) {
+                // A peer's SIDR request nobody answered: refuse it, as the kernel's
+                // `ib_destroy_cm_id` does (cm.c, IB_CM_SIDR_REQ_RCVD: status REJECT).
+                if r.sidrs.remove(&(ctx, comm)).is_some()
+                    && !st.active
+                    && let Ok(d) = device_arc(ctx)
+                {
+                    let _ = d.cm_sidr_reply(
+                        comm,
+                        roce::api::SidrStatus::REJECT,
+                        Qpn::new(0),
+                        roce::transport::QKey::new(0),
+                        &[],
+                    );
+                }
+            } else if let Some(comm) = st.comm {
                 r.conns.remove(&(ctx, comm));
                 // As the kernel's rdma_destroy_id: the peer hears a REJ before the connection
                 // is established, one DREQ after (cm.c `cm_destroy_id`).
@@ -680,7 +761,7 @@ export!(
     "RDMACM_1.0",
     /// `rdma_migrate_id`: moves the id's future events to another channel.
     fn rdma_migrate_id(id: *mut sys::rdma_cm_id, channel: *mut sys::rdma_event_channel) -> c_int {
-        if !live(id) || channel.is_null() {
+        if !live(id) || !live_channel(channel, "rdma_migrate_id") {
             set_errno(libc::EINVAL);
             return -1;
         }
@@ -928,8 +1009,8 @@ unsafe fn set_path_rec(id: *mut sys::rdma_cm_id, src: IpAddr, dst: IpAddr, mtu: 
 export!(
     "RDMACM_1.0",
     /// `rdma_listen`: listens on the bound port, on the bound device or, for a wildcard
-    /// address, on every device. TCP port space only (ENOSYS for UDP: SIDR is not offered
-    /// through this library yet).
+    /// address, on every device: for connection requests (TCP port space) or SIDR requests
+    /// (UDP port space); ENOSYS for the others.
     fn rdma_listen(id: *mut sys::rdma_cm_id, backlog: c_int) -> c_int {
         let _ = backlog;
         guard(-1, || {
@@ -938,11 +1019,15 @@ export!(
                 return -1;
             }
             // SAFETY: a live id of ours.
-            if unsafe { (*id).ps } != sys::RDMA_PS_TCP {
-                say("rdma_listen: only the TCP port space is supported");
-                set_errno(libc::ENOSYS);
-                return -1;
-            }
+            let udp = match unsafe { (*id).ps } {
+                sys::RDMA_PS_TCP => false,
+                sys::RDMA_PS_UDP => true,
+                _ => {
+                    say("rdma_listen: only the TCP and UDP port spaces are supported");
+                    set_errno(libc::ENOSYS);
+                    return -1;
+                }
+            };
             let mut r = reg();
             // SAFETY: a live id of ours.
             let Some(src) = (unsafe { state(id).src }) else {
@@ -960,22 +1045,39 @@ export!(
             let mut done = Vec::new();
             for c in ctxs {
                 let res = pump(&mut r, c).and_then(|d| {
-                    d.cm_listen(port).map_err(|e| {
+                    if udp {
+                        d.cm_listen_ud(port)
+                    } else {
+                        d.cm_listen(port)
+                    }
+                    .map_err(|e| {
                         say(&format!("rdma_listen on port {port}: {e:#}"));
                         e.errno()
                     })
                 });
                 if let Err(e) = res {
                     for &c in &done {
-                        r.listeners.remove(&(c, port));
+                        if udp {
+                            r.ud_listeners.remove(&(c, port));
+                        } else {
+                            r.listeners.remove(&(c, port));
+                        }
                         if let Ok(d) = device_arc(c) {
-                            let _ = d.cm_unlisten(port);
+                            let _ = if udp {
+                                d.cm_unlisten_ud(port)
+                            } else {
+                                d.cm_unlisten(port)
+                            };
                         }
                     }
                     set_errno(e);
                     return -1;
                 }
-                r.listeners.insert((c, port), id as usize);
+                if udp {
+                    r.ud_listeners.insert((c, port), id as usize);
+                } else {
+                    r.listeners.insert((c, port), id as usize);
+                }
                 done.push(c);
             }
             // SAFETY: a live id of ours.
@@ -1000,11 +1102,33 @@ unsafe fn qp_attr(
     target: sys::ibv_qp_state,
 ) -> Result<(sys::ibv_qp_attr, c_int), c_int> {
     // SAFETY: the caller's contract.
+    let ud = unsafe { (*id).qp_type } == sys::IBV_QPT_UD;
+    // SAFETY: the caller's contract.
     let st = unsafe { state(id) };
     let mut a = sys::ibv_qp_attr {
         qp_state: target,
         ..Default::default()
     };
+    if ud {
+        // A UD QP of the UDP port space (cma.c `cma_ib_init_qp_attr` for INIT, with the port
+        // space's Q_Key; librdmacm's `ucma_init_ud_qp` moves on to RTR with the state alone
+        // and to RTS with send PSN 0).
+        let mask = match target {
+            sys::IBV_QPS_INIT => {
+                a.pkey_index = 0;
+                a.port_num = 1;
+                a.qkey = roce::ibcm::RDMA_UDP_QKEY.value();
+                sys::IBV_QP_STATE | sys::IBV_QP_PKEY_INDEX | sys::IBV_QP_PORT | sys::IBV_QP_QKEY
+            }
+            sys::IBV_QPS_RTR => sys::IBV_QP_STATE,
+            sys::IBV_QPS_RTS => {
+                a.sq_psn = 0;
+                sys::IBV_QP_STATE | sys::IBV_QP_SQ_PSN
+            }
+            _ => return Err(libc::EINVAL),
+        };
+        return Ok((a, mask as c_int));
+    }
     let mask = match target {
         sys::IBV_QPS_INIT => {
             a.pkey_index = 0;
@@ -1187,9 +1311,15 @@ unsafe fn create_qp(
         (*id).srq = a.srq;
         (*id).qp_type = a.qp_type;
     }
-    // librdmacm's `ucma_init_conn_qp`: the QP goes to INIT at once so receives can be posted.
+    // librdmacm's `ucma_init_conn_qp`: the QP goes to INIT at once so receives can be posted;
+    // a UD QP (`ucma_init_ud_qp`) on to RTS, ready to send once the peer is resolved.
+    let targets: &[sys::ibv_qp_state] = if a.qp_type == sys::IBV_QPT_UD {
+        &[sys::IBV_QPS_INIT, sys::IBV_QPS_RTR, sys::IBV_QPS_RTS]
+    } else {
+        &[sys::IBV_QPS_INIT]
+    };
     // SAFETY: the caller's contract.
-    if let Err(e) = unsafe { modify(id, sys::IBV_QPS_INIT) } {
+    if let Err(e) = targets.iter().try_for_each(|&t| unsafe { modify(id, t) }) {
         // SAFETY: the QP we just made.
         unsafe {
             super::objects::ibv_destroy_qp(qp);
@@ -1365,6 +1495,27 @@ export!(
                     return -1;
                 }
             };
+            // SAFETY: a live id of ours.
+            if unsafe { (*id).ps } == sys::RDMA_PS_UDP {
+                // SIDR (cma.c `cma_resolve_ib_udp`): ESTABLISHED with the peer's UD QP and
+                // Q_Key follows its SIDR_REP.
+                // SAFETY: as for `conn_param`.
+                let data = unsafe { private_data(p) };
+                return match dev.cm_sidr_request(dst.ip(), dst.port(), src.port(), &data) {
+                    Ok(comm) => {
+                        st.comm = Some(comm);
+                        st.active = true;
+                        st.sidr = true;
+                        r.sidrs.insert((ctx, comm), id as usize);
+                        0
+                    }
+                    Err(e) => {
+                        say(&format!("rdma_connect (SIDR) to {dst}: {e:#}"));
+                        set_errno(e.errno());
+                        -1
+                    }
+                };
+            }
             let psn = random_psn();
             let mut c = CmConnect::new(
                 dst.ip(),
@@ -1449,9 +1600,45 @@ export!(
             }
             // SAFETY: NULL or the caller's struct.
             let p = unsafe { conn_param(conn_param_in) };
-            let r = reg();
+            let mut r = reg();
             // SAFETY: a live id of ours.
             let (ctx, qp) = unsafe { ((*id).verbs as usize, (*id).qp) };
+            // SAFETY: as above.
+            if let (Some(comm), true, false) = unsafe {
+                let st = state(id);
+                (st.comm, st.sidr, st.active)
+            } {
+                // A SIDR request (cma.c `cma_send_sidr_rep`): our UD QP and the port space's
+                // Q_Key.
+                let qpn = if qp.is_null() {
+                    p.map_or(0, |p| p.qp_num)
+                } else {
+                    // SAFETY: the id's live QP.
+                    unsafe { (*qp).qp_num }
+                };
+                // SAFETY: as for `conn_param`.
+                let data = unsafe { private_data(p) };
+                r.sidrs.remove(&(ctx, comm));
+                return match device_arc(ctx).and_then(|d| {
+                    d.cm_sidr_reply(
+                        comm,
+                        roce::api::SidrStatus::SUCCESS,
+                        Qpn::new(qpn),
+                        roce::ibcm::RDMA_UDP_QKEY,
+                        &data,
+                    )
+                    .map_err(|e| {
+                        say(&format!("rdma_accept (SIDR): {e:#}"));
+                        e.errno()
+                    })
+                }) {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        set_errno(e);
+                        -1
+                    }
+                };
+            }
             let comm = {
                 // SAFETY: as above.
                 let mut st = unsafe { state(id) };
@@ -1534,6 +1721,30 @@ export!(
                 set_errno(libc::EINVAL);
                 return -1;
             };
+            // SAFETY: as above.
+            if unsafe { state(id).sidr } {
+                // A SIDR request: a SIDR_REP with status "rejected" (cma.c `rdma_reject`).
+                if r.sidrs.remove(&(ctx, comm)).is_none() {
+                    set_errno(libc::EINVAL);
+                    return -1;
+                }
+                return match device_arc(ctx).and_then(|d| {
+                    d.cm_sidr_reply(
+                        comm,
+                        roce::api::SidrStatus::REJECT,
+                        Qpn::new(0),
+                        roce::transport::QKey::new(0),
+                        &pd,
+                    )
+                    .map_err(|e| e.errno())
+                }) {
+                    Ok(()) => 0,
+                    Err(e) => {
+                        set_errno(e);
+                        -1
+                    }
+                };
+            }
             r.conns.remove(&(ctx, comm));
             match device_arc(ctx).and_then(|d| d.cm_reject(comm, &pd).map_err(|e| e.errno())) {
                 Ok(()) => 0,
@@ -1656,6 +1867,7 @@ fn dispatch(r: &mut Registry, ctx: usize, dev: &Device, ev: CmEvent) {
                 rnr_retry_count: req.rnr_retry_count,
                 srq: u8::from(req.srq),
                 qp_num: req.local_qpn.value(),
+                ud: None,
             };
             let data = req
                 .private_data
@@ -1700,6 +1912,7 @@ fn dispatch(r: &mut Registry, ctx: usize, dev: &Device, ev: CmEvent) {
                 rnr_retry_count: rep.rnr_retry_count,
                 srq: u8::from(rep.srq),
                 qp_num: rep.local_qpn.value(),
+                ud: None,
             };
             if qp.is_null() {
                 // SAFETY: as above.
@@ -1831,18 +2044,174 @@ fn dispatch(r: &mut Registry, ctx: usize, dev: &Device, ev: CmEvent) {
                 }
             }
         }
-        // SIDR is not offered through this library (UDP port space): the CM answers SIDR
-        // requests to ports nobody listens on itself.
-        CmEvent::SidrRequest { id, .. } => {
-            let _ = dev.cm_sidr_reply(
-                id,
-                roce::api::SidrStatus::UNSUPPORTED,
-                Qpn::new(0),
-                roce::transport::QKey::new(0),
-                &[],
-            );
+        CmEvent::SidrRequest { id: comm, req, .. } => sidr_request(r, ctx, dev, comm, &req),
+        CmEvent::SidrReply { id: comm, rep } => {
+            let Some(id) = r.sidrs.remove(&(ctx, comm)) else {
+                return;
+            };
+            let id = id as *mut sys::rdma_cm_id;
+            // SAFETY: ids in the registry are live.
+            let (src, dst) = unsafe {
+                let st = state(id);
+                (st.src, st.dst)
+            };
+            // As cma.c `cma_sidr_rep_handler`: a refusal is UNREACHABLE with the SIDR status,
+            // a Q_Key other than the port space's is ADDR_ERROR (`cma_set_qkey`), else
+            // ESTABLISHED with the address handle of the path, the QPN and the Q_Key.
+            let (kind, status, ud) = if rep.status != roce::api::SidrStatus::SUCCESS {
+                (
+                    sys::RDMA_CM_EVENT_UNREACHABLE,
+                    c_int::from(rep.status.0),
+                    None,
+                )
+            } else if rep.qkey != roce::ibcm::RDMA_UDP_QKEY {
+                say(&format!(
+                    "SIDR_REP with Q_Key {:#x}, not RDMA CM's {:#x}",
+                    rep.qkey.value(),
+                    roce::ibcm::RDMA_UDP_QKEY.value()
+                ));
+                (sys::RDMA_CM_EVENT_ADDR_ERROR, -libc::EINVAL, None)
+            } else {
+                match src
+                    .zip(dst)
+                    .and_then(|(s, d)| ud_ah_attr(ctx, s.ip(), d.ip()))
+                {
+                    Some(ah_attr) => (
+                        sys::RDMA_CM_EVENT_ESTABLISHED,
+                        0,
+                        Some(UdInfo {
+                            ah_attr,
+                            qp_num: rep.qpn.value(),
+                            qkey: rep.qkey.value(),
+                        }),
+                    ),
+                    None => (sys::RDMA_CM_EVENT_ADDR_ERROR, -libc::EINVAL, None),
+                }
+            };
+            // SAFETY: as above.
+            unsafe {
+                post_event(
+                    id,
+                    ptr::null_mut(),
+                    kind,
+                    status,
+                    ConnInfo {
+                        ud,
+                        ..ConnInfo::default()
+                    },
+                    rep.private_data,
+                );
+            }
         }
-        CmEvent::SidrReply { .. } | CmEvent::SidrTimedOut { .. } => {}
+        CmEvent::SidrTimedOut { id: comm } => {
+            if let Some(id) = r.sidrs.remove(&(ctx, comm)) {
+                // SAFETY: ids in the registry are live.
+                unsafe {
+                    post_event(
+                        id as *mut sys::rdma_cm_id,
+                        ptr::null_mut(),
+                        sys::RDMA_CM_EVENT_UNREACHABLE,
+                        -libc::ETIMEDOUT,
+                        ConnInfo::default(),
+                        Vec::new(),
+                    );
+                }
+            }
+        }
+    }
+}
+
+/// The address handle attributes of the path from our `src` (its GID index on `ctx`) to
+/// `dst` on RoCE: global, the peer's GID, hop limit 64 (what the kernel's
+/// `ib_init_ah_attr_from_path` gives for a RoCE path record).
+fn ud_ah_attr(ctx: usize, src: IpAddr, dst: IpAddr) -> Option<sys::ibv_ah_attr> {
+    let gi = u8::try_from(gid_index(ctx, src)?).ok()?;
+    let mut a = sys::ibv_ah_attr {
+        is_global: 1,
+        port_num: 1,
+        ..Default::default()
+    };
+    a.grh.dgid.raw = Gid::from_ip(dst).0;
+    a.grh.sgid_index = gi;
+    a.grh.hop_limit = 64;
+    Some(a)
+}
+
+/// A peer's SIDR_REQ (cma.c `cma_ib_req_handler` for a UD id): a new UDP id under the
+/// listener of its port with a CONNECT_REQUEST whose `param.ud` holds the path back to the
+/// requester; `rdma_accept` or `rdma_reject` answers it. A port nobody listens on through
+/// this library, or a request without the RDMA CM IP header, is refused ("unsupported").
+fn sidr_request(
+    r: &mut Registry,
+    ctx: usize,
+    dev: &Device,
+    comm: CommId,
+    req: &roce::ibcm::mad::SidrReq,
+) {
+    let port = req.service_id.port();
+    let refuse = || {
+        let _ = dev.cm_sidr_reply(
+            comm,
+            roce::api::SidrStatus::UNSUPPORTED,
+            Qpn::new(0),
+            roce::transport::QKey::new(0),
+            &[],
+        );
+    };
+    let (Some(&listener), Ok(h)) = (
+        r.ud_listeners.get(&(ctx, port)),
+        CmaHdr::parse(&req.private_data),
+    ) else {
+        refuse();
+        return;
+    };
+    let listener = listener as *mut sys::rdma_cm_id;
+    let Some(ah_attr) = ud_ah_attr(ctx, h.dst, h.src) else {
+        refuse();
+        return;
+    };
+    // SAFETY: a listening id in the registry is live.
+    let (channel, context) = unsafe { ((*listener).channel, (*listener).context) };
+    let child = new_id(channel, context, sys::RDMA_PS_UDP, sys::IBV_QPT_UD);
+    let src = SocketAddr::new(h.dst, port);
+    let dst = SocketAddr::new(h.src, h.src_port);
+    // SAFETY: the id we just made.
+    unsafe {
+        (*child).verbs = ctx as *mut sys::ibv_context;
+        (*child).port_num = 1;
+        set_route_addr(child, src, false);
+        set_route_addr(child, dst, true);
+        set_path_rec(child, h.dst, h.src, sys::IBV_MTU_1024);
+        let mut st = state(child);
+        st.src = Some(src);
+        st.dst = Some(dst);
+        st.comm = Some(comm);
+        st.sidr = true;
+    }
+    r.sidrs.insert((ctx, comm), child as usize);
+    let data = req
+        .private_data
+        .get(CMA_HDR_LEN..)
+        .unwrap_or_default()
+        .to_vec();
+    let info = ConnInfo {
+        ud: Some(UdInfo {
+            ah_attr,
+            qp_num: 0,
+            qkey: 0,
+        }),
+        ..ConnInfo::default()
+    };
+    // SAFETY: the new id, live.
+    unsafe {
+        post_event(
+            child,
+            listener,
+            sys::RDMA_CM_EVENT_CONNECT_REQUEST,
+            0,
+            info,
+            data,
+        );
     }
 }
 
