@@ -60,6 +60,7 @@ fn not_listening_yet(out: &str) -> bool {
         || out.contains("Couldn't connect")
         || out.contains("unreachable")
         || out.contains("UNREACHABLE")
+        || out.contains("Connection refused")
 }
 
 /// Checks perftest's results table in `out`: the row of `size` bytes reports `iters`
@@ -208,7 +209,7 @@ fn util_our_server(peer: &Peer, prog: &str, server: &str, client: &str) -> Resul
     let c = peer.spawn(&format!(
         "for i in $(seq 30); do sleep 0.5; out=$(stdbuf -oL {prog} {client} 2>&1); rc=$?; \
          echo \"$out\"; [ $rc = 0 ] && exit 0; \
-         case \"$out\" in *REJECTED*|*UNREACHABLE*|*unreachable*) ;; *) exit $rc;; esac; \
+         case \"$out\" in *REJECTED*|*UNREACHABLE*|*unreachable*|*refused*) ;; *) exit $rc;; esac; \
          done; exit 1"
     ));
     let guest = peer.wait_or_kill(&c, Duration::from_secs(120));
@@ -241,6 +242,64 @@ fn check_util(
         ));
     }
     Ok(())
+}
+
+/// Debian's rdma_server and rdma_client (librdmacm's synchronous mode: `rdma_create_ep`,
+/// `rdma_get_request`, the rdma_verbs.h helpers): the server in the guest and the client
+/// ours (`guest_server`), or the other way round; each must end with status 0.
+fn sync_pair(peer: &Peer, guest_server: bool) -> Result<(), String> {
+    let (ip, port) = if guest_server {
+        (peer.guest_ip, 7481)
+    } else {
+        (peer.host_ip, 7482)
+    };
+    let (server_args, client_args) = (format!("-s {ip} -p {port}"), format!("-s {ip} -p {port}"));
+    let (client, server) = if guest_server {
+        let s = peer.spawn(&format!("stdbuf -oL rdma_server {server_args}"));
+        let mut attempts = 0;
+        let c = loop {
+            attempts += 1;
+            std::thread::sleep(Duration::from_millis(500));
+            let c = roce_tests::child::finish_within(
+                ours(peer, "rdma_client", &words(&client_args)),
+                Duration::from_secs(60),
+                "our rdma_client",
+            );
+            let out = roce_tests::output_text(&c);
+            if c.status.success() || !not_listening_yet(&out) || attempts >= 30 || s.done() {
+                break (c.status.success(), out);
+            }
+        };
+        let g = peer.wait_or_kill(&s, Duration::from_secs(30));
+        (c, (g.rc == 0, g.out))
+    } else {
+        let s = ours(peer, "rdma_server", &words(&server_args));
+        let c = peer.spawn(&format!(
+            "for i in $(seq 30); do sleep 0.5; out=$(stdbuf -oL rdma_client {client_args} 2>&1); \
+             rc=$?; echo \"$out\"; [ $rc = 0 ] && exit 0; \
+             case \"$out\" in *refused*|*unreachable*) ;; *) exit $rc;; esac; done; exit 1"
+        ));
+        let g = peer.wait_or_kill(&c, Duration::from_secs(60));
+        let s = roce_tests::child::finish_within(
+            s,
+            Duration::from_secs(30),
+            &format!("our rdma_server (the guest's client: {})", g.out),
+        );
+        (
+            (g.rc == 0, g.out),
+            (s.status.success(), roce_tests::output_text(&s)),
+        )
+    };
+    let ok =
+        |prog: &str, (good, out): &(bool, String)| *good && out.contains(&format!("{prog}: end 0"));
+    if ok("rdma_client", &client) && ok("rdma_server", &server) {
+        Ok(())
+    } else {
+        Err(format!(
+            "rdma_client (ok {}):\n{}\nrdma_server (ok {}):\n{}",
+            client.0, client.1, server.0, server.1
+        ))
+    }
 }
 
 type Case<'a> = (String, Box<dyn Fn(&Peer) -> Result<(), String> + 'a>);
@@ -299,6 +358,15 @@ fn cases<'a>() -> Vec<Case<'a>> {
             }),
         ));
     }
+    // librdmacm's synchronous mode: rdma_server's and rdma_client's one message each way.
+    v.push((
+        "rdma_server/rdma_client: guest server, our client".to_owned(),
+        Box::new(|peer: &Peer| sync_pair(peer, true)),
+    ));
+    v.push((
+        "rdma_server/rdma_client: our server, guest client".to_owned(),
+        Box::new(|peer: &Peer| sync_pair(peer, false)),
+    ));
     if let Ok(only) = std::env::var("ROCE_RDMACM_CASES") {
         let only: Vec<&str> = only.split(',').collect();
         v.retain(|(name, _)| only.iter().any(|w| name.contains(w)));

@@ -191,25 +191,28 @@ export!(
     "RDMACM_1.0",
     /// `rdma_create_event_channel`: an eventfd-backed channel (see the module doc).
     fn rdma_create_event_channel() -> *mut sys::rdma_event_channel {
-        guard(ptr::null_mut(), || {
-            // SAFETY: plain syscall.
-            let fd = unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_CLOEXEC) };
-            if fd < 0 {
-                return ptr::null_mut();
-            }
-            // SAFETY: `fd` was just made and is owned by nothing else.
-            let efd = unsafe { OwnedFd::from_raw_fd(fd) };
-            let c = Box::new(ChanObj {
-                ibv: sys::rdma_event_channel { fd },
-                efd,
-                queue: Mutex::new(VecDeque::new()),
-            });
-            let c: *mut sys::rdma_event_channel = Box::into_raw(c).cast();
-            lock(&LIVE_CHANNELS).insert(c as usize);
-            c
-        })
+        guard(ptr::null_mut(), make_channel)
     }
 );
+
+/// A new event channel (an eventfd and a queue), or NULL with errno from `eventfd`.
+fn make_channel() -> *mut sys::rdma_event_channel {
+    // SAFETY: plain syscall.
+    let fd = unsafe { libc::eventfd(0, libc::EFD_SEMAPHORE | libc::EFD_CLOEXEC) };
+    if fd < 0 {
+        return ptr::null_mut();
+    }
+    // SAFETY: `fd` was just made and is owned by nothing else.
+    let efd = unsafe { OwnedFd::from_raw_fd(fd) };
+    let c = Box::new(ChanObj {
+        ibv: sys::rdma_event_channel { fd },
+        efd,
+        queue: Mutex::new(VecDeque::new()),
+    });
+    let c: *mut sys::rdma_event_channel = Box::into_raw(c).cast();
+    lock(&LIVE_CHANNELS).insert(c as usize);
+    c
+}
 
 /// The event channels this library made and has not destroyed: a call on anything else (a
 /// channel destroyed already, as perftest 4.5-0.17's RDMA CM retry passes) fails with EINVAL
@@ -332,6 +335,14 @@ export!(
 /// What we know of an id besides its C struct.
 #[derive(Default)]
 struct IdState {
+    /// Made without an event channel (librdmacm's synchronous mode): the id has a channel of
+    /// its own, and the calls that start an event wait for it ([`sync_complete`]).
+    sync: bool,
+    /// `rdma_create_ep`'s PD and QP attributes on a passive id: `rdma_get_request` gives
+    /// each connection request's id a QP made with them.
+    ep_qp: Option<(usize, sys::ibv_qp_init_attr)>,
+    /// `rdma_create_qp` made the QP's CQs and completion channels (none were given).
+    own_cqs: bool,
     /// Bound (or resolved) local address.
     src: Option<SocketAddr>,
     /// Resolved peer address.
@@ -601,6 +612,49 @@ fn route_source(dst: SocketAddr) -> Option<IpAddr> {
 // Ids
 // ---------------------------------------------------------------------------------------
 
+/// librdmacm's `ucma_complete`: for an id in synchronous mode, waits for the event of the
+/// call that just succeeded (ADDR_RESOLVED, ROUTE_RESOLVED, ESTABLISHED, DISCONNECTED) on the
+/// id's own channel and keeps it on the id (`id->event`, acked by the next such call or the
+/// id's destruction); returns 0, or -1 with errno ECONNREFUSED for a reject and the event's
+/// status otherwise. Returns 0 at once for an id with a channel of the program's. Call with
+/// the registry unlocked (the event thread needs it to deliver the event).
+///
+/// # Safety
+/// `id` must be a live id of ours.
+unsafe fn sync_complete(id: *mut sys::rdma_cm_id) -> c_int {
+    // SAFETY: the caller's contract.
+    if !unsafe { state(id) }.sync {
+        return 0;
+    }
+    // SAFETY: as above; an event of ours kept by the previous call.
+    unsafe {
+        let kept = (*id).event;
+        if !kept.is_null() {
+            (*id).event = ptr::null_mut();
+            rdma_ack_cm_event(kept);
+        }
+    }
+    let mut ev = ptr::null_mut();
+    // SAFETY: the id's own live channel and a local out pointer.
+    if unsafe { rdma_get_cm_event((*id).channel, &raw mut ev) } != 0 {
+        return -1;
+    }
+    // SAFETY: as above; `ev` was just handed out.
+    let (kind, status) = unsafe {
+        (*id).event = ev;
+        ((*ev).event, (*ev).status)
+    };
+    if status == 0 {
+        return 0;
+    }
+    set_errno(if kind == sys::RDMA_CM_EVENT_REJECTED {
+        libc::ECONNREFUSED
+    } else {
+        status.abs()
+    });
+    -1
+}
+
 /// Makes an id on `channel` for `ctx` (0: not bound to a device yet).
 fn new_id(
     channel: *mut sys::rdma_event_channel,
@@ -636,8 +690,9 @@ fn live(id: *mut sys::rdma_cm_id) -> bool {
 export!(
     "RDMACM_1.0",
     /// `rdma_create_id`: an id on `channel` for port space `ps` (TCP: RC; UDP: UD). A NULL
-    /// channel asks for librdmacm's synchronous mode, which this library does not provide
-    /// (ENOSYS).
+    /// channel asks for librdmacm's synchronous mode: the id gets a channel of its own, and
+    /// `rdma_resolve_addr`, `rdma_resolve_route`, `rdma_connect`, `rdma_accept` and
+    /// `rdma_disconnect` return once their event came ([`sync_complete`]).
     fn rdma_create_id(
         channel: *mut sys::rdma_event_channel,
         id: *mut *mut sys::rdma_cm_id,
@@ -649,12 +704,7 @@ export!(
                 set_errno(libc::EINVAL);
                 return -1;
             }
-            if channel.is_null() {
-                say("rdma_create_id without an event channel (synchronous mode) is not supported");
-                set_errno(libc::ENOSYS);
-                return -1;
-            }
-            if !live_channel(channel, "rdma_create_id") {
+            if !channel.is_null() && !live_channel(channel, "rdma_create_id") {
                 set_errno(libc::EINVAL);
                 return -1;
             }
@@ -666,7 +716,16 @@ export!(
                     return -1;
                 }
             };
+            // Synchronous mode (librdmacm's `rdma_create_id` with a NULL channel): the id gets
+            // a channel of its own, read by the calls that wait for their event.
+            let sync = channel.is_null();
+            let channel = if sync { make_channel() } else { channel };
+            if channel.is_null() {
+                return -1;
+            }
             let made = new_id(channel, context, ps, qp_type);
+            // SAFETY: just made, live.
+            unsafe { state(made).sync = sync };
             // SAFETY: `id` is the caller's out pointer.
             unsafe { id.write(made) };
             0
@@ -731,7 +790,16 @@ export!(
                     let _ = d.cm_destroy(comm);
                 }
             }
+            let sync = st.sync;
             drop(st);
+            // SAFETY: as above: the event a synchronous call kept on the id is acked with it.
+            unsafe {
+                let kept = (*id).event;
+                if !kept.is_null() {
+                    (*id).event = ptr::null_mut();
+                    rdma_ack_cm_event(kept);
+                }
+            }
             // SAFETY: as above.
             let chan = unsafe { (*id).channel };
             if !chan.is_null() {
@@ -749,6 +817,10 @@ export!(
             }
             lock(&LIVE).remove(&(id as usize));
             drop(r);
+            if sync && !chan.is_null() {
+                // SAFETY: the id's own channel (synchronous mode), used by nothing else.
+                unsafe { rdma_destroy_event_channel(chan) };
+            }
             // SAFETY: `rdma_create_id` or the event thread made it with `Box::into_raw`;
             // the caller gives it up.
             drop(unsafe { Box::from_raw(id.cast::<IdObj>()) });
@@ -841,48 +913,56 @@ export!(
     ) -> c_int {
         let _ = timeout_ms;
         guard(-1, || {
-            // SAFETY: the caller passes socket addresses (or NULL for the source).
-            let (src, dst) = unsafe { (sockaddr_in(src_addr), sockaddr_in(dst_addr)) };
-            let Some(dst) = dst else {
-                set_errno(libc::EINVAL);
-                return -1;
-            };
-            if !live(id) {
-                set_errno(libc::EINVAL);
-                return -1;
-            }
-            let mut r = reg();
-            // SAFETY: a live id of ours.
-            let bound = unsafe { state(id).src };
-            let src = match src.or(bound) {
-                Some(s) if !s.ip().is_unspecified() => s,
-                other => {
-                    let Some(ip) = route_source(dst) else {
-                        set_errno(libc::ENETUNREACH);
-                        return -1;
-                    };
-                    SocketAddr::new(ip, other.map_or(0, |s| s.port()))
+            let rc = (|| {
+                // SAFETY: the caller passes socket addresses (or NULL for the source).
+                let (src, dst) = unsafe { (sockaddr_in(src_addr), sockaddr_in(dst_addr)) };
+                let Some(dst) = dst else {
+                    set_errno(libc::EINVAL);
+                    return -1;
+                };
+                if !live(id) {
+                    set_errno(libc::EINVAL);
+                    return -1;
                 }
-            };
-            // SAFETY: a live id of ours.
-            if let Err(e) = unsafe { bind(&mut r, id, src) } {
-                set_errno(e);
-                return -1;
+                let mut r = reg();
+                // SAFETY: a live id of ours.
+                let bound = unsafe { state(id).src };
+                let src = match src.or(bound) {
+                    Some(s) if !s.ip().is_unspecified() => s,
+                    other => {
+                        let Some(ip) = route_source(dst) else {
+                            set_errno(libc::ENETUNREACH);
+                            return -1;
+                        };
+                        SocketAddr::new(ip, other.map_or(0, |s| s.port()))
+                    }
+                };
+                // SAFETY: a live id of ours.
+                if let Err(e) = unsafe { bind(&mut r, id, src) } {
+                    set_errno(e);
+                    return -1;
+                }
+                // SAFETY: as above; the registry lock is held.
+                unsafe {
+                    set_route_addr(id, dst, true);
+                    state(id).dst = Some(dst);
+                    post_event(
+                        id,
+                        ptr::null_mut(),
+                        sys::RDMA_CM_EVENT_ADDR_RESOLVED,
+                        0,
+                        ConnInfo::default(),
+                        Vec::new(),
+                    );
+                }
+                0
+            })();
+            // SAFETY: a live id of ours (checked again: the call may have failed on it).
+            if rc == 0 && live(id) {
+                unsafe { sync_complete(id) }
+            } else {
+                rc
             }
-            // SAFETY: as above; the registry lock is held.
-            unsafe {
-                set_route_addr(id, dst, true);
-                state(id).dst = Some(dst);
-                post_event(
-                    id,
-                    ptr::null_mut(),
-                    sys::RDMA_CM_EVENT_ADDR_RESOLVED,
-                    0,
-                    ConnInfo::default(),
-                    Vec::new(),
-                );
-            }
-            0
         })
     }
 );
@@ -895,74 +975,82 @@ export!(
     fn rdma_resolve_route(id: *mut sys::rdma_cm_id, timeout_ms: c_int) -> c_int {
         let _ = timeout_ms;
         guard(-1, || {
-            if !live(id) {
-                set_errno(libc::EINVAL);
-                return -1;
-            }
-            let r = reg();
-            // SAFETY: a live id of ours.
-            let ctx = unsafe { (*id).verbs } as usize;
-            let (src, dst) = {
+            let rc = (|| {
+                if !live(id) {
+                    set_errno(libc::EINVAL);
+                    return -1;
+                }
+                let r = reg();
                 // SAFETY: a live id of ours.
-                let st = unsafe { state(id) };
-                (st.src, st.dst)
-            };
-            let (Some(src), Some(dst), true) = (src, dst, ctx != 0) else {
-                set_errno(libc::EINVAL);
-                return -1;
-            };
-            let found = (|| {
-                let gi = gid_index(ctx, src.ip()).ok_or(libc::ENODEV)?;
-                let dev = device_arc(ctx)?;
-                dev.path_to(gi, &Gid::from_ip(dst.ip()).0, Qpn::GSI, Qpn::GSI)
-                    .map_err(|e| {
-                        say(&format!("no route to {}: {e:#}", dst.ip()));
-                        libc::EHOSTUNREACH
-                    })?;
-                let ipv6 = dst.is_ipv6();
-                // SAFETY: contexts in the registry are never closed.
-                let c = unsafe { ctx_of(ctx as *mut sys::ibv_context) }.ok_or(libc::EINVAL)?;
-                let mtu = mtu_code(
-                    c.verbs
-                        .port
-                        .info
-                        .max_path_mtu(ipv6)
-                        .min(dev.max_path_mtu(ipv6)),
-                );
-                Ok::<_, c_int>((gi, mtu))
+                let ctx = unsafe { (*id).verbs } as usize;
+                let (src, dst) = {
+                    // SAFETY: a live id of ours.
+                    let st = unsafe { state(id) };
+                    (st.src, st.dst)
+                };
+                let (Some(src), Some(dst), true) = (src, dst, ctx != 0) else {
+                    set_errno(libc::EINVAL);
+                    return -1;
+                };
+                let found = (|| {
+                    let gi = gid_index(ctx, src.ip()).ok_or(libc::ENODEV)?;
+                    let dev = device_arc(ctx)?;
+                    dev.path_to(gi, &Gid::from_ip(dst.ip()).0, Qpn::GSI, Qpn::GSI)
+                        .map_err(|e| {
+                            say(&format!("no route to {}: {e:#}", dst.ip()));
+                            libc::EHOSTUNREACH
+                        })?;
+                    let ipv6 = dst.is_ipv6();
+                    // SAFETY: contexts in the registry are never closed.
+                    let c = unsafe { ctx_of(ctx as *mut sys::ibv_context) }.ok_or(libc::EINVAL)?;
+                    let mtu = mtu_code(
+                        c.verbs
+                            .port
+                            .info
+                            .max_path_mtu(ipv6)
+                            .min(dev.max_path_mtu(ipv6)),
+                    );
+                    Ok::<_, c_int>((gi, mtu))
+                })();
+                match found {
+                    Ok((_, mtu)) => {
+                        // SAFETY: a live id of ours.
+                        unsafe {
+                            state(id).path_mtu = mtu;
+                            set_path_rec(id, src.ip(), dst.ip(), mtu);
+                            post_event(
+                                id,
+                                ptr::null_mut(),
+                                sys::RDMA_CM_EVENT_ROUTE_RESOLVED,
+                                0,
+                                ConnInfo::default(),
+                                Vec::new(),
+                            );
+                        }
+                    }
+                    Err(e) => {
+                        // SAFETY: a live id of ours.
+                        unsafe {
+                            post_event(
+                                id,
+                                ptr::null_mut(),
+                                sys::RDMA_CM_EVENT_ROUTE_ERROR,
+                                -e,
+                                ConnInfo::default(),
+                                Vec::new(),
+                            );
+                        }
+                    }
+                }
+                drop(r);
+                0
             })();
-            match found {
-                Ok((_, mtu)) => {
-                    // SAFETY: a live id of ours.
-                    unsafe {
-                        state(id).path_mtu = mtu;
-                        set_path_rec(id, src.ip(), dst.ip(), mtu);
-                        post_event(
-                            id,
-                            ptr::null_mut(),
-                            sys::RDMA_CM_EVENT_ROUTE_RESOLVED,
-                            0,
-                            ConnInfo::default(),
-                            Vec::new(),
-                        );
-                    }
-                }
-                Err(e) => {
-                    // SAFETY: a live id of ours.
-                    unsafe {
-                        post_event(
-                            id,
-                            ptr::null_mut(),
-                            sys::RDMA_CM_EVENT_ROUTE_ERROR,
-                            -e,
-                            ConnInfo::default(),
-                            Vec::new(),
-                        );
-                    }
-                }
+            // SAFETY: a live id of ours (checked again: the call may have failed on it).
+            if rc == 0 && live(id) {
+                unsafe { sync_complete(id) }
+            } else {
+                rc
             }
-            drop(r);
-            0
         })
     }
 );
@@ -1275,9 +1363,16 @@ unsafe fn create_qp(
         return Err(libc::EINVAL);
     }
     // SAFETY: as above.
-    let a = unsafe { &mut *attr };
-    if a.send_cq.is_null() || a.recv_cq.is_null() {
-        say("rdma_create_qp: give the QP its CQs (send_cq and recv_cq)");
+    let mut a = unsafe { *attr };
+    // librdmacm's `ucma_create_cqs`: without CQs the QP gets its own, each with a completion
+    // channel (`id->send_cq_channel`, `id->recv_cq_channel`, the id as the CQs' context), as
+    // the helpers of rdma_verbs.h (`rdma_get_send_comp`, `rdma_get_recv_comp`) expect.
+    let own_cqs = a.send_cq.is_null() && a.recv_cq.is_null();
+    if own_cqs {
+        // SAFETY: a live context of ours and the id it is for.
+        unsafe { make_cqs(id, ctx, &mut a)? };
+    } else if a.send_cq.is_null() || a.recv_cq.is_null() {
+        say("rdma_create_qp: give the QP both of its CQs, or neither");
         return Err(libc::EINVAL);
     }
     if pd.is_null() {
@@ -1296,12 +1391,21 @@ unsafe fn create_qp(
         };
         pd = p as *mut sys::ibv_pd;
     }
-    // SAFETY: a PD of ours and the caller's attributes.
-    let qp = unsafe { super::objects::ibv_create_qp(pd, attr) };
+    // SAFETY: a PD of ours and the attributes (the caller's, with our CQs).
+    let qp = unsafe { super::objects::ibv_create_qp(pd, &raw mut a) };
     if qp.is_null() {
         // SAFETY: errno as ibv_create_qp left it.
-        return Err(unsafe { *libc::__errno_location() });
+        let e = unsafe { *libc::__errno_location() };
+        if own_cqs {
+            // SAFETY: the CQs just made for this id.
+            unsafe { free_cqs(id) };
+        }
+        return Err(e);
     }
+    // SAFETY: the caller's attributes get the capacities, as from ibv_create_qp.
+    unsafe { (*attr).cap = a.cap };
+    // SAFETY: a live id of ours.
+    unsafe { state(id).own_cqs = own_cqs };
     // SAFETY: the caller's contract.
     unsafe {
         (*id).qp = qp;
@@ -1320,20 +1424,93 @@ unsafe fn create_qp(
     };
     // SAFETY: the caller's contract.
     if let Err(e) = targets.iter().try_for_each(|&t| unsafe { modify(id, t) }) {
-        // SAFETY: the QP we just made.
+        // SAFETY: the QP (and CQs) we just made.
         unsafe {
             super::objects::ibv_destroy_qp(qp);
             (*id).qp = ptr::null_mut();
+            free_cqs(id);
         }
         return Err(e);
     }
     Ok(())
 }
 
+/// Makes the send and receive CQs of the id's QP, each with its completion channel, sized
+/// for `a`'s work requests, and puts them in `a` and the id.
+///
+/// # Safety
+/// `id` must be a live id of ours on context `ctx`.
+unsafe fn make_cqs(
+    id: *mut sys::rdma_cm_id,
+    ctx: *mut sys::ibv_context,
+    a: &mut sys::ibv_qp_init_attr,
+) -> Result<(), c_int> {
+    for (wrs, send) in [(a.cap.max_recv_wr, false), (a.cap.max_send_wr, true)] {
+        // SAFETY: a live context of ours.
+        let ch = unsafe { super::objects::ibv_create_comp_channel(ctx) };
+        let cq = if ch.is_null() {
+            ptr::null_mut()
+        } else {
+            let cqe = c_int::try_from(wrs.max(1)).unwrap_or(c_int::MAX);
+            // SAFETY: as above; the id is the CQ's context, as librdmacm makes it.
+            unsafe { super::objects::ibv_create_cq(ctx, cqe, id.cast(), ch, 0) }
+        };
+        // SAFETY: the caller's contract; the fields take what was made (or NULL).
+        unsafe {
+            if send {
+                (*id).send_cq_channel = ch;
+                (*id).send_cq = cq;
+            } else {
+                (*id).recv_cq_channel = ch;
+                (*id).recv_cq = cq;
+            }
+        }
+        if cq.is_null() {
+            // SAFETY: errno as the failed call left it; then what was made is freed.
+            let e = unsafe { *libc::__errno_location() };
+            // SAFETY: as above.
+            unsafe { free_cqs(id) };
+            return Err(if e == 0 { libc::ENOMEM } else { e });
+        }
+        if send {
+            a.send_cq = cq;
+        } else {
+            a.recv_cq = cq;
+        }
+    }
+    Ok(())
+}
+
+/// Destroys the CQs and completion channels [`make_cqs`] made for the id (those still set).
+///
+/// # Safety
+/// `id` must be a live id of ours whose QP is gone.
+unsafe fn free_cqs(id: *mut sys::rdma_cm_id) {
+    // SAFETY: the caller's contract: these are ours, made by `make_cqs`.
+    unsafe {
+        for cq in [&raw mut (*id).send_cq, &raw mut (*id).recv_cq] {
+            if !(*cq).is_null() {
+                super::objects::ibv_destroy_cq(*cq);
+                *cq = ptr::null_mut();
+            }
+        }
+        for ch in [
+            &raw mut (*id).send_cq_channel,
+            &raw mut (*id).recv_cq_channel,
+        ] {
+            if !(*ch).is_null() {
+                super::objects::ibv_destroy_comp_channel(*ch);
+                *ch = ptr::null_mut();
+            }
+        }
+    }
+}
+
 export!(
     "RDMACM_1.0",
     /// `rdma_create_qp`: an RC QP on the id's device (on a PD of the library's when `pd` is
-    /// NULL), brought to INIT so that receives can be posted. The CQs must be given.
+    /// NULL), brought to INIT so that receives can be posted. Without CQs in the attributes it
+    /// gets its own, with completion channels, as librdmacm's `ucma_create_cqs` makes them.
     fn rdma_create_qp(
         id: *mut sys::rdma_cm_id,
         pd: *mut sys::ibv_pd,
@@ -1410,12 +1587,16 @@ export!(
             if !live(id) {
                 return;
             }
-            // SAFETY: a live id of ours; its QP is ours.
+            // SAFETY: a live id of ours; its QP is ours, and so are its CQs when
+            // `rdma_create_qp` made them.
             unsafe {
                 let qp = (*id).qp;
                 if !qp.is_null() {
                     super::objects::ibv_destroy_qp(qp);
                     (*id).qp = ptr::null_mut();
+                }
+                if std::mem::take(&mut state(id).own_cqs) {
+                    free_cqs(id);
                 }
             }
         });
@@ -1467,88 +1648,96 @@ export!(
     /// `rdma_establish`.
     fn rdma_connect(id: *mut sys::rdma_cm_id, conn_param_in: *mut sys::rdma_conn_param) -> c_int {
         guard(-1, || {
-            if !live(id) {
-                set_errno(libc::EINVAL);
-                return -1;
-            }
-            // SAFETY: NULL or the caller's struct.
-            let p = unsafe { conn_param(conn_param_in) };
-            let mut r = reg();
-            // SAFETY: a live id of ours.
-            let (ctx, qp) = unsafe { ((*id).verbs as usize, (*id).qp) };
-            // SAFETY: as above.
-            let mut st = unsafe { state(id) };
-            let (Some(src), Some(dst), true) = (st.src, st.dst, ctx != 0) else {
-                set_errno(libc::EINVAL);
-                return -1;
-            };
-            let qpn = if qp.is_null() {
-                p.map_or(0, |p| p.qp_num)
-            } else {
-                // SAFETY: the id's live QP.
-                unsafe { (*qp).qp_num }
-            };
-            let dev = match pump(&mut r, ctx) {
-                Ok(d) => d,
-                Err(e) => {
-                    set_errno(e);
+            let rc = (|| {
+                if !live(id) {
+                    set_errno(libc::EINVAL);
                     return -1;
                 }
-            };
-            // SAFETY: a live id of ours.
-            if unsafe { (*id).ps } == sys::RDMA_PS_UDP {
-                // SIDR (cma.c `cma_resolve_ib_udp`): ESTABLISHED with the peer's UD QP and
-                // Q_Key follows its SIDR_REP.
+                // SAFETY: NULL or the caller's struct.
+                let p = unsafe { conn_param(conn_param_in) };
+                let mut r = reg();
+                // SAFETY: a live id of ours.
+                let (ctx, qp) = unsafe { ((*id).verbs as usize, (*id).qp) };
+                // SAFETY: as above.
+                let mut st = unsafe { state(id) };
+                let (Some(src), Some(dst), true) = (st.src, st.dst, ctx != 0) else {
+                    set_errno(libc::EINVAL);
+                    return -1;
+                };
+                let qpn = if qp.is_null() {
+                    p.map_or(0, |p| p.qp_num)
+                } else {
+                    // SAFETY: the id's live QP.
+                    unsafe { (*qp).qp_num }
+                };
+                let dev = match pump(&mut r, ctx) {
+                    Ok(d) => d,
+                    Err(e) => {
+                        set_errno(e);
+                        return -1;
+                    }
+                };
+                // SAFETY: a live id of ours.
+                if unsafe { (*id).ps } == sys::RDMA_PS_UDP {
+                    // SIDR (cma.c `cma_resolve_ib_udp`): ESTABLISHED with the peer's UD QP and
+                    // Q_Key follows its SIDR_REP.
+                    // SAFETY: as for `conn_param`.
+                    let data = unsafe { private_data(p) };
+                    return match dev.cm_sidr_request(dst.ip(), dst.port(), src.port(), &data) {
+                        Ok(comm) => {
+                            st.comm = Some(comm);
+                            st.active = true;
+                            st.sidr = true;
+                            r.sidrs.insert((ctx, comm), id as usize);
+                            0
+                        }
+                        Err(e) => {
+                            say(&format!("rdma_connect (SIDR) to {dst}: {e:#}"));
+                            set_errno(e.errno());
+                            -1
+                        }
+                    };
+                }
+                let psn = random_psn();
+                let mut c = CmConnect::new(
+                    dst.ip(),
+                    dst.port(),
+                    src.port(),
+                    Qpn::new(qpn),
+                    Psn::new(psn),
+                );
+                if let Some(p) = p {
+                    c.responder_resources = p.responder_resources.min(MAX_RD_ATOMIC);
+                    c.initiator_depth = p.initiator_depth.min(MAX_RD_ATOMIC);
+                    c.retry_count = p.retry_count.min(7);
+                    c.rnr_retry_count = p.rnr_retry_count.min(7);
+                    c.srq = p.srq != 0;
+                }
                 // SAFETY: as for `conn_param`.
-                let data = unsafe { private_data(p) };
-                return match dev.cm_sidr_request(dst.ip(), dst.port(), src.port(), &data) {
+                c.private_data = unsafe { private_data(p) };
+                match dev.cm_connect(&c) {
                     Ok(comm) => {
                         st.comm = Some(comm);
                         st.active = true;
-                        st.sidr = true;
-                        r.sidrs.insert((ctx, comm), id as usize);
+                        st.our_psn = psn;
+                        st.responder_resources = c.responder_resources;
+                        st.initiator_depth = c.initiator_depth;
+                        st.retry_count = c.retry_count;
+                        r.conns.insert((ctx, comm), id as usize);
                         0
                     }
                     Err(e) => {
-                        say(&format!("rdma_connect (SIDR) to {dst}: {e:#}"));
+                        say(&format!("rdma_connect to {dst}: {e:#}"));
                         set_errno(e.errno());
                         -1
                     }
-                };
-            }
-            let psn = random_psn();
-            let mut c = CmConnect::new(
-                dst.ip(),
-                dst.port(),
-                src.port(),
-                Qpn::new(qpn),
-                Psn::new(psn),
-            );
-            if let Some(p) = p {
-                c.responder_resources = p.responder_resources.min(MAX_RD_ATOMIC);
-                c.initiator_depth = p.initiator_depth.min(MAX_RD_ATOMIC);
-                c.retry_count = p.retry_count.min(7);
-                c.rnr_retry_count = p.rnr_retry_count.min(7);
-                c.srq = p.srq != 0;
-            }
-            // SAFETY: as for `conn_param`.
-            c.private_data = unsafe { private_data(p) };
-            match dev.cm_connect(&c) {
-                Ok(comm) => {
-                    st.comm = Some(comm);
-                    st.active = true;
-                    st.our_psn = psn;
-                    st.responder_resources = c.responder_resources;
-                    st.initiator_depth = c.initiator_depth;
-                    st.retry_count = c.retry_count;
-                    r.conns.insert((ctx, comm), id as usize);
-                    0
                 }
-                Err(e) => {
-                    say(&format!("rdma_connect to {dst}: {e:#}"));
-                    set_errno(e.errno());
-                    -1
-                }
+            })();
+            // SAFETY: a live id of ours (checked again: the call may have failed on it).
+            if rc == 0 && live(id) {
+                unsafe { sync_complete(id) }
+            } else {
+                rc
             }
         })
     }
@@ -1594,104 +1783,113 @@ export!(
     /// and sends the REP; ESTABLISHED follows the peer's RTU.
     fn rdma_accept(id: *mut sys::rdma_cm_id, conn_param_in: *mut sys::rdma_conn_param) -> c_int {
         guard(-1, || {
-            if !live(id) {
-                set_errno(libc::EINVAL);
-                return -1;
-            }
-            // SAFETY: NULL or the caller's struct.
-            let p = unsafe { conn_param(conn_param_in) };
-            let mut r = reg();
-            // SAFETY: a live id of ours.
-            let (ctx, qp) = unsafe { ((*id).verbs as usize, (*id).qp) };
-            // SAFETY: as above.
-            if let (Some(comm), true, false) = unsafe {
-                let st = state(id);
-                (st.comm, st.sidr, st.active)
-            } {
-                // A SIDR request (cma.c `cma_send_sidr_rep`): our UD QP and the port space's
-                // Q_Key.
+            let rc = (|| {
+                if !live(id) {
+                    set_errno(libc::EINVAL);
+                    return -1;
+                }
+                // SAFETY: NULL or the caller's struct.
+                let p = unsafe { conn_param(conn_param_in) };
+                let mut r = reg();
+                // SAFETY: a live id of ours.
+                let (ctx, qp) = unsafe { ((*id).verbs as usize, (*id).qp) };
+                // SAFETY: as above.
+                if let (Some(comm), true, false) = unsafe {
+                    let st = state(id);
+                    (st.comm, st.sidr, st.active)
+                } {
+                    // A SIDR request (cma.c `cma_send_sidr_rep`): our UD QP and the port space's
+                    // Q_Key.
+                    let qpn = if qp.is_null() {
+                        p.map_or(0, |p| p.qp_num)
+                    } else {
+                        // SAFETY: the id's live QP.
+                        unsafe { (*qp).qp_num }
+                    };
+                    // SAFETY: as for `conn_param`.
+                    let data = unsafe { private_data(p) };
+                    r.sidrs.remove(&(ctx, comm));
+                    return match device_arc(ctx).and_then(|d| {
+                        d.cm_sidr_reply(
+                            comm,
+                            roce::api::SidrStatus::SUCCESS,
+                            Qpn::new(qpn),
+                            roce::ibcm::RDMA_UDP_QKEY,
+                            &data,
+                        )
+                        .map_err(|e| {
+                            say(&format!("rdma_accept (SIDR): {e:#}"));
+                            e.errno()
+                        })
+                    }) {
+                        Ok(()) => 0,
+                        Err(e) => {
+                            set_errno(e);
+                            -1
+                        }
+                    };
+                }
+                let comm = {
+                    // SAFETY: as above.
+                    let mut st = unsafe { state(id) };
+                    let (Some(comm), false) = (st.comm, st.active) else {
+                        set_errno(libc::EINVAL);
+                        return -1;
+                    };
+                    if let Some(p) = p {
+                        // The REQ's offer bounds what we take (IBTA 12.7.29).
+                        if p.responder_resources != u8::MAX {
+                            st.responder_resources =
+                                st.responder_resources.min(p.responder_resources);
+                        }
+                        if p.initiator_depth != u8::MAX {
+                            st.initiator_depth = st.initiator_depth.min(p.initiator_depth);
+                        }
+                    }
+                    st.our_psn = random_psn();
+                    comm
+                };
+                // SAFETY: a live id of ours.
+                if let Err(e) = unsafe { modify(id, sys::IBV_QPS_RTR) }
+                    // SAFETY: as above.
+                    .and_then(|()| unsafe { modify(id, sys::IBV_QPS_RTS) })
+                {
+                    say("rdma_accept: the QP did not take the connection's attributes");
+                    set_errno(e);
+                    return -1;
+                }
                 let qpn = if qp.is_null() {
                     p.map_or(0, |p| p.qp_num)
                 } else {
                     // SAFETY: the id's live QP.
                     unsafe { (*qp).qp_num }
                 };
+                // SAFETY: a live id of ours.
+                let st = unsafe { state(id) };
+                let mut a = CmAccept::new(Qpn::new(qpn), Psn::new(st.our_psn));
+                a.responder_resources = st.responder_resources;
+                a.initiator_depth = st.initiator_depth;
+                if let Some(p) = p {
+                    a.rnr_retry_count = p.rnr_retry_count.min(7);
+                    a.srq = p.srq != 0;
+                }
                 // SAFETY: as for `conn_param`.
-                let data = unsafe { private_data(p) };
-                r.sidrs.remove(&(ctx, comm));
-                return match device_arc(ctx).and_then(|d| {
-                    d.cm_sidr_reply(
-                        comm,
-                        roce::api::SidrStatus::SUCCESS,
-                        Qpn::new(qpn),
-                        roce::ibcm::RDMA_UDP_QKEY,
-                        &data,
-                    )
-                    .map_err(|e| {
-                        say(&format!("rdma_accept (SIDR): {e:#}"));
-                        e.errno()
-                    })
-                }) {
+                a.private_data = unsafe { private_data(p) };
+                drop(st);
+                drop(r);
+                match device_arc(ctx).and_then(|d| d.cm_accept(comm, &a).map_err(|e| e.errno())) {
                     Ok(()) => 0,
                     Err(e) => {
                         set_errno(e);
                         -1
                     }
-                };
-            }
-            let comm = {
-                // SAFETY: as above.
-                let mut st = unsafe { state(id) };
-                let (Some(comm), false) = (st.comm, st.active) else {
-                    set_errno(libc::EINVAL);
-                    return -1;
-                };
-                if let Some(p) = p {
-                    // The REQ's offer bounds what we take (IBTA 12.7.29).
-                    if p.responder_resources != u8::MAX {
-                        st.responder_resources = st.responder_resources.min(p.responder_resources);
-                    }
-                    if p.initiator_depth != u8::MAX {
-                        st.initiator_depth = st.initiator_depth.min(p.initiator_depth);
-                    }
                 }
-                st.our_psn = random_psn();
-                comm
-            };
-            // SAFETY: a live id of ours.
-            if let Err(e) = unsafe { modify(id, sys::IBV_QPS_RTR) }
-                // SAFETY: as above.
-                .and_then(|()| unsafe { modify(id, sys::IBV_QPS_RTS) })
-            {
-                say("rdma_accept: the QP did not take the connection's attributes");
-                set_errno(e);
-                return -1;
-            }
-            let qpn = if qp.is_null() {
-                p.map_or(0, |p| p.qp_num)
+            })();
+            // SAFETY: a live id of ours (checked again: the call may have failed on it).
+            if rc == 0 && live(id) {
+                unsafe { sync_complete(id) }
             } else {
-                // SAFETY: the id's live QP.
-                unsafe { (*qp).qp_num }
-            };
-            // SAFETY: a live id of ours.
-            let st = unsafe { state(id) };
-            let mut a = CmAccept::new(Qpn::new(qpn), Psn::new(st.our_psn));
-            a.responder_resources = st.responder_resources;
-            a.initiator_depth = st.initiator_depth;
-            if let Some(p) = p {
-                a.rnr_retry_count = p.rnr_retry_count.min(7);
-                a.srq = p.srq != 0;
-            }
-            // SAFETY: as for `conn_param`.
-            a.private_data = unsafe { private_data(p) };
-            drop(st);
-            drop(r);
-            match device_arc(ctx).and_then(|d| d.cm_accept(comm, &a).map_err(|e| e.errno())) {
-                Ok(()) => 0,
-                Err(e) => {
-                    set_errno(e);
-                    -1
-                }
+                rc
             }
         })
     }
@@ -1764,31 +1962,39 @@ export!(
     /// already it only moves the QP, as the kernel answers with the DREP it sent.
     fn rdma_disconnect(id: *mut sys::rdma_cm_id) -> c_int {
         guard(-1, || {
-            if !live(id) {
-                set_errno(libc::EINVAL);
-                return -1;
+            let rc = (|| {
+                if !live(id) {
+                    set_errno(libc::EINVAL);
+                    return -1;
+                }
+                let _r = reg();
+                // SAFETY: a live id of ours.
+                unsafe { qp_to_error(id) };
+                // SAFETY: as above.
+                let ctx = unsafe { (*id).verbs } as usize;
+                // SAFETY: as above.
+                let Some(comm) = (unsafe { state(id).comm }) else {
+                    set_errno(libc::EINVAL);
+                    return -1;
+                };
+                let Ok(d) = device_arc(ctx) else {
+                    set_errno(libc::EINVAL);
+                    return -1;
+                };
+                if d.cm_state(comm) == Some(CmState::Established)
+                    && let Err(e) = d.cm_disconnect(comm, &[])
+                {
+                    set_errno(e.errno());
+                    return -1;
+                }
+                0
+            })();
+            // SAFETY: a live id of ours (checked again: the call may have failed on it).
+            if rc == 0 && live(id) {
+                unsafe { sync_complete(id) }
+            } else {
+                rc
             }
-            let _r = reg();
-            // SAFETY: a live id of ours.
-            unsafe { qp_to_error(id) };
-            // SAFETY: as above.
-            let ctx = unsafe { (*id).verbs } as usize;
-            // SAFETY: as above.
-            let Some(comm) = (unsafe { state(id).comm }) else {
-                set_errno(libc::EINVAL);
-                return -1;
-            };
-            let Ok(d) = device_arc(ctx) else {
-                set_errno(libc::EINVAL);
-                return -1;
-            };
-            if d.cm_state(comm) == Some(CmState::Established)
-                && let Err(e) = d.cm_disconnect(comm, &[])
-            {
-                set_errno(e.errno());
-                return -1;
-            }
-            0
         })
     }
 );
@@ -2217,6 +2423,168 @@ fn sidr_request(
 
 // ---------------------------------------------------------------------------------------
 // Addresses, options, devices
+export!(
+    "RDMACM_1.0",
+    /// `rdma_create_ep`: an id in synchronous mode for `res` (librdmacm's convenience call,
+    /// as rdma_server and rdma_client use it). Passive (`RAI_PASSIVE`): bound to the source
+    /// address, with `pd` and `qp_init_attr` kept for the ids [`rdma_get_request`] hands out.
+    /// Active: the address and route resolved (waiting for each), and a QP made when
+    /// `qp_init_attr` is given. On failure nothing is left and errno says why.
+    fn rdma_create_ep(
+        id: *mut *mut sys::rdma_cm_id,
+        res: *mut sys::rdma_addrinfo,
+        pd: *mut sys::ibv_pd,
+        qp_init_attr: *mut sys::ibv_qp_init_attr,
+    ) -> c_int {
+        guard(-1, || {
+            if id.is_null() || res.is_null() {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            // SAFETY: the caller's rdma_addrinfo.
+            let r = unsafe { &*res };
+            let ps = match u32::try_from(r.ai_port_space) {
+                Ok(0) | Err(_) => sys::RDMA_PS_TCP,
+                Ok(p) => p,
+            };
+            let mut made = ptr::null_mut();
+            // SAFETY: a local out pointer; NULL channel: synchronous mode.
+            if unsafe { rdma_create_id(ptr::null_mut(), &raw mut made, ptr::null_mut(), ps) } != 0 {
+                return -1;
+            }
+            let fail = |made: *mut sys::rdma_cm_id| {
+                // SAFETY: errno of the failed step survives the cleanup.
+                let e = unsafe { *libc::__errno_location() };
+                // SAFETY: the id made above, with whatever QP it got.
+                unsafe {
+                    rdma_destroy_qp(made);
+                    rdma_destroy_id(made);
+                }
+                set_errno(e);
+                -1
+            };
+            if !qp_init_attr.is_null() {
+                // As librdmacm's `rdma_create_ep`: the QP's type is the id's (its port space's).
+                // SAFETY: the caller's attributes and the id just made.
+                unsafe { (*qp_init_attr).qp_type = (*made).qp_type };
+            }
+            let passive = r.ai_flags & sys::RAI_PASSIVE as c_int != 0;
+            let ok = if passive {
+                // SAFETY: the id just made; the caller's source address (or NULL).
+                let bound = r.ai_src_addr.is_null()
+                    || unsafe { rdma_bind_addr(made, r.ai_src_addr.cast()) } == 0;
+                if bound && !qp_init_attr.is_null() {
+                    // SAFETY: as above; the caller's attributes, copied.
+                    unsafe { state(made).ep_qp = Some((pd as usize, *qp_init_attr)) };
+                }
+                bound
+            } else {
+                // SAFETY: the id just made; the caller's addresses; 2 s as librdmacm waits.
+                unsafe {
+                    rdma_resolve_addr(made, r.ai_src_addr.cast(), r.ai_dst_addr.cast(), 2000) == 0
+                        && rdma_resolve_route(made, 2000) == 0
+                        && (qp_init_attr.is_null() || rdma_create_qp(made, pd, qp_init_attr) == 0)
+                }
+            };
+            if !ok {
+                return fail(made);
+            }
+            // SAFETY: the caller's out pointer.
+            unsafe { id.write(made) };
+            0
+        })
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_get_request`: waits on a listening id in synchronous mode for the next
+    /// connection request and hands out its id, in synchronous mode too, with a QP made from
+    /// `rdma_create_ep`'s attributes when the listener has them; the request's event stays on
+    /// the new id (`id->event`: the peer's private data and parameters). EINVAL for an id
+    /// with a channel of the program's (use `rdma_get_cm_event` there).
+    fn rdma_get_request(listen: *mut sys::rdma_cm_id, id: *mut *mut sys::rdma_cm_id) -> c_int {
+        guard(-1, || {
+            // SAFETY: checked live first.
+            if id.is_null() || !live(listen) || !unsafe { state(listen) }.sync {
+                set_errno(libc::EINVAL);
+                return -1;
+            }
+            let mut ev = ptr::null_mut();
+            // SAFETY: the listener's own channel and a local out pointer.
+            if unsafe { rdma_get_cm_event((*listen).channel, &raw mut ev) } != 0 {
+                return -1;
+            }
+            // SAFETY: `ev` was just handed out.
+            let (kind, status, new) = unsafe { ((*ev).event, (*ev).status, (*ev).id) };
+            let refuse = |e: c_int| {
+                // SAFETY: the event taken above, acked once.
+                unsafe { rdma_ack_cm_event(ev) };
+                set_errno(e);
+                -1
+            };
+            if status != 0 {
+                return refuse(status.abs());
+            }
+            if kind != sys::RDMA_CM_EVENT_CONNECT_REQUEST || !live(new) {
+                return refuse(libc::EINVAL);
+            }
+            // The new id leaves the listener's channel for one of its own (librdmacm's
+            // `ucma_process_conn_req` migrates it for a synchronous listener).
+            let chan = make_channel();
+            if chan.is_null() {
+                return refuse(libc::ENOMEM);
+            }
+            // SAFETY: a live id of ours, just handed over by the event.
+            unsafe {
+                (*new).channel = chan;
+                state(new).sync = true;
+            }
+            // SAFETY: a live listener.
+            let ep = unsafe { state(listen) }.ep_qp;
+            if let Some((pd, mut attr)) = ep
+                // SAFETY: the new id; the listener's PD (or NULL) and a copy of its attributes.
+                && unsafe { rdma_create_qp(new, pd as *mut sys::ibv_pd, &raw mut attr) } != 0
+            {
+                // SAFETY: as above.
+                let e = unsafe { *libc::__errno_location() };
+                // SAFETY: the request's id, refused and destroyed (the peer hears a REJ).
+                unsafe {
+                    rdma_ack_cm_event(ev);
+                    rdma_reject(new, ptr::null(), 0);
+                    rdma_destroy_id(new);
+                }
+                set_errno(e);
+                return -1;
+            }
+            // SAFETY: the new id keeps its request event; the caller's out pointer.
+            unsafe {
+                (*new).event = ev;
+                id.write(new);
+            }
+            0
+        })
+    }
+);
+
+export!(
+    "RDMACM_1.0",
+    /// `rdma_destroy_ep`: destroys the id's QP (and the CQs `rdma_create_qp` made for it),
+    /// then the id, as librdmacm does.
+    fn rdma_destroy_ep(id: *mut sys::rdma_cm_id) -> () {
+        guard((), || {
+            if !live(id) {
+                return;
+            }
+            // SAFETY: a live id of ours.
+            unsafe {
+                rdma_destroy_qp(id);
+                rdma_destroy_id(id);
+            }
+        });
+    }
+);
+
 // ---------------------------------------------------------------------------------------
 
 export!(
@@ -2470,8 +2838,6 @@ unsupported!(
     "RDMACM_1.0",
     c_int,
     -1,
-    rdma_create_ep,
-    rdma_get_request,
     rdma_create_srq,
     rdma_create_srq_ex,
     rdma_join_multicast,
@@ -2517,4 +2883,4 @@ unsupported!(
     riowrite,
 );
 unsupported!("RDMACM_1.0", libc::off_t, -1, riomap);
-unsupported!("RDMACM_1.0", (), (), rdma_destroy_ep, rdma_destroy_srq);
+unsupported!("RDMACM_1.0", (), (), rdma_destroy_srq);
