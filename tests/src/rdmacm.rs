@@ -29,6 +29,19 @@ pub fn server_and_client(
     server: &[String],
     client: &[String],
 ) -> (String, String) {
+    servers_client(pair, (prog, server), (prog, client))
+}
+
+/// [`server_and_client`] for a server and a client that are different programs (rdma_server
+/// and rdma_client), each given as (program, arguments).
+///
+/// # Panics
+/// As [`server_and_client`].
+pub fn servers_client(
+    pair: &VethPair,
+    (prog, server): (&str, &[String]),
+    (client_prog, client): (&str, &[String]),
+) -> (String, String) {
     let s = ours(&pair.a, prog, server);
     let limit = Duration::from_secs(90);
     let mut attempts = 0;
@@ -36,15 +49,16 @@ pub fn server_and_client(
         attempts += 1;
         std::thread::sleep(Duration::from_millis(500));
         let c = crate::child::finish_within(
-            ours(&pair.b, prog, client),
+            ours(&pair.b, client_prog, client),
             limit,
-            &format!("{prog} client"),
+            &format!("{client_prog} client"),
         );
         let out = text(&c);
         let early = out.contains("REJECTED")
             || out.contains("UNREACHABLE")
             || out.contains("Unable to Connect")
-            || out.contains("Failed to connect");
+            || out.contains("Failed to connect")
+            || out.contains("Connection refused");
         if c.status.success() || !early || attempts >= 30 {
             break c;
         }

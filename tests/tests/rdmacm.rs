@@ -4,7 +4,8 @@
 //! - every `rdma_*` and rsocket symbol the Debian binaries import is defined with the version
 //!   node they require, the library defines every symbol of Debian's librdmacm1 44, and the
 //!   binaries load on it with every symbol bound (`ldd -r`);
-//! - `rping -V` (every ping verified), `ucmatose` (several connections, sends both ways) and
+//! - `rping -V` (every ping verified), `ucmatose` (several connections, sends both ways),
+//!   `rdma_server`/`rdma_client` (librdmacm's synchronous mode) and
 //!   `ib_write_bw -R` (perftest connecting through RDMA CM) at both ends of a veth pair, each
 //!   end on roce-xdp (rping over IPv4 and IPv6), and the interfaces left clean;
 //! - `udaddy` (the UDP port space: UD QPs resolved by SIDR, then UD SENDs both ways) at both
@@ -21,7 +22,7 @@ use std::{
 use roce::netns::VethEnd;
 use roce_tests::{
     Loaded,
-    rdmacm::{args, server_and_client},
+    rdmacm::{args, server_and_client, servers_client},
     require_root, veth_pair,
 };
 
@@ -201,6 +202,17 @@ fn rping_ucmatose_and_perftest_connect_through_the_library_at_both_ends() {
     );
     assert_eq!(pings(&c), 50, "client over IPv6:\n{c}");
     assert_eq!(pings(&s), 50, "server over IPv6:\n{s}");
+
+    // rdma_server and rdma_client: librdmacm's synchronous mode (rdma_create_ep,
+    // rdma_get_request, rdma_verbs.h's post and completion helpers), one message each way.
+    let sync_args = args(&["-s", &server_ip, "-p", "7178"]);
+    let (c, s) = servers_client(
+        &pair,
+        ("rdma_server", &sync_args),
+        ("rdma_client", &sync_args),
+    );
+    assert!(c.contains("rdma_client: end 0"), "{c}");
+    assert!(s.contains("rdma_server: end 0"), "{s}");
 
     // perftest's ib_write_bw connecting with RDMA CM: 500 writes of 64 KiB.
     let dev = |end: &VethEnd| format!("roce_{}", end.ifname);
