@@ -250,6 +250,59 @@ impl DcqcnConfig {
     }
 }
 
+impl DcqcnConfig {
+    /// The names [`DcqcnConfig::profile`] knows, for help texts: `mlx5` (the defaults) and
+    /// `software`.
+    pub const PROFILES: [&'static str; 2] = ["mlx5", "software"];
+
+    /// The DCQCN defaults of a named profile (`--cc-profile`): `mlx5` is [`Default`] (a
+    /// ConnectX-5's firmware values); `software` is [`DcqcnConfig::software`]. `None` for an
+    /// unknown name ([`DcqcnConfig::PROFILES`] lists them). Every parameter can still be changed by its
+    /// mlx5 name afterwards ([`DcqcnConfig::set`]).
+    #[must_use]
+    pub fn profile(name: &str) -> Option<Self> {
+        match name {
+            "mlx5" => Some(Self::default()),
+            "software" => Some(Self::software()),
+            _ => None,
+        }
+    }
+
+    /// DCQCN for an endpoint whose NP and RP run in software threads on a shared host
+    /// (docs/cc-software.md has the reasoning and the measurements).
+    ///
+    /// A NIC serves its DCQCN timers within microseconds; a thread is served when the
+    /// scheduler runs it, and on a busy core that is once per time slice (Linux EEVDF's base
+    /// slice, `kernel.sched_base_slice_ns`: 0.75 ms × (1 + log2 CPUs), 3 ms on 8 CPUs). The
+    /// feedback loop (mark → CNP → cut) then takes a slice or more, so the parameters that
+    /// assume a microsecond loop change:
+    /// - `rpg_time_reset` 300 → 3000 µs: a rate increase per timer period must not come
+    ///   sooner than the CNPs that would stop it can (after a stall the timer fires every
+    ///   missed period at once, and ten periods of hyper increase undo any cut);
+    /// - `rpg_byte_reset` 32767 → 131072 bytes: the byte counter likewise (at 200 Mb/s a
+    ///   32 KiB counter fires every 1.3 ms, faster than the loop);
+    /// - `rpg_threshold` 1 → 5 (the paper's F): five increase events of fast recovery before
+    ///   additive increase, so one quiet slice does not start hyper increase;
+    /// - `dce_tcp_rtt` 1 → 100 µs: with mlx5's 1 µs α timer α decays by half in 0.14 ms, long
+    ///   before the next CNP of a millisecond loop, and cuts become negligible; 100 µs gives a
+    ///   half-life of 14 ms, near the paper's (g = 1/256 per 55 µs: 10 ms);
+    /// - `rate_reduce_monitor_period` 4 → 100 µs and `min_time_between_cnps` 2 → 50 µs (the
+    ///   paper's N): CNPs and cuts at most every 50/100 µs of arrival time, so a late batch of
+    ///   marked packets yields a few CNPs, not one per packet.
+    #[must_use]
+    pub fn software() -> Self {
+        Self {
+            rpg_time_reset: 3000,
+            rpg_byte_reset: 131_072,
+            rpg_threshold: 5,
+            dce_tcp_rtt: 100,
+            rate_reduce_monitor_period: 100,
+            min_time_between_cnps: 50,
+            ..Self::default()
+        }
+    }
+}
+
 /// Mb/s to bits/s.
 pub(crate) const fn mbps(v: u32) -> u64 {
     v as u64 * 1_000_000
@@ -278,6 +331,39 @@ mod tests {
         assert_eq!(c.get("min_time_between_cnps"), Some(2));
         assert_eq!(c.get("cnp_dscp"), Some(48));
         assert_eq!(c.get("nope"), None);
+    }
+
+    #[test]
+    fn profiles_by_name_differ_only_in_the_documented_timers() {
+        assert_eq!(DcqcnConfig::profile("mlx5"), Some(DcqcnConfig::default()));
+        assert_eq!(DcqcnConfig::profile("nope"), None);
+        let sw = DcqcnConfig::profile("software").unwrap();
+        sw.validate().unwrap();
+        let mlx5 = DcqcnConfig::default();
+        let differ: Vec<_> = DcqcnConfig::NAMES
+            .iter()
+            .filter(|n| sw.get(n) != mlx5.get(n))
+            .map(|n| (*n, sw.get(n).unwrap()))
+            .collect();
+        assert_eq!(
+            differ,
+            [
+                ("rpg_time_reset", 3000),
+                ("rpg_byte_reset", 131_072),
+                ("rpg_threshold", 5),
+                ("dce_tcp_rtt", 100),
+                ("rate_reduce_monitor_period", 100),
+                ("min_time_between_cnps", 50),
+            ]
+        );
+        assert_eq!(
+            (sw.rp_enabled, sw.np_enabled, sw.loss_backoff),
+            (true, true, false)
+        );
+        // Still settable by the mlx5 names.
+        let mut c = sw;
+        c.set("rpg_time_reset", 500).unwrap();
+        assert_eq!(c.rpg_time_reset, 500);
     }
 
     #[test]
