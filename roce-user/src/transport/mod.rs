@@ -983,8 +983,9 @@ impl Device {
     /// batches, possibly long after they arrived on a busy host). The notification point
     /// decides CNPs by `arrival` (DCQCN: at most one CNP per `min_time_between_cnps` of
     /// *arrivals*, as a NIC's NP sees them), so a batch handled late still yields one CNP per
-    /// marked packet as the interval allows; everything else runs at `now`, which never goes
-    /// backwards.
+    /// marked packet as the interval allows. The reaction point takes CNPs at `arrival` too
+    /// (`rate_reduce_monitor_period` between arrivals). Everything else runs at `now`, which
+    /// never goes backwards.
     pub fn handle_packet_at(&mut self, now: Instant, arrival: Instant, frame: &mut [u8]) {
         self.counters.rcvd_pkts += 1;
         let parsed = crate::wire::parse_frame_in_place(frame);
@@ -1051,8 +1052,10 @@ impl Device {
     ) {
         let hdr = &pkt.repr.bth;
         if hdr.opcode == Opcode::CNP {
-            // Congestion notifications go to the QP's reaction point (transport/cc.rs).
-            self.cc_on_cnp(now, hdr.dest_qp, addrs);
+            // Congestion notifications go to the QP's reaction point (transport/cc.rs), at
+            // their arrival time: CNPs handled in one late batch are as far apart as they
+            // came, and `rate_reduce_monitor_period` measures that.
+            self.cc_on_cnp(arrival, hdr.dest_qp, addrs);
             return;
         }
         // The extended headers present must be exactly the opcode's, and a payload only where

@@ -161,3 +161,38 @@ fn np_decides_cnps_by_arrival_time_not_by_handling_time() {
         assert_eq!(h.mem(0, 4), vec![1; 4], "the writes were executed");
     }
 }
+
+/// The reaction point's side of the same: five CNPs that arrived 50 µs apart but are handled
+/// in one late batch each cut the rate (`rate_reduce_monitor_period`, 4 µs, counts arrivals);
+/// handled with one time for all, only the first cuts and four are ignored.
+#[test]
+fn rp_takes_cnps_at_their_arrival_time() {
+    for (stamped, handled_want) in [(true, 5u64), (false, 1)] {
+        let mut h = h();
+        let handled = Instant::from_micros(5_000);
+        let addrs = Some((IpAddr::V4(ip(Side::A)), IpAddr::V4(ip(Side::B))));
+        let rate_before = h.d.qp(h.qpn).unwrap().congestion().unwrap().snapshot();
+        for i in 0..5u64 {
+            let pkt = RxPkt {
+                repr: RoceRepr::cnp(h.qpn),
+                payload: &[0; 16],
+                ce: false,
+                ip: None,
+            };
+            let arrival = if stamped {
+                Instant::from_micros(1_000 + 50 * i)
+            } else {
+                handled
+            };
+            h.d.handle_decoded_at(handled, arrival, &pkt, addrs);
+        }
+        let cc = h.d.qp(h.qpn).unwrap().congestion().unwrap();
+        let s = cc.stats();
+        assert_eq!(
+            (s.rp_cnp_handled, s.rp_cnp_ignored),
+            (handled_want, 5 - handled_want),
+            "stamped: {stamped}"
+        );
+        assert!(cc.snapshot().rate_bps < rate_before.rate_bps);
+    }
+}
