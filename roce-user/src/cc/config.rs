@@ -269,35 +269,22 @@ impl DcqcnConfig {
     }
 
     /// DCQCN for an endpoint whose NP and RP run in software threads on a shared host
-    /// (docs/cc-software.md has the reasoning and the measurements).
+    /// (docs/cc-software.md has the reasoning and the measurements): [`Default`] with
+    /// `rpg_time_reset` 300 → 1500 µs.
     ///
     /// A NIC serves its DCQCN timers within microseconds; a thread is served when the
     /// scheduler runs it, and on a busy core that is once per time slice (Linux EEVDF's base
-    /// slice, `kernel.sched_base_slice_ns`: 0.75 ms × (1 + log2 CPUs), 3 ms on 8 CPUs). The
-    /// feedback loop (mark → CNP → cut) then takes a slice or more, so the parameters that
-    /// assume a microsecond loop change:
-    /// - `rpg_time_reset` 300 → 3000 µs: a rate increase per timer period must not come
-    ///   sooner than the CNPs that would stop it can (after a stall the timer fires every
-    ///   missed period at once, and ten periods of hyper increase undo any cut);
-    /// - `rpg_byte_reset` 32767 → 131072 bytes: the byte counter likewise (at 200 Mb/s a
-    ///   32 KiB counter fires every 1.3 ms, faster than the loop);
-    /// - `rpg_threshold` 1 → 5 (the paper's F): five increase events of fast recovery before
-    ///   additive increase, so one quiet slice does not start hyper increase;
-    /// - `dce_tcp_rtt` 1 → 100 µs: with mlx5's 1 µs α timer α decays by half in 0.14 ms, long
-    ///   before the next CNP of a millisecond loop, and cuts become negligible; 100 µs gives a
-    ///   half-life of 14 ms, near the paper's (g = 1/256 per 55 µs: 10 ms);
-    /// - `rate_reduce_monitor_period` 4 → 100 µs and `min_time_between_cnps` 2 → 50 µs (the
-    ///   paper's N): CNPs and cuts at most every 50/100 µs of arrival time, so a late batch of
-    ///   marked packets yields a few CNPs, not one per packet.
+    /// slice, 0.75 ms × (1 + log2 CPUs): 1.5 ms on 2 CPUs, 3 ms on 8). With arrival stamps
+    /// (roce_xdp's, see `roce_common::stamp`) the NP and the RP measure
+    /// `min_time_between_cnps` and `rate_reduce_monitor_period` between arrivals, as a NIC
+    /// does, and the α timer catches up by elapsed time, so those keep mlx5's values. The rate
+    /// increase timer is the one a stall breaks: after a slice without CPU it fires every
+    /// missed period at once, with no CNP able to arrive in between, and a few periods of
+    /// hyper increase undo any cut. At 1500 µs it is at least a slice on small hosts.
     #[must_use]
     pub fn software() -> Self {
         Self {
-            rpg_time_reset: 3000,
-            rpg_byte_reset: 131_072,
-            rpg_threshold: 5,
-            dce_tcp_rtt: 100,
-            rate_reduce_monitor_period: 100,
-            min_time_between_cnps: 50,
+            rpg_time_reset: 1500,
             ..Self::default()
         }
     }
@@ -345,17 +332,7 @@ mod tests {
             .filter(|n| sw.get(n) != mlx5.get(n))
             .map(|n| (*n, sw.get(n).unwrap()))
             .collect();
-        assert_eq!(
-            differ,
-            [
-                ("rpg_time_reset", 3000),
-                ("rpg_byte_reset", 131_072),
-                ("rpg_threshold", 5),
-                ("dce_tcp_rtt", 100),
-                ("rate_reduce_monitor_period", 100),
-                ("min_time_between_cnps", 50),
-            ]
-        );
+        assert_eq!(differ, [("rpg_time_reset", 1500)]);
         assert_eq!(
             (sw.rp_enabled, sw.np_enabled, sw.loss_backoff),
             (true, true, false)
