@@ -392,6 +392,8 @@ counter_struct! {
         rx_oversize,
         /// Transmitted packets longer than a frame, split over several descriptors (multi-buffer).
         tx_multi_buffer,
+        /// Received packets without an arrival stamp from roce_xdp in front of them (metadata unsupported by the driver, or another program): their arrival time is when user space took them.
+        rx_no_stamp,
     }
 }
 

@@ -12,6 +12,7 @@ pub mod impair;
 pub mod log;
 pub mod maps;
 pub mod opcode;
+pub mod stamp;
 
 /// The IANA-assigned UDP destination port of RoCE v2 (IBA Annex A17.2.1).
 pub const ROCE_V2_UDP_PORT: u16 = 4791;

@@ -3,7 +3,9 @@
 //! It parses Ethernet (up to two VLAN tags), IPv4 (options allowed, fragments never RoCE) or IPv6
 //! (a bounded chain of extension headers), UDP to the RoCE v2 port and the BTH. RoCE packets for
 //! the QPs in `ROCE_QPS` go to the AF_XDP socket of their RX queue; malformed RoCE is dropped and
-//! counted under a stable reason; everything else goes on to the kernel untouched.
+//! counted under a stable reason; everything else goes on to the kernel untouched. A frame it
+//! redirects carries its arrival time in XDP metadata in front of it (`roce_common::stamp`),
+//! so that user space can act on when a packet arrived rather than when it got to it.
 //!
 //! Every frame is counted once in `rx_packets` and once under exactly one verdict counter of
 //! `ROCE_XDP_STATS` (see `roce_common::counters::XdpStats`).
@@ -17,6 +19,8 @@
 // program so that the same sources are linted everywhere.
 #![cfg_attr(target_arch = "bpf", no_std)]
 #![cfg_attr(target_arch = "bpf", no_main)]
+// The arrival stamp is one 8-byte store in inline assembly (see `stamp_arrival`).
+#![cfg_attr(target_arch = "bpf", feature(asm_experimental_arch))]
 #![cfg_attr(
     not(target_arch = "bpf"),
     allow(dead_code, reason = "only built for BPF")
@@ -26,6 +30,7 @@ use aya_ebpf::{
     Global,
     bindings::xdp_action,
     btf_maps::{Array, HashMap, PerCpuArray, XskMap},
+    helpers::generated::{bpf_ktime_get_ns, bpf_xdp_adjust_meta},
     macros::{btf_map, xdp},
     programs::XdpContext,
 };
@@ -44,6 +49,7 @@ use roce_common::{
         QpStatsRecord, XskQueueRecord,
     },
     opcode::{EXT_LEN_UNKNOWN, Opcode, XDP_NO_PAYLOAD, XDP_OPCODE_TABLE},
+    stamp,
 };
 use roce_ebpf::log::FrameRecord;
 
@@ -325,6 +331,46 @@ fn log_rare(ctx: &XdpContext, code: u32, at: At) {
     roce_ebpf::log::write(&rec);
 }
 
+/// Writes the arrival stamp (`roce_common::stamp`: the magic and `bpf_ktime_get_ns`) into
+/// [`stamp::STAMP_LEN`] bytes of XDP metadata in front of the frame. Call for a frame about to
+/// be redirected to an AF_XDP socket, which finds the stamp in front of the packet; two helper
+/// calls and one store. Where the driver supports no metadata, `bpf_xdp_adjust_meta` fails and
+/// nothing is written (user space then counts the frame in `rx_no_stamp`).
+#[inline(always)]
+fn stamp_arrival(ctx: &XdpContext) {
+    // SAFETY: `ctx.ctx` is the program's own context pointer; the helper only moves
+    // `data_meta` within the frame's headroom, or fails.
+    if unsafe { bpf_xdp_adjust_meta(ctx.ctx, -(stamp::STAMP_LEN as i32)) } != 0 {
+        return;
+    }
+    let (meta, data) = (ctx.metadata(), ctx.data());
+    if meta + stamp::STAMP_LEN > data {
+        return;
+    }
+    // SAFETY: the helper takes no arguments and only reads the clock.
+    let now = unsafe { bpf_ktime_get_ns() };
+    let word = stamp::encode(now);
+    // One 8-byte store, written as the instruction itself: Rust's `write_unaligned` becomes
+    // eight byte stores and their shifts on BPF (LLVM assumes no unaligned access there),
+    // while the verifier allows a packet store at any alignment where the CPU does
+    // (`check_pkt_ptr_alignment`: strict only without efficient unaligned access), and the
+    // verifier pointer arithmetic rules forbid testing the pointer's alignment first.
+    #[cfg(target_arch = "bpf")]
+    // SAFETY: `meta..meta + STAMP_LEN` was checked to lie before `data`, inside the metadata
+    // area the helper just reserved in the frame's headroom, which nothing else reads or
+    // writes during this program run; the asm stores 8 bytes there and touches nothing else.
+    unsafe {
+        core::arch::asm!(
+            "*(u64 *)({p} + 0) = {v}",
+            p = in(reg) meta,
+            v = in(reg) word,
+            options(nostack, preserves_flags),
+        );
+    }
+    #[cfg(not(target_arch = "bpf"))]
+    let _ = (meta, word);
+}
+
 /// The XDP entry point: classify, count once, act.
 #[xdp]
 pub fn roce_xdp(ctx: XdpContext) -> u32 {
@@ -372,6 +418,7 @@ pub fn roce_xdp(ctx: XdpContext) -> u32 {
             }
             let ours = dest_qp < MAX_QPS && ROCE_QPS.get(dest_qp).is_some_and(|e| e.owner != 0);
             if ours {
+                stamp_arrival(&ctx);
                 let queue = ctx.rx_queue_index();
                 match ROCE_XSKS.redirect(queue, u64::from(xdp_action::XDP_PASS)) {
                     Ok(action) if action == xdp_action::XDP_REDIRECT => {

@@ -14,6 +14,7 @@ use roce_common::{
         QpEntry,
     },
     opcode::Opcode,
+    stamp,
 };
 use roce_tests::{Frame, Ip, require_root};
 
@@ -67,6 +68,26 @@ impl Prog {
         };
         let r = prog.test_run(opts).expect("BPF_PROG_TEST_RUN");
         (r.return_value, self.stats().saturating_sub(&before))
+    }
+
+    /// Runs the program on `frame` and returns its action and the output the kernel gives
+    /// back: from `data_meta` to `data_end`, so any metadata the program wrote comes first.
+    fn run_out(&self, frame: &[u8]) -> (u32, Vec<u8>) {
+        let prog: &Xdp = self
+            .ebpf
+            .program(PROG_ROCE_XDP)
+            .unwrap()
+            .try_into()
+            .unwrap();
+        let mut out = vec![0u8; frame.len() + 512];
+        let opts = TestRunOptions {
+            data_in: Some(frame),
+            data_out: Some(&mut out),
+            ..TestRunOptions::default()
+        };
+        let r = prog.test_run(opts).expect("BPF_PROG_TEST_RUN");
+        out.truncate(r.data_size_out as usize);
+        (r.return_value, out)
     }
 }
 
@@ -650,4 +671,57 @@ fn udp_port_is_a_load_time_global() {
             ),
         ],
     );
+}
+
+/// Issue 20: a frame roce_xdp redirects carries its arrival time (`bpf_ktime_get_ns`,
+/// CLOCK_MONOTONIC) in `STAMP_LEN` bytes of XDP metadata right in front of it
+/// (`roce_common::stamp`). BPF_PROG_TEST_RUN's output starts at `data_meta`, so for our QP it
+/// is the stamp followed by the unchanged frame; the redirect itself falls back to the kernel
+/// here (no socket in ROCE_XSKS), after the stamp was written. Frames the program passes or
+/// drops get no metadata.
+#[test]
+fn redirected_frames_carry_an_arrival_stamp_in_metadata() {
+    let prog = Prog::new(4791, FLAG_DROP_FOREIGN);
+    let frame = Frame::default().build();
+    for _ in 0..3 {
+        let before = roce::xsk::monotonic_ns();
+        let (action, out) = prog.run_out(&frame);
+        let after = roce::xsk::monotonic_ns();
+        assert_eq!(action, XDP_PASS, "redirect without a socket falls back");
+        assert_eq!(
+            out.len(),
+            frame.len() + stamp::STAMP_LEN,
+            "metadata in front"
+        );
+        assert_eq!(
+            &out[stamp::STAMP_LEN..],
+            &frame[..],
+            "the frame is unchanged"
+        );
+        let word = u64::from_ne_bytes(out[..stamp::STAMP_LEN].try_into().unwrap());
+        assert_eq!(word >> stamp::STAMP_BITS, u64::from(stamp::STAMP_MAGIC));
+        let at = stamp::decode(word, after).expect("a valid stamp");
+        assert!(
+            before <= at && at <= after,
+            "stamp {at} outside the run [{before}, {after}]"
+        );
+    }
+    let foreign = Frame {
+        dest_qp: FOREIGN,
+        ..Frame::default()
+    }
+    .build();
+    let not_roce = Frame {
+        dport: 53,
+        ..Frame::default()
+    }
+    .build();
+    for (name, f, action) in [
+        ("foreign QP, dropped", &foreign, XDP_DROP),
+        ("not RoCE, passed", &not_roce, XDP_PASS),
+    ] {
+        let (a, out) = prog.run_out(f);
+        assert_eq!(a, action, "{name}");
+        assert_eq!(&out, f, "{name}: no metadata");
+    }
 }

@@ -262,6 +262,46 @@ impl DcqcnConfig {
     }
 }
 
+impl DcqcnConfig {
+    /// The names [`DcqcnConfig::profile`] knows, for help texts: `mlx5` (the defaults) and
+    /// `software`.
+    pub const PROFILES: [&'static str; 2] = ["mlx5", "software"];
+
+    /// The DCQCN defaults of a named profile (`--cc-profile`): `mlx5` is [`Default`] (a
+    /// ConnectX-5's firmware values); `software` is [`DcqcnConfig::software`]. `None` for an
+    /// unknown name ([`DcqcnConfig::PROFILES`] lists them). Every parameter can still be changed by its
+    /// mlx5 name afterwards ([`DcqcnConfig::set`]).
+    #[must_use]
+    pub fn profile(name: &str) -> Option<Self> {
+        match name {
+            "mlx5" => Some(Self::default()),
+            "software" => Some(Self::software()),
+            _ => None,
+        }
+    }
+
+    /// DCQCN for an endpoint whose NP and RP run in software threads on a shared host
+    /// (docs/cc-software.md has the reasoning and the measurements): [`Default`] with
+    /// `rpg_time_reset` 300 → 1500 µs.
+    ///
+    /// A NIC serves its DCQCN timers within microseconds; a thread is served when the
+    /// scheduler runs it, and on a busy core that is once per time slice (Linux EEVDF's base
+    /// slice, 0.75 ms × (1 + log2 CPUs): 1.5 ms on 2 CPUs, 3 ms on 8). With arrival stamps
+    /// (roce_xdp's, see `roce_common::stamp`) the NP and the RP measure
+    /// `min_time_between_cnps` and `rate_reduce_monitor_period` between arrivals, as a NIC
+    /// does, and the α timer catches up by elapsed time, so those keep mlx5's values. The rate
+    /// increase timer is the one a stall breaks: after a slice without CPU it fires every
+    /// missed period at once, with no CNP able to arrive in between, and a few periods of
+    /// hyper increase undo any cut. At 1500 µs it is at least a slice on small hosts.
+    #[must_use]
+    pub fn software() -> Self {
+        Self {
+            rpg_time_reset: 1500,
+            ..Self::default()
+        }
+    }
+}
+
 /// Mb/s to bits/s.
 pub(crate) const fn mbps(v: u32) -> u64 {
     v as u64 * 1_000_000
@@ -290,6 +330,29 @@ mod tests {
         assert_eq!(c.get("min_time_between_cnps"), Some(2));
         assert_eq!(c.get("cnp_dscp"), Some(48));
         assert_eq!(c.get("nope"), None);
+    }
+
+    #[test]
+    fn profiles_by_name_differ_only_in_the_documented_timers() {
+        assert_eq!(DcqcnConfig::profile("mlx5"), Some(DcqcnConfig::default()));
+        assert_eq!(DcqcnConfig::profile("nope"), None);
+        let sw = DcqcnConfig::profile("software").unwrap();
+        sw.validate().unwrap();
+        let mlx5 = DcqcnConfig::default();
+        let differ: Vec<_> = DcqcnConfig::NAMES
+            .iter()
+            .filter(|n| sw.get(n) != mlx5.get(n))
+            .map(|n| (*n, sw.get(n).unwrap()))
+            .collect();
+        assert_eq!(differ, [("rpg_time_reset", 1500)]);
+        assert_eq!(
+            (sw.rp_enabled, sw.np_enabled, sw.loss_backoff),
+            (true, true, false)
+        );
+        // Still settable by the mlx5 names.
+        let mut c = sw;
+        c.set("rpg_time_reset", 500).unwrap();
+        assert_eq!(c.rpg_time_reset, 500);
     }
 
     #[test]

@@ -58,8 +58,8 @@ pub(crate) const INBOX_SLOTS: usize = 256;
 pub(crate) struct Inbox {
     /// Empty buffers, each with room for `slot_len` bytes.
     free: ArrayQueue<Vec<u8>>,
-    /// Frames handed over, oldest first.
-    full: ArrayQueue<Vec<u8>>,
+    /// Frames handed over, oldest first, with their arrival times.
+    full: ArrayQueue<(Vec<u8>, Instant)>,
     slot_len: usize,
 }
 
@@ -78,10 +78,10 @@ impl Inbox {
         }
     }
 
-    /// Copies `frame` into the ring for the owner to handle in its own turn. Returns false,
-    /// and keeps nothing, when every slot is taken or the frame is longer than a slot: the
-    /// caller counts the drop.
-    pub(crate) fn push(&self, frame: &[u8]) -> bool {
+    /// Copies `frame`, which arrived at `arrival`, into the ring for the owner to handle in its
+    /// own turn. Returns false, and keeps nothing, when every slot is taken or the frame is
+    /// longer than a slot: the caller counts the drop.
+    pub(crate) fn push(&self, frame: &[u8], arrival: Instant) -> bool {
         if frame.len() > self.slot_len {
             return false;
         }
@@ -92,19 +92,19 @@ impl Inbox {
         buf.extend_from_slice(frame);
         // Cannot fail: a buffer popped from `free` always has a place in `full`, which holds
         // as many as there are buffers. Should it ever, the buffer goes back to `free`.
-        if let Err(buf) = self.full.push(buf) {
+        if let Err((buf, _)) = self.full.push((buf, arrival)) {
             let _ = self.free.push(buf);
             return false;
         }
         true
     }
 
-    /// Hands every frame waiting in the ring to `handle`, oldest first, and returns how many
-    /// there were. Call it from the owner's engine only.
-    pub(crate) fn drain(&self, mut handle: impl FnMut(&mut [u8])) -> usize {
+    /// Hands every frame waiting in the ring to `handle` with its arrival time, oldest first,
+    /// and returns how many there were. Call it from the owner's engine only.
+    pub(crate) fn drain(&self, mut handle: impl FnMut(&mut [u8], Instant)) -> usize {
         let mut n = 0;
-        while let Some(mut buf) = self.full.pop() {
-            handle(&mut buf);
+        while let Some((mut buf, arrival)) = self.full.pop() {
+            handle(&mut buf, arrival);
             let _ = self.free.push(buf);
             n += 1;
         }
@@ -242,9 +242,14 @@ impl TransportHandler {
     /// `capture` is `Some(flags)` while `roce dump` captures (read once per batch): the frame
     /// is then recorded as received, with `flags` ([`DIR_LOOPBACK`] for a looped-back frame)
     /// and the name of the counter that counted it as dropped, if one did.
+    ///
+    /// `arrival` is when the frame arrived (its arrival stamp, see [`super::Clock::arrival`];
+    /// `now` for a frame without one): the transport's notification point decides CNPs by it.
+    #[allow(clippy::too_many_arguments, reason = "the per-frame state of a batch")]
     fn route<'a>(
         &'a self,
         now: Instant,
+        arrival: Instant,
         frame: &mut [u8],
         dev: &mut Option<MutexGuard<'a, transport::Device>>,
         kick: &mut u64,
@@ -255,11 +260,13 @@ impl TransportHandler {
         if owner == self.index {
             let d = dev.get_or_insert_with(|| self.shared.lock());
             if capture.is_some() {
-                reason = d.handle_packet_traced(now, frame).map_or(0, drop_code);
+                reason = d
+                    .handle_packet_traced_at(now, arrival, frame)
+                    .map_or(0, drop_code);
             } else {
-                d.handle_packet_mut(now, frame);
+                d.handle_packet_at(now, arrival, frame);
             }
-        } else if self.all[owner].inbox.push(frame) {
+        } else if self.all[owner].inbox.push(frame, arrival) {
             *kick |= 1u64 << (owner % 64);
         } else {
             let d = dev.get_or_insert_with(|| self.shared.lock());
@@ -298,9 +305,9 @@ impl TransportHandler {
             return false;
         }
         let dev = dev.get_or_insert_with(|| self.shared.lock());
-        inbox.drain(|frame| {
+        inbox.drain(|frame, arrival| {
             dev.count_rx_other_queue();
-            dev.handle_packet_mut(now, frame);
+            dev.handle_packet_at(now, arrival, frame);
         }) > 0
     }
 }
@@ -309,7 +316,7 @@ impl Handler for TransportHandler {
     fn on_rx(&mut self, now: Instant, frame: &mut [u8], _tx: &mut TxSink<'_>) -> RxVerdict {
         let (mut dev, mut kick) = (None, 0);
         let capture = self.capture.active().then_some(0);
-        self.route(now, frame, &mut dev, &mut kick, capture);
+        self.route(now, now, frame, &mut dev, &mut kick, capture);
         let activity = dev.is_some();
         drop(dev);
         self.kick(kick);
@@ -328,8 +335,8 @@ impl Handler for TransportHandler {
         let (mut dev, mut kick) = (None, 0u64);
         let this = &*self;
         let capture = this.capture.active().then_some(0);
-        let n = receive(&mut |frame, _tx| {
-            this.route(now, frame, &mut dev, &mut kick, capture);
+        let n = receive(&mut |frame, arrival, _tx| {
+            this.route(now, arrival, frame, &mut dev, &mut kick, capture);
             RxVerdict::Recycle
         });
         let handed = this.drain_inbox(now, &mut dev);
@@ -371,7 +378,7 @@ impl Handler for TransportHandler {
                 if loopback {
                     back = true;
                     let capture = capture.then_some(DIR_LOOPBACK);
-                    this.route(now, frame, &mut dev, &mut kick, capture);
+                    this.route(now, now, frame, &mut dev, &mut kick, capture);
                     return 0;
                 }
                 t.size
@@ -432,32 +439,40 @@ impl Handler for TransportHandler {
 
 #[cfg(test)]
 mod tests {
-    use super::Inbox;
+    use super::{Inbox, Instant};
+
+    const T: Instant = Instant::from_nanos(7);
 
     #[test]
     fn inbox_hands_frames_over_in_order_and_counts_a_full_ring_as_refused() {
         let inbox = Inbox::new(2, 8);
         assert!(inbox.is_empty());
-        assert!(inbox.push(b"one"));
-        assert!(inbox.push(b"two"));
+        assert!(inbox.push(b"one", T));
+        assert!(inbox.push(b"two", T));
         // Full: the third frame is refused (the caller counts it), nothing is overwritten.
-        assert!(!inbox.push(b"three"));
+        assert!(!inbox.push(b"three", T));
         let mut seen = Vec::new();
-        assert_eq!(inbox.drain(|f| seen.push(f.to_vec())), 2);
+        assert_eq!(
+            inbox.drain(|f, at| {
+                assert_eq!(at, T);
+                seen.push(f.to_vec());
+            }),
+            2
+        );
         assert_eq!(seen, [b"one".to_vec(), b"two".to_vec()]);
         assert!(inbox.is_empty());
         // The buffers came back: the ring takes two more.
-        assert!(inbox.push(b"3"));
-        assert!(inbox.push(b"4"));
-        assert_eq!(inbox.drain(|_| {}), 2);
+        assert!(inbox.push(b"3", T));
+        assert!(inbox.push(b"4", T));
+        assert_eq!(inbox.drain(|_, _| {}), 2);
     }
 
     #[test]
     fn inbox_refuses_a_frame_longer_than_a_slot_and_never_reallocates() {
         let inbox = Inbox::new(1, 4);
-        assert!(!inbox.push(b"12345"));
-        assert!(inbox.push(b"1234"));
-        inbox.drain(|f| {
+        assert!(!inbox.push(b"12345", T));
+        assert!(inbox.push(b"1234", T));
+        inbox.drain(|f, _| {
             assert_eq!(f, b"1234");
         });
     }
@@ -468,12 +483,12 @@ mod tests {
         let producers: Vec<_> = (0..2u8)
             .map(|t| {
                 let inbox = std::sync::Arc::clone(&inbox);
-                std::thread::spawn(move || (0..32u8).filter(|i| inbox.push(&[t, *i])).count())
+                std::thread::spawn(move || (0..32u8).filter(|i| inbox.push(&[t, *i], T)).count())
             })
             .collect();
         let pushed: usize = producers.into_iter().map(|p| p.join().unwrap()).sum();
         let mut per_producer = [Vec::new(), Vec::new()];
-        let drained = inbox.drain(|f| per_producer[usize::from(f[0])].push(f[1]));
+        let drained = inbox.drain(|f, _| per_producer[usize::from(f[0])].push(f[1]));
         assert_eq!((pushed, drained), (64, 64));
         // Each producer's frames arrive in the order it sent them.
         for seq in per_producer {

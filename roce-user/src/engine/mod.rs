@@ -10,7 +10,7 @@ use std::{
         atomic::{AtomicBool, Ordering},
     },
     thread::JoinHandle,
-    time::{Duration, Instant as StdInstant},
+    time::Duration,
 };
 
 pub mod capture;
@@ -27,26 +27,49 @@ pub use crate::time::Instant;
 use crate::xsk::{BindMode, FrameAccounting, XskError, XskQueue, XskStats};
 pub use crate::xsk::{RxVerdict, TxError, TxSink};
 
-/// The engine's clock, the only place the data path reads the system clock:
-/// `std::time::Instant` (CLOCK_MONOTONIC) turned into the core's [`Instant`].
+/// The engine's clock, the only place the data path reads the system clock: CLOCK_MONOTONIC
+/// ([`crate::xsk::monotonic_ns`], the clock of `bpf_ktime_get_ns` and so of the arrival stamps
+/// `roce_xdp` writes) turned into the core's [`Instant`].
+///
+/// Every `Clock` of a process counts from the same origin (the first one made), so that the
+/// times the engines, the inline device and the arrival stamps give the transport are on one
+/// scale.
 #[derive(Clone, Copy, Debug)]
 pub struct Clock {
-    base: StdInstant,
+    base_ns: u64,
 }
 
+/// CLOCK_MONOTONIC at the first [`Clock::new`] of the process.
+static CLOCK_BASE: std::sync::OnceLock<u64> = std::sync::OnceLock::new();
+
 impl Clock {
-    /// A clock starting at zero now.
+    /// The process's clock (zero when the first one was made).
     #[must_use]
     pub fn new() -> Self {
         Self {
-            base: StdInstant::now(),
+            base_ns: *CLOCK_BASE.get_or_init(crate::xsk::monotonic_ns),
         }
     }
 
     /// The current time.
     #[must_use]
     pub fn now(&self) -> Instant {
-        Instant::from_nanos(u64::try_from(self.base.elapsed().as_nanos()).unwrap_or(u64::MAX))
+        self.from_monotonic_ns(crate::xsk::monotonic_ns())
+    }
+
+    /// The [`Instant`] of the CLOCK_MONOTONIC reading `ns` (an arrival stamp); a reading from
+    /// before the clock's origin is its origin.
+    #[must_use]
+    pub const fn from_monotonic_ns(&self, ns: u64) -> Instant {
+        Instant::from_nanos(ns.saturating_sub(self.base_ns))
+    }
+
+    /// The arrival time of a packet received at `now` with the arrival stamp `stamp_ns`
+    /// ([`crate::xsk::RxBatch::for_each_stamped`]): the stamp, never later than `now`; `now`
+    /// for a packet without one.
+    #[must_use]
+    pub fn arrival(&self, stamp_ns: Option<u64>, now: Instant) -> Instant {
+        stamp_ns.map_or(now, |ns| self.from_monotonic_ns(ns).min(now))
     }
 }
 
@@ -57,8 +80,9 @@ impl Default for Clock {
 }
 
 /// The per-frame callback of a receive batch: the frame from the Ethernet header on, writable in
-/// place, and the queue's transmit sink (see [`Handler::on_rx`]).
-pub type RxFrameFn<'a> = dyn FnMut(&mut [u8], &mut TxSink<'_>) -> RxVerdict + 'a;
+/// place, its arrival time (the stamp `roce_xdp` put in front of it, or the batch's time when
+/// it has none; see [`Clock::arrival`]), and the queue's transmit sink (see [`Handler::on_rx`]).
+pub type RxFrameFn<'a> = dyn FnMut(&mut [u8], Instant, &mut TxSink<'_>) -> RxVerdict + 'a;
 
 /// What runs on a queue: the transport, an echo, a generator.
 pub trait Handler {
@@ -79,7 +103,7 @@ pub trait Handler {
         now: Instant,
         receive: &mut dyn FnMut(&mut RxFrameFn<'_>) -> u32,
     ) -> u32 {
-        receive(&mut |frame, tx| self.on_rx(now, frame, tx))
+        receive(&mut |frame, _arrival, tx| self.on_rx(now, frame, tx))
     }
 
     /// Called once per turn after the receive batch: queue whatever is due. On
@@ -237,7 +261,12 @@ impl<H: Handler> Engine<H> {
         let completed = q.reap_completions();
         q.refill();
         let batch = self.cfg.batch;
-        let received = h.on_rx_batch(now, &mut |per_frame| q.receive(batch, per_frame));
+        let clock = self.clock;
+        let received = h.on_rx_batch(now, &mut |per_frame| {
+            q.receive_stamped(batch, |frame, stamp, tx| {
+                per_frame(frame, clock.arrival(stamp, now), tx)
+            })
+        });
         if h.next_timeout().is_some_and(|t| t <= now) {
             h.on_timeout(now);
         }
@@ -346,8 +375,13 @@ impl<H: Handler> Engine<H> {
             let h = &mut self.handler;
             q.reap_completions();
             q.refill();
-            let now = self.clock.now();
-            let received = h.on_rx_batch(now, &mut |per_frame| q.receive(batch, per_frame));
+            let clock = self.clock;
+            let now = clock.now();
+            let received = h.on_rx_batch(now, &mut |per_frame| {
+                q.receive_stamped(batch, |frame, stamp, tx| {
+                    per_frame(frame, clock.arrival(stamp, now), tx)
+                })
+            });
             q.flush_tx();
             if (received == 0 && q.tx_idle()) || now >= deadline {
                 break;

@@ -394,7 +394,9 @@ impl Qp {
         self.cc.as_deref()
     }
 
-    /// Hook of [`Device::handle_decoded`]: a packet (not a CNP) accepted for this QP.
+    /// Hook of [`Device::handle_decoded`]: a packet (not a CNP) accepted for this QP, which
+    /// arrived at `now` (its arrival stamp, [`Device::handle_packet_at`]: the NP's CNP
+    /// interval counts arrivals, not handling).
     pub(crate) fn cc_on_packet(&mut self, now: Instant, ce: bool) {
         if let Some(c) = self.cc.as_deref_mut() {
             c.on_packet(now, ce, self.attr.ah_attr.as_ref(), self.attr.dest_qp_num);

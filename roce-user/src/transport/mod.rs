@@ -936,12 +936,17 @@ impl Device {
     pub fn handle_packet(&mut self, now: Instant, frame: &[u8]) {
         self.counters.rcvd_pkts += 1;
         let parsed = parse_frame(frame);
-        self.handle_parsed(now, parsed);
+        self.handle_parsed(now, now, parsed);
     }
 
     /// The rest of [`Device::handle_packet`] and [`Device::handle_packet_mut`] once the frame
     /// is parsed: frames that did not parse or whose ICRC is wrong are counted and dropped.
-    fn handle_parsed(&mut self, now: Instant, parsed: crate::wire::Result<crate::wire::Frame<'_>>) {
+    fn handle_parsed(
+        &mut self,
+        now: Instant,
+        arrival: Instant,
+        parsed: crate::wire::Result<crate::wire::Frame<'_>>,
+    ) {
         let f = match parsed {
             Ok(f) if f.icrc_ok => f,
             _ => {
@@ -963,7 +968,7 @@ impl Device {
             ce: f.ecn() == Ecn::Ce,
             ip: Some(f.ip),
         };
-        self.handle_decoded(now, &pkt, Some((src, dst)));
+        self.handle_decoded_at(now, arrival, &pkt, Some((src, dst)));
     }
 
     /// [`Device::handle_packet`] for a frame the caller owns and may have written: the ICRC is
@@ -971,9 +976,21 @@ impl Device {
     /// no copy of the headers), and the frame is unchanged afterwards. Call it from an engine
     /// whose received frames are writable (UMEM frames about to be recycled).
     pub fn handle_packet_mut(&mut self, now: Instant, frame: &mut [u8]) {
+        self.handle_packet_at(now, now, frame);
+    }
+
+    /// [`Device::handle_packet_mut`] for a frame that arrived at `arrival`, earlier than `now`
+    /// (the arrival stamp `roce_xdp` put in front of it; the engine hands frames over in
+    /// batches, possibly long after they arrived on a busy host). The notification point
+    /// decides CNPs by `arrival` (DCQCN: at most one CNP per `min_time_between_cnps` of
+    /// *arrivals*, as a NIC's NP sees them), so a batch handled late still yields one CNP per
+    /// marked packet as the interval allows. The reaction point takes CNPs at `arrival` too
+    /// (`rate_reduce_monitor_period` between arrivals). Everything else runs at `now`, which
+    /// never goes backwards.
+    pub fn handle_packet_at(&mut self, now: Instant, arrival: Instant, frame: &mut [u8]) {
         self.counters.rcvd_pkts += 1;
         let parsed = crate::wire::parse_frame_in_place(frame);
-        self.handle_parsed(now, parsed);
+        self.handle_parsed(now, arrival.min(now), parsed);
     }
 
     /// [`Device::handle_packet_mut`] that also says which counter counted the frame as
@@ -982,6 +999,17 @@ impl Device {
     /// DestQP's `rx_dropped`. Call it instead of `handle_packet_mut` while a capture runs
     /// (`roce dump`): it costs a copy of the device counters per frame.
     pub fn handle_packet_traced(&mut self, now: Instant, frame: &mut [u8]) -> Option<DropCounter> {
+        self.handle_packet_traced_at(now, now, frame)
+    }
+
+    /// [`Device::handle_packet_traced`] for a frame that arrived at `arrival` (see
+    /// [`Device::handle_packet_at`]).
+    pub fn handle_packet_traced_at(
+        &mut self,
+        now: Instant,
+        arrival: Instant,
+        frame: &mut [u8],
+    ) -> Option<DropCounter> {
         let before = self.counters;
         let qpn = crate::wire::peek::dest_qpn(frame);
         let qp_dropped = |d: &Self| {
@@ -989,7 +1017,7 @@ impl Device {
                 .map_or(0, |q| q.counters.rx_dropped)
         };
         let qp_before = qp_dropped(self);
-        self.handle_packet_mut(now, frame);
+        self.handle_packet_at(now, arrival, frame);
         DropCounter::device_delta(&before, &self.counters).or_else(|| {
             (qp_dropped(self) > qp_before).then(|| {
                 DropCounter::Qp(
@@ -1011,10 +1039,24 @@ impl Device {
         pkt: &RxPkt<'_>,
         addrs: Option<(core::net::IpAddr, core::net::IpAddr)>,
     ) {
+        self.handle_decoded_at(now, now, pkt, addrs);
+    }
+
+    /// [`Device::handle_decoded`] for a packet that arrived at `arrival` (at or before `now`;
+    /// see [`Device::handle_packet_at`]).
+    pub fn handle_decoded_at(
+        &mut self,
+        now: Instant,
+        arrival: Instant,
+        pkt: &RxPkt<'_>,
+        addrs: Option<(core::net::IpAddr, core::net::IpAddr)>,
+    ) {
         let hdr = &pkt.repr.bth;
         if hdr.opcode == Opcode::CNP {
-            // Congestion notifications go to the QP's reaction point (transport/cc.rs).
-            self.cc_on_cnp(now, hdr.dest_qp, addrs);
+            // Congestion notifications go to the QP's reaction point (transport/cc.rs), at
+            // their arrival time: CNPs handled in one late batch are as far apart as they
+            // came, and `rate_reduce_monitor_period` measures that.
+            self.cc_on_cnp(arrival, hdr.dest_qp, addrs);
             return;
         }
         // The extended headers present must be exactly the opcode's, and a payload only where
@@ -1055,7 +1097,7 @@ impl Device {
         if pkt.ce {
             qp.counters.np_ecn_marked_roce_packets += 1;
         }
-        qp.cc_on_packet(now, pkt.ce);
+        qp.cc_on_packet(arrival, pkt.ce);
         if info.is_response() {
             qp.handle_response(now, pkt, &mut ctx);
         } else {

@@ -74,6 +74,25 @@ pub use socket::{
 pub use stats::XskStats;
 pub use umem::{FrameAccounting, FrameIdx, FrameLoc};
 
+/// CLOCK_MONOTONIC in nanoseconds: the clock of the arrival stamps `roce_xdp` writes
+/// (`bpf_ktime_get_ns`, see [`roce_common::stamp`]) and of the engine's
+/// [`crate::engine::Clock`]. Call wherever a reading must compare with a stamp.
+#[must_use]
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: `ts` is a valid, writable timespec for the duration of the call; CLOCK_MONOTONIC
+    // is always available on Linux, so the call cannot fail with a valid pointer.
+    let rc = unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &raw mut ts) };
+    debug_assert_eq!(rc, 0);
+    u64::try_from(ts.tv_sec)
+        .unwrap_or(0)
+        .saturating_mul(1_000_000_000)
+        .saturating_add(u64::try_from(ts.tv_nsec).unwrap_or(0))
+}
+
 /// How a socket ended up bound to its queue: the loader and `roce status` report it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BindMode {

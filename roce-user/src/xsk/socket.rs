@@ -8,6 +8,7 @@ use std::{
     time::Duration,
 };
 
+use roce_common::stamp;
 use xdpilone::{
     CompletionQueue, FillQueue, IfInfo, ReadRx, RingRx, RingTx, Socket, SocketConfig, Umem,
     UmemConfig, User, WriteTx, xdp::XdpDesc,
@@ -15,7 +16,7 @@ use xdpilone::{
 
 use super::{
     BindMode, BindRequest, MULTI_BUFFER_MAX_LEN, XDP_PKT_CONTD, XDP_USE_SG, XskConfig, XskError,
-    XskStats, errno_to_io,
+    XskStats, errno_to_io, monotonic_ns,
     umem::{FrameAccounting, FrameBook, FrameIdx, FrameLoc, UmemArea},
 };
 
@@ -66,6 +67,8 @@ struct Join {
     overflow: bool,
     /// One of its descriptors was unusable (counted in `bad_ring_addr`); the packet is dropped.
     broken: bool,
+    /// The arrival stamp in front of the packet's first descriptor.
+    stamp: Option<u64>,
 }
 
 impl Join {
@@ -85,6 +88,7 @@ impl Join {
         self.len = 0;
         self.overflow = false;
         self.broken = false;
+        self.stamp = None;
     }
 }
 
@@ -255,7 +259,22 @@ impl RxBatch<'_> {
         &mut self,
         mut handle: impl FnMut(&mut [u8], &mut TxSink<'_>) -> RxVerdict,
     ) -> u32 {
+        self.for_each_stamped(|frame, _, tx| handle(frame, tx))
+    }
+
+    /// [`RxBatch::for_each`] that also hands over each packet's arrival time: the stamp
+    /// `roce_xdp` wrote in front of it ([`roce_common::stamp`]), in CLOCK_MONOTONIC
+    /// nanoseconds ([`monotonic_ns`]), or `None` when the packet carries none (counted in
+    /// `rx_no_stamp`; the caller then takes its own clock reading as the arrival time). The
+    /// stamp is cleared as it is read, so the frame's next packet never shows it again.
+    pub fn for_each_stamped(
+        &mut self,
+        mut handle: impl FnMut(&mut [u8], Option<u64>, &mut TxSink<'_>) -> RxVerdict,
+    ) -> u32 {
         let mut n = 0;
+        // Read once per batch, after the descriptors were reserved: every packet of the batch
+        // arrived before it, which is what `stamp::decode` checks.
+        let mut now_ns = None;
         while let Some(desc) = self.read.read() {
             let Some((idx, off)) = self.book.reclaim(desc.addr, FrameLoc::KernelRx) else {
                 self.stats.bad_ring_addr += 1;
@@ -273,51 +292,62 @@ impl RxBatch<'_> {
                 }
                 continue;
             }
+            let now = *now_ns.get_or_insert_with(monotonic_ns);
+            let stamp = self.read_stamp(idx, off, now);
             // The packet's bytes: the frame itself, or (multi-buffer) the joined copy, whose
             // frames are already back in the pool.
-            let (buf, frame): (&mut [u8], Option<FrameIdx>) = match self.join.as_deref_mut() {
-                Some(join)
-                    if desc.options & XDP_PKT_CONTD != 0
-                        || join.len > 0
-                        || join.overflow
-                        || join.broken =>
-                {
-                    let end = join.len + desc.len as usize;
-                    if join.overflow || end > join.buf.len() {
-                        join.overflow = true;
-                    } else {
-                        // SAFETY: as below; the slice lives for this statement only.
-                        let part = unsafe { self.book.bytes_mut_unchecked(idx, off, desc.len) };
-                        join.buf[join.len..end].copy_from_slice(part);
-                        join.len = end;
+            let (buf, frame, stamp): (&mut [u8], Option<FrameIdx>, Option<u64>) =
+                match self.join.as_deref_mut() {
+                    Some(join)
+                        if desc.options & XDP_PKT_CONTD != 0
+                            || join.len > 0
+                            || join.overflow
+                            || join.broken =>
+                    {
+                        if join.len == 0 && !join.overflow && !join.broken {
+                            join.stamp = stamp;
+                        }
+                        let end = join.len + desc.len as usize;
+                        if join.overflow || end > join.buf.len() {
+                            join.overflow = true;
+                        } else {
+                            // SAFETY: as below; the slice lives for this statement only.
+                            let part = unsafe { self.book.bytes_mut_unchecked(idx, off, desc.len) };
+                            join.buf[join.len..end].copy_from_slice(part);
+                            join.len = end;
+                        }
+                        self.book.free(idx);
+                        if desc.options & XDP_PKT_CONTD != 0 {
+                            continue;
+                        }
+                        let (len, overflow, broken, stamp) =
+                            (join.len, join.overflow, join.broken, join.stamp);
+                        join.reset();
+                        if overflow {
+                            self.stats.rx_oversize += 1;
+                        }
+                        if overflow || broken {
+                            continue;
+                        }
+                        self.stats.rx_multi_buffer += 1;
+                        (&mut join.buf[..len], None, stamp)
                     }
-                    self.book.free(idx);
-                    if desc.options & XDP_PKT_CONTD != 0 {
-                        continue;
-                    }
-                    let (len, overflow, broken) = (join.len, join.overflow, join.broken);
-                    join.reset();
-                    if overflow {
-                        self.stats.rx_oversize += 1;
-                    }
-                    if overflow || broken {
-                        continue;
-                    }
-                    self.stats.rx_multi_buffer += 1;
-                    (&mut join.buf[..len], None)
-                }
-                // SAFETY: `reclaim` moved the frame to the application, so no other slice to it
-                // exists (the TxSink below only touches frames it takes from the pool); `off +
-                // len` was checked to lie inside the frame; the slice lives only until the
-                // verdict is applied, within this iteration.
-                _ => (
-                    unsafe { self.book.bytes_mut_unchecked(idx, off, desc.len) },
-                    Some(idx),
-                ),
-            };
+                    // SAFETY: `reclaim` moved the frame to the application, so no other slice to it
+                    // exists (the TxSink below only touches frames it takes from the pool); `off +
+                    // len` was checked to lie inside the frame; the slice lives only until the
+                    // verdict is applied, within this iteration.
+                    _ => (
+                        unsafe { self.book.bytes_mut_unchecked(idx, off, desc.len) },
+                        Some(idx),
+                        stamp,
+                    ),
+                };
             n += 1;
             self.stats.rx_packets += 1;
             self.stats.rx_bytes += buf.len() as u64;
+            if stamp.is_none() {
+                self.stats.rx_no_stamp += 1;
+            }
             let mut sink = TxSink::new(
                 self.book,
                 self.backlog,
@@ -325,7 +355,7 @@ impl RxBatch<'_> {
                 self.stage.as_deref_mut(),
                 usize::MAX,
             );
-            let verdict = handle(buf, &mut sink);
+            let verdict = handle(buf, stamp, &mut sink);
             match (verdict, frame) {
                 (RxVerdict::Recycle, None) => {}
                 (RxVerdict::Transmit { len }, None) if len > 0 && len <= buf.len() => {
@@ -360,6 +390,21 @@ impl RxBatch<'_> {
             }
         }
         n
+    }
+
+    /// The arrival stamp in the [`stamp::STAMP_LEN`] bytes in front of the packet at `off` in
+    /// frame `idx` (held by the application), decoded against `now_ns`; the bytes are cleared.
+    /// `None` when the frame has no room in front of the packet or the bytes hold no stamp.
+    fn read_stamp(&mut self, idx: FrameIdx, off: u32, now_ns: u64) -> Option<u64> {
+        const LEN: u32 = stamp::STAMP_LEN as u32;
+        let at = off.checked_sub(LEN)?;
+        // SAFETY: `reclaim` moved frame `idx` to the application and no other slice to it
+        // exists (the packet's slice is made after this one is dropped, at the end of this
+        // function); `at + LEN == off <= frame_size` lies inside the frame.
+        let bytes = unsafe { self.book.bytes_mut_unchecked(idx, at, LEN) };
+        let word = u64::from_ne_bytes(bytes.try_into().ok()?);
+        bytes.copy_from_slice(&stamp::CLEARED.to_ne_bytes());
+        stamp::decode(word, now_ns)
     }
 
     /// Releases the handled descriptors to the kernel. Dropping the batch does the same.
@@ -576,6 +621,7 @@ impl XskQueue {
                 len: 0,
                 overflow: false,
                 broken: false,
+                stamp: None,
             }),
             stage: cfg.multi_buffer.then(|| vec![0; MULTI_BUFFER_MAX_LEN]),
             book: FrameBook::new(area, cfg.frame_size, cfg.frame_count),
@@ -750,6 +796,19 @@ impl XskQueue {
     ) -> u32 {
         let mut b = self.rx_batch(max);
         let n = b.for_each(handle);
+        b.commit();
+        n
+    }
+
+    /// [`XskQueue::receive`] with each packet's arrival stamp (see
+    /// [`RxBatch::for_each_stamped`]).
+    pub fn receive_stamped(
+        &mut self,
+        max: u32,
+        handle: impl FnMut(&mut [u8], Option<u64>, &mut TxSink<'_>) -> RxVerdict,
+    ) -> u32 {
+        let mut b = self.rx_batch(max);
+        let n = b.for_each_stamped(handle);
         b.commit();
         n
     }
@@ -1047,6 +1106,7 @@ mod tests {
             len: 0,
             overflow: false,
             broken: false,
+            stamp: None,
         }
     }
 

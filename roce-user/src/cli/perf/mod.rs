@@ -138,6 +138,12 @@ pub struct PerfArgs {
     /// swift_max_cwnd, swift_init_cwnd (packets), swift_retx_reset (timeouts).
     #[arg(long = "cc-set", value_name = "NAME=VALUE")]
     pub cc_set: Vec<String>,
+    /// The DCQCN defaults that `--cc-set` changes: `mlx5` (a ConnectX-5's firmware values) or
+    /// `software` (timers longer than a scheduler time slice, for endpoints on a busy host;
+    /// docs/cc-software.md lists what differs).
+    #[arg(long = "cc-profile", value_name = "PROFILE", default_value = "mlx5",
+          value_parser = clap::builder::PossibleValuesParser::new(roce::cc::DcqcnConfig::PROFILES))]
+    pub cc_profile: String,
     /// The line rate DCQCN starts from and recovers to (e.g. 10gbit, 1gbit, bits/s).
     #[arg(long, value_name = "RATE", default_value = "10gbit", value_parser = parse_rate)]
     pub line_rate: u64,

@@ -67,7 +67,8 @@ pub(super) fn qp_index(qps: &[QpCtx]) -> HashMap<Qpn, usize> {
     qps.iter().enumerate().map(|(i, q)| (q.qpn, i)).collect()
 }
 
-/// The device's congestion-control settings from `--cc`, `--cc-set` and `--line-rate`.
+/// The device's congestion-control settings from `--cc`, `--cc-profile`, `--cc-set` and
+/// `--line-rate`.
 fn cc_config(a: &PerfArgs) -> anyhow::Result<roce::transport::CcConfig> {
     let mut c = match a.cc {
         CcMode::On => roce::transport::CcConfig::default(),
@@ -75,6 +76,14 @@ fn cc_config(a: &PerfArgs) -> anyhow::Result<roce::transport::CcConfig> {
         CcMode::Swift => roce::transport::CcConfig::swift(),
     };
     c.line_rate_bps = a.line_rate;
+    let profile = roce::cc::DcqcnConfig::profile(&a.cc_profile)
+        .with_context(|| format!("--cc-profile {}: no such profile", a.cc_profile))?;
+    c.dcqcn = roce::cc::DcqcnConfig {
+        rp_enabled: c.dcqcn.rp_enabled,
+        np_enabled: c.dcqcn.np_enabled,
+        loss_backoff: c.dcqcn.loss_backoff,
+        ..profile
+    };
     for kv in &a.cc_set {
         c.set_pair(kv).context("--cc-set")?;
     }

@@ -114,3 +114,85 @@ fn traced_receive_names_the_drop_counter() {
     after.rcvd_pkts += 1;
     assert_eq!(DropCounter::device_delta(&before, &after), None);
 }
+
+/// Issue 20, DCQCN under CPU contention: the notification point counts arrivals, not handling.
+/// Eight CE-marked WRITEs that arrived 10 µs apart (their arrival stamps) but are handled in
+/// one batch 4 ms later yield one CNP per `min_time_between_cnps` (20 µs) of their arrivals:
+/// at 0, 20, 40 and 60 µs, four. The same eight handled with one time for all (no stamps: the
+/// handling time is their arrival) yield one, as before the stamps.
+#[test]
+fn np_decides_cnps_by_arrival_time_not_by_handling_time() {
+    for (stamped, want) in [(true, 4u64), (false, 1)] {
+        let mut h = h();
+        h.d.set_cc_param(h.qpn, "min_time_between_cnps", 20)
+            .unwrap();
+        let rkey = h.mr.rkey;
+        let handled = Instant::from_micros(5_000);
+        let addrs = Some((IpAddr::V4(ip(Side::A)), IpAddr::V4(ip(Side::B))));
+        for i in 0..8u32 {
+            let mut repr = with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN + i), BASE, rkey, 4);
+            repr.bth.dest_qp = h.qpn;
+            let pkt = RxPkt {
+                repr,
+                payload: &[1; 4],
+                ce: true,
+                ip: None,
+            };
+            let arrival = if stamped {
+                Instant::from_micros(1_000 + 10 * u64::from(i))
+            } else {
+                handled
+            };
+            h.d.handle_decoded_at(handled, arrival, &pkt, addrs);
+        }
+        h.now = handled;
+        let cnps = h
+            .tx()
+            .iter()
+            .filter(|(r, _)| r.bth.opcode == Opcode::CNP)
+            .count() as u64;
+        let stats = h.d.qp(h.qpn).unwrap().congestion().unwrap().stats();
+        assert_eq!(
+            (cnps, stats.np_cnp_sent),
+            (want, want),
+            "stamped: {stamped}"
+        );
+        assert_eq!(stats.np_ecn_marked_roce_packets, 8);
+        assert_eq!(h.mem(0, 4), vec![1; 4], "the writes were executed");
+    }
+}
+
+/// The reaction point's side of the same: five CNPs that arrived 50 µs apart but are handled
+/// in one late batch each cut the rate (`rate_reduce_monitor_period`, 4 µs, counts arrivals);
+/// handled with one time for all, only the first cuts and four are ignored.
+#[test]
+fn rp_takes_cnps_at_their_arrival_time() {
+    for (stamped, handled_want) in [(true, 5u64), (false, 1)] {
+        let mut h = h();
+        let handled = Instant::from_micros(5_000);
+        let addrs = Some((IpAddr::V4(ip(Side::A)), IpAddr::V4(ip(Side::B))));
+        let rate_before = h.d.qp(h.qpn).unwrap().congestion().unwrap().snapshot();
+        for i in 0..5u64 {
+            let pkt = RxPkt {
+                repr: RoceRepr::cnp(h.qpn),
+                payload: &[0; 16],
+                ce: false,
+                ip: None,
+            };
+            let arrival = if stamped {
+                Instant::from_micros(1_000 + 50 * i)
+            } else {
+                handled
+            };
+            h.d.handle_decoded_at(handled, arrival, &pkt, addrs);
+        }
+        let cc = h.d.qp(h.qpn).unwrap().congestion().unwrap();
+        let s = cc.stats();
+        assert_eq!(
+            (s.rp_cnp_handled, s.rp_cnp_ignored),
+            (handled_want, 5 - handled_want),
+            "stamped: {stamped}"
+        );
+        assert!(cc.snapshot().rate_bps < rate_before.rate_bps);
+    }
+}

@@ -1,0 +1,73 @@
+//! The arrival stamp `roce_xdp` writes into the XDP metadata of every frame it redirects to an
+//! AF_XDP socket, and that user space reads in front of the received frame.
+//!
+//! Layout: [`STAMP_LEN`] bytes directly before the packet's first byte (the Ethernet header),
+//! one native-endian `u64`: [`STAMP_MAGIC`] in the top 16 bits, the low 48 bits of
+//! `bpf_ktime_get_ns()` (CLOCK_MONOTONIC, nanoseconds) below. 48 bits of nanoseconds wrap
+//! every 78 hours; [`decode`] puts the stamp back next to the reader's own clock reading, which
+//! is always later than the arrival and, for a frame in a ring, by far less than that.
+//!
+//! How the metadata reaches user space: `bpf_xdp_adjust_meta` reserves the bytes in the
+//! `xdp_buff` headroom; AF_XDP copy mode (veth, generic XDP, drivers without zero-copy)
+//! copies `data_meta..data_end` into the UMEM frame so that the metadata ends where the RX
+//! descriptor's address begins (net/xdp/xsk.c `__xsk_rcv`, `xsk_copy_xdp_start`), and
+//! zero-copy drivers leave it in place in front of the same address. A driver whose
+//! `xdp_buff` does not support metadata makes `bpf_xdp_adjust_meta` fail: the program then
+//! writes nothing, and the bytes in front of the frame are whatever the frame held before. The
+//! magic tells the two apart, and the reader clears it after reading (see [`CLEARED`]) so a
+//! stale stamp of an earlier packet in the same UMEM frame is never read twice.
+
+/// Bytes of metadata in front of the frame.
+pub const STAMP_LEN: usize = 8;
+/// The top 16 bits of a stamp ("RX").
+pub const STAMP_MAGIC: u16 = 0x5258;
+/// Bits of the nanosecond clock a stamp keeps.
+pub const STAMP_BITS: u32 = 48;
+const MASK: u64 = (1 << STAMP_BITS) - 1;
+/// What the reader writes over a stamp it has read: no magic.
+pub const CLEARED: u64 = 0;
+/// A stamp older than this against the reader's clock is taken to be garbage that happened to
+/// carry the magic, not an arrival time (1 s: far longer than a frame waits in a ring).
+pub const MAX_AGE_NS: u64 = 1_000_000_000;
+
+/// The stamp of a frame that arrived at `ktime_ns` (CLOCK_MONOTONIC).
+#[inline(always)]
+#[must_use]
+pub const fn encode(ktime_ns: u64) -> u64 {
+    ((STAMP_MAGIC as u64) << STAMP_BITS) | (ktime_ns & MASK)
+}
+
+/// The arrival time (CLOCK_MONOTONIC ns) of the stamp `word`, read at `now_ns` on the same
+/// clock; `None` when `word` carries no magic or says the frame arrived after `now_ns` or more
+/// than [`MAX_AGE_NS`] before it (not a stamp `roce_xdp` wrote for this frame).
+#[must_use]
+pub const fn decode(word: u64, now_ns: u64) -> Option<u64> {
+    if word >> STAMP_BITS != STAMP_MAGIC as u64 {
+        return None;
+    }
+    let age = (now_ns & MASK).wrapping_sub(word & MASK) & MASK;
+    if age > MAX_AGE_NS || age > now_ns {
+        return None;
+    }
+    Some(now_ns - age)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn round_trip_and_wrap() {
+        let t = 5_000_000_123;
+        assert_eq!(decode(encode(t), t + 1_000), Some(t));
+        assert_eq!(decode(encode(t), t), Some(t));
+        // Across a wrap of the 48-bit field.
+        let w = (1u64 << 48) - 10;
+        assert_eq!(decode(encode(w), w + 30), Some(w));
+        // Too old, from the future, no magic.
+        assert_eq!(decode(encode(t), t + MAX_AGE_NS + 1), None);
+        assert_eq!(decode(encode(t + 5), t), None);
+        assert_eq!(decode(CLEARED, t), None);
+        assert_eq!(decode(t, t), None);
+    }
+}
