@@ -1617,8 +1617,12 @@ unsafe fn conn_param<'a>(p: *const sys::rdma_conn_param) -> Option<&'a sys::rdma
     unsafe { p.as_ref() }
 }
 
-/// RDMA READs each way that a QP of ours takes (rxe's `max_qp_rd_atom`).
-const MAX_RD_ATOMIC: u8 = 128;
+/// RDMA READs and atomics in flight each way that a QP of ours takes: the device's
+/// `max_qp_rd_atom` (and `max_qp_init_rd_atom`), as `ibv_query_device` reports it for the
+/// devices the library opens.
+fn max_rd_atomic() -> u8 {
+    roce::transport::DeviceConfig::default().max_qp_rd_atom
+}
 
 /// The private data a `rdma_conn_param` carries.
 ///
@@ -1707,8 +1711,8 @@ export!(
                     Psn::new(psn),
                 );
                 if let Some(p) = p {
-                    c.responder_resources = p.responder_resources.min(MAX_RD_ATOMIC);
-                    c.initiator_depth = p.initiator_depth.min(MAX_RD_ATOMIC);
+                    c.responder_resources = p.responder_resources.min(max_rd_atomic());
+                    c.initiator_depth = p.initiator_depth.min(max_rd_atomic());
                     c.retry_count = p.retry_count.min(7);
                     c.rnr_retry_count = p.rnr_retry_count.min(7);
                     c.srq = p.srq != 0;
@@ -2057,9 +2061,12 @@ fn dispatch(r: &mut Registry, ctx: usize, dev: &Device, ev: CmEvent) {
                 st.comm = Some(comm);
                 st.remote_qpn = req.local_qpn.value();
                 st.remote_psn = req.starting_psn.value();
-                // The CM's parameters from our side (cm.c `cm_format_req_event`).
-                st.responder_resources = req.initiator_depth;
-                st.initiator_depth = req.responder_resources;
+                // The CM's parameters from our side (cm.c `cm_format_req_event`), within what
+                // the device takes, as librdmacm bounds them by the device's limits for an
+                // `rdma_accept` without parameters (`ucma_process_conn_req`): a kernel peer
+                // offers up to its own device's (rxe: 128).
+                st.responder_resources = req.initiator_depth.min(max_rd_atomic());
+                st.initiator_depth = req.responder_resources.min(max_rd_atomic());
                 st.retry_count = req.retry_count;
                 st.rnr_retry_count = req.rnr_retry_count;
                 st.path_mtu = u32::from(req.path_mtu.code()).min(local_mtu);
