@@ -957,8 +957,8 @@ export!(
                 }
                 0
             })();
-            // SAFETY: a live id of ours (checked again: the call may have failed on it).
             if rc == 0 && live(id) {
+                // SAFETY: a live id of ours (checked again: the call may have destroyed it).
                 unsafe { sync_complete(id) }
             } else {
                 rc
@@ -1045,8 +1045,8 @@ export!(
                 drop(r);
                 0
             })();
-            // SAFETY: a live id of ours (checked again: the call may have failed on it).
             if rc == 0 && live(id) {
+                // SAFETY: a live id of ours (checked again: the call may have destroyed it).
                 unsafe { sync_complete(id) }
             } else {
                 rc
@@ -1737,8 +1737,8 @@ export!(
                     }
                 }
             })();
-            // SAFETY: a live id of ours (checked again: the call may have failed on it).
             if rc == 0 && live(id) {
+                // SAFETY: a live id of ours (checked again: the call may have destroyed it).
                 unsafe { sync_complete(id) }
             } else {
                 rc
@@ -1889,8 +1889,8 @@ export!(
                     }
                 }
             })();
-            // SAFETY: a live id of ours (checked again: the call may have failed on it).
             if rc == 0 && live(id) {
+                // SAFETY: a live id of ours (checked again: the call may have destroyed it).
                 unsafe { sync_complete(id) }
             } else {
                 rc
@@ -1993,8 +1993,8 @@ export!(
                 }
                 0
             })();
-            // SAFETY: a live id of ours (checked again: the call may have failed on it).
             if rc == 0 && live(id) {
+                // SAFETY: a live id of ours (checked again: the call may have destroyed it).
                 unsafe { sync_complete(id) }
             } else {
                 rc
