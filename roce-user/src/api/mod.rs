@@ -480,6 +480,11 @@ impl Device {
             (engines, None, None)
         };
         let engines = Arc::new(Mutex::new(engines));
+        let publisher = Publisher {
+            shards: Arc::clone(&shards),
+            pins: pins.clone(),
+            bind_modes: bind_modes.clone(),
+        };
         let qpns = Arc::new(Mutex::new(Vec::new()));
         let live_id = register_live(LiveDevice {
             id: 0,
@@ -494,13 +499,9 @@ impl Device {
                 &stop,
                 clock,
                 opts.engine.drain_timeout,
+                (publisher.clone(), info.ifname.clone()),
             )),
         });
-        let publisher = Publisher {
-            shards: Arc::clone(&shards),
-            pins: pins.clone(),
-            bind_modes: bind_modes.clone(),
-        };
         if let Ok(_lock) = lock_file(&info.ifname) {
             publisher.retire(None);
         }
@@ -1359,7 +1360,8 @@ impl Drop for Device {
 /// engines drain what the transports owe the wire (for instance the DREP answering a DREQ
 /// whose DISCONNECTED event made the program exit before the engine's turn had flushed it).
 /// An inline device's engines are drained here, engine threads are stopped and waited for,
-/// each within `drain_timeout`.
+/// each within `drain_timeout`; then the counters are published and retired as a closing
+/// device does, so that the pins count every frame that left.
 fn last_words(
     shards: &Arc<[Arc<Shared>]>,
     inline: Option<&Arc<Inline>>,
@@ -1367,6 +1369,7 @@ fn last_words(
     stop: &Arc<AtomicBool>,
     clock: Clock,
     drain_timeout: Duration,
+    (publisher, ifname): (Publisher, String),
 ) -> LastWords {
     let shards = Arc::downgrade(shards);
     let inline = inline.map(Arc::downgrade);
@@ -1404,6 +1407,12 @@ fn last_words(
             {
                 std::thread::sleep(Duration::from_millis(1));
             }
+        }
+        // The counters of what was just sent, as a closing device publishes them: readers
+        // of the pins (`roce stats`, bpftool) account for every frame that left.
+        let _ = publisher.publish();
+        if let Ok(_lock) = lock_file(&ifname) {
+            publisher.retire(Some(std::process::id()));
         }
     }))
 }
