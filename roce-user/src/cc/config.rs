@@ -9,6 +9,39 @@
 
 use core::time::Duration;
 
+/// A parameter's entry in a table of (name, min, max, unit) ranges, checked against `value`:
+/// what DCQCN's and Swift's `set` and `validate` do first. Returns the table's `&'static`
+/// name.
+///
+/// # Errors
+/// [`ConfigError`] with the allowed range, or with unit "unknown" for a name not in the table.
+pub(crate) fn check_range(
+    ranges: &[(&'static str, u64, u64, &'static str)],
+    name: &str,
+    value: u64,
+) -> Result<&'static str, ConfigError> {
+    let Some(&(name, min, max, unit)) = ranges.iter().find(|r| r.0 == name) else {
+        return Err(ConfigError {
+            name: "unknown parameter",
+            value,
+            min: 0,
+            max: 0,
+            unit: "unknown",
+        });
+    };
+    if (min..=max).contains(&value) {
+        Ok(name)
+    } else {
+        Err(ConfigError {
+            name,
+            value,
+            min,
+            max,
+            unit,
+        })
+    }
+}
+
 /// A parameter out of its allowed range.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error(
@@ -194,24 +227,7 @@ impl DcqcnConfig {
     /// [`ConfigError`] with the allowed range; `min == max == 0` and unit "unknown" for a name
     /// that is not a parameter.
     pub fn set(&mut self, name: &str, value: u64) -> Result<(), ConfigError> {
-        let Some(&(name, min, max, unit)) = RANGES.iter().find(|r| r.0 == name) else {
-            return Err(ConfigError {
-                name: "unknown parameter",
-                value,
-                min: 0,
-                max: 0,
-                unit: "unknown",
-            });
-        };
-        if !(min..=max).contains(&value) {
-            return Err(ConfigError {
-                name,
-                value,
-                min,
-                max,
-                unit,
-            });
-        }
+        let name = check_range(&RANGES, name, value)?;
         if name == "cnp_dscp" {
             self.cnp_dscp = value as u8; // <= 63, checked above
         } else if let Some(v) = self.slot(name) {
@@ -225,17 +241,8 @@ impl DcqcnConfig {
     /// # Errors
     /// The first parameter out of range.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        for (name, min, max, unit) in RANGES {
-            let value = self.get(name).unwrap_or_default();
-            if !(min..=max).contains(&value) {
-                return Err(ConfigError {
-                    name,
-                    value,
-                    min,
-                    max,
-                    unit,
-                });
-            }
+        for (name, ..) in RANGES {
+            check_range(&RANGES, name, self.get(name).unwrap_or_default())?;
         }
         Ok(())
     }

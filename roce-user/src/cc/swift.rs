@@ -47,7 +47,7 @@
 use core::time::Duration;
 use std::collections::VecDeque;
 
-use super::{CcStats, ConfigError, Instant};
+use super::{CcStats, ConfigError, Instant, config::check_range};
 use crate::wire::Psn;
 
 /// Which congestion control drives a QP's sending (`--cc dcqcn|swift|off`).
@@ -195,24 +195,7 @@ impl SwiftConfig {
     /// [`ConfigError`] with the allowed range (`unit` "unknown" for a name that is not a Swift
     /// parameter).
     pub fn set(&mut self, name: &str, value: u64) -> Result<(), ConfigError> {
-        let Some(&(name, min, max, unit)) = RANGES.iter().find(|r| r.0 == name) else {
-            return Err(ConfigError {
-                name: "unknown parameter",
-                value,
-                min: 0,
-                max: 0,
-                unit: "unknown",
-            });
-        };
-        if !(min..=max).contains(&value) {
-            return Err(ConfigError {
-                name,
-                value,
-                min,
-                max,
-                unit,
-            });
-        }
+        let name = check_range(&RANGES, name, value)?;
         let mut next = *self;
         if let Some(v) = next.slot(name) {
             *v = value as u32; // <= 1_000_000, checked above
@@ -227,17 +210,8 @@ impl SwiftConfig {
     /// # Errors
     /// The first parameter out of range.
     pub fn validate(&self) -> Result<(), ConfigError> {
-        for (name, min, max, unit) in RANGES {
-            let value = self.get(name).unwrap_or_default();
-            if !(min..=max).contains(&value) {
-                return Err(ConfigError {
-                    name,
-                    value,
-                    min,
-                    max,
-                    unit,
-                });
-            }
+        for (name, ..) in RANGES {
+            check_range(&RANGES, name, self.get(name).unwrap_or_default())?;
         }
         let max_milli = u64::from(self.swift_max_cwnd) * 1000;
         if u64::from(self.swift_min_cwnd) > max_milli {
