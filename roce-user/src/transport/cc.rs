@@ -170,9 +170,9 @@ impl CcConfig {
             .trim()
             .parse()
             .map_err(|_| CcSetError::NotNumber(pair.to_owned()))?;
-        self.set(k.trim(), v).map_err(|source| CcSetError::Param {
+        self.set(k.trim(), v).map_err(|reason| CcSetError::Param {
             pair: pair.to_owned(),
-            source,
+            reason,
         })
     }
 }
@@ -187,12 +187,13 @@ pub enum CcSetError {
     #[error("{0:?}: the value is not a number")]
     NotNumber(String),
     /// An unknown name or a value out of range.
-    #[error("{pair:?}: {source}")]
+    #[error("{pair:?}: {reason}")]
     Param {
         /// The text given.
         pair: String,
-        /// What is wrong with it.
-        source: ConfigError,
+        /// What is wrong with it (in the message itself, so that callers printing only this
+        /// error, as the drop-in library does, say why).
+        reason: ConfigError,
     },
 }
 
