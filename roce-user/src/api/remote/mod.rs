@@ -380,6 +380,33 @@ impl EngineClient {
         sq_psn: u32,
         mtu: crate::transport::Mtu,
     ) -> Result<(), RemoteError> {
+        self.qp_connect_with(
+            qpn,
+            gid_index,
+            dgid,
+            dest_qpn,
+            (rq_psn, sq_psn),
+            mtu,
+            proto::RcAttrs::PINGPONG,
+        )
+    }
+
+    /// [`EngineClient::qp_connect`] with the reliability attributes `attrs` (responder
+    /// resources, READ/atomic depth, timeouts and retries, as perftest sets them) and the
+    /// PSNs as (our RQ PSN, our SQ PSN).
+    ///
+    /// # Errors
+    /// As [`EngineClient::qp_connect`]; depths beyond the engine's limits (`EINVAL`).
+    pub fn qp_connect_with(
+        &mut self,
+        qpn: Qpn,
+        gid_index: u32,
+        dgid: [u8; 16],
+        dest_qpn: Qpn,
+        (rq_psn, sq_psn): (u32, u32),
+        mtu: crate::transport::Mtu,
+        attrs: proto::RcAttrs,
+    ) -> Result<(), RemoteError> {
         self.done(
             "qp_connect",
             &Request::QpConnect {
@@ -390,6 +417,7 @@ impl EngineClient {
                 rq_psn,
                 sq_psn,
                 mtu,
+                attrs,
             },
         )
     }

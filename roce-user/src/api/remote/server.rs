@@ -471,6 +471,7 @@ impl<'a> Connection<'a> {
                 rq_psn,
                 sq_psn,
                 mtu,
+                attrs,
             } => {
                 Self::own(&self.qps, qpn)?;
                 let q = Qpn::new(qpn);
@@ -478,13 +479,22 @@ impl<'a> Connection<'a> {
                 let path = dev
                     .path_to(gi, &dgid, q, Qpn::new(dest_qpn))
                     .map_err(errno)?;
-                let c = RcConnect::new(
-                    path,
-                    mtu,
-                    Qpn::new(dest_qpn),
-                    Psn::new(rq_psn),
-                    Psn::new(sq_psn),
-                );
+                let c = RcConnect {
+                    max_dest_rd_atomic: attrs.max_dest_rd_atomic,
+                    max_rd_atomic: attrs.max_rd_atomic,
+                    min_rnr_timer: attrs.min_rnr_timer,
+                    timeout: attrs.timeout,
+                    retry_cnt: attrs.retry_cnt,
+                    rnr_retry: attrs.rnr_retry,
+                    ..RcConnect::new(
+                        path,
+                        mtu,
+                        Qpn::new(dest_qpn),
+                        Psn::new(rq_psn),
+                        Psn::new(sq_psn),
+                    )
+                };
+                // The transport checks the depths against the device's limits (EINVAL).
                 dev.qp_connect(q, &c).map_err(errno)?;
                 Value::Done
             }
@@ -499,6 +509,26 @@ impl<'a> Connection<'a> {
                     WireOp::Read { remote_addr, rkey } => SendOp::Read {
                         remote_addr,
                         rkey: RKey::new(rkey),
+                    },
+                    WireOp::CompareSwap {
+                        remote_addr,
+                        rkey,
+                        compare,
+                        swap,
+                    } => SendOp::CompareSwap {
+                        remote_addr,
+                        rkey: RKey::new(rkey),
+                        compare,
+                        swap,
+                    },
+                    WireOp::FetchAdd {
+                        remote_addr,
+                        rkey,
+                        add,
+                    } => SendOp::FetchAdd {
+                        remote_addr,
+                        rkey: RKey::new(rkey),
+                        add,
                     },
                 };
                 let swr = SendWr {
