@@ -1300,33 +1300,35 @@ mod tests {
                 any::<bool>(),
                 sges()
             )
-                .prop_map(|(qpn, wr_id, code, (remote_addr, rkey, v), signaled, sges)| {
-                    let op = match code {
-                        0 => WireOp::Send,
-                        1 => WireOp::Write { remote_addr, rkey },
-                        2 => WireOp::Read { remote_addr, rkey },
-                        3 => WireOp::CompareSwap {
-                            remote_addr,
-                            rkey,
-                            compare: v[0],
-                            swap: v[1],
-                        },
-                        _ => WireOp::FetchAdd {
-                            remote_addr,
-                            rkey,
-                            add: v[0],
-                        },
-                    };
-                    Request::PostSend {
-                        qpn,
-                        wr: WireSendWr {
-                            wr_id,
-                            op,
-                            signaled,
-                            sges,
-                        },
+                .prop_map(
+                    |(qpn, wr_id, code, (remote_addr, rkey, v), signaled, sges)| {
+                        let op = match code {
+                            0 => WireOp::Send,
+                            1 => WireOp::Write { remote_addr, rkey },
+                            2 => WireOp::Read { remote_addr, rkey },
+                            3 => WireOp::CompareSwap {
+                                remote_addr,
+                                rkey,
+                                compare: v[0],
+                                swap: v[1],
+                            },
+                            _ => WireOp::FetchAdd {
+                                remote_addr,
+                                rkey,
+                                add: v[0],
+                            },
+                        };
+                        Request::PostSend {
+                            qpn,
+                            wr: WireSendWr {
+                                wr_id,
+                                op,
+                                signaled,
+                                sges,
+                            },
+                        }
                     }
-                }),
+                ),
             (any::<u32>(), any::<u64>(), sges()).prop_map(|(qpn, wr_id, sges)| Request::PostRecv {
                 qpn,
                 wr_id,
