@@ -487,6 +487,30 @@ mod tests {
         Plan::new(&cli.perf)
     }
 
+    fn engine_args(args: &str) -> anyhow::Result<()> {
+        let cli = Cli::try_parse_from(std::iter::once("perf").chain(args.split_whitespace()))?;
+        check_engine_args(&cli.perf)
+    }
+
+    #[test]
+    fn engine_refuses_the_options_of_a_device_of_this_process() {
+        // perf's defaults, and the test's own options, go through the engine.
+        engine_args("write -d x --engine -s 4096 -n 10 -t 16 --span 65536 -q 2 -m 1024").unwrap();
+        engine_args("read -d x --engine --max-rd-atomic 128 --no-verify").unwrap();
+        for (args, named) in [
+            ("write -d x --engine --sharded", "--sharded"),
+            ("write -d x --engine --inline", "--inline"),
+            ("write -d x --engine --cc off", "--cc"),
+            ("write -d x --engine --cc-set rpg_ai_rate=10", "--cc-set"),
+            ("write -d x --engine --line-rate 1gbit", "--line-rate"),
+            ("write -d x --engine --max-qp 4", "--max-qp"),
+            ("write -d x --engine --trace t.csv", "--trace"),
+        ] {
+            let e = engine_args(args).expect_err(args).to_string();
+            assert!(e.contains(named) && e.contains("engine's"), "{args}: {e}");
+        }
+    }
+
     #[test]
     fn send_posts_perftests_receive_depth_and_never_fewer_than_the_tx_depth() {
         // ib_send_bw's default: 512 receives per QP against 128 SENDs in flight.
