@@ -117,6 +117,22 @@ pub trait RdmaDevice {
     /// # Errors
     /// The device is unreachable ([`Device`] never fails).
     fn poll_cq_into(&self, cq: CqId, out: &mut [Wc]) -> Result<usize, Self::Error>;
+    /// [`RdmaDevice::poll_cq_into`] for a caller with nothing else to do until a completion
+    /// comes: a device where a poll is costly (a round trip to `roce engine`) waits there up
+    /// to `timeout` when the CQ is empty, instead of answering at once. The default, which
+    /// [`Device`] keeps, is a plain poll (its callers spin and yield as they always did).
+    ///
+    /// # Errors
+    /// As [`RdmaDevice::poll_cq_into`].
+    fn wait_cq_into(
+        &self,
+        cq: CqId,
+        out: &mut [Wc],
+        timeout: std::time::Duration,
+    ) -> Result<usize, Self::Error> {
+        let _ = timeout;
+        self.poll_cq_into(cq, out)
+    }
     /// Each QP's congestion-control state, where this process runs the transport; empty when
     /// another process does (its counters are that process's: `roce stats`).
     fn cc_snapshots(&self) -> Vec<(Qpn, CcSnapshot)>;

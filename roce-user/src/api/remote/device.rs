@@ -117,6 +117,18 @@ impl EngineDevice {
         }
     }
 
+    /// A completion as the engine sent it (the fields RC SEND/WRITE/READ/atomics use).
+    fn wc(w: &proto::WireWc) -> Wc {
+        Wc {
+            wr_id: w.wr_id,
+            status: w.status,
+            opcode: w.opcode,
+            byte_len: w.byte_len,
+            qp_num: Qpn::new(w.qp_num),
+            ..Wc::default()
+        }
+    }
+
     fn wire_sges(list: &[Sge]) -> Vec<WireSge> {
         list.iter()
             .map(|g| WireSge {
@@ -328,14 +340,7 @@ impl RdmaDevice for EngineDevice {
             let want = (out.len() - n).min(proto::MAX_POLL);
             let wcs = c.poll_cq(cq, u32::try_from(want).unwrap_or(1))?;
             for w in &wcs {
-                out[n] = Wc {
-                    wr_id: w.wr_id,
-                    status: w.status,
-                    opcode: w.opcode,
-                    byte_len: w.byte_len,
-                    qp_num: Qpn::new(w.qp_num),
-                    ..Wc::default()
-                };
+                out[n] = Self::wc(w);
                 n += 1;
             }
             if wcs.len() < want {
@@ -343,6 +348,30 @@ impl RdmaDevice for EngineDevice {
             }
         }
         Ok(n)
+    }
+
+    /// One [`EngineClient::wait_cq`] (the engine waits up to `timeout` while the CQ is
+    /// empty), then plain polls while full batches keep coming.
+    fn wait_cq_into(
+        &self,
+        cq: CqId,
+        out: &mut [Wc],
+        timeout: std::time::Duration,
+    ) -> Result<usize, RemoteError> {
+        if out.is_empty() {
+            return Ok(0);
+        }
+        let want = out.len().min(proto::MAX_POLL);
+        let wcs = self
+            .client()
+            .wait_cq(cq, u32::try_from(want).unwrap_or(1), timeout)?;
+        for (slot, w) in out.iter_mut().zip(&wcs) {
+            *slot = Self::wc(w);
+        }
+        if wcs.len() < want {
+            return Ok(wcs.len());
+        }
+        Ok(wcs.len() + self.poll_cq_into(cq, &mut out[wcs.len()..])?)
     }
 
     fn cc_snapshots(&self) -> Vec<(Qpn, CcSnapshot)> {

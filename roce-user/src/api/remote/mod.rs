@@ -473,6 +473,34 @@ impl EngineClient {
         }
     }
 
+    /// [`EngineClient::poll_cq`] that, when the CQ is empty, waits in the engine up to
+    /// `timeout` (at most [`proto::MAX_WAIT_US`] µs, at least 1 µs) for a completion: one round
+    /// trip in place of a busy loop of polls.
+    ///
+    /// # Errors
+    /// As [`EngineClient::poll_cq`].
+    pub fn wait_cq(
+        &mut self,
+        cq: CqId,
+        max: u32,
+        timeout: std::time::Duration,
+    ) -> Result<Vec<proto::WireWc>, RemoteError> {
+        let timeout_us = u32::try_from(timeout.as_micros())
+            .unwrap_or(proto::MAX_WAIT_US)
+            .clamp(1, proto::MAX_WAIT_US);
+        match self.call(
+            "wait_cq",
+            &Request::WaitCq {
+                cq: cq.0,
+                max,
+                timeout_us,
+            },
+        )? {
+            Value::Wcs(w) => Ok(w),
+            _ => Err(self.unexpected()),
+        }
+    }
+
     /// A QP's type and state (`ibv_query_qp`).
     ///
     /// # Errors

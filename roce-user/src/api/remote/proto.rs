@@ -28,8 +28,8 @@ use crate::transport::{Access, Mtu, QpState, QpType, WcOpcode, WcStatus};
 pub const MAGIC: u16 = u16::from_le_bytes(*b"RE");
 /// The protocol version this build speaks; the engine refuses any other with
 /// `EPROTONOSUPPORT` (no negotiation yet: the engine and its programs are one build). Version 2
-/// added the reliability attributes of [`Request::QpConnect`] ([`RcAttrs`]) and the atomics of
-/// [`WireOp`], which `roce perf --engine` needs.
+/// added the reliability attributes of [`Request::QpConnect`] ([`RcAttrs`]), the atomics of
+/// [`WireOp`] and [`Request::WaitCq`], which `roce perf --engine` needs.
 pub const VERSION: u8 = 2;
 /// Bytes of a frame header.
 pub const HEADER: usize = 12;
@@ -152,7 +152,23 @@ pub enum Request {
         /// At most this many.
         max: u32,
     },
+    /// [`Request::PollCq`] that, when the CQ is empty, waits up to `timeout_us`
+    /// (1..=[`MAX_WAIT_US`]) for a completion before answering (with none if none came): the
+    /// blocking `ibv_get_cq_event` + `ibv_poll_cq` of a program that has nothing else to do,
+    /// one round trip instead of a busy loop of them. Answered as `PollCq` is.
+    WaitCq {
+        /// The CQ.
+        cq: Handle,
+        /// At most this many.
+        max: u32,
+        /// Longest wait in microseconds.
+        timeout_us: u32,
+    },
 }
+
+/// The longest [`Request::WaitCq`] wait: one second, so that a program's connection thread in
+/// the engine is never held longer than that by one request.
+pub const MAX_WAIT_US: u32 = 1_000_000;
 
 /// The reliability attributes of an RC connection ([`Request::QpConnect`]), as
 /// [`crate::api::RcConnect`] names them: what `ibv_modify_qp` sets for RTR
@@ -462,8 +478,9 @@ const K_QP_CONNECT: u8 = 14;
 const K_POST_SEND: u8 = 15;
 const K_POST_RECV: u8 = 16;
 const K_POLL_CQ: u8 = 17;
+const K_WAIT_CQ: u8 = 18;
 /// The last verb's kind.
-const K_LAST: u8 = K_POLL_CQ;
+const K_LAST: u8 = K_WAIT_CQ;
 
 /// Bytes of a [`QpSpec`] body.
 const QP_SPEC_LEN: usize = 4 + 1 + 4 * 6 + 1;
@@ -490,6 +507,7 @@ impl Request {
             Self::PostSend { .. } => K_POST_SEND,
             Self::PostRecv { .. } => K_POST_RECV,
             Self::PollCq { .. } => K_POLL_CQ,
+            Self::WaitCq { .. } => K_WAIT_CQ,
         }
     }
 
@@ -559,6 +577,15 @@ impl Request {
             Self::PollCq { cq, max } => {
                 out.extend_from_slice(&cq.to_le_bytes());
                 out.extend_from_slice(&max.to_le_bytes());
+            }
+            Self::WaitCq {
+                cq,
+                max,
+                timeout_us,
+            } => {
+                for v in [*cq, *max, *timeout_us] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
             }
             Self::RegMr {
                 pd,
@@ -1007,6 +1034,27 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Frame<Request>, usize)>, Pro
                 max,
             }
         }
+        K_WAIT_CQ => {
+            exact(k, body, 12)?;
+            let (max, timeout_us) = (u32_at(body, 4), u32_at(body, 8));
+            if max == 0 || max as usize > MAX_POLL {
+                return Err(ProtoError::Field {
+                    field: "max",
+                    value: max.into(),
+                });
+            }
+            if timeout_us == 0 || timeout_us > MAX_WAIT_US {
+                return Err(ProtoError::Field {
+                    field: "timeout_us",
+                    value: timeout_us.into(),
+                });
+            }
+            Request::WaitCq {
+                cq: u32_at(body, 0),
+                max,
+                timeout_us,
+            }
+        }
         K_REG_MR => {
             exact(k, body, 24)?;
             let len = u64_at(body, 12);
@@ -1117,7 +1165,7 @@ pub fn decode_reply(buf: &[u8]) -> Result<Option<(Frame<Reply>, usize)>, ProtoEr
                 exact(k, rest, 4)?;
                 Value::Created(u32_at(rest, 0))
             }
-            K_POLL_CQ => {
+            K_POLL_CQ | K_WAIT_CQ => {
                 let Some((&n, wcs)) = rest.split_first() else {
                     return Err(ProtoError::Length {
                         kind: k,
@@ -1335,6 +1383,13 @@ mod tests {
                 sges
             }),
             (any::<u32>(), 1..=MAX_POLL as u32).prop_map(|(cq, max)| Request::PollCq { cq, max }),
+            (any::<u32>(), 1..=MAX_POLL as u32, 1..=MAX_WAIT_US).prop_map(
+                |(cq, max, timeout_us)| Request::WaitCq {
+                    cq,
+                    max,
+                    timeout_us
+                }
+            ),
             (any::<u32>(), any::<u64>(), 1..=u64::MAX, any::<u32>()).prop_map(
                 |(pd, addr, len, a)| Request::RegMr {
                     pd,
@@ -1357,7 +1412,7 @@ mod tests {
                 .prop_map(|(clients, qps)| Value::Status { clients, qps })
                 .boxed(),
             K_QUERY_GID => any::<[u8; 16]>().prop_map(Value::Gid).boxed(),
-            K_POLL_CQ => proptest::collection::vec(wc(), 0..=MAX_POLL)
+            K_POLL_CQ | K_WAIT_CQ => proptest::collection::vec(wc(), 0..=MAX_POLL)
                 .prop_map(Value::Wcs)
                 .boxed(),
             K_REG_MR => (any::<u32>(), any::<u32>())
@@ -1555,7 +1610,8 @@ mod tests {
 
     /// A connection with a timer code, a timeout or a retry count beyond what IBTA defines is
     /// refused (`EINVAL`, as `ibv_modify_qp` refuses it), and so is a fetch-and-add whose
-    /// unused second operand is not 0, or an atomic cut short.
+    /// unused second operand is not 0, an atomic cut short, or a wait of no time, of more
+    /// than a second or for no completions.
     #[test]
     fn rc_attributes_and_atomics_out_of_range_are_refused() {
         let connect = |attrs: RcAttrs| {
@@ -1634,6 +1690,21 @@ mod tests {
             libc::EPROTO,
             "an atomic without its operands"
         );
+        for (max, timeout_us, field, value) in [
+            (1, 0, "timeout_us", 0),
+            (1, MAX_WAIT_US + 1, "timeout_us", u64::from(MAX_WAIT_US) + 1),
+            (0, 1000, "max", 0),
+            (MAX_POLL as u32 + 1, 1000, "max", MAX_POLL as u64 + 1),
+        ] {
+            let mut w = 3u32.to_le_bytes().to_vec();
+            w.extend_from_slice(&max.to_le_bytes());
+            w.extend_from_slice(&timeout_us.to_le_bytes());
+            assert_eq!(
+                decode_request(&frame(K_WAIT_CQ, &w)),
+                Err(ProtoError::Field { field, value }),
+                "a wait of {timeout_us} µs for {max}"
+            );
+        }
         let mut op = fa;
         op[12] = 5;
         assert_eq!(

@@ -351,6 +351,10 @@ impl<'a> Connection<'a> {
     fn verb(&mut self, req: Request) -> Result<Value, i32> {
         let dev = &self.engine.dev;
         let errno = |e: crate::api::ApiError| e.errno();
+        let wait = match &req {
+            Request::WaitCq { timeout_us, .. } => Some(Duration::from_micros((*timeout_us).into())),
+            _ => None,
+        };
         Ok(match req {
             Request::Hello => Value::Hello {
                 version: proto::VERSION,
@@ -562,10 +566,20 @@ impl<'a> Connection<'a> {
                 .map_err(errno)?;
                 Value::Done
             }
-            Request::PollCq { cq, max } => {
+            Request::PollCq { cq, max } | Request::WaitCq { cq, max, .. } => {
                 Self::own(&self.cqs, cq)?;
-                let max = usize::try_from(max).map_err(|_| libc::EINVAL)?;
-                let wcs = dev.poll_cq(CqId(cq), max.min(proto::MAX_POLL));
+                let max = usize::try_from(max)
+                    .map_err(|_| libc::EINVAL)?
+                    .min(proto::MAX_POLL);
+                let mut wcs = dev.poll_cq(CqId(cq), max);
+                if let Some(timeout) = wait
+                    && wcs.is_empty()
+                    && let Some(w) = dev.wait_cq(CqId(cq), timeout)
+                {
+                    // The first completion woke us; take what came with it.
+                    wcs.push(w);
+                    wcs.extend(dev.poll_cq(CqId(cq), max - 1));
+                }
                 Value::Wcs(
                     wcs.iter()
                         .map(|w| WireWc {

@@ -19,7 +19,7 @@ use super::{
     PerfArgs, PerfOp, Progress, interrupted,
     lat::LatHist,
     report::PerfResult,
-    setup::{QpCtx, poll_cqs, qp_index},
+    setup::{QpCtx, poll_cqs, qp_index, wait_cqs},
     trace::Tracer,
     verify::{msg_offset, pattern_into, verify_len},
 };
@@ -132,7 +132,7 @@ pub(super) fn run_client<D: RdmaDevice>(
             bail!("interrupted");
         }
         Tracer::poll(tracer, dev);
-        let wcs = poll_cqs(dev, cqs, 64, &mut wc_buf)?;
+        let wcs = wait_cqs(dev, cqs, 64, &mut wc_buf)?;
         if wcs.is_empty() {
             if last_progress.elapsed() > Duration::from_secs(10) {
                 bail!(
@@ -307,7 +307,7 @@ pub(super) fn run_server<D: RdmaDevice>(
         Tracer::poll(tracer, dev);
         let mut busy = false;
         if a.op == PerfOp::Send {
-            let wcs = poll_cqs(dev, cqs, batch, &mut wc_buf)?;
+            let wcs = wait_cqs(dev, cqs, batch, &mut wc_buf)?;
             busy = !wcs.is_empty();
             for wc in wcs {
                 if wc.status != WcStatus::Success {

@@ -61,6 +61,31 @@ pub(super) fn poll_cqs<'b, D: RdmaDevice>(
     Ok(&buf[..n])
 }
 
+/// How long a poll that found nothing may wait for a completion on a device where polling is
+/// a round trip ([`RdmaDevice::wait_cq_into`]: `--engine`); short, so that a loop's deadline,
+/// progress and interrupt checks still run.
+pub(super) const IDLE_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// [`poll_cqs`] for a loop with nothing else to do until a completion comes: with one CQ,
+/// [`RdmaDevice::wait_cq_into`] up to [`IDLE_WAIT`] (the in-process device polls exactly as
+/// [`poll_cqs`] does; `roce engine` waits instead of answering at once, one round trip in
+/// place of a busy loop of them).
+pub(super) fn wait_cqs<'b, D: RdmaDevice>(
+    dev: &D,
+    cqs: &[CqId],
+    max: usize,
+    buf: &'b mut Vec<Wc>,
+) -> anyhow::Result<&'b [Wc]> {
+    let [cq] = cqs else {
+        return poll_cqs(dev, cqs, max, buf);
+    };
+    if buf.len() < max {
+        buf.resize(max, Wc::default());
+    }
+    let n = dev.wait_cq_into(*cq, &mut buf[..max], IDLE_WAIT)?;
+    Ok(&buf[..n])
+}
+
 /// Each QP's position in `qps`, to find a completion's QP in constant time (a run may have
 /// 1024 QPs and a completion per message).
 pub(super) fn qp_index(qps: &[QpCtx]) -> HashMap<Qpn, usize> {
