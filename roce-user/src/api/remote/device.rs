@@ -30,10 +30,11 @@ use crate::{
 /// has let go of it, and this process's own view of it through the kernel.
 #[derive(Debug)]
 struct Region {
-    /// The bytes the engine reads and writes. Never read or written through a Rust reference
+    /// The bytes the engine reads and writes, as u64s so that the region starts 8-byte
+    /// aligned (atomics need it, IBA 9.4.5). Never read or written through a Rust reference
     /// after registration (the engine changes them behind the compiler's back): only through
     /// `view`, which copies with `process_vm_readv/writev` as the engine does.
-    _buf: Box<[u8]>,
+    _buf: Box<[u64]>,
     /// The same bytes, reached through the kernel.
     view: ProcessMem,
     /// The region's description.
@@ -215,7 +216,7 @@ impl RdmaDevice for EngineDevice {
         if len == 0 {
             return Err(invalid("reg_mr"));
         }
-        let buf = vec![0u8; len].into_boxed_slice();
+        let buf = vec![0u64; len.div_ceil(8)].into_boxed_slice();
         let addr = buf.as_ptr() as u64;
         let view = ProcessMem::new(
             i32::try_from(std::process::id()).map_err(|_| invalid("reg_mr"))?,
