@@ -631,8 +631,8 @@ fn a_killed_program_is_reclaimed_and_the_others_go_on() {
 /// of one namespace, both with `--engine`, so both reach the interface through one
 /// `roce engine` (their QPs connect to each other by loopback inside the engine). WRITE,
 /// READ and SEND with `--span` (every byte of every message checked where it landed),
-/// one multi-packet WRITE size, fetch-and-add and compare-and-swap; each side's JSON says
-/// `verified: true`. Before the engine runs, `--engine` fails with the way to start one; the
+/// one multi-packet WRITE size, fetch-and-add and compare-and-swap, and the WRITE and SEND
+/// latency ping-pongs; each side's JSON says `verified: true`. Before the engine runs, `--engine` fails with the way to start one; the
 /// engine served every perf process and leaves (taking roce_xdp with it) after the last.
 /// Sizes are small: every post and poll is a round trip on the engine's socket.
 #[test]
@@ -659,8 +659,13 @@ fn perf_server_and_client_share_one_interface_through_the_engine() {
         "perf --engine without an engine",
     );
     assert!(!o.status.success(), "perf --engine ran without an engine");
-    let err = String::from_utf8_lossy(&o.stderr);
-    assert!(err.contains("roce engine -i"), "{err}");
+    let err: serde_json::Value = serde_json::from_slice(&o.stdout).expect("error JSON");
+    assert!(
+        err["error"]
+            .as_str()
+            .is_some_and(|e| e.contains(&format!("roce engine -i {ifname}"))),
+        "{err}"
+    );
 
     let mut engine = spawn(
         &ns,
@@ -674,6 +679,9 @@ fn perf_server_and_client_share_one_interface_through_the_engine() {
         ("send", "perf send -s 4096 -n 400 -t 16 -r 32 --span 131072"),
         ("atomic", "perf atomic -n 300 -t 16"),
         ("atomic", "perf atomic --cmp-swap -n 200 -t 16"),
+        // The latency ping-pongs: WRITE polls the iteration number in memory, SEND waits.
+        ("write", "perf write --lat -s 64 -n 100"),
+        ("send", "perf send --lat -s 64 -n 100"),
     ];
     for (i, (op, args)) in runs.iter().enumerate() {
         let port = 18_651 + i as u16;
