@@ -626,3 +626,111 @@ fn a_killed_program_is_reclaimed_and_the_others_go_on() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Issue 22's first proof: `roce perf` server and client as two processes on one interface
+/// of one namespace, both with `--engine`, so both reach the interface through one
+/// `roce engine` (their QPs connect to each other by loopback inside the engine). WRITE,
+/// READ and SEND with `--span` (every byte of every message checked where it landed),
+/// one multi-packet WRITE size, fetch-and-add and compare-and-swap, and the WRITE and SEND
+/// latency ping-pongs; each side's JSON says `verified: true`. Before the engine runs, `--engine` fails with the way to start one; the
+/// engine served every perf process and leaves (taking roce_xdp with it) after the last.
+/// Sizes are small: every post and poll is a round trip on the engine's socket.
+#[test]
+fn perf_server_and_client_share_one_interface_through_the_engine() {
+    require_root();
+    let pair = veth_pair("engf", 96);
+    let (ns, ifname) = (pair.a.netns.clone(), pair.a.ifname.clone());
+    let path: PathBuf = Path::new(RUN_DIR).join(&ns).join(format!("{ifname}.sock"));
+    let _socket = SocketGuard(path.clone());
+    let host = pair.a.ipv4.to_string();
+    let perf = |args: &str, port: u16, client: bool| {
+        let mut v: Vec<String> = args.split_whitespace().map(String::from).collect();
+        v.extend(["-d", &ifname, "--engine", "-p", &port.to_string()].map(String::from));
+        if client {
+            v.push(host.clone());
+        }
+        spawn(&ns, &v)
+    };
+
+    // No engine yet: refused, saying how to start one.
+    let o = finish_within(
+        perf("perf write -n 1", 18_650, true),
+        Duration::from_secs(20),
+        "perf --engine without an engine",
+    );
+    assert!(!o.status.success(), "perf --engine ran without an engine");
+    let err: serde_json::Value = serde_json::from_slice(&o.stdout).expect("error JSON");
+    assert!(
+        err["error"]
+            .as_str()
+            .is_some_and(|e| e.contains(&format!("roce engine -i {ifname}"))),
+        "{err}"
+    );
+
+    let mut engine = spawn(
+        &ns,
+        &["engine", "-i", &ifname, "--linger", "5"].map(String::from),
+    );
+    wait_for(&path, Duration::from_secs(20), &mut engine);
+    let runs = [
+        ("write", "perf write -s 4096 -n 400 -t 16 --span 65536"),
+        ("write", "perf write -s 65536 -n 40 -t 4"),
+        ("read", "perf read -s 4096 -n 400 -t 16 --span 65536"),
+        ("send", "perf send -s 4096 -n 400 -t 16 -r 32 --span 131072"),
+        ("atomic", "perf atomic -n 300 -t 16"),
+        ("atomic", "perf atomic --cmp-swap -n 200 -t 16"),
+        // The latency ping-pongs: WRITE polls the iteration number in memory, SEND waits.
+        ("write", "perf write --lat -s 64 -n 100"),
+        ("send", "perf send --lat -s 64 -n 100"),
+    ];
+    for (i, (op, args)) in runs.iter().enumerate() {
+        let port = 18_651 + i as u16;
+        let t0 = Instant::now();
+        let server = perf(args, port, false);
+        let c = finish_within(perf(args, port, true), Duration::from_secs(120), args);
+        let s = finish_within(server, Duration::from_secs(30), args);
+        let (c, s) = (
+            roce_tests::child::json_ok(&c, &format!("client {args}")),
+            roce_tests::child::json_ok(&s, &format!("server {args}")),
+        );
+        for (side, v) in [("client", &c), ("server", &s)] {
+            assert_eq!(v["verified"], true, "{side} of {args}: {v}");
+            assert_eq!(v["op"], *op, "{side} of {args}: {v}");
+            assert_eq!(v["role"], side, "{v}");
+            assert_eq!(v["atomic_mismatches"], 0, "{side} of {args}: {v}");
+        }
+        let n: u64 = args
+            .split_whitespace()
+            .skip_while(|w| *w != "-n")
+            .nth(1)
+            .and_then(|w| w.parse().ok())
+            .expect("-n");
+        assert_eq!(c["messages"], n, "{args}: {c}");
+        eprintln!(
+            "{args}: {:.1} s, client {:.2} MB/s",
+            t0.elapsed().as_secs_f64(),
+            c["bw_mb_per_sec"].as_f64().unwrap_or(0.0)
+        );
+    }
+    let out = finish_within(
+        engine,
+        Duration::from_secs(30),
+        "engine after its last client",
+    );
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("engine JSON");
+    assert_eq!(
+        report["connections"],
+        2 * runs.len(),
+        "every perf process went through the engine: {report}"
+    );
+    assert!(
+        !xdp_attached(&ns, &ifname),
+        "the engine unloads roce_xdp when it leaves"
+    );
+    assert!(!path.exists(), "the engine removed its socket");
+}

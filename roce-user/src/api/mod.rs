@@ -44,6 +44,7 @@ pub mod env;
 mod error;
 mod handles;
 mod path;
+mod rdma_device;
 pub mod remote;
 mod srq;
 
@@ -87,6 +88,7 @@ pub use self::{
     error::ApiError,
     handles::{Ah, Cq, Mr, Mw, Pd, Qp},
     path::{PATH_CACHE_TTL, needs_multi_buffer},
+    rdma_device::{RcTarget, RdmaDevice},
     srq::Srq,
 };
 use self::{

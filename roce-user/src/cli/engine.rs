@@ -86,14 +86,16 @@ pub fn run(out: Output, args: &EngineArgs, netns: Option<String>) -> anyhow::Res
         return Ok(());
     }
     let listener = server::bind(&path).with_context(|| format!("binding {}", path.display()))?;
-    let dev = match Device::open(
-        &args.iface,
-        &DeviceOptions {
-            mode: args.mode,
-            netns,
-            ..DeviceOptions::default()
-        },
-    ) {
+    let mut opts = DeviceOptions {
+        mode: args.mode,
+        netns,
+        ..DeviceOptions::default()
+    };
+    // The engine serves whatever its programs ask for, up to rxe's limit of READ/atomic
+    // responder resources per QP (128, what `roce perf` asks by default); a resource is held
+    // only while a READ or atomic is being answered.
+    opts.transport.max_qp_rd_atom = 128;
+    let dev = match Device::open(&args.iface, &opts) {
         Ok(d) => d,
         Err(e) => {
             let _ = std::fs::remove_file(&path);

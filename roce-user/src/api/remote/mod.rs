@@ -10,6 +10,7 @@
 //! posts and polls go over the same socket (correct, slow: the shared-ring data path of the
 //! design is not here yet).
 
+pub mod device;
 pub mod memory;
 pub mod proto;
 pub mod server;
@@ -20,6 +21,7 @@ use std::{
     path::{Path, PathBuf},
 };
 
+pub use self::device::EngineDevice;
 use self::proto::{ProtoError, QpSpec, REJECT, Reply, Request, Value};
 use crate::transport::{Access, CqId, LKey, PdId, QpInit, QpState, QpType, Qpn, RKey};
 
@@ -93,6 +95,10 @@ pub enum RemoteError {
     /// The engine closed the connection.
     #[error("engine closed the connection")]
     Closed,
+    /// This side refused the call before asking the engine ([`EngineDevice`]: the interface
+    /// as this process sees it disagrees with the call or with the engine).
+    #[error("{0}")]
+    Local(String),
 }
 
 impl RemoteError {
@@ -106,6 +112,7 @@ impl RemoteError {
             Self::Errno { errno, .. } | Self::Refused(errno) => *errno,
             Self::Proto(_) | Self::Mismatch { .. } => libc::EPROTO,
             Self::Closed => libc::ECONNRESET,
+            Self::Local(_) => libc::EINVAL,
         }
     }
 }
@@ -380,16 +387,42 @@ impl EngineClient {
         sq_psn: u32,
         mtu: crate::transport::Mtu,
     ) -> Result<(), RemoteError> {
+        self.qp_connect_to(
+            qpn,
+            &crate::api::RcTarget {
+                gid_index: gid_index as usize,
+                remote_gid: dgid,
+                dest_qpn,
+                path_mtu: mtu,
+                rq_psn: crate::transport::Psn::new(rq_psn),
+                sq_psn: crate::transport::Psn::new(sq_psn),
+                attrs: proto::RcAttrs::PINGPONG,
+            },
+        )
+    }
+
+    /// INIT → RTR → RTS of an RC QP to `t`: [`EngineClient::qp_connect`] with the reliability
+    /// attributes of `t` (responder resources, READ/atomic depth, timeouts and retries, as
+    /// perftest sets them).
+    ///
+    /// # Errors
+    /// As [`EngineClient::qp_connect`]; depths beyond the engine's limits (`EINVAL`).
+    pub fn qp_connect_to(&mut self, qpn: Qpn, t: &crate::api::RcTarget) -> Result<(), RemoteError> {
+        let gid_index = u32::try_from(t.gid_index).map_err(|_| RemoteError::Errno {
+            verb: "qp_connect",
+            errno: libc::EINVAL,
+        })?;
         self.done(
             "qp_connect",
             &Request::QpConnect {
                 qpn: qpn.value(),
                 gid_index,
-                dgid,
-                dest_qpn: dest_qpn.value(),
-                rq_psn,
-                sq_psn,
-                mtu,
+                dgid: t.remote_gid,
+                dest_qpn: t.dest_qpn.value(),
+                rq_psn: t.rq_psn.value(),
+                sq_psn: t.sq_psn.value(),
+                mtu: t.path_mtu,
+                attrs: t.attrs,
             },
         )
     }
@@ -435,6 +468,34 @@ impl EngineClient {
     /// A CQ not of this connection (`EINVAL`).
     pub fn poll_cq(&mut self, cq: CqId, max: u32) -> Result<Vec<proto::WireWc>, RemoteError> {
         match self.call("poll_cq", &Request::PollCq { cq: cq.0, max })? {
+            Value::Wcs(w) => Ok(w),
+            _ => Err(self.unexpected()),
+        }
+    }
+
+    /// [`EngineClient::poll_cq`] that, when the CQ is empty, waits in the engine up to
+    /// `timeout` (at most [`proto::MAX_WAIT_US`] µs, at least 1 µs) for a completion: one round
+    /// trip in place of a busy loop of polls.
+    ///
+    /// # Errors
+    /// As [`EngineClient::poll_cq`].
+    pub fn wait_cq(
+        &mut self,
+        cq: CqId,
+        max: u32,
+        timeout: std::time::Duration,
+    ) -> Result<Vec<proto::WireWc>, RemoteError> {
+        let timeout_us = u32::try_from(timeout.as_micros())
+            .unwrap_or(proto::MAX_WAIT_US)
+            .clamp(1, proto::MAX_WAIT_US);
+        match self.call(
+            "wait_cq",
+            &Request::WaitCq {
+                cq: cq.0,
+                max,
+                timeout_us,
+            },
+        )? {
             Value::Wcs(w) => Ok(w),
             _ => Err(self.unexpected()),
         }

@@ -27,8 +27,10 @@ use crate::transport::{Access, Mtu, QpState, QpType, WcOpcode, WcStatus};
 /// The first two bytes of every frame: "RE" read as a little-endian u16.
 pub const MAGIC: u16 = u16::from_le_bytes(*b"RE");
 /// The protocol version this build speaks; the engine refuses any other with
-/// `EPROTONOSUPPORT` (step 1 of docs/multiprocess.md: no negotiation yet).
-pub const VERSION: u8 = 1;
+/// `EPROTONOSUPPORT` (no negotiation yet: the engine and its programs are one build). Version 2
+/// added the reliability attributes of [`Request::QpConnect`] ([`RcAttrs`]), the atomics of
+/// [`WireOp`] and [`Request::WaitCq`], which `roce perf --engine` needs.
+pub const VERSION: u8 = 2;
 /// Bytes of a frame header.
 pub const HEADER: usize = 12;
 /// The largest body any message has, with room to grow; longer is refused (`EMSGSIZE`).
@@ -107,8 +109,8 @@ pub enum Request {
         /// The region's lkey.
         lkey: u32,
     },
-    /// INIT → RTR → RTS of an RC QP to `dest_qpn` at `dgid` from GID `gid_index`, with
-    /// ibv_rc_pingpong's reliability attributes ([`crate::api::RcConnect::new`]).
+    /// INIT → RTR → RTS of an RC QP to `dest_qpn` at `dgid` from GID `gid_index`, with the
+    /// reliability attributes `attrs` (ibv_rc_pingpong's are [`RcAttrs::PINGPONG`]).
     QpConnect {
         /// The QP.
         qpn: Handle,
@@ -124,6 +126,8 @@ pub enum Request {
         sq_psn: u32,
         /// Path MTU.
         mtu: Mtu,
+        /// What `ibv_modify_qp` gets besides the address for RTR and RTS.
+        attrs: RcAttrs,
     },
     /// `ibv_post_send` of one WR.
     PostSend {
@@ -148,6 +152,90 @@ pub enum Request {
         /// At most this many.
         max: u32,
     },
+    /// [`Request::PollCq`] that, when the CQ is empty, waits up to `timeout_us`
+    /// (1..=[`MAX_WAIT_US`]) for a completion before answering (with none if none came): the
+    /// blocking `ibv_get_cq_event` + `ibv_poll_cq` of a program that has nothing else to do,
+    /// one round trip instead of a busy loop of them. Answered as `PollCq` is.
+    WaitCq {
+        /// The CQ.
+        cq: Handle,
+        /// At most this many.
+        max: u32,
+        /// Longest wait in microseconds.
+        timeout_us: u32,
+    },
+}
+
+/// The longest [`Request::WaitCq`] wait: one second, so that a program's connection thread in
+/// the engine is never held longer than that by one request.
+pub const MAX_WAIT_US: u32 = 1_000_000;
+
+/// The reliability attributes of an RC connection ([`Request::QpConnect`]), as
+/// [`crate::api::RcConnect`] names them: what `ibv_modify_qp` sets for RTR
+/// (`max_dest_rd_atomic`, `min_rnr_timer`) and RTS (`max_rd_atomic`, `timeout`, `retry_cnt`,
+/// `rnr_retry`). The codec checks the ranges IBTA gives the fields (timer codes 0..=31, retry
+/// counts 0..=7, IBA 9.7.5.2.8 and 9.7.6.1.6); the depths are checked by the engine's transport
+/// against its limits, as `ibv_modify_qp` checks them against the device's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RcAttrs {
+    /// READ/atomic responder resources.
+    pub max_dest_rd_atomic: u8,
+    /// Outstanding READs/atomics the QP may issue.
+    pub max_rd_atomic: u8,
+    /// RNR NAK timer code advertised (0..=31).
+    pub min_rnr_timer: u8,
+    /// Local ACK timeout exponent (0..=31: 4.096 µs × 2^timeout, 0 for none).
+    pub timeout: u8,
+    /// Transport retries (0..=7; 7 is "forever" to rxe).
+    pub retry_cnt: u8,
+    /// RNR retries (0..=7; 7 is forever).
+    pub rnr_retry: u8,
+}
+
+impl RcAttrs {
+    /// ibv_rc_pingpong's attributes, those of [`crate::api::RcConnect::new`].
+    pub const PINGPONG: Self = Self {
+        max_dest_rd_atomic: 1,
+        max_rd_atomic: 1,
+        min_rnr_timer: 12,
+        timeout: 14,
+        retry_cnt: 7,
+        rnr_retry: 7,
+    };
+    /// Bytes on the wire.
+    const LEN: usize = 6;
+
+    fn put(&self, out: &mut Vec<u8>) {
+        out.extend_from_slice(&[
+            self.max_dest_rd_atomic,
+            self.max_rd_atomic,
+            self.min_rnr_timer,
+            self.timeout,
+            self.retry_cnt,
+            self.rnr_retry,
+        ]);
+    }
+
+    fn get(b: &[u8]) -> Result<Self, ProtoError> {
+        let field = |field: &'static str, v: u8, max: u8| {
+            if v <= max {
+                Ok(v)
+            } else {
+                Err(ProtoError::Field {
+                    field,
+                    value: v.into(),
+                })
+            }
+        };
+        Ok(Self {
+            max_dest_rd_atomic: b[0],
+            max_rd_atomic: b[1],
+            min_rnr_timer: field("min_rnr_timer", b[2], 31)?,
+            timeout: field("timeout", b[3], 31)?,
+            retry_cnt: field("retry_cnt", b[4], 7)?,
+            rnr_retry: field("rnr_retry", b[5], 7)?,
+        })
+    }
 }
 
 /// Scatter/gather entries a WR may carry on the wire.
@@ -166,7 +254,9 @@ pub struct WireSge {
     pub lkey: u32,
 }
 
-/// The operations a [`Request::PostSend`] carries so far.
+/// The operations a [`Request::PostSend`] carries so far. On the wire: an opcode byte (0 SEND,
+/// 1 WRITE, 2 READ, 3 compare-and-swap, 4 fetch-and-add), the remote address and rkey (zero
+/// for SEND), and for the atomics two more u64 operands (compare and swap, or add and 0).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum WireOp {
     /// SEND.
@@ -184,6 +274,27 @@ pub enum WireOp {
         remote_addr: u64,
         /// Remote key.
         rkey: u32,
+    },
+    /// `IBV_WR_ATOMIC_CMP_AND_SWP` of the 8 bytes at `remote_addr`: the one SGE (8 bytes)
+    /// receives the original value.
+    CompareSwap {
+        /// Remote address (8-byte aligned: the responder checks, IBA 9.4.5).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Compared with the remote value.
+        compare: u64,
+        /// Stored when equal.
+        swap: u64,
+    },
+    /// `IBV_WR_ATOMIC_FETCH_AND_ADD`: the one SGE receives the original value.
+    FetchAdd {
+        /// Remote address (8-byte aligned).
+        remote_addr: u64,
+        /// Remote key.
+        rkey: u32,
+        /// Added to the remote value.
+        add: u64,
     },
 }
 
@@ -367,8 +478,9 @@ const K_QP_CONNECT: u8 = 14;
 const K_POST_SEND: u8 = 15;
 const K_POST_RECV: u8 = 16;
 const K_POLL_CQ: u8 = 17;
+const K_WAIT_CQ: u8 = 18;
 /// The last verb's kind.
-const K_LAST: u8 = K_POLL_CQ;
+const K_LAST: u8 = K_WAIT_CQ;
 
 /// Bytes of a [`QpSpec`] body.
 const QP_SPEC_LEN: usize = 4 + 1 + 4 * 6 + 1;
@@ -395,6 +507,7 @@ impl Request {
             Self::PostSend { .. } => K_POST_SEND,
             Self::PostRecv { .. } => K_POST_RECV,
             Self::PollCq { .. } => K_POLL_CQ,
+            Self::WaitCq { .. } => K_WAIT_CQ,
         }
     }
 
@@ -416,6 +529,7 @@ impl Request {
                 rq_psn,
                 sq_psn,
                 mtu,
+                attrs,
             } => {
                 for v in [*qpn, *gid_index] {
                     out.extend_from_slice(&v.to_le_bytes());
@@ -424,18 +538,34 @@ impl Request {
                 for v in [*dest_qpn, *rq_psn, *sq_psn, mtu.bytes()] {
                     out.extend_from_slice(&v.to_le_bytes());
                 }
+                attrs.put(out);
             }
             Self::PostSend { qpn, wr } => {
                 out.extend_from_slice(&qpn.to_le_bytes());
                 out.extend_from_slice(&wr.wr_id.to_le_bytes());
-                let (code, addr, rkey) = match wr.op {
-                    WireOp::Send => (0u8, 0, 0),
-                    WireOp::Write { remote_addr, rkey } => (1, remote_addr, rkey),
-                    WireOp::Read { remote_addr, rkey } => (2, remote_addr, rkey),
+                let (code, addr, rkey, operands) = match wr.op {
+                    WireOp::Send => (0u8, 0, 0, None),
+                    WireOp::Write { remote_addr, rkey } => (1, remote_addr, rkey, None),
+                    WireOp::Read { remote_addr, rkey } => (2, remote_addr, rkey, None),
+                    WireOp::CompareSwap {
+                        remote_addr,
+                        rkey,
+                        compare,
+                        swap,
+                    } => (3, remote_addr, rkey, Some((compare, swap))),
+                    WireOp::FetchAdd {
+                        remote_addr,
+                        rkey,
+                        add,
+                    } => (4, remote_addr, rkey, Some((add, 0))),
                 };
                 out.push(code);
                 out.extend_from_slice(&addr.to_le_bytes());
                 out.extend_from_slice(&rkey.to_le_bytes());
+                if let Some((a, b)) = operands {
+                    out.extend_from_slice(&a.to_le_bytes());
+                    out.extend_from_slice(&b.to_le_bytes());
+                }
                 out.push(u8::from(wr.signaled));
                 put_sges(out, &wr.sges);
             }
@@ -447,6 +577,15 @@ impl Request {
             Self::PollCq { cq, max } => {
                 out.extend_from_slice(&cq.to_le_bytes());
                 out.extend_from_slice(&max.to_le_bytes());
+            }
+            Self::WaitCq {
+                cq,
+                max,
+                timeout_us,
+            } => {
+                for v in [*cq, *max, *timeout_us] {
+                    out.extend_from_slice(&v.to_le_bytes());
+                }
             }
             Self::RegMr {
                 pd,
@@ -792,7 +931,7 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Frame<Request>, usize)>, Pro
         K_QUERY_QP => Request::QueryQp { qpn: one(body)? },
         K_DEREG_MR => Request::DeregMr { lkey: one(body)? },
         K_QP_CONNECT => {
-            exact(k, body, 8 + 16 + 16)?;
+            exact(k, body, 8 + 16 + 16 + RcAttrs::LEN)?;
             let mut dgid = [0; 16];
             dgid.copy_from_slice(&body[8..24]);
             let bytes = u32_at(body, 36);
@@ -807,6 +946,7 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Frame<Request>, usize)>, Pro
                     field: "mtu",
                     value: bytes.into(),
                 })?,
+                attrs: RcAttrs::get(&body[40..])?,
             }
         }
         K_POST_SEND => {
@@ -818,10 +958,37 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Frame<Request>, usize)>, Pro
                 });
             }
             let (remote_addr, rkey) = (u64_at(body, 13), u32_at(body, 21));
+            // The atomics carry two u64 operands between the rkey and the flags.
+            let at = if matches!(body[12], 3 | 4) { 41 } else { 25 };
+            if body.len() < at + 1 {
+                return Err(ProtoError::Length {
+                    kind: k,
+                    got: body.len(),
+                    want: at + 1,
+                });
+            }
             let op = match body[12] {
                 0 if remote_addr == 0 && rkey == 0 => WireOp::Send,
                 1 => WireOp::Write { remote_addr, rkey },
                 2 => WireOp::Read { remote_addr, rkey },
+                3 => WireOp::CompareSwap {
+                    remote_addr,
+                    rkey,
+                    compare: u64_at(body, 25),
+                    swap: u64_at(body, 33),
+                },
+                // Fetch-and-add has one operand: the second is 0, so one WR has one encoding.
+                4 if u64_at(body, 33) == 0 => WireOp::FetchAdd {
+                    remote_addr,
+                    rkey,
+                    add: u64_at(body, 25),
+                },
+                4 => {
+                    return Err(ProtoError::Field {
+                        field: "fetch_add_swap",
+                        value: u64_at(body, 33),
+                    });
+                }
                 v => {
                     return Err(ProtoError::Field {
                         field: "opcode",
@@ -834,8 +1001,8 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Frame<Request>, usize)>, Pro
                 wr: WireSendWr {
                     wr_id: u64_at(body, 4),
                     op,
-                    signaled: bool_from("signaled", body[25])?,
-                    sges: get_sges(k, &body[26..])?,
+                    signaled: bool_from("signaled", body[at])?,
+                    sges: get_sges(k, &body[at + 1..])?,
                 },
             }
         }
@@ -865,6 +1032,27 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Frame<Request>, usize)>, Pro
             Request::PollCq {
                 cq: u32_at(body, 0),
                 max,
+            }
+        }
+        K_WAIT_CQ => {
+            exact(k, body, 12)?;
+            let (max, timeout_us) = (u32_at(body, 4), u32_at(body, 8));
+            if max == 0 || max as usize > MAX_POLL {
+                return Err(ProtoError::Field {
+                    field: "max",
+                    value: max.into(),
+                });
+            }
+            if timeout_us == 0 || timeout_us > MAX_WAIT_US {
+                return Err(ProtoError::Field {
+                    field: "timeout_us",
+                    value: timeout_us.into(),
+                });
+            }
+            Request::WaitCq {
+                cq: u32_at(body, 0),
+                max,
+                timeout_us,
             }
         }
         K_REG_MR => {
@@ -977,7 +1165,7 @@ pub fn decode_reply(buf: &[u8]) -> Result<Option<(Frame<Reply>, usize)>, ProtoEr
                 exact(k, rest, 4)?;
                 Value::Created(u32_at(rest, 0))
             }
-            K_POLL_CQ => {
+            K_POLL_CQ | K_WAIT_CQ => {
                 let Some((&n, wcs)) = rest.split_first() else {
                     return Err(ProtoError::Length {
                         kind: k,
@@ -1062,6 +1250,19 @@ mod tests {
         ]
     }
 
+    fn rc_attrs() -> impl Strategy<Value = RcAttrs> {
+        (any::<[u8; 2]>(), 0u8..32, 0u8..32, 0u8..8, 0u8..8).prop_map(
+            |(d, min_rnr_timer, timeout, retry_cnt, rnr_retry)| RcAttrs {
+                max_dest_rd_atomic: d[0],
+                max_rd_atomic: d[1],
+                min_rnr_timer,
+                timeout,
+                retry_cnt,
+                rnr_retry,
+            },
+        )
+    }
+
     fn sges() -> impl Strategy<Value = Vec<WireSge>> {
         proptest::collection::vec(
             (any::<u64>(), any::<u32>(), any::<u32>()).prop_map(|(addr, length, lkey)| WireSge {
@@ -1127,8 +1328,8 @@ mod tests {
             }),
             spec,
             any::<u32>().prop_map(|lkey| Request::DeregMr { lkey }),
-            (any::<[u32; 5]>(), any::<[u8; 16]>(), 0usize..5).prop_map(|(v, dgid, m)| {
-                Request::QpConnect {
+            (any::<[u32; 5]>(), any::<[u8; 16]>(), 0usize..5, rc_attrs()).prop_map(
+                |(v, dgid, m, attrs)| Request::QpConnect {
                     qpn: v[0],
                     gid_index: v[1],
                     dgid,
@@ -1136,39 +1337,59 @@ mod tests {
                     rq_psn: v[3],
                     sq_psn: v[4],
                     mtu: Mtu::from_bytes(256 << m).unwrap(),
+                    attrs,
                 }
-            }),
+            ),
             (
                 any::<u32>(),
                 any::<u64>(),
-                0u8..3,
-                any::<u64>(),
-                any::<u32>(),
+                0u8..5,
+                (any::<u64>(), any::<u32>(), any::<[u64; 2]>()),
                 any::<bool>(),
                 sges()
             )
-                .prop_map(|(qpn, wr_id, code, remote_addr, rkey, signaled, sges)| {
-                    let op = match code {
-                        0 => WireOp::Send,
-                        1 => WireOp::Write { remote_addr, rkey },
-                        _ => WireOp::Read { remote_addr, rkey },
-                    };
-                    Request::PostSend {
-                        qpn,
-                        wr: WireSendWr {
-                            wr_id,
-                            op,
-                            signaled,
-                            sges,
-                        },
+                .prop_map(
+                    |(qpn, wr_id, code, (remote_addr, rkey, v), signaled, sges)| {
+                        let op = match code {
+                            0 => WireOp::Send,
+                            1 => WireOp::Write { remote_addr, rkey },
+                            2 => WireOp::Read { remote_addr, rkey },
+                            3 => WireOp::CompareSwap {
+                                remote_addr,
+                                rkey,
+                                compare: v[0],
+                                swap: v[1],
+                            },
+                            _ => WireOp::FetchAdd {
+                                remote_addr,
+                                rkey,
+                                add: v[0],
+                            },
+                        };
+                        Request::PostSend {
+                            qpn,
+                            wr: WireSendWr {
+                                wr_id,
+                                op,
+                                signaled,
+                                sges,
+                            },
+                        }
                     }
-                }),
+                ),
             (any::<u32>(), any::<u64>(), sges()).prop_map(|(qpn, wr_id, sges)| Request::PostRecv {
                 qpn,
                 wr_id,
                 sges
             }),
             (any::<u32>(), 1..=MAX_POLL as u32).prop_map(|(cq, max)| Request::PollCq { cq, max }),
+            (any::<u32>(), 1..=MAX_POLL as u32, 1..=MAX_WAIT_US).prop_map(
+                |(cq, max, timeout_us)| Request::WaitCq {
+                    cq,
+                    max,
+                    timeout_us
+                }
+            ),
             (any::<u32>(), any::<u64>(), 1..=u64::MAX, any::<u32>()).prop_map(
                 |(pd, addr, len, a)| Request::RegMr {
                     pd,
@@ -1191,7 +1412,7 @@ mod tests {
                 .prop_map(|(clients, qps)| Value::Status { clients, qps })
                 .boxed(),
             K_QUERY_GID => any::<[u8; 16]>().prop_map(Value::Gid).boxed(),
-            K_POLL_CQ => proptest::collection::vec(wc(), 0..=MAX_POLL)
+            K_POLL_CQ | K_WAIT_CQ => proptest::collection::vec(wc(), 0..=MAX_POLL)
                 .prop_map(Value::Wcs)
                 .boxed(),
             K_REG_MR => (any::<u32>(), any::<u32>())
@@ -1315,14 +1536,14 @@ mod tests {
             libc::EPROTO,
             "a wrong magic is refused as soon as it is in"
         );
-        let mut v2 = frame(K_HELLO, &[]);
-        v2[2] = 2;
+        let mut v1 = frame(K_HELLO, &[]);
+        v1[2] = 1;
         assert_eq!(
-            decode_request(&v2),
-            Err(ProtoError::Version(2)),
-            "another version"
+            decode_request(&v1),
+            Err(ProtoError::Version(1)),
+            "another version (step 1's, without atomics and RC attributes)"
         );
-        assert_eq!(ProtoError::Version(2).errno(), libc::EPROTONOSUPPORT);
+        assert_eq!(ProtoError::Version(1).errno(), libc::EPROTONOSUPPORT);
         let mut long = frame(K_HELLO, &[]);
         long[8..12].copy_from_slice(&(MAX_BODY as u32 + 1).to_le_bytes());
         assert_eq!(decode_request(&long).unwrap_err().errno(), libc::EMSGSIZE);
@@ -1384,6 +1605,114 @@ mod tests {
                 value: 0x8000_0000
             }),
             "access bits nobody defined"
+        );
+    }
+
+    /// A connection with a timer code, a timeout or a retry count beyond what IBTA defines is
+    /// refused (`EINVAL`, as `ibv_modify_qp` refuses it), and so is a fetch-and-add whose
+    /// unused second operand is not 0, an atomic cut short, or a wait of no time, of more
+    /// than a second or for no completions.
+    #[test]
+    fn rc_attributes_and_atomics_out_of_range_are_refused() {
+        let connect = |attrs: RcAttrs| {
+            let mut b = Vec::new();
+            Request::QpConnect {
+                qpn: 1,
+                gid_index: 1,
+                dgid: [0; 16],
+                dest_qpn: 2,
+                rq_psn: 0,
+                sq_psn: 0,
+                mtu: Mtu::Mtu1024,
+                attrs,
+            }
+            .body(&mut b);
+            b
+        };
+        let ok = connect(RcAttrs::PINGPONG);
+        assert!(decode_request(&frame(K_QP_CONNECT, &ok)).unwrap().is_some());
+        for (at, v, field) in [
+            (42, 32, "min_rnr_timer"),
+            (43, 32, "timeout"),
+            (44, 8, "retry_cnt"),
+            (45, 8, "rnr_retry"),
+        ] {
+            let mut b = ok.clone();
+            b[at] = v;
+            assert_eq!(
+                decode_request(&frame(K_QP_CONNECT, &b)),
+                Err(ProtoError::Field {
+                    field,
+                    value: v.into()
+                })
+            );
+        }
+        assert_eq!(
+            decode_request(&frame(K_QP_CONNECT, &ok[..40]))
+                .unwrap_err()
+                .errno(),
+            libc::EPROTO,
+            "a step-1 connect without the attributes"
+        );
+        let mut fa = Vec::new();
+        Request::PostSend {
+            qpn: 1,
+            wr: WireSendWr {
+                wr_id: 1,
+                op: WireOp::FetchAdd {
+                    remote_addr: 8,
+                    rkey: 2,
+                    add: 1,
+                },
+                signaled: true,
+                sges: vec![WireSge {
+                    addr: 0,
+                    length: 8,
+                    lkey: 3,
+                }],
+            },
+        }
+        .body(&mut fa);
+        assert!(decode_request(&frame(K_POST_SEND, &fa)).unwrap().is_some());
+        let mut bad = fa.clone();
+        bad[33] = 1;
+        assert_eq!(
+            decode_request(&frame(K_POST_SEND, &bad)),
+            Err(ProtoError::Field {
+                field: "fetch_add_swap",
+                value: 1
+            })
+        );
+        assert_eq!(
+            decode_request(&frame(K_POST_SEND, &fa[..30]))
+                .unwrap_err()
+                .errno(),
+            libc::EPROTO,
+            "an atomic without its operands"
+        );
+        for (max, timeout_us, field, value) in [
+            (1, 0, "timeout_us", 0),
+            (1, MAX_WAIT_US + 1, "timeout_us", u64::from(MAX_WAIT_US) + 1),
+            (0, 1000, "max", 0),
+            (MAX_POLL as u32 + 1, 1000, "max", MAX_POLL as u64 + 1),
+        ] {
+            let mut w = 3u32.to_le_bytes().to_vec();
+            w.extend_from_slice(&max.to_le_bytes());
+            w.extend_from_slice(&timeout_us.to_le_bytes());
+            assert_eq!(
+                decode_request(&frame(K_WAIT_CQ, &w)),
+                Err(ProtoError::Field { field, value }),
+                "a wait of {timeout_us} µs for {max}"
+            );
+        }
+        let mut op = fa;
+        op[12] = 5;
+        assert_eq!(
+            decode_request(&frame(K_POST_SEND, &op)),
+            Err(ProtoError::Field {
+                field: "opcode",
+                value: 5
+            })
         );
     }
 

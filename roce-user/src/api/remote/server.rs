@@ -351,6 +351,10 @@ impl<'a> Connection<'a> {
     fn verb(&mut self, req: Request) -> Result<Value, i32> {
         let dev = &self.engine.dev;
         let errno = |e: crate::api::ApiError| e.errno();
+        let wait = match &req {
+            Request::WaitCq { timeout_us, .. } => Some(Duration::from_micros((*timeout_us).into())),
+            _ => None,
+        };
         Ok(match req {
             Request::Hello => Value::Hello {
                 version: proto::VERSION,
@@ -471,6 +475,7 @@ impl<'a> Connection<'a> {
                 rq_psn,
                 sq_psn,
                 mtu,
+                attrs,
             } => {
                 Self::own(&self.qps, qpn)?;
                 let q = Qpn::new(qpn);
@@ -478,13 +483,22 @@ impl<'a> Connection<'a> {
                 let path = dev
                     .path_to(gi, &dgid, q, Qpn::new(dest_qpn))
                     .map_err(errno)?;
-                let c = RcConnect::new(
-                    path,
-                    mtu,
-                    Qpn::new(dest_qpn),
-                    Psn::new(rq_psn),
-                    Psn::new(sq_psn),
-                );
+                let c = RcConnect {
+                    max_dest_rd_atomic: attrs.max_dest_rd_atomic,
+                    max_rd_atomic: attrs.max_rd_atomic,
+                    min_rnr_timer: attrs.min_rnr_timer,
+                    timeout: attrs.timeout,
+                    retry_cnt: attrs.retry_cnt,
+                    rnr_retry: attrs.rnr_retry,
+                    ..RcConnect::new(
+                        path,
+                        mtu,
+                        Qpn::new(dest_qpn),
+                        Psn::new(rq_psn),
+                        Psn::new(sq_psn),
+                    )
+                };
+                // The transport checks the depths against the device's limits (EINVAL).
                 dev.qp_connect(q, &c).map_err(errno)?;
                 Value::Done
             }
@@ -499,6 +513,26 @@ impl<'a> Connection<'a> {
                     WireOp::Read { remote_addr, rkey } => SendOp::Read {
                         remote_addr,
                         rkey: RKey::new(rkey),
+                    },
+                    WireOp::CompareSwap {
+                        remote_addr,
+                        rkey,
+                        compare,
+                        swap,
+                    } => SendOp::CompareSwap {
+                        remote_addr,
+                        rkey: RKey::new(rkey),
+                        compare,
+                        swap,
+                    },
+                    WireOp::FetchAdd {
+                        remote_addr,
+                        rkey,
+                        add,
+                    } => SendOp::FetchAdd {
+                        remote_addr,
+                        rkey: RKey::new(rkey),
+                        add,
                     },
                 };
                 let swr = SendWr {
@@ -532,10 +566,20 @@ impl<'a> Connection<'a> {
                 .map_err(errno)?;
                 Value::Done
             }
-            Request::PollCq { cq, max } => {
+            Request::PollCq { cq, max } | Request::WaitCq { cq, max, .. } => {
                 Self::own(&self.cqs, cq)?;
-                let max = usize::try_from(max).map_err(|_| libc::EINVAL)?;
-                let wcs = dev.poll_cq(CqId(cq), max.min(proto::MAX_POLL));
+                let max = usize::try_from(max)
+                    .map_err(|_| libc::EINVAL)?
+                    .min(proto::MAX_POLL);
+                let mut wcs = dev.poll_cq(CqId(cq), max);
+                if let Some(timeout) = wait
+                    && wcs.is_empty()
+                    && let Some(w) = dev.wait_cq(CqId(cq), timeout)
+                {
+                    // The first completion woke us; take what came with it.
+                    wcs.push(w);
+                    wcs.extend(dev.poll_cq(CqId(cq), max - 1));
+                }
                 Value::Wcs(
                     wcs.iter()
                         .map(|w| WireWc {

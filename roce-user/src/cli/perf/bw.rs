@@ -9,7 +9,7 @@ use std::{
 
 use anyhow::bail;
 use roce::{
-    api::{CqId, Device, RecvWr, SendOp, SendWr, Sge, WcStatus},
+    api::{CqId, RdmaDevice, RecvWr, SendOp, SendWr, Sge, WcStatus},
     cm::perftest::{Comm, pattern},
     wire::types::RKey,
 };
@@ -19,13 +19,13 @@ use super::{
     PerfArgs, PerfOp, Progress, interrupted,
     lat::LatHist,
     report::PerfResult,
-    setup::{QpCtx, poll_cqs, qp_index},
+    setup::{QpCtx, poll_cqs, qp_index, wait_cqs},
     trace::Tracer,
     verify::{msg_offset, pattern_into, verify_len},
 };
 
-pub(super) fn run_client(
-    dev: &Device,
+pub(super) fn run_client<D: RdmaDevice>(
+    dev: &D,
     a: &PerfArgs,
     cqs: &[CqId],
     qps: &[QpCtx],
@@ -132,7 +132,7 @@ pub(super) fn run_client(
             bail!("interrupted");
         }
         Tracer::poll(tracer, dev);
-        let wcs = poll_cqs(dev, cqs, 64, &mut wc_buf);
+        let wcs = wait_cqs(dev, cqs, 64, &mut wc_buf)?;
         if wcs.is_empty() {
             if last_progress.elapsed() > Duration::from_secs(10) {
                 bail!(
@@ -208,7 +208,7 @@ pub(super) fn run_client(
     }
     // Nothing may complete after the last expected completion: a late one is a duplicate.
     std::thread::sleep(Duration::from_millis(20));
-    if let Some(wc) = poll_cqs(dev, cqs, 1, &mut wc_buf).first() {
+    if let Some(wc) = poll_cqs(dev, cqs, 1, &mut wc_buf)?.first() {
         bail!(
             "QP {:?} completed work request {} after all its work requests had completed",
             wc.qp_num,
@@ -253,8 +253,8 @@ pub(super) fn run_client(
 /// per QP, so a SEND finds its receive posted unless this loop falls `rx_depth − tx_depth`
 /// messages behind (rxe's `check_resource` then answers with an RNR NAK, `send_rnr_err`). The
 /// loop sleeps only when a pass completed nothing. Call once, after the exchange.
-pub(super) fn run_server(
-    dev: &Device,
+pub(super) fn run_server<D: RdmaDevice>(
+    dev: &D,
     a: &PerfArgs,
     cqs: &[CqId],
     qps: &[QpCtx],
@@ -307,7 +307,7 @@ pub(super) fn run_server(
         Tracer::poll(tracer, dev);
         let mut busy = false;
         if a.op == PerfOp::Send {
-            let wcs = poll_cqs(dev, cqs, batch, &mut wc_buf);
+            let wcs = wait_cqs(dev, cqs, batch, &mut wc_buf)?;
             busy = !wcs.is_empty();
             for wc in wcs {
                 if wc.status != WcStatus::Success {

@@ -7,7 +7,7 @@ use std::{net::TcpListener, time::Duration};
 
 use anyhow::Context as _;
 use roce::{
-    api::{Device, Mtu, RcConnect},
+    api::{Mtu, RcTarget, RdmaDevice, remote::proto::RcAttrs},
     cm::perftest::{BwReport, Comm, KeyMsg},
 };
 use roce_common::counters::CmStats;
@@ -66,8 +66,8 @@ impl Session {
     /// Connects to the server (client) or waits for a client (server), runs perftest's setup
     /// and key exchanges, and brings every QP of `local` to RTS with the peer's keys. Call once,
     /// after [`Local::new`]; the peer's keys are left in each [`QpCtx::remote`].
-    pub(super) fn connect(
-        dev: &Device,
+    pub(super) fn connect<D: RdmaDevice>(
+        dev: &D,
         a: &PerfArgs,
         plan: &Plan,
         local: &mut Local,
@@ -138,7 +138,12 @@ impl Session {
     }
 
     /// The key exchanges of perftest's setup, with the QPs connected (RTR, RTS) in between.
-    fn bring_up(&mut self, dev: &Device, a: &PerfArgs, local: &mut Local) -> anyhow::Result<()> {
+    fn bring_up<D: RdmaDevice>(
+        &mut self,
+        dev: &D,
+        a: &PerfArgs,
+        local: &mut Local,
+    ) -> anyhow::Result<()> {
         let qps = &mut local.qps;
         // write_lat.c exchanges keys once more before the per-QP exchange.
         if a.lat && a.op == PerfOp::Write {
@@ -149,15 +154,27 @@ impl Session {
         }
         for qp in qps.iter() {
             let r = qp.remote.context("missing remote key")?;
-            let path = dev.path_to(local.gid_idx, &r.gid, qp.qpn, r.qpn)?;
-            let mut c = RcConnect::new(path, self.mtu, r.qpn, r.psn, qp.psn);
-            c.max_dest_rd_atomic = a.max_rd_atomic;
-            // Never more READs/atomics in flight than the responder accepts.
-            c.max_rd_atomic =
-                u8::try_from(r.out_reads.clamp(1, u16::from(a.max_rd_atomic))).unwrap_or(1);
-            c.retry_cnt = a.retry_cnt;
-            c.timeout = a.qp_timeout;
-            dev.qp_connect(qp.qpn, &c)?;
+            let attrs = RcAttrs {
+                max_dest_rd_atomic: a.max_rd_atomic,
+                // Never more READs/atomics in flight than the responder accepts.
+                max_rd_atomic: u8::try_from(r.out_reads.clamp(1, u16::from(a.max_rd_atomic)))
+                    .unwrap_or(1),
+                retry_cnt: a.retry_cnt,
+                timeout: a.qp_timeout,
+                ..RcAttrs::PINGPONG
+            };
+            dev.connect_rc(
+                qp.qpn,
+                &RcTarget {
+                    gid_index: local.gid_idx,
+                    remote_gid: r.gid,
+                    dest_qpn: r.qpn,
+                    path_mtu: self.mtu,
+                    rq_psn: r.psn,
+                    sq_psn: qp.psn,
+                    attrs,
+                },
+            )?;
         }
         // ib_send_bw (send_bw.c) syncs once right after connecting, then exchanges the keys
         // again; write_bw.c, read_bw.c and atomic_bw.c go straight to the second key exchange.

@@ -4,12 +4,12 @@
 use std::time::{Duration, Instant};
 
 use anyhow::bail;
-use roce::api::{CqId, Device, RecvWr, SendOp, SendWr, Sge, WcStatus};
+use roce::api::{CqId, RdmaDevice, RecvWr, SendOp, SendWr, Sge, WcStatus};
 
 use super::{
     PerfArgs, PerfOp, Progress, interrupted,
     report::PerfResult,
-    setup::{QpCtx, poll_cqs},
+    setup::{QpCtx, poll_cqs, wait_cqs},
 };
 
 /// The latency ping-pong of ib_write_lat (`run_iter_lat_write`) and ib_send_lat
@@ -17,8 +17,8 @@ use super::{
 /// waits for the last byte of its buffer to read the iteration number (mod 256) before writing
 /// the next; for SEND the client sends first and each side waits for a receive completion.
 /// Latency is half the time between two of our posts, as perftest reports it.
-pub(super) fn run_lat(
-    dev: &Device,
+pub(super) fn run_lat<D: RdmaDevice>(
+    dev: &D,
     a: &PerfArgs,
     cqs: &[CqId],
     qp: &QpCtx,
@@ -40,7 +40,13 @@ pub(super) fn run_lat(
     // Polls the CQ once: counts send and receive completions, reposts receives.
     let mut wcs = Vec::new();
     let mut pump = |sends_done: &mut u64, recvs_done: &mut u64| -> anyhow::Result<()> {
-        for wc in poll_cqs(dev, cqs, 16, &mut wcs) {
+        // WRITE latency waits for a byte in memory, not a completion: poll, never wait.
+        let wcs = if a.op == PerfOp::Send {
+            wait_cqs(dev, cqs, 16, &mut wcs)?
+        } else {
+            poll_cqs(dev, cqs, 16, &mut wcs)?
+        };
+        for wc in wcs {
             if wc.status != WcStatus::Success {
                 bail!("work request {} failed: {:?}", wc.wr_id, wc.status);
             }

@@ -23,8 +23,9 @@ mod verify;
 use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 use roce::{
-    api::{Device, Mtu},
+    api::{Mtu, RdmaDevice, remote::EngineDevice},
     cm::perftest,
+    transport::DeviceConfig,
 };
 
 use self::{
@@ -107,6 +108,15 @@ pub struct PerfArgs {
     /// sends, and someone must answer). roce-xdp's own flag, not perftest's.
     #[arg(long)]
     pub inline: bool,
+    /// Use the device of `roce engine -i DEV`, started beforehand in this namespace, instead
+    /// of opening the interface in this process: the server and the client of one test (or
+    /// any number of programs) then share the interface (docs/multiprocess.md). Every verb is
+    /// a round trip on the engine's socket and every payload byte a `process_vm_readv/writev`
+    /// of the engine, far slower than the in-process default. The device options (--cc*,
+    /// --line-rate, --max-*, --sharded, --inline, --trace, --log-level) are the engine's and
+    /// are refused here. roce-xdp's own flag.
+    #[arg(long)]
+    pub engine: bool,
     /// Don't check the data: for a peer that is the real perftest, whose buffers hold random
     /// bytes (perftest never checks data either).
     #[arg(long)]
@@ -344,38 +354,89 @@ impl Plan {
     }
 }
 
-/// `roce perf`: checks the arguments, sets up, connects, runs the test, exchanges the reports,
-/// verifies and prints. Fails (exit 1) when the data do not check out.
+/// With `--engine`, the arguments that set up a device of this process, which the engine's
+/// device does not take from a program: refused, rather than silently ignored.
+fn check_engine_args(a: &PerfArgs) -> anyhow::Result<()> {
+    let d = DeviceConfig::default();
+    let mut own = Vec::new();
+    for (set, name) in [
+        (a.inline, "--inline"),
+        (a.sharded, "--sharded"),
+        (a.trace.is_some(), "--trace"),
+        (
+            a.log_level != crate::cli::log::LoadLevel::Off,
+            "--log-level",
+        ),
+        (a.cc != CcMode::On, "--cc"),
+        (!a.cc_set.is_empty(), "--cc-set"),
+        (a.cc_profile != "mlx5", "--cc-profile"),
+        (a.line_rate != 10_000_000_000, "--line-rate"),
+        (a.max_inflight != d.max_inflight_pkts, "--max-inflight"),
+        (a.max_qp != d.max_qp, "--max-qp"),
+        (a.max_mr != d.max_mr, "--max-mr"),
+    ] {
+        if set {
+            own.push(name);
+        }
+    }
+    if !own.is_empty() {
+        bail!(
+            "{} set(s) up a device of this process; with --engine the device is the engine's",
+            own.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// `roce perf`: checks the arguments, opens the device (in this process, or the engine's
+/// with `--engine`), sets up, connects, runs the test, exchanges the reports, verifies and
+/// prints. Fails (exit 1) when the data do not check out.
 pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::Result<()> {
     let plan = Plan::new(a)?;
+    if a.engine {
+        check_engine_args(a)?;
+        let dev = EngineDevice::connect(&a.dev).with_context(|| {
+            format!(
+                "reaching the engine of {} (start it with `roce engine -i {}`)",
+                a.dev, a.dev
+            )
+        })?;
+        return run_on(out, a, &plan, &dev);
+    }
     let dev = setup::open_device(a, &plan, netns)?;
-    let mut local = Local::new(&dev, a, &plan)?;
-    let mut session = Session::connect(&dev, a, &plan, &mut local)?;
-    let result = measure(out, &dev, a, &plan, &local, &session)?;
-    let theirs = session.finish(a, &plan, &local.qps, &result)?;
+    run_on(out, a, &plan, &dev)?;
+    dev.close();
+    Ok(())
+}
+
+/// The run on an open device: set up, connect, measure, exchange the reports, verify, print.
+fn run_on<D: RdmaDevice>(out: Output, a: &PerfArgs, plan: &Plan, dev: &D) -> anyhow::Result<()> {
+    let mut local = Local::new(dev, a, plan)?;
+    let mut session = Session::connect(dev, a, plan, &mut local)?;
+    let result = measure(out, dev, a, plan, &local, &session)?;
+    let theirs = session.finish(a, plan, &local.qps, &result)?;
     // The passive side verifies what landed in its buffers, now that the client is finished.
     let mut verified = result.verified;
     if !plan.client && !a.no_verify && !a.lat {
-        verified = verify::verify_server(&dev, a, &local.qps, plan.size, theirs.iters)?;
+        verified = verify::verify_server(dev, a, &local.qps, plan.size, theirs.iters)?;
     }
     let outcome = Outcome {
         result,
         theirs,
         verified,
     };
-    report::emit(out, a, &plan, &dev, &session, &outcome);
+    report::emit(out, a, plan, dev, &session, &outcome);
     if !verified && !a.no_verify {
         bail!("data verification failed");
     }
-    dev.close();
     Ok(())
 }
 
 /// Runs the test the arguments ask for (latency, or bandwidth as client or server), sampling
 /// `--trace` as it goes and writing it at the end.
-fn measure(
+fn measure<D: RdmaDevice>(
     out: Output,
-    dev: &Device,
+    dev: &D,
     a: &PerfArgs,
     plan: &Plan,
     local: &Local,
@@ -424,6 +485,30 @@ mod tests {
     fn plan(args: &str) -> anyhow::Result<Plan> {
         let cli = Cli::try_parse_from(std::iter::once("perf").chain(args.split_whitespace()))?;
         Plan::new(&cli.perf)
+    }
+
+    fn engine_args(args: &str) -> anyhow::Result<()> {
+        let cli = Cli::try_parse_from(std::iter::once("perf").chain(args.split_whitespace()))?;
+        check_engine_args(&cli.perf)
+    }
+
+    #[test]
+    fn engine_refuses_the_options_of_a_device_of_this_process() {
+        // perf's defaults, and the test's own options, go through the engine.
+        engine_args("write -d x --engine -s 4096 -n 10 -t 16 --span 65536 -q 2 -m 1024").unwrap();
+        engine_args("read -d x --engine --max-rd-atomic 128 --no-verify").unwrap();
+        for (args, named) in [
+            ("write -d x --engine --sharded", "--sharded"),
+            ("write -d x --engine --inline", "--inline"),
+            ("write -d x --engine --cc off", "--cc"),
+            ("write -d x --engine --cc-set rpg_ai_rate=10", "--cc-set"),
+            ("write -d x --engine --line-rate 1gbit", "--line-rate"),
+            ("write -d x --engine --max-qp 4", "--max-qp"),
+            ("write -d x --engine --trace t.csv", "--trace"),
+        ] {
+            let e = engine_args(args).expect_err(args).to_string();
+            assert!(e.contains(named) && e.contains("engine's"), "{args}: {e}");
+        }
     }
 
     #[test]

@@ -1,7 +1,7 @@
 //! What a run prints: perftest's table as text, or one JSON object with the counters of every
 //! QP (`-j`).
 
-use roce::{api::Device, cm::perftest::BwReport};
+use roce::{api::RdmaDevice, cm::perftest::BwReport};
 use roce_common::counters::CmStats;
 use serde_json::json;
 
@@ -52,8 +52,8 @@ fn peak_rss_kib() -> Option<u64> {
 }
 
 /// Each QP's DCQCN state and counters, and its transport counters, for the JSON report.
-fn cc_json(dev: &Device) -> serde_json::Value {
-    let (_, counters) = dev.counters();
+fn cc_json<D: RdmaDevice>(dev: &D) -> serde_json::Value {
+    let counters = dev.qp_counters();
     let qps: Vec<serde_json::Value> = dev
         .cc_snapshots()
         .into_iter()
@@ -86,11 +86,11 @@ pub(super) struct Outcome {
 
 /// Prints the outcome: the client's (or a SEND or latency run's) own measurement, else the
 /// client's report as the server received it. Call once, after the closing exchange.
-pub(super) fn emit(
+pub(super) fn emit<D: RdmaDevice>(
     out: Output,
     a: &PerfArgs,
     plan: &Plan,
-    dev: &Device,
+    dev: &D,
     session: &Session,
     o: &Outcome,
 ) {

@@ -7,8 +7,8 @@ use anyhow::Context as _;
 
 use roce::{
     api::{
-        Access, CqId, Device, DeviceOptions, MrInfo, PdId, QpCap, QpInit, QpType, Qpn, RecvWr, Sge,
-        Wc,
+        Access, CqId, Device, DeviceOptions, MrInfo, PdId, QpCap, QpInit, QpType, Qpn, RdmaDevice,
+        RecvWr, Sge, Wc,
     },
     cm::perftest::{KeyMsg, pattern},
     netinfo::Gid,
@@ -41,24 +41,49 @@ pub(super) struct QpCtx {
 }
 
 /// Up to `max` completions from each of `cqs` (one per transport of a sharded device), polled
-/// into `buf` ([`Device::poll_cq_into`]): `buf` grows to `max * cqs.len()` entries on the
+/// into `buf` ([`RdmaDevice::poll_cq_into`]): `buf` grows to `max * cqs.len()` entries on the
 /// first call and is reused after, so a run's polling allocates nothing. Returns the
 /// completions polled.
-pub(super) fn poll_cqs<'b>(
-    dev: &Device,
+pub(super) fn poll_cqs<'b, D: RdmaDevice>(
+    dev: &D,
     cqs: &[CqId],
     max: usize,
     buf: &'b mut Vec<Wc>,
-) -> &'b [Wc] {
+) -> anyhow::Result<&'b [Wc]> {
     let want = max * cqs.len();
     if buf.len() < want {
         buf.resize(want, Wc::default());
     }
     let mut n = 0;
     for cq in cqs {
-        n += dev.poll_cq_into(*cq, &mut buf[n..n + max]);
+        n += dev.poll_cq_into(*cq, &mut buf[n..n + max])?;
     }
-    &buf[..n]
+    Ok(&buf[..n])
+}
+
+/// How long a poll that found nothing may wait for a completion on a device where polling is
+/// a round trip ([`RdmaDevice::wait_cq_into`]: `--engine`); short, so that a loop's deadline,
+/// progress and interrupt checks still run.
+pub(super) const IDLE_WAIT: std::time::Duration = std::time::Duration::from_millis(1);
+
+/// [`poll_cqs`] for a loop with nothing else to do until a completion comes: with one CQ,
+/// [`RdmaDevice::wait_cq_into`] up to [`IDLE_WAIT`] (the in-process device polls exactly as
+/// [`poll_cqs`] does; `roce engine` waits instead of answering at once, one round trip in
+/// place of a busy loop of them).
+pub(super) fn wait_cqs<'b, D: RdmaDevice>(
+    dev: &D,
+    cqs: &[CqId],
+    max: usize,
+    buf: &'b mut Vec<Wc>,
+) -> anyhow::Result<&'b [Wc]> {
+    let [cq] = cqs else {
+        return poll_cqs(dev, cqs, max, buf);
+    };
+    if buf.len() < max {
+        buf.resize(max, Wc::default());
+    }
+    let n = dev.wait_cq_into(*cq, &mut buf[..max], IDLE_WAIT)?;
+    Ok(&buf[..n])
 }
 
 /// Each QP's position in `qps`, to find a completion's QP in constant time (a run may have
@@ -133,14 +158,12 @@ impl Local {
     /// Allocates a PD and a CQ per transport and `--qp` QPs in INIT with their buffers, and
     /// posts the receives of a SEND server (or of either side of `--lat`). Call once, after
     /// [`open_device`], before the key exchange.
-    pub(super) fn new(dev: &Device, a: &PerfArgs, plan: &Plan) -> anyhow::Result<Self> {
+    pub(super) fn new<D: RdmaDevice>(dev: &D, a: &PerfArgs, plan: &Plan) -> anyhow::Result<Self> {
         let shards = dev.shards();
         let pds = (0..shards)
             .map(|q| dev.alloc_pd_on(q))
             .collect::<Result<Vec<_>, _>>()?;
-        let gid_idx = a
-            .gid_idx
-            .unwrap_or_else(|| dev.info().default_gid_index(true));
+        let gid_idx = a.gid_idx.unwrap_or_else(|| dev.default_gid_index(true));
         let gid = dev.gid(gid_idx)?;
         dev.check_path_mtu(a.mtu, gid.ip.is_ipv6())?;
         // One CQ per transport, deep enough for the QPs it holds (QP k on queue k mod shards).
@@ -172,8 +195,8 @@ impl Local {
 
 /// Creates QP `q` on `pd` and `cq`, registers its exposed and local buffers, fills them as
 /// the operation and side want them, and moves the QP to INIT.
-fn create_qp(
-    dev: &Device,
+fn create_qp<D: RdmaDevice>(
+    dev: &D,
     a: &PerfArgs,
     plan: &Plan,
     q: u32,
@@ -240,7 +263,7 @@ fn create_qp(
 }
 
 /// Posts `rx_depth` receives on every QP.
-fn post_receives(dev: &Device, plan: &Plan, qps: &[QpCtx]) -> anyhow::Result<()> {
+fn post_receives<D: RdmaDevice>(dev: &D, plan: &Plan, qps: &[QpCtx]) -> anyhow::Result<()> {
     let (size, span) = (plan.size, plan.span);
     for qp in qps {
         for slot in 0..plan.rx_depth {

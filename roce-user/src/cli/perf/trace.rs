@@ -4,7 +4,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::bail;
 use roce::{
-    api::Device,
+    api::RdmaDevice,
     cc::{Trace, TraceRow},
 };
 
@@ -36,7 +36,7 @@ impl Tracer {
     }
 
     /// Call often from the test loop: takes a sample of every QP when one is due.
-    pub(super) fn poll(this: &mut Option<Self>, dev: &Device) {
+    pub(super) fn poll<D: RdmaDevice>(this: &mut Option<Self>, dev: &D) {
         let Some(t) = this else { return };
         let now = Instant::now();
         if now < t.next {

@@ -3,7 +3,7 @@
 //! The server checks what was written or sent into it once the client is done; the client
 //! checks what it read back as it goes (`bw::run_client`).
 
-use roce::{api::Device, cm::perftest::pattern};
+use roce::{api::RdmaDevice, cm::perftest::pattern};
 
 use super::{PerfArgs, PerfOp, setup::QpCtx};
 
@@ -36,8 +36,8 @@ pub(super) fn verify_len(span: u64, msgs: u64, size: u32) -> usize {
 
 /// The server's check of its buffers after the run, against the `client_msgs` messages the
 /// client reported: call it once the client has finished (after the report exchange).
-pub(super) fn verify_server(
-    dev: &Device,
+pub(super) fn verify_server<D: RdmaDevice>(
+    dev: &D,
     a: &PerfArgs,
     qps: &[QpCtx],
     size: u32,
