@@ -15,10 +15,12 @@ use super::counters::QpCounters;
 use super::cq::{CqId, Wc, WcFlags, WcOpcode, WcStatus};
 use super::ids::{Msn, Psn, Qpn, RKey};
 use super::mr::{Access, PdId, Sge, sg_gather, sg_len, sg_scatter};
+use super::multipath::{MpState, Negotiation, RxDecision};
 use super::state::{AttrMask, Mtu, QpAttr, QpState, QpType};
 use super::timer::{Instant, Timer, TimerTable, local_ack_timeout, rnr_timer};
 use super::wr::{RecvWr, SendFlags, SendOp, SendWr};
 use super::{Ctx, Event, Path};
+use crate::wire::multipath::MpBthFlags;
 use crate::wire::{
     AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FrameTemplate,
     IethRepr, ImmDtRepr, NakCode, RethRepr, RnrTimer, RoceRepr, roce::payload_range,
@@ -340,6 +342,12 @@ pub struct Qp {
     pub(crate) srq: Option<super::SrqId>,
     /// [`Event::CommEstablished`] was raised since the QP last left RESET.
     comm_est: bool,
+    /// Whether the multipath extension is allowed on this QP ([`Self::set_multipath`]); kept
+    /// through a reset.
+    mp_allowed: bool,
+    /// Where the QP stands with the multipath extension (docs/multipath.md, "Agreeing on the
+    /// extension"): which BTH bits its packets carry, and what a received packet's bits mean.
+    pub(crate) mp: Negotiation,
 }
 
 impl Qp {
@@ -383,6 +391,8 @@ impl Qp {
             tx_template: None,
             srq: None,
             comm_est: false,
+            mp_allowed: false,
+            mp: Negotiation::new(false),
         }
     }
 
@@ -552,10 +562,52 @@ impl Qp {
 
     fn reset(&mut self) {
         let (qpn, init) = (self.qpn, self.init);
-        let (counters, srq) = (self.counters, self.srq);
+        let (counters, srq, mp_allowed) = (self.counters, self.srq, self.mp_allowed);
         *self = Self::new(qpn, init);
         self.counters = counters;
         self.srq = srq;
+        self.set_multipath(mp_allowed);
+    }
+
+    /// Allows or forbids the multipath extension on this QP and starts its agreement over:
+    /// [`MpState::Offering`] for an allowed RC QP, else [`MpState::Disabled`] (UC and UD QPs
+    /// never use it). Call it at creation and in RESET or INIT
+    /// ([`super::Device::set_multipath`]).
+    pub(crate) fn set_multipath(&mut self, allowed: bool) {
+        self.mp_allowed = allowed;
+        self.mp = Negotiation::new(allowed && self.qp_type == QpType::Rc);
+    }
+
+    /// Where the QP stands with the multipath extension (docs/multipath.md).
+    #[must_use]
+    pub const fn multipath(&self) -> MpState {
+        self.mp.state()
+    }
+
+    /// The multipath bits for the BTH of a packet this QP sends now (plain RoCE v2, 0, unless
+    /// the extension is allowed). Call it for every RC packet, ACKs and responses included,
+    /// just before the frame is written (`Device::transmit_qp`). Trailers are not built yet
+    /// (step 2 of docs/multipath.md is under way), so no packet claims one.
+    pub(crate) const fn mp_tx_bits(&self) -> u8 {
+        self.mp.tx_flags(false).bits()
+    }
+
+    /// Takes in the multipath bits of a packet received from the peer QP (after the frame,
+    /// ICRC, P_Key and address checks, before the transport's own checks) and says whether
+    /// the QP may handle it as a plain RoCE v2 packet. A packet that claims a trailer is
+    /// dropped and counted in `rx_dropped`: either the QP fell back (the trailer must never
+    /// be taken for data, [`RxDecision::Drop`]) or the QP cannot read trailers yet.
+    pub(crate) fn mp_on_receive(&mut self, resv7: u8) -> bool {
+        if self.qp_type != QpType::Rc {
+            return true;
+        }
+        match self.mp.on_receive(MpBthFlags::from_resv7(resv7)) {
+            RxDecision::Plain => true,
+            RxDecision::Trailer | RxDecision::Drop => {
+                self.counters.rx_dropped += 1;
+                false
+            }
+        }
     }
 
     // ---------------------------------------------------------------- completions
