@@ -67,7 +67,8 @@ impl<T: AsRef<[u8]>> RocePacket<T> {
     }
 
     /// Checks that the buffer holds a BTH with a known opcode, that opcode's extended
-    /// headers, a payload only if the opcode carries one, a pad count no larger than the
+    /// headers, a payload only if the opcode carries one (or an ACK's multipath SACK
+    /// trailer, [`RoceRepr::is_sack_ack`]), a pad count no larger than the
     /// payload and a payload-plus-pad length that is a multiple of 4, and the ICRC. After this returns
     /// `Ok`, no accessor panics.
     pub fn check_len(&self) -> Result<()> {
@@ -83,7 +84,13 @@ impl<T: AsRef<[u8]>> RocePacket<T> {
         }
         let rest = b.len() - fixed;
         let pad = usize::from(bth.pad_count());
-        if !info.payload && rest != 0 {
+        // The one exception: an ACK of the multipath extension carries its SACK trailer
+        // (the TRAILER bit, exactly the trailer's bytes; RoceRepr::is_sack_ack).
+        let sack_ack = bth.opcode() == Opcode::RC_ACKNOWLEDGE
+            && super::multipath::MpBthFlags::from_resv7(bth.resv7())
+                .contains(super::multipath::MpBthFlags::TRAILER)
+            && rest == super::multipath::sack::HEADER_LEN;
+        if !info.payload && rest != 0 && !sack_ack {
             return Err(WireError::Malformed(
                 "payload on an opcode that carries none",
             ));
@@ -571,6 +578,15 @@ mod tests {
         assert!(bad(&ack, 11) && bad(&ack, 13) && bad(&ack, 24));
         let mut buf = [0u8; 64];
         assert_eq!(ack.emit(&mut buf, &[0xab; 12]), Ok(12 + 4 + 12 + 4));
+        assert!(
+            RocePacket::new_checked(&buf[..32]).is_ok(),
+            "the parser agrees"
+        );
+        buf[8] &= !MpBthFlags::TRAILER.bits();
+        assert!(
+            RocePacket::new_checked(&buf[..32]).is_err(),
+            "not without the bit"
+        );
         let mut rd = with_reth_read();
         rd.bth.resv7 = MpBthFlags::OFFER_TRAILER.bits();
         assert!(bad(&rd, 12), "only the ACK");
