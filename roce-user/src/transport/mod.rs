@@ -1126,7 +1126,12 @@ impl Device {
         }
         // The multipath bits (docs/multipath.md): the offer of a peer that runs the
         // extension, or nothing from any other peer.
-        if hdr.opcode.transport() == Transport::Rc && !qp.mp_on_receive(hdr.resv7) {
+        let mp = if hdr.opcode.transport() == Transport::Rc {
+            qp.mp_on_receive(hdr.resv7)
+        } else {
+            multipath::RxDecision::Plain
+        };
+        if mp == multipath::RxDecision::Drop {
             return;
         }
         qp.counters.rcvd_pkts += 1;
@@ -1135,7 +1140,9 @@ impl Device {
             qp.counters.np_ecn_marked_roce_packets += 1;
         }
         qp.cc_on_packet(arrival, pkt.ce);
-        if info.is_response() {
+        if mp == multipath::RxDecision::Trailer {
+            qp.handle_mp_packet(now, pkt, &mut ctx);
+        } else if info.is_response() {
             qp.handle_response(now, pkt, &mut ctx);
         } else {
             qp.handle_request(now, pkt, &mut ctx);
@@ -1280,7 +1287,7 @@ impl Device {
             let mut repr = out.repr;
             // The multipath offer bit on an RC QP that allows the extension; 0 otherwise.
             if repr.bth.opcode.transport() == Transport::Rc {
-                repr.bth.resv7 = qp.mp_tx_bits();
+                repr.bth.resv7 = qp.mp_tx_bits(repr.bth.resv7);
             }
             let payload_len = out.payload.len() as u64;
             // The path's headers as built for the previous frame, unless the path changed.

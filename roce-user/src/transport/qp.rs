@@ -27,6 +27,7 @@ use crate::wire::{
 };
 
 mod completer;
+mod multipath;
 mod requester;
 mod responder;
 mod uc;
@@ -348,6 +349,12 @@ pub struct Qp {
     /// Where the QP stands with the multipath extension (docs/multipath.md, "Agreeing on the
     /// extension"): which BTH bits its packets carry, and what a received packet's bits mean.
     pub(crate) mp: Negotiation,
+    /// The responder's reassembly once packets with placement trailers arrive (qp/multipath.rs).
+    mp_rx: Option<Box<multipath::MpRx>>,
+    /// Messages that consumed a receive WQE (SENDs, WRITEs with immediate) completed since
+    /// the QP left RESET: the send sequence number of a placement trailer, less this, is the
+    /// index of the receive WQE the message goes into (docs/multipath.md).
+    recv_ssn: u32,
 }
 
 impl Qp {
@@ -393,6 +400,8 @@ impl Qp {
             comm_est: false,
             mp_allowed: false,
             mp: Negotiation::new(false),
+            mp_rx: None,
+            recv_ssn: 0,
         }
     }
 
@@ -586,28 +595,29 @@ impl Qp {
 
     /// The multipath bits for the BTH of a packet this QP sends now (plain RoCE v2, 0, unless
     /// the extension is allowed). Call it for every RC packet, ACKs and responses included,
-    /// just before the frame is written (`Device::transmit_qp`). Trailers are not built yet
-    /// (step 2 of docs/multipath.md is under way), so no packet claims one.
-    pub(crate) const fn mp_tx_bits(&self) -> u8 {
-        self.mp.tx_flags(false).bits()
+    /// just before the frame is written (`Device::transmit_qp`), with the `resv7` the QP put
+    /// in the packet it built: [`MpBthFlags::TRAILER`] there says the packet ends in a
+    /// trailer (so far only ACKs with a SACK; the requester sends no trailers yet, step 2 of
+    /// docs/multipath.md is under way).
+    pub(crate) const fn mp_tx_bits(&self, built: u8) -> u8 {
+        let trailer = MpBthFlags::from_resv7(built).contains(MpBthFlags::TRAILER);
+        self.mp.tx_flags(trailer).bits()
     }
 
     /// Takes in the multipath bits of a packet received from the peer QP (after the frame,
-    /// ICRC, P_Key and address checks, before the transport's own checks) and says whether
-    /// the QP may handle it as a plain RoCE v2 packet. A packet that claims a trailer is
-    /// dropped and counted in `rx_dropped`: either the QP fell back (the trailer must never
-    /// be taken for data, [`RxDecision::Drop`]) or the QP cannot read trailers yet.
-    pub(crate) fn mp_on_receive(&mut self, resv7: u8) -> bool {
+    /// ICRC, P_Key and address checks, before the transport's own checks) and says how to
+    /// handle it: [`RxDecision::Plain`] as today, [`RxDecision::Trailer`] through
+    /// `handle_mp_packet` (qp/multipath.rs), [`RxDecision::Drop`] (counted in `rx_dropped`
+    /// here): a trailer reaching a QP that fell back is never taken for data.
+    pub(crate) fn mp_on_receive(&mut self, resv7: u8) -> RxDecision {
         if self.qp_type != QpType::Rc {
-            return true;
+            return RxDecision::Plain;
         }
-        match self.mp.on_receive(MpBthFlags::from_resv7(resv7)) {
-            RxDecision::Plain => true,
-            RxDecision::Trailer | RxDecision::Drop => {
-                self.counters.rx_dropped += 1;
-                false
-            }
+        let d = self.mp.on_receive(MpBthFlags::from_resv7(resv7));
+        if d == RxDecision::Drop {
+            self.counters.rx_dropped += 1;
         }
+        d
     }
 
     // ---------------------------------------------------------------- completions
@@ -795,7 +805,7 @@ impl Qp {
                 }
             }
             self.ctrl.pop_front();
-            return Some(self.ctrl_pkt(c));
+            return Some(self.ctrl_pkt(c, tx));
         }
         if !data_ok {
             return None;

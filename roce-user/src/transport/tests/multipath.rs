@@ -252,11 +252,11 @@ fn two_offering_qps_agree() {
     }
 }
 
-/// A packet that claims a trailer is never taken for data by a QP that cannot read it yet:
-/// an offering QP turns the extension on (the peer offered) but drops and counts the packet,
-/// placing nothing and answering nothing; the next plain packet (offer bit only) is handled
-/// as today. A QP that does not allow the extension ignores the bits, as IBA 9.2 (and rxe)
-/// ignore reserved bits.
+/// A packet whose trailer does not hold up is never taken for data: an offering QP turns
+/// the extension on (the peer offered) but drops and counts a SEND whose last 28 bytes are no
+/// placement trailer, placing nothing and answering nothing; the next plain packet (offer bit
+/// only) is handled as today. A QP that does not allow the extension ignores the bits, as
+/// IBA 9.2 (and rxe) ignore reserved bits.
 #[test]
 fn a_trailer_is_dropped_not_placed() {
     let config = DeviceConfig {
@@ -297,4 +297,252 @@ fn a_trailer_is_dropped_not_placed() {
     let out = h.tx();
     assert_eq!(out[0].0.bth.resv7, 0, "a plain QP sends resv7 = 0");
     assert_eq!(h.wcs()[0].wr_id, 1);
+}
+
+// ------------------------------------------------------------ out-of-order placement
+
+use crate::wire::multipath::{PlacementFlags, PlacementTrailer, Ssn, sack};
+use roce_common::opcode::{Operation, Position};
+
+/// A harness QP that allows the extension (it turns on with the first packet of the peer,
+/// which the tests send with both bits).
+fn h_mp() -> H {
+    let config = DeviceConfig {
+        multipath: true,
+        ..DeviceConfig::default()
+    };
+    h_on(&RcConfig::default(), config)
+}
+
+/// Packet `i` of a message of `len` bytes starting at PSN `first` (MTU 1024), as the peer
+/// sends it with the extension on: its opcode by position, its data (`data[i*1024..]`)
+/// followed by the placement trailer, both multipath bits.
+fn mp_pkt(
+    kind: Operation,
+    first: u32,
+    i: u32,
+    data: &[u8],
+    (va, rkey, ssn): (u64, RKey, u32),
+) -> (RoceRepr, Vec<u8>) {
+    let len = data.len() as u32;
+    let npkts = len.div_ceil(1024).max(1);
+    let pos = crate::transport::qp::position_of(i, npkts);
+    let op = match (kind, pos) {
+        (Operation::Write, Position::First) => Opcode::RC_RDMA_WRITE_FIRST,
+        (Operation::Write, Position::Middle) => Opcode::RC_RDMA_WRITE_MIDDLE,
+        (Operation::Write, Position::Last) => Opcode::RC_RDMA_WRITE_LAST,
+        (Operation::Write, Position::Only) => Opcode::RC_RDMA_WRITE_ONLY,
+        (_, Position::First) => Opcode::RC_SEND_FIRST,
+        (_, Position::Middle) => Opcode::RC_SEND_MIDDLE,
+        (_, Position::Last) => Opcode::RC_SEND_LAST,
+        (_, Position::Only) => Opcode::RC_SEND_ONLY,
+    };
+    let mut h = hdr(op, first + i);
+    if kind == Operation::Write && matches!(pos, Position::First | Position::Only) {
+        h = with_reth(h, va, rkey, len);
+    }
+    h.bth.ack_req = matches!(pos, Position::Last | Position::Only);
+    h.bth.resv7 = MpBthFlags::OFFER_TRAILER.bits();
+    let off = (i * 1024) as usize;
+    let end = (off + 1024).min(data.len());
+    let t = PlacementTrailer {
+        first_psn: Psn::new(first),
+        flags: if kind == Operation::Write {
+            PlacementFlags::WRITE
+        } else {
+            PlacementFlags::SEND
+        },
+        offset: off as u32,
+        length: len,
+        va: if kind == Operation::Write { va } else { 0 },
+        rkey: if kind == Operation::Write {
+            rkey
+        } else {
+            RKey::new(0)
+        },
+        ssn: Ssn::new(ssn),
+    };
+    let mut payload = data[off..end].to_vec();
+    payload.extend_from_slice(&t.to_bytes());
+    (h, payload)
+}
+
+/// The ACKs the harness QP sent: (syndrome, PSN, PSNs its SACK marks).
+fn sacks(h: &mut H) -> Vec<(AethSyndrome, u32, Vec<u32>)> {
+    h.tx()
+        .into_iter()
+        .map(|(r, payload)| {
+            let aeth = r.aeth.unwrap();
+            let marked = if MpBthFlags::from_resv7(r.bth.resv7).contains(MpBthFlags::TRAILER) {
+                let (rest, s) = sack::split(&payload).unwrap();
+                assert!(rest.is_empty());
+                s.bitmap.psns(r.bth.psn).map(Psn::value).collect()
+            } else {
+                assert!(payload.is_empty());
+                Vec::new()
+            };
+            (aeth.syndrome, r.bth.psn.value(), marked)
+        })
+        .collect()
+}
+
+/// A WRITE of three packets arriving last, first, middle, then the middle again with other
+/// bytes: each packet lands at its offset on arrival, the duplicate is not placed again, and
+/// every ACK carries the cumulative PSN and the SACK of what arrived beyond it.
+#[test]
+fn write_packets_place_out_of_order_exactly_once() {
+    let mut h = h_mp();
+    let data: Vec<u8> = (0..3000u32).map(|i| (i * 11 + 3) as u8).collect();
+    let m = (BASE + 0x100, h.mr.rkey, 0);
+    let pkt = |i| mp_pkt(Operation::Write, RQ_PSN, i, &data, m);
+    let (r, p) = pkt(2);
+    h.rx(r, &p);
+    assert_eq!(h.d.qp(h.qpn).unwrap().multipath(), MpState::On);
+    assert_eq!(
+        h.mem(0x100 + 2048, 952),
+        &data[2048..],
+        "the last packet, first"
+    );
+    assert_eq!(sacks(&mut h), [(ACK, RQ_PSN - 1, vec![RQ_PSN + 2])]);
+    let (r, p) = pkt(0);
+    h.rx(r, &p);
+    assert_eq!(h.mem(0x100, 1024), &data[..1024]);
+    assert_eq!(
+        sacks(&mut h),
+        [(ACK, RQ_PSN, vec![RQ_PSN + 2])],
+        "expected, but packets are held: acknowledged at once"
+    );
+    let (r, p) = pkt(1);
+    h.rx(r, &p);
+    assert_eq!(h.mem(0x100, 3000), data);
+    assert_eq!(
+        sacks(&mut h),
+        [(ACK, RQ_PSN + 2, vec![])],
+        "the hole filled: cumulative"
+    );
+    assert_eq!(h.d.qp(h.qpn).unwrap().expected_psn(), Psn::new(RQ_PSN + 3));
+    let other = vec![0xeeu8; 3000];
+    let (r, p) = mp_pkt(Operation::Write, RQ_PSN, 1, &other, m);
+    h.rx(r, &p);
+    assert_eq!(h.mem(0x100, 3000), data, "a duplicate is never placed");
+    assert_eq!(
+        sacks(&mut h),
+        [(ACK, RQ_PSN + 2, vec![])],
+        "but acknowledged"
+    );
+    assert_eq!(h.c().duplicate_request, 1);
+    assert_eq!(h.state(), QpState::Rts);
+    assert!(h.wcs().is_empty(), "a WRITE completes no receive");
+}
+
+/// Two SENDs whose packets arrive in reverse order: each lands in the receive WQE its send
+/// sequence number names, and the receives complete in order, once, with their lengths and
+/// the second one's immediate data.
+#[test]
+fn sends_place_into_their_receive_wqes_and_complete_in_order() {
+    let mut h = h_mp();
+    h.recv(1, 0, 2048);
+    h.recv(2, 4096, 2048);
+    let a: Vec<u8> = (0..1500u32).map(|i| (i * 3) as u8).collect();
+    let b: Vec<u8> = (0..600u32).map(|i| (i * 5 + 1) as u8).collect();
+    let (mut rb, pb) = mp_pkt(Operation::Send, RQ_PSN + 2, 0, &b, (0, RKey::new(0), 1));
+    rb.bth.opcode = Opcode::RC_SEND_ONLY_WITH_IMMEDIATE;
+    rb.immdt = Some(ImmDtRepr { imm: 0x1234 });
+    h.rx(rb, &pb);
+    assert_eq!(h.mem(4096, 600), b, "placed at once");
+    assert!(h.wcs().is_empty(), "not completed before the first SEND");
+    for i in [1, 0] {
+        let (r, p) = mp_pkt(Operation::Send, RQ_PSN, i, &a, (0, RKey::new(0), 0));
+        h.rx(r, &p);
+    }
+    let wcs = h.wcs();
+    let got: Vec<_> = wcs
+        .iter()
+        .map(|w| (w.wr_id, w.status, w.byte_len, w.imm))
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (1, WcStatus::Success, 1500, 0),
+            (2, WcStatus::Success, 600, 0x1234)
+        ]
+    );
+    assert!(wcs[1].wc_flags.contains(WcFlags::WITH_IMM));
+    assert_eq!(h.mem(0, 1500), a);
+    assert_eq!(h.d.qp(h.qpn).unwrap().expected_psn(), Psn::new(RQ_PSN + 3));
+    let acks = sacks(&mut h);
+    assert_eq!(acks.last(), Some(&(ACK, RQ_PSN + 2, vec![])));
+    assert_eq!(h.c().rdma_recvs, 2);
+}
+
+/// A SEND for a receive WQE not posted: beyond a hole it is dropped without an answer (an
+/// RNR NAK would acknowledge the hole); at the expected PSN it gets the RNR NAK, as today.
+#[test]
+fn a_send_without_its_receive_wqe_is_dropped_beyond_a_hole_and_rnr_nakked_in_order() {
+    let mut h = h_mp();
+    let a = vec![5u8; 100];
+    let (r, p) = mp_pkt(Operation::Send, RQ_PSN + 1, 0, &a, (0, RKey::new(0), 1));
+    h.rx(r, &p);
+    assert!(h.tx().is_empty());
+    assert_eq!(h.c().out_of_buffer, 1);
+    let (r, p) = mp_pkt(Operation::Send, RQ_PSN, 0, &a, (0, RKey::new(0), 0));
+    h.rx(r, &p);
+    let acks = h.acks();
+    assert_eq!(acks.len(), 1);
+    assert!(matches!(acks[0], (AethSyndrome::RnrNak { .. }, RQ_PSN)));
+    h.recv(1, 0, 128);
+    h.recv(2, 128, 128);
+    for psn in [RQ_PSN + 1, RQ_PSN] {
+        let (r, p) = mp_pkt(Operation::Send, psn, 0, &a, (0, RKey::new(0), psn - RQ_PSN));
+        h.rx(r, &p);
+    }
+    let ids: Vec<u64> = h.wcs().iter().map(|w| w.wr_id).collect();
+    assert_eq!(ids, [1, 2]);
+}
+
+/// A WRITE beyond a hole under a bad R_Key: a class C error, NAKed at the expected PSN (a
+/// NAK acknowledges every PSN before it, and the hole did not arrive), the QP in ERR; a
+/// trailer that does not parse is dropped and counted.
+#[test]
+fn an_access_error_out_of_order_naks_the_expected_psn() {
+    let mut h = h_mp();
+    let (r, p) = mp_pkt(
+        Operation::Write,
+        RQ_PSN,
+        0,
+        &[1u8; 64],
+        (BASE, h.mr.rkey, 0),
+    );
+    h.rx(r, &p[..p.len() - 1]);
+    assert_eq!(h.c().rx_dropped, 1, "a truncated trailer");
+    assert!(h.tx().is_empty());
+    let bad = RKey::new(h.mr.rkey.value() ^ 0x100);
+    let (r, p) = mp_pkt(Operation::Write, RQ_PSN + 1, 0, &[1u8; 64], (BASE, bad, 0));
+    h.rx(r, &p);
+    let acks = h.acks();
+    assert_eq!(acks, [(Nak(RemoteAccessError), RQ_PSN)]);
+    assert_eq!(h.state(), QpState::Err);
+    assert_eq!(h.mem(0, 64), vec![0u8; 64]);
+}
+
+/// The requester takes an ACK with a SACK trailer as the cumulative ACK it is: the SEND it
+/// covers completes.
+#[test]
+fn an_ack_with_a_sack_trailer_completes_what_it_covers() {
+    let mut h = h_mp();
+    h.post(1, SendOp::Send, 0, 100);
+    let sent = h.tx();
+    assert_eq!(sent.len(), 1);
+    assert_eq!(sent[0].0.bth.resv7, MpBthFlags::OFFER.bits(), "offering");
+    let mut ack = aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, ACK, 1);
+    ack.bth.resv7 = MpBthFlags::OFFER_TRAILER.bits();
+    let sack = crate::wire::multipath::SackTrailer {
+        bitmap: crate::wire::multipath::SackBitmap(0),
+        held: 0,
+    };
+    h.rx(ack, &sack.to_bytes());
+    let wcs = h.wcs();
+    assert_eq!(wcs.len(), 1);
+    assert_eq!(wcs[0].status, WcStatus::Success);
+    assert_eq!(h.d.qp(h.qpn).unwrap().multipath(), MpState::On);
 }
