@@ -114,6 +114,12 @@ impl Qp {
             self.counters.rx_dropped += 1;
             return;
         }
+        if self.mp_rx.is_none() && self.in_msg.is_some() {
+            // A plain message is half received in order: the reassembly cannot take over in
+            // its middle. Dropped; the requester resends the packet.
+            self.counters.rx_dropped += 1;
+            return;
+        }
         let psn = pkt.repr.bth.psn;
         let mtu = self.mtu().bytes();
         let epsn = self.resp_psn;
@@ -345,6 +351,27 @@ impl Qp {
             .map_or(self.resp_psn, |m| m.reasm.epsn());
         let _ = self.queue_ctrl(AethSyndrome::Nak(f.nak), epsn);
         self.enter_error(ctx);
+    }
+
+    /// Whether the in-order responder may handle a plain request (no trailer) now. Call it
+    /// first for every plain RC request. Yes when the reassembly never ran, or when it is
+    /// idle ([`Reassembly::is_idle`]), which hands the receive side back (the expected PSN,
+    /// MSN and receive WQEs are in step, no message is open); otherwise the plain packet is
+    /// dropped and counted in `rx_dropped` (the requester resends it), so the two paths never
+    /// place into the same message.
+    pub(super) fn mp_plain_request_ok(&mut self) -> bool {
+        match self.mp_rx.as_deref() {
+            None => true,
+            Some(m) if m.reasm.is_idle() => {
+                self.resp_psn = m.reasm.epsn();
+                self.mp_rx = None;
+                true
+            }
+            Some(_) => {
+                self.counters.rx_dropped += 1;
+                false
+            }
+        }
     }
 
     /// The SACK an ACK of this QP carries, if the responder runs the reassembly: the

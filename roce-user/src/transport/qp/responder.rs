@@ -33,6 +33,9 @@ impl Qp {
                 return;
             }
         }
+        if !self.mp_plain_request_ok() {
+            return;
+        }
         let psn = pkt.repr.bth.psn;
         // check_psn (rxe): ahead -> one NAK per gap; behind -> duplicate.
         let d = psn.distance(self.resp_psn);

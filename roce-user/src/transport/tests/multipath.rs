@@ -546,3 +546,57 @@ fn an_ack_with_a_sack_trailer_completes_what_it_covers() {
     assert_eq!(wcs[0].status, WcStatus::Success);
     assert_eq!(h.d.qp(h.qpn).unwrap().multipath(), MpState::On);
 }
+
+/// The in-order responder and the reassembly never share a message: a trailer arriving in the
+/// middle of a plain message is dropped; a plain packet while the reassembly holds packets is
+/// dropped; once the reassembly is idle, a plain packet hands the receive side back.
+#[test]
+fn plain_and_placed_packets_never_share_a_message() {
+    let mut h = h_mp();
+    let data: Vec<u8> = (0..2048u32).map(|i| (i * 7) as u8).collect();
+    let m = (BASE, h.mr.rkey, 0);
+    // A plain two-packet WRITE, first half.
+    let (mut r, p) = mp_pkt(Operation::Write, RQ_PSN, 0, &data, m);
+    r.bth.resv7 = MpBthFlags::OFFER.bits();
+    h.rx(r, &p[..1024]);
+    assert_eq!(h.mem(0, 1024), &data[..1024]);
+    let (r, p) = mp_pkt(Operation::Write, RQ_PSN, 1, &data, m);
+    h.rx(r, &p);
+    assert_eq!(
+        h.c().rx_dropped,
+        1,
+        "no trailer in the middle of a plain message"
+    );
+    let (mut r, p) = mp_pkt(Operation::Write, RQ_PSN, 1, &data, m);
+    r.bth.resv7 = MpBthFlags::OFFER.bits();
+    h.rx(r, &p[..1024]);
+    assert_eq!(h.mem(0, 2048), data, "the plain message ends in order");
+    h.tx();
+    // Now a placed WRITE with a hole: a plain packet meanwhile is dropped.
+    let first = RQ_PSN + 2;
+    let m2 = (BASE + 4096, h.mr.rkey, 0);
+    let (r, p) = mp_pkt(Operation::Write, first, 1, &data, m2);
+    h.rx(r, &p);
+    let (mut r, p) = mp_pkt(Operation::Write, first, 0, &data, m2);
+    r.bth.resv7 = MpBthFlags::OFFER.bits();
+    h.rx(r, &p[..1024]);
+    assert_eq!(
+        h.c().rx_dropped,
+        2,
+        "no plain packet while packets are held"
+    );
+    assert_eq!(h.mem(4096, 1024), vec![0u8; 1024]);
+    let (r, p) = mp_pkt(Operation::Write, first, 0, &data, m2);
+    h.rx(r, &p);
+    assert_eq!(h.mem(4096, 2048), data);
+    h.tx();
+    // Idle again: a plain SEND is handled in order.
+    h.recv(9, 8192, 64);
+    let mut s = hdr(Opcode::RC_SEND_ONLY, first + 2);
+    s.bth.resv7 = MpBthFlags::OFFER.bits();
+    s.bth.ack_req = true;
+    h.rx(s, &[3u8; 64]);
+    assert_eq!(h.wcs().iter().map(|w| w.wr_id).collect::<Vec<_>>(), [9]);
+    assert_eq!(h.acks(), [(ACK, first + 2)]);
+    assert_eq!(h.c().rx_dropped, 2);
+}
