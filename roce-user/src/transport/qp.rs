@@ -266,6 +266,11 @@ impl<'a> TxBuf<'a> {
     /// headers the opcode carries), and those bytes to gather them into. Call it once the
     /// packet's opcode is chosen, before reading the payload from memory. `None` if the frame
     /// has no room for them plus pad and ICRC, or the opcode is unknown.
+    /// The frame buffer's length.
+    fn len(&self) -> usize {
+        self.frame.len()
+    }
+
     fn payload(&mut self, opcode: Opcode, len: usize) -> Option<(Range<usize>, &mut [u8])> {
         let range = payload_range(opcode, self.bth_off, len, self.frame.len())?;
         let dst = self.frame.get_mut(range.clone())?;
@@ -355,6 +360,11 @@ pub struct Qp {
     /// the QP left RESET: the send sequence number of a placement trailer, less this, is the
     /// index of the receive WQE the message goes into (docs/multipath.md).
     recv_ssn: u32,
+    /// The requester's selective repeat while it sends placement trailers (qp/multipath.rs).
+    mp_tx: Option<Box<super::multipath::SelectiveRepeat>>,
+    /// WRs that consume a receive WQE at the responder (SENDs, WRITEs with immediate)
+    /// completed since the QP left RESET: the base of the send sequence numbers.
+    send_ssn: u32,
 }
 
 impl Qp {
@@ -402,6 +412,8 @@ impl Qp {
             mp: Negotiation::new(false),
             mp_rx: None,
             recv_ssn: 0,
+            mp_tx: None,
+            send_ssn: 0,
         }
     }
 
@@ -597,8 +609,7 @@ impl Qp {
     /// the extension is allowed). Call it for every RC packet, ACKs and responses included,
     /// just before the frame is written (`Device::transmit_qp`), with the `resv7` the QP put
     /// in the packet it built: [`MpBthFlags::TRAILER`] there says the packet ends in a
-    /// trailer (so far only ACKs with a SACK; the requester sends no trailers yet, step 2 of
-    /// docs/multipath.md is under way).
+    /// trailer (a SEND or WRITE packet in selective-repeat mode, an ACK with its SACK).
     pub(crate) const fn mp_tx_bits(&self, built: u8) -> u8 {
         let trailer = MpBthFlags::from_resv7(built).contains(MpBthFlags::TRAILER);
         self.mp.tx_flags(trailer).bits()
@@ -661,6 +672,9 @@ impl Qp {
         let Some(wqe) = self.sq.pop_front() else {
             return;
         };
+        if wqe.first_psn.is_some() && multipath::consumes_rwqe(&wqe.wr.op) {
+            self.send_ssn = self.send_ssn.wrapping_add(1);
+        }
         if self.req_idx > 0 {
             self.req_idx -= 1;
         } else {

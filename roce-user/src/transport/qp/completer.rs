@@ -382,7 +382,10 @@ impl Qp {
         // peer or path that marks nothing still slows the QP down (issue: loss back-off).
         self.cc_on_loss(now);
         self.cc_on_retry(now, !implied);
-        self.go_back(self.comp_psn);
+        // Selective repeat resends only what no SACK covered (qp/multipath.rs).
+        if !self.mp_on_timeout() {
+            self.go_back(self.comp_psn);
+        }
         self.arm_retransmit(now, true);
         true
     }

@@ -1,21 +1,29 @@
-//! The responder's side of the multipath extension (docs/multipath.md, "Placement out of
-//! order, completions in order"; issue 19 step 2): once both QPs agreed, every SEND and WRITE
-//! packet carries a placement trailer, and the responder places each packet on its own, at
-//! its offset, through the per-QP [`Reassembly`]: each byte once, whatever the order or the
-//! duplicates, completions in PSN order, and every acknowledgement carries the SACK trailer.
+//! The multipath extension in the QP (docs/multipath.md; issue 19 step 2), once both QPs
+//! agreed in band.
 //!
-//! Built so far: SEND (into the receive WQE its send sequence number names), WRITE and
-//! WRITE with immediate. Not yet: READ requests and atomics with a trailer (they must be held
-//! until the cumulative PSN reaches them) and READ responses with a trailer; such packets are
-//! dropped and counted in `rx_dropped`. The requester does not send trailers yet (it keeps
-//! [`super::Negotiation::tx_flags`]`(false)`), so this path runs only on packets a test
-//! crafts until the requester side lands.
+//! Responder ("Placement out of order, completions in order"): every SEND and WRITE packet
+//! carries a placement trailer, and the responder places each packet on its own, at its
+//! offset, through the per-QP [`Reassembly`]: each byte once, whatever the order or the
+//! duplicates, completions in PSN order, and every acknowledgement carries the SACK trailer.
+//! Built: SEND (into the receive WQE its send sequence number names), WRITE and WRITE with
+//! immediate. Not yet: READ requests and atomics with a trailer (they must be held until the
+//! cumulative PSN reaches them) and READ responses with a trailer; such packets are dropped
+//! and counted in `rx_dropped`.
+//!
+//! Requester ("Selective acknowledgement and selective repeat"): in selective-repeat mode
+//! its SEND and WRITE packets carry the trailer, every SACK feeds [`SelectiveRepeat`], only
+//! what it declares lost is resent (RACK by transmission count, or every unacknowledged PSN
+//! on the local ACK timeout), never what a SACK covered. READs and atomics still go plain:
+//! the requester leaves the mode before one, when nothing is outstanding, and enters again
+//! after.
 
 use std::collections::BTreeMap;
 
 use super::responder::Fatal;
 use super::*;
-use crate::transport::multipath::{Arrival, Completion, Reassembly};
+use crate::transport::multipath::{
+    Arrival, Completion, Reassembly, SelectiveRepeat, SrConfig, SrCounters,
+};
 use crate::wire::multipath::{PlacementFlags, PlacementTrailer, SackTrailer, placement, sack};
 
 /// The receive window of the reassembly, in PSNs: the requester's window never exceeds it
@@ -53,12 +61,17 @@ impl Qp {
             return;
         };
         if info.operation == Operation::Acknowledge {
-            // The AETH is cumulative as ever; the bitmap is for selective repeat, which the
-            // requester does not run yet (docs/multipath.md, step 2 status).
-            let Ok((data, _sack)) = sack::split(pkt.payload) else {
+            // The bitmap goes to selective repeat; the AETH is cumulative as ever.
+            let Ok((data, sack)) = sack::split(pkt.payload) else {
                 self.counters.rx_dropped += 1;
                 return;
             };
+            if matches!(
+                pkt.repr.aeth.map(|a| a.syndrome),
+                Some(AethSyndrome::Ack { .. })
+            ) {
+                self.mp_on_sack(pkt.repr.bth.psn, &sack);
+            }
             let plain = RxPkt {
                 payload: data,
                 ..*pkt
@@ -78,7 +91,7 @@ impl Qp {
             payload: data,
             ..*pkt
         };
-        self.handle_mp_request(&data_pkt, &t, info, ctx);
+        self.handle_mp_request(now, &data_pkt, &t, info, ctx);
     }
 
     /// Places one SEND or WRITE packet with placement trailer `t` out of order (`pkt.payload`
@@ -92,6 +105,7 @@ impl Qp {
     /// hole, since an RNR NAK would acknowledge the hole), the receive buffer's length.
     fn handle_mp_request(
         &mut self,
+        now: Instant,
         pkt: &RxPkt<'_>,
         t: &PlacementTrailer,
         info: roce_common::opcode::OpcodeInfo,
@@ -116,8 +130,14 @@ impl Qp {
         }
         if self.mp_rx.is_none() && self.in_msg.is_some() {
             // A plain message is half received in order: the reassembly cannot take over in
-            // its middle. Dropped; the requester resends the packet.
-            self.counters.rx_dropped += 1;
+            // its middle. Its next packet (resent with a trailer by selective repeat) goes
+            // through the in-order responder, its trailer set aside; any other is dropped
+            // and resent.
+            if pkt.repr.bth.psn == self.resp_psn {
+                self.handle_request(now, pkt, ctx);
+            } else {
+                self.counters.rx_dropped += 1;
+            }
             return;
         }
         let psn = pkt.repr.bth.psn;
@@ -380,5 +400,197 @@ impl Qp {
     /// Call it when an ACK leaves (`ctrl_pkt`).
     pub(super) fn mp_sack(&self) -> Option<(Psn, SackTrailer)> {
         self.mp_rx.as_deref().map(|m| m.reasm.sack())
+    }
+}
+
+/// Bytes of the placement trailer a request packet carries in selective-repeat mode.
+const TRAILER_LEN: usize = placement::HEADER_LEN;
+
+/// Whether a WR of `op` consumes a receive WQE at the responder (SEND, WRITE with
+/// immediate): what the send sequence number of a placement trailer counts.
+pub(super) const fn consumes_rwqe(op: &SendOp) -> bool {
+    matches!(
+        op,
+        SendOp::Send
+            | SendOp::SendWithImm { .. }
+            | SendOp::SendWithInv { .. }
+            | SendOp::WriteWithImm { .. }
+    )
+}
+
+impl Qp {
+    /// Enters or leaves the requester's selective-repeat mode (docs/multipath.md,
+    /// "Selective acknowledgement and selective repeat"). It enters once the extension is
+    /// on, no READ or atomic is outstanding or next, the requester is not replaying after a
+    /// go-back or waiting out an RNR NAK, and a frame of `frame_len` bytes holds a full
+    /// packet with its trailer: the PSNs already in flight (sent plain) are taken over as
+    /// sent `now`, so anything of theirs that is lost is resent with a trailer. It leaves
+    /// when nothing is outstanding and the next WR is a READ or an atomic (the responder
+    /// places neither out of order yet), or the QP fell back. Call it before choosing the
+    /// next request packet.
+    pub(super) fn mp_tx_update(&mut self, now: Instant, frame_len: usize) {
+        let next = self
+            .sq
+            .get(self.req_idx)
+            .filter(|w| w.first_psn.is_none())
+            .map(|w| w.wr.op);
+        let quiet = self.comp_psn == self.sent_psn && self.next_psn == self.sent_psn;
+        if self.mp_tx.is_some() {
+            if quiet && (!self.mp.is_on() || next.is_some_and(|op| op.is_read_or_atomic())) {
+                self.mp_tx = None;
+            }
+            return;
+        }
+        let rd_out = self
+            .sq
+            .iter()
+            .take_while(|w| w.first_psn.is_some())
+            .any(|w| w.wr.op.is_read_or_atomic());
+        let room = crate::transport::max_frame_len(self.mtu()) + TRAILER_LEN <= frame_len;
+        if !self.mp.is_on()
+            || !room
+            || rd_out
+            || self.rnr_wait
+            || self.next_psn != self.sent_psn
+            || next.is_some_and(|op| op.is_read_or_atomic())
+        {
+            return;
+        }
+        let rto =
+            local_ack_timeout(self.attr.timeout).unwrap_or(core::time::Duration::from_secs(1));
+        let cfg = SrConfig {
+            window: MP_RX_WINDOW.min(MAX_UNACKED_PSNS),
+            reorder_threshold: 3,
+            rto,
+        };
+        let mut sr = SelectiveRepeat::new(self.comp_psn, cfg);
+        while sr.next_psn() != self.next_psn && sr.on_send(now).is_some() {}
+        self.mp_tx = Some(Box::new(sr));
+    }
+
+    /// Whether the requester is in selective-repeat mode: its request packets carry
+    /// placement trailers and only what is missing is resent.
+    pub(super) fn mp_selective(&self) -> bool {
+        self.mp_tx.is_some()
+    }
+
+    /// Whether selective repeat lets a new PSN `psn` go now: its window has room (a PSN
+    /// before its next one is a resend after an RNR wait, which may go).
+    pub(super) fn mp_window_open(&self, psn: Psn) -> bool {
+        self.mp_tx
+            .as_deref()
+            .is_none_or(|sr| psn != sr.next_psn() || sr.can_send())
+    }
+
+    /// Records the first transmission of `psn` at `now` in selective repeat. Call it when a
+    /// request packet is committed.
+    pub(super) fn mp_on_sent(&mut self, now: Instant, psn: Psn) {
+        if let Some(sr) = self.mp_tx.as_deref_mut()
+            && psn == sr.next_psn()
+        {
+            let _ = sr.on_send(now);
+        }
+    }
+
+    /// The send sequence number of the WR at `idx` of the send queue: the WRs that consume
+    /// a receive WQE completed before it plus those ahead of it in the queue.
+    fn ssn_of(&self, idx: usize) -> u32 {
+        let ahead = self
+            .sq
+            .iter()
+            .take(idx)
+            .filter(|w| consumes_rwqe(&w.wr.op))
+            .count() as u32;
+        self.send_ssn.wrapping_add(ahead)
+    }
+
+    /// The placement trailer of packet `psn`, at byte `off` of the WR at `idx` doing `op`, in
+    /// selective-repeat mode (else `None`). Call it while building a SEND or WRITE packet.
+    pub(super) fn mp_trailer(
+        &self,
+        idx: usize,
+        psn: Psn,
+        op: SendOp,
+        off: u64,
+    ) -> Option<PlacementTrailer> {
+        self.mp_tx.as_ref()?;
+        let w = self.sq.get(idx)?;
+        let (flags, va, rkey) = match op {
+            SendOp::Write { remote_addr, rkey }
+            | SendOp::WriteWithImm {
+                remote_addr, rkey, ..
+            } => (PlacementFlags::WRITE, remote_addr, rkey),
+            _ => (PlacementFlags::SEND, 0, RKey::new(0)),
+        };
+        Some(PlacementTrailer {
+            first_psn: w.first_psn.unwrap_or(psn),
+            flags,
+            offset: u32::try_from(off).ok()?,
+            length: u32::try_from(w.len).ok()?,
+            va,
+            rkey,
+            ssn: crate::wire::multipath::Ssn::new(self.ssn_of(idx)),
+        })
+    }
+
+    /// The next packet selective repeat resends, rebuilt from its WR with its trailer and
+    /// AckReq set, or `None`. Call it before building new request packets. The requester's
+    /// position, `next_psn` and `sent_psn` do not move.
+    pub(super) fn mp_resend(
+        &mut self,
+        now: Instant,
+        ctx: &mut Ctx<'_>,
+        tx: &mut TxBuf<'_>,
+    ) -> Option<OutPkt> {
+        loop {
+            let psn = self.mp_tx.as_deref_mut()?.poll_retransmit(now)?;
+            let Some((idx, pkt)) = self.sq.iter().enumerate().find_map(|(i, w)| {
+                let (f, l) = (w.first_psn?, w.last_psn()?);
+                (psn.distance(f) >= 0 && psn.distance(l) <= 0).then(|| (i, psn.distance(f) as u32))
+            }) else {
+                continue; // completed since
+            };
+            let op = self.sq.get(idx)?.wr.op;
+            let saved = (self.req_idx, self.req_pkt);
+            (self.req_idx, self.req_pkt) = (idx, pkt);
+            let req = self.send_write_request(psn, op, ctx, tx);
+            if self.state != QpState::Err {
+                (self.req_idx, self.req_pkt) = saved;
+            }
+            let mut req = req?;
+            req.repr.bth.ack_req = true;
+            self.counters.sent_pkts += 1;
+            self.arm_retransmit(now, false);
+            return Some(OutPkt {
+                repr: req.repr,
+                payload: req.payload,
+                ud_path: None,
+            });
+        }
+    }
+
+    /// Takes in the SACK of an ACK for `cum` in selective-repeat mode. Call it for every ACK
+    /// with a SACK trailer, before the cumulative part is applied.
+    fn mp_on_sack(&mut self, cum: Psn, sack: &SackTrailer) {
+        if let Some(sr) = self.mp_tx.as_deref_mut() {
+            let _ = sr.on_ack(cum, Some(sack));
+        }
+    }
+
+    /// On the local ACK timeout in selective-repeat mode: every unacknowledged PSN is resent,
+    /// none the SACKs covered (where go-back-N resends the window). Returns false outside
+    /// the mode, where the caller goes back N.
+    pub(super) fn mp_on_timeout(&mut self) -> bool {
+        let Some(sr) = self.mp_tx.as_deref_mut() else {
+            return false;
+        };
+        sr.declare_all_lost();
+        true
+    }
+
+    /// What selective repeat counted, in selective-repeat mode.
+    #[must_use]
+    pub fn selective_repeat(&self) -> Option<SrCounters> {
+        self.mp_tx.as_deref().map(|sr| *sr.counters())
     }
 }
