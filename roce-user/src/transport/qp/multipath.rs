@@ -177,6 +177,9 @@ impl Qp {
         let filled_hole = mp.reasm.held() > 0;
         match mp.reasm.on_packet(psn, t, pkt.payload.len()) {
             Arrival::Place { offset, .. } => {
+                if ahead > 0 {
+                    self.counters.ooo_placed += 1;
+                }
                 if ends {
                     mp.last.insert(
                         t.first_psn.value(),
@@ -197,10 +200,7 @@ impl Qp {
                 }
             }
             Arrival::Duplicate => self.counters.duplicate_request += 1,
-            Arrival::BeyondWindow => {
-                self.counters.out_of_seq_request += 1;
-                self.counters.out_of_sequence += 1;
-            }
+            Arrival::BeyondWindow => self.counters.ooo_dropped_window += 1,
             Arrival::Invalid(_) => self.counters.rx_dropped += 1,
         }
         // At once on a hole, a duplicate or a packet beyond the window, and when a packet
@@ -560,6 +560,7 @@ impl Qp {
             let mut req = req?;
             req.repr.bth.ack_req = true;
             self.counters.sent_pkts += 1;
+            self.counters.selective_retransmits += 1;
             self.arm_retransmit(now, false);
             return Some(OutPkt {
                 repr: req.repr,
@@ -572,6 +573,7 @@ impl Qp {
     /// Takes in the SACK of an ACK for `cum` in selective-repeat mode. Call it for every ACK
     /// with a SACK trailer, before the cumulative part is applied.
     fn mp_on_sack(&mut self, cum: Psn, sack: &SackTrailer) {
+        self.counters.sack_received += 1;
         if let Some(sr) = self.mp_tx.as_deref_mut() {
             let _ = sr.on_ack(cum, Some(sack));
         }

@@ -448,6 +448,7 @@ fn write_packets_place_out_of_order_exactly_once() {
         "but acknowledged"
     );
     assert_eq!(h.c().duplicate_request, 1);
+    assert_eq!(h.c().ooo_placed, 1, "the last packet, beyond the hole");
     assert_eq!(h.state(), QpState::Rts);
     assert!(h.wcs().is_empty(), "a WRITE completes no receive");
 }
@@ -804,6 +805,13 @@ fn stream(seed: u64, link: Link, allowed: (bool, bool), n: u64, reads: bool) -> 
         p.b.qp(qb).unwrap().multipath(),
     );
     let sr = p.a.qp(qa).unwrap().selective_repeat();
+    if let Some(sr) = sr {
+        let c = p.a.qp(qa).unwrap().counters();
+        // Each resend the SR state counts went out and was counted on the QP (a resend
+        // whose WR completed meanwhile is skipped by the requester, so at most).
+        assert!(c.selective_retransmits <= sr.selective_retransmits);
+        assert!(c.sack_received >= sr.sack_received);
+    }
     p.filter = None;
     Stream {
         requests: requests.take(),
