@@ -34,12 +34,14 @@ impl Qp {
                             return;
                         }
                         self.cc_on_ack(now, psn);
+                        self.mp_on_cum_ack(psn);
                         self.ack_through(now, psn, ctx);
                     }
                     AethSyndrome::RnrNak { timer } => {
                         if d_comp < 0 {
                             return;
                         }
+                        self.mp_on_cum_ack(psn.wrapping_sub(1));
                         self.cc_on_ack(now, psn.wrapping_sub(1));
                         if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
                             return;
@@ -50,6 +52,7 @@ impl Qp {
                         if d_comp < 0 {
                             return;
                         }
+                        self.mp_on_cum_ack(psn.wrapping_sub(1));
                         self.cc_on_ack(now, psn.wrapping_sub(1));
                         if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
                             return;

@@ -579,6 +579,16 @@ impl Qp {
         }
     }
 
+    /// Takes in the cumulative part of any ACK or NAK (everything up to and including
+    /// `cum` arrived) in selective-repeat mode, so the window moves on plain answers too
+    /// (those of a responder still finishing a plain message in order). Call it for every
+    /// acknowledgement the completer accepts.
+    pub(super) fn mp_on_cum_ack(&mut self, cum: Psn) {
+        if let Some(sr) = self.mp_tx.as_deref_mut() {
+            let _ = sr.on_ack(cum, None);
+        }
+    }
+
     /// On the local ACK timeout in selective-repeat mode: every unacknowledged PSN is resent,
     /// none the SACKs covered (where go-back-N resends the window). Returns false outside
     /// the mode, where the caller goes back N.
