@@ -69,8 +69,11 @@ impl Qp {
             if matches!(
                 pkt.repr.aeth.map(|a| a.syndrome),
                 Some(AethSyndrome::Ack { .. })
-            ) {
-                self.mp_on_sack(pkt.repr.bth.psn, &sack);
+            ) && self.mp_on_sack(pkt.repr.bth.psn, &sack) > 0
+            {
+                // Progress beyond a hole: the local ACK timer waits again, so it does not
+                // resend what RACK is already resending.
+                self.arm_retransmit(now, true);
             }
             let plain = RxPkt {
                 payload: data,
@@ -572,11 +575,12 @@ impl Qp {
 
     /// Takes in the SACK of an ACK for `cum` in selective-repeat mode. Call it for every ACK
     /// with a SACK trailer, before the cumulative part is applied.
-    fn mp_on_sack(&mut self, cum: Psn, sack: &SackTrailer) {
+    /// Returns the PSNs newly acknowledged.
+    fn mp_on_sack(&mut self, cum: Psn, sack: &SackTrailer) -> u32 {
         self.counters.sack_received += 1;
-        if let Some(sr) = self.mp_tx.as_deref_mut() {
-            let _ = sr.on_ack(cum, Some(sack));
-        }
+        self.mp_tx
+            .as_deref_mut()
+            .map_or(0, |sr| sr.on_ack(cum, Some(sack)))
     }
 
     /// Takes in the cumulative part of any ACK or NAK (everything up to and including
