@@ -277,6 +277,14 @@ counter_struct! {
         tx_payload_bytes,
         /// roce-xdp: RoCE payload bytes the QP received on its path (duplicates included).
         rx_payload_bytes,
+        /// roce-xdp multipath (docs/multipath.md): ACKs with a SACK trailer the requester took in.
+        sack_received,
+        /// roce-xdp multipath: request packets resent by selective repeat (only what no ACK or SACK covered).
+        selective_retransmits,
+        /// roce-xdp multipath: packets the responder placed while a PSN before them was missing.
+        ooo_placed,
+        /// roce-xdp multipath: packets beyond the responder's reassembly window, dropped (the requester resends them).
+        ooo_dropped_window,
     }
 }
 

@@ -162,9 +162,15 @@ fn tshark_dissects_packets_with_multipath_trailers_as_plain_roce() {
         placement::split(rr.payload).expect("trailer").1.va,
         0x7f00_0000_1000
     );
-    // An ACK with a payload is refused by today's parser ("payload on an opcode that carries
-    // none"): step 2 must accept it when the BTH says TRAILER.
-    assert!(wire::parse_frame(&frames[2]).is_err());
+    // An ACK whose payload is exactly the SACK trailer, with the TRAILER bit, parses (step 2);
+    // the same ACK without the bit is refused ("payload on an opcode that carries none").
+    let parsed = wire::parse_frame(&frames[2]).expect("a SACK ACK parses");
+    assert!(parsed.icrc_ok);
+    let (rest, _) = sack::split(parsed.payload).expect("SACK trailer");
+    assert!(rest.is_empty());
+    let mut no_bit = frames[2].clone();
+    no_bit[BTH_AT + 8] &= !MpBthFlags::TRAILER.bits();
+    assert!(wire::parse_frame(&no_bit).is_err());
     let ack = &frames[2];
     assert!(icrc::verify(
         &ack[ETH..ETH + 20],

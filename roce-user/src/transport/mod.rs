@@ -175,6 +175,12 @@ pub struct DeviceConfig {
     /// `cc.dcqcn` before use ([`crate::cc::DcqcnConfig::validate`]): values out of range are
     /// clamped.
     pub cc: CcConfig,
+    /// Whether RC QPs created on this device allow the multipath extension (docs/multipath.md;
+    /// issue 19): default false, so every packet is plain RoCE v2 and nothing changes towards
+    /// rxe or an RDMA NIC. A QP that allows it sets the BTH offer bit (a reserved bit, which
+    /// IBA 9.2 has receivers ignore) and turns the extension on only when its peer QP offers
+    /// too ([`multipath::Negotiation`]). [`Device::set_multipath`] changes it per QP.
+    pub multipath: bool,
 }
 
 impl Default for DeviceConfig {
@@ -198,6 +204,7 @@ impl Default for DeviceConfig {
             max_inflight_pkts: 1024,
             shard: Shard::ONE,
             cc: CcConfig::default(),
+            multipath: false,
         }
     }
 }
@@ -367,6 +374,9 @@ pub enum DeviceError {
     /// The QP has no congestion control (UD).
     #[error("queue pair {0:?} has no congestion control (only RC QPs do)")]
     NoCongestionControl(Qpn),
+    /// The multipath extension is chosen before RTR ([`Device::set_multipath`]).
+    #[error("the multipath extension is chosen in RESET or INIT, the QP is in {0}")]
+    InvalidState(QpState),
 }
 
 /// The counter that counted a received frame as dropped ([`Device::handle_packet_traced`]),
@@ -777,8 +787,30 @@ impl Device {
         let mut qp = Qp::new(qpn, init);
         qp.srq = srq;
         qp.cc = cc::for_qp(&self.config.cc, init.qp_type);
+        qp.set_multipath(self.config.multipath);
         self.qps.insert(n, qp);
         Ok(qpn)
+    }
+
+    /// Allows (or forbids) the multipath extension on RC QP `qpn`, overriding
+    /// [`DeviceConfig::multipath`] (docs/multipath.md, "Agreeing on the extension"). Call it
+    /// in RESET or INIT, before the QP exchanges a packet: the agreement starts from this
+    /// choice when the QP reaches RTR and is kept through a reset. UC and UD QPs never use
+    /// the extension; for them this does nothing.
+    ///
+    /// # Errors
+    /// [`DeviceError::NoSuchQp`]; [`DeviceError::InvalidState`] once the QP is in RTR or
+    /// later (its peer may already have seen its answer).
+    pub fn set_multipath(&mut self, qpn: Qpn, allowed: bool) -> Result<(), DeviceError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn.value())
+            .ok_or(DeviceError::NoSuchQp(qpn))?;
+        if !matches!(qp.state, QpState::Reset | QpState::Init) {
+            return Err(DeviceError::InvalidState(qp.state));
+        }
+        qp.set_multipath(allowed);
+        Ok(())
     }
 
     /// Destroys a QP (`ibv_destroy_qp`): its WRs disappear without completions.
@@ -1092,13 +1124,25 @@ impl Device {
                 return;
             }
         }
+        // The multipath bits (docs/multipath.md): the offer of a peer that runs the
+        // extension, or nothing from any other peer.
+        let mp = if hdr.opcode.transport() == Transport::Rc {
+            qp.mp_on_receive(hdr.resv7)
+        } else {
+            multipath::RxDecision::Plain
+        };
+        if mp == multipath::RxDecision::Drop {
+            return;
+        }
         qp.counters.rcvd_pkts += 1;
         qp.counters.rx_payload_bytes += pkt.payload.len() as u64;
         if pkt.ce {
             qp.counters.np_ecn_marked_roce_packets += 1;
         }
         qp.cc_on_packet(arrival, pkt.ce);
-        if info.is_response() {
+        if mp == multipath::RxDecision::Trailer {
+            qp.handle_mp_packet(now, pkt, &mut ctx);
+        } else if info.is_response() {
             qp.handle_response(now, pkt, &mut ctx);
         } else {
             qp.handle_request(now, pkt, &mut ctx);
@@ -1240,7 +1284,11 @@ impl Device {
             if out.ud_path.is_none() {
                 qp.cc_apply(&mut path);
             }
-            let repr = out.repr;
+            let mut repr = out.repr;
+            // The multipath offer bit on an RC QP that allows the extension; 0 otherwise.
+            if repr.bth.opcode.transport() == Transport::Rc {
+                repr.bth.resv7 = qp.mp_tx_bits(repr.bth.resv7);
+            }
             let payload_len = out.payload.len() as u64;
             // The path's headers as built for the previous frame, unless the path changed.
             let sent = FrameTemplate::for_path(&mut qp.tx_template, &path)

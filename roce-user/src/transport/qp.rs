@@ -15,16 +15,19 @@ use super::counters::QpCounters;
 use super::cq::{CqId, Wc, WcFlags, WcOpcode, WcStatus};
 use super::ids::{Msn, Psn, Qpn, RKey};
 use super::mr::{Access, PdId, Sge, sg_gather, sg_len, sg_scatter};
+use super::multipath::{MpState, Negotiation, RxDecision};
 use super::state::{AttrMask, Mtu, QpAttr, QpState, QpType};
 use super::timer::{Instant, Timer, TimerTable, local_ack_timeout, rnr_timer};
 use super::wr::{RecvWr, SendFlags, SendOp, SendWr};
 use super::{Ctx, Event, Path};
+use crate::wire::multipath::MpBthFlags;
 use crate::wire::{
     AethRepr, AethSyndrome, AtomicAckEthRepr, AtomicEthRepr, BthRepr, DethRepr, FrameTemplate,
     IethRepr, ImmDtRepr, NakCode, RethRepr, RnrTimer, RoceRepr, roce::payload_range,
 };
 
 mod completer;
+mod multipath;
 mod requester;
 mod responder;
 mod uc;
@@ -263,6 +266,11 @@ impl<'a> TxBuf<'a> {
     /// headers the opcode carries), and those bytes to gather them into. Call it once the
     /// packet's opcode is chosen, before reading the payload from memory. `None` if the frame
     /// has no room for them plus pad and ICRC, or the opcode is unknown.
+    /// The frame buffer's length.
+    fn len(&self) -> usize {
+        self.frame.len()
+    }
+
     fn payload(&mut self, opcode: Opcode, len: usize) -> Option<(Range<usize>, &mut [u8])> {
         let range = payload_range(opcode, self.bth_off, len, self.frame.len())?;
         let dst = self.frame.get_mut(range.clone())?;
@@ -340,6 +348,23 @@ pub struct Qp {
     pub(crate) srq: Option<super::SrqId>,
     /// [`Event::CommEstablished`] was raised since the QP last left RESET.
     comm_est: bool,
+    /// Whether the multipath extension is allowed on this QP ([`Self::set_multipath`]); kept
+    /// through a reset.
+    mp_allowed: bool,
+    /// Where the QP stands with the multipath extension (docs/multipath.md, "Agreeing on the
+    /// extension"): which BTH bits its packets carry, and what a received packet's bits mean.
+    pub(crate) mp: Negotiation,
+    /// The responder's reassembly once packets with placement trailers arrive (qp/multipath.rs).
+    mp_rx: Option<Box<multipath::MpRx>>,
+    /// Messages that consumed a receive WQE (SENDs, WRITEs with immediate) completed since
+    /// the QP left RESET: the send sequence number of a placement trailer, less this, is the
+    /// index of the receive WQE the message goes into (docs/multipath.md).
+    recv_ssn: u32,
+    /// The requester's selective repeat while it sends placement trailers (qp/multipath.rs).
+    mp_tx: Option<Box<super::multipath::SelectiveRepeat>>,
+    /// WRs that consume a receive WQE at the responder (SENDs, WRITEs with immediate)
+    /// completed since the QP left RESET: the base of the send sequence numbers.
+    send_ssn: u32,
 }
 
 impl Qp {
@@ -383,6 +408,12 @@ impl Qp {
             tx_template: None,
             srq: None,
             comm_est: false,
+            mp_allowed: false,
+            mp: Negotiation::new(false),
+            mp_rx: None,
+            recv_ssn: 0,
+            mp_tx: None,
+            send_ssn: 0,
         }
     }
 
@@ -552,10 +583,52 @@ impl Qp {
 
     fn reset(&mut self) {
         let (qpn, init) = (self.qpn, self.init);
-        let (counters, srq) = (self.counters, self.srq);
+        let (counters, srq, mp_allowed) = (self.counters, self.srq, self.mp_allowed);
         *self = Self::new(qpn, init);
         self.counters = counters;
         self.srq = srq;
+        self.set_multipath(mp_allowed);
+    }
+
+    /// Allows or forbids the multipath extension on this QP and starts its agreement over:
+    /// [`MpState::Offering`] for an allowed RC QP, else [`MpState::Disabled`] (UC and UD QPs
+    /// never use it). Call it at creation and in RESET or INIT
+    /// ([`super::Device::set_multipath`]).
+    pub(crate) fn set_multipath(&mut self, allowed: bool) {
+        self.mp_allowed = allowed;
+        self.mp = Negotiation::new(allowed && self.qp_type == QpType::Rc);
+    }
+
+    /// Where the QP stands with the multipath extension (docs/multipath.md).
+    #[must_use]
+    pub const fn multipath(&self) -> MpState {
+        self.mp.state()
+    }
+
+    /// The multipath bits for the BTH of a packet this QP sends now (plain RoCE v2, 0, unless
+    /// the extension is allowed). Call it for every RC packet, ACKs and responses included,
+    /// just before the frame is written (`Device::transmit_qp`), with the `resv7` the QP put
+    /// in the packet it built: [`MpBthFlags::TRAILER`] there says the packet ends in a
+    /// trailer (a SEND or WRITE packet in selective-repeat mode, an ACK with its SACK).
+    pub(crate) const fn mp_tx_bits(&self, built: u8) -> u8 {
+        let trailer = MpBthFlags::from_resv7(built).contains(MpBthFlags::TRAILER);
+        self.mp.tx_flags(trailer).bits()
+    }
+
+    /// Takes in the multipath bits of a packet received from the peer QP (after the frame,
+    /// ICRC, P_Key and address checks, before the transport's own checks) and says how to
+    /// handle it: [`RxDecision::Plain`] as today, [`RxDecision::Trailer`] through
+    /// `handle_mp_packet` (qp/multipath.rs), [`RxDecision::Drop`] (counted in `rx_dropped`
+    /// here): a trailer reaching a QP that fell back is never taken for data.
+    pub(crate) fn mp_on_receive(&mut self, resv7: u8) -> RxDecision {
+        if self.qp_type != QpType::Rc {
+            return RxDecision::Plain;
+        }
+        let d = self.mp.on_receive(MpBthFlags::from_resv7(resv7));
+        if d == RxDecision::Drop {
+            self.counters.rx_dropped += 1;
+        }
+        d
     }
 
     // ---------------------------------------------------------------- completions
@@ -599,6 +672,9 @@ impl Qp {
         let Some(wqe) = self.sq.pop_front() else {
             return;
         };
+        if wqe.first_psn.is_some() && multipath::consumes_rwqe(&wqe.wr.op) {
+            self.send_ssn = self.send_ssn.wrapping_add(1);
+        }
         if self.req_idx > 0 {
             self.req_idx -= 1;
         } else {
@@ -743,7 +819,7 @@ impl Qp {
                 }
             }
             self.ctrl.pop_front();
-            return Some(self.ctrl_pkt(c));
+            return Some(self.ctrl_pkt(c, tx));
         }
         if !data_ok {
             return None;

@@ -169,6 +169,12 @@ pub struct BthRepr {
     pub ack_req: bool,
     /// Packet sequence number.
     pub psn: Psn,
+    /// The seven reserved bits below AckReq (`resv7`, byte 8), as received; 0 on every packet
+    /// roce-xdp sends except those of a QP that allows the multipath extension, which puts
+    /// its bits here ([`super::multipath::MpBthFlags`], docs/multipath.md "Agreeing on the
+    /// extension"). IBA 9.2 transmits reserved fields as 0 and has receivers ignore them, and
+    /// nothing but the multipath negotiation reads this field.
+    pub resv7: u8,
 }
 
 impl BthRepr {
@@ -186,11 +192,13 @@ impl BthRepr {
             dest_qp,
             ack_req: false,
             psn,
+            resv7: 0,
         }
     }
 
     /// Reads a BTH. Rejects a transport version other than 0, as rxe_recv.c does; any opcode,
-    /// known or not, is accepted here. Reserved bits are ignored.
+    /// known or not, is accepted here. Reserved bits are not checked; `resv7` is kept for the
+    /// multipath negotiation, the others are ignored.
     pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Self> {
         p.check_len()?;
         if p.tver() != 0 {
@@ -207,6 +215,7 @@ impl BthRepr {
             dest_qp: p.dest_qp(),
             ack_req: p.ack_req(),
             psn: p.psn(),
+            resv7: p.resv7(),
         })
     }
 
@@ -216,7 +225,8 @@ impl BthRepr {
         HEADER_LEN
     }
 
-    /// Writes the BTH with TVer 0 and reserved bits cleared.
+    /// Writes the BTH with TVer 0, `resv7` as in the repr (0 unless the multipath extension
+    /// set it) and the other reserved bits cleared.
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Packet<T>) {
         p.set_opcode(self.opcode);
         p.set_flags(self.solicited, self.mig_req, self.pad_count, 0);
@@ -224,6 +234,7 @@ impl BthRepr {
         p.set_fecn_becn(self.fecn, self.becn);
         p.set_dest_qp(self.dest_qp);
         p.set_ack_req(self.ack_req);
+        p.set_resv7(self.resv7);
         p.set_psn(self.psn);
     }
 }

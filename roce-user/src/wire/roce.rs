@@ -67,7 +67,8 @@ impl<T: AsRef<[u8]>> RocePacket<T> {
     }
 
     /// Checks that the buffer holds a BTH with a known opcode, that opcode's extended
-    /// headers, a payload only if the opcode carries one, a pad count no larger than the
+    /// headers, a payload only if the opcode carries one (or an ACK's multipath SACK
+    /// trailer, [`RoceRepr::is_sack_ack`]), a pad count no larger than the
     /// payload and a payload-plus-pad length that is a multiple of 4, and the ICRC. After this returns
     /// `Ok`, no accessor panics.
     pub fn check_len(&self) -> Result<()> {
@@ -83,7 +84,13 @@ impl<T: AsRef<[u8]>> RocePacket<T> {
         }
         let rest = b.len() - fixed;
         let pad = usize::from(bth.pad_count());
-        if !info.payload && rest != 0 {
+        // The one exception: an ACK of the multipath extension carries its SACK trailer
+        // (the TRAILER bit, exactly the trailer's bytes; RoceRepr::is_sack_ack).
+        let sack_ack = bth.opcode() == Opcode::RC_ACKNOWLEDGE
+            && super::multipath::MpBthFlags::from_resv7(bth.resv7())
+                .contains(super::multipath::MpBthFlags::TRAILER)
+            && rest == super::multipath::sack::HEADER_LEN;
+        if !info.payload && rest != 0 && !sack_ack {
             return Err(WireError::Malformed(
                 "payload on an opcode that carries none",
             ));
@@ -357,12 +364,25 @@ impl RoceRepr {
                 "extended headers do not match the opcode",
             ));
         }
-        if !info.payload && payload_len != 0 {
+        if !info.payload && payload_len != 0 && !self.is_sack_ack(payload_len) {
             return Err(WireError::InvalidRepr(
                 "payload on an opcode that carries none",
             ));
         }
         Ok(info)
+    }
+
+    /// Whether this is an ACKNOWLEDGE of the multipath extension whose payload is exactly its
+    /// SACK trailer (docs/multipath.md, "The wire format of the extension"): the BTH's
+    /// `TRAILER` bit set and `payload_len` equal to [`super::multipath::sack::HEADER_LEN`].
+    /// The one payload [`Self::validate`] lets through on an opcode that carries none; every
+    /// other packet keeps the opcode table's rule (IBA 9.2).
+    #[must_use]
+    pub fn is_sack_ack(&self, payload_len: usize) -> bool {
+        self.bth.opcode == Opcode::RC_ACKNOWLEDGE
+            && super::multipath::MpBthFlags::from_resv7(self.bth.resv7)
+                .contains(super::multipath::MpBthFlags::TRAILER)
+            && payload_len == super::multipath::sack::HEADER_LEN
     }
 
     /// BTH plus extended headers, in bytes.
@@ -532,6 +552,58 @@ mod tests {
             u.emit(&mut buf, &[]),
             Err(WireError::UnknownOpcode(Opcode(0x15)))
         );
+    }
+
+    /// An ACK may carry a payload only as the multipath SACK trailer: the `TRAILER` bit set
+    /// and exactly 12 bytes. Without the bit, with another length, or on another opcode
+    /// without payload (a READ request), the opcode table's rule stands.
+    #[test]
+    fn only_a_sack_trailer_rides_on_an_ack() {
+        use crate::wire::multipath::MpBthFlags;
+        let mut ack = RoceRepr::ack(
+            Qpn::new(1),
+            Psn::new(5),
+            AethRepr {
+                syndrome: AethSyndrome::ACK_UNLIMITED,
+                msn: Msn::new(0),
+            },
+        );
+        let bad = |r: &RoceRepr, n| matches!(r.validate(n), Err(WireError::InvalidRepr(_)));
+        assert!(bad(&ack, 12), "no bit, no payload");
+        ack.bth.resv7 = MpBthFlags::OFFER.bits();
+        assert!(bad(&ack, 12), "the offer alone is not a trailer");
+        ack.bth.resv7 = MpBthFlags::OFFER_TRAILER.bits();
+        assert!(ack.validate(12).is_ok());
+        assert!(ack.validate(0).is_ok());
+        assert!(bad(&ack, 11) && bad(&ack, 13) && bad(&ack, 24));
+        let mut buf = [0u8; 64];
+        assert_eq!(ack.emit(&mut buf, &[0xab; 12]), Ok(12 + 4 + 12 + 4));
+        assert!(
+            RocePacket::new_checked(&buf[..32]).is_ok(),
+            "the parser agrees"
+        );
+        buf[8] &= !MpBthFlags::TRAILER.bits();
+        assert!(
+            RocePacket::new_checked(&buf[..32]).is_err(),
+            "not without the bit"
+        );
+        let mut rd = with_reth_read();
+        rd.bth.resv7 = MpBthFlags::OFFER_TRAILER.bits();
+        assert!(bad(&rd, 12), "only the ACK");
+    }
+
+    fn with_reth_read() -> RoceRepr {
+        let mut r = RoceRepr::new(BthRepr::new(
+            Opcode::RC_RDMA_READ_REQUEST,
+            Qpn::new(1),
+            Psn::new(0),
+        ));
+        r.reth = Some(RethRepr {
+            va: 0,
+            rkey: RKey::new(1),
+            dma_len: 8,
+        });
+        r
     }
 
     #[test]

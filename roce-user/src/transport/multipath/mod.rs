@@ -1,6 +1,7 @@
 //! The multipath extension's transport state (docs/multipath.md; issue 19), sans-I/O: no
-//! clock (time is an argument), no I/O, no frames. Step 1 of the design's order of work: the
-//! state machines are built and tested here on their own, not yet wired into the QPs.
+//! clock (time is an argument), no I/O, no frames. Built and tested here on their own (step 1
+//! of the design's order of work); the QPs use them (step 2: `transport/qp/multipath.rs`,
+//! negotiation in `qp.rs`).
 //!
 //! - [`Negotiation`] (one per QP): the in-band agreement by the BTH `resv7` bits, and the
 //!   fall back to plain RoCE v2.
@@ -12,7 +13,7 @@
 //!
 //! Why here: the codecs of the trailers these use are wire formats and live with the other
 //! headers in [`crate::wire::multipath`]; the state that reads them is transport state and
-//! lives beside the QPs that will own it in step 2 (the import graph runs transport -> wire).
+//! lives beside the QPs that own it (the import graph runs transport -> wire).
 //! The simulator's several paths are in [`super::sim`] ([`super::sim::Pair::set_paths`]).
 
 mod negotiation;

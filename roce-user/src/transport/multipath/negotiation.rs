@@ -1,6 +1,8 @@
 //! The in-band agreement on the extension (docs/multipath.md, "Agreeing on the extension"):
 //! one state per QP, driven by the BTH `resv7` bits of the packets it receives and by the
-//! NAKs its requester gets. Sans-I/O and not yet wired into the QPs (step 2).
+//! NAKs its requester gets. Sans-I/O; each QP holds one (`Qp::mp`, driven from
+//! `Device::handle_decoded_at` and `Device::transmit_qp`). [`Negotiation::on_nak`] is not
+//! called yet (docs/multipath.md, step 2, what remains).
 
 use crate::wire::{NakCode, multipath::MpBthFlags};
 

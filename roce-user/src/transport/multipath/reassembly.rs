@@ -135,6 +135,15 @@ impl Reassembly {
         self.held
     }
 
+    /// Whether nothing is in progress: no packet held beyond a hole, no message partly
+    /// placed, no completion waiting. Only then may the QP hand its receive side back to the
+    /// in-order responder (a plain packet at the expected PSN), which takes up at
+    /// [`Self::epsn`] with no message open.
+    #[must_use]
+    pub fn is_idle(&self) -> bool {
+        self.held == 0 && self.msgs.is_empty() && self.ready.is_empty()
+    }
+
     /// The counters.
     #[must_use]
     pub const fn counters(&self) -> &ReassemblyCounters {

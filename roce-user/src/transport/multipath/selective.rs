@@ -265,6 +265,21 @@ impl SelectiveRepeat {
         }
     }
 
+    /// Declares lost every packet in the window not acknowledged and not already declared
+    /// lost, whatever its age. Call it when the QP's local ACK timeout expires (IBA
+    /// 9.7.6.1.3): what the bitmap covers stays acknowledged, the rest is resent by
+    /// [`Self::poll_retransmit`] (selective repeat's answer to a timeout, where go-back-N
+    /// resends the whole window).
+    pub fn declare_all_lost(&mut self) {
+        for (i, p) in self.pkts.iter_mut().enumerate() {
+            if !p.acked && !p.lost {
+                p.lost = true;
+                self.counters.timeouts += 1;
+                self.lost.push_back(self.base.wrapping_add(i as u32));
+            }
+        }
+    }
+
     /// The next PSN to resend, recorded as resent at `now`: the caller must send it now
     /// (rebuilt from its WQE, on an entropy other than the one that lost it). Only PSNs
     /// declared lost and still unacknowledged come out. Call it before sending new packets,

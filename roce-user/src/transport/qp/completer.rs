@@ -34,12 +34,14 @@ impl Qp {
                             return;
                         }
                         self.cc_on_ack(now, psn);
+                        self.mp_on_cum_ack(psn);
                         self.ack_through(now, psn, ctx);
                     }
                     AethSyndrome::RnrNak { timer } => {
                         if d_comp < 0 {
                             return;
                         }
+                        self.mp_on_cum_ack(psn.wrapping_sub(1));
                         self.cc_on_ack(now, psn.wrapping_sub(1));
                         if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
                             return;
@@ -50,6 +52,7 @@ impl Qp {
                         if d_comp < 0 {
                             return;
                         }
+                        self.mp_on_cum_ack(psn.wrapping_sub(1));
                         self.cc_on_ack(now, psn.wrapping_sub(1));
                         if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
                             return;
@@ -382,7 +385,10 @@ impl Qp {
         // peer or path that marks nothing still slows the QP down (issue: loss back-off).
         self.cc_on_loss(now);
         self.cc_on_retry(now, !implied);
-        self.go_back(self.comp_psn);
+        // Selective repeat resends only what no SACK covered (qp/multipath.rs).
+        if !self.mp_on_timeout() {
+            self.go_back(self.comp_psn);
+        }
         self.arm_retransmit(now, true);
         true
     }

@@ -350,7 +350,17 @@ impl Qp {
         fresh_ok: bool,
     ) -> Option<OutPkt> {
         self.run_local_ops(ctx)?;
+        self.mp_tx_update(now, tx.len());
+        if self.mp_selective() {
+            // Selective repeat (qp/multipath.rs): what is missing goes before new packets.
+            if let Some(p) = self.mp_resend(now, ctx, tx) {
+                return Some(p);
+            }
+        }
         let psn = self.next_rc_psn(ctx, fresh_ok)?;
+        if !self.mp_window_open(psn) {
+            return None;
+        }
         let op = self.sq.get(self.req_idx)?.wr.op;
         let req = match op {
             SendOp::Read { remote_addr, rkey } => self.read_request(psn, remote_addr, rkey)?,
@@ -442,6 +452,10 @@ impl Qp {
         if wqe.done.is_some() {
             return None;
         }
+        if self.mp_selective() && wqe.wr.op.is_read_or_atomic() {
+            // Selective repeat is left only when nothing is outstanding (mp_tx_update).
+            return None;
+        }
         if wqe.first_psn.is_none() && self.state == QpState::Sqd {
             // SQD starts no new WQE.
             self.check_drained(ctx);
@@ -517,9 +531,11 @@ impl Qp {
         tx: &mut TxBuf<'_>,
     ) -> Option<RcRequest> {
         let idx = self.req_idx;
-        let wqe = self.sq.get(idx)?;
         let m = u64::from(self.mtu().bytes());
         let off = u64::from(self.req_pkt) * m;
+        // In selective-repeat mode the packet ends in its placement trailer.
+        let trailer = self.mp_trailer(idx, psn, op, off);
+        let wqe = self.sq.get(idx)?;
         let pos = position_of(self.req_pkt, wqe.npkts);
         let (kind, imm, inv) = match op {
             SendOp::SendWithImm { imm } => (Operation::Send, Some(imm), None),
@@ -556,11 +572,18 @@ impl Qp {
         let solicited = wqe.wr.flags.contains(SendFlags::SOLICITED);
         repr.bth.solicited = ends && solicited && !matches!(op, SendOp::Write { .. });
         let len = usize::try_from((wqe.len - off.min(wqe.len)).min(m)).unwrap_or(0);
-        let gathered = tx.payload(opcode, len).and_then(|(range, dst)| {
-            gather(ctx.mrs, self.init.pd, &wqe.wr, off, dst)
-                .ok()
-                .map(|()| range)
+        let tlen = trailer.map_or(0, |t| t.buffer_len());
+        let gathered = tx.payload(opcode, len + tlen).and_then(|(range, dst)| {
+            let (data, tail) = dst.split_at_mut(len);
+            gather(ctx.mrs, self.init.pd, &wqe.wr, off, data).ok()?;
+            if let Some(t) = trailer {
+                tail.copy_from_slice(&t.to_bytes());
+            }
+            Some(range)
         });
+        if trailer.is_some() {
+            repr.bth.resv7 = crate::wire::multipath::MpBthFlags::TRAILER.bits();
+        }
         let Some(payload) = gathered else {
             // rxe: a bad local SGE completes the WR with a local protection error. Earlier
             // WRs may still be in flight: the failure is reported in order, when the
@@ -616,6 +639,7 @@ impl Qp {
             self.noack_pkts = 0;
         }
         self.cc_on_request_sent(now, psn, psns);
+        self.mp_on_sent(now, psn);
         let next = psn.wrapping_add(psns);
         if next.distance(self.next_psn) > 0 {
             self.next_psn = next;

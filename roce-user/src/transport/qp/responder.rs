@@ -33,6 +33,9 @@ impl Qp {
                 return;
             }
         }
+        if !self.mp_plain_request_ok() {
+            return;
+        }
         let psn = pkt.repr.bth.psn;
         // check_psn (rxe): ahead -> one NAK per gap; behind -> duplicate.
         let d = psn.distance(self.resp_psn);
@@ -273,6 +276,7 @@ impl Qp {
                 });
             }
             self.msn = self.msn.wrapping_add(1);
+            self.recv_ssn = self.recv_ssn.wrapping_add(1);
             self.complete_recv_head(
                 WcStatus::Success,
                 end,
@@ -358,6 +362,7 @@ impl Qp {
         if ends {
             self.msn = self.msn.wrapping_add(1);
             if let Some(ImmDtRepr { imm }) = pkt.repr.immdt {
+                self.recv_ssn = self.recv_ssn.wrapping_add(1);
                 self.complete_recv_head(
                     WcStatus::Success,
                     u64::from(self.write_len),
@@ -637,7 +642,7 @@ impl Qp {
     /// `get_srq_wqe`), raising [`Event::SrqLimitReached`] when that crossed the armed limit.
     /// Call it where a request needs a WQE (the first packet of a SEND, a WRITE with
     /// immediate, a UD datagram).
-    fn fetch_rwqe(&mut self, ctx: &mut Ctx<'_>) -> bool {
+    pub(super) fn fetch_rwqe(&mut self, ctx: &mut Ctx<'_>) -> bool {
         if !self.rq.is_empty() {
             return true;
         }
@@ -680,19 +685,32 @@ impl Qp {
         Ok(())
     }
 
-    pub(super) fn ctrl_pkt(&mut self, c: Ctrl) -> OutPkt {
-        let repr = RoceRepr::ack(
+    /// The ACK or NAK `c` as a packet. On a QP whose responder runs the multipath reassembly
+    /// an ACK carries the SACK trailer (written into `tx`, the BTH marked
+    /// [`MpBthFlags::TRAILER`]) and the newest cumulative PSN and MSN, which stand for the
+    /// queued ones (IBA 9.7.5.1, coalesced acknowledgements).
+    pub(super) fn ctrl_pkt(&mut self, c: Ctrl, tx: &mut TxBuf<'_>) -> OutPkt {
+        let (mut psn, mut msn, mut payload, mut resv7) = (c.psn, c.msn, 0..0, 0);
+        if matches!(c.syndrome, AethSyndrome::Ack { .. })
+            && let Some((cum, sack)) = self.mp_sack()
+            && let Some((range, dst)) = tx.payload(Opcode::RC_ACKNOWLEDGE, sack.buffer_len())
+        {
+            dst.copy_from_slice(&sack.to_bytes());
+            (psn, msn, payload, resv7) = (cum, self.msn, range, MpBthFlags::TRAILER.bits());
+        }
+        let mut repr = RoceRepr::ack(
             self.attr.dest_qp_num,
-            c.psn,
+            psn,
             AethRepr {
                 syndrome: c.syndrome,
-                msn: c.msn,
+                msn,
             },
         );
+        repr.bth.resv7 = resv7;
         self.counters.sent_pkts += 1;
         OutPkt {
             repr,
-            payload: 0..0,
+            payload,
             ud_path: None,
         }
     }
@@ -842,7 +860,7 @@ impl Qp {
                             msn: self.msn,
                         };
                         self.enter_error(ctx);
-                        return Some(self.ctrl_pkt(c));
+                        return Some(self.ctrl_pkt(c, tx));
                     }
                 }
                 if let Resource::Read {

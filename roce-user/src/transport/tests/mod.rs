@@ -25,6 +25,7 @@ use crate::wire::{
 use AethSyndrome::Nak;
 
 mod completer;
+mod multipath;
 mod mw;
 mod pair;
 mod paths;
@@ -54,7 +55,12 @@ struct H {
 }
 
 fn h_with(cfg: &RcConfig) -> H {
-    let mut d = Device::new(DeviceConfig::default());
+    h_on(cfg, DeviceConfig::default())
+}
+
+/// [`h_with`] on a device made with `config`.
+fn h_on(cfg: &RcConfig, config: DeviceConfig) -> H {
+    let mut d = Device::new(config);
     let pd = d.alloc_pd().unwrap();
     let cq = d.create_cq(cfg.cq_depth).unwrap();
     let qpn = d

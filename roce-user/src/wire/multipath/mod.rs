@@ -69,7 +69,9 @@ impl MpBthFlags {
         Self::from_resv7(p.resv7())
     }
 
-    /// Writes the flags into a BTH being emitted (after `BthRepr::emit`, which clears them).
+    /// Writes the flags into a BTH being emitted (after `BthRepr::emit`, which writes the
+    /// repr's `resv7`). A [`crate::wire::BthRepr`] carries them in its `resv7` field
+    /// ([`Self::bits`]).
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(self, p: &mut bth::Packet<T>) {
         p.set_resv7(self.0);
     }
@@ -110,8 +112,10 @@ mod tests {
         let p = bth::Packet::new_checked(&b[..]).unwrap();
         let f = MpBthFlags::parse(&p);
         assert!(f.contains(MpBthFlags::OFFER) && f.contains(MpBthFlags::TRAILER));
-        // A plain RoCE parser sees the same BTH.
-        assert_eq!(BthRepr::parse(&p).unwrap(), repr);
+        // A plain RoCE parser sees the same BTH; only the reserved bits differ.
+        let parsed = BthRepr::parse(&p).unwrap();
+        assert_eq!(parsed.resv7, 0x03);
+        assert_eq!(BthRepr { resv7: 0, ..parsed }, repr);
         // Reserved bits other than ours are ignored.
         assert_eq!(MpBthFlags::from_resv7(0x7c), MpBthFlags::NONE);
     }

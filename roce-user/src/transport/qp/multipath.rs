@@ -1,0 +1,612 @@
+//! The multipath extension in the QP (docs/multipath.md; issue 19 step 2), once both QPs
+//! agreed in band.
+//!
+//! Responder ("Placement out of order, completions in order"): every SEND and WRITE packet
+//! carries a placement trailer, and the responder places each packet on its own, at its
+//! offset, through the per-QP [`Reassembly`]: each byte once, whatever the order or the
+//! duplicates, completions in PSN order, and every acknowledgement carries the SACK trailer.
+//! Built: SEND (into the receive WQE its send sequence number names), WRITE and WRITE with
+//! immediate. Not yet: READ requests and atomics with a trailer (they must be held until the
+//! cumulative PSN reaches them) and READ responses with a trailer; such packets are dropped
+//! and counted in `rx_dropped`.
+//!
+//! Requester ("Selective acknowledgement and selective repeat"): in selective-repeat mode
+//! its SEND and WRITE packets carry the trailer, every SACK feeds [`SelectiveRepeat`], only
+//! what it declares lost is resent (RACK by transmission count, or every unacknowledged PSN
+//! on the local ACK timeout), never what a SACK covered. READs and atomics still go plain:
+//! the requester leaves the mode before one, when nothing is outstanding, and enters again
+//! after.
+
+use std::collections::BTreeMap;
+
+use super::responder::Fatal;
+use super::*;
+use crate::transport::multipath::{
+    Arrival, Completion, Reassembly, SelectiveRepeat, SrConfig, SrCounters,
+};
+use crate::wire::multipath::{PlacementFlags, PlacementTrailer, SackTrailer, placement, sack};
+
+/// The receive window of the reassembly, in PSNs: the requester's window never exceeds it
+/// (rxe's [`MAX_UNACKED_PSNS`]).
+pub const MP_RX_WINDOW: u32 = MAX_UNACKED_PSNS;
+
+/// What a message needs at its completion that only its last packet carries: immediate
+/// data, the R_Key to invalidate, the solicited bit.
+#[derive(Clone, Copy, Debug, Default)]
+struct LastPkt {
+    imm: Option<u32>,
+    inv: Option<RKey>,
+    solicited: bool,
+}
+
+/// The responder's multipath state of one QP, made when the first packet with a placement
+/// trailer arrives (the extension is on).
+#[derive(Debug)]
+pub(super) struct MpRx {
+    reasm: Reassembly,
+    /// What the last packets of messages not yet completed carried, by the message's first
+    /// PSN.
+    last: BTreeMap<u32, LastPkt>,
+}
+
+impl Qp {
+    /// Handles a packet that carries a multipath trailer (the QP agreed to the extension,
+    /// [`RxDecision::Trailer`]): a request's placement trailer, or an ACK's SACK trailer.
+    /// Call it from the device in place of `handle_request`/`handle_response`, after the
+    /// frame, ICRC, P_Key and address checks. A trailer that does not parse, or a packet kind
+    /// not built yet, is dropped and counted in `rx_dropped`.
+    pub(crate) fn handle_mp_packet(&mut self, now: Instant, pkt: &RxPkt<'_>, ctx: &mut Ctx<'_>) {
+        let Some(info) = pkt.repr.bth.opcode.info() else {
+            self.counters.rx_dropped += 1;
+            return;
+        };
+        if info.operation == Operation::Acknowledge {
+            // The bitmap goes to selective repeat; the AETH is cumulative as ever.
+            let Ok((data, sack)) = sack::split(pkt.payload) else {
+                self.counters.rx_dropped += 1;
+                return;
+            };
+            if matches!(
+                pkt.repr.aeth.map(|a| a.syndrome),
+                Some(AethSyndrome::Ack { .. })
+            ) && self.mp_on_sack(pkt.repr.bth.psn, &sack) > 0
+            {
+                // Progress beyond a hole: the local ACK timer waits again, so it does not
+                // resend what RACK is already resending.
+                self.arm_retransmit(now, true);
+            }
+            let plain = RxPkt {
+                payload: data,
+                ..*pkt
+            };
+            self.handle_response(now, &plain, ctx);
+            return;
+        }
+        if info.is_response() {
+            self.counters.rx_dropped += 1;
+            return;
+        }
+        let Ok((data, t)) = placement::split(pkt.payload) else {
+            self.counters.rx_dropped += 1;
+            return;
+        };
+        let data_pkt = RxPkt {
+            payload: data,
+            ..*pkt
+        };
+        self.handle_mp_request(now, &data_pkt, &t, info, ctx);
+    }
+
+    /// Places one SEND or WRITE packet with placement trailer `t` out of order (`pkt.payload`
+    /// is its data, the trailer already split off), completes what became complete, in PSN
+    /// order, and queues the acknowledgement with its SACK: at once when the packet is not the
+    /// expected one (a hole, a duplicate, beyond the window) or fills a hole, else when it
+    /// asks for one.
+    /// The checks of the in-order responder hold per packet: the QP's remote access flags,
+    /// the R_Key and bounds of the packet's own range (rxe `check_rkey`), a receive WQE for
+    /// the message (else RNR NAK if the packet is the expected one, a silent drop beyond a
+    /// hole, since an RNR NAK would acknowledge the hole), the receive buffer's length.
+    fn handle_mp_request(
+        &mut self,
+        now: Instant,
+        pkt: &RxPkt<'_>,
+        t: &PlacementTrailer,
+        info: roce_common::opcode::OpcodeInfo,
+        ctx: &mut Ctx<'_>,
+    ) {
+        if !self.state.responder_ready() || self.qp_type != QpType::Rc {
+            self.counters.rx_dropped += 1;
+            return;
+        }
+        let want = match info.operation {
+            Operation::Send => PlacementFlags::SEND,
+            Operation::Write => PlacementFlags::WRITE,
+            // READ requests and atomics with a trailer: not built yet.
+            _ => {
+                self.counters.rx_dropped += 1;
+                return;
+            }
+        };
+        if t.flags != want || !self.position_matches(info.position, t, pkt.payload.len()) {
+            self.counters.rx_dropped += 1;
+            return;
+        }
+        if self.mp_rx.is_none() && self.in_msg.is_some() {
+            // A plain message is half received in order: the reassembly cannot take over in
+            // its middle. Its next packet (resent with a trailer by selective repeat) goes
+            // through the in-order responder, its trailer set aside; any other is dropped
+            // and resent.
+            if pkt.repr.bth.psn == self.resp_psn {
+                self.handle_request(now, pkt, ctx);
+            } else {
+                self.counters.rx_dropped += 1;
+            }
+            return;
+        }
+        let psn = pkt.repr.bth.psn;
+        let mtu = self.mtu().bytes();
+        let epsn = self.resp_psn;
+        let mp = self.mp_rx.get_or_insert_with(|| {
+            Box::new(MpRx {
+                reasm: Reassembly::new(epsn, MP_RX_WINDOW, mtu),
+                last: BTreeMap::new(),
+            })
+        });
+        let ahead = psn.distance(mp.reasm.epsn());
+        // The receive WQE a SEND (or a WRITE with immediate's last packet) needs: the one its
+        // sequence number names, counted from the receives completed.
+        let ends = matches!(info.position, Position::Last | Position::Only);
+        let needs_rwqe = want == PlacementFlags::SEND || (info.immediate && ends);
+        let wqe_idx = t.ssn.value().wrapping_sub(self.recv_ssn) as usize;
+        if ahead >= 0 && needs_rwqe && !self.mp_rwqe_ready(wqe_idx, ctx) {
+            self.counters.out_of_buffer += 1;
+            if ahead == 0 {
+                let timer = RnrTimer::new(self.attr.min_rnr_timer);
+                let sent = self.queue_ctrl(AethSyndrome::RnrNak { timer }, psn);
+                self.counters.send_rnr_err += u64::from(sent);
+            } else {
+                self.counters.rx_dropped += 1;
+            }
+            return;
+        }
+        if self.state == QpState::Rtr && !self.comm_est {
+            // IBA 11.6.3: the first valid request in RTR establishes the connection.
+            self.comm_est = true;
+            ctx.event(Event::CommEstablished { qpn: self.qpn });
+        }
+        let Some(mp) = self.mp_rx.as_deref_mut() else {
+            return;
+        };
+        let filled_hole = mp.reasm.held() > 0;
+        match mp.reasm.on_packet(psn, t, pkt.payload.len()) {
+            Arrival::Place { offset, .. } => {
+                if ahead > 0 {
+                    self.counters.ooo_placed += 1;
+                }
+                if ends {
+                    mp.last.insert(
+                        t.first_psn.value(),
+                        LastPkt {
+                            imm: pkt.repr.immdt.map(|i| i.imm),
+                            inv: pkt.repr.ieth.map(|i| i.rkey),
+                            solicited: pkt.repr.bth.solicited,
+                        },
+                    );
+                }
+                if let Err(f) = self.mp_place(pkt, t, offset, wqe_idx, ctx) {
+                    self.mp_fatal(f, ctx);
+                    return;
+                }
+                if let Err(f) = self.mp_complete(ctx) {
+                    self.mp_fatal(f, ctx);
+                    return;
+                }
+            }
+            Arrival::Duplicate => self.counters.duplicate_request += 1,
+            Arrival::BeyondWindow => self.counters.ooo_dropped_window += 1,
+            Arrival::Invalid(_) => self.counters.rx_dropped += 1,
+        }
+        // At once on a hole, a duplicate or a packet beyond the window, and when a packet
+        // fills a hole (the packets behind it, and their AckReq, were acknowledged only
+        // selectively); else as the requester asks.
+        if ahead != 0 || filled_hole || pkt.repr.bth.ack_req {
+            // The PSN and the SACK are taken when the ACK leaves (`ctrl_pkt`).
+            let _ = self.queue_ctrl(AethSyndrome::ACK_UNLIMITED, psn);
+        }
+    }
+
+    /// Whether the opcode's position agrees with the trailer: FIRST and ONLY at offset 0,
+    /// LAST and ONLY ending the message, FIRST and MIDDLE not ending it (IBA 9.2's opcode
+    /// sequence, which the out-of-order responder can only check per packet).
+    fn position_matches(&self, pos: Position, t: &PlacementTrailer, len: usize) -> bool {
+        let starts = t.offset == 0;
+        let ends = u64::from(t.offset) + len as u64 == u64::from(t.length);
+        match pos {
+            Position::Only => starts && ends,
+            Position::First => starts && !ends,
+            Position::Middle => !starts && !ends,
+            Position::Last => !starts && ends,
+        }
+    }
+
+    /// Whether receive WQE `idx` (0: the next to complete) is posted; with a shared receive
+    /// queue only the next one can be taken (the QP holds one WQE of an SRQ at a time).
+    fn mp_rwqe_ready(&mut self, idx: usize, ctx: &mut Ctx<'_>) -> bool {
+        if idx == 0 {
+            return self.fetch_rwqe(ctx);
+        }
+        idx < self.rq.len()
+    }
+
+    /// Writes the packet's data where it belongs: a WRITE's at `va + offset` under its R_Key
+    /// (checked for this packet's range; a first packet's RETH must agree with the trailer),
+    /// a SEND's at `offset` of receive WQE `wqe_idx`'s scatter list.
+    fn mp_place(
+        &mut self,
+        pkt: &RxPkt<'_>,
+        t: &PlacementTrailer,
+        offset: u32,
+        wqe_idx: usize,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), Fatal> {
+        let inv = |status| Fatal {
+            nak: NakCode::InvalidRequest,
+            status,
+        };
+        if t.flags == PlacementFlags::WRITE {
+            if !self.attr.qp_access_flags.contains(Access::REMOTE_WRITE) {
+                return Err(inv(None));
+            }
+            if let Some(reth) = pkt.repr.reth
+                && (reth.va != t.va || reth.rkey != t.rkey || reth.dma_len != t.length)
+            {
+                return Err(inv(None));
+            }
+            if offset == 0 {
+                self.counters.rx_write_requests += 1;
+            }
+            if pkt.payload.is_empty() {
+                return Ok(());
+            }
+            let va = t.va.wrapping_add(u64::from(offset));
+            let r = ctx.mrs.remote_write(
+                self.init.pd,
+                self.qpn,
+                t.rkey,
+                va,
+                pkt.payload,
+                Access::REMOTE_WRITE,
+            );
+            if r.is_err() {
+                self.counters.resp_remote_access_errors += 1;
+                return Err(Fatal {
+                    nak: NakCode::RemoteAccessError,
+                    status: None,
+                });
+            }
+            return Ok(());
+        }
+        let Some(rwqe) = self.rq.get(wqe_idx) else {
+            return Err(Fatal {
+                nak: NakCode::RemoteOperationalError,
+                status: None,
+            });
+        };
+        if u64::from(t.length) > sg_len(&rwqe.sg_list) {
+            self.counters.resp_local_length_error += 1;
+            return Err(inv(Some(WcStatus::LocLenErr)));
+        }
+        let r = sg_scatter(
+            ctx.mrs,
+            self.init.pd,
+            &rwqe.sg_list,
+            u64::from(offset),
+            pkt.payload,
+        );
+        if r.is_err() {
+            return Err(Fatal {
+                nak: NakCode::RemoteOperationalError,
+                status: Some(WcStatus::LocProtErr),
+            });
+        }
+        Ok(())
+    }
+
+    /// Completes the messages the reassembly finished, in PSN order: the MSN counts each
+    /// (IBA 9.7.5.1.3); a SEND completes the next receive WQE with its length, immediate
+    /// data or invalidated R_Key; a WRITE with immediate completes one with its immediate.
+    fn mp_complete(&mut self, ctx: &mut Ctx<'_>) -> Result<(), Fatal> {
+        loop {
+            let Some(mp) = self.mp_rx.as_deref_mut() else {
+                return Ok(());
+            };
+            let Some(c) = mp.reasm.poll_completion() else {
+                self.resp_psn = mp.reasm.epsn();
+                return Ok(());
+            };
+            let last = mp.last.remove(&c.first_psn.value()).unwrap_or_default();
+            self.mp_complete_one(&c, last, ctx)?;
+        }
+    }
+
+    fn mp_complete_one(
+        &mut self,
+        c: &Completion,
+        last: LastPkt,
+        ctx: &mut Ctx<'_>,
+    ) -> Result<(), Fatal> {
+        self.msn = self.msn.wrapping_add(1);
+        let len = u64::from(c.length);
+        if c.flags == PlacementFlags::SEND {
+            if let Some(rkey) = last.inv
+                && !ctx.mrs.invalidate_rkey(self.init.pd, rkey)
+            {
+                return Err(Fatal {
+                    nak: NakCode::InvalidRequest,
+                    status: Some(WcStatus::RemInvReqErr),
+                });
+            }
+            self.recv_ssn = self.recv_ssn.wrapping_add(1);
+            let extra = (WcOpcode::Recv, last.imm, last.inv);
+            self.complete_recv_head(WcStatus::Success, len, Some(extra), last.solicited, ctx);
+        } else if let Some(imm) = last.imm {
+            self.recv_ssn = self.recv_ssn.wrapping_add(1);
+            let extra = (WcOpcode::RecvRdmaWithImm, Some(imm), None);
+            self.complete_recv_head(WcStatus::Success, len, Some(extra), last.solicited, ctx);
+        }
+        Ok(())
+    }
+
+    /// A class C error out of order (IBA 9.9.3.1.3): NAK, complete the receive WR in use if
+    /// any, QP to ERR. The NAK names the expected PSN, not the failed packet's: a NAK
+    /// acknowledges every PSN before it, and the holes before the failed packet did not
+    /// arrive. So the requester reports the error on its oldest unacknowledged WR and flushes
+    /// the rest; no WR whose data was lost is reported as a success.
+    fn mp_fatal(&mut self, f: Fatal, ctx: &mut Ctx<'_>) {
+        if let Some(status) = f.status {
+            self.complete_recv_head(status, 0, None, false, ctx);
+        }
+        self.counters.resp_cqe_error += u64::from(f.status.is_some());
+        self.counters.resp_invalid_request += u64::from(f.nak == NakCode::InvalidRequest);
+        let epsn = self
+            .mp_rx
+            .as_deref()
+            .map_or(self.resp_psn, |m| m.reasm.epsn());
+        let _ = self.queue_ctrl(AethSyndrome::Nak(f.nak), epsn);
+        self.enter_error(ctx);
+    }
+
+    /// Whether the in-order responder may handle a plain request (no trailer) now. Call it
+    /// first for every plain RC request. Yes when the reassembly never ran, or when it is
+    /// idle ([`Reassembly::is_idle`]), which hands the receive side back (the expected PSN,
+    /// MSN and receive WQEs are in step, no message is open); otherwise the plain packet is
+    /// dropped and counted in `rx_dropped` (the requester resends it), so the two paths never
+    /// place into the same message.
+    pub(super) fn mp_plain_request_ok(&mut self) -> bool {
+        match self.mp_rx.as_deref() {
+            None => true,
+            Some(m) if m.reasm.is_idle() => {
+                self.resp_psn = m.reasm.epsn();
+                self.mp_rx = None;
+                true
+            }
+            Some(_) => {
+                self.counters.rx_dropped += 1;
+                false
+            }
+        }
+    }
+
+    /// The SACK an ACK of this QP carries, if the responder runs the reassembly: the
+    /// cumulative PSN to put in the AETH (newer than or equal to the queued answer's, which
+    /// it stands for, IBA 9.7.5.1) and the trailer (docs/multipath.md, "SACK trailer").
+    /// Call it when an ACK leaves (`ctrl_pkt`).
+    pub(super) fn mp_sack(&self) -> Option<(Psn, SackTrailer)> {
+        self.mp_rx.as_deref().map(|m| m.reasm.sack())
+    }
+}
+
+/// Bytes of the placement trailer a request packet carries in selective-repeat mode.
+const TRAILER_LEN: usize = placement::HEADER_LEN;
+
+/// Whether a WR of `op` consumes a receive WQE at the responder (SEND, WRITE with
+/// immediate): what the send sequence number of a placement trailer counts.
+pub(super) const fn consumes_rwqe(op: &SendOp) -> bool {
+    matches!(
+        op,
+        SendOp::Send
+            | SendOp::SendWithImm { .. }
+            | SendOp::SendWithInv { .. }
+            | SendOp::WriteWithImm { .. }
+    )
+}
+
+impl Qp {
+    /// Enters or leaves the requester's selective-repeat mode (docs/multipath.md,
+    /// "Selective acknowledgement and selective repeat"). It enters once the extension is
+    /// on, no READ or atomic is outstanding or next, the requester is not replaying after a
+    /// go-back or waiting out an RNR NAK, and a frame of `frame_len` bytes holds a full
+    /// packet with its trailer: the PSNs already in flight (sent plain) are taken over as
+    /// sent `now`, so anything of theirs that is lost is resent with a trailer. It leaves
+    /// when nothing is outstanding and the next WR is a READ or an atomic (the responder
+    /// places neither out of order yet), or the QP fell back. Call it before choosing the
+    /// next request packet.
+    pub(super) fn mp_tx_update(&mut self, now: Instant, frame_len: usize) {
+        let next = self
+            .sq
+            .get(self.req_idx)
+            .filter(|w| w.first_psn.is_none())
+            .map(|w| w.wr.op);
+        let quiet = self.comp_psn == self.sent_psn && self.next_psn == self.sent_psn;
+        if self.mp_tx.is_some() {
+            if quiet && (!self.mp.is_on() || next.is_some_and(|op| op.is_read_or_atomic())) {
+                self.mp_tx = None;
+            }
+            return;
+        }
+        let rd_out = self
+            .sq
+            .iter()
+            .take_while(|w| w.first_psn.is_some())
+            .any(|w| w.wr.op.is_read_or_atomic());
+        let room = crate::transport::max_frame_len(self.mtu()) + TRAILER_LEN <= frame_len;
+        if !self.mp.is_on()
+            || !room
+            || rd_out
+            || self.rnr_wait
+            || self.next_psn != self.sent_psn
+            || next.is_some_and(|op| op.is_read_or_atomic())
+        {
+            return;
+        }
+        let rto =
+            local_ack_timeout(self.attr.timeout).unwrap_or(core::time::Duration::from_secs(1));
+        let cfg = SrConfig {
+            window: MP_RX_WINDOW.min(MAX_UNACKED_PSNS),
+            reorder_threshold: 3,
+            rto,
+        };
+        let mut sr = SelectiveRepeat::new(self.comp_psn, cfg);
+        while sr.next_psn() != self.next_psn && sr.on_send(now).is_some() {}
+        self.mp_tx = Some(Box::new(sr));
+    }
+
+    /// Whether the requester is in selective-repeat mode: its request packets carry
+    /// placement trailers and only what is missing is resent.
+    pub(super) fn mp_selective(&self) -> bool {
+        self.mp_tx.is_some()
+    }
+
+    /// Whether selective repeat lets a new PSN `psn` go now: its window has room (a PSN
+    /// before its next one is a resend after an RNR wait, which may go).
+    pub(super) fn mp_window_open(&self, psn: Psn) -> bool {
+        self.mp_tx
+            .as_deref()
+            .is_none_or(|sr| psn != sr.next_psn() || sr.can_send())
+    }
+
+    /// Records the first transmission of `psn` at `now` in selective repeat. Call it when a
+    /// request packet is committed.
+    pub(super) fn mp_on_sent(&mut self, now: Instant, psn: Psn) {
+        if let Some(sr) = self.mp_tx.as_deref_mut()
+            && psn == sr.next_psn()
+        {
+            let _ = sr.on_send(now);
+        }
+    }
+
+    /// The send sequence number of the WR at `idx` of the send queue: the WRs that consume
+    /// a receive WQE completed before it plus those ahead of it in the queue.
+    fn ssn_of(&self, idx: usize) -> u32 {
+        let ahead = self
+            .sq
+            .iter()
+            .take(idx)
+            .filter(|w| consumes_rwqe(&w.wr.op))
+            .count() as u32;
+        self.send_ssn.wrapping_add(ahead)
+    }
+
+    /// The placement trailer of packet `psn`, at byte `off` of the WR at `idx` doing `op`, in
+    /// selective-repeat mode (else `None`). Call it while building a SEND or WRITE packet.
+    pub(super) fn mp_trailer(
+        &self,
+        idx: usize,
+        psn: Psn,
+        op: SendOp,
+        off: u64,
+    ) -> Option<PlacementTrailer> {
+        self.mp_tx.as_ref()?;
+        let w = self.sq.get(idx)?;
+        let (flags, va, rkey) = match op {
+            SendOp::Write { remote_addr, rkey }
+            | SendOp::WriteWithImm {
+                remote_addr, rkey, ..
+            } => (PlacementFlags::WRITE, remote_addr, rkey),
+            _ => (PlacementFlags::SEND, 0, RKey::new(0)),
+        };
+        Some(PlacementTrailer {
+            first_psn: w.first_psn.unwrap_or(psn),
+            flags,
+            offset: u32::try_from(off).ok()?,
+            length: u32::try_from(w.len).ok()?,
+            va,
+            rkey,
+            ssn: crate::wire::multipath::Ssn::new(self.ssn_of(idx)),
+        })
+    }
+
+    /// The next packet selective repeat resends, rebuilt from its WR with its trailer and
+    /// AckReq set, or `None`. Call it before building new request packets. The requester's
+    /// position, `next_psn` and `sent_psn` do not move.
+    pub(super) fn mp_resend(
+        &mut self,
+        now: Instant,
+        ctx: &mut Ctx<'_>,
+        tx: &mut TxBuf<'_>,
+    ) -> Option<OutPkt> {
+        loop {
+            let psn = self.mp_tx.as_deref_mut()?.poll_retransmit(now)?;
+            let Some((idx, pkt)) = self.sq.iter().enumerate().find_map(|(i, w)| {
+                let (f, l) = (w.first_psn?, w.last_psn()?);
+                (psn.distance(f) >= 0 && psn.distance(l) <= 0).then(|| (i, psn.distance(f) as u32))
+            }) else {
+                continue; // completed since
+            };
+            let op = self.sq.get(idx)?.wr.op;
+            let saved = (self.req_idx, self.req_pkt);
+            (self.req_idx, self.req_pkt) = (idx, pkt);
+            let req = self.send_write_request(psn, op, ctx, tx);
+            if self.state != QpState::Err {
+                (self.req_idx, self.req_pkt) = saved;
+            }
+            let mut req = req?;
+            req.repr.bth.ack_req = true;
+            self.counters.sent_pkts += 1;
+            self.counters.selective_retransmits += 1;
+            self.arm_retransmit(now, false);
+            return Some(OutPkt {
+                repr: req.repr,
+                payload: req.payload,
+                ud_path: None,
+            });
+        }
+    }
+
+    /// Takes in the SACK of an ACK for `cum` in selective-repeat mode. Call it for every ACK
+    /// with a SACK trailer, before the cumulative part is applied.
+    /// Returns the PSNs newly acknowledged.
+    fn mp_on_sack(&mut self, cum: Psn, sack: &SackTrailer) -> u32 {
+        self.counters.sack_received += 1;
+        self.mp_tx
+            .as_deref_mut()
+            .map_or(0, |sr| sr.on_ack(cum, Some(sack)))
+    }
+
+    /// Takes in the cumulative part of any ACK or NAK (everything up to and including
+    /// `cum` arrived) in selective-repeat mode, so the window moves on plain answers too
+    /// (those of a responder still finishing a plain message in order). Call it for every
+    /// acknowledgement the completer accepts.
+    pub(super) fn mp_on_cum_ack(&mut self, cum: Psn) {
+        if let Some(sr) = self.mp_tx.as_deref_mut() {
+            let _ = sr.on_ack(cum, None);
+        }
+    }
+
+    /// On the local ACK timeout in selective-repeat mode: every unacknowledged PSN is resent,
+    /// none the SACKs covered (where go-back-N resends the window). Returns false outside
+    /// the mode, where the caller goes back N.
+    pub(super) fn mp_on_timeout(&mut self) -> bool {
+        let Some(sr) = self.mp_tx.as_deref_mut() else {
+            return false;
+        };
+        sr.declare_all_lost();
+        true
+    }
+
+    /// What selective repeat counted, in selective-repeat mode.
+    #[must_use]
+    pub fn selective_repeat(&self) -> Option<SrCounters> {
+        self.mp_tx.as_deref().map(|sr| *sr.counters())
+    }
+}
