@@ -6,7 +6,10 @@
 //!   server in the guest and client ours, and the reverse: the results table at both ends
 //!   with every iteration and a bandwidth above zero;
 //! - `ucmatose` (several connections, sends both ways) and `udaddy` (the UDP port space: UD
-//!   QPs resolved by SIDR, sends both ways), both directions.
+//!   QPs resolved by SIDR, sends both ways), both directions;
+//! - `rdma_server`/`rdma_client` (librdmacm's synchronous mode), both directions;
+//! - over IPv6 (fd79:80::/64 GIDs): rping, ucmatose, udaddy and rdma_server/rdma_client both
+//!   directions (perftest's `-R` resolves IPv4 only, whatever the GID).
 //!
 //! Not run by default: perftest with the server in the guest and the client ours
 //! (`ROCE_RDMACM_CASES=race` runs them). They fail, and would with any fast client, because of
@@ -23,6 +26,9 @@
 //! "Failed to destroy RDMA CM contexts" instead of retrying. Our REQ, service ID and private
 //! data are not the cause: the same connection is accepted when the guest listens first (the
 //! other direction, and every rping and ucmatose case).
+//!
+//! After the cases, the guest's kernel must hold no RDMA CM id and no QP but QP 1, and its CM
+//! counters must show no retransmission in either direction.
 //!
 //! Root; boots the rxe-peer VM.
 
@@ -87,6 +93,13 @@ fn check_bw_row(who: &str, out: &str, size: u32, iters: u32) -> Result<(), Strin
 }
 
 const ITERS: u32 = 1000;
+
+/// The peer's subnet: 10.79.80.0/24 and fd79:80::/64 (IPv6 is on for the IPv6 cases).
+const SUBNET: u8 = 80;
+/// Our address on fd79:[`SUBNET`]::/64.
+const HOST6: &str = "fd79:80::1";
+/// The guest's address on fd79:[`SUBNET`]::/64.
+const GUEST6: &str = "fd79:80::2";
 
 /// perftest's `tool -R` with the server in the guest and the client ours: our client is run
 /// again while the guest's server has not listened yet.
@@ -247,11 +260,12 @@ fn check_util(
 /// Debian's rdma_server and rdma_client (librdmacm's synchronous mode: `rdma_create_ep`,
 /// `rdma_get_request`, the rdma_verbs.h helpers): the server in the guest and the client
 /// ours (`guest_server`), or the other way round; each must end with status 0.
-fn sync_pair(peer: &Peer, guest_server: bool) -> Result<(), String> {
-    let (ip, port) = if guest_server {
-        (peer.guest_ip, 7481)
-    } else {
-        (peer.host_ip, 7482)
+fn sync_pair(peer: &Peer, guest_server: bool, ipv6: bool) -> Result<(), String> {
+    let (ip, port) = match (guest_server, ipv6) {
+        (true, false) => (peer.guest_ip.to_string(), 7481),
+        (false, false) => (peer.host_ip.to_string(), 7482),
+        (true, true) => (GUEST6.to_owned(), 7483),
+        (false, true) => (HOST6.to_owned(), 7484),
     };
     let (server_args, client_args) = (format!("-s {ip} -p {port}"), format!("-s {ip} -p {port}"));
     let (client, server) = if guest_server {
@@ -300,6 +314,119 @@ fn sync_pair(peer: &Peer, guest_server: bool) -> Result<(), String> {
             client.0, client.1, server.0, server.1
         ))
     }
+}
+
+/// Debian's `rping -V -C count` (every ping's payload checked by the client, which exits
+/// non-zero on a mismatch): the server in the guest and the client ours (`guest_server`), or
+/// the other way round, over IPv6 or IPv4. Both ends must exit with status 0; with `verbose`
+/// (`-v`) both must also print every ping (rping's `-v` output of a long run would not fit in
+/// the pipe the test reads after the run).
+fn rping_vs(
+    peer: &Peer,
+    guest_server: bool,
+    ipv6: bool,
+    count: usize,
+    verbose: bool,
+) -> Result<(), String> {
+    let pings = |out: &str| {
+        out.lines()
+            .filter(|l| l.contains("ping data: rdma-ping-"))
+            .count()
+    };
+    let port = 7485 + u16::from(guest_server) + 2 * u16::from(ipv6);
+    let v = if verbose { "-v " } else { "" };
+    let at = match (guest_server, ipv6) {
+        (true, true) => GUEST6.to_owned(),
+        (false, true) => HOST6.to_owned(),
+        (true, false) => peer.guest_ip.to_string(),
+        (false, false) => peer.host_ip.to_string(),
+    };
+    let args = format!("{v}-V -a {at} -p {port} -C {count}");
+    let ((cok, cout), (sok, sout)) = if guest_server {
+        let s = peer.spawn(&format!("stdbuf -oL rping -s {args}"));
+        let mut attempts = 0;
+        let c = loop {
+            attempts += 1;
+            std::thread::sleep(Duration::from_millis(500));
+            let c = roce_tests::child::finish_within(
+                ours(peer, "rping", &words(&format!("-c {args}"))),
+                Duration::from_secs(60),
+                "our rping -c",
+            );
+            let out = roce_tests::output_text(&c);
+            if c.status.success() || !not_listening_yet(&out) || attempts >= 30 || s.done() {
+                break (c.status.success(), out);
+            }
+        };
+        let g = peer.wait_or_kill(&s, Duration::from_secs(30));
+        (c, (g.rc == 0, g.out))
+    } else {
+        let s = ours(peer, "rping", &words(&format!("-s {args}")));
+        let c = peer.spawn(&format!(
+            "for i in $(seq 30); do sleep 0.5; out=$(stdbuf -oL rping -c {args} 2>&1); rc=$?; \
+             echo \"$out\"; case \"$out\" in *REJECTED*) ;; *) exit $rc;; esac; done; exit 1"
+        ));
+        let g = peer.wait_or_kill(&c, Duration::from_secs(60));
+        let s = roce_tests::child::finish_within(
+            s,
+            Duration::from_secs(30),
+            &format!("our rping -s (the guest's client: {})", g.out),
+        );
+        (
+            (g.rc == 0, g.out),
+            (s.status.success(), roce_tests::output_text(&s)),
+        )
+    };
+    // The guest's client output holds its rejected attempts too: count the pings only.
+    let counted = !verbose || (pings(&cout) == count && pings(&sout) == count);
+    if cok && sok && counted && !cout.contains("mismatch") {
+        Ok(())
+    } else {
+        Err(format!(
+            "rping -c (ok {cok}, {} pings):\n{cout}\nrping -s (ok {sok}, {} pings):\n{sout}",
+            pings(&cout),
+            pings(&sout)
+        ))
+    }
+}
+
+/// What the guest's kernel holds after every case: no RDMA CM id and no QP but the GSI QP
+/// (QP 1) may be left (every program has exited, every connection ended in DREQ/DREP or a
+/// reject), and its CM counters show no retransmission either way (`cm_tx_retries`: the
+/// kernel never had to resend for want of our answer; `cm_rx_duplicates`: we never resent
+/// to it). Returns the non-zero CM counters, for the log.
+fn guest_left_clean(peer: &Peer) -> Result<String, String> {
+    let ids = peer.exec("rdma res show cm_id", Duration::from_secs(30));
+    let qps = peer.exec("rdma res show qp", Duration::from_secs(30));
+    let counters = peer.exec(
+        "cd /sys/class/infiniband/rxe0/ports/1 && grep -H . cm_*/* | grep -v ':0$'",
+        Duration::from_secs(30),
+    );
+    let left_ids: Vec<&str> = ids.out.lines().filter(|l| !l.trim().is_empty()).collect();
+    let left_qps: Vec<&str> = qps
+        .out
+        .lines()
+        .filter(|l| l.contains("lqpn") && !l.contains("lqpn 1 "))
+        .collect();
+    let resent: Vec<&str> = counters
+        .out
+        .lines()
+        .filter(|l| l.starts_with("cm_tx_retries/") || l.starts_with("cm_rx_duplicates/"))
+        .collect();
+    if !resent.is_empty() {
+        return Err(format!(
+            "CM messages were retransmitted between the guest and us: {resent:?}\nall \
+             non-zero CM counters:\n{}",
+            counters.out
+        ));
+    }
+    if ids.rc != 0 || qps.rc != 0 || !left_ids.is_empty() || !left_qps.is_empty() {
+        return Err(format!(
+            "the guest kept RDMA resources: rdma res show cm_id (rc {}):\n{}\nrdma res show qp              (rc {}):\n{}",
+            ids.rc, ids.out, qps.rc, qps.out
+        ));
+    }
+    Ok(counters.out)
 }
 
 type Case<'a> = (String, Box<dyn Fn(&Peer) -> Result<(), String> + 'a>);
@@ -361,11 +488,63 @@ fn cases<'a>() -> Vec<Case<'a>> {
     // librdmacm's synchronous mode: rdma_server's and rdma_client's one message each way.
     v.push((
         "rdma_server/rdma_client: guest server, our client".to_owned(),
-        Box::new(|peer: &Peer| sync_pair(peer, true)),
+        Box::new(|peer: &Peer| sync_pair(peer, true, false)),
     ));
     v.push((
         "rdma_server/rdma_client: our server, guest client".to_owned(),
-        Box::new(|peer: &Peer| sync_pair(peer, false)),
+        Box::new(|peer: &Peer| sync_pair(peer, false, false)),
+    ));
+    // rping's long run: 1000 pings (each an RDMA READ and WRITE plus two SENDs), verified.
+    v.push((
+        "rping -C 1000: guest server, our client".to_owned(),
+        Box::new(|peer: &Peer| rping_vs(peer, true, false, 1000, false)),
+    ));
+    v.push((
+        "rping -C 1000: our server, guest client".to_owned(),
+        Box::new(|peer: &Peer| rping_vs(peer, false, false, 1000, false)),
+    ));
+    // IPv6 (the GIDs of fd79:80::/64 on both sides): the same programs, both directions.
+    // Not perftest: its `-R` looks addresses up with `ai_family = AF_INET` (`check_add_port`'s
+    // hints in src/perftest_communication.c), so Debian's perftest cannot connect over IPv6.
+    for (prog, extra) in [("ucmatose", "-c 2 -C 20"), ("udaddy", "-c 2 -C 10 -S 512")] {
+        v.push((
+            format!("IPv6 {prog}: guest server, our client"),
+            Box::new(move |peer: &Peer| {
+                util_guest_server(
+                    peer,
+                    prog,
+                    &format!("-b {GUEST6} {extra}"),
+                    &format!("-s {GUEST6} {extra}"),
+                )
+            }),
+        ));
+        v.push((
+            format!("IPv6 {prog}: our server, guest client"),
+            Box::new(move |peer: &Peer| {
+                util_our_server(
+                    peer,
+                    prog,
+                    &format!("-b {HOST6} {extra}"),
+                    &format!("-s {HOST6} {extra}"),
+                )
+            }),
+        ));
+    }
+    v.push((
+        "IPv6 rping: guest server, our client".to_owned(),
+        Box::new(|peer: &Peer| rping_vs(peer, true, true, 20, true)),
+    ));
+    v.push((
+        "IPv6 rping: our server, guest client".to_owned(),
+        Box::new(|peer: &Peer| rping_vs(peer, false, true, 20, true)),
+    ));
+    v.push((
+        "IPv6 rdma_server/rdma_client: guest server, our client".to_owned(),
+        Box::new(|peer: &Peer| sync_pair(peer, true, true)),
+    ));
+    v.push((
+        "IPv6 rdma_server/rdma_client: our server, guest client".to_owned(),
+        Box::new(|peer: &Peer| sync_pair(peer, false, true)),
     ));
     if let Ok(only) = std::env::var("ROCE_RDMACM_CASES") {
         let only: Vec<&str> = only.split(',').collect();
@@ -392,7 +571,14 @@ fn rdmacm_programs_on_the_drop_in_library_connect_to_and_from_rxe() {
             bin.display()
         );
     }
-    let peer = Peer::boot(&tag("r1"), 80, &PeerOptions::default());
+    let peer = Peer::boot(
+        &tag("r1"),
+        SUBNET,
+        &PeerOptions {
+            ipv6: true,
+            ..PeerOptions::default()
+        },
+    );
     // A program killed at a timeout cannot unload what it loaded: the pins go with the test.
     let _unpin = Loaded::guard(&peer.ifname);
     let mut failed = Vec::new();
@@ -418,6 +604,11 @@ fn rdmacm_programs_on_the_drop_in_library_connect_to_and_from_rxe() {
             eprintln!("case {name}: {e}");
             failed.push(format!("case `{name}` failed: {e}"));
         }
+    }
+    // Every connection and id the cases made in the kernel is gone again.
+    match guest_left_clean(&peer) {
+        Ok(counters) => eprintln!("guest's CM counters (non-zero):\n{counters}"),
+        Err(e) => failed.push(e),
     }
     assert!(
         failed.is_empty(),
