@@ -41,6 +41,12 @@ enum Task {
         /// memory and progress watched; `ROCE_SOAK_SECS` sets its length).
         #[arg(long)]
         soak: bool,
+        /// Run the full matrices instead of CI's representative subsets: every perftest size
+        /// at 1000 iterations against rxe (`ROCE_INTEROP_FULL=1`), perftest_verbs' full table
+        /// (`ROCE_PERFTEST_FULL=1`) and every case of the fault matrix (its opt-in cases are
+        /// `#[ignore]`d in the default run). Adds about half an hour.
+        #[arg(long)]
+        full: bool,
     },
     /// Check the sans-I/O rule: wire/, transport/, cc/, ibcm/, time.rs and stats.rs use no clock,
     /// socket, file, thread, lock, I/O crate or upper layer outside `#[cfg(test)]` code (also
@@ -150,9 +156,10 @@ fn main() -> anyhow::Result<()> {
             no_fuzz,
             fuzz_secs,
             soak,
+            full,
         } => {
             setup::ensure()?;
-            test::all(!no_fuzz, fuzz_secs, soak)
+            test::all(!no_fuzz, fuzz_secs, soak, full)
         }
         Task::CheckLayers => layers::check(&root()),
         Task::Demo { args } => {

@@ -28,7 +28,7 @@ fn fuzz_targets() -> Vec<String> {
     names
 }
 
-pub(crate) fn all(fuzz: bool, fuzz_secs: u32, soak: bool) -> anyhow::Result<()> {
+pub(crate) fn all(fuzz: bool, fuzz_secs: u32, soak: bool, full: bool) -> anyhow::Result<()> {
     let mut tally = Tally::default();
     // 1. Hygiene.
     run(cargo().args(["fmt", "--all", "--", "--check"]))?;
@@ -132,13 +132,36 @@ pub(crate) fn all(fuzz: bool, fuzz_secs: u32, soak: bool) -> anyhow::Result<()> 
         "--package",
         "roce-verbs-efa",
     ]))?;
-    run_tests(
-        cargo()
-            .env("ROCE_BIN", root().join("target/debug/roce"))
-            .args(["test", "--package", "roce-tests", "--", "--test-threads=1"]),
-        &mut tally,
-    )?;
-    // 6. Opt-in: the soak, minutes of mixed traffic at 1 % loss (ignored in the run above).
+    let mut suites = cargo();
+    suites
+        .env("ROCE_BIN", root().join("target/debug/roce"))
+        .args(["test", "--package", "roce-tests", "--", "--test-threads=1"]);
+    if full {
+        suites
+            .env("ROCE_INTEROP_FULL", "1")
+            .env("ROCE_PERFTEST_FULL", "1");
+    }
+    run_tests(&mut suites, &mut tally)?;
+    // 6. Opt-in: the fault matrix's remaining cases (CI runs 1 % loss, 1 % corruption and
+    // all faults at once).
+    if full {
+        run_tests(
+            cargo()
+                .env("ROCE_BIN", root().join("target/debug/roce"))
+                .args([
+                    "test",
+                    "--package",
+                    "roce-tests",
+                    "--test",
+                    "fault_matrix",
+                    "--",
+                    "--ignored",
+                    "--test-threads=1",
+                ]),
+            &mut tally,
+        )?;
+    }
+    // 7. Opt-in: the soak, minutes of mixed traffic at 1 % loss (ignored in the run above).
     if soak {
         run_tests(
             cargo()
