@@ -307,19 +307,21 @@ fn pingpong_on(
     port: u16,
     extra: &[&str],
 ) -> (String, String) {
+    pingpong_exec(prog, &["--engine", engine], pair, port, extra)
+}
+
+/// [`pingpong`] with `exec_opts` given to `roce exec` at both ends.
+fn pingpong_exec(
+    prog: &str,
+    exec_opts: &[&str],
+    pair: &roce::netns::VethPair,
+    port: u16,
+    extra: &[&str],
+) -> (String, String) {
     let start = |end: &VethEnd, server: Option<&VethEnd>| {
-        let mut args: Vec<String> = [
-            "exec",
-            "--engine",
-            engine,
-            "-d",
-            &end.ifname,
-            "--",
-            prog,
-            "-d",
-        ]
-        .map(str::to_owned)
-        .to_vec();
+        let mut args: Vec<String> = vec!["exec".to_owned()];
+        args.extend(exec_opts.iter().map(|a| (*a).to_owned()));
+        args.extend(["-d", &end.ifname, "--", prog, "-d"].map(str::to_owned));
         args.push(format!("roce_{}", end.ifname));
         args.extend([
             "-g".to_owned(),
@@ -1209,4 +1211,54 @@ fn cc_parameters_reach_the_library_and_a_wrong_one_is_refused_with_its_reason() 
         text(&o)
     );
     assert_interfaces_clean(&pair);
+}
+
+/// The cc counters of `end`'s interface (`roce stats -j`: every QP's, the exited programs'
+/// folded in).
+fn cc_counters(end: &VethEnd) -> serde_json::Value {
+    let o = roce_tests::roce(&["--netns", &end.netns, "stats", "-j", "-i", &end.ifname]);
+    assert!(o.status.success(), "{}", text(&o));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("roce stats -j");
+    v["cc"].clone()
+}
+
+/// `roce exec --cc swift` (ROCE_CC) puts every QP of an unmodified program on Swift, with
+/// `--cc-profile software` (ROCE_CC_PROFILE) accepted beside it (what each profile sets is
+/// the library's unit test `cc_parameters_come_from_the_environment_or_say_what_is_wrong`):
+/// Swift's RTT samples count at both ends of an ibv_rc_pingpong run, where the same run on
+/// the default (DCQCN) takes none.
+#[test]
+fn the_cc_algorithm_and_profile_reach_the_library() {
+    require_root();
+    let pair = veth_pair("vca", 178);
+    // Loaded beforehand, so the counters outlive the programs (the library unloads what it
+    // loaded itself).
+    let _l = roce_tests::Loaded::on(&[&pair.a, &pair.b]);
+    let samples = |end: &VethEnd| cc_counters(end)["swift_rtt_samples"].as_u64().unwrap_or(0);
+    let args = ["-s", "4096", "-n", "200"];
+    pingpong("ibv_rc_pingpong", &pair, 18700, &args);
+    let (a0, b0) = (samples(&pair.a), samples(&pair.b));
+    assert_eq!((a0, b0), (0, 0), "DCQCN took RTT samples");
+    let opts = ["--cc", "swift", "--cc-profile", "software"];
+    pingpong_exec("ibv_rc_pingpong", &opts, &pair, 18701, &args);
+    let (a1, b1) = (samples(&pair.a), samples(&pair.b));
+    // Each of the 200 round trips acknowledges at least one request of each side.
+    assert!(a1 >= 100 && b1 >= 100, "Swift RTT samples: {a1} and {b1}");
+    // A wrong name is refused before the program starts.
+    let o = roce_tests::roce(&[
+        "--netns",
+        &pair.a.netns,
+        "exec",
+        "-d",
+        &pair.a.ifname,
+        "--cc",
+        "timely",
+        "--",
+        "true",
+    ]);
+    assert!(
+        !o.status.success() && text(&o).contains("timely"),
+        "{}",
+        text(&o)
+    );
 }

@@ -17,3 +17,12 @@ pub const ENGINE_ENV: &str = "ROCE_ENGINE";
 /// `loss_backoff` as 0 or 1), for example `ROCE_CC_SET=loss_backoff=1`. `roce exec --cc-set`
 /// sets it.
 pub const CC_ENV: &str = "ROCE_CC_SET";
+
+/// The congestion control of every QP of the program: `dcqcn` (the default), `swift` (delay
+/// based, for peers and paths that mark no ECN) or `off`, as `roce perf --cc` takes it.
+/// `roce exec --cc` sets it.
+pub const CC_ALGORITHM_ENV: &str = "ROCE_CC";
+
+/// The DCQCN defaults that [`CC_ENV`] changes: `mlx5` (the default) or `software` (timers for
+/// a busy host), as `roce perf --cc-profile` takes it. `roce exec --cc-profile` sets it.
+pub const CC_PROFILE_ENV: &str = "ROCE_CC_PROFILE";

@@ -9,7 +9,10 @@ use std::{
 
 use anyhow::{Context as _, bail};
 
-use roce::api::env::{CC_ENV, DEVICES_ENV, ENGINE_ENV};
+use roce::{
+    api::env::{CC_ALGORITHM_ENV, CC_ENV, CC_PROFILE_ENV, DEVICES_ENV, ENGINE_ENV},
+    cc::CcAlgorithm,
+};
 
 /// How the library runs the engine in the program (`ROCE_ENGINE`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, clap::ValueEnum)]
@@ -65,6 +68,17 @@ pub struct ExecArgs {
     /// How the engine runs in the program (sets ROCE_ENGINE). Default: inline.
     #[arg(long, value_enum)]
     engine: Option<Engine>,
+    /// Congestion control of every QP of the program, as `roce perf --cc` takes it: dcqcn
+    /// (the default), swift (delay-based, for peers and paths that mark no ECN) or off (sets
+    /// ROCE_CC).
+    #[arg(long, value_name = "ALGORITHM",
+          value_parser = clap::builder::PossibleValuesParser::new(CcAlgorithm::ALL.map(CcAlgorithm::as_str)))]
+    cc: Option<String>,
+    /// The DCQCN defaults that --cc-set changes, as `roce perf --cc-profile` takes them: mlx5
+    /// (the default) or software (sets ROCE_CC_PROFILE).
+    #[arg(long = "cc-profile", value_name = "PROFILE",
+          value_parser = clap::builder::PossibleValuesParser::new(roce::cc::DcqcnConfig::PROFILES))]
+    cc_profile: Option<String>,
     /// A congestion-control parameter for every QP of the program, as `roce perf --cc-set`
     /// takes it (repeatable; sets ROCE_CC_SET), e.g. `--cc-set loss_backoff=1`.
     #[arg(long = "cc-set", value_name = "NAME=VALUE")]
@@ -170,13 +184,26 @@ pub fn run(args: &ExecArgs) -> anyhow::Result<()> {
     if let Some(e) = args.engine {
         cmd.env(ENGINE_ENV, e.as_str());
     }
+    // Checked here, so a typo stops before the program starts rather than at its first verb
+    // that needs the engine.
+    let algorithm = args
+        .cc
+        .as_deref()
+        .and_then(CcAlgorithm::from_name)
+        .unwrap_or_default();
+    roce::transport::CcConfig::choose(
+        algorithm,
+        args.cc_profile.as_deref().unwrap_or("mlx5"),
+        args.cc_set.iter().map(String::as_str),
+    )
+    .context("--cc-set")?;
+    if let Some(cc) = &args.cc {
+        cmd.env(CC_ALGORITHM_ENV, cc);
+    }
+    if let Some(p) = &args.cc_profile {
+        cmd.env(CC_PROFILE_ENV, p);
+    }
     if !args.cc_set.is_empty() {
-        // Checked here, so a typo stops before the program starts rather than at its first
-        // verb that needs the engine.
-        let mut cc = roce::transport::CcConfig::default();
-        for kv in &args.cc_set {
-            cc.set_pair(kv).context("--cc-set")?;
-        }
         cmd.env(CC_ENV, args.cc_set.join(","));
     }
     let err = cmd.exec();

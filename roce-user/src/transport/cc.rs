@@ -156,6 +156,29 @@ impl CcConfig {
         Ok(())
     }
 
+    /// The settings a user chose by name: `algorithm` ([`CcConfig::set_algorithm`]), the DCQCN
+    /// defaults of `profile` ([`DcqcnConfig::PROFILES`]: `mlx5` or `software`), then each
+    /// `NAME=VALUE` of `pairs` in order ([`CcConfig::set_pair`]); the rest is
+    /// [`CcConfig::default`]. Call once per device, with what `roce perf --cc --cc-profile
+    /// --cc-set` or the drop-in library's `ROCE_CC`, `ROCE_CC_PROFILE` and `ROCE_CC_SET` say.
+    ///
+    /// # Errors
+    /// [`CcSetError::Profile`] for an unknown profile, or the first pair that cannot be applied.
+    pub fn choose<'a>(
+        algorithm: CcAlgorithm,
+        profile: &str,
+        pairs: impl IntoIterator<Item = &'a str>,
+    ) -> Result<Self, CcSetError> {
+        let mut c = Self::default();
+        c.dcqcn =
+            DcqcnConfig::profile(profile).ok_or_else(|| CcSetError::Profile(profile.to_owned()))?;
+        c.set_algorithm(algorithm);
+        for pair in pairs {
+            c.set_pair(pair)?;
+        }
+        Ok(c)
+    }
+
     /// Sets one parameter from its `NAME=VALUE` text, as `roce perf --cc-set`, `roce exec
     /// --cc-set` and the drop-in library's `ROCE_CC_SET` give it; see [`CcConfig::set`].
     ///
@@ -186,6 +209,9 @@ pub enum CcSetError {
     /// The value is not a whole number.
     #[error("{0:?}: the value is not a number")]
     NotNumber(String),
+    /// No DCQCN profile of that name ([`DcqcnConfig::PROFILES`]).
+    #[error("no congestion-control profile {0:?} (mlx5 or software)")]
+    Profile(String),
     /// An unknown name or a value out of range.
     #[error("{pair:?}: {reason}")]
     Param {

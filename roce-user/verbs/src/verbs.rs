@@ -57,28 +57,40 @@ fn engine_inline(value: Option<&str>) -> bool {
     }
 }
 
-/// The environment variable that sets congestion-control parameters for every QP of the
-/// program (`ROCE_CC_SET=loss_backoff=1`; see its definition for the names).
-pub use roce::api::env::CC_ENV;
+/// The environment variables that choose the congestion control of every QP of the program
+/// (`ROCE_CC=swift`, `ROCE_CC_PROFILE=software`, `ROCE_CC_SET=loss_backoff=1`; see their
+/// definitions).
+pub use roce::api::env::{CC_ALGORITHM_ENV, CC_ENV, CC_PROFILE_ENV};
 
-/// The transport's congestion-control settings with [`CC_ENV`]'s value applied to the
-/// defaults. Call when the engine starts.
+/// The transport's congestion-control settings from the values of [`CC_ALGORITHM_ENV`],
+/// [`CC_PROFILE_ENV`] and [`CC_ENV`] (each unset or empty: its default), by
+/// [`roce::transport::CcConfig::choose`]. Call when the engine starts.
 ///
 /// # Errors
-/// A message naming the pair that is malformed, unknown or out of range.
+/// A message naming the variable and the value that is unknown, malformed or out of range.
 fn cc_from_env(
-    value: Option<&str>,
-    mut cc: roce::transport::CcConfig,
+    algorithm: Option<&str>,
+    profile: Option<&str>,
+    pairs: Option<&str>,
 ) -> Result<roce::transport::CcConfig, String> {
-    for kv in value
+    let algorithm = match algorithm.map(str::trim).filter(|a| !a.is_empty()) {
+        None => roce::cc::CcAlgorithm::default(),
+        Some(a) => roce::cc::CcAlgorithm::from_name(a)
+            .ok_or_else(|| format!("{CC_ALGORITHM_ENV}: {a:?} is not dcqcn, swift or off"))?,
+    };
+    let profile = profile
+        .map(str::trim)
+        .filter(|p| !p.is_empty())
+        .unwrap_or("mlx5");
+    let pairs = pairs
         .unwrap_or_default()
         .split(',')
         .map(str::trim)
-        .filter(|kv| !kv.is_empty())
-    {
-        cc.set_pair(kv).map_err(|e| format!("{CC_ENV}: {e}"))?;
-    }
-    Ok(cc)
+        .filter(|kv| !kv.is_empty());
+    roce::transport::CcConfig::choose(algorithm, profile, pairs).map_err(|e| match e {
+        roce::transport::CcSetError::Profile(_) => format!("{CC_PROFILE_ENV}: {e}"),
+        _ => format!("{CC_ENV}: {e}"),
+    })
 }
 
 /// What a context holds besides its C struct: the interface, and the engine, started when the
@@ -252,8 +264,13 @@ impl Verbs {
             inline: engine_inline(std::env::var(ENGINE_ENV).ok().as_deref()),
             ..DeviceOptions::default()
         };
-        opts.transport.cc = cc_from_env(std::env::var(CC_ENV).ok().as_deref(), opts.transport.cc)
-            .map_err(|e| {
+        let var = |name: &str| std::env::var(name).ok();
+        opts.transport.cc = cc_from_env(
+            var(CC_ALGORITHM_ENV).as_deref(),
+            var(CC_PROFILE_ENV).as_deref(),
+            var(CC_ENV).as_deref(),
+        )
+        .map_err(|e| {
             eprintln!("libibverbs (roce-xdp): cannot start the engine on {ifname}: {e}");
             libc::EINVAL
         })?;
@@ -553,22 +570,40 @@ mod tests {
     #[test]
     fn cc_parameters_come_from_the_environment_or_say_what_is_wrong() {
         let base = roce::transport::CcConfig::default();
-        assert_eq!(cc_from_env(None, base), Ok(base));
-        assert_eq!(cc_from_env(Some(""), base), Ok(base));
-        let c = cc_from_env(Some("loss_backoff=1, rpg_ai_rate=7,"), base).unwrap();
+        assert_eq!(cc_from_env(None, None, None), Ok(base));
+        assert_eq!(cc_from_env(Some(""), Some(" "), Some("")), Ok(base));
+        let c = cc_from_env(None, None, Some("loss_backoff=1, rpg_ai_rate=7,")).unwrap();
         assert!(c.dcqcn.loss_backoff);
         assert_eq!(c.dcqcn.rpg_ai_rate, 7);
-        let off = cc_from_env(Some("enabled=0"), base).unwrap();
+        let off = cc_from_env(None, None, Some("enabled=0")).unwrap();
         assert!(!off.dcqcn.rp_enabled && !off.dcqcn.np_enabled);
+        // The algorithm and the profile by name, then the pairs on top.
+        let swift = cc_from_env(Some("swift"), Some("software"), Some("swift_ai=2000")).unwrap();
+        assert_eq!(swift.algorithm, roce::cc::CcAlgorithm::Swift);
+        assert!(!swift.dcqcn.rp_enabled && swift.dcqcn.np_enabled);
+        assert_eq!(swift.swift.swift_ai, 2000);
+        assert_eq!(
+            swift.dcqcn.rpg_time_reset,
+            roce::cc::DcqcnConfig::software().rpg_time_reset
+        );
+        let none = cc_from_env(Some("off"), None, None).unwrap();
+        assert_eq!(none, roce::transport::CcConfig::off());
         for bad in [
             "loss_backoff",
             "rpg_ai_rate=x",
             "no_such=1",
             "loss_backoff=2",
         ] {
-            let e = cc_from_env(Some(bad), base).unwrap_err();
+            let e = cc_from_env(None, None, Some(bad)).unwrap_err();
             assert!(e.starts_with(CC_ENV) && e.contains(bad), "{bad}: {e}");
         }
+        let e = cc_from_env(Some("timely"), None, None).unwrap_err();
+        assert!(
+            e.starts_with(CC_ALGORITHM_ENV) && e.contains("timely"),
+            "{e}"
+        );
+        let e = cc_from_env(None, Some("cx7"), None).unwrap_err();
+        assert!(e.starts_with(CC_PROFILE_ENV) && e.contains("cx7"), "{e}");
     }
 
     #[test]

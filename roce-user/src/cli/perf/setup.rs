@@ -95,23 +95,18 @@ pub(super) fn qp_index(qps: &[QpCtx]) -> HashMap<Qpn, usize> {
 /// The device's congestion-control settings from `--cc`, `--cc-profile`, `--cc-set` and
 /// `--line-rate`.
 fn cc_config(a: &PerfArgs) -> anyhow::Result<roce::transport::CcConfig> {
-    let mut c = match a.cc {
-        CcMode::On => roce::transport::CcConfig::default(),
-        CcMode::Off => roce::transport::CcConfig::off(),
-        CcMode::Swift => roce::transport::CcConfig::swift(),
+    let algorithm = match a.cc {
+        CcMode::On => roce::cc::CcAlgorithm::Dcqcn,
+        CcMode::Off => roce::cc::CcAlgorithm::Off,
+        CcMode::Swift => roce::cc::CcAlgorithm::Swift,
     };
+    let mut c = roce::transport::CcConfig::choose(
+        algorithm,
+        &a.cc_profile,
+        a.cc_set.iter().map(String::as_str),
+    )
+    .context("--cc-profile/--cc-set")?;
     c.line_rate_bps = a.line_rate;
-    let profile = roce::cc::DcqcnConfig::profile(&a.cc_profile)
-        .with_context(|| format!("--cc-profile {}: no such profile", a.cc_profile))?;
-    c.dcqcn = roce::cc::DcqcnConfig {
-        rp_enabled: c.dcqcn.rp_enabled,
-        np_enabled: c.dcqcn.np_enabled,
-        loss_backoff: c.dcqcn.loss_backoff,
-        ..profile
-    };
-    for kv in &a.cc_set {
-        c.set_pair(kv).context("--cc-set")?;
-    }
     Ok(c)
 }
 
