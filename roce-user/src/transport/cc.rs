@@ -169,9 +169,11 @@ impl CcConfig {
         profile: &str,
         pairs: impl IntoIterator<Item = &'a str>,
     ) -> Result<Self, CcSetError> {
-        let mut c = Self::default();
-        c.dcqcn =
-            DcqcnConfig::profile(profile).ok_or_else(|| CcSetError::Profile(profile.to_owned()))?;
+        let mut c = Self {
+            dcqcn: DcqcnConfig::profile(profile)
+                .ok_or_else(|| CcSetError::Profile(profile.to_owned()))?,
+            ..Self::default()
+        };
         c.set_algorithm(algorithm);
         for pair in pairs {
             c.set_pair(pair)?;
