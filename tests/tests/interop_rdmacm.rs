@@ -154,51 +154,42 @@ fn perftest_guest_server(peer: &Peer, tool: &str, size: u32, port: u16) -> Resul
 /// again while ours has not listened yet.
 fn perftest_our_server(peer: &Peer, tool: &str, size: u32, port: u16) -> Result<(), String> {
     let dev = format!("roce_{}", peer.ifname);
-    let s = ours(
+    let ((gok, gout), (sok, st)) = we_serve(
         peer,
-        tool,
-        &words(&format!("-R -d {dev} -n {ITERS} -s {size} -p {port}")),
+        (tool, &format!("-R -d {dev} -n {ITERS} -s {size} -p {port}")),
+        &format!(
+            "{tool} -R -d rxe0 -n {ITERS} -s {size} -p {port} {}",
+            peer.host_ip
+        ),
+        "*REJECTED*|*nable*onnect*|*ailed*onnect*",
     );
-    let c = peer.spawn(&format!(
-        "for i in $(seq 30); do sleep 0.5; out=$(stdbuf -oL {tool} -R -d rxe0 -n {ITERS} -s {size} \
-         -p {port} {} 2>&1); rc=$?; echo \"$out\"; [ $rc = 0 ] && exit 0; \
-         case \"$out\" in *REJECTED*|*nable*onnect*|*ailed*onnect*) ;; *) exit $rc;; esac; \
-         done; exit 1",
-        peer.host_ip
-    ));
-    let guest = peer.wait_or_kill(&c, Duration::from_secs(180));
-    let server = roce_tests::child::finish_within(
-        s,
-        Duration::from_secs(60),
-        &format!("our {tool} server (the guest's client: {})", guest.out),
-    );
-    let st = roce_tests::output_text(&server);
-    if guest.rc != 0 || !server.status.success() {
+    if !gok || !sok {
         return Err(format!(
-            "guest's {tool} client (rc {}):\n{}\nour {tool} server ({}):\n{st}",
-            guest.rc, guest.out, server.status
+            "guest's {tool} client (ok {gok}):\n{gout}\nour {tool} server (ok {sok}):\n{st}"
         ));
     }
     // The guest's output holds the failed attempts too: the last run's table counts.
-    let last = guest
-        .out
+    let last = gout
         .rsplit_once(" BW Test")
-        .map_or(guest.out.as_str(), |(_, l)| l);
+        .map_or(gout.as_str(), |(_, l)| l);
     check_bw_row(&format!("guest's {tool} client"), last, size, ITERS)?;
     check_bw_row(&format!("our {tool} server"), &st, size, ITERS)
 }
 
-/// An rdmacm-utils program (`ucmatose`, `udaddy`) with the server in the guest (`server`
-/// arguments) and the client ours (`client` arguments); ours is run again while the guest's
-/// server has not listened yet.
-fn util_guest_server(peer: &Peer, prog: &str, server: &str, client: &str) -> Result<(), String> {
-    let s = peer.spawn(&format!("stdbuf -oL {prog} {server}"));
+/// How one end of a run ended: whether it exited with status 0, and its output.
+type End = (bool, String);
+
+/// Runs `server` (a shell command line) in the guest, then our `client` program with its
+/// arguments, run again (up to 30 times) while the guest has not listened yet. Returns our
+/// client's end, how many attempts it took, and the guest server's end.
+fn guest_serves(peer: &Peer, server: &str, (prog, args): (&str, &str)) -> (End, u32, End) {
+    let s = peer.spawn(&format!("stdbuf -oL {server}"));
     let mut attempts = 0;
     let client = loop {
         attempts += 1;
         std::thread::sleep(Duration::from_millis(500));
         let c = roce_tests::child::finish_within(
-            ours(peer, prog, &words(client)),
+            ours(peer, prog, &words(args)),
             Duration::from_secs(120),
             &format!("our {prog} client"),
         );
@@ -207,22 +198,20 @@ fn util_guest_server(peer: &Peer, prog: &str, server: &str, client: &str) -> Res
             break (c.status.success(), out);
         }
     };
+    // A server whose client failed may wait for it forever: not long, then.
     let server = peer.wait_or_kill(&s, Duration::from_secs(if client.0 { 60 } else { 10 }));
-    check_util(
-        prog,
-        ("our client", &client, attempts),
-        ("guest's server", &(server.rc == 0, server.out)),
-    )
+    (client, attempts, (server.rc == 0, server.out))
 }
 
-/// An rdmacm-utils program with our server and the guest's client, run again while ours
-/// has not listened yet.
-fn util_our_server(peer: &Peer, prog: &str, server: &str, client: &str) -> Result<(), String> {
-    let s = ours(peer, prog, &words(server));
+/// Runs our `server` program with its arguments, then `client` (a shell command line) in the
+/// guest, run again (up to 30 times) while its output says ours has not listened yet
+/// (`retry`: a shell `case` pattern such as `*REJECTED*|*refused*`). Returns the guest
+/// client's end (its output holds every attempt) and our server's.
+fn we_serve(peer: &Peer, (prog, args): (&str, &str), client: &str, retry: &str) -> (End, End) {
+    let s = ours(peer, prog, &words(args));
     let c = peer.spawn(&format!(
-        "for i in $(seq 30); do sleep 0.5; out=$(stdbuf -oL {prog} {client} 2>&1); rc=$?; \
-         echo \"$out\"; [ $rc = 0 ] && exit 0; \
-         case \"$out\" in *REJECTED*|*UNREACHABLE*|*unreachable*|*refused*) ;; *) exit $rc;; esac; \
+        "for i in $(seq 30); do sleep 0.5; out=$(stdbuf -oL {client} 2>&1); rc=$?; \
+         echo \"$out\"; [ $rc = 0 ] && exit 0; case \"$out\" in {retry}) ;; *) exit $rc;; esac; \
          done; exit 1"
     ));
     let guest = peer.wait_or_kill(&c, Duration::from_secs(120));
@@ -231,12 +220,30 @@ fn util_our_server(peer: &Peer, prog: &str, server: &str, client: &str) -> Resul
         Duration::from_secs(60),
         &format!("our {prog} server (the guest's client: {})", guest.out),
     );
-    let st = roce_tests::output_text(&server);
-    check_util(
-        prog,
-        ("guest's client", &(guest.rc == 0, guest.out), 0),
-        ("our server", &(server.status.success(), st)),
+    (
+        (guest.rc == 0, guest.out),
+        (server.status.success(), roce_tests::output_text(&server)),
     )
+}
+
+/// An rdmacm-utils program (`ucmatose`, `udaddy`) with the server in the guest (`server`
+/// arguments) and the client ours (`client` arguments); ours is run again while the guest's
+/// server has not listened yet.
+fn util_guest_server(peer: &Peer, prog: &str, server: &str, client: &str) -> Result<(), String> {
+    let (c, attempts, s) = guest_serves(peer, &format!("{prog} {server}"), (prog, client));
+    check_util(prog, ("our client", &c, attempts), ("guest's server", &s))
+}
+
+/// An rdmacm-utils program with our server and the guest's client, run again while ours
+/// has not listened yet.
+fn util_our_server(peer: &Peer, prog: &str, server: &str, client: &str) -> Result<(), String> {
+    let (c, s) = we_serve(
+        peer,
+        (prog, server),
+        &format!("{prog} {client}"),
+        "*REJECTED*|*UNREACHABLE*|*unreachable*|*refused*",
+    );
+    check_util(prog, ("guest's client", &c, 0), ("our server", &s))
 }
 
 /// Both ends of an rdmacm-utils run succeeded and completed their data transfers.
@@ -267,41 +274,16 @@ fn sync_pair(peer: &Peer, guest_server: bool, ipv6: bool) -> Result<(), String> 
         (true, true) => (GUEST6.to_owned(), 7483),
         (false, true) => (HOST6.to_owned(), 7484),
     };
-    let (server_args, client_args) = (format!("-s {ip} -p {port}"), format!("-s {ip} -p {port}"));
+    let args = format!("-s {ip} -p {port}");
     let (client, server) = if guest_server {
-        let s = peer.spawn(&format!("stdbuf -oL rdma_server {server_args}"));
-        let mut attempts = 0;
-        let c = loop {
-            attempts += 1;
-            std::thread::sleep(Duration::from_millis(500));
-            let c = roce_tests::child::finish_within(
-                ours(peer, "rdma_client", &words(&client_args)),
-                Duration::from_secs(60),
-                "our rdma_client",
-            );
-            let out = roce_tests::output_text(&c);
-            if c.status.success() || !not_listening_yet(&out) || attempts >= 30 || s.done() {
-                break (c.status.success(), out);
-            }
-        };
-        let g = peer.wait_or_kill(&s, Duration::from_secs(30));
-        (c, (g.rc == 0, g.out))
+        let (c, _, s) = guest_serves(peer, &format!("rdma_server {args}"), ("rdma_client", &args));
+        (c, s)
     } else {
-        let s = ours(peer, "rdma_server", &words(&server_args));
-        let c = peer.spawn(&format!(
-            "for i in $(seq 30); do sleep 0.5; out=$(stdbuf -oL rdma_client {client_args} 2>&1); \
-             rc=$?; echo \"$out\"; [ $rc = 0 ] && exit 0; \
-             case \"$out\" in *refused*|*unreachable*) ;; *) exit $rc;; esac; done; exit 1"
-        ));
-        let g = peer.wait_or_kill(&c, Duration::from_secs(60));
-        let s = roce_tests::child::finish_within(
-            s,
-            Duration::from_secs(30),
-            &format!("our rdma_server (the guest's client: {})", g.out),
-        );
-        (
-            (g.rc == 0, g.out),
-            (s.status.success(), roce_tests::output_text(&s)),
+        we_serve(
+            peer,
+            ("rdma_server", &args),
+            &format!("rdma_client {args}"),
+            "*refused*|*unreachable*",
         )
     };
     let ok =
@@ -343,38 +325,18 @@ fn rping_vs(
     };
     let args = format!("{v}-V -a {at} -p {port} -C {count}");
     let ((cok, cout), (sok, sout)) = if guest_server {
-        let s = peer.spawn(&format!("stdbuf -oL rping -s {args}"));
-        let mut attempts = 0;
-        let c = loop {
-            attempts += 1;
-            std::thread::sleep(Duration::from_millis(500));
-            let c = roce_tests::child::finish_within(
-                ours(peer, "rping", &words(&format!("-c {args}"))),
-                Duration::from_secs(60),
-                "our rping -c",
-            );
-            let out = roce_tests::output_text(&c);
-            if c.status.success() || !not_listening_yet(&out) || attempts >= 30 || s.done() {
-                break (c.status.success(), out);
-            }
-        };
-        let g = peer.wait_or_kill(&s, Duration::from_secs(30));
-        (c, (g.rc == 0, g.out))
-    } else {
-        let s = ours(peer, "rping", &words(&format!("-s {args}")));
-        let c = peer.spawn(&format!(
-            "for i in $(seq 30); do sleep 0.5; out=$(stdbuf -oL rping -c {args} 2>&1); rc=$?; \
-             echo \"$out\"; case \"$out\" in *REJECTED*) ;; *) exit $rc;; esac; done; exit 1"
-        ));
-        let g = peer.wait_or_kill(&c, Duration::from_secs(60));
-        let s = roce_tests::child::finish_within(
-            s,
-            Duration::from_secs(30),
-            &format!("our rping -s (the guest's client: {})", g.out),
+        let (c, _, s) = guest_serves(
+            peer,
+            &format!("rping -s {args}"),
+            ("rping", &format!("-c {args}")),
         );
-        (
-            (g.rc == 0, g.out),
-            (s.status.success(), roce_tests::output_text(&s)),
+        (c, s)
+    } else {
+        we_serve(
+            peer,
+            ("rping", &format!("-s {args}")),
+            &format!("rping -c {args}"),
+            "*REJECTED*",
         )
     };
     // The guest's client output holds its rejected attempts too: count the pings only.
