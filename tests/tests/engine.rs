@@ -73,6 +73,19 @@ impl Drop for SocketGuard {
     }
 }
 
+/// Starts `roce engine -i ifname --linger linger` in `ns` and waits for its socket. Returns
+/// the engine, the socket's path and the guard that removes it.
+fn start_engine(ns: &str, ifname: &str, linger: &str) -> (Reaper, PathBuf, SocketGuard) {
+    let path: PathBuf = Path::new(RUN_DIR).join(ns).join(format!("{ifname}.sock"));
+    let socket = SocketGuard(path.clone());
+    let mut engine = spawn(
+        ns,
+        &["engine", "-i", ifname, "--linger", linger].map(String::from),
+    );
+    wait_for(&path, Duration::from_secs(20), &mut engine);
+    (engine, path, socket)
+}
+
 #[track_caller]
 fn errno_of<T: std::fmt::Debug>(r: Result<T, RemoteError>) -> i32 {
     r.expect_err("the engine must refuse this").errno()
@@ -87,13 +100,7 @@ fn engine_serves_several_programs_keeps_their_objects_apart_and_leaves_with_the_
         !xdp_attached(&ns, &ifname),
         "a fresh veth has no XDP program"
     );
-    let path: PathBuf = Path::new(RUN_DIR).join(&ns).join(format!("{ifname}.sock"));
-    let _socket = SocketGuard(path.clone());
-    let mut engine = spawn(
-        &ns,
-        &["engine", "-i", &ifname, "--linger", "1"].map(String::from),
-    );
-    wait_for(&path, Duration::from_secs(20), &mut engine);
+    let (engine, path, _socket) = start_engine(&ns, &ifname, "1");
     let mode = std::fs::metadata(&path)
         .expect("socket")
         .permissions()
@@ -251,17 +258,11 @@ fn engine_serves_several_programs_keeps_their_objects_apart_and_leaves_with_the_
 
     // The last program leaves: the engine lingers 1 s, exits, unloads, removes its socket.
     drop(b);
-    let out = finish_within(
+    let report = engine_report(
         engine,
         Duration::from_secs(10),
         "engine after its last client",
     );
-    assert!(
-        out.status.success(),
-        "engine: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("engine JSON");
     // a, b, the second engine's probe, the garbage sender and the nobody past the file mode.
     assert_eq!(report["connections"], 5, "{report}");
     assert_eq!(report["refused"], 1, "{report}");
@@ -289,16 +290,23 @@ fn engine_without_clients_exits_after_its_linger() {
         &["engine", "-i", &ifname, "--linger", "0.5"].map(String::from),
     );
     wait_for(&path, Duration::from_secs(20), &mut engine);
-    let out = finish_within(engine, Duration::from_secs(10), "idle engine");
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let _ = engine_report(engine, Duration::from_secs(10), "idle engine");
     assert!(t0.elapsed() >= Duration::from_millis(500));
     assert!(!path.exists());
     assert!(!path.parent().expect("folder").exists());
     assert!(!xdp_attached(&ns, &ifname));
+}
+
+/// Waits at most `limit` for `engine` (a `roce engine` started by the test) to exit, checks
+/// it exited with status 0, and returns the JSON report it printed.
+fn engine_report(engine: Reaper, limit: Duration, what: &str) -> serde_json::Value {
+    let out = finish_within(engine, limit, what);
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    serde_json::from_slice(&out.stdout).expect("engine JSON")
 }
 
 /// Polls `cq` through `c` until one completion arrives, for at most five seconds.
@@ -326,13 +334,7 @@ fn engine_moves_data_between_two_programs_on_one_interface() {
     require_root();
     let pair = veth_pair("engd", 93);
     let (ns, ifname) = (pair.a.netns.clone(), pair.a.ifname.clone());
-    let path: PathBuf = Path::new(RUN_DIR).join(&ns).join(format!("{ifname}.sock"));
-    let _socket = SocketGuard(path.clone());
-    let mut engine = spawn(
-        &ns,
-        &["engine", "-i", &ifname, "--linger", "1"].map(String::from),
-    );
-    wait_for(&path, Duration::from_secs(20), &mut engine);
+    let (engine, path, _socket) = start_engine(&ns, &ifname, "1");
     let mut a = EngineClient::connect_at(&path).expect("a");
     let mut b = EngineClient::connect_at(&path).expect("b");
     const N: usize = 8192;
@@ -455,15 +457,10 @@ fn engine_moves_data_between_two_programs_on_one_interface() {
 
     drop(a);
     drop(b);
-    let out = finish_within(
+    let _ = engine_report(
         engine,
         Duration::from_secs(10),
         "engine after its last client",
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
     );
     drop(mem_a);
     drop(mem_b);
@@ -477,13 +474,7 @@ fn two_processes_write_through_one_engine() {
     require_root();
     let pair = veth_pair("engp", 94);
     let (ns, ifname) = (pair.a.netns.clone(), pair.a.ifname.clone());
-    let path: PathBuf = Path::new(RUN_DIR).join(&ns).join(format!("{ifname}.sock"));
-    let _socket = SocketGuard(path.clone());
-    let mut engine = spawn(
-        &ns,
-        &["engine", "-i", &ifname, "--linger", "1"].map(String::from),
-    );
-    wait_for(&path, Duration::from_secs(20), &mut engine);
+    let (engine, path, _socket) = start_engine(&ns, &ifname, "1");
     let dir = std::env::temp_dir().join(format!("roce-engp-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("exchange folder");
@@ -519,17 +510,11 @@ fn two_processes_write_through_one_engine() {
         text(&t)
     );
     assert!(text(&w).contains(&epid), "{}", text(&w));
-    let out = finish_within(
+    let report = engine_report(
         engine,
         Duration::from_secs(10),
         "engine after its last client",
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("engine JSON");
     assert_eq!(report["connections"], 2, "{report}");
 }
 
@@ -541,13 +526,7 @@ fn a_killed_program_is_reclaimed_and_the_others_go_on() {
     require_root();
     let pair = veth_pair("engk", 95);
     let (ns, ifname) = (pair.a.netns.clone(), pair.a.ifname.clone());
-    let path: PathBuf = Path::new(RUN_DIR).join(&ns).join(format!("{ifname}.sock"));
-    let _socket = SocketGuard(path.clone());
-    let mut engine = spawn(
-        &ns,
-        &["engine", "-i", &ifname, "--linger", "1"].map(String::from),
-    );
-    wait_for(&path, Duration::from_secs(20), &mut engine);
+    let (engine, path, _socket) = start_engine(&ns, &ifname, "1");
     let base = std::env::temp_dir().join(format!("roce-engk-{}", std::process::id()));
     let (vdir, pdir) = (base.join("victim"), base.join("pair"));
     for d in [&vdir, &pdir] {
@@ -615,15 +594,10 @@ fn a_killed_program_is_reclaimed_and_the_others_go_on() {
         thread::sleep(Duration::from_millis(20));
     }
     drop(watch);
-    let out = finish_within(
+    let _ = engine_report(
         engine,
         Duration::from_secs(10),
         "engine after its last client",
-    );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
     );
 }
 
@@ -712,17 +686,11 @@ fn perf_server_and_client_share_one_interface_through_the_engine() {
             c["bw_mb_per_sec"].as_f64().unwrap_or(0.0)
         );
     }
-    let out = finish_within(
+    let report = engine_report(
         engine,
         Duration::from_secs(30),
         "engine after its last client",
     );
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let report: serde_json::Value = serde_json::from_slice(&out.stdout).expect("engine JSON");
     assert_eq!(
         report["connections"],
         2 * runs.len(),
