@@ -28,6 +28,23 @@ fn fuzz_targets() -> Vec<String> {
     names
 }
 
+/// The `#[ignore]`d cases of the privileged suite `test` (tests/tests/`test`.rs), with one
+/// more test-harness flag.
+fn ignored_cases(test: &str, flag: &str) -> Command {
+    let mut c = cargo();
+    c.env("ROCE_BIN", root().join("target/debug/roce")).args([
+        "test",
+        "--package",
+        "roce-tests",
+        "--test",
+        test,
+        "--",
+        "--ignored",
+        flag,
+    ]);
+    c
+}
+
 pub(crate) fn all(fuzz: bool, fuzz_secs: u32, soak: bool, full: bool) -> anyhow::Result<()> {
     let mut tally = Tally::default();
     // 1. Hygiene.
@@ -146,38 +163,13 @@ pub(crate) fn all(fuzz: bool, fuzz_secs: u32, soak: bool, full: bool) -> anyhow:
     // all faults at once).
     if full {
         run_tests(
-            cargo()
-                .env("ROCE_BIN", root().join("target/debug/roce"))
-                .args([
-                    "test",
-                    "--package",
-                    "roce-tests",
-                    "--test",
-                    "fault_matrix",
-                    "--",
-                    "--ignored",
-                    "--test-threads=1",
-                ]),
+            &mut ignored_cases("fault_matrix", "--test-threads=1"),
             &mut tally,
         )?;
     }
     // 7. Opt-in: the soak, minutes of mixed traffic at 1 % loss (ignored in the run above).
     if soak {
-        run_tests(
-            cargo()
-                .env("ROCE_BIN", root().join("target/debug/roce"))
-                .args([
-                    "test",
-                    "--package",
-                    "roce-tests",
-                    "--test",
-                    "soak",
-                    "--",
-                    "--ignored",
-                    "--nocapture",
-                ]),
-            &mut tally,
-        )?;
+        run_tests(&mut ignored_cases("soak", "--nocapture"), &mut tally)?;
     }
     eprintln!("xtask test: all suites passed ({} ignored)", tally.ignored);
     println!("tests: {} passed, {} failed", tally.passed, tally.failed);
