@@ -292,6 +292,14 @@ impl Bth {
         ((self.dest_qp[0] as u32) << 16) | ((self.dest_qp[1] as u32) << 8) | self.dest_qp[2] as u32
     }
 
+    /// The 7 reserved bits after AckReq (`resv7`): 0 but for the multipath extension's marks
+    /// ([`crate::multipath`]).
+    #[inline(always)]
+    #[must_use]
+    pub const fn resv7(&self) -> u8 {
+        self.ack_req & 0x7f
+    }
+
     /// Packet sequence number (24 bits), host order.
     #[inline(always)]
     #[must_use]

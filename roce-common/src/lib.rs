@@ -11,6 +11,7 @@ pub mod hdr;
 pub mod impair;
 pub mod log;
 pub mod maps;
+pub mod multipath;
 pub mod opcode;
 pub mod stamp;
 

@@ -48,6 +48,7 @@ use roce_common::{
         FLAG_DROP_FOREIGN, LoadInfo, MAX_QPS, MAX_QUEUES, MAX_STAT_PROCS, MAX_STAT_QPS, QpEntry,
         QpStatsRecord, XskQueueRecord,
     },
+    multipath::{RESV7_TRAILER, SACK_TRAILER_LEN},
     opcode::{EXT_LEN_UNKNOWN, Opcode, XDP_NO_PAYLOAD, XDP_OPCODE_TABLE},
     stamp,
 };
@@ -267,7 +268,14 @@ fn classify(ctx: Bounds) -> Class {
     if payload_len < headers + bth.pad_count() as usize {
         return Class::Malformed(DropReason::HdrTruncated, at);
     }
-    if entry & XDP_NO_PAYLOAD != 0 && payload_len != headers {
+    // An opcode without payload carries none, but for an ACK of a QP with the multipath
+    // extension on, which carries exactly its SACK trailer and says so (docs/multipath.md).
+    if entry & XDP_NO_PAYLOAD != 0
+        && payload_len != headers
+        && !(bth.opcode == Opcode::RC_ACKNOWLEDGE.0
+            && bth.resv7() & RESV7_TRAILER != 0
+            && payload_len == headers + SACK_TRAILER_LEN)
+    {
         return Class::Malformed(DropReason::UnexpectedPayload, at);
     }
     if payload_len & 3 != 0 {

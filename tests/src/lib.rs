@@ -266,6 +266,8 @@ pub struct Frame {
     pub dest_qp: u32,
     /// PSN.
     pub psn: u32,
+    /// The BTH's `resv7` bits (the multipath extension's marks, `roce_common::multipath`).
+    pub resv7: u8,
     /// Payload bytes after the extended headers.
     pub payload: usize,
 }
@@ -289,6 +291,7 @@ impl Default for Frame {
             pad: None,
             dest_qp: 0x11,
             psn: 1,
+            resv7: 0,
             payload: 32,
         }
     }
@@ -308,7 +311,7 @@ impl Frame {
         ];
         b.push(if self.opcode == Opcode::CNP { 0x40 } else { 0 });
         b.extend_from_slice(&self.dest_qp.to_be_bytes()[1..]);
-        b.push(0x80);
+        b.push(0x80 | (self.resv7 & 0x7f));
         b.extend_from_slice(&self.psn.to_be_bytes()[1..]);
         b.resize(12 + ext, 0);
         b.resize(12 + ext + self.payload, 0xa5);

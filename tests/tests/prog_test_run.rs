@@ -533,6 +533,41 @@ fn classification_table() {
             XDP_DROP,
             &["drop_unexpected_payload"],
         ),
+        // The multipath extension (docs/multipath.md): an ACK may carry exactly its SACK
+        // trailer when it says so; not without the mark, not a trailer of another length.
+        case(
+            "an ACK with a multipath SACK trailer",
+            &Frame {
+                opcode: Opcode::RC_ACKNOWLEDGE,
+                resv7: roce_common::multipath::RESV7_OFFER | roce_common::multipath::RESV7_TRAILER,
+                payload: roce_common::multipath::SACK_TRAILER_LEN,
+                ..d.clone()
+            },
+            XDP_PASS,
+            OUR_ROCE,
+        ),
+        case(
+            "an ACK with 12 payload bytes but no trailer mark",
+            &Frame {
+                opcode: Opcode::RC_ACKNOWLEDGE,
+                resv7: roce_common::multipath::RESV7_OFFER,
+                payload: roce_common::multipath::SACK_TRAILER_LEN,
+                ..d.clone()
+            },
+            XDP_DROP,
+            &["drop_unexpected_payload"],
+        ),
+        case(
+            "an ACK marked with a trailer of the wrong length",
+            &Frame {
+                opcode: Opcode::RC_ACKNOWLEDGE,
+                resv7: roce_common::multipath::RESV7_TRAILER,
+                payload: 16,
+                ..d.clone()
+            },
+            XDP_DROP,
+            &["drop_unexpected_payload"],
+        ),
         case(
             "UDP payload not whole words",
             &Frame {

@@ -48,11 +48,11 @@ impl MpBthFlags {
     /// No multipath bits: plain RoCE v2.
     pub const NONE: Self = Self(0);
     /// The sender allows the extension.
-    pub const OFFER: Self = Self(0x01);
+    pub const OFFER: Self = Self(roce_common::multipath::RESV7_OFFER);
     /// The packet carries a multipath trailer.
-    pub const TRAILER: Self = Self(0x02);
+    pub const TRAILER: Self = Self(roce_common::multipath::RESV7_TRAILER);
     /// Both: a packet with a trailer from a QP with the extension on.
-    pub const OFFER_TRAILER: Self = Self(0x03);
+    pub const OFFER_TRAILER: Self = Self(Self::OFFER.0 | Self::TRAILER.0);
     const KNOWN: u8 = 0x03;
 
     /// The known bits of a `resv7` value; the others are reserved and ignored.

@@ -17,8 +17,10 @@ mod field {
 
 fixed_view!(
     /// A view over a SACK trailer.
-    len = field::HELD.end
+    len = roce_common::multipath::SACK_TRAILER_LEN
 );
+
+const _: () = assert!(HEADER_LEN == field::HELD.end);
 
 impl<T: AsRef<[u8]>> Packet<T> {
     /// The raw bitmap.

@@ -1,0 +1,15 @@
+//! The multipath extension's marks that the XDP program and user space both read
+//! (docs/multipath.md, "The wire format of the extension"). Only between two roce-xdp QPs that
+//! agreed in band; towards anyone else every packet is plain RoCE v2.
+
+/// Bit 0 of the BTH's `resv7` field (byte 8, below AckReq): the sending QP allows the
+/// extension (IBA 9.2 sends reserved fields as 0 and has receivers ignore them).
+pub const RESV7_OFFER: u8 = 0x01;
+
+/// Bit 1 of the BTH's `resv7` field: the packet ends in a multipath trailer (placement on
+/// requests and READ responses, SACK on ACKs, path feedback in CNPs).
+pub const RESV7_TRAILER: u8 = 0x02;
+
+/// Bytes of the SACK trailer, the only payload an ACKNOWLEDGE may carry (with
+/// [`RESV7_TRAILER`]): a 64-bit bitmap and a 32-bit count of packets held.
+pub const SACK_TRAILER_LEN: usize = 12;
