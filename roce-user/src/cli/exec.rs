@@ -10,7 +10,7 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use roce::{
-    api::env::{CC_ALGORITHM_ENV, CC_ENV, CC_PROFILE_ENV, DEVICES_ENV, ENGINE_ENV},
+    api::env::{CC_ALGORITHM_ENV, CC_ENV, CC_PROFILE_ENV, DEVICES_ENV, ENGINE_ENV, MULTIPATH_ENV},
     cc::CcAlgorithm,
 };
 
@@ -83,6 +83,10 @@ pub struct ExecArgs {
     /// takes it (repeatable; sets ROCE_CC_SET), e.g. `--cc-set loss_backoff=1`.
     #[arg(long = "cc-set", value_name = "NAME=VALUE")]
     cc_set: Vec<String>,
+    /// Every RC QP of the program offers the multipath extension, as `roce perf --multipath`
+    /// does (sets ROCE_MULTIPATH=1).
+    #[arg(long)]
+    multipath: bool,
     /// The program and its arguments (after `--`).
     #[arg(
         required = true,
@@ -205,6 +209,9 @@ pub fn run(args: &ExecArgs) -> anyhow::Result<()> {
     }
     if !args.cc_set.is_empty() {
         cmd.env(CC_ENV, args.cc_set.join(","));
+    }
+    if args.multipath {
+        cmd.env(MULTIPATH_ENV, "1");
     }
     let err = cmd.exec();
     Err(err).with_context(|| format!("cannot run {}", prog.to_string_lossy()))

@@ -73,6 +73,11 @@ pub struct PingpongArgs {
     /// roce-xdp's own flag, not ibv_rc_pingpong's.
     #[arg(long)]
     pub threaded: bool,
+    /// Offer the multipath extension (docs/multipath.md): with a roce-xdp peer that offers it
+    /// too, out-of-order placement and selective repeat; with any other peer, plain RoCE v2
+    /// but for one reserved BTH bit. roce-xdp's own flag.
+    #[arg(long)]
+    pub multipath: bool,
     /// Progress on stderr (iterations done).
     #[command(flatten)]
     pub progress: super::progress::ProgressArgs,
@@ -116,15 +121,14 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
     if a.size == 0 || a.rx_depth == 0 || a.iters == 0 {
         bail!("--size, --rx-depth and --iters must be positive");
     }
-    let dev = Device::open(
-        &a.dev,
-        &DeviceOptions {
-            netns,
-            inline: !a.events && !a.threaded,
-            log_level: a.log_level.into(),
-            ..DeviceOptions::default()
-        },
-    )?;
+    let mut opts = DeviceOptions {
+        netns,
+        inline: !a.events && !a.threaded,
+        log_level: a.log_level.into(),
+        ..DeviceOptions::default()
+    };
+    opts.transport.multipath = a.multipath;
+    let dev = Device::open(&a.dev, &opts)?;
     let pd = dev.alloc_pd()?;
     let gid_idx = a
         .gid_idx

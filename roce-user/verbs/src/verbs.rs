@@ -93,6 +93,23 @@ fn cc_from_env(
     })
 }
 
+/// The environment variable that makes every RC QP of the program offer the multipath
+/// extension (`ROCE_MULTIPATH=1`).
+pub use roce::api::env::MULTIPATH_ENV;
+
+/// Whether [`MULTIPATH_ENV`]'s value asks for the multipath extension: `1` yes, unset, empty
+/// or `0` no. Call when the engine starts.
+///
+/// # Errors
+/// A message naming the variable for any other value.
+fn multipath_from_env(value: Option<&str>) -> Result<bool, String> {
+    match value.map(str::trim) {
+        None | Some("" | "0") => Ok(false),
+        Some("1") => Ok(true),
+        Some(other) => Err(format!("{MULTIPATH_ENV}: {other:?} is neither 0 nor 1")),
+    }
+}
+
 /// What a context holds besides its C struct: the interface, and the engine, started when the
 /// first object that needs it is made (so that `ibv_devinfo` beside a running program does
 /// not try to take its queues).
@@ -265,15 +282,18 @@ impl Verbs {
             ..DeviceOptions::default()
         };
         let var = |name: &str| std::env::var(name).ok();
+        let refuse = |e: String| {
+            eprintln!("libibverbs (roce-xdp): cannot start the engine on {ifname}: {e}");
+            libc::EINVAL
+        };
         opts.transport.cc = cc_from_env(
             var(CC_ALGORITHM_ENV).as_deref(),
             var(CC_PROFILE_ENV).as_deref(),
             var(CC_ENV).as_deref(),
         )
-        .map_err(|e| {
-            eprintln!("libibverbs (roce-xdp): cannot start the engine on {ifname}: {e}");
-            libc::EINVAL
-        })?;
+        .map_err(refuse)?;
+        opts.transport.multipath =
+            multipath_from_env(var(MULTIPATH_ENV).as_deref()).map_err(refuse)?;
         let opened = Device::open(ifname, &opts).or_else(|e| match e {
             // A driver that refuses native XDP (veth above about 3.5 KB of MTU, some NICs):
             // a program cannot be given `roce load -m skb`'s flag, so fall back to generic
@@ -604,6 +624,15 @@ mod tests {
         );
         let e = cc_from_env(None, Some("cx7"), None).unwrap_err();
         assert!(e.starts_with(CC_PROFILE_ENV) && e.contains("cx7"), "{e}");
+    }
+
+    #[test]
+    fn multipath_comes_from_the_environment() {
+        assert_eq!(multipath_from_env(None), Ok(false));
+        assert_eq!(multipath_from_env(Some("0")), Ok(false));
+        assert_eq!(multipath_from_env(Some(" 1")), Ok(true));
+        let e = multipath_from_env(Some("yes")).unwrap_err();
+        assert!(e.starts_with(MULTIPATH_ENV) && e.contains("yes"), "{e}");
     }
 
     #[test]

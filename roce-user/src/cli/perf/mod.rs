@@ -188,6 +188,12 @@ pub struct PerfArgs {
     /// RX queues (`ip link add ... numrxqueues N`); with one queue it changes nothing.
     #[arg(long)]
     pub sharded: bool,
+    /// Offer the multipath extension on every QP (docs/multipath.md): towards a roce-xdp peer
+    /// that offers it too, SEND and WRITE packets are placed out of order and lost packets
+    /// are resent selectively (SACK ACKs); towards any other peer (Soft-RoCE, a NIC) every
+    /// packet stays plain RoCE v2 but for one reserved BTH bit. roce-xdp's own flag.
+    #[arg(long)]
+    pub multipath: bool,
     /// Most QPs this endpoint creates (`DeviceConfig::max_qp`); `-q` beyond it is refused.
     #[arg(long, value_name = "N", default_value_t = roce::transport::DeviceConfig::default().max_qp)]
     pub max_qp: usize,

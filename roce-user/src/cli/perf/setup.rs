@@ -125,6 +125,7 @@ pub(super) fn open_device(
         ..DeviceOptions::default()
     };
     opts.transport.cc = cc_config(a)?;
+    opts.transport.multipath = a.multipath;
     opts.transport.max_qp = a.max_qp;
     opts.transport.max_inflight_pkts = a.max_inflight;
     opts.transport.max_mr = a.max_mr;
