@@ -130,9 +130,8 @@ pub struct BottleneckState {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct LimitState {
-    /// Packets impaired since user space last wrote the settings (it may pass the limit by
-    /// the racing CPUs that found it not yet reached, never by more than one per CPU; the
-    /// program checks it before it impairs).
+    /// Packets impaired since user space last wrote the settings; never above the limit (the
+    /// program takes a unit by compare-and-swap before it impairs).
     pub used: u64,
 }
 

@@ -33,7 +33,7 @@ use roce_tests::{
     child::finish_within,
     output_text,
     rdmacm::{args, ours, servers_client_on},
-    routed::Impaired,
+    routed::{Impaired, roce_json},
 };
 
 /// The CM response timeout of the API cases: 268 ms.
@@ -181,6 +181,12 @@ fn a_lost_req_is_resent_and_the_connection_established() {
     let s = e.stats(&ifname);
     assert_eq!(s.dropped, 1, "{s:?}");
     assert_eq!(s.over_limit, 1, "the resent REQ went through: {s:?}");
+    let show = roce_json(
+        &e.net.net.router_netns,
+        &format!("impair -i {ifname} --show"),
+    );
+    assert_eq!(show["limit_used"], 1, "{show}");
+    assert_eq!(show["settings"]["mad_attr"], 0x10, "{show}");
     assert_eq!(Ends::cm(&e.a).0, 1, "A resent its REQ once");
     assert_eq!(Ends::cm(&e.b), (0, 0, 0, 0), "B saw one REQ");
     e.disconnect(ids);

@@ -269,11 +269,19 @@ fn show(out: Output, iface: &str, nonzero: bool) -> anyhow::Result<()> {
     let mut v = snap.to_json();
     v["settings"] = serde_json::to_value(s.settings)?;
     v["backlog_bytes"] = json!(s.backlog_bytes);
+    v["limit_used"] = json!(s.limit_used);
     v["prog_id"] = json!(s.prog_id);
     v["link_id"] = json!(s.link_id);
     let mut text = format!("roce_impair on {}: {}\n", iface, describe(&s.settings));
     if s.settings.bottleneck.is_some() {
         let _ = writeln!(text, "  virtual backlog now: {} bytes", s.backlog_bytes);
+    }
+    if s.settings.limit != 0 {
+        let _ = writeln!(
+            text,
+            "  impaired under the limit: {} of {}",
+            s.limit_used, s.settings.limit
+        );
     }
     text.push_str(&snap.to_text(nonzero));
     out.emit(&v, &text);

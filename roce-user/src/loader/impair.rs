@@ -400,6 +400,8 @@ pub struct ImpairShow {
     pub settings: ImpairSettings,
     /// Virtual backlog of the bottleneck now, bytes (0 without one).
     pub backlog_bytes: u64,
+    /// Packets impaired under `settings.limit` since the settings were written.
+    pub limit_used: u64,
     /// Counters summed over CPUs.
     #[serde(skip)]
     pub stats: ImpairStats,
@@ -432,6 +434,8 @@ pub fn show(ifname: &str) -> Result<ImpairShow, ImpairError> {
     } else {
         0
     };
+    let used: Array<_, LimitState> = Array::try_from(open_map(&dir, ifname, MAP_IMPAIR_LIMIT)?)?;
+    let limit_used = used.get(&0, 0)?.used;
     let (prog_id, link_id) = pins::link_ids(&dir);
     Ok(ImpairShow {
         ifname: ifname.to_owned(),
@@ -439,6 +443,7 @@ pub fn show(ifname: &str) -> Result<ImpairShow, ImpairError> {
         link_id,
         settings: ImpairSettings::from_config(&cfg),
         backlog_bytes,
+        limit_used,
         stats: total,
     })
 }
