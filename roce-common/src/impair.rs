@@ -18,6 +18,9 @@ pub const MAP_IMPAIR_STATS: &str = "ROCE_IMPAIR_STATS";
 pub const MAP_IMPAIR_BOTTLENECK: &str = "ROCE_IMPAIR_BOTTLENECK";
 /// Per-CPU array with one [`HeldPacket`]: the packet held back for reordering.
 pub const MAP_IMPAIR_HELD: &str = "ROCE_IMPAIR_HELD";
+/// Array with one [`LimitState`] (shared by all CPUs, updated atomically): how much of
+/// [`ImpairConfig::limit`] is used.
+pub const MAP_IMPAIR_LIMIT: &str = "ROCE_IMPAIR_LIMIT";
 
 /// Probability 1.
 pub const PROB_ONE: u32 = u32::MAX;
@@ -79,8 +82,11 @@ pub struct ImpairConfig {
     pub ce: u32,
     /// Bottleneck: marking probability at Kmax.
     pub pmax: u32,
-    /// Reserved, zero.
-    pub reserved: u32,
+    /// Selector: 0 impairs every RoCE packet; otherwise only CM MADs with this attribute ID
+    /// (a `crate::mad::CmAttr`) are impaired: UD SEND_ONLY to QP 1 ([`crate::mad::GSI_QPN`])
+    /// whose MAD has management class CM and this `AttributeID`. Every other RoCE packet goes
+    /// on untouched (`unselected`).
+    pub mad_attr: u32,
     /// Bottleneck drain rate in bits/s; 0: no bottleneck.
     pub rate_bps: u64,
     /// Bottleneck: no CE marks at or below this virtual backlog (bytes).
@@ -93,6 +99,10 @@ pub struct ImpairConfig {
     /// Bottleneck: picoseconds per byte at `rate_bps` (`8e12 / rate_bps`, at least 1), what the
     /// program computes with (it has no 128-bit arithmetic). Written by user space.
     pub ps_per_byte: u64,
+    /// Impair at most this many packets (0: no limit), counted in [`LimitState`] across CPUs:
+    /// a selected packet that drew an impairment once the limit is used up goes on untouched
+    /// (`over_limit`). User space zeroes the count whenever it writes the settings.
+    pub limit: u64,
 }
 
 impl ImpairConfig {
@@ -116,6 +126,15 @@ pub struct BottleneckState {
     pub empty_at_ns: u64,
 }
 
+/// Value of [`MAP_IMPAIR_LIMIT`]: how many packets were impaired under [`ImpairConfig::limit`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct LimitState {
+    /// Packets impaired since user space last wrote the settings; never above the limit (the
+    /// program takes a unit by compare-and-swap before it impairs).
+    pub used: u64,
+}
+
 /// Value of [`MAP_IMPAIR_HELD`]: one frame held back for reordering (per CPU).
 #[repr(C)]
 #[derive(Clone, Copy, Debug)]
@@ -137,7 +156,8 @@ counter_struct! {
     /// seen ends in exactly one of `passed`, `dropped`, `bottleneck_dropped`,
     /// `bottleneck_early_dropped` or `reordered`
     /// (held back). `duplicated`, `corrupted`, `ce_marked`, `bottleneck_marked` and
-    /// `reorder_released` count actions on packets that go on; `errors` counts helper failures.
+    /// `reorder_released` count actions on packets that go on; `unselected` and `over_limit`
+    /// count packets that go on untouched (also in `passed`); `errors` counts helper failures.
     pub struct ImpairStats {
         /// Packets that are not RoCE v2 (not IP, not UDP to the RoCE port, too short): untouched.
         not_roce,
@@ -169,6 +189,10 @@ counter_struct! {
         own_copies,
         /// Helper failures (clone, load, store): that action was not taken.
         errors,
+        /// RoCE packets the --mad selector did not choose: sent on untouched.
+        unselected,
+        /// Chosen packets that drew an impairment after --limit was used up: sent on untouched.
+        over_limit,
     }
 }
 
@@ -180,9 +204,11 @@ mod pod {
     unsafe impl aya::Pod for super::ImpairStats {}
     // SAFETY: #[repr(C)], Copy, one u64.
     unsafe impl aya::Pod for super::BottleneckState {}
+    // SAFETY: #[repr(C)], Copy, one u64.
+    unsafe impl aya::Pod for super::LimitState {}
 }
 
-const _: () = assert!(core::mem::size_of::<ImpairConfig>() == 72);
+const _: () = assert!(core::mem::size_of::<ImpairConfig>() == 80);
 const _: () = assert!(core::mem::size_of::<HeldPacket>() == 16 + HELD_MAX);
 const _: () = assert!(HELD_MAX.is_power_of_two());
 

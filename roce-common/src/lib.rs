@@ -10,6 +10,7 @@ pub mod counters;
 pub mod hdr;
 pub mod impair;
 pub mod log;
+pub mod mad;
 pub mod maps;
 pub mod multipath;
 pub mod opcode;

@@ -19,6 +19,13 @@
 //!    while the slot is full is never held itself. (There is no netem, fq or ETF qdisc on the
 //!    target kernel, so there is no qdisc to delay packets with; this needs none.)
 //!
+//! With a selector (`mad_attr`, `roce impair --mad`), only the CM MADs with that attribute ID
+//! (UD SEND_ONLY to QP 1, management class CM) go through the steps above; every other RoCE
+//! packet goes on untouched. With a limit (`limit`, `--limit`), at most that many packets are
+//! impaired by steps 2 to 6 (counted across CPUs in `ROCE_IMPAIR_LIMIT`); a packet that draws an impairment
+//! once the limit is used up goes on untouched. Together they make deterministic faults:
+//! `--mad req --drop 1 --limit 1` drops exactly the first REQ.
+//!
 //! Copies the program makes carry `skb->mark = IMPAIR_MARK` and pass the hook untouched.
 //! Probabilities come from `ROCE_IMPAIR_CONFIG` on every packet, so they can be changed live.
 //!
@@ -60,9 +67,12 @@ use roce_common::{
         Ipv4Hdr, Ipv6Hdr, MAX_VLAN_TAGS, UdpHdr, VlanHdr,
     },
     impair::{
-        BottleneckState, HELD_MAX, HeldPacket, IMPAIR_MARK, ImpairConfig, ImpairStats, PROB_ONE,
+        BottleneckState, HELD_MAX, HeldPacket, IMPAIR_MARK, ImpairConfig, ImpairStats, LimitState,
+        PROB_ONE,
     },
     log::{CODE_IMPAIR, level_of},
+    mad::{GSI_QPN, MAD_ATTR_ID_OFFSET, MAD_LEN, MAD_MGMT_CLASS_OFFSET, MGMT_CLASS_CM},
+    opcode::Opcode,
 };
 use roce_ebpf::log::FrameRecord;
 
@@ -77,6 +87,9 @@ static ROCE_IMPAIR_BOTTLENECK: Array<BottleneckState, 1> = Array::new();
 
 #[btf_map]
 static ROCE_IMPAIR_HELD: PerCpuArray<HeldPacket, 1> = PerCpuArray::new();
+
+#[btf_map]
+static ROCE_IMPAIR_LIMIT: Array<LimitState, 1> = Array::new();
 
 /// The `roce_common::log::LogLevel` code of the records to write (0, the default: none).
 #[btf_map]
@@ -377,7 +390,13 @@ fn bounded(len: usize) -> u32 {
 
 /// Holds the packet back, or releases a held one behind it. Returns the verdict.
 #[inline(always)]
-fn reorder(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats, r: &Roce) -> i32 {
+fn reorder(
+    ctx: &mut TcContext,
+    cfg: &ImpairConfig,
+    stats: &mut ImpairStats,
+    r: &Roce,
+    budget: &mut Budget,
+) -> i32 {
     let Some(held) = ROCE_IMPAIR_HELD.get_ptr_mut(0) else {
         stats.passed += 1;
         return TC_ACT_OK;
@@ -415,7 +434,8 @@ fn reorder(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats, r: 
             stats.errors += 1;
             TC_ACT_SHOT
         }
-    } else if hit(cfg.reorder) && (1..=HELD_MAX).contains(&(ctx.len() as usize)) {
+    } else if (1..=HELD_MAX).contains(&(ctx.len() as usize)) && budget.draw(cfg.reorder, cfg, stats)
+    {
         let n = bounded(ctx.len() as usize);
         // SAFETY: a helper on our own context; `held.data` has room for `n` (<= HELD_MAX) bytes.
         let loaded =
@@ -441,6 +461,98 @@ fn reorder(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats, r: 
     }
 }
 
+/// Offset of the MAD from the BTH of a UD SEND_ONLY: the BTH, then the DETH.
+const MAD_FROM_BTH: usize = Bth::LEN
+    + match Opcode::UD_SEND_ONLY.ext_len() {
+        Some(n) => n,
+        None => 0,
+    };
+
+/// Whether the RoCE packet `r` is a CM MAD with attribute ID `attr`: a UD SEND_ONLY to QP 1
+/// (IBTA 13.5.1) carrying a whole MAD (IBTA 13.4.1) of management class CM (13.4.4) whose
+/// `AttributeID` (13.4.2) is `attr` (12.11.2 Table 123).
+#[inline(always)]
+fn selected(ctx: &TcContext, r: &Roce, attr: u32) -> bool {
+    let Ok(b) = ctx.load::<Bth>(r.bth) else {
+        return false;
+    };
+    if b.opcode != Opcode::UD_SEND_ONLY.0 || b.dest_qp() != GSI_QPN {
+        return false;
+    }
+    let mad = r.bth + MAD_FROM_BTH;
+    if mad + MAD_LEN + ICRC_LEN > r.end {
+        return false;
+    }
+    let (Ok(class), Ok(id)) = (
+        ctx.load::<u8>(mad + MAD_MGMT_CLASS_OFFSET),
+        ctx.load::<[u8; 2]>(mad + MAD_ATTR_ID_OFFSET),
+    ) else {
+        return false;
+    };
+    class == MGMT_CLASS_CM && u32::from(u16::from_be_bytes(id)) == attr
+}
+
+/// Whether one packet may still be impaired under `ImpairConfig::limit`, asked once per
+/// packet, when its first impairment is drawn.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Budget {
+    /// Not asked yet for this packet.
+    Unasked,
+    /// Granted: this packet took one unit of the limit (or there is none).
+    Granted,
+    /// Refused: the limit is used up; the packet goes on untouched.
+    Refused,
+}
+
+impl Budget {
+    /// `hit(prob)`, and if so whether this packet may be impaired: the first hit of a packet
+    /// takes one unit of the limit (compare-and-swap on the shared count), later hits of the
+    /// same packet share it.
+    #[inline(always)]
+    fn draw(&mut self, prob: u32, cfg: &ImpairConfig, stats: &mut ImpairStats) -> bool {
+        if !hit(prob) {
+            return false;
+        }
+        if *self == Self::Unasked {
+            *self = if take(cfg.limit, stats) {
+                Self::Granted
+            } else {
+                stats.over_limit += 1;
+                Self::Refused
+            };
+        }
+        *self == Self::Granted
+    }
+}
+
+/// Takes one unit of `limit` (0: none) from the shared count; false once it is used up.
+#[inline(always)]
+fn take(limit: u64, stats: &mut ImpairStats) -> bool {
+    if limit == 0 {
+        return true;
+    }
+    let Some(state) = ROCE_IMPAIR_LIMIT.get_ptr_mut(0) else {
+        stats.errors += 1;
+        return false;
+    };
+    // SAFETY: `state` points to the map value, which lives as long as the map; the program
+    // only accesses it through atomics (user space writes it between settings), and u64 map
+    // values are 8-aligned.
+    let used = unsafe { AtomicU64::from_ptr(&raw mut (*state).used) };
+    for _ in 0..8 {
+        // SAFETY: as in `bottleneck`: an aligned, valid pointer; a single-copy atomic load.
+        let old = unsafe { core::ptr::read_volatile(used.as_ptr()) };
+        if old >= limit {
+            return false;
+        }
+        if cas(used, old, old + 1) {
+            return true;
+        }
+    }
+    stats.errors += 1;
+    false
+}
+
 #[inline(always)]
 fn impair(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats) -> i32 {
     let port = if cfg.port == 0 {
@@ -455,6 +567,12 @@ fn impair(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats) -> i
     let len = u64::from(ctx.len());
     stats.seen += 1;
     stats.seen_bytes += len;
+    if cfg.mad_attr != 0 && !selected(ctx, &r, cfg.mad_attr) {
+        stats.unselected += 1;
+        stats.passed += 1;
+        return TC_ACT_OK;
+    }
+    let mut budget = Budget::Unasked;
 
     if cfg.rate_bps != 0 && cfg.ps_per_byte != 0 {
         match bottleneck(cfg, len, r.ecn != 0, stats) {
@@ -479,12 +597,12 @@ fn impair(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats) -> i
             Queue::Pass => {}
         }
     }
-    if hit(cfg.drop) {
+    if budget.draw(cfg.drop, cfg, stats) {
         stats.dropped += 1;
         log_did(ctx, Did::Dropped, &r);
         return TC_ACT_SHOT;
     }
-    if hit(cfg.corrupt) {
+    if budget.draw(cfg.corrupt, cfg, stats) {
         if corrupt(ctx, &r) {
             stats.corrupted += 1;
             log_did(ctx, Did::Corrupted, &r);
@@ -492,7 +610,7 @@ fn impair(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats) -> i
             stats.errors += 1;
         }
     }
-    if hit(cfg.ce) {
+    if budget.draw(cfg.ce, cfg, stats) {
         if mark_ce(ctx, &r) {
             stats.ce_marked += 1;
             log_did(ctx, Did::CeMarked, &r);
@@ -500,7 +618,7 @@ fn impair(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats) -> i
             stats.errors += 1;
         }
     }
-    if hit(cfg.dup) {
+    if budget.draw(cfg.dup, cfg, stats) {
         if send_copy(ctx) {
             stats.duplicated += 1;
             log_did(ctx, Did::Duplicated, &r);
@@ -508,7 +626,7 @@ fn impair(ctx: &mut TcContext, cfg: &ImpairConfig, stats: &mut ImpairStats) -> i
             stats.errors += 1;
         }
     }
-    reorder(ctx, cfg, stats, &r)
+    reorder(ctx, cfg, stats, &r, &mut budget)
 }
 
 /// The tc entry point.

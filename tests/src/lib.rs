@@ -19,6 +19,7 @@ pub mod bpftool;
 pub mod child;
 pub mod devinfo;
 pub mod rdmacm;
+pub mod routed;
 pub mod rxe;
 
 /// Fails the test (never skips it) when it cannot run with the privileges it needs.

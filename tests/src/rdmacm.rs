@@ -39,17 +39,29 @@ pub fn server_and_client(
 /// As [`server_and_client`].
 pub fn servers_client(
     pair: &VethPair,
-    (prog, server): (&str, &[String]),
-    (client_prog, client): (&str, &[String]),
+    server: (&str, &[String]),
+    client: (&str, &[String]),
 ) -> (String, String) {
-    let s = ours(&pair.a, prog, server);
+    servers_client_on((&pair.a, server), (&pair.b, client))
+}
+
+/// [`servers_client`] between any two ends (the server's, the client's), e.g. the two ends
+/// of a routed topology ([`crate::routed::Impaired`]).
+///
+/// # Panics
+/// As [`server_and_client`].
+pub fn servers_client_on(
+    (server_end, (prog, server)): (&VethEnd, (&str, &[String])),
+    (client_end, (client_prog, client)): (&VethEnd, (&str, &[String])),
+) -> (String, String) {
+    let s = ours(server_end, prog, server);
     let limit = Duration::from_secs(90);
     let mut attempts = 0;
     let c = loop {
         attempts += 1;
         std::thread::sleep(Duration::from_millis(500));
         let c = crate::child::finish_within(
-            ours(&pair.b, client_prog, client),
+            ours(client_end, client_prog, client),
             limit,
             &format!("{client_prog} client"),
         );

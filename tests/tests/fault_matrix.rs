@@ -17,11 +17,10 @@
 
 use std::time::{Duration, Instant};
 
-use roce::netns::{Routed, VethOptions};
 use roce_common::impair::ImpairStats;
 use roce_tests::{
-    child::{args, finish, finish_within, json_ok, spawn},
-    require_root, roce_bin, tag,
+    child::{args, finish_within, json_ok, spawn},
+    routed::{Impaired, roce_json},
 };
 use serde_json::Value;
 
@@ -81,82 +80,21 @@ impl Faults {
     }
 }
 
-/// Removes `roce impair` from the router and `roce_xdp` from both endpoints on drop, even when
-/// the test fails; the namespaces go with [`Routed`]'s own drop, which runs after this one.
-struct Guard {
-    impaired: Vec<(String, String)>,
-    loaded: Vec<(String, String)>,
-}
-
-impl Drop for Guard {
-    fn drop(&mut self) {
-        for (ns, ifname) in &self.impaired {
-            let _ = std::process::Command::new(roce_bin())
-                .args(["--netns", ns, "impair", "-i", ifname, "--off"])
-                .output();
-        }
-        for (ns, ifname) in &self.loaded {
-            let _ = std::process::Command::new(roce_bin())
-                .args(["--netns", ns, "unload", "-i", ifname])
-                .output();
-        }
-    }
-}
-
-struct Setup {
-    // Field order: the guard cleans up before the namespaces go.
-    guard: Guard,
-    net: Routed,
-}
-
-#[track_caller]
-fn roce_json(ns: &str, line: &str) -> Value {
-    json_ok(&finish(spawn(ns, &args(line))), line)
-}
+type Setup = Impaired;
 
 fn setup(name: &str, subnet: u8, faults: Faults) -> Setup {
-    require_root();
-    let net = Routed::new(
-        &tag(name),
-        1,
-        &VethOptions {
-            mtu: 3000,
-            subnet,
-            ..VethOptions::default()
-        },
-    )
-    .expect("routed topology");
-    let mut guard = Guard {
-        impaired: Vec::new(),
-        loaded: Vec::new(),
-    };
+    let mut s = Impaired::new(name, subnet, 3000);
     // roce_xdp stays loaded across the perf runs, so the endpoints' counters accumulate in the
     // pins and `roce stats` reads them between flows.
-    for end in [&net.senders[0], &net.receiver] {
-        guard.loaded.push((end.netns.clone(), end.ifname.clone()));
-        roce_json(&end.netns, &format!("load -i {}", end.ifname));
+    s.load();
+    for ifname in [s.to_server(), s.to_client()] {
+        s.impair(&ifname, &faults.args());
     }
-    for ifname in [&net.bottleneck_if, &net.sender_side_ifs[0]] {
-        guard
-            .impaired
-            .push((net.router_netns.clone(), ifname.clone()));
-        roce_json(
-            &net.router_netns,
-            &format!("impair -i {ifname} {}", faults.args()),
-        );
-    }
-    Setup { guard, net }
+    s
 }
 
 fn impair_stats(s: &Setup, ifname: &str) -> ImpairStats {
-    let v = roce_json(&s.net.router_netns, &format!("impair -i {ifname} --show"));
-    let mut st = ImpairStats::default();
-    for name in ImpairStats::NAMES {
-        *st.get_mut(name).unwrap() = v["impair"][name]
-            .as_u64()
-            .unwrap_or_else(|| panic!("impair --show has no {name}: {v}"));
-    }
-    st
+    s.impair_stats(ifname)
 }
 
 /// One endpoint's counters (`roce stats -j`): transport (summed over QPs, including exited
@@ -496,7 +434,7 @@ fn matrix(name: &str, subnet: u8, faults: Faults, tune: Tuning) {
         eprintln!("{line}");
         check(&f, faults);
     }
-    drop(s.guard);
+    drop(s);
 }
 
 #[test]

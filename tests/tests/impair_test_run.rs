@@ -15,13 +15,16 @@ use aya::{
 use roce::{
     loader::IMPAIR_OBJECT,
     wire::{
-        BthRepr, Ecn, EthernetAddress, IpPath, Opcode, PathRepr, Psn, Qpn, RoceRepr, emit_frame,
-        parse_frame,
+        BthRepr, DethRepr, Ecn, EthernetAddress, IpPath, Opcode, PathRepr, Psn, QKey, Qpn,
+        RoceRepr, emit_frame, parse_frame,
     },
 };
-use roce_common::impair::{
-    IMPAIR_MARK, ImpairConfig, ImpairStats, MAP_IMPAIR_CONFIG, MAP_IMPAIR_STATS, PROB_ONE,
-    PROG_ROCE_IMPAIR,
+use roce_common::{
+    impair::{
+        IMPAIR_MARK, ImpairConfig, ImpairStats, LimitState, MAP_IMPAIR_CONFIG, MAP_IMPAIR_LIMIT,
+        MAP_IMPAIR_STATS, PROB_ONE, PROG_ROCE_IMPAIR,
+    },
+    mad::{CmAttr, MGMT_CLASS_CM},
 };
 use roce_tests::{Frame, require_root};
 
@@ -55,6 +58,13 @@ impl Prog {
         let mut arr: Array<_, ImpairConfig> =
             Array::try_from(self.ebpf.map_mut(MAP_IMPAIR_CONFIG).unwrap()).unwrap();
         arr.set(0, cfg, 0).unwrap();
+    }
+
+    /// Zeroes the count under `ImpairConfig::limit`, as `roce impair` does with new settings.
+    fn reset_limit(&mut self) {
+        let mut arr: Array<_, LimitState> =
+            Array::try_from(self.ebpf.map_mut(MAP_IMPAIR_LIMIT).unwrap()).unwrap();
+        arr.set(0, LimitState::default(), 0).unwrap();
     }
 
     fn stats(&self) -> ImpairStats {
@@ -730,4 +740,174 @@ fn one_packet_per_action_table() {
         cases.len(),
         failures.join("\n")
     );
+}
+
+/// A MAD as the CM sends one: base version 1, management class `class`, class version 2,
+/// method SEND, attribute `attr`; `len` bytes (256 for a whole one).
+fn mad(class: u8, attr: u16, len: usize) -> Vec<u8> {
+    let mut m = vec![0u8; len];
+    m[..4].copy_from_slice(&[1, class, 2, 3]);
+    m[8..16].copy_from_slice(&0x1234_5678_9abc_def0u64.to_be_bytes());
+    m[16..18].copy_from_slice(&attr.to_be_bytes());
+    m
+}
+
+/// A UD SEND_ONLY to `qpn` (QP 1: the GSI) carrying `payload`, as the CM sends MADs.
+fn ud_send(opcode: Opcode, qpn: u32, payload: &[u8]) -> Vec<u8> {
+    let mut r = RoceRepr::new(BthRepr::new(opcode, Qpn::new(qpn), Psn::new(0)));
+    if opcode == Opcode::UD_SEND_ONLY {
+        r.deth = Some(DethRepr {
+            qkey: QKey::GSI,
+            src_qp: Qpn::GSI,
+        });
+    }
+    let mut buf = vec![0u8; 2048];
+    let n = emit_frame(&path_v4(Ecn::NotEct), &r, payload, &mut buf).unwrap();
+    buf.truncate(n);
+    buf
+}
+
+/// `--mad req --drop 1`: exactly the CM REQs are dropped; other CM messages, MADs of other
+/// classes, truncated MADs, MADs to other QPs and non-MAD RoCE packets go on untouched and
+/// are counted `unselected`.
+#[test]
+fn mad_selector_impairs_only_the_chosen_cm_message() {
+    let mut p = Prog::new();
+    p.set(ImpairConfig {
+        drop: PROB_ONE,
+        mad_attr: u32::from(CmAttr::Req.id()),
+        ..ImpairConfig::default()
+    });
+    let req = ud_send(
+        Opcode::UD_SEND_ONLY,
+        1,
+        &mad(MGMT_CLASS_CM, CmAttr::Req.id(), 256),
+    );
+    let (v, _, delta) = p.run(&req);
+    assert_eq!(v, TC_ACT_SHOT, "the REQ is dropped");
+    assert_eq!(delta, roce(req.len(), &[("dropped", 1)]));
+    let others = [
+        (
+            "a REP",
+            ud_send(
+                Opcode::UD_SEND_ONLY,
+                1,
+                &mad(MGMT_CLASS_CM, CmAttr::Rep.id(), 256),
+            ),
+        ),
+        (
+            "every other CM message",
+            ud_send(
+                Opcode::UD_SEND_ONLY,
+                1,
+                &mad(MGMT_CLASS_CM, CmAttr::Rtu.id(), 256),
+            ),
+        ),
+        (
+            "a subnet management MAD with the REQ's attribute ID",
+            ud_send(Opcode::UD_SEND_ONLY, 1, &mad(0x01, CmAttr::Req.id(), 256)),
+        ),
+        (
+            "a truncated REQ",
+            ud_send(
+                Opcode::UD_SEND_ONLY,
+                1,
+                &mad(MGMT_CLASS_CM, CmAttr::Req.id(), 200),
+            ),
+        ),
+        (
+            "a REQ to QP 2",
+            ud_send(
+                Opcode::UD_SEND_ONLY,
+                2,
+                &mad(MGMT_CLASS_CM, CmAttr::Req.id(), 256),
+            ),
+        ),
+        (
+            "a REQ in an RC SEND to QP 1",
+            ud_send(
+                Opcode::RC_SEND_ONLY,
+                1,
+                &mad(MGMT_CLASS_CM, CmAttr::Req.id(), 256),
+            ),
+        ),
+        ("an RC SEND", send(&path_v4(Ecn::Ect0), 9, 300)),
+    ];
+    for (name, f) in &others {
+        let (v, out, delta) = p.run(f);
+        assert_eq!((v, &out), (TC_ACT_OK, f), "{name}");
+        assert_eq!(
+            delta,
+            roce(f.len(), &[("unselected", 1), ("passed", 1)]),
+            "{name}"
+        );
+    }
+    // Every CM message can be chosen by its attribute ID, from the shared table.
+    for a in CmAttr::ALL {
+        p.set(ImpairConfig {
+            drop: PROB_ONE,
+            mad_attr: u32::from(a.id()),
+            ..ImpairConfig::default()
+        });
+        let f = ud_send(Opcode::UD_SEND_ONLY, 1, &mad(MGMT_CLASS_CM, a.id(), 256));
+        assert_eq!(p.run(&f).0, TC_ACT_SHOT, "{}", a.name());
+    }
+}
+
+/// `--limit 2`: the first two packets that draw an impairment get it, every later one goes on
+/// untouched and is counted `over_limit`; new settings (the count zeroed) start it again. With
+/// a selector only chosen packets use the limit up.
+#[test]
+fn limit_impairs_at_most_n_packets() {
+    let mut p = Prog::new();
+    p.reset_limit();
+    p.set(ImpairConfig {
+        drop: PROB_ONE,
+        ce: PROB_ONE,
+        limit: 2,
+        ..ImpairConfig::default()
+    });
+    let f = send(&path_v4(Ecn::Ect0), 11, 64);
+    for i in 0..2 {
+        let (v, _, delta) = p.run(&f);
+        assert_eq!(v, TC_ACT_SHOT, "packet {i}");
+        assert_eq!(delta, roce(f.len(), &[("dropped", 1)]), "packet {i}");
+    }
+    for i in 2..5 {
+        let (v, out, delta) = p.run(&f);
+        assert_eq!(
+            (v, &out),
+            (TC_ACT_OK, &f),
+            "packet {i} is untouched, not even CE"
+        );
+        assert_eq!(
+            delta,
+            roce(f.len(), &[("over_limit", 1), ("passed", 1)]),
+            "packet {i}"
+        );
+    }
+    // The limit with a selector: a REP between the REQs uses none of it.
+    p.reset_limit();
+    p.set(ImpairConfig {
+        dup: PROB_ONE,
+        mad_attr: u32::from(CmAttr::Req.id()),
+        limit: 1,
+        ..ImpairConfig::default()
+    });
+    let req = ud_send(
+        Opcode::UD_SEND_ONLY,
+        1,
+        &mad(MGMT_CLASS_CM, CmAttr::Req.id(), 256),
+    );
+    let rep = ud_send(
+        Opcode::UD_SEND_ONLY,
+        1,
+        &mad(MGMT_CLASS_CM, CmAttr::Rep.id(), 256),
+    );
+    let (_, _, d) = p.run(&rep);
+    assert_eq!(d, roce(rep.len(), &[("unselected", 1), ("passed", 1)]));
+    let (_, _, d) = p.run(&req);
+    assert_eq!(d, roce(req.len(), &[("duplicated", 1), ("passed", 1)]));
+    let (_, _, d) = p.run(&req);
+    assert_eq!(d, roce(req.len(), &[("over_limit", 1), ("passed", 1)]));
 }

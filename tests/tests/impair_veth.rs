@@ -177,6 +177,7 @@ fn drop_half_then_change_live_then_off() {
         "ROCE_IMPAIR_STATS",
         "ROCE_IMPAIR_BOTTLENECK",
         "ROCE_IMPAIR_HELD",
+        "ROCE_IMPAIR_LIMIT",
     ] {
         assert!(
             impair_dir(&a.ifname).join(pin).exists(),

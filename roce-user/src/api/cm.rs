@@ -19,7 +19,7 @@ use std::time::Duration;
 use roce_common::maps::QpEntry;
 
 pub use crate::ibcm::{
-    CaGuid, CmStats, CommId, Event as CmEvent, PathMtu, PortSpace, RejReason, ServiceId,
+    CaGuid, CmStats, CommId, Event as CmEvent, IbaTime, PathMtu, PortSpace, RejReason, ServiceId,
     SidrStatus, State as CmState,
 };
 use crate::{
@@ -58,6 +58,13 @@ pub struct CmConnect {
     pub srq: bool,
     /// The consumer's private data, after the RDMA CM IP header (at most 56 bytes).
     pub private_data: Vec<u8>,
+    /// The CM response timeout of this connection (`ib_cm_req_param`'s): our REQ is resent,
+    /// and the peer resends its REP, every `2 × packet lifetime (1.07 s on RoCE) + this`.
+    /// `None`: RDMA CM's `CMA_CM_RESPONSE_TIMEOUT` (20, 4.3 s).
+    pub cm_response_timeout: Option<IbaTime>,
+    /// How many times the REQ (and the peer's REP) is resent before [`CmEvent::TimedOut`]
+    /// (4 bits). `None`: RDMA CM's `CMA_MAX_CM_RETRIES` (15).
+    pub max_cm_retries: Option<u8>,
 }
 
 impl CmConnect {
@@ -77,6 +84,8 @@ impl CmConnect {
             rnr_retry_count: 7,
             srq: false,
             private_data: Vec::new(),
+            cm_response_timeout: None,
+            max_cm_retries: None,
         }
     }
 }
@@ -246,6 +255,8 @@ impl Device {
             rnr_retry_count: c.rnr_retry_count,
             path_mtu: mtu,
             srq: c.srq,
+            cm_response_timeout: c.cm_response_timeout,
+            max_cm_retries: c.max_cm_retries,
             ..ConnectParams::rdma_cm(
                 (local, c.src_port).into(),
                 (c.dest, c.port).into(),

@@ -81,8 +81,8 @@ use crate::{
 use self::claims::lock_file;
 pub use self::{
     cm::{
-        CaGuid, CmAccept, CmConnect, CmEvent, CmState, CmStats, CommId, PathMtu, PortSpace,
-        RejReason, ServiceId, SidrStatus,
+        CaGuid, CmAccept, CmConnect, CmEvent, CmState, CmStats, CommId, IbaTime, PathMtu,
+        PortSpace, RejReason, ServiceId, SidrStatus,
     },
     cq::CqReady,
     error::ApiError,

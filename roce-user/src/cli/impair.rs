@@ -8,7 +8,7 @@ use roce::{
     impair::{self, Bottleneck, ImpairSettings},
     stats::{Section, Snapshot},
 };
-use roce_common::impair::ImpairStats;
+use roce_common::{impair::ImpairStats, mad::CmAttr};
 use serde_json::json;
 
 use super::Output;
@@ -18,19 +18,21 @@ use super::Output;
 #[command(
     after_help = "Examples:\n  roce impair -i veth0 --drop 0.01 --reorder 0.001\n  \
 roce impair -i veth0 --bottleneck 1gbit --kmin 10k --kmax 100k --pmax 0.01\n  \
+roce impair -i veth0 --mad req --drop 1 --limit 1    # drop exactly the next CM REQ\n  \
+roce impair -i veth0 --mad rtu --dup 1               # send every RTU twice\n  \
 roce impair -i veth0 --show -j\n  roce impair -i veth0 --off\n\n\
-Running it again on an attached interface replaces all settings at once (unset ones become 0);\n\
-counters go on. Pins: /sys/fs/bpf/roce-impair/<ifname>/ (bpftool map dump pinned .../ROCE_IMPAIR_STATS)."
+Running it again on an attached interface replaces all settings at once (unset ones become 0)\n\
+and starts the --limit count again; counters go on. Pins: /sys/fs/bpf/roce-impair/<ifname>/ (bpftool map dump pinned .../ROCE_IMPAIR_STATS)."
 )]
 pub struct ImpairArgs {
     /// Interface whose egress is impaired.
     #[arg(short, long)]
     pub iface: String,
     /// Detach roce_impair and remove its pins.
-    #[arg(long, conflicts_with_all = ["show", "drop", "dup", "reorder", "corrupt", "ce", "bottleneck"])]
+    #[arg(long, conflicts_with_all = ["show", "drop", "dup", "reorder", "corrupt", "ce", "bottleneck", "mad", "limit"])]
     pub off: bool,
     /// Show the settings and counters.
-    #[arg(long, conflicts_with_all = ["drop", "dup", "reorder", "corrupt", "ce", "bottleneck"])]
+    #[arg(long, conflicts_with_all = ["drop", "dup", "reorder", "corrupt", "ce", "bottleneck", "mad", "limit"])]
     pub show: bool,
     /// With --show: only counters that are not zero.
     #[arg(short = 'z', long, requires = "show")]
@@ -67,10 +69,44 @@ pub struct ImpairArgs {
     /// Bottleneck: drop packets past this backlog.
     #[arg(long, value_name = "BYTES", value_parser = parse_bytes, requires = "bottleneck")]
     pub max_backlog: Option<u64>,
+    /// Impair only the communication manager's MADs of one message: req, mra, rej, rep, rtu,
+    /// dreq, drep, sidr-req, sidr-rep, or an attribute ID (e.g. 0x19); a MAD is a UD SEND to
+    /// QP 1 of management class CM. Every other RoCE packet passes untouched (counted as
+    /// unselected). Default: every RoCE packet.
+    #[arg(long, value_name = "MSG", value_parser = parse_mad)]
+    pub mad: Option<u16>,
+    /// Impair at most N packets, then pass everything (counted as over_limit): with a
+    /// probability of 1, exactly the first N (chosen) packets. Not netem's queue limit.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(1..),
+          conflicts_with = "bottleneck")]
+    pub limit: Option<u64>,
     /// UDP destination port taken to be RoCE v2.
     #[arg(long, default_value_t = roce_common::ROCE_V2_UDP_PORT,
           value_parser = clap::value_parser!(u16).range(1..))]
     pub port: u16,
+}
+
+/// A CM message name (any case, `-` or `_` in the SIDR ones) or an attribute ID (decimal or
+/// 0x hex, above 0).
+fn parse_mad(s: &str) -> Result<u16, String> {
+    if let Some(a) = CmAttr::from_name(s) {
+        return Ok(a.id());
+    }
+    let n = match s.strip_prefix("0x").or_else(|| s.strip_prefix("0X")) {
+        Some(hex) => u16::from_str_radix(hex, 16),
+        None => s.parse(),
+    };
+    match n {
+        Ok(v) if v != 0 => Ok(v),
+        _ => Err(format!(
+            "{s:?} is no CM message: one of {} or an attribute ID above 0",
+            CmAttr::ALL
+                .iter()
+                .map(|a| a.name().to_ascii_lowercase().replace('_', "-"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        )),
+    }
 }
 
 fn parse_prob(s: &str) -> Result<f64, String> {
@@ -163,6 +199,8 @@ pub(crate) fn run(out: Output, a: &ImpairArgs) -> anyhow::Result<()> {
         corrupt: a.corrupt.unwrap_or(0.0),
         ce: a.ce.unwrap_or(0.0),
         bottleneck,
+        mad_attr: a.mad,
+        limit: a.limit.unwrap_or(0),
     };
     let r = impair::apply(&a.iface, &settings)?;
     let text = format!(
@@ -204,7 +242,16 @@ fn describe(s: &ImpairSettings) -> String {
     if parts.is_empty() {
         parts.push("nothing (count only)".into());
     }
+    if s.limit != 0 {
+        parts.push(format!("at most {} packets", s.limit));
+    }
     let mut t = parts.join(", ");
+    if let Some(id) = s.mad_attr {
+        let _ = match CmAttr::from_u16(id) {
+            Some(a) => write!(t, "; only CM {} MADs ({id:#06x})", a.name()),
+            None => write!(t, "; only CM MADs with attribute {id:#06x}"),
+        };
+    }
     let _ = write!(t, "; RoCE port {}", s.port);
     t
 }
@@ -222,11 +269,19 @@ fn show(out: Output, iface: &str, nonzero: bool) -> anyhow::Result<()> {
     let mut v = snap.to_json();
     v["settings"] = serde_json::to_value(s.settings)?;
     v["backlog_bytes"] = json!(s.backlog_bytes);
+    v["limit_used"] = json!(s.limit_used);
     v["prog_id"] = json!(s.prog_id);
     v["link_id"] = json!(s.link_id);
     let mut text = format!("roce_impair on {}: {}\n", iface, describe(&s.settings));
     if s.settings.bottleneck.is_some() {
         let _ = writeln!(text, "  virtual backlog now: {} bytes", s.backlog_bytes);
+    }
+    if s.settings.limit != 0 {
+        let _ = writeln!(
+            text,
+            "  impaired under the limit: {} of {}",
+            s.limit_used, s.settings.limit
+        );
     }
     text.push_str(&snap.to_text(nonzero));
     out.emit(&v, &text);
@@ -253,5 +308,12 @@ mod tests {
         assert!(parse_prob("1.01").is_err());
         assert!(parse_prob("-0").is_ok());
         assert!(parse_prob("x").is_err());
+        assert_eq!(parse_mad("req"), Ok(0x10));
+        assert_eq!(parse_mad("RTU"), Ok(0x14));
+        assert_eq!(parse_mad("sidr-req"), Ok(0x17));
+        assert_eq!(parse_mad("0x19"), Ok(0x19));
+        assert_eq!(parse_mad("18"), Ok(18));
+        assert!(parse_mad("0").is_err());
+        assert!(parse_mad("syn").unwrap_err().contains("sidr-rep"));
     }
 }

@@ -299,6 +299,15 @@ pub struct ConnectParams {
     pub flow_label: u32,
     /// Private data (RDMA CM: [`super::ip::CmaHdr`] then the consumer's; up to 92 bytes).
     pub private_data: Vec<u8>,
+    /// This connection's CM response timeout (`ib_cm_req_param`'s remote and local
+    /// `cm_response_timeout`): what we allow the peer to answer our REQ in, and announce for
+    /// our RTU, so both the REQ's and the peer's REP resends come every `2 × packet lifetime
+    /// + this` (IBTA 12.7.13, 12.7.27). `None`: [`CmConfig::cm_response_timeout`].
+    pub cm_response_timeout: Option<IbaTime>,
+    /// This connection's REQ resends before [`Event::TimedOut`], also announced in the REQ for
+    /// the peer's REP resends (`ib_cm_req_param.max_cm_retries`, 4 bits, IBTA 12.7.27).
+    /// `None`: [`CmConfig::max_cm_retries`].
+    pub max_cm_retries: Option<u8>,
 }
 
 impl ConnectParams {
@@ -338,6 +347,8 @@ impl ConnectParams {
                 dst: remote.ip(),
             }
             .with_user_data(user_data),
+            cm_response_timeout: None,
+            max_cm_retries: None,
         }
     }
 }
@@ -373,7 +384,8 @@ struct Conn {
     remote_ca_guid: Option<CaGuid>,
     remote_qpn: Option<Qpn>,
     local_qpn: Qpn,
-    /// Time the peer announced it needs to answer (its CM response timeout).
+    /// Time the peer has to answer our outstanding message: active, the REQ's remote CM
+    /// response timeout; passive, the local one the peer announced in its REQ.
     peer_response: IbaTime,
     max_retries: u8,
     /// The message awaiting an answer, resent on timeout.
@@ -607,6 +619,10 @@ impl Cm {
     /// # Errors
     /// Private data longer than 92 bytes, or a full connection table.
     pub fn connect(&mut self, now: Instant, p: &ConnectParams) -> Result<CommId, CmError> {
+        let response = p
+            .cm_response_timeout
+            .unwrap_or(self.config.cm_response_timeout);
+        let retries = p.max_cm_retries.unwrap_or(self.config.max_cm_retries) & 0xf;
         let id = self.alloc_id()?;
         let tid = self.alloc_tid();
         let path = ReqPath {
@@ -633,17 +649,17 @@ impl Cm {
             local_eecn: 0,
             initiator_depth: p.initiator_depth,
             remote_eecn: 0,
-            remote_cm_response_timeout: self.config.cm_response_timeout,
+            remote_cm_response_timeout: response,
             transport: TransportType::Rc,
             e2e_flow_control: false,
             starting_psn: p.starting_psn,
-            local_cm_response_timeout: self.config.cm_response_timeout,
+            local_cm_response_timeout: response,
             retry_count: p.retry_count & 7,
             pkey: p.pkey,
             path_mtu: p.path_mtu,
             rdc_exists: false,
             rnr_retry_count: p.rnr_retry_count & 7,
-            max_cm_retries: self.config.max_cm_retries & 0xf,
+            max_cm_retries: retries,
             srq: p.srq,
             primary: path,
             alternate: ReqPath::default(),
@@ -651,9 +667,7 @@ impl Cm {
             private_data: p.private_data.clone(),
         };
         let mad = self.send(p.remote, &CmMad::new(tid, CmMsg::Req(Box::new(req))))?;
-        let wait = self
-            .config
-            .retransmit_after(self.config.cm_response_timeout);
+        let wait = self.config.retransmit_after(response);
         self.conns.insert(
             id,
             Conn {
@@ -664,10 +678,10 @@ impl Cm {
                 remote_ca_guid: None,
                 remote_qpn: None,
                 local_qpn: p.qpn,
-                peer_response: self.config.cm_response_timeout,
-                max_retries: self.config.max_cm_retries,
+                peer_response: response,
+                max_retries: retries,
                 outstanding: Some(mad),
-                retries_left: self.config.max_cm_retries,
+                retries_left: retries,
                 deadline: None,
                 last_response: None,
                 service_id: p.service_id,
@@ -1565,13 +1579,10 @@ impl Cm {
                 self.events.push_back(Event::TimeWaitExit { id });
                 continue;
             }
-            let wait = match c.state {
-                // Our own REQ: we assume the peer answers within our configured time.
-                State::ReqSent | State::MraReqRcvd => self
-                    .config
-                    .retransmit_after(self.config.cm_response_timeout),
-                _ => life2 + c.peer_response.duration(),
-            };
+            // Our own REQ: the peer answers within the time our REQ allowed it (its remote CM
+            // response timeout); our REP: the peer sends the RTU within the time its REQ
+            // announced (local CM response timeout). Both are `peer_response`.
+            let wait = life2 + c.peer_response.duration();
             if c.retries_left > 0
                 && let Some(m) = c.outstanding.clone()
             {

@@ -20,17 +20,12 @@ use std::net::{IpAddr, Ipv6Addr};
 
 use crate::wire::{PKey, Psn, QKey, Qpn};
 
-/// Length of a MAD (IBTA 13.4.1: every MAD is 256 bytes).
-pub const MAD_LEN: usize = 256;
-/// Length of the common MAD header (IBTA 13.4.2, `struct ib_mad_hdr`).
-pub const MAD_HDR_LEN: usize = 24;
+pub use roce_common::mad::{MAD_HDR_LEN, MAD_LEN, MGMT_CLASS_CM};
 /// Length of the CM attribute data that follows the header.
 pub const CM_DATA_LEN: usize = MAD_LEN - MAD_HDR_LEN;
 
 /// `BaseVersion` of every MAD (IBTA 13.4.2, `IB_MGMT_BASE_VERSION`).
 pub const BASE_VERSION: u8 = 1;
-/// `MgmtClass` of the communication manager (IBTA 13.4.4, `IB_MGMT_CLASS_CM`).
-pub const MGMT_CLASS_CM: u8 = 0x07;
 /// `ClassVersion` the CM speaks (IBTA 12.11.1; `IB_CM_CLASS_VERSION` in cm_msgs.h).
 pub const CM_CLASS_VERSION: u8 = 2;
 /// `Method` of every CM message: CM messages are unsolicited SENDs (IBTA 12.11.1,
@@ -195,50 +190,22 @@ impl fmt::Debug for Gid {
     }
 }
 
-/// The CM attribute IDs (IBTA 12.11.2 Table 123; `CM_*_ATTR_ID` in cm_msgs.h).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
-#[repr(u16)]
-pub enum AttrId {
-    /// Connection request (12.6.5).
-    Req = 0x0010,
-    /// Message receipt acknowledgement (12.6.6).
-    Mra = 0x0011,
-    /// Reject (12.6.7).
-    Rej = 0x0012,
-    /// Reply to a REQ (12.6.8).
-    Rep = 0x0013,
-    /// Ready to use (12.6.9).
-    Rtu = 0x0014,
-    /// Disconnection request (12.6.10).
-    Dreq = 0x0015,
-    /// Disconnection reply (12.6.11).
-    Drep = 0x0016,
-    /// Service ID resolution request (12.11, Table 119).
-    SidrReq = 0x0017,
-    /// Service ID resolution reply (12.11, Table 120).
-    SidrRep = 0x0018,
-}
+/// The CM attribute IDs (IBTA 12.11.2 Table 123; `CM_*_ATTR_ID` in cm_msgs.h): the table in
+/// `roce_common::mad`, which `roce_impair`'s `--mad` selector reads too.
+pub use roce_common::mad::CmAttr as AttrId;
 
-impl AttrId {
-    /// The attribute for an ID; LAP (0x19), APR (0x1A) and ClassPortInfo (0x01) are CM
-    /// attributes we do not implement.
-    ///
-    /// # Errors
-    /// [`MadError::UnsupportedAttribute`] or [`MadError::UnknownAttribute`].
-    pub const fn from_u16(v: u16) -> Result<Self, MadError> {
-        Ok(match v {
-            0x10 => Self::Req,
-            0x11 => Self::Mra,
-            0x12 => Self::Rej,
-            0x13 => Self::Rep,
-            0x14 => Self::Rtu,
-            0x15 => Self::Dreq,
-            0x16 => Self::Drep,
-            0x17 => Self::SidrReq,
-            0x18 => Self::SidrRep,
-            0x01 | 0x19 | 0x1a => return Err(MadError::UnsupportedAttribute(v)),
-            _ => return Err(MadError::UnknownAttribute(v)),
-        })
+/// The attribute for an ID as [`CmMad::decode_hdr`] takes it: LAP (0x19), APR (0x1A) and
+/// ClassPortInfo (0x01) are CM attributes we do not implement, anything else is no CM message.
+///
+/// # Errors
+/// [`MadError::UnsupportedAttribute`] or [`MadError::UnknownAttribute`].
+pub fn attr_id(v: u16) -> Result<AttrId, MadError> {
+    match AttrId::from_u16(v) {
+        Some(a) => Ok(a),
+        None if roce_common::mad::CM_ATTRS_UNSUPPORTED.contains(&v) => {
+            Err(MadError::UnsupportedAttribute(v))
+        }
+        None => Err(MadError::UnknownAttribute(v)),
     }
 }
 
@@ -797,17 +764,7 @@ impl CmMsg {
     /// The message's name as the kernel's CM counters spell it.
     #[must_use]
     pub const fn name(&self) -> &'static str {
-        match self {
-            Self::Req(_) => "REQ",
-            Self::Mra(_) => "MRA",
-            Self::Rej(_) => "REJ",
-            Self::Rep(_) => "REP",
-            Self::Rtu(_) => "RTU",
-            Self::Dreq(_) => "DREQ",
-            Self::Drep(_) => "DREP",
-            Self::SidrReq(_) => "SIDR_REQ",
-            Self::SidrRep(_) => "SIDR_REP",
-        }
+        self.attr_id().name()
     }
 
     fn decode_data(attr: AttrId, d: &[u8]) -> Result<Self, MadError> {
@@ -1152,7 +1109,7 @@ impl CmMad {
         Ok(MadHdr {
             status: r.u16(4),
             tid: Tid(r.u64(8)),
-            attr_id: AttrId::from_u16(r.u16(16))?,
+            attr_id: attr_id(r.u16(16))?,
             attr_mod: r.u32(20),
         })
     }

@@ -698,6 +698,46 @@ fn unanswered_req_times_out_after_max_retries() {
     assert_eq!(p.a.poll_timeout(), None);
 }
 
+/// A connection's own response timeout and retry count (`ib_cm_req_param`'s) rule its REQ
+/// resends and travel in the REQ, so the passive side resends its REP by them too.
+#[test]
+fn a_connection_sets_its_own_response_timeout_and_retries() {
+    let mut p = Pair::new();
+    let mut c = connect_params(0x11);
+    c.cm_response_timeout = Some(IbaTime::new(16));
+    c.max_cm_retries = Some(2);
+    let a = p.a.connect(p.now, &c).unwrap();
+    let every = IbaTime::new(18).duration() * 2 + IbaTime::new(16).duration();
+    assert_eq!(p.a.poll_timeout(), Some(p.now + every));
+    // The REQ reaches B, which accepts; every REP is lost, so B resends it by the REQ's
+    // fields and A resends its REQ by its own, each twice, then both give up.
+    p.pump();
+    let b = match Pair::events(&mut p.b).as_slice() {
+        [Event::ConnectRequest { id, req, .. }] => {
+            assert_eq!(req.local_cm_response_timeout, IbaTime::new(16));
+            assert_eq!(req.remote_cm_response_timeout, IbaTime::new(16));
+            assert_eq!(req.max_cm_retries, 2);
+            *id
+        }
+        e => panic!("{e:?}"),
+    };
+    p.b.accept(p.now, b, &accept_params()).unwrap();
+    p.pump_lossy(|from_a, _| !from_a);
+    let start = p.now;
+    while p.a.state(a).is_some() || p.b.state(b).is_some() {
+        p.tick();
+        p.pump_lossy(|from_a, _| !from_a);
+        assert!(
+            p.now.saturating_duration_since(start) < every * 4,
+            "still connecting at {:?}",
+            p.now
+        );
+    }
+    assert_eq!(p.sent(true, AttrId::Req), 3, "one REQ and 2 resends");
+    assert!(Pair::events(&mut p.a).contains(&Event::TimedOut { id: a }));
+    assert_eq!(p.a.connections(), 0);
+}
+
 #[test]
 fn disconnect_goes_through_timewait_to_idle() {
     let mut p = Pair::new();

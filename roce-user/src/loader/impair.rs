@@ -7,7 +7,7 @@
 //! `/sys/fs/bpf/roce-impair/<ifname>/` (a sibling of roce_xdp's `/sys/fs/bpf/roce/<ifname>/`,
 //! not a subdirectory: `roce unload` clears that directory file by file, and `roce status`
 //! lists it): `link`, `ROCE_IMPAIR_CONFIG`, `ROCE_IMPAIR_STATS`, `ROCE_IMPAIR_BOTTLENECK`,
-//! `ROCE_IMPAIR_HELD`, `ROCE_LOG_LEVEL` (its log switch, see `super::log`). `bpftool map dump pinned .../ROCE_IMPAIR_STATS` shows the counters by name.
+//! `ROCE_IMPAIR_HELD`, `ROCE_IMPAIR_LIMIT`, `ROCE_LOG_LEVEL` (its log switch, see `super::log`). `bpftool map dump pinned .../ROCE_IMPAIR_STATS` shows the counters by name.
 //!
 //! This is an I/O edge: it talks to the kernel through aya.
 
@@ -21,8 +21,9 @@ use aya::{
 use roce_common::{
     ROCE_V2_UDP_PORT,
     impair::{
-        BottleneckState, ImpairConfig, ImpairStats, MAP_IMPAIR_BOTTLENECK, MAP_IMPAIR_CONFIG,
-        MAP_IMPAIR_HELD, MAP_IMPAIR_STATS, PROG_ROCE_IMPAIR, prob_from_fixed, prob_to_fixed,
+        BottleneckState, ImpairConfig, ImpairStats, LimitState, MAP_IMPAIR_BOTTLENECK,
+        MAP_IMPAIR_CONFIG, MAP_IMPAIR_HELD, MAP_IMPAIR_LIMIT, MAP_IMPAIR_STATS, PROG_ROCE_IMPAIR,
+        prob_from_fixed, prob_to_fixed,
     },
     log::MAP_LOG_LEVEL,
 };
@@ -138,6 +139,12 @@ pub struct ImpairSettings {
     pub ce: f64,
     /// A bottleneck.
     pub bottleneck: Option<Bottleneck>,
+    /// Only CM MADs with this attribute ID are impaired (`roce_common::mad::CmAttr`); `None`:
+    /// every RoCE packet.
+    pub mad_attr: Option<u16>,
+    /// At most this many packets are impaired (then everything passes); 0: no limit. The
+    /// count starts again whenever the settings are written.
+    pub limit: u64,
 }
 
 impl Default for ImpairSettings {
@@ -150,6 +157,8 @@ impl Default for ImpairSettings {
             corrupt: 0.0,
             ce: 0.0,
             bottleneck: None,
+            mad_attr: None,
+            limit: 0,
         }
     }
 }
@@ -172,6 +181,11 @@ impl ImpairSettings {
         if self.port == 0 {
             return Err(ImpairError::Invalid("--port 0".into()));
         }
+        if self.mad_attr == Some(0) {
+            return Err(ImpairError::Invalid(
+                "--mad 0: a CM attribute ID is above 0".into(),
+            ));
+        }
         let mut c = ImpairConfig {
             port: u32::from(self.port),
             drop: prob("drop", self.drop)?,
@@ -179,6 +193,8 @@ impl ImpairSettings {
             reorder: prob("reorder", self.reorder)?,
             corrupt: prob("corrupt", self.corrupt)?,
             ce: prob("ce", self.ce)?,
+            mad_attr: u32::from(self.mad_attr.unwrap_or(0)),
+            limit: self.limit,
             ..ImpairConfig::default()
         };
         if let Some(b) = self.bottleneck {
@@ -229,6 +245,8 @@ impl ImpairSettings {
                 pmax: prob_from_fixed(c.pmax),
                 max_backlog_bytes: c.max_backlog_bytes,
             }),
+            mad_attr: u16::try_from(c.mad_attr).ok().filter(|a| *a != 0),
+            limit: c.limit,
         }
     }
 }
@@ -260,8 +278,8 @@ fn open_map(dir: &Path, ifname: &str, name: &str) -> Result<aya::maps::Map, Impa
 }
 
 /// Attaches roce_impair to `ifname`'s egress with `settings`, or, when it is attached already,
-/// changes its settings in place (packets in flight see the new ones at once; counters go on).
-/// On a failed attach nothing is left behind.
+/// changes its settings in place (packets in flight see the new ones at once; counters go on,
+/// the count under `settings.limit` starts again). On a failed attach nothing is left behind.
 ///
 /// # Errors
 /// Not root, no such interface, bad settings, no eBPF object, verifier or pin failures.
@@ -271,6 +289,9 @@ pub fn apply(ifname: &str, settings: &ImpairSettings) -> Result<ApplyReport, Imp
     let config = settings.to_config()?;
     let dir = pin_dir(ifname);
     if dir.join(PIN_LINK).exists() {
+        let mut used: Array<_, LimitState> =
+            Array::try_from(open_map(&dir, ifname, MAP_IMPAIR_LIMIT)?)?;
+        used.set(0, LimitState::default(), 0)?;
         let mut arr: Array<_, ImpairConfig> =
             Array::try_from(open_map(&dir, ifname, MAP_IMPAIR_CONFIG)?)?;
         arr.set(0, config, 0)?;
@@ -314,6 +335,7 @@ fn attach(ifname: &str, config: ImpairConfig, dir: &Path) -> Result<(u32, u32), 
         MAP_IMPAIR_STATS,
         MAP_IMPAIR_BOTTLENECK,
         MAP_IMPAIR_HELD,
+        MAP_IMPAIR_LIMIT,
         MAP_LOG_LEVEL,
     ] {
         let map = ebpf.map(name).ok_or(LoadError::Missing(name))?;
@@ -378,6 +400,8 @@ pub struct ImpairShow {
     pub settings: ImpairSettings,
     /// Virtual backlog of the bottleneck now, bytes (0 without one).
     pub backlog_bytes: u64,
+    /// Packets impaired under `settings.limit` since the settings were written.
+    pub limit_used: u64,
     /// Counters summed over CPUs.
     #[serde(skip)]
     pub stats: ImpairStats,
@@ -410,6 +434,8 @@ pub fn show(ifname: &str) -> Result<ImpairShow, ImpairError> {
     } else {
         0
     };
+    let used: Array<_, LimitState> = Array::try_from(open_map(&dir, ifname, MAP_IMPAIR_LIMIT)?)?;
+    let limit_used = used.get(&0, 0)?.used;
     let (prog_id, link_id) = pins::link_ids(&dir);
     Ok(ImpairShow {
         ifname: ifname.to_owned(),
@@ -417,6 +443,7 @@ pub fn show(ifname: &str) -> Result<ImpairShow, ImpairError> {
         link_id,
         settings: ImpairSettings::from_config(&cfg),
         backlog_bytes,
+        limit_used,
         stats: total,
     })
 }
@@ -433,9 +460,12 @@ mod tests {
             drop: 0.5,
             ce: 1.0,
             bottleneck: Some(Bottleneck::at(1_000_000_000)),
+            mad_attr: Some(roce_common::mad::CmAttr::Rtu.id()),
+            limit: 3,
             ..ImpairSettings::default()
         };
         let c = s.to_config().unwrap();
+        assert_eq!((c.mad_attr, c.limit), (0x14, 3));
         assert_eq!(c.drop, 1 << 31);
         assert_eq!(c.ce, PROB_ONE);
         assert_eq!(c.port, 4791);
@@ -463,6 +493,11 @@ mod tests {
             ..ImpairSettings::default()
         };
         assert!(bad.to_config().is_err());
+        let bad = ImpairSettings {
+            mad_attr: Some(0),
+            ..ImpairSettings::default()
+        };
+        assert!(bad.to_config().unwrap_err().to_string().contains("--mad 0"));
         assert_eq!(ImpairConfig::ps_per_byte_at(100_000_000_000_000), 1);
     }
 }
