@@ -580,5 +580,5 @@ fn selective_repeat_resends_a_fifth_of_go_back_n_at_1_percent_loss() {
             resent[0]
         );
     }
-    drop(s.guard);
+    drop(s);
 }
