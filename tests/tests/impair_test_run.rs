@@ -533,8 +533,9 @@ fn bottleneck_marks_above_kmin_and_drops_past_the_buffer() {
     let mut p = Prog::new();
     let f = send(&path_v4(Ecn::Ect0), 20, 900);
     let len = f.len() as u64;
-    // 8 Mb/s: one byte per microsecond, so the backlog drains by only a few bytes between runs.
-    let rate = 8_000_000;
+    // 32 kb/s: one byte per 250 µs, so the backlog drains by only a few bytes between runs,
+    // and by less than half a packet even when a loaded machine stalls the test for 100 ms.
+    let rate = 32_000;
     p.set(ImpairConfig {
         rate_bps: rate,
         ps_per_byte: ImpairConfig::ps_per_byte_at(rate),
@@ -570,8 +571,8 @@ fn bottleneck_marks_above_kmin_and_drops_past_the_buffer() {
             assert_eq!(delta, roce(f.len(), &[("bottleneck_dropped", 1)]));
         }
     }
-    // After the queue has drained (4 L bytes at 1 byte/µs), a packet passes unmarked.
-    thread::sleep(Duration::from_micros(4 * len + 2000));
+    // After the queue has drained (4 L bytes at 1 byte per 250 µs), a packet passes unmarked.
+    thread::sleep(Duration::from_micros(250 * (4 * len) + 2000));
     let (v, out, _) = p.run(&f);
     assert_eq!((v, out[ETH + 1] & 3), (TC_ACT_OK, 2));
 }
