@@ -97,6 +97,20 @@ fn tool(op: Op, size: u32, qps: u32, port: u16) -> String {
 }
 
 fn scenario(h: &Harness<'_>, op: Op, size: u32, qps: u32, guest_server: bool, port: u16) -> Row {
+    scenario_with(h, (op, size, qps), guest_server, port, false)
+}
+
+/// [`scenario`], with our side offering the multipath extension (`roce perf --multipath`)
+/// when `multipath`: rxe never offers it back, so every packet must still be plain RoCE v2
+/// (the capture's checks) but for the offer bit, and no SACK, selective resend or
+/// out-of-order placement may happen (our counters).
+fn scenario_with(
+    h: &Harness<'_>,
+    (op, size, qps): (Op, u32, u32),
+    guest_server: bool,
+    port: u16,
+    multipath: bool,
+) -> Row {
     let p = h.peer;
     let n = iters(op, size);
     let tool = tool(op, size, qps, port);
@@ -120,10 +134,14 @@ fn scenario(h: &Harness<'_>, op: Op, size: u32, qps: u32, guest_server: bool, po
     if !matches!(op, Op::Atomic) {
         ours.extend(["-s".into(), size.to_string()]);
     }
+    if multipath {
+        ours.push("--multipath".into());
+    }
     let name = format!(
-        "ib_{}_bw-server_{}-s{size}-q{qps}",
+        "ib_{}_bw-server_{}-s{size}-q{qps}{}",
         op.name(),
-        if guest_server { "rxe" } else { "roce" }
+        if guest_server { "rxe" } else { "roce" },
+        if multipath { "-multipath" } else { "" }
     );
     let roles = if guest_server {
         ours.push(p.guest_ip.to_string());
@@ -144,6 +162,16 @@ fn scenario(h: &Harness<'_>, op: Op, size: u32, qps: u32, guest_server: bool, po
                 "roce perf reports {} messages, want {want}",
                 v["messages"]
             ));
+        }
+    }
+    if multipath {
+        for c in ["sack_received", "selective_retransmits", "ooo_placed"] {
+            let n = report.ours_ctr.get(c).copied().unwrap_or(0);
+            if n != 0 {
+                report
+                    .failures
+                    .push(format!("{c} {n}: the extension turned on towards rxe"));
+            }
         }
     }
     match rxe::perftest_bw_line(&report.guest.out) {
@@ -215,8 +243,13 @@ fn table(rows: &[Row], reference: &References) -> String {
         };
         let _ = writeln!(
             s,
-            "| ib_{}_bw | {} | {} | {} | {} | {} | {} | {} | {} | {ratio} | {}/{} | {} |",
+            "| ib_{}_bw{} | {} | {} | {} | {} | {} | {} | {} | {} | {ratio} | {}/{} | {} |",
             r.op.name(),
+            if r.report.name.ends_with("-multipath") {
+                " (roce --multipath)"
+            } else {
+                ""
+            },
             r.server,
             if r.server == "rxe" { "roce" } else { "rxe" },
             r.qps,
@@ -644,6 +677,22 @@ fn perftest_bandwidth_both_directions() {
                 }
             }
         }
+    }
+    // Our side offering the multipath extension (issue 19): rxe ignores the reserved BTH bit,
+    // so the same tools run as plain RoCE v2 (these rows share the references above).
+    for (op, size, guest_server) in [
+        (Op::Write, 65536, true),
+        (Op::Write, 65536, false),
+        (Op::Read, 65536, true),
+        (Op::Send, 65536, false),
+        (Op::Atomic, 8, true),
+    ] {
+        port += 1;
+        let name = format!("-multipath {}", op.name());
+        if !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str())) {
+            continue;
+        }
+        rows.push(scenario_with(&h, (op, size, 1), guest_server, port, true));
     }
     let matrix_secs = started.elapsed().as_secs_f64();
     // Debian's perftest on our side, on the drop-in library, against rxe's: both directions.
