@@ -628,6 +628,14 @@ impl Qp {
         if d == RxDecision::Drop {
             self.counters.rx_dropped += 1;
         }
+        // The peer stopped offering (it lost its state, or answers as a plain QP now):
+        // selective repeat ends at once and everything not yet acknowledged goes again from
+        // the oldest, plain (docs/multipath.md, "Falling back"), so that no trailer reaches a
+        // peer that would take it for data.
+        if !self.mp.is_on() && self.mp_tx.is_some() {
+            self.mp_tx = None;
+            self.go_back(self.comp_psn);
+        }
         d
     }
 

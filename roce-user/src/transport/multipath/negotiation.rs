@@ -1,8 +1,12 @@
 //! The in-band agreement on the extension (docs/multipath.md, "Agreeing on the extension"):
 //! one state per QP, driven by the BTH `resv7` bits of the packets it receives and by the
 //! NAKs its requester gets. Sans-I/O; each QP holds one (`Qp::mp`, driven from
-//! `Device::handle_decoded_at` and `Device::transmit_qp`). [`Negotiation::on_nak`] is not
-//! called yet (docs/multipath.md, step 2, what remains).
+//! `Device::handle_decoded_at` and `Device::transmit_qp`). The QPs fall back on the bits
+//! alone: a packet without `OFFER` from a peer that was on ([`Negotiation::on_receive`]; the
+//! QP then ends selective repeat and goes back N, plain). [`Negotiation::on_nak`] is not
+//! called by them: a sequence error NAK also comes, by design, from a peer that is still on
+//! (its in-order path answers a plain message or a resend after an RNR wait), which the
+//! simulator's proptests showed when it was tried.
 
 use crate::wire::{NakCode, multipath::MpBthFlags};
 

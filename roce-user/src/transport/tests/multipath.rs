@@ -565,6 +565,72 @@ fn an_ack_with_a_sack_trailer_completes_what_it_covers() {
     assert_eq!(h.d.qp(h.qpn).unwrap().multipath(), MpState::On);
 }
 
+/// A NAK without the offer bit while selective repeat runs (a responder that answers as a
+/// plain QP again: it lost its state) turns the extension off for good: the requester goes
+/// back N from the NAK's PSN with plain packets (no trailer, no TRAILER bit), and plain ACKs
+/// complete every WR. A sequence error NAK that still offers (a loss in the first, plain
+/// window) changes nothing.
+#[test]
+fn a_sequence_error_nak_in_selective_repeat_falls_back_to_plain_go_back_n() {
+    let mut h = h_mp();
+    // A sequence error in the first, plain window: not a reason to fall back.
+    h.post(1, SendOp::Send, 0, 100);
+    assert_eq!(h.tx().len(), 1);
+    let mut nak = aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, Nak(PsnSequenceError), 0);
+    nak.bth.resv7 = MpBthFlags::OFFER.bits();
+    h.rx(nak, &[]);
+    assert_eq!(h.d.qp(h.qpn).unwrap().multipath(), MpState::On);
+    let resent = h.tx();
+    assert_eq!(resent.len(), 1, "the plain window goes back N");
+    // The peer answers with a SACK: selective repeat from the next WR on.
+    let mut ack = aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, ACK, 1);
+    ack.bth.resv7 = MpBthFlags::OFFER_TRAILER.bits();
+    let sack = crate::wire::multipath::SackTrailer {
+        bitmap: crate::wire::multipath::SackBitmap(0),
+        held: 0,
+    };
+    h.rx(ack, &sack.to_bytes());
+    assert_eq!(h.wcs().len(), 1);
+    for id in 2..=4 {
+        h.post(id, SendOp::Send, 0, 100);
+    }
+    let sent = h.tx();
+    assert_eq!(sent.len(), 3);
+    assert!(
+        sent.iter()
+            .all(|(r, _)| r.bth.resv7 == MpBthFlags::OFFER_TRAILER.bits()),
+        "selective repeat sends trailers"
+    );
+    // The responder lost its state: a plain sequence error NAK (resv7 0) at the second.
+    let nak = aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 2, Nak(PsnSequenceError), 2);
+    h.rx(nak, &[]);
+    assert_eq!(h.d.qp(h.qpn).unwrap().multipath(), MpState::FellBack);
+    assert_eq!(
+        h.wcs().len(),
+        1,
+        "the NAK acknowledged the WR before its PSN"
+    );
+    let resent = h.tx();
+    let psns: Vec<u32> = resent.iter().map(|(r, _)| r.bth.psn.value()).collect();
+    assert_eq!(psns, vec![SQ_PSN + 2, SQ_PSN + 3], "go back N from the NAK");
+    for (r, payload) in &resent {
+        assert_eq!(
+            r.bth.resv7 & MpBthFlags::TRAILER.bits(),
+            0,
+            "no trailer after the fall-back"
+        );
+        assert_eq!(payload.len(), 100, "plain payload");
+    }
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 3, ACK, 4), &[]);
+    let wcs = h.wcs();
+    assert_eq!(wcs.iter().map(|w| w.wr_id).collect::<Vec<_>>(), vec![3, 4]);
+    assert!(wcs.iter().all(|w| w.status == WcStatus::Success));
+    // And it stays off: new WRs go plain.
+    h.post(5, SendOp::Send, 0, 100);
+    let sent = h.tx();
+    assert_eq!(sent[0].0.bth.resv7 & MpBthFlags::TRAILER.bits(), 0);
+}
+
 /// The in-order responder and the reassembly never share a message: in the middle of a plain
 /// message, a trailer beyond the expected PSN is dropped and one at it goes through the
 /// in-order responder (its trailer set aside); a plain packet while the reassembly holds
