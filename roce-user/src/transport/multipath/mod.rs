@@ -9,20 +9,24 @@
 //!   each packet placed exactly once, completions in PSN order, the SACK to send.
 //! - [`SelectiveRepeat`] (sender, one per QP): per-packet state of the window, which PSNs to
 //!   resend (only missing ones, after a reordering tolerance or a timeout), the window bounded
-//!   by the bandwidth-delay product.
+//!   by the bandwidth-delay product, and the fate of each sprayed packet's entropy.
+//! - [`Entropies`] (sender, one per spraying QP): the UDP source ports its packets take,
+//!   recycled when acknowledged and retired when lost (REPS).
 //!
 //! Why here: the codecs of the trailers these use are wire formats and live with the other
 //! headers in [`crate::wire::multipath`]; the state that reads them is transport state and
 //! lives beside the QPs that own it (the import graph runs transport -> wire).
 //! The simulator's several paths are in [`super::sim`] ([`super::sim::Pair::set_paths`]).
 
+mod entropy;
 mod negotiation;
 mod reassembly;
 mod selective;
 
+pub use entropy::{Entropies, EntropyConfig, EntropyCounters};
 pub use negotiation::{MpState, Negotiation, RxDecision};
 pub use reassembly::{Arrival, Completion, Reassembly, ReassemblyCounters};
-pub use selective::{SelectiveRepeat, SrConfig, SrCounters, bdp_window};
+pub use selective::{PathEvent, SelectiveRepeat, SrConfig, SrCounters, bdp_window};
 
 #[cfg(test)]
 mod tests;

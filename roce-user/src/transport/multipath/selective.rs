@@ -17,7 +17,10 @@ use std::collections::VecDeque;
 
 use crate::{
     time::Instant,
-    wire::{Psn, multipath::SackTrailer},
+    wire::{
+        Psn,
+        multipath::{Entropy, SackTrailer},
+    },
 };
 
 /// The knobs of selective repeat.
@@ -84,7 +87,12 @@ struct Pkt {
     acked: bool,
     /// Declared lost and queued in `lost`, not yet resent.
     lost: bool,
+    /// The entropy its latest transmission took, when sprayed ([`SelectiveRepeat::set_entropy`]).
+    entropy: Option<Entropy>,
 }
+
+/// What a sprayed packet's fate says about its entropy: acknowledged (`true`) or lost.
+pub type PathEvent = (Entropy, bool);
 
 /// The per-QP selective-repeat state of the sender.
 #[derive(Clone, Debug)]
@@ -100,6 +108,8 @@ pub struct SelectiveRepeat {
     rack_stamp: u64,
     /// PSNs declared lost and not yet resent, in the order found.
     lost: VecDeque<Psn>,
+    /// The fates of sprayed packets not yet taken by [`Self::path_events`].
+    events: Vec<PathEvent>,
     counters: SrCounters,
 }
 
@@ -119,6 +129,7 @@ impl SelectiveRepeat {
             next_stamp: 1,
             rack_stamp: 0,
             lost: VecDeque::new(),
+            events: Vec::new(),
             counters: SrCounters::default(),
         }
     }
@@ -172,6 +183,7 @@ impl SelectiveRepeat {
             stamp,
             acked: false,
             lost: false,
+            entropy: None,
         });
         Some(psn)
     }
@@ -198,11 +210,15 @@ impl SelectiveRepeat {
             self.counters.sack_received += 1;
         }
         let mut newly = 0;
+        let events = &mut self.events;
         let mut mark = |p: &mut Pkt, rack: &mut u64| {
             if !p.acked {
                 p.acked = true;
                 newly += 1;
                 *rack = (*rack).max(p.stamp);
+                if let Some(e) = p.entropy {
+                    events.push((e, true));
+                }
             }
         };
         if d > 0 {
@@ -238,6 +254,9 @@ impl SelectiveRepeat {
             if !p.acked && !p.lost && p.stamp <= limit {
                 p.lost = true;
                 self.lost.push_back(self.base.wrapping_add(i as u32));
+                if let Some(e) = p.entropy {
+                    self.events.push((e, false));
+                }
             }
         }
     }
@@ -261,6 +280,9 @@ impl SelectiveRepeat {
                 p.lost = true;
                 self.counters.timeouts += 1;
                 self.lost.push_back(self.base.wrapping_add(i as u32));
+                if let Some(e) = p.entropy {
+                    self.events.push((e, false));
+                }
             }
         }
     }
@@ -276,6 +298,9 @@ impl SelectiveRepeat {
                 p.lost = true;
                 self.counters.timeouts += 1;
                 self.lost.push_back(self.base.wrapping_add(i as u32));
+                if let Some(e) = p.entropy {
+                    self.events.push((e, false));
+                }
             }
         }
     }
@@ -305,6 +330,36 @@ impl SelectiveRepeat {
             return Some(psn);
         }
         None
+    }
+
+    /// Records that the latest transmission of `psn` took entropy `e`. Call it for every
+    /// sprayed packet, new or resent, once [`Self::on_send`] or [`Self::poll_retransmit`]
+    /// named it; its fate then comes out of [`Self::path_events`].
+    pub fn set_entropy(&mut self, psn: Psn, e: Entropy) {
+        let i = psn.distance(self.base);
+        if i >= 0
+            && let Some(p) = self.pkts.get_mut(i as usize)
+        {
+            p.entropy = Some(e);
+        }
+    }
+
+    /// The entropy the latest transmission of `psn` took, if it was sprayed and is in the
+    /// window.
+    #[must_use]
+    pub fn entropy_of(&self, psn: Psn) -> Option<Entropy> {
+        let i = psn.distance(self.base);
+        if i < 0 {
+            return None;
+        }
+        self.pkts.get(i as usize)?.entropy
+    }
+
+    /// The fates of sprayed packets since the last call, oldest first: each packet's entropy
+    /// with `true` when it was acknowledged, `false` when declared lost. Call it after every
+    /// ACK and timeout and feed them to [`super::Entropies`].
+    pub fn path_events(&mut self) -> std::vec::Drain<'_, PathEvent> {
+        self.events.drain(..)
     }
 
     /// Whether `psn` is in the window and acknowledged (by the cumulative PSN it would have
