@@ -484,6 +484,7 @@ impl Device {
             shards: Arc::clone(&shards),
             pins: pins.clone(),
             bind_modes: bind_modes.clone(),
+            writing: Arc::new(Mutex::new(())),
         };
         let qpns = Arc::new(Mutex::new(Vec::new()));
         let live_id = register_live(LiveDevice {
@@ -941,18 +942,24 @@ impl Device {
     /// # Errors
     /// No such QP.
     pub fn destroy_qp(&self, qpn: Qpn) -> Result<(), ApiError> {
-        {
+        let publishing = self.publisher.hold();
+        let last = {
             let mut dev = self.by_qpn(qpn).lock();
             // Its last counters first, so the interface's totals keep what it did.
-            if let Some(q) = dev.qp(qpn) {
-                let _ = self.publisher.publish_qp(q);
-            }
+            let last = dev.qp(qpn).map(Publisher::last_record);
             dev.destroy_qp(qpn)?;
             if dev.owes_transmit() && self.inline.is_none() {
                 // The ACKs it owes go at once.
                 self.by_qpn(qpn).kick();
             }
+            last
+        };
+        if let (Some(last), Ok(_lock)) = (last, lock_file(&self.info.ifname))
+            && let Err(e) = self.publisher.retire_qp(qpn, &last)
+        {
+            log::warn!("retiring the counters of QP {qpn}: {e}");
         }
+        drop(publishing);
         if self.inline.is_some() {
             self.drive_or_kick(self.by_qpn(qpn));
         }
