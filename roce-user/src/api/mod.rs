@@ -364,6 +364,7 @@ impl Device {
             .validate()
             .map_err(transport::DeviceError::from)?;
         config.first_qpn = roce_common::maps::FIRST_QPN;
+        config.qpn_limit = MAX_QPS;
         let count = if opts.sharded {
             info.rx_queues.max(1)
         } else {

@@ -159,6 +159,11 @@ pub struct DeviceConfig {
     pub key_seed: [u8; 32],
     /// The first QP number handed out (rxe: `RXE_MIN_QP_INDEX` 16).
     pub first_qpn: u32,
+    /// QP numbers are handed out below this one (default 2^24, every 24-bit QPN): after the
+    /// last, numbering starts again at [`DeviceConfig::first_qpn`], skipping the QPNs still in
+    /// use, as rxe's cyclic QP index pool does. The api device sets it to the size of roce_xdp's
+    /// QP map, which holds no higher QPN.
+    pub qpn_limit: u32,
     /// Unacknowledged packets (PSNs sent and not yet acknowledged, READ responses included)
     /// over all QPs together (default 1024; 0: no limit; `roce perf --max-inflight`). When the
     /// sum reaches it, QPs send no new packets until ACKs come back; retransmissions, ACKs and
@@ -195,6 +200,7 @@ impl Default for DeviceConfig {
             max_srq_sge: 32,
             key_seed: [0; 32],
             first_qpn: 16,
+            qpn_limit: 1 << 24,
             max_inflight_pkts: 1024,
             shard: Shard::ONE,
             cc: CcConfig::default(),
@@ -768,17 +774,35 @@ impl Device {
                 u64::from(self.config.max_inline_data),
             ));
         }
-        let mut n = self.next_qpn;
-        while self.qps.contains_key(&n) || n < 2 || !self.config.shard.owns_qpn(Qpn::new(n)) {
-            n = (n + 1) & 0x00ff_ffff;
-        }
-        self.next_qpn = (n + 1) & 0x00ff_ffff;
+        let n = self.next_free_qpn()?;
+        self.next_qpn = n + 1;
         let qpn = Qpn::new(n);
         let mut qp = Qp::new(qpn, init);
         qp.srq = srq;
         qp.cc = cc::for_qp(&self.config.cc, init.qp_type);
         self.qps.insert(n, qp);
         Ok(qpn)
+    }
+
+    /// The first QPN from `next_qpn` on that is free and ours (our shard's), wrapping from
+    /// [`DeviceConfig::qpn_limit`] to [`DeviceConfig::first_qpn`] (rxe's cyclic index pool).
+    /// Without the wrap, a process that creates and destroys QPs all its life (a server taking
+    /// one connection after another) ran past the QPNs roce_xdp's QP map holds after 65,520
+    /// QPs and could create none from then on.
+    fn next_free_qpn(&self) -> Result<u32, DeviceError> {
+        let first = self.config.first_qpn.max(2);
+        let limit = self.config.qpn_limit.clamp(first + 1, 1 << 24);
+        let mut n = self.next_qpn;
+        for _ in first..limit {
+            if n < first || n >= limit {
+                n = first;
+            }
+            if !self.qps.contains_key(&n) && self.config.shard.owns_qpn(Qpn::new(n)) {
+                return Ok(n);
+            }
+            n += 1;
+        }
+        Err(DeviceError::TooManyQps(self.qps.len()))
     }
 
     /// Destroys a QP (`ibv_destroy_qp`): its WRs disappear without completions.

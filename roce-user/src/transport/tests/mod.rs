@@ -278,3 +278,41 @@ fn ud_qp_in_rts() -> (Device, PdId, CqId, Qpn, QpAttr<Path>) {
     let (pd, cq, qpn, a) = ud_bring_up(&mut d, QKey::new(7));
     (d, pd, cq, qpn, a)
 }
+
+/// QP numbers wrap from `qpn_limit` back to `first_qpn` (rxe's cyclic QP index pool), skip
+/// the ones in use, and run out only when every one below the limit is taken: a server that
+/// creates and destroys a QP per connection keeps getting QPNs after many times the range.
+#[test]
+fn qpns_wrap_below_the_limit_and_skip_those_in_use() {
+    let mut d = Device::new(DeviceConfig {
+        first_qpn: 16,
+        qpn_limit: 24,
+        ..DeviceConfig::default()
+    });
+    let pd = d.alloc_pd().unwrap();
+    let cq = d.create_cq(16).unwrap();
+    let kept = d.create_qp(QpInit::new(QpType::Rc, pd, cq)).unwrap();
+    assert_eq!(kept, Qpn::new(16));
+    let mut seen = Vec::new();
+    for _ in 0..100 {
+        let q = d.create_qp(QpInit::new(QpType::Rc, pd, cq)).unwrap();
+        seen.push(q.value());
+        d.destroy_qp(q).unwrap();
+    }
+    assert!(seen.iter().all(|&q| (17..24).contains(&q)), "{seen:?}");
+    assert_eq!(&seen[..9], &[17, 18, 19, 20, 21, 22, 23, 17, 18]);
+    // Fill the range: 16 is kept, 17..24 taken, and then there is none.
+    let live: Vec<Qpn> = (17..24)
+        .map(|_| d.create_qp(QpInit::new(QpType::Rc, pd, cq)).unwrap())
+        .collect();
+    assert_eq!(live.len(), 7);
+    assert!(matches!(
+        d.create_qp(QpInit::new(QpType::Rc, pd, cq)),
+        Err(DeviceError::TooManyQps(8))
+    ));
+    d.destroy_qp(live[3]).unwrap();
+    assert_eq!(
+        d.create_qp(QpInit::new(QpType::Rc, pd, cq)).unwrap(),
+        live[3]
+    );
+}
