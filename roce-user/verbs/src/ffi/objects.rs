@@ -355,8 +355,8 @@ export!(
             Ok(()) => {
                 // SAFETY: as above; the context is live.
                 if let Some(ctx) = unsafe { ctx_of(context) } {
-                    ctx.verbs.unroute(id);
-                    ctx.verbs.remove_cq(id);
+                    ctx.verbs.unroute(id, cq as usize);
+                    ctx.verbs.remove_cq(id, cq as usize);
                 }
                 // SAFETY: made by `give` in `ibv_create_cq`; C gives it up with this call.
                 let b = unsafe { Box::from_raw(obj) };
@@ -572,7 +572,7 @@ export!(
             Ok(()) => {
                 // SAFETY: the QP's context is live while the QP is.
                 if let Some(ctx) = unsafe { ctx_of(obj.ibv.context) } {
-                    ctx.verbs.remove_qp(Qpn::new(obj.ibv.qp_num));
+                    ctx.verbs.remove_qp(Qpn::new(obj.ibv.qp_num), qp as usize);
                 }
                 // SAFETY: made by `give` in `ibv_create_qp`; C gives it up with this call.
                 drop(unsafe { Box::from_raw(ptr::from_mut(obj)) });
