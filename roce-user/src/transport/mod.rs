@@ -130,7 +130,9 @@ pub struct DeviceConfig {
     /// Memory regions (default 4096, at most 65535; `roce perf --max-mr`); more are refused
     /// ([`MrError::TableFull`]).
     pub max_mr: usize,
-    /// CQs (default 1024).
+    /// CQs (default 2048: a send and a receive CQ of their own for each of `max_qp` QPs, as
+    /// `ucmatose` makes them; with 1024, ucmatose's 1,000 connections at once ran out of CQs
+    /// at the 513th).
     pub max_cq: usize,
     /// Entries per CQ (default 65536).
     pub max_cqe: usize,
@@ -188,7 +190,7 @@ impl Default for DeviceConfig {
             max_pd: 1024,
             max_qp: 1024,
             max_mr: 4096,
-            max_cq: 1024,
+            max_cq: 2048,
             max_cqe: 1 << 16,
             max_qp_wr: 0x4000,
             max_sge: 32,

@@ -316,3 +316,21 @@ fn qpns_wrap_below_the_limit_and_skip_those_in_use() {
         live[3]
     );
 }
+
+/// The default limits let every one of `max_qp` QPs complete on a send and a receive CQ of
+/// its own, as `ucmatose` makes them, and refuse the CQ after that.
+#[test]
+fn the_default_limits_take_a_send_and_a_receive_cq_for_every_qp() {
+    let c = DeviceConfig::default();
+    let mut d = Device::new(c.clone());
+    let pd = d.alloc_pd().unwrap();
+    for _ in 0..c.max_qp {
+        let (s, r) = (d.create_cq(4).unwrap(), d.create_cq(4).unwrap());
+        d.create_qp(QpInit {
+            recv_cq: r,
+            ..QpInit::new(QpType::Rc, pd, s)
+        })
+        .unwrap();
+    }
+    assert_eq!(d.create_cq(4), Err(DeviceError::TooManyCqs(c.max_cq)));
+}
