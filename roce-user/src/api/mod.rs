@@ -1149,8 +1149,9 @@ impl Device {
     /// [`Event::is_async`]). A program that waits for both from one thread needs nothing
     /// else; one that waits for them in different threads runs one thread here and hands the
     /// events on (the drop-in libibverbs does: completion channels and `async_fd`). Events
-    /// are kept until taken, at most [`DeviceConfig::max_events`] per queue (more are counted
-    /// in `events_lost`). The waiting thread sleeps until an engine turn leaves an event, or
+    /// are kept until taken, at most [`DeviceConfig::max_events`] asynchronous ones per queue
+    /// (more are counted in `events_lost`; completion notifications are never dropped, one
+    /// per CQ at most). The waiting thread sleeps until an engine turn leaves an event, or
     /// 10 ms at most.
     #[must_use]
     pub fn wait_event(&self, timeout: Duration) -> Option<Event> {

@@ -334,3 +334,43 @@ fn the_default_limits_take_a_send_and_a_receive_cq_for_every_qp() {
     }
     assert_eq!(d.create_cq(4), Err(DeviceError::TooManyCqs(c.max_cq)));
 }
+
+/// Completion notifications are never lost to the bound on queued events: more armed CQs
+/// completing at once than `max_events` (QPs flushed together, as a server's connections
+/// disconnected at once) each queue their notification, in order, and none is counted lost.
+#[test]
+fn completion_notifications_are_never_dropped_for_the_event_bound() {
+    let mut d = Device::new(DeviceConfig {
+        max_events: 2,
+        ..DeviceConfig::default()
+    });
+    let pd = d.alloc_pd().unwrap();
+    let cqs: Vec<CqId> = (0..5).map(|_| d.create_cq(4).unwrap()).collect();
+    for &cq in &cqs {
+        let q = d.create_qp(QpInit::new(QpType::Rc, pd, cq)).unwrap();
+        let init: QpAttr<Path> = QpAttr {
+            qp_state: QpState::Init,
+            ..QpAttr::default()
+        };
+        let mask = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
+        d.modify_qp(q, &init, mask).unwrap();
+        d.post_recv(
+            q,
+            RecvWr {
+                wr_id: 1,
+                sg_list: Vec::new(),
+            },
+        )
+        .unwrap();
+        d.req_notify_cq(cq, false).unwrap();
+        let err: QpAttr<Path> = QpAttr {
+            qp_state: QpState::Err,
+            ..QpAttr::default()
+        };
+        d.modify_qp(q, &err, AttrMask::STATE).unwrap();
+    }
+    let got: Vec<Event> = std::iter::from_fn(|| d.poll_event()).collect();
+    let want: Vec<Event> = cqs.iter().map(|&cq| Event::CqNotify { cq }).collect();
+    assert_eq!(got, want);
+    assert_eq!(d.device_counters().events_lost, 0);
+}
