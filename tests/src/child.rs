@@ -111,6 +111,16 @@ pub fn spawn_command(mut cmd: Command) -> Reaper {
     Reaper(Some(c))
 }
 
+/// Spawns `cmd` with the standard streams it was given (a log file for a long-running server
+/// that prints more than a pipe holds), killed on drop like a `roce` child.
+///
+/// # Panics
+/// When it cannot be started.
+#[must_use]
+pub fn spawn_as_is(mut cmd: Command) -> Reaper {
+    Reaper(Some(cmd.spawn().expect("spawn")))
+}
+
 /// Waits for the child to exit and returns what it printed.
 ///
 /// # Panics

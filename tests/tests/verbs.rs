@@ -1015,6 +1015,33 @@ fn two_qps_of_one_device_connect_to_each_other_through_the_library() {
     assert_interfaces_clean(&pair);
 }
 
+/// `pthread_cancel` of a thread blocked in `ibv_get_cq_event` (tests/c/cq_cancel.c), as
+/// `rping` cancels its CQ thread when a connection fails: the thread ends and the program
+/// goes on to destroy the CQ and its channel (the wait used to abort the whole program:
+/// "panic in a function that cannot unwind").
+#[test]
+fn cancelling_a_thread_waiting_for_a_cq_event_ends_only_that_thread() {
+    require_root();
+    let prog = CProgram::build("cq_cancel");
+    let pair = veth_pair("vcc", 152);
+    let a = &pair.a;
+    let dev = format!("roce_{}", a.ifname);
+    let args = exec_args(&prog, a, &[&dev]);
+    let o = roce(&args.iter().map(String::as_str).collect::<Vec<_>>());
+    let out = text(&o);
+    assert!(o.status.success(), "{}: {out}", o.status);
+    for case in [
+        "make_a_cq_on_a_channel",
+        "the_waiter_still_waits",
+        "cancel_ends_the_waiting_thread",
+        "destroy_the_cq_and_channel_after",
+    ] {
+        assert!(out.contains(&format!("CASE {case} ok")), "{case}:\n{out}");
+    }
+    assert!(out.contains("cq_cancel done"), "{out}");
+    assert_interfaces_clean(&pair);
+}
+
 /// Asynchronous events through the ABI: tests/c/async_events.c, compiled with gcc against
 /// libibverbs-dev's headers (linked by SONAME, so it loads the drop-in library under `roce
 /// exec`). The server arms an SRQ limit, receives, and gets exactly one

@@ -366,6 +366,7 @@ impl Device {
             .validate()
             .map_err(transport::DeviceError::from)?;
         config.first_qpn = roce_common::maps::FIRST_QPN;
+        config.qpn_limit = MAX_QPS;
         let count = if opts.sharded {
             info.rx_queues.max(1)
         } else {
@@ -486,6 +487,7 @@ impl Device {
             shards: Arc::clone(&shards),
             pins: pins.clone(),
             bind_modes: bind_modes.clone(),
+            writing: Arc::new(Mutex::new(())),
         };
         let qpns = Arc::new(Mutex::new(Vec::new()));
         let live_id = register_live(LiveDevice {
@@ -943,18 +945,24 @@ impl Device {
     /// # Errors
     /// No such QP.
     pub fn destroy_qp(&self, qpn: Qpn) -> Result<(), ApiError> {
-        {
+        let publishing = self.publisher.hold();
+        let last = {
             let mut dev = self.by_qpn(qpn).lock();
             // Its last counters first, so the interface's totals keep what it did.
-            if let Some(q) = dev.qp(qpn) {
-                let _ = self.publisher.publish_qp(q);
-            }
+            let last = dev.qp(qpn).map(Publisher::last_record);
             dev.destroy_qp(qpn)?;
             if dev.owes_transmit() && self.inline.is_none() {
                 // The ACKs it owes go at once.
                 self.by_qpn(qpn).kick();
             }
+            last
+        };
+        if let (Some(last), Ok(_lock)) = (last, lock_file(&self.info.ifname))
+            && let Err(e) = self.publisher.retire_qp(qpn, &last)
+        {
+            log::warn!("retiring the counters of QP {qpn}: {e}");
         }
+        drop(publishing);
         if self.inline.is_some() {
             self.drive_or_kick(self.by_qpn(qpn));
         }
@@ -1143,8 +1151,9 @@ impl Device {
     /// [`Event::is_async`]). A program that waits for both from one thread needs nothing
     /// else; one that waits for them in different threads runs one thread here and hands the
     /// events on (the drop-in libibverbs does: completion channels and `async_fd`). Events
-    /// are kept until taken, at most [`DeviceConfig::max_events`] per queue (more are counted
-    /// in `events_lost`). The waiting thread sleeps until an engine turn leaves an event, or
+    /// are kept until taken, at most [`DeviceConfig::max_events`] asynchronous ones per queue
+    /// (more are counted in `events_lost`; completion notifications are never dropped, one
+    /// per CQ at most). The waiting thread sleeps until an engine turn leaves an event, or
     /// 10 ms at most.
     #[must_use]
     pub fn wait_event(&self, timeout: Duration) -> Option<Event> {

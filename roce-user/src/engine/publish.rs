@@ -1,7 +1,10 @@
 //! The counter publisher: writes a device's transport, QP and AF_XDP counters into the pinned
 //! stats maps, where `roce stats` and bpftool read them.
 
-use std::{sync::Arc, time::Duration};
+use std::{
+    sync::{Arc, Mutex, MutexGuard, PoisonError},
+    time::Duration,
+};
 
 use roce_common::maps::{BIND_COPY, BIND_ZEROCOPY, QpStatsRecord, XskQueueRecord};
 
@@ -20,6 +23,10 @@ pub(crate) struct Publisher {
     pub(crate) shards: Arc<[Arc<Shared>]>,
     pub(crate) pins: Pins,
     pub(crate) bind_modes: Vec<(u32, BindMode)>,
+    /// Held while a publication gathers and writes its records, and while a destroyed QP's
+    /// record is retired ([`Publisher::retire_qp`]), so that a publication that saw the QP
+    /// alive cannot write its record back after it was retired.
+    pub(crate) writing: Arc<Mutex<()>>,
 }
 
 /// How often the counters are published.
@@ -27,6 +34,7 @@ pub const PUBLISH_EVERY: Duration = Duration::from_millis(250);
 
 impl Publisher {
     pub(crate) fn publish(&self) -> Result<(), LoadError> {
+        let _writing = self.hold();
         let pid = std::process::id();
         let mut devc = DeviceCounters::default();
         let mut qps = Vec::new();
@@ -91,19 +99,41 @@ impl Publisher {
         Ok(())
     }
 
-    /// Writes `qp`'s counters as they are now: call it just before the QP is destroyed, so
-    /// that what it did since the last [`Publisher::publish`] still counts (its record stays
-    /// until the process retires, like a NIC's per-device totals).
+    /// Holds off publications (see [`Publisher::writing`]). Take it before a shard's lock.
+    pub(crate) fn hold(&self) -> MutexGuard<'_, ()> {
+        self.writing.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The record `qp` would be published with now: take it just before the QP is destroyed
+    /// and give it to [`Publisher::retire_qp`].
+    pub(crate) fn last_record(qp: &transport::Qp) -> QpStatsRecord {
+        let cc = qp.congestion().map(transport::QpCc::snapshot);
+        record(std::process::id(), qp.state(), *qp.counters(), cc)
+    }
+
+    /// Folds the last counters of destroyed QP `qpn` (`last`, from [`Publisher::last_record`])
+    /// into the interface's retired record (QPN 0, PID 0) and removes its own record, so that
+    /// what it did still counts in the interface's totals while the map holds records of live
+    /// QPs only. Kept until the process retired instead, a server that takes one connection
+    /// after another (`rping -s -P`) filled the map's [`roce_common::maps::MAX_STAT_QPS`]
+    /// records after 4,096 connections, and from then on no process on the interface could
+    /// publish its counters. Call it with [`Publisher::hold`] and the QPN lock held.
     ///
     /// # Errors
     /// The stats map cannot be written.
-    pub(crate) fn publish_qp(&self, qp: &transport::Qp) -> Result<(), LoadError> {
-        let cc = qp.congestion().map(transport::QpCc::snapshot);
-        let rec = record(std::process::id(), qp.state(), *qp.counters(), cc);
-        self.pins
-            .qp_stats()?
-            .insert(qp.qpn().value(), rec, 0)
-            .map_err(LoadError::from)
+    pub(crate) fn retire_qp(
+        &self,
+        qpn: transport::Qpn,
+        last: &QpStatsRecord,
+    ) -> Result<(), LoadError> {
+        let mut m = self.pins.qp_stats()?;
+        let mut retired = m.get(&0, 0).unwrap_or_default();
+        fold_retired(&mut retired, last);
+        m.insert(0, retired, 0).map_err(LoadError::from)?;
+        match m.remove(&qpn.value()) {
+            Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(e) => Err(e.into()),
+        }
     }
 
     /// Folds the records of `owner` (or, with `None`, of every process that no longer exists)
@@ -120,15 +150,9 @@ impl Publisher {
                 .collect();
             if !old.is_empty() {
                 for (k, r) in &old {
-                    retired.counters.add(&r.counters);
-                    retired.cc.add(&r.cc);
+                    fold_retired(&mut retired, r);
                     let _ = m.remove(k);
                 }
-                retired.owner = 0;
-                retired.state = 0;
-                retired.rate_bps = 0;
-                retired.target_bps = 0;
-                retired.alpha_1024 = 0;
                 let _ = m.insert(0, retired, 0);
             }
         }
@@ -150,6 +174,18 @@ impl Publisher {
     }
 }
 
+/// Adds the counters of `r` (a QP that is gone) to `retired`, the interface's cumulative
+/// record (QPN 0), which belongs to no process, has no state and no rate.
+fn fold_retired(retired: &mut QpStatsRecord, r: &QpStatsRecord) {
+    retired.counters.add(&r.counters);
+    retired.cc.add(&r.cc);
+    retired.owner = 0;
+    retired.state = 0;
+    retired.rate_bps = 0;
+    retired.target_bps = 0;
+    retired.alpha_1024 = 0;
+}
+
 /// The pinned record of one QP.
 fn record(
     pid: u32,
@@ -165,5 +201,47 @@ fn record(
         target_bps: cc.map_or(0, |c| c.target_bps),
         alpha_1024: cc.map_or(0, |c| u64::from(c.alpha_fixed)),
         cc: cc.map(|c| c.stats).unwrap_or_default(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A destroyed QP's counters land in the interface's retired record, which stays
+    /// nobody's: no owner, state or rate of the QP leaks into it, and folding adds up.
+    #[test]
+    fn a_destroyed_qps_counters_fold_into_the_retired_record() {
+        let counters = transport::QpCounters {
+            sent_pkts: 5,
+            rcvd_pkts: 7,
+            ..Default::default()
+        };
+        let qp = QpStatsRecord {
+            owner: 4242,
+            state: transport::QpState::Rts.code(),
+            counters,
+            rate_bps: 1_000,
+            target_bps: 2_000,
+            alpha_1024: 3,
+            cc: roce_common::counters::CcStats::default(),
+        };
+        let mut retired = QpStatsRecord::default();
+        fold_retired(&mut retired, &qp);
+        fold_retired(&mut retired, &qp);
+        assert_eq!(
+            (
+                retired.owner,
+                retired.state,
+                retired.rate_bps,
+                retired.target_bps
+            ),
+            (0, 0, 0, 0)
+        );
+        assert_eq!(retired.alpha_1024, 0);
+        assert_eq!(
+            (retired.counters.sent_pkts, retired.counters.rcvd_pkts),
+            (10, 14)
+        );
     }
 }

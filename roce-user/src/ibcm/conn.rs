@@ -1660,6 +1660,21 @@ impl Cm {
 
 #[cfg(test)]
 impl Cm {
+    /// Test check: the entries of every table (connections, the two remote-ID indexes,
+    /// SIDR requests, pending passive SIDR requests, armed timers, queued MADs and events).
+    pub(crate) fn table_sizes(&self) -> [usize; 8] {
+        [
+            self.conns.len(),
+            self.by_remote_id.len(),
+            self.by_remote_qpn.len(),
+            self.sidr.len(),
+            self.sidr_remote.len(),
+            self.timers.len(),
+            self.transmits.len(),
+            self.events.len(),
+        ]
+    }
+
     /// Test check: every index entry names a live connection that has those remote
     /// identifiers, and every pending passive SIDR request is in the table.
     pub(crate) fn check_invariants(&self) {

@@ -1179,3 +1179,86 @@ proptest! {
         prop_assert_eq!(p.b.poll_timeout(), None);
     }
 }
+
+/// Ten thousand connections in a row between two agents, one a millisecond, each established,
+/// disconnected (DREQ, DREP) and left to its TimeWait, as `rping -s -P` serves them: about two
+/// thousand are in TimeWait at once (2.1 s), both sides' QPNs come round again every 4,096
+/// connections (after their TimeWait, so never stale), nothing is resent, dropped or
+/// unexpected, and once the last TimeWait ends every table of both agents is empty again.
+#[test]
+fn ten_thousand_connections_in_a_row_leave_every_table_empty() {
+    let mut p = Pair::new();
+    let mut most = 0;
+    for n in 0..10_000u32 {
+        p.now = p.now + Duration::from_millis(1);
+        let (now, qpn) = (p.now, 0x100 + n % 4096);
+        p.a.handle_timeout(now);
+        p.b.handle_timeout(now);
+        let a_id = p.a.connect(now, &connect_params(qpn)).unwrap();
+        p.pump();
+        let b_id = Pair::events(&mut p.b)
+            .into_iter()
+            .find_map(|e| match e {
+                Event::ConnectRequest { id, req, .. } => {
+                    assert_eq!(req.local_qpn, Qpn::new(qpn));
+                    Some(id)
+                }
+                Event::TimeWaitExit { .. } => None,
+                e => panic!("connection {n}: {e:?}"),
+            })
+            .unwrap_or_else(|| panic!("connection {n}: no request"));
+        // The passive side's QPNs come round too (a QPN still in TimeWait would be stale).
+        let acc = AcceptParams {
+            qpn: Qpn::new(0x1_0000 + n % 4096),
+            ..accept_params()
+        };
+        p.b.accept(now, b_id, &acc).unwrap();
+        p.pump();
+        p.a.ready_to_use(a_id, &[]).unwrap();
+        p.pump();
+        p.a.disconnect(now, a_id, &[]).unwrap();
+        p.pump();
+        assert_eq!(p.a.state(a_id), Some(State::TimeWait), "connection {n}");
+        assert_eq!(p.b.state(b_id), Some(State::TimeWait), "connection {n}");
+        for cm in [&mut p.a, &mut p.b] {
+            for e in Pair::events(cm) {
+                assert!(
+                    matches!(
+                        e,
+                        Event::Reply { .. }
+                            | Event::Established { .. }
+                            | Event::Disconnected { .. }
+                            | Event::TimeWaitExit { .. }
+                    ),
+                    "connection {n}: {e:?}"
+                );
+            }
+        }
+        most = most.max(p.b.connections());
+    }
+    // 2.1 s of TimeWait at one connection a millisecond.
+    assert!(
+        (2000..2200).contains(&most),
+        "{most} connections held at most"
+    );
+    while p.a.poll_timeout().is_some() || p.b.poll_timeout().is_some() {
+        p.tick();
+    }
+    for cm in [&mut p.a, &mut p.b] {
+        let _ = Pair::events(cm);
+        cm.check_invariants();
+        assert_eq!(cm.table_sizes(), [0; 8]);
+        let s = cm.stats();
+        assert_eq!(
+            (
+                s.retransmits,
+                s.duplicates,
+                s.malformed,
+                s.unexpected,
+                s.stale
+            ),
+            (0, 0, 0, 0, 0),
+            "{s:?}"
+        );
+    }
+}

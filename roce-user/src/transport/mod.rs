@@ -25,7 +25,7 @@
 //! [`DeviceConfig::max_qp`] QPs (see [`Qp`] for the per-QP bound, ~120 KiB with defaults),
 //! [`DeviceConfig::max_mr`] regions and as many memory windows, [`DeviceConfig::max_cq`] CQs of at most
 //! [`DeviceConfig::max_cqe`] entries (48 B each) and [`DeviceConfig::max_events`] async
-//! events. Payloads are gathered straight into the caller's frame buffer, with no buffer of
+//! events (and a completion notification per CQ at most). Payloads are gathered straight into the caller's frame buffer, with no buffer of
 //! the device's own.
 //!
 //! Measured (`hotpath qp_memory`, heap bytes counted by a global allocator, x86_64): a
@@ -130,7 +130,9 @@ pub struct DeviceConfig {
     /// Memory regions (default 4096, at most 65535; `roce perf --max-mr`); more are refused
     /// ([`MrError::TableFull`]).
     pub max_mr: usize,
-    /// CQs (default 1024).
+    /// CQs (default 2048: a send and a receive CQ of their own for each of `max_qp` QPs, as
+    /// `ucmatose` makes them; with 1024, ucmatose's 1,000 connections at once ran out of CQs
+    /// at the 513th).
     pub max_cq: usize,
     /// Entries per CQ (default 65536).
     pub max_cqe: usize,
@@ -146,7 +148,8 @@ pub struct DeviceConfig {
     /// resources a peer's READs and atomics can hold. One more while all are still answering
     /// takes the oldest one's place, as rxe's ring does (counted in `rd_atomic_evicted`).
     pub max_qp_rd_atom: u8,
-    /// Async events queued before new ones are counted as lost (default 256).
+    /// Async events queued before new ones are counted as lost (default 256). Completion
+    /// notifications ([`Event::CqNotify`]) are never lost: at most one per CQ is queued.
     pub max_events: usize,
     /// Shared receive queues (default 1024); more are refused ([`DeviceError::TooManySrqs`]).
     pub max_srq: usize,
@@ -159,6 +162,11 @@ pub struct DeviceConfig {
     pub key_seed: [u8; 32],
     /// The first QP number handed out (rxe: `RXE_MIN_QP_INDEX` 16).
     pub first_qpn: u32,
+    /// QP numbers are handed out below this one (default 2^24, every 24-bit QPN): after the
+    /// last, numbering starts again at [`DeviceConfig::first_qpn`], skipping the QPNs still in
+    /// use, as rxe's cyclic QP index pool does. The api device sets it to the size of roce_xdp's
+    /// QP map, which holds no higher QPN.
+    pub qpn_limit: u32,
     /// Unacknowledged packets (PSNs sent and not yet acknowledged, READ responses included)
     /// over all QPs together (default 1024; 0: no limit; `roce perf --max-inflight`). When the
     /// sum reaches it, QPs send no new packets until ACKs come back; retransmissions, ACKs and
@@ -189,7 +197,7 @@ impl Default for DeviceConfig {
             max_pd: 1024,
             max_qp: 1024,
             max_mr: 4096,
-            max_cq: 1024,
+            max_cq: 2048,
             max_cqe: 1 << 16,
             max_qp_wr: 0x4000,
             max_sge: 32,
@@ -201,6 +209,7 @@ impl Default for DeviceConfig {
             max_srq_sge: 32,
             key_seed: [0; 32],
             first_qpn: 16,
+            qpn_limit: 1 << 24,
             max_inflight_pkts: 1024,
             shard: Shard::ONE,
             cc: CcConfig::default(),
@@ -474,8 +483,14 @@ pub(crate) struct Ctx<'a> {
 }
 
 impl Ctx<'_> {
+    /// Queues an event. An asynchronous one beyond [`DeviceConfig::max_events`] is counted
+    /// lost; a completion notification never is: each arm of a CQ yields one at most, so they
+    /// add at most `max_cq` to the queue, and a lost one left its waiter in `ibv_get_cq_event`
+    /// asleep for good (`rping -s -P` with 1,000 connections disconnected at once, their QPs
+    /// flushing together faster than the event thread took the notifications, kept hundreds
+    /// of connection threads waiting for ever).
     pub(crate) fn event(&mut self, e: Event) {
-        if self.events.len() >= self.max_events {
+        if e.is_async() && self.events.len() >= self.max_events {
             self.counters.events_lost += 1;
         } else {
             self.events.push_back(e);
@@ -778,11 +793,8 @@ impl Device {
                 u64::from(self.config.max_inline_data),
             ));
         }
-        let mut n = self.next_qpn;
-        while self.qps.contains_key(&n) || n < 2 || !self.config.shard.owns_qpn(Qpn::new(n)) {
-            n = (n + 1) & 0x00ff_ffff;
-        }
-        self.next_qpn = (n + 1) & 0x00ff_ffff;
+        let n = self.next_free_qpn()?;
+        self.next_qpn = n + 1;
         let qpn = Qpn::new(n);
         let mut qp = Qp::new(qpn, init);
         qp.srq = srq;
@@ -811,6 +823,27 @@ impl Device {
         }
         qp.set_multipath(allowed);
         Ok(())
+    }
+
+    /// The first QPN from `next_qpn` on that is free and ours (our shard's), wrapping from
+    /// [`DeviceConfig::qpn_limit`] to [`DeviceConfig::first_qpn`] (rxe's cyclic index pool).
+    /// Without the wrap, a process that creates and destroys QPs all its life (a server taking
+    /// one connection after another) ran past the QPNs roce_xdp's QP map holds after 65,520
+    /// QPs and could create none from then on.
+    fn next_free_qpn(&self) -> Result<u32, DeviceError> {
+        let first = self.config.first_qpn.max(2);
+        let limit = self.config.qpn_limit.clamp(first + 1, 1 << 24);
+        let mut n = self.next_qpn;
+        for _ in first..limit {
+            if n < first || n >= limit {
+                n = first;
+            }
+            if !self.qps.contains_key(&n) && self.config.shard.owns_qpn(Qpn::new(n)) {
+                return Ok(n);
+            }
+            n += 1;
+        }
+        Err(DeviceError::TooManyQps(self.qps.len()))
     }
 
     /// Destroys a QP (`ibv_destroy_qp`): its WRs disappear without completions.

@@ -227,9 +227,11 @@ impl Verbs {
         self.handles().qps.insert(qpn.value(), handle);
     }
 
-    /// Forgets QP `qpn` and withdraws its pending events; call before freeing its struct.
-    pub fn remove_qp(&self, qpn: Qpn) {
-        if let Some(h) = self.handles().qps.remove(&qpn.value()) {
+    /// Forgets QP `qpn`, whose struct is at `handle`, and withdraws its pending events; call
+    /// before freeing its struct. An entry another thread made meanwhile for a new QP that got
+    /// the same number is left alone (see [`take_if_same`]).
+    pub fn remove_qp(&self, qpn: Qpn, handle: usize) {
+        if let Some(h) = take_if_same(&mut self.handles().qps, qpn.value(), handle) {
             self.events.forget(Element::Qp(h));
         }
     }
@@ -239,9 +241,10 @@ impl Verbs {
         self.handles().cqs.insert(cq.0, handle);
     }
 
-    /// Forgets CQ `cq` and withdraws its pending events.
-    pub fn remove_cq(&self, cq: CqId) {
-        if let Some(h) = self.handles().cqs.remove(&cq.0) {
+    /// Forgets CQ `cq`, whose struct is at `handle`, and withdraws its pending events (an
+    /// entry for a new CQ that got the same id meanwhile stays, see [`take_if_same`]).
+    pub fn remove_cq(&self, cq: CqId, handle: usize) {
+        if let Some(h) = take_if_same(&mut self.handles().cqs, cq.0, handle) {
             self.events.forget(Element::Cq(h));
         }
     }
@@ -251,9 +254,10 @@ impl Verbs {
         self.handles().srqs.insert(srq.0, handle);
     }
 
-    /// Forgets SRQ `srq` and withdraws its pending events.
-    pub fn remove_srq(&self, srq: SrqId) {
-        if let Some(h) = self.handles().srqs.remove(&srq.0) {
+    /// Forgets SRQ `srq`, whose struct is at `handle`, and withdraws its pending events (an
+    /// entry for a new SRQ that got the same id meanwhile stays, see [`take_if_same`]).
+    pub fn remove_srq(&self, srq: SrqId, handle: usize) {
+        if let Some(h) = take_if_same(&mut self.handles().srqs, srq.0, handle) {
             self.events.forget(Element::Srq(h));
         }
     }
@@ -407,12 +411,29 @@ impl Verbs {
         Ok(())
     }
 
-    /// Stops sending `cq`'s events anywhere (it is being destroyed).
-    pub fn unroute(&self, cq: CqId) {
-        self.routes
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner)
-            .remove(&cq.0);
+    /// Stops sending the events of CQ `cq`, whose struct is at `handle`, anywhere (it was
+    /// destroyed). The route of a new CQ that got the same id meanwhile stays (see
+    /// [`take_if_same`]).
+    pub fn unroute(&self, cq: CqId, handle: usize) {
+        let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
+        if routes.get(&cq.0).is_some_and(|(_, h)| *h == handle) {
+            routes.remove(&cq.0);
+        }
+    }
+}
+
+/// Removes `map[id]` if it is still `handle` (the address of the C struct it was made for)
+/// and returns it. A CQ's or SRQ's id (and, after the QPNs came round, a QP's number) is free
+/// for another thread's create as soon as the transport destroyed the object, before its
+/// destroy call gets here to forget it: removing by id alone then forgot the new object's entry
+/// instead, and for a CQ its completion channel stopped getting events. `rping -s -P` tearing
+/// one connection down while the next was set up lost a connection's events about once in
+/// a few thousand connections, its threads waiting for them forever.
+fn take_if_same(map: &mut HashMap<u32, usize>, id: u32, handle: usize) -> Option<usize> {
+    if map.get(&id) == Some(&handle) {
+        map.remove(&id)
+    } else {
+        None
     }
 }
 
@@ -578,6 +599,21 @@ mod tests {
     use roce::api::{RKey, WcOpcode, WcStatus};
 
     use super::*;
+
+    /// A destroy that gets to its bookkeeping after another thread made a new object with the
+    /// same id leaves the new object's entry alone, and forgets its own otherwise.
+    #[test]
+    fn a_destroyed_objects_entry_goes_but_not_its_successors() {
+        let mut m = HashMap::new();
+        m.insert(7, 0x1000);
+        // Destroyed in the transport; meanwhile id 7 went to a new CQ at 0x2000.
+        m.insert(7, 0x2000);
+        assert_eq!(take_if_same(&mut m, 7, 0x1000), None);
+        assert_eq!(m.get(&7), Some(&0x2000));
+        assert_eq!(take_if_same(&mut m, 7, 0x2000), Some(0x2000));
+        assert!(m.is_empty());
+        assert_eq!(take_if_same(&mut m, 7, 0x2000), None);
+    }
 
     #[test]
     fn the_engine_is_inline_unless_threads_are_asked_for() {

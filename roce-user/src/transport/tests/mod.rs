@@ -284,3 +284,99 @@ fn ud_qp_in_rts() -> (Device, PdId, CqId, Qpn, QpAttr<Path>) {
     let (pd, cq, qpn, a) = ud_bring_up(&mut d, QKey::new(7));
     (d, pd, cq, qpn, a)
 }
+
+/// QP numbers wrap from `qpn_limit` back to `first_qpn` (rxe's cyclic QP index pool), skip
+/// the ones in use, and run out only when every one below the limit is taken: a server that
+/// creates and destroys a QP per connection keeps getting QPNs after many times the range.
+#[test]
+fn qpns_wrap_below_the_limit_and_skip_those_in_use() {
+    let mut d = Device::new(DeviceConfig {
+        first_qpn: 16,
+        qpn_limit: 24,
+        ..DeviceConfig::default()
+    });
+    let pd = d.alloc_pd().unwrap();
+    let cq = d.create_cq(16).unwrap();
+    let kept = d.create_qp(QpInit::new(QpType::Rc, pd, cq)).unwrap();
+    assert_eq!(kept, Qpn::new(16));
+    let mut seen = Vec::new();
+    for _ in 0..100 {
+        let q = d.create_qp(QpInit::new(QpType::Rc, pd, cq)).unwrap();
+        seen.push(q.value());
+        d.destroy_qp(q).unwrap();
+    }
+    assert!(seen.iter().all(|&q| (17..24).contains(&q)), "{seen:?}");
+    assert_eq!(&seen[..9], &[17, 18, 19, 20, 21, 22, 23, 17, 18]);
+    // Fill the range: 16 is kept, 17..24 taken, and then there is none.
+    let live: Vec<Qpn> = (17..24)
+        .map(|_| d.create_qp(QpInit::new(QpType::Rc, pd, cq)).unwrap())
+        .collect();
+    assert_eq!(live.len(), 7);
+    assert!(matches!(
+        d.create_qp(QpInit::new(QpType::Rc, pd, cq)),
+        Err(DeviceError::TooManyQps(8))
+    ));
+    d.destroy_qp(live[3]).unwrap();
+    assert_eq!(
+        d.create_qp(QpInit::new(QpType::Rc, pd, cq)).unwrap(),
+        live[3]
+    );
+}
+
+/// The default limits let every one of `max_qp` QPs complete on a send and a receive CQ of
+/// its own, as `ucmatose` makes them, and refuse the CQ after that.
+#[test]
+fn the_default_limits_take_a_send_and_a_receive_cq_for_every_qp() {
+    let c = DeviceConfig::default();
+    let mut d = Device::new(c.clone());
+    let pd = d.alloc_pd().unwrap();
+    for _ in 0..c.max_qp {
+        let (s, r) = (d.create_cq(4).unwrap(), d.create_cq(4).unwrap());
+        d.create_qp(QpInit {
+            recv_cq: r,
+            ..QpInit::new(QpType::Rc, pd, s)
+        })
+        .unwrap();
+    }
+    assert_eq!(d.create_cq(4), Err(DeviceError::TooManyCqs(c.max_cq)));
+}
+
+/// Completion notifications are never lost to the bound on queued events: more armed CQs
+/// completing at once than `max_events` (QPs flushed together, as a server's connections
+/// disconnected at once) each queue their notification, in order, and none is counted lost.
+#[test]
+fn completion_notifications_are_never_dropped_for_the_event_bound() {
+    let mut d = Device::new(DeviceConfig {
+        max_events: 2,
+        ..DeviceConfig::default()
+    });
+    let pd = d.alloc_pd().unwrap();
+    let cqs: Vec<CqId> = (0..5).map(|_| d.create_cq(4).unwrap()).collect();
+    for &cq in &cqs {
+        let q = d.create_qp(QpInit::new(QpType::Rc, pd, cq)).unwrap();
+        let init: QpAttr<Path> = QpAttr {
+            qp_state: QpState::Init,
+            ..QpAttr::default()
+        };
+        let mask = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
+        d.modify_qp(q, &init, mask).unwrap();
+        d.post_recv(
+            q,
+            RecvWr {
+                wr_id: 1,
+                sg_list: Vec::new(),
+            },
+        )
+        .unwrap();
+        d.req_notify_cq(cq, false).unwrap();
+        let err: QpAttr<Path> = QpAttr {
+            qp_state: QpState::Err,
+            ..QpAttr::default()
+        };
+        d.modify_qp(q, &err, AttrMask::STATE).unwrap();
+    }
+    let got: Vec<Event> = std::iter::from_fn(|| d.poll_event()).collect();
+    let want: Vec<Event> = cqs.iter().map(|&cq| Event::CqNotify { cq }).collect();
+    assert_eq!(got, want);
+    assert_eq!(d.device_counters().events_lost, 0);
+}

@@ -20,6 +20,23 @@ macro_rules! export {
             ".symver ", stringify!($name), ", ", stringify!($name), "@@", $node
         ));
     };
+    // A call that blocks at a cancellation point (`read(2)`), as its rdma-core original does:
+    // `extern "C-unwind"`, so that `pthread_cancel` of a thread waiting in it unwinds the
+    // thread through it instead of aborting the process (an `extern "C"` frame may not be
+    // unwound). Its body must hold nothing to drop (no guard, no `Arc`, no lock) while it
+    // blocks: the forced unwind of a cancellation runs no Rust destructor.
+    ($node:literal,
+     $(#[$m:meta])*
+     cancellable fn $name:ident($($arg:ident: $t:ty),* $(,)?) -> $ret:ty $body:block) => {
+        $(#[$m])*
+        #[unsafe(no_mangle)]
+        pub unsafe extern "C-unwind" fn $name($($arg: $t),*) -> $ret $body
+
+        #[cfg(not(test))]
+        core::arch::global_asm!(concat!(
+            ".symver ", stringify!($name), ", ", stringify!($name), "@@", $node
+        ));
+    };
 }
 
 /// Runs `f`, turning a panic into `err` so that no unwinding crosses into C (a panic would be

@@ -355,8 +355,8 @@ export!(
             Ok(()) => {
                 // SAFETY: as above; the context is live.
                 if let Some(ctx) = unsafe { ctx_of(context) } {
-                    ctx.verbs.unroute(id);
-                    ctx.verbs.remove_cq(id);
+                    ctx.verbs.unroute(id, cq as usize);
+                    ctx.verbs.remove_cq(id, cq as usize);
                 }
                 // SAFETY: made by `give` in `ibv_create_cq`; C gives it up with this call.
                 let b = unsafe { Box::from_raw(obj) };
@@ -572,7 +572,7 @@ export!(
             Ok(()) => {
                 // SAFETY: the QP's context is live while the QP is.
                 if let Some(ctx) = unsafe { ctx_of(obj.ibv.context) } {
-                    ctx.verbs.remove_qp(Qpn::new(obj.ibv.qp_num));
+                    ctx.verbs.remove_qp(Qpn::new(obj.ibv.qp_num), qp as usize);
                 }
                 // SAFETY: made by `give` in `ibv_create_qp`; C gives it up with this call.
                 drop(unsafe { Box::from_raw(ptr::from_mut(obj)) });
@@ -993,8 +993,11 @@ export!(
     "IBVERBS_1.1",
     /// `ibv_get_cq_event`: waits for the channel's next event (unless its fd was made
     /// non-blocking: then -1 with EAGAIN) and names its CQ and the CQ's context. Re-arm the
-    /// CQ with `ibv_req_notify_cq` for the next one.
-    fn ibv_get_cq_event(
+    /// CQ with `ibv_req_notify_cq` for the next one. A cancellation point, as rdma-core's
+    /// (its `read(2)`): `pthread_cancel` of a thread waiting here ends that thread, as
+    /// `rping` does to its CQ thread when a connection fails; an `extern "C"` wait aborted
+    /// the whole program instead ("panic in a function that cannot unwind").
+    cancellable fn ibv_get_cq_event(
         channel: *mut sys::ibv_comp_channel,
         cq: *mut *mut sys::ibv_cq,
         cq_context: *mut *mut c_void,
@@ -1003,8 +1006,10 @@ export!(
             set_errno(libc::EINVAL);
             return -1;
         }
-        // SAFETY: `channel` is a live `ChanObj` of ours.
-        let state = unsafe { Arc::clone(&(*channel.cast::<ChanObj>()).state) };
+        // SAFETY: `channel` is a live `ChanObj` of ours, and stays so while a thread waits on
+        // it (the verbs contract: a channel is destroyed after its waits). Borrowed, not
+        // cloned: nothing of this frame needs dropping if a cancellation unwinds it.
+        let state: &Channel = unsafe { &(*channel.cast::<ChanObj>()).state };
         match state.next() {
             Ok(handle) => {
                 let c = handle as *mut sys::ibv_cq;

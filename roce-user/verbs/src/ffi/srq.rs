@@ -172,7 +172,7 @@ export!(
                 Ok(()) => {
                     // SAFETY: `srq` is live until freed below; its context too.
                     if let Some(ctx) = unsafe { ctx_of((*srq).context) } {
-                        ctx.verbs.remove_srq(id);
+                        ctx.verbs.remove_srq(id, srq as usize);
                     }
                     // SAFETY: made by `give` in `ibv_create_srq`; C gives it up with this call.
                     drop(unsafe { Box::from_raw(srq.cast::<SrqObj>()) });
