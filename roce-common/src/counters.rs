@@ -285,6 +285,8 @@ counter_struct! {
         ooo_placed,
         /// roce-xdp multipath: packets beyond the responder's reassembly window, dropped (the requester resends them).
         ooo_dropped_window,
+        /// roce-xdp multipath: entropies (UDP source ports) the requester stopped spraying on because one of their packets was lost.
+        entropy_retired,
     }
 }
 

@@ -189,6 +189,10 @@ pub struct DeviceConfig {
     /// IBA 9.2 has receivers ignore) and turns the extension on only when its peer QP offers
     /// too ([`multipath::Negotiation`]). [`Device::set_multipath`] changes it per QP.
     pub multipath: bool,
+    /// Entropies (UDP source ports) a QP with the extension on sprays its SEND and WRITE
+    /// packets over in selective-repeat mode ([`multipath::Entropies`]; docs/multipath.md,
+    /// "Spraying"): default 8; 1 keeps every packet on the QP's own source port (one path).
+    pub multipath_entropies: u8,
 }
 
 impl Default for DeviceConfig {
@@ -214,6 +218,7 @@ impl Default for DeviceConfig {
             shard: Shard::ONE,
             cc: CcConfig::default(),
             multipath: false,
+            multipath_entropies: 8,
         }
     }
 }
@@ -800,6 +805,10 @@ impl Device {
         qp.srq = srq;
         qp.cc = cc::for_qp(&self.config.cc, init.qp_type);
         qp.set_multipath(self.config.multipath);
+        qp.mp_entropies = multipath::EntropyConfig {
+            count: self.config.multipath_entropies.max(1),
+            ..multipath::EntropyConfig::default()
+        };
         self.qps.insert(n, qp);
         Ok(qpn)
     }
@@ -1321,6 +1330,14 @@ impl Device {
             // The multipath offer bit on an RC QP that allows the extension; 0 otherwise.
             if repr.bth.opcode.transport() == Transport::Rc {
                 repr.bth.resv7 = qp.mp_tx_bits(repr.bth.resv7);
+                // A request with its placement trailer takes the next entropy (spraying).
+                if out.ud_path.is_none()
+                    && repr.bth.resv7 & roce_common::multipath::RESV7_TRAILER != 0
+                    && repr.bth.opcode.info().is_some_and(|i| i.is_request())
+                    && let Some(port) = qp.mp_spray(now, repr.bth.psn)
+                {
+                    path.udp_src_port = port;
+                }
             }
             let payload_len = out.payload.len() as u64;
             // The path's headers as built for the previous frame, unless the path changed.

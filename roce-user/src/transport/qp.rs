@@ -362,6 +362,10 @@ pub struct Qp {
     recv_ssn: u32,
     /// The requester's selective repeat while it sends placement trailers (qp/multipath.rs).
     mp_tx: Option<Box<super::multipath::SelectiveRepeat>>,
+    /// How the requester sprays (from `DeviceConfig::multipath_entropies`).
+    pub(crate) mp_entropies: super::multipath::EntropyConfig,
+    /// The entropies its sprayed packets take, made when it first sprays (qp/multipath.rs).
+    mp_paths: Option<Box<super::multipath::Entropies>>,
     /// WRs that consume a receive WQE at the responder (SENDs, WRITEs with immediate)
     /// completed since the QP left RESET: the base of the send sequence numbers.
     send_ssn: u32,
@@ -413,6 +417,8 @@ impl Qp {
             mp_rx: None,
             recv_ssn: 0,
             mp_tx: None,
+            mp_entropies: super::multipath::EntropyConfig::default(),
+            mp_paths: None,
             send_ssn: 0,
         }
     }

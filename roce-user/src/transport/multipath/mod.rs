@@ -9,9 +9,9 @@
 //!   each packet placed exactly once, completions in PSN order, the SACK to send.
 //! - [`SelectiveRepeat`] (sender, one per QP): per-packet state of the window, which PSNs to
 //!   resend (only missing ones, after a reordering tolerance or a timeout), the window bounded
-//!   by the bandwidth-delay product, and the fate of each sprayed packet's entropy.
-//! - [`Entropies`] (sender, one per spraying QP): the UDP source ports its packets take,
-//!   recycled when acknowledged and retired when lost (REPS).
+//!   by the bandwidth-delay product, and the entropy of each sprayed packet that was lost.
+//! - [`Entropies`] (sender, one per spraying QP): the UDP source ports its packets take in
+//!   turn, each retired and replaced when one of its packets is lost.
 //!
 //! Why here: the codecs of the trailers these use are wire formats and live with the other
 //! headers in [`crate::wire::multipath`]; the state that reads them is transport state and
@@ -26,7 +26,7 @@ mod selective;
 pub use entropy::{Entropies, EntropyConfig, EntropyCounters};
 pub use negotiation::{MpState, Negotiation, RxDecision};
 pub use reassembly::{Arrival, Completion, Reassembly, ReassemblyCounters};
-pub use selective::{PathEvent, SelectiveRepeat, SrConfig, SrCounters, bdp_window};
+pub use selective::{SelectiveRepeat, SrConfig, SrCounters, bdp_window};
 
 #[cfg(test)]
 mod tests;

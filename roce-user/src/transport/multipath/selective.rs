@@ -91,9 +91,6 @@ struct Pkt {
     entropy: Option<Entropy>,
 }
 
-/// What a sprayed packet's fate says about its entropy: acknowledged (`true`) or lost.
-pub type PathEvent = (Entropy, bool);
-
 /// The per-QP selective-repeat state of the sender.
 #[derive(Clone, Debug)]
 pub struct SelectiveRepeat {
@@ -108,8 +105,8 @@ pub struct SelectiveRepeat {
     rack_stamp: u64,
     /// PSNs declared lost and not yet resent, in the order found.
     lost: VecDeque<Psn>,
-    /// The fates of sprayed packets not yet taken by [`Self::path_events`].
-    events: Vec<PathEvent>,
+    /// Entropies of sprayed packets declared lost, not yet taken by [`Self::lost_entropies`].
+    lost_entropies: Vec<Entropy>,
     counters: SrCounters,
 }
 
@@ -129,7 +126,7 @@ impl SelectiveRepeat {
             next_stamp: 1,
             rack_stamp: 0,
             lost: VecDeque::new(),
-            events: Vec::new(),
+            lost_entropies: Vec::new(),
             counters: SrCounters::default(),
         }
     }
@@ -210,15 +207,11 @@ impl SelectiveRepeat {
             self.counters.sack_received += 1;
         }
         let mut newly = 0;
-        let events = &mut self.events;
         let mut mark = |p: &mut Pkt, rack: &mut u64| {
             if !p.acked {
                 p.acked = true;
                 newly += 1;
                 *rack = (*rack).max(p.stamp);
-                if let Some(e) = p.entropy {
-                    events.push((e, true));
-                }
             }
         };
         if d > 0 {
@@ -255,7 +248,7 @@ impl SelectiveRepeat {
                 p.lost = true;
                 self.lost.push_back(self.base.wrapping_add(i as u32));
                 if let Some(e) = p.entropy {
-                    self.events.push((e, false));
+                    self.lost_entropies.push(e);
                 }
             }
         }
@@ -281,7 +274,7 @@ impl SelectiveRepeat {
                 self.counters.timeouts += 1;
                 self.lost.push_back(self.base.wrapping_add(i as u32));
                 if let Some(e) = p.entropy {
-                    self.events.push((e, false));
+                    self.lost_entropies.push(e);
                 }
             }
         }
@@ -299,7 +292,7 @@ impl SelectiveRepeat {
                 self.counters.timeouts += 1;
                 self.lost.push_back(self.base.wrapping_add(i as u32));
                 if let Some(e) = p.entropy {
-                    self.events.push((e, false));
+                    self.lost_entropies.push(e);
                 }
             }
         }
@@ -334,7 +327,7 @@ impl SelectiveRepeat {
 
     /// Records that the latest transmission of `psn` took entropy `e`. Call it for every
     /// sprayed packet, new or resent, once [`Self::on_send`] or [`Self::poll_retransmit`]
-    /// named it; its fate then comes out of [`Self::path_events`].
+    /// named it; if it is lost, the entropy comes out of [`Self::lost_entropies`].
     pub fn set_entropy(&mut self, psn: Psn, e: Entropy) {
         let i = psn.distance(self.base);
         if i >= 0
@@ -342,6 +335,13 @@ impl SelectiveRepeat {
         {
             p.entropy = Some(e);
         }
+    }
+
+    /// Whether `psn` is in the window (sent, not yet acknowledged cumulatively).
+    #[must_use]
+    pub fn in_window(&self, psn: Psn) -> bool {
+        let i = psn.distance(self.base);
+        i >= 0 && (i as usize) < self.pkts.len()
     }
 
     /// The entropy the latest transmission of `psn` took, if it was sprayed and is in the
@@ -355,11 +355,11 @@ impl SelectiveRepeat {
         self.pkts.get(i as usize)?.entropy
     }
 
-    /// The fates of sprayed packets since the last call, oldest first: each packet's entropy
-    /// with `true` when it was acknowledged, `false` when declared lost. Call it after every
-    /// ACK and timeout and feed them to [`super::Entropies`].
-    pub fn path_events(&mut self) -> std::vec::Drain<'_, PathEvent> {
-        self.events.drain(..)
+    /// The entropies of the sprayed packets declared lost since the last call, oldest first.
+    /// Call it before spraying the next packet and retire them
+    /// ([`super::Entropies::on_bad`]).
+    pub fn lost_entropies(&mut self) -> std::vec::Drain<'_, Entropy> {
+        self.lost_entropies.drain(..)
     }
 
     /// Whether `psn` is in the window and acknowledged (by the cumulative PSN it would have

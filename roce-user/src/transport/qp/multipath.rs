@@ -22,7 +22,7 @@ use std::collections::BTreeMap;
 use super::responder::Fatal;
 use super::*;
 use crate::transport::multipath::{
-    Arrival, Completion, Reassembly, SelectiveRepeat, SrConfig, SrCounters,
+    Arrival, Completion, Entropies, Reassembly, SelectiveRepeat, SrConfig, SrCounters,
 };
 use crate::wire::multipath::{PlacementFlags, PlacementTrailer, SackTrailer, placement, sack};
 
@@ -469,6 +469,32 @@ impl Qp {
         let mut sr = SelectiveRepeat::new(self.comp_psn, cfg);
         while sr.next_psn() != self.next_psn && sr.on_send(now).is_some() {}
         self.mp_tx = Some(Box::new(sr));
+    }
+
+    /// The UDP source port for request packet `psn`, about to leave at `now` with its
+    /// placement trailer: the QP's next entropy in turn (another one than the packet's last,
+    /// for a resend), or `None` when the QP does not spray (one entropy configured, not in
+    /// selective repeat, or `psn` not in its window). The entropies of packets lost since are
+    /// retired and replaced first (docs/multipath.md, "Spraying"). Call it for every request
+    /// packet with a trailer, just before its frame is written.
+    pub(crate) fn mp_spray(&mut self, now: Instant, psn: Psn) -> Option<u16> {
+        if self.mp_entropies.count <= 1 || !self.mp_tx.as_deref()?.in_window(psn) {
+            return None;
+        }
+        if self.mp_paths.is_none() {
+            let seed = (u64::from(self.qpn.value()) << 24) | u64::from(psn.value());
+            self.mp_paths = Some(Box::new(Entropies::new(seed, self.mp_entropies, now)));
+        }
+        let sr = self.mp_tx.as_deref_mut()?;
+        let paths = self.mp_paths.as_deref_mut()?;
+        let retired = paths.counters().retired;
+        for e in sr.lost_entropies() {
+            paths.on_bad(e, now);
+        }
+        self.counters.entropy_retired += paths.counters().retired - retired;
+        let e = paths.next(now, sr.entropy_of(psn));
+        sr.set_entropy(psn, e);
+        Some(e.port())
     }
 
     /// Whether the requester is in selective-repeat mode: its request packets carry
