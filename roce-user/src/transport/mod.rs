@@ -1209,10 +1209,13 @@ impl Device {
         }
         while let Some(k) = sched.pop_ready() {
             let Some(qp) = qps.get_mut(&k) else {
-                continue; // destroyed since it was queued
+                sched.release_one(); // destroyed since it was queued
+                continue;
             };
             if !qp.sched.queued && !qp.sched.blocked {
-                continue; // a second entry of a QP already served to exhaustion
+                // A second entry of a QP already served to exhaustion, or a stale release.
+                sched.release_one();
+                continue;
             }
             qp.sched.queued = true;
             qp.sched.blocked = false;
