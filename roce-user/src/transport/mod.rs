@@ -22,16 +22,17 @@
 //!
 //! # Memory bound
 //! Everything is bounded by configuration, never by what a peer sends: at most
-//! [`DeviceConfig::max_qp`] QPs (see [`Qp`] for the per-QP bound, ~120 KiB with defaults),
+//! [`DeviceConfig::max_qp`] QPs (see [`Qp`] for the per-QP bound, ~76 KiB with defaults),
 //! [`DeviceConfig::max_mr`] regions and as many memory windows, [`DeviceConfig::max_cq`] CQs of at most
 //! [`DeviceConfig::max_cqe`] entries (48 B each) and [`DeviceConfig::max_events`] async
 //! events. Payloads are gathered straight into the caller's frame buffer, with no buffer of
 //! the device's own.
 //!
 //! Measured (`hotpath qp_memory`, heap bytes counted by a global allocator, x86_64): a
-//! connected RC QP with default caps holds about 2 KiB of heap while its queues are empty (the
-//! QP, its BTreeMap slot, its DCQCN state) and about 117 KiB with 256 send and 256 receive WRs
-//! of one SGE queued; memory regions are the application's buffers plus a table slot.
+//! connected RC QP holds about 3 KiB of heap while its queues are empty (the QP, its BTreeMap
+//! slot, its DCQCN state), 20 KiB with perftest's 128 send WRs of one SGE queued and 36 KiB
+//! with its 512 receive WRs queued too; 45 KiB with the default caps' 256 send and 256 receive
+//! WRs of one SGE queued. Memory regions are the application's buffers plus a table slot.
 
 //! # Deviations from rxe, on purpose
 //! - An RNR NAK also suppresses PSN NAKs for the packets behind it until the retried request
