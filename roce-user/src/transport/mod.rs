@@ -126,14 +126,17 @@ pub const MAX_FRAME_LEN: usize = max_frame_len(Mtu::Mtu4096);
 pub struct DeviceConfig {
     /// Protection domains (default 1024); more are refused ([`DeviceError::TooManyPds`]).
     pub max_pd: usize,
-    /// QPs (default 1024; `roce perf --max-qp`); more are refused ([`DeviceError::TooManyQps`]).
+    /// QPs (default [`roce_common::maps::DEFAULT_MAX_QP`], 16,384; `roce perf --max-qp`); more
+    /// are refused ([`DeviceError::TooManyQps`]).
     pub max_qp: usize,
     /// Memory regions (default 4096, at most 65535; `roce perf --max-mr`); more are refused
     /// ([`MrError::TableFull`]).
     pub max_mr: usize,
     /// CQs (default 1024).
     pub max_cq: usize,
-    /// Entries per CQ (default 65536).
+    /// Entries per CQ (default 2^22, mlx5's limit: 16,384 QPs of perftest's tx depth 128
+    /// completing on one CQ need 2^21). A CQ's storage grows with the completions it holds,
+    /// not with its depth.
     pub max_cqe: usize,
     /// Send or receive WRs per QP (default 16384, rxe's `RXE_MAX_QP_WR`): the bound on a QP's
     /// send and receive queue depth (`QpCap`); a post beyond the QP's own cap is refused.
@@ -188,10 +191,10 @@ impl Default for DeviceConfig {
     fn default() -> Self {
         Self {
             max_pd: 1024,
-            max_qp: 1024,
+            max_qp: roce_common::maps::DEFAULT_MAX_QP as usize,
             max_mr: 4096,
             max_cq: 1024,
-            max_cqe: 1 << 16,
+            max_cqe: 1 << 22,
             max_qp_wr: 0x4000,
             max_sge: 32,
             max_inline_data: 400,
