@@ -27,8 +27,14 @@ pub const MAP_DEV_STATS: &str = "ROCE_DEV_STATS";
 /// Hash map from RX queue to [`XskQueueRecord`]: AF_XDP counters and bind mode per queue.
 pub const MAP_XSK_STATS: &str = "ROCE_XSK_STATS";
 
-/// Capacity of [`MAP_QP_STATS`].
-pub const MAX_STAT_QPS: u32 = 4096;
+/// The QPs one endpoint device holds unless told otherwise: the default of the transport's
+/// `DeviceConfig::max_qp`, which `ibv_query_device` reports as `max_qp` (issue 20: 16,384 QPs
+/// on one device). Below [`MAX_QPS`], whose slots the QPNs index.
+pub const DEFAULT_MAX_QP: u32 = 16384;
+/// Capacity of [`MAP_QP_STATS`]: two devices' worth of QPs at their default limit
+/// ([`DEFAULT_MAX_QP`]), the GSI QPs and the retired record (QPN 0), so an endpoint with all
+/// its QPs publishes every one's counters while another process's records wait to be retired.
+pub const MAX_STAT_QPS: u32 = 2 * DEFAULT_MAX_QP + MAX_STAT_PROCS + 1;
 /// Capacity of [`MAP_DEV_STATS`].
 pub const MAX_STAT_PROCS: u32 = 64;
 
@@ -48,6 +54,7 @@ pub const FLAG_PROCESS_HELD: u32 = 1 << 1;
 pub const MAX_QUEUES: u32 = 64;
 /// Capacity of [`MAP_QPS`]: QPNs at or above this are never ours.
 pub const MAX_QPS: u32 = 65536;
+const _: () = assert!(DEFAULT_MAX_QP < MAX_QPS - FIRST_QPN);
 /// The lowest QPN roce-xdp allocates (below are QP0/QP1 and the range rxe also skips).
 pub const FIRST_QPN: u32 = 17;
 

@@ -20,9 +20,11 @@
 //! - `transport`: two `transport::Device`s back to back moving 1 KiB RDMA WRITEs (one packet
 //!   and one ACK each): post, emit with ICRC, parse with ICRC check, responder, ACK, completer,
 //!   poll_cq. The count printed is frames (WRITE packets + ACKs).
-//! - `qp_memory`: not a callgrind workload: creates `N` connected RC QPs (default caps: 256
-//!   send and 256 receive WRs of up to 4 SGEs) and prints the heap bytes per QP, counted by
-//!   the `stats_alloc` global allocator, empty and with both queues full (one SGE per WR).
+//! - `qp_memory`: not a callgrind workload: creates `N` connected RC QPs, once with the default
+//!   caps (256 send and 256 receive WRs of up to 4 SGEs) and once with perftest's (`ib_write_bw`:
+//!   128 send and 512 receive WRs of 1 SGE), and prints the heap bytes per QP, counted by the
+//!   `stats_alloc` global allocator: idle, with the send queue full and with both queues full
+//!   (one SGE per WR).
 
 use std::{alloc::System, hint::black_box, net::Ipv4Addr};
 
@@ -185,15 +187,19 @@ fn run_transport(t: &mut Transport) -> u64 {
     frames
 }
 
-/// Heap bytes held now minus at `r`'s start.
+/// Heap bytes held now minus at `r`'s start. (`stats_alloc` adds a realloc's growth to
+/// `bytes_allocated` and its shrinking to `bytes_deallocated`, and both again to
+/// `bytes_reallocated`, so that one is not added: it would count a queue grown by
+/// reallocation twice.)
 fn held(r: &Region<'_, System>) -> i64 {
     let c = r.change();
     i64::try_from(c.bytes_allocated).unwrap() - i64::try_from(c.bytes_deallocated).unwrap()
-        + i64::try_from(c.bytes_reallocated).unwrap()
 }
 
-fn qp_memory(n: u64) {
-    use roce::transport::{QpCap, RecvWr, sim};
+/// Heap bytes per QP for `n` connected RC QPs of `caps`: idle, with the send queue full of
+/// one-SGE WRs (what `ib_write_bw` keeps posted), and with both queues full.
+fn qp_memory_at(n: u64, caps: roce::transport::QpCap, what: &str) {
+    use roce::transport::{RecvWr, sim};
     let config = DeviceConfig {
         max_qp: usize::try_from(n).unwrap() + 1,
         ..DeviceConfig::default()
@@ -212,7 +218,7 @@ fn qp_memory(n: u64) {
                 qp_type: roce::transport::QpType::Rc,
                 send_cq: a.cq,
                 recv_cq: a.cq,
-                cap: QpCap::default(),
+                cap: caps,
                 sq_sig_all: false,
             })
             .expect("create qp");
@@ -233,7 +239,13 @@ fn qp_memory(n: u64) {
         length: 8,
         lkey: roce::transport::LKey::new(1),
     };
-    let caps = QpCap::default();
+    for &q in &qpns {
+        for i in 0..caps.max_send_wr {
+            let wr = SendWr::send(u64::from(i), vec![sge]);
+            pair.a.post_send(q, wr).expect("post send");
+        }
+    }
+    let send_full = held(&r) - before_vec;
     for &q in &qpns {
         for i in 0..caps.max_recv_wr {
             let wr = RecvWr {
@@ -242,20 +254,32 @@ fn qp_memory(n: u64) {
             };
             pair.a.post_recv(q, wr).expect("post recv");
         }
-        for i in 0..caps.max_send_wr {
-            let wr = SendWr::send(u64::from(i), vec![sge]);
-            pair.a.post_send(q, wr).expect("post send");
-        }
     }
     let full = held(&r) - before_vec;
     let n = i64::try_from(n).unwrap();
     println!(
-        "qp_memory: {n} QPs; heap per QP: {} B empty, {} B with {} send + {} recv WRs of 1 SGE queued",
-        empty / n,
-        full / n,
+        "qp_memory ({what}: {} send, {} recv WRs of up to {} SGEs): {n} QPs; heap per QP: {} B idle, {} B with the send queue full, {} B with both queues full (one SGE per WR)",
         caps.max_send_wr,
-        caps.max_recv_wr
+        caps.max_recv_wr,
+        caps.max_sge,
+        empty / n,
+        send_full / n,
+        full / n,
     );
+}
+
+fn qp_memory(n: u64) {
+    use roce::transport::QpCap;
+    qp_memory_at(n, QpCap::default(), "default caps");
+    // ib_write_bw's defaults: tx depth 128, rx depth 512, one SGE each way (perftest
+    // `ctx_qp_create`: max_send_wr = tx_depth, max_recv_wr = rx_depth, MAX_SEND_SGE 1).
+    let perftest = QpCap {
+        max_send_wr: 128,
+        max_recv_wr: 512,
+        max_sge: 1,
+        max_inline_data: 0,
+    };
+    qp_memory_at(n, perftest, "perftest's depths");
 }
 
 fn main() {

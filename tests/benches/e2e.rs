@@ -4,8 +4,9 @@
 //! - WRITE goodput (`roce perf write -D`) for 64 B, 1 KiB, 64 KiB and 1 MiB messages, against a UDP
 //!   blaster whose datagrams carry the same payload per packet: the message size up to the
 //!   path MTU (2048), so neither side fragments. Goodput is what the receiver got.
-//! - Scaling: 64 KiB WRITEs over 1, 16, 256 and 1024 QPs (`roce perf -q N -t 16`), against 1
-//!   QP in the same run, and the client's peak RSS (`peak_rss_kib`) at each count.
+//! - Scaling: 64 KiB WRITEs over 1, 16, 256, 1024 and 16,384 QPs (`roce perf -q N -t 16
+//!   --shared-mr`), against 1 QP in the same run, the client's peak RSS (`peak_rss_kib`) at each
+//!   count and the RSS per QP, (RSS(N) - RSS(1)) / (N - 1).
 //! - Ping-pong round trip of 64-byte messages, p50 and p99: `roce pingpong` against a UDP echo.
 //! - Multi-queue: 64 KiB WRITEs over 16 and 1024 QPs on a veth pair with two queues per end,
 //!   `--sharded` (one transport per queue) against 16 QPs sharing one transport.
@@ -26,6 +27,9 @@ use roce_tests::{require_root, tag};
 use serde_json::{Value, json};
 
 const REPS: usize = 3;
+/// The QP counts of the scaling rows: up to the device's default limit
+/// (`DeviceConfig::max_qp`, issue 20).
+const SCALING_QPS: [u32; 5] = [1, 16, 256, 1024, 16384];
 const SECS: f64 = 2.0;
 
 fn roce_bin() -> std::path::PathBuf {
@@ -217,15 +221,18 @@ fn main() {
         table.push_str(&format!("| WRITE goodput {size} B, MB/s | {rm:.1} ({rmin:.1}..{rmax:.1}) | {um:.1} | {ratio:.2}x | {target}{met} |\n"));
         rows.push(json!({"name": format!("WRITE goodput {size} B"), "value": rm, "unit": "MB/s", "baseline": um, "ratio": ratio, "target": target, "min": rmin, "max": rmax}));
     }
-    // Scaling: the same 64 KiB WRITE load spread over 1..1024 QPs (16 WRs posted per QP),
-    // against 1 QP in the same run; and the client's peak RSS at each count.
+    // Scaling: the same 64 KiB WRITE load spread over 1..16,384 QPs (16 WRs posted per QP),
+    // against 1 QP in the same run; and the client's peak RSS at each count. All QPs share one
+    // pair of buffers (`--shared-mr`), so what the RSS gains per QP is the QP's own memory.
     let mut one = (0.0, 0.0);
-    for q in [1u32, 16, 256, 1024] {
+    for q in SCALING_QPS {
         let runs: Vec<Value> = (0..REPS)
             .map(|_| {
                 pair_json(
                     &pair,
-                    &format!("perf write -s 65536 -D {SECS} -m 2048 -t 16 -q {q} --max-qp {q}"),
+                    &format!(
+                        "perf write -s 65536 -D {SECS} -m 2048 -t 16 -q {q} --max-qp {q} --shared-mr"
+                    ),
                 )
             })
             .collect();
@@ -243,7 +250,7 @@ fn main() {
             one = (bw.0, rss.0);
         }
         let ratio = bw.0 / one.0.max(1e-9);
-        let (target, met) = if q == 1024 {
+        let (target, met) = if q >= 1024 {
             ("≥ 0.9x", if ratio >= 0.9 { " (met)" } else { " (NOT met)" })
         } else {
             ("-", "")
@@ -259,6 +266,26 @@ fn main() {
             rss.0, rss.1, rss.2, one.1
         ));
         rows.push(json!({"name": format!("peak RSS, {q} QPs"), "value": rss.0, "unit": "MiB", "baseline": one.1, "ratio": mem_ratio, "target": "-", "min": rss.1, "max": rss.2}));
+        if q > 1 {
+            // What each QP beyond the first adds: (RSS(N) - RSS(1)) / (N - 1).
+            let per_qp = (rss.0 - one.1) * 1024.0 / f64::from(q - 1);
+            let (target, met) = if q >= 1024 {
+                (
+                    "≤ 32 KiB",
+                    if per_qp <= 32.0 {
+                        " (met)"
+                    } else {
+                        " (NOT met)"
+                    },
+                )
+            } else {
+                ("-", "")
+            };
+            table.push_str(&format!(
+                "| RSS per QP with {q} QPs, KiB | {per_qp:.1} | - | - | {target}{met} |\n"
+            ));
+            rows.push(json!({"name": format!("RSS per QP, {q} QPs"), "value": per_qp, "unit": "KiB", "baseline": null, "ratio": null, "target": target, "min": per_qp, "max": per_qp}));
+        }
     }
     let mut p50s = Vec::new();
     let mut p99s = Vec::new();

@@ -234,6 +234,48 @@ fn sixty_four_qps_at_once() {
     }
 }
 
+/// 16,384 QPs on one device (issue 20, `DeviceConfig::max_qp`'s default), each moving data:
+/// `roce perf write -q 16384 --shared-mr` with perftest's default queue sizes (`ib_write_bw`:
+/// 128 send WRs of one SGE per QP; the write client posts no receives), every QP posting
+/// `ITERS` 64-byte WRITEs at once (the whole 2,097,152-WRITE run at full depth takes about a
+/// minute in a release build, and the debug build this suite runs is several times slower;
+/// BENCHMARKS.md has the full-depth figure). The client completes every WR of every QP in
+/// order (perf checks each completion's wr_id), both sides verify the bytes, and the client's
+/// peak RSS grows by at most 32 KiB per QP against a 1-QP run: (RSS(16384) - RSS(1)) /
+/// 16383. With `--shared-mr` all QPs share one pair of 4 KiB buffers, so what grows with the
+/// QP count is the QPs' own state (transport, API and the perf client's per-QP bookkeeping).
+#[test]
+fn sixteen_thousand_qps_on_one_device_within_32_kib_each() {
+    const QPS: u64 = 16384;
+    const ITERS: u64 = 8;
+    let (pair, _l) = loaded_veth("qk", 161, 1500);
+    let host = pair.b.ipv4.to_string();
+    let run = |q: u64| {
+        pair_run(
+            &pair,
+            &format!("perf write -q {q} -s 64 -n {ITERS} -t 128 -m 1024 --shared-mr"),
+            &host,
+        )
+    };
+    let (one, _) = run(1);
+    let start = Instant::now();
+    let (c, s) = run(QPS);
+    let took = start.elapsed();
+    assert_eq!(c["qps"], QPS);
+    assert_eq!(c["messages"], QPS * ITERS, "{c}");
+    assert_eq!(c["verified"], true, "{c}");
+    assert_eq!(s["verified"], true, "{s}");
+    let rss = |v: &Value| v["peak_rss_kib"].as_f64().expect("peak_rss_kib");
+    let per_qp = (rss(&c) - rss(&one)) / (QPS - 1) as f64;
+    eprintln!(
+        "16,384 QPs: {} messages in {took:?}; client peak RSS {:.1} MiB (1 QP: {:.1} MiB), {per_qp:.1} KiB per QP",
+        c["messages"],
+        rss(&c) / 1024.0,
+        rss(&one) / 1024.0
+    );
+    assert!(per_qp <= 32.0, "{per_qp:.1} KiB of RSS per QP");
+}
+
 /// `roce perf send` as the demo runs it (64 KiB messages on 2 QPs at path MTU 2048), for 5 s,
 /// never finds a receive queue empty. The server posts its 512 receives per QP (perftest's
 /// default) before it answers the client and reposts each one as it completes, before polling

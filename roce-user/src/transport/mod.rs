@@ -22,16 +22,17 @@
 //!
 //! # Memory bound
 //! Everything is bounded by configuration, never by what a peer sends: at most
-//! [`DeviceConfig::max_qp`] QPs (see [`Qp`] for the per-QP bound, ~120 KiB with defaults),
+//! [`DeviceConfig::max_qp`] QPs (see [`Qp`] for the per-QP bound, ~76 KiB with defaults),
 //! [`DeviceConfig::max_mr`] regions and as many memory windows, [`DeviceConfig::max_cq`] CQs of at most
 //! [`DeviceConfig::max_cqe`] entries (48 B each) and [`DeviceConfig::max_events`] async
 //! events (and a completion notification per CQ at most). Payloads are gathered straight into the caller's frame buffer, with no buffer of
 //! the device's own.
 //!
 //! Measured (`hotpath qp_memory`, heap bytes counted by a global allocator, x86_64): a
-//! connected RC QP with default caps holds about 2 KiB of heap while its queues are empty (the
-//! QP, its BTreeMap slot, its DCQCN state) and about 117 KiB with 256 send and 256 receive WRs
-//! of one SGE queued; memory regions are the application's buffers plus a table slot.
+//! connected RC QP holds about 3 KiB of heap while its queues are empty (the QP, its BTreeMap
+//! slot, its DCQCN state), 20 KiB with perftest's 128 send WRs of one SGE queued and 36 KiB
+//! with its 512 receive WRs queued too; 45 KiB with the default caps' 256 send and 256 receive
+//! WRs of one SGE queued. Memory regions are the application's buffers plus a table slot.
 
 //! # Deviations from rxe, on purpose
 //! - An RNR NAK also suppresses PSN NAKs for the packets behind it until the retried request
@@ -125,16 +126,19 @@ pub const MAX_FRAME_LEN: usize = max_frame_len(Mtu::Mtu4096);
 pub struct DeviceConfig {
     /// Protection domains (default 1024); more are refused ([`DeviceError::TooManyPds`]).
     pub max_pd: usize,
-    /// QPs (default 1024; `roce perf --max-qp`); more are refused ([`DeviceError::TooManyQps`]).
+    /// QPs (default [`roce_common::maps::DEFAULT_MAX_QP`], 16,384; `roce perf --max-qp`); more
+    /// are refused ([`DeviceError::TooManyQps`]).
     pub max_qp: usize,
     /// Memory regions (default 4096, at most 65535; `roce perf --max-mr`); more are refused
     /// ([`MrError::TableFull`]).
     pub max_mr: usize,
-    /// CQs (default 2048: a send and a receive CQ of their own for each of `max_qp` QPs, as
-    /// `ucmatose` makes them; with 1024, ucmatose's 1,000 connections at once ran out of CQs
-    /// at the 513th).
+    /// CQs (default twice the default `max_qp`: every QP may complete on a send and a receive
+    /// CQ of its own, as `ucmatose` makes them; with 1024, its 1,000 connections at once ran
+    /// out of CQs at the 513th). An idle CQ costs a few hundred bytes.
     pub max_cq: usize,
-    /// Entries per CQ (default 65536).
+    /// Entries per CQ (default 2^22, mlx5's limit: 16,384 QPs of perftest's tx depth 128
+    /// completing on one CQ need 2^21). A CQ's storage grows with the completions it holds,
+    /// not with its depth.
     pub max_cqe: usize,
     /// Send or receive WRs per QP (default 16384, rxe's `RXE_MAX_QP_WR`): the bound on a QP's
     /// send and receive queue depth (`QpCap`); a post beyond the QP's own cap is refused.
@@ -199,10 +203,10 @@ impl Default for DeviceConfig {
     fn default() -> Self {
         Self {
             max_pd: 1024,
-            max_qp: 1024,
+            max_qp: roce_common::maps::DEFAULT_MAX_QP as usize,
             max_mr: 4096,
-            max_cq: 2048,
-            max_cqe: 1 << 16,
+            max_cq: 2 * roce_common::maps::DEFAULT_MAX_QP as usize,
+            max_cqe: 1 << 22,
             max_qp_wr: 0x4000,
             max_sge: 32,
             max_inline_data: 400,
@@ -1251,10 +1255,13 @@ impl Device {
         }
         while let Some(k) = sched.pop_ready() {
             let Some(qp) = qps.get_mut(&k) else {
-                continue; // destroyed since it was queued
+                sched.release_one(); // destroyed since it was queued
+                continue;
             };
             if !qp.sched.queued && !qp.sched.blocked {
-                continue; // a second entry of a QP already served to exhaustion
+                // A second entry of a QP already served to exhaustion, or a stale release.
+                sched.release_one();
+                continue;
             }
             qp.sched.queued = true;
             qp.sched.blocked = false;

@@ -18,7 +18,7 @@ use super::mr::{Access, PdId, Sge, sg_gather, sg_len, sg_scatter};
 use super::multipath::{MpState, Negotiation, RxDecision};
 use super::state::{AttrMask, Mtu, QpAttr, QpState, QpType};
 use super::timer::{Instant, Timer, TimerTable, local_ack_timeout, rnr_timer};
-use super::wr::{RecvWr, SendFlags, SendOp, SendWr};
+use super::wr::{QueuedRecvWr, QueuedSendWr, RecvWr, SendFlags, SendOp, SendWr};
 use super::{Ctx, Event, Path};
 use crate::wire::multipath::MpBthFlags;
 use crate::wire::{
@@ -159,7 +159,7 @@ enum MsgKind {
 
 #[derive(Debug)]
 struct SendWqe {
-    wr: SendWr<Path>,
+    wr: QueuedSendWr<Path>,
     len: u64,
     /// Set when the first packet is sent.
     first_psn: Option<Psn>,
@@ -223,8 +223,9 @@ pub const CTRL_SIZE: usize = core::mem::size_of::<Ctrl>();
 #[cfg(target_pointer_width = "64")]
 const _: () = {
     assert!(core::mem::size_of::<Qp>() <= 1024);
-    assert!(SEND_WQE_SIZE <= 208);
+    assert!(SEND_WQE_SIZE <= 136);
     assert!(core::mem::size_of::<RecvWr>() <= 32);
+    assert!(core::mem::size_of::<QueuedRecvWr>() <= 32);
     assert!(core::mem::size_of::<Sge>() == 16);
     assert!(RESOURCE_SIZE <= 64);
     assert!(CTRL_SIZE <= 12);
@@ -283,15 +284,19 @@ impl<'a> TxBuf<'a> {
 ///
 /// # Memory bound
 /// Measured on x86_64 (a `const` assertion below checks these limits at compile time):
-/// the fixed state is 888 B (152 B of it the transmit header template); a send WQE is 208 B
-/// plus 16 B per SGE or its inline bytes (at most `max_inline_data`); a receive WQE 32 B plus
-/// 16 B per SGE; a responder resource at most 64 B; a queued control response 12 B. The
+/// the fixed state is 888 B (152 B of it the transmit header template); a send WQE is 136 B
+/// with one SGE or none (held in place, `wr::SgList`), plus 16 B per SGE beyond one or its
+/// inline bytes (at most `max_inline_data`); a receive WQE 32 B with one SGE, plus 16 B per
+/// SGE beyond one; a responder resource at most 64 B; a queued control response 12 B. The
 /// queues are bounded: at most `max_send_wr` send WQEs and `max_recv_wr` receive WQEs (both
 /// posted by the local application, never by a peer), at most `max_dest_rd_atomic` responder
 /// resources (a ring: one more evicts the oldest, as in rxe) and at most
 /// [`MAX_PENDING_ACKS`] control responses (beyond that a newer ACK or a NAK takes the place
-/// of the newest queued answer it implies, counted in `ack_deferred`). With the defaults (256 + 256 WRs of 4 SGEs, 16 resources) a
-/// QP holds at most 256 × 272 + 256 × 96 + 16 × 64 + 16 × 12 + 888 ≈ 94 KiB; nothing a peer
+/// of the newest queued answer it implies, counted in `ack_deferred`). With the defaults (256 +
+/// 256 WRs of 4 SGEs, 16 resources) a QP holds at most 256 × 200 + 256 × 96 + 16 × 64 + 16 ×
+/// 12 + 888 ≈ 76 KiB; with perftest's (128 send and 512 receive WRs of one SGE) 128 × 136 +
+/// 512 × 32 + 16 × 64 + 16 × 12 + 888 ≈ 35 KiB, of which `ib_write_bw` uses the send queue
+/// only (`hotpath qp_memory`: 20 KiB of heap per QP with it full, 3 KiB idle); nothing a peer
 /// sends can grow it.
 #[derive(Debug)]
 pub struct Qp {
@@ -301,7 +306,7 @@ pub struct Qp {
     pub(crate) attr: QpAttr<Path>,
     pub(crate) init: QpInit,
     sq: VecDeque<SendWqe>,
-    rq: VecDeque<RecvWr>,
+    rq: VecDeque<QueuedRecvWr>,
     // requester
     req_idx: usize,
     req_pkt: u32,

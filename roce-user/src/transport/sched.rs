@@ -107,13 +107,7 @@ impl Schedule {
             self.inflight = self.inflight + u64::from(unacked) - u64::from(was);
             qp.sched.inflight = unacked;
         }
-        if self.fresh_ok()
-            && let Some(k) = self.blocked.pop_front()
-        {
-            // There is room: the longest-waiting QP goes back in the queue (it keeps its
-            // `blocked` mark until it is served).
-            self.ready.push_back(k);
-        }
+        self.release_one();
         // Entries are lazy: one that is due no later than the QP's real deadline stays (it
         // fires, finds nothing due, and is put back at the real deadline). The retransmission
         // timer moves later on every ACK, and re-keying the set for each cost more than the
@@ -130,6 +124,21 @@ impl Schedule {
         }
         self.timers.insert((next, k));
         qp.sched.deadline = Some(next);
+    }
+
+    /// If the budget has room, moves the longest-waiting blocked QP back to the ready queue (it
+    /// keeps its `blocked` mark until it is served). Called by every [`Self::refresh`]; call it
+    /// also where a ready entry is dropped without serving its QP (destroyed, or already
+    /// served to exhaustion): that entry may have been this release, and a release that serves
+    /// nobody would be a lost wake-up. A blocked-list entry goes stale when its QP is served
+    /// through the ready queue first (an ACK touched it); once the ACKs stop, only a release
+    /// passed on this way reaches the QPs still waiting behind it.
+    pub(crate) fn release_one(&mut self) {
+        if self.fresh_ok()
+            && let Some(k) = self.blocked.pop_front()
+        {
+            self.ready.push_back(k);
+        }
     }
 
     /// Call when `qp` is destroyed: drops its timer entry and its share of the in-flight sum

@@ -192,3 +192,81 @@ pub struct RecvWr {
     /// Where a received message is scattered.
     pub sg_list: Vec<Sge>,
 }
+
+/// A queued WR's scatter/gather list: one entry (what perftest and most programs post) is
+/// held in place, more on the heap, so a queued one-SGE WR makes no allocation of its own
+/// (a `Vec<Sge>` would cost a 32-byte heap block per WQE; see the memory bound on
+/// [`super::Qp`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) enum SgList {
+    /// No entries (inline data, local operations, zero-length messages).
+    Empty,
+    /// One entry.
+    One(Sge),
+    /// Two or more.
+    Many(Box<[Sge]>),
+}
+
+impl From<Vec<Sge>> for SgList {
+    fn from(v: Vec<Sge>) -> Self {
+        match v.as_slice() {
+            [] => Self::Empty,
+            [one] => Self::One(*one),
+            _ => Self::Many(v.into_boxed_slice()),
+        }
+    }
+}
+
+impl core::ops::Deref for SgList {
+    type Target = [Sge];
+
+    fn deref(&self) -> &[Sge] {
+        match self {
+            Self::Empty => &[],
+            Self::One(s) => core::slice::from_ref(s),
+            Self::Many(v) => v,
+        }
+    }
+}
+
+/// A send WR as the send queue keeps it, once posted: [`SendWr`] with its SG list in place
+/// ([`SgList`]) and its UD destination (large, and UD QPs only) boxed.
+#[derive(Debug)]
+pub(crate) struct QueuedSendWr<P> {
+    pub(crate) wr_id: u64,
+    pub(crate) op: SendOp,
+    pub(crate) sg_list: SgList,
+    pub(crate) flags: SendFlags,
+    pub(crate) ud: Option<Box<UdDest<P>>>,
+    pub(crate) inline_data: Option<Box<[u8]>>,
+}
+
+impl<P> From<SendWr<P>> for QueuedSendWr<P> {
+    fn from(wr: SendWr<P>) -> Self {
+        Self {
+            wr_id: wr.wr_id,
+            op: wr.op,
+            sg_list: wr.sg_list.into(),
+            flags: wr.flags,
+            ud: wr.ud.map(Box::new),
+            inline_data: wr.inline_data,
+        }
+    }
+}
+
+/// A receive WR as a receive queue keeps it, once posted: [`RecvWr`] with its SG list in
+/// place ([`SgList`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct QueuedRecvWr {
+    pub(crate) wr_id: u64,
+    pub(crate) sg_list: SgList,
+}
+
+impl From<RecvWr> for QueuedRecvWr {
+    fn from(wr: RecvWr) -> Self {
+        Self {
+            wr_id: wr.wr_id,
+            sg_list: wr.sg_list.into(),
+        }
+    }
+}

@@ -178,7 +178,8 @@ pub(super) fn run_client<D: RdmaDevice>(
             }
             if a.op == PerfOp::Read && done[i] == 1 {
                 let ok = dev.with_mr(qps[i].local.lkey, |b| {
-                    b.get(..size as usize) == Some(pattern(i as u32, size as usize).as_slice())
+                    b.get(..size as usize)
+                        == Some(pattern(qps[i].pattern, size as usize).as_slice())
                 })?;
                 fetched_ok &= ok;
             }
@@ -223,7 +224,7 @@ pub(super) fn run_client<D: RdmaDevice>(
         for (i, qp) in qps.iter().enumerate() {
             let n = verify_len(a.span, done[i], size);
             verified &= dev.with_mr(qp.local.lkey, |b| {
-                b.get(..n) == Some(pattern(i as u32, n).as_slice())
+                b.get(..n) == Some(pattern(qp.pattern, n).as_slice())
             })?;
         }
     }
@@ -269,8 +270,8 @@ pub(super) fn run_server<D: RdmaDevice>(
     // comparing): without --span every message of a QP carries the same bytes, computed once
     // per QP; with --span each receive's bytes go through `want`, reused.
     let same: Vec<Vec<u8>> = if a.span == 0 && a.op == PerfOp::Send {
-        (0..qps.len())
-            .map(|i| pattern(i as u32, size as usize))
+        qps.iter()
+            .map(|qp| pattern(qp.pattern, size as usize))
             .collect()
     } else {
         Vec::new()
@@ -328,7 +329,7 @@ pub(super) fn run_server<D: RdmaDevice>(
                     &same[i]
                 } else {
                     let off = msg_offset(a.span, recvd[i], size) as usize;
-                    pattern_into(i as u32, off, size as usize, &mut want);
+                    pattern_into(qps[i].pattern, off, size as usize, &mut want);
                     &want
                 };
                 recvd[i] += 1;

@@ -194,6 +194,15 @@ pub struct PerfArgs {
     /// packet stays plain RoCE v2 but for one reserved BTH bit. roce-xdp's own flag.
     #[arg(long)]
     pub multipath: bool,
+    /// All QPs share one exposed and one local memory region of `max(size, 4096)` bytes (per
+    /// transport of a sharded device), holding the same bytes: every QP sends QP 0's pattern,
+    /// and the data checks read the shared buffers. Without it each QP registers two regions
+    /// of its own (perftest's `--mr_per_qp` likewise gives each QP its own buffers, and its
+    /// default one region still has a slice per QP), so the application's memory grows by
+    /// twice the message size per QP; with it, what grows with `-q` is the QPs' own state.
+    /// Write, read and send bandwidth runs without --span.
+    #[arg(long)]
+    pub shared_mr: bool,
     /// Most QPs this endpoint creates (`DeviceConfig::max_qp`); `-q` beyond it is refused.
     #[arg(long, value_name = "N", default_value_t = roce::transport::DeviceConfig::default().max_qp)]
     pub max_qp: usize,
@@ -336,6 +345,13 @@ impl Plan {
                 "--span is for write, read and send bandwidth runs: a multiple of --size, at least \
                  size x the deeper of tx-depth and rx-depth ({}), at most 4 GiB",
                 u64::from(size) * u64::from(a.tx_depth.max(a.rx_depth.unwrap_or(0)))
+            );
+        }
+        if a.shared_mr && (a.lat || a.op == PerfOp::Atomic || a.span != 0) {
+            bail!(
+                "--shared-mr is for write, read and send bandwidth runs without --span: atomics \
+                 count per QP, --lat polls each QP's buffer and --span gives each message of a QP \
+                 its own place"
             );
         }
         let span = a.span as usize;

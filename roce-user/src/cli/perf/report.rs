@@ -44,7 +44,9 @@ impl PerfResult {
 }
 
 /// This process's peak resident set size in KiB (`VmHWM` of /proc/self/status), for the JSON
-/// report: how memory grows with `-q` (UMEM, memory regions and QP state together).
+/// report: how memory grows with `-q` (UMEM, memory regions and QP state together). Read it
+/// before the report is built: the report's per-QP entries (`cc`, several KiB per QP as JSON
+/// values) are output, not the QPs' memory, and would otherwise dominate the figure.
 fn peak_rss_kib() -> Option<u64> {
     let status = std::fs::read_to_string("/proc/self/status").ok()?;
     let line = status.lines().find_map(|l| l.strip_prefix("VmHWM:"))?;
@@ -53,7 +55,7 @@ fn peak_rss_kib() -> Option<u64> {
 
 /// Each QP's DCQCN state and counters, and its transport counters, for the JSON report.
 fn cc_json<D: RdmaDevice>(dev: &D) -> serde_json::Value {
-    let counters = dev.qp_counters();
+    let counters: std::collections::HashMap<_, _> = dev.qp_counters().into_iter().collect();
     let qps: Vec<serde_json::Value> = dev
         .cc_snapshots()
         .into_iter()
@@ -62,7 +64,7 @@ fn cc_json<D: RdmaDevice>(dev: &D) -> serde_json::Value {
             for (n, x) in roce::cc::CcStats::NAMES.iter().zip(s.stats.values()) {
                 v[*n] = json!(x);
             }
-            if let Some((_, c)) = counters.iter().find(|(q, _)| *q == qpn) {
+            if let Some(c) = counters.get(&qpn) {
                 for (n, x) in roce::api::QpCounters::NAMES.iter().zip(c.values()) {
                     v["transport"][*n] = json!(x);
                 }
@@ -94,6 +96,7 @@ pub(super) fn emit<D: RdmaDevice>(
     session: &Session,
     o: &Outcome,
 ) {
+    let peak_rss = peak_rss_kib();
     let size = plan.size;
     let shown = if plan.client || a.op == PerfOp::Send || a.lat {
         o.result
@@ -137,7 +140,7 @@ pub(super) fn emit<D: RdmaDevice>(
         "peer_version": session.comm.remote_version,
         "cm": CmStats::NAMES.iter().zip(session.cm.values()).map(|(n, v)| ((*n).to_owned(), v.into())).collect::<serde_json::Map<_, _>>(),
         "cc": cc_json(dev),
-        "peak_rss_kib": peak_rss_kib(),
+        "peak_rss_kib": peak_rss,
     });
     out.emit(&v, &text);
 }

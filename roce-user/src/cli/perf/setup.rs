@@ -38,6 +38,8 @@ pub(super) struct QpCtx {
     pub(super) local: MrInfo,
     pub(super) psn: Psn,
     pub(super) remote: Option<KeyMsg>,
+    /// Whose pattern its buffers hold: its own index, or 0 for every QP with `--shared-mr`.
+    pub(super) pattern: u32,
 }
 
 /// Up to `max` completions from each of `cqs` (one per transport of a sharded device), polled
@@ -162,20 +164,26 @@ impl Local {
         let gid_idx = a.gid_idx.unwrap_or_else(|| dev.default_gid_index(true));
         let gid = dev.gid(gid_idx)?;
         dev.check_path_mtu(a.mtu, gid.ip.is_ipv6())?;
-        // One CQ per transport, deep enough for the QPs it holds (QP k on queue k mod shards).
+        // One CQ per transport, deep enough for the QPs it holds (QP k on queue k mod shards):
+        // each QP's send queue, and its receive queue where receives are posted (SEND, --lat).
         let per_shard = a.qps.div_ceil(shards) as usize;
+        let receives = a.op == PerfOp::Send || a.lat;
+        let per_qp = plan.depth as usize + if receives { plan.rx_depth as usize } else { 0 };
         let cqs = (0..shards)
-            .map(|q| {
-                dev.create_cq_on(
-                    q,
-                    (plan.depth as usize + plan.rx_depth as usize + 16) * per_shard,
-                )
-            })
+            .map(|q| dev.create_cq_on(q, per_qp * per_shard + 16))
             .collect::<Result<Vec<_>, _>>()?;
-        let mut qps = Vec::new();
+        // With --shared-mr, one exposed and one local region per transport, filled as QP 0's.
+        let shared = if a.shared_mr {
+            pds.iter()
+                .map(|&pd| register_buffers(dev, a, plan, 0, pd).map(Some))
+                .collect::<anyhow::Result<Vec<_>>>()?
+        } else {
+            vec![None; pds.len()]
+        };
+        let mut qps = Vec::with_capacity(a.qps as usize);
         for q in 0..a.qps {
-            let (pd, cq) = (pds[(q % shards) as usize], cqs[(q % shards) as usize]);
-            qps.push(create_qp(dev, a, plan, q, pd, cq)?);
+            let s = (q % shards) as usize;
+            qps.push(create_qp(dev, a, plan, q, (pds[s], cqs[s]), shared[s])?);
         }
         if a.op == PerfOp::Send && (!plan.client || a.lat) {
             post_receives(dev, plan, &qps)?;
@@ -189,30 +197,16 @@ impl Local {
     }
 }
 
-/// Creates QP `q` on `pd` and `cq`, registers its exposed and local buffers, fills them as
-/// the operation and side want them, and moves the QP to INIT.
-fn create_qp<D: RdmaDevice>(
+/// Registers the exposed and the local buffer of QP `q` (or, with `--shared-mr`, of every QP
+/// of `pd`, with `q` 0) and fills them as the operation and side want them.
+fn register_buffers<D: RdmaDevice>(
     dev: &D,
     a: &PerfArgs,
     plan: &Plan,
     q: u32,
     pd: PdId,
-    cq: CqId,
-) -> anyhow::Result<QpCtx> {
+) -> anyhow::Result<(MrInfo, MrInfo)> {
     let (client, size, span, depth) = (plan.client, plan.size, plan.span, plan.depth);
-    let qpn = dev.create_qp(QpInit {
-        pd,
-        qp_type: QpType::Rc,
-        send_cq: cq,
-        recv_cq: cq,
-        cap: QpCap {
-            max_send_wr: depth,
-            max_recv_wr: plan.rx_depth,
-            max_sge: 1,
-            max_inline_data: 0,
-        },
-        sq_sig_all: true,
-    })?;
     let mr = dev.reg_mr(
         pd,
         (size.max(CYCLE_BUFFER) as usize).max(span),
@@ -248,6 +242,36 @@ fn create_qp<D: RdmaDevice>(
             dev.mr_write(mr.lkey, 0, &pattern(q, full))?;
         }
     }
+    Ok((mr, local))
+}
+
+/// Creates QP `q` on its transport's PD and CQ, with its own buffers
+/// ([`register_buffers`]) or the `shared` ones, and moves it to INIT.
+fn create_qp<D: RdmaDevice>(
+    dev: &D,
+    a: &PerfArgs,
+    plan: &Plan,
+    q: u32,
+    (pd, cq): (PdId, CqId),
+    shared: Option<(MrInfo, MrInfo)>,
+) -> anyhow::Result<QpCtx> {
+    let qpn = dev.create_qp(QpInit {
+        pd,
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        cap: QpCap {
+            max_send_wr: plan.depth,
+            max_recv_wr: plan.rx_depth,
+            max_sge: 1,
+            max_inline_data: 0,
+        },
+        sq_sig_all: true,
+    })?;
+    let ((mr, local), pattern) = match shared {
+        Some(bufs) => (bufs, 0),
+        None => (register_buffers(dev, a, plan, q, pd)?, q),
+    };
     dev.qp_to_init(qpn, remote_access())?;
     Ok(QpCtx {
         qpn,
@@ -255,6 +279,7 @@ fn create_qp<D: RdmaDevice>(
         local,
         psn: Psn::new(random_u32()),
         remote: None,
+        pattern,
     })
 }
 

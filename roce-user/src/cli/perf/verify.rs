@@ -47,16 +47,16 @@ pub(super) fn verify_server<D: RdmaDevice>(
     // With --span and -D the server knows only the total: it checks the span the average QP
     // covered (the test sizes -D runs so that every QP covers the whole span).
     let per_qp = client_msgs / u64::from(a.qps.max(1));
-    for (i, qp) in qps.iter().enumerate() {
+    for qp in qps {
         let n = verify_len(a.span, per_qp, size);
         ok &= match a.op {
             PerfOp::Write | PerfOp::Read => dev.with_mr(qp.mr.lkey, |b| {
-                b.get(..n) == Some(pattern(i as u32, n).as_slice())
+                b.get(..n) == Some(pattern(qp.pattern, n).as_slice())
             })?,
             // With --span every receive was checked as it completed (run_server).
             PerfOp::Send if a.span != 0 => true,
             PerfOp::Send => dev.with_mr(qp.mr.lkey, |b| {
-                b.get(..size as usize) == Some(pattern(i as u32, size as usize).as_slice())
+                b.get(..size as usize) == Some(pattern(qp.pattern, size as usize).as_slice())
             })?,
             PerfOp::Atomic => true,
         };

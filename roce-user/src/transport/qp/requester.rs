@@ -2,6 +2,7 @@
 //! posting, segmentation by path MTU, opcode choice, the PSN window and initiator depth.
 
 use super::*;
+use crate::transport::wr::QueuedSendWr;
 use crate::transport::{AccessError, MrTable};
 
 /// The RC opcode of the packet at `pos` of a `kind` message (SEND, WRITE or READ response),
@@ -64,7 +65,7 @@ pub const fn position_of(idx: u32, npkts: u32) -> Position {
 fn gather(
     mrs: &mut MrTable,
     pd: PdId,
-    wr: &SendWr<Path>,
+    wr: &QueuedSendWr<Path>,
     off: u64,
     dst: &mut [u8],
 ) -> Result<(), AccessError> {
@@ -210,7 +211,7 @@ impl Qp {
             packets_for(len, self.mtu())
         };
         let wqe = SendWqe {
-            wr,
+            wr: wr.into(),
             len,
             first_psn: None,
             npkts,
@@ -295,7 +296,7 @@ impl Qp {
             self.complete_head(WcStatus::Success, ctx);
         }
         let wqe = self.sq.front()?;
-        let ud = wqe.wr.ud.clone()?;
+        let ud = wqe.wr.ud.as_deref()?.clone();
         let len = usize::try_from(wqe.len).ok()?;
         let (op, imm) = match wqe.wr.op {
             SendOp::SendWithImm { imm } => (Opcode::UD_SEND_ONLY_WITH_IMMEDIATE, Some(imm)),

@@ -650,7 +650,7 @@ impl Qp {
         let Some((wr, reached)) = ctx.srqs.take(id) else {
             return false;
         };
-        self.rq.push_back(wr);
+        self.rq.push_back(wr.into());
         if reached {
             ctx.event(Event::SrqLimitReached { srq: id });
         }
@@ -678,7 +678,7 @@ impl Qp {
         if self.rq.len() >= self.init.cap.max_recv_wr as usize {
             return Err(PostError::QueueFull(self.rq.len()));
         }
-        self.rq.push_back(wr);
+        self.rq.push_back(wr.into());
         if self.state == QpState::Err {
             self.flush(ctx);
         }
