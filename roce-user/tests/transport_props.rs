@@ -86,6 +86,7 @@ fn ack(r: &mut Req, psn: Psn) {
         payload: &[],
         ce: false,
         ip: None,
+        udp_src_port: 0,
     };
     let addrs = Some((IpAddr::V4(ip(Side::B)), IpAddr::V4(ip(Side::A))));
     r.d.handle_decoded(Instant::ZERO, &pkt, addrs);

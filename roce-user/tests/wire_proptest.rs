@@ -127,7 +127,7 @@ fn roce(r: &Raw) -> (RoceRepr, Vec<u8>) {
         });
     }
     if h.contains(Hdrs::CNP) {
-        x.cnp = Some(CnpRepr);
+        x.cnp = Some(CnpRepr::default());
     }
     (x, payload)
 }

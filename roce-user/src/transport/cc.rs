@@ -35,8 +35,12 @@ use crate::{
         CcAlgorithm, CcSnapshot, CcStats, ConfigError, DcqcnConfig, QpCongestion, RttSampler,
         Swift, SwiftConfig,
     },
-    wire::{Ecn, IpPath, Psn, RoceRepr, emit_frame},
+    wire::{
+        Ecn, IpPath, Psn, RoceRepr, emit_frame,
+        multipath::{Entropy, PathFeedback},
+    },
 };
+use roce_common::multipath::{RESV7_OFFER, RESV7_TRAILER};
 
 /// How late a DCQCN timer may be served (see `QpCc::poll_timeout`).
 pub const CC_TIMER_GRANULARITY: core::time::Duration = core::time::Duration::from_micros(50);
@@ -331,14 +335,27 @@ impl QpCc {
         self.cc.on_loss(now);
     }
 
-    fn on_packet(&mut self, now: Instant, ce: bool, path: Option<&Path>, peer: Qpn) {
+    /// `feedback`: the entropy of the packet, when the QP's multipath extension is on (the CNP
+    /// it causes then names it, so the peer can retire that path).
+    fn on_packet(
+        &mut self,
+        now: Instant,
+        ce: bool,
+        path: Option<&Path>,
+        peer: Qpn,
+        feedback: Option<Entropy>,
+    ) {
         let ecn = if ce { Ecn::Ce } else { Ecn::NotEct };
         let Some(path) = path else {
             // No address vector (not yet RTR): the mark is counted by the transport; there is
             // nowhere to send a CNP.
             return;
         };
-        if let Some(cnp) = self.cc.on_data_received(now, ecn, path, peer) {
+        if let Some(mut cnp) = self.cc.on_data_received(now, ecn, path, peer) {
+            if let (Some(e), Some(c)) = (feedback, cnp.1.cnp.as_mut()) {
+                c.reserved = PathFeedback { entropy: e }.reserved();
+                cnp.1.bth.resv7 = RESV7_OFFER | RESV7_TRAILER;
+            }
             self.cnp = Some(cnp);
             self.cnps_due = self.cnps_due.saturating_add(1);
         }
@@ -426,9 +443,23 @@ impl Qp {
     /// Hook of [`Device::handle_decoded`]: a packet (not a CNP) accepted for this QP, which
     /// arrived at `now` (its arrival stamp, [`Device::handle_packet_at`]: the NP's CNP
     /// interval counts arrivals, not handling).
-    pub(crate) fn cc_on_packet(&mut self, now: Instant, ce: bool) {
+    /// `udp_src_port`: the packet's entropy (0 if unknown), named in the CNP a mark causes
+    /// when the multipath extension is on (docs/multipath.md, "Congestion control across
+    /// paths").
+    pub(crate) fn cc_on_packet(&mut self, now: Instant, ce: bool, udp_src_port: u16) {
+        let feedback = if self.mp.is_on() {
+            Entropy::new(udp_src_port)
+        } else {
+            None
+        };
         if let Some(c) = self.cc.as_deref_mut() {
-            c.on_packet(now, ce, self.attr.ah_attr.as_ref(), self.attr.dest_qp_num);
+            c.on_packet(
+                now,
+                ce,
+                self.attr.ah_attr.as_ref(),
+                self.attr.dest_qp_num,
+                feedback,
+            );
         }
     }
 
@@ -540,12 +571,17 @@ impl Device {
     /// Hook of [`Device::handle_decoded`]: a CNP for `dest_qp`. CNPs for an unknown QP are
     /// counted in `rx_unknown_qp`; CNPs from another address than the QP's peer in the QP's
     /// `rx_dropped` (as any RC packet, rxe_recv.c check_addr).
+    ///
+    /// A CNP whose BTH says it carries path feedback, to a QP with the multipath extension on,
+    /// also retires the entropy it names (docs/multipath.md, "Congestion control across
+    /// paths": the mark cuts the QP's rate and moves its traffic off the marked path).
     pub(crate) fn cc_on_cnp(
         &mut self,
         now: Instant,
-        dest_qp: Qpn,
+        pkt: &super::RxPkt<'_>,
         addrs: Option<(core::net::IpAddr, core::net::IpAddr)>,
     ) {
+        let dest_qp = pkt.repr.bth.dest_qp;
         let Some(qp) = self.qps.get_mut(&dest_qp.value()) else {
             self.counters.rx_unknown_qp += 1;
             return;
@@ -559,6 +595,13 @@ impl Device {
         qp.counters.rcvd_pkts += 1;
         if let Some(c) = qp.cc.as_deref_mut() {
             c.on_cnp(now);
+        }
+        if pkt.repr.bth.resv7 & RESV7_TRAILER != 0
+            && qp.mp.is_on()
+            && let Some(c) = pkt.repr.cnp
+            && let Ok(f) = PathFeedback::from_reserved(&c.reserved)
+        {
+            qp.mp_on_marked(f.entropy, now);
         }
         self.sched.touch(qp);
     }

@@ -105,6 +105,9 @@ pub struct RxPkt<'a> {
     /// ([`crate::wire::IpRepr::network_header`]); `None` for a packet decoded without one
     /// (unit tests, the fuzz target), whose GRH area is then zero.
     pub ip: Option<crate::wire::IpRepr>,
+    /// The frame's UDP source port (its entropy, for the multipath extension's path
+    /// feedback); 0 for a packet decoded without its frame.
+    pub udp_src_port: u16,
 }
 
 /// The path a QP's frames take (its address vector): MACs, IPs, UDP ports, DSCP/ECN, TTL.
@@ -1045,6 +1048,7 @@ impl Device {
             payload: f.payload,
             ce: f.ecn() == Ecn::Ce,
             ip: Some(f.ip),
+            udp_src_port: f.udp.src_port,
         };
         self.handle_decoded_at(now, arrival, &pkt, Some((src, dst)));
     }
@@ -1134,7 +1138,7 @@ impl Device {
             // Congestion notifications go to the QP's reaction point (transport/cc.rs), at
             // their arrival time: CNPs handled in one late batch are as far apart as they
             // came, and `rate_reduce_monitor_period` measures that.
-            self.cc_on_cnp(arrival, hdr.dest_qp, addrs);
+            self.cc_on_cnp(arrival, pkt, addrs);
             return;
         }
         // The extended headers present must be exactly the opcode's, and a payload only where
@@ -1185,7 +1189,7 @@ impl Device {
         if pkt.ce {
             qp.counters.np_ecn_marked_roce_packets += 1;
         }
-        qp.cc_on_packet(arrival, pkt.ce);
+        qp.cc_on_packet(arrival, pkt.ce, pkt.udp_src_port);
         if mp == multipath::RxDecision::Trailer {
             qp.handle_mp_packet(now, pkt, &mut ctx);
         } else if info.is_response() {

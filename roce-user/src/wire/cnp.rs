@@ -29,24 +29,32 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
     }
 }
 
-/// A parsed CNP reserved block: it has no fields.
+/// A parsed CNP reserved block: its bytes, zero from any sender but a roce-xdp QP with the
+/// multipath extension on, which puts its path feedback there
+/// ([`super::multipath::PathFeedback`]); receivers that know nothing of it ignore them.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct CnpRepr;
+pub struct CnpRepr {
+    /// The 16 reserved bytes (zeros by default).
+    pub reserved: [u8; HEADER_LEN],
+}
 
 impl CnpRepr {
-    /// Checks the length; the contents are ignored (reserved).
+    /// Checks the length and keeps the bytes (IBA has receivers ignore them; only a QP with
+    /// the multipath extension on reads them, when the BTH says they carry path feedback).
     pub fn parse<T: AsRef<[u8]>>(p: &Packet<T>) -> Result<Self> {
         p.check_len()?;
-        Ok(Self)
+        let mut reserved = [0; HEADER_LEN];
+        reserved.copy_from_slice(p.reserved());
+        Ok(Self { reserved })
     }
     /// Bytes [`Self::emit`] writes.
     #[must_use]
     pub const fn buffer_len(&self) -> usize {
         HEADER_LEN
     }
-    /// Writes 16 zero bytes.
+    /// Writes the 16 bytes (zeros unless path feedback was put in).
     pub fn emit<T: AsRef<[u8]> + AsMut<[u8]>>(&self, p: &mut Packet<T>) {
-        p.clear();
+        p.set_reserved(&self.reserved);
     }
 }
 
@@ -57,7 +65,7 @@ mod tests {
     #[test]
     fn emits_zeros() {
         let mut out = [0xa5u8; 16];
-        CnpRepr.emit(&mut Packet::new_unchecked(&mut out[..]));
+        CnpRepr::default().emit(&mut Packet::new_unchecked(&mut out[..]));
         assert_eq!(out, [0u8; 16]);
         assert!(Packet::new_checked(&out[..15]).is_err());
     }

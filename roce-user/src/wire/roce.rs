@@ -263,7 +263,7 @@ impl RoceRepr {
         let mut bth = BthRepr::new(Opcode::CNP, dest_qp, super::Psn::new(0));
         bth.becn = true;
         let mut r = Self::new(bth);
-        r.cnp = Some(CnpRepr);
+        r.cnp = Some(CnpRepr::default());
         r
     }
 

@@ -330,7 +330,7 @@ pub fn repr_for(op: Opcode, i: u32) -> RoceRepr {
         });
     }
     if h.contains(Hdrs::CNP) {
-        r.cnp = Some(CnpRepr);
+        r.cnp = Some(CnpRepr::default());
     }
     r
 }

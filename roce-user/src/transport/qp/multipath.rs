@@ -24,7 +24,9 @@ use super::*;
 use crate::transport::multipath::{
     Arrival, Completion, Entropies, Reassembly, SelectiveRepeat, SrConfig, SrCounters,
 };
-use crate::wire::multipath::{PlacementFlags, PlacementTrailer, SackTrailer, placement, sack};
+use crate::wire::multipath::{
+    Entropy, PlacementFlags, PlacementTrailer, SackTrailer, placement, sack,
+};
 
 /// The receive window of the reassembly, in PSNs: the requester's window never exceeds it
 /// (rxe's [`MAX_UNACKED_PSNS`]).
@@ -495,6 +497,17 @@ impl Qp {
         let e = paths.next(now, sr.entropy_of(psn));
         sr.set_entropy(psn, e);
         Some(e.port())
+    }
+
+    /// A CNP of the peer named entropy `e` as the one its marked packet came on: `e` is
+    /// retired and replaced, as after a loss, so the QP's traffic moves off the marked path
+    /// while DCQCN cuts its rate. Call it for every CNP with path feedback.
+    pub(crate) fn mp_on_marked(&mut self, e: Entropy, now: Instant) {
+        if let Some(paths) = self.mp_paths.as_deref_mut() {
+            let retired = paths.counters().retired;
+            paths.on_bad(e, now);
+            self.counters.entropy_retired += paths.counters().retired - retired;
+        }
     }
 
     /// Whether the requester is in selective-repeat mode: its request packets carry

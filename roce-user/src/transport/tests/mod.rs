@@ -139,6 +139,7 @@ impl H {
             payload,
             ce: false,
             ip: None,
+            udp_src_port: 0,
         };
         let addrs = Some((IpAddr::V4(ip(Side::A)), IpAddr::V4(ip(Side::B))));
         self.d.handle_decoded(self.now, &pkt, addrs);

@@ -427,3 +427,27 @@ fn spraying_moves_off_a_lossy_path() {
     );
     assert!(s.time < one.time, "{:?} vs {:?}", s.time, one.time);
 }
+
+/// One of four paths CE-marks every packet (a congested path that drops nothing): the
+/// receiver's CNPs name the marked packets' entropies (path feedback), the sender retires
+/// them, and the QP's traffic moves to the three unmarked paths while DCQCN cuts its rate.
+#[test]
+fn path_feedback_moves_a_sprayed_qp_off_a_marking_path() {
+    let clean = Link {
+        latency: Duration::from_micros(10),
+        ..Link::default()
+    };
+    let marking = Link { ce: 1.0, ..clean };
+    let s = sprayed(vec![marking, clean, clean, clean], (1, 2), 8, 240);
+    let total: u64 = s.stats.iter().map(|x| x.sent).sum();
+    let share = s.stats[0].sent as f64 / total as f64;
+    eprintln!(
+        "marking path {:.1} % of frames ({} marked), {} entropies retired, {:?}",
+        100.0 * share,
+        s.stats[0].ce_marked,
+        s.counters.entropy_retired,
+        s.stats
+    );
+    assert!(s.counters.entropy_retired > 0, "no feedback taken");
+    assert!(share < 0.1, "the marking path kept {:.1} %", 100.0 * share);
+}

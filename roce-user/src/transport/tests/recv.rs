@@ -18,6 +18,7 @@ fn recv_wrong_pkey_or_foreign_source_is_dropped() {
         payload: &[0; 4],
         ce: false,
         ip: None,
+        udp_src_port: 0,
     };
     let stranger = IpAddr::V4(core::net::Ipv4Addr::new(10, 9, 9, 9));
     h.d.handle_decoded(h.now, &pkt, Some((stranger, IpAddr::V4(ip(Side::B)))));
@@ -40,6 +41,7 @@ fn recv_requests_before_rtr_are_dropped() {
             payload: &[],
             ce: false,
             ip: None,
+            udp_src_port: 0,
         },
         None,
     );
@@ -62,6 +64,7 @@ fn recv_unknown_qp_and_garbage_frames_are_counted() {
             payload: &[],
             ce: false,
             ip: None,
+            udp_src_port: 0,
         },
         None,
     );
@@ -137,6 +140,7 @@ fn np_decides_cnps_by_arrival_time_not_by_handling_time() {
                 payload: &[1; 4],
                 ce: true,
                 ip: None,
+                udp_src_port: 0,
             };
             let arrival = if stamped {
                 Instant::from_micros(1_000 + 10 * u64::from(i))
@@ -178,6 +182,7 @@ fn rp_takes_cnps_at_their_arrival_time() {
                 payload: &[0; 16],
                 ce: false,
                 ip: None,
+                udp_src_port: 0,
             };
             let arrival = if stamped {
                 Instant::from_micros(1_000 + 50 * i)

@@ -382,6 +382,7 @@ fn comm_established_on_first_request_in_rtr() {
             payload: b"hi",
             ce: false,
             ip: None,
+            udp_src_port: 0,
         };
         p.b.handle_decoded(Instant::ZERO, &pkt, None);
     }

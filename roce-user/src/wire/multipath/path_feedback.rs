@@ -62,6 +62,22 @@ impl PathFeedback {
         Ok(Self { entropy })
     }
 
+    /// The CNP reserved block carrying this feedback ([`crate::wire::CnpRepr::reserved`]).
+    #[must_use]
+    pub fn reserved(&self) -> [u8; cnp::HEADER_LEN] {
+        let mut b = [0u8; cnp::HEADER_LEN];
+        self.emit(&mut cnp::Packet::new_unchecked(&mut b[..]));
+        b
+    }
+
+    /// Reads the feedback from a parsed CNP's reserved block; see [`Self::parse`].
+    ///
+    /// # Errors
+    /// As [`Self::parse`].
+    pub fn from_reserved(b: &[u8; cnp::HEADER_LEN]) -> Result<Self> {
+        Self::parse(&cnp::Packet::new_checked(&b[..])?)
+    }
+
     /// Bytes [`Self::emit`] writes (the whole CNP reserved block).
     #[must_use]
     pub const fn buffer_len(&self) -> usize {
@@ -94,8 +110,9 @@ mod tests {
         assert_eq!(b[2..], [0u8; 14]);
         let p = cnp::Packet::new_checked(&b[..]).unwrap();
         assert_eq!(PathFeedback::parse(&p), Ok(f));
-        // Still a CNP to anyone.
-        assert_eq!(CnpRepr::parse(&p), Ok(CnpRepr));
+        // Still a CNP to anyone, its bytes kept as received.
+        assert_eq!(CnpRepr::parse(&p), Ok(CnpRepr { reserved: b }));
+        assert_eq!(f.reserved(), b);
         assert_eq!(
             cnp::Packet::new_checked(&b[..15]).map(|_| ()),
             Err(WireError::Truncated)
