@@ -229,7 +229,7 @@ impl Verbs {
 
     /// Forgets QP `qpn`, whose struct is at `handle`, and withdraws its pending events; call
     /// before freeing its struct. An entry another thread made meanwhile for a new QP that got
-    /// the same number is left alone (see [`take_if_same`]).
+    /// the same number is left alone (see `take_if_same`).
     pub fn remove_qp(&self, qpn: Qpn, handle: usize) {
         if let Some(h) = take_if_same(&mut self.handles().qps, qpn.value(), handle) {
             self.events.forget(Element::Qp(h));
@@ -242,7 +242,7 @@ impl Verbs {
     }
 
     /// Forgets CQ `cq`, whose struct is at `handle`, and withdraws its pending events (an
-    /// entry for a new CQ that got the same id meanwhile stays, see [`take_if_same`]).
+    /// entry for a new CQ that got the same id meanwhile stays, see `take_if_same`).
     pub fn remove_cq(&self, cq: CqId, handle: usize) {
         if let Some(h) = take_if_same(&mut self.handles().cqs, cq.0, handle) {
             self.events.forget(Element::Cq(h));
@@ -255,7 +255,7 @@ impl Verbs {
     }
 
     /// Forgets SRQ `srq`, whose struct is at `handle`, and withdraws its pending events (an
-    /// entry for a new SRQ that got the same id meanwhile stays, see [`take_if_same`]).
+    /// entry for a new SRQ that got the same id meanwhile stays, see `take_if_same`).
     pub fn remove_srq(&self, srq: SrqId, handle: usize) {
         if let Some(h) = take_if_same(&mut self.handles().srqs, srq.0, handle) {
             self.events.forget(Element::Srq(h));
@@ -413,7 +413,7 @@ impl Verbs {
 
     /// Stops sending the events of CQ `cq`, whose struct is at `handle`, anywhere (it was
     /// destroyed). The route of a new CQ that got the same id meanwhile stays (see
-    /// [`take_if_same`]).
+    /// `take_if_same`).
     pub fn unroute(&self, cq: CqId, handle: usize) {
         let mut routes = self.routes.lock().unwrap_or_else(PoisonError::into_inner);
         if routes.get(&cq.0).is_some_and(|(_, h)| *h == handle) {
