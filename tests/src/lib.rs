@@ -18,6 +18,7 @@ pub use roce::netns;
 pub mod bpftool;
 pub mod child;
 pub mod devinfo;
+pub mod ecmp;
 pub mod rdmacm;
 pub mod routed;
 pub mod rxe;

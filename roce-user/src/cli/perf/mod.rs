@@ -194,6 +194,11 @@ pub struct PerfArgs {
     /// packet stays plain RoCE v2 but for one reserved BTH bit. roce-xdp's own flag.
     #[arg(long)]
     pub multipath: bool,
+    /// With --multipath: the entropies (UDP source ports) each QP sprays its packets over
+    /// once the extension is on; 1 keeps every packet on one path.
+    #[arg(long, value_name = "N", default_value_t = 8,
+          value_parser = clap::value_parser!(u8).range(1..))]
+    pub entropies: u8,
     /// All QPs share one exposed and one local memory region of `max(size, 4096)` bytes (per
     /// transport of a sharded device), holding the same bytes: every QP sends QP 0's pattern,
     /// and the data checks read the shared buffers. Without it each QP registers two regions
@@ -390,6 +395,8 @@ fn check_engine_args(a: &PerfArgs) -> anyhow::Result<()> {
             "--log-level",
         ),
         (a.cc != CcMode::On, "--cc"),
+        (a.multipath, "--multipath"),
+        (a.entropies != d.multipath_entropies, "--entropies"),
         (!a.cc_set.is_empty(), "--cc-set"),
         (a.cc_profile != "mlx5", "--cc-profile"),
         (a.line_rate != 10_000_000_000, "--line-rate"),

@@ -128,6 +128,7 @@ pub(super) fn open_device(
     };
     opts.transport.cc = cc_config(a)?;
     opts.transport.multipath = a.multipath;
+    opts.transport.multipath_entropies = a.entropies;
     opts.transport.max_qp = a.max_qp;
     opts.transport.max_inflight_pkts = a.max_inflight;
     opts.transport.max_mr = a.max_mr;
