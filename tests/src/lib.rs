@@ -17,6 +17,7 @@ pub use roce::netns;
 
 pub mod bpftool;
 pub mod child;
+pub mod cm_trace;
 pub mod devinfo;
 pub mod ecmp;
 pub mod rdmacm;

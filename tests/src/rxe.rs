@@ -653,6 +653,17 @@ impl Capture {
     /// When tcpdump cannot start.
     #[must_use]
     pub fn start(netns: &str, ifname: &str, path: &Path) -> Self {
+        Self::start_filtered(netns, ifname, path, None)
+    }
+
+    /// [`Capture::start`] keeping only the frames that match the tcpdump (BPF) `filter`, e.g.
+    /// [`crate::cm_trace::QP1_FILTER`] for a suite long enough that whole captures would be
+    /// large.
+    ///
+    /// # Panics
+    /// When tcpdump cannot start.
+    #[must_use]
+    pub fn start_filtered(netns: &str, ifname: &str, path: &Path, filter: Option<&str>) -> Self {
         if let Some(p) = path.parent() {
             fs::create_dir_all(p).expect("pcap dir");
         }
@@ -673,6 +684,7 @@ impl Capture {
                 "-w",
             ])
             .arg(path)
+            .args(filter)
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
