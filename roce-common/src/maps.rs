@@ -5,6 +5,15 @@
 /// The XDP program.
 pub const PROG_ROCE_XDP: &str = "roce_xdp";
 
+/// The baselines of `cargo xtask bench xdp` (object `xdp-pass`): a program that returns
+/// XDP_PASS and nothing else, and the smallest program that does roce_xdp's redirect (parse
+/// nothing, `bpf_redirect_map` into an XSKMAP by RX queue, as xdp-tools' default AF_XDP program).
+pub const PROG_XDP_PASS: &str = "xdp_pass";
+/// See [`PROG_XDP_PASS`].
+pub const PROG_XDP_REDIRECT_BARE: &str = "xdp_redirect_bare";
+/// The XSKMAP of [`PROG_XDP_REDIRECT_BARE`], indexed by RX queue like [`MAP_XSKS`].
+pub const MAP_BARE_XSKS: &str = "BARE_XSKS";
+
 /// Per-CPU array with one [`crate::counters::XdpStats`] entry.
 pub const MAP_XDP_STATS: &str = "ROCE_XDP_STATS";
 /// XSKMAP indexed by RX queue: the AF_XDP socket that serves each queue.
