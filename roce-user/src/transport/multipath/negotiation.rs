@@ -1,14 +1,13 @@
 //! The in-band agreement on the extension (docs/multipath.md, "Agreeing on the extension"):
-//! one state per QP, driven by the BTH `resv7` bits of the packets it receives and by the
-//! NAKs its requester gets. Sans-I/O; each QP holds one (`Qp::mp`, driven from
-//! `Device::handle_decoded_at` and `Device::transmit_qp`). The QPs fall back on the bits
-//! alone: a packet without `OFFER` from a peer that was on ([`Negotiation::on_receive`]; the
-//! QP then ends selective repeat and goes back N, plain). [`Negotiation::on_nak`] is not
-//! called by them: a sequence error NAK also comes, by design, from a peer that is still on
-//! (its in-order path answers a plain message or a resend after an RNR wait), which the
-//! simulator's proptests showed when it was tried.
+//! one state per QP, driven by the BTH `resv7` bits of the packets it receives. Sans-I/O; each
+//! QP holds one (`Qp::mp`, driven from `Device::handle_decoded_at` and `Device::transmit_qp`).
+//! A QP falls back on the bits alone: a packet without `OFFER` from a peer that was on
+//! ([`Negotiation::on_receive`]; the QP then ends selective repeat and goes back N, plain).
+//! NAKs do not turn the extension off: a sequence error NAK also comes, by design, from a
+//! peer that is still on (its in-order path answers a plain message or a resend after an RNR
+//! wait), which the simulator's proptests showed when falling back on NAKs was tried.
 
-use crate::wire::{NakCode, multipath::MpBthFlags};
+use crate::wire::multipath::MpBthFlags;
 
 /// Where a QP stands with the extension.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -19,8 +18,8 @@ pub enum MpState {
     Offering,
     /// Both ends agreed: `OFFER` on every packet, trailers on, selective repeat.
     On,
-    /// Turned off after it was on (a NAK, or the peer stopped offering): plain RoCE v2 for the
-    /// rest of the QP's life, no bits sent.
+    /// Turned off after it was on (the peer stopped offering): plain RoCE v2 for the rest of
+    /// the QP's life, no bits sent.
     FellBack,
 }
 
@@ -116,15 +115,6 @@ impl Negotiation {
             RxDecision::Plain
         }
     }
-
-    /// Takes in a NAK the requester received. A PSN sequence error or an invalid request
-    /// while the extension is on (a peer that lost its state, a middlebox that mangled a
-    /// trailer) turns it off for good (docs/multipath.md, "Falling back").
-    pub fn on_nak(&mut self, code: NakCode) {
-        if self.is_on() && matches!(code, NakCode::PsnSequenceError | NakCode::InvalidRequest) {
-            self.state = MpState::FellBack;
-        }
-    }
 }
 
 #[cfg(test)]
@@ -135,7 +125,7 @@ mod tests {
     const T: MpBthFlags = MpBthFlags::OFFER_TRAILER;
 
     #[test]
-    fn both_allowed_agree_in_one_round_trip_and_fall_back_on_a_nak() {
+    fn both_allowed_agree_in_one_round_trip_and_fall_back_when_the_peer_stops_offering() {
         let (mut a, mut b) = (Negotiation::new(true), Negotiation::new(true));
         assert_eq!(
             a.tx_flags(true),
@@ -151,12 +141,8 @@ mod tests {
             "first answer may carry one"
         );
         assert!(a.is_on());
-        a.on_nak(NakCode::RemoteAccessError);
-        assert!(
-            a.is_on(),
-            "only sequence and invalid-request NAKs fall back"
-        );
-        a.on_nak(NakCode::PsnSequenceError);
+        // The peer lost its state (a restarted process on the same QPN): plain packets.
+        assert_eq!(a.on_receive(MpBthFlags::NONE), RxDecision::Plain);
         assert_eq!(a.state(), MpState::FellBack);
         assert_eq!(a.tx_flags(true), MpBthFlags::NONE);
         assert_eq!(
@@ -194,7 +180,6 @@ mod tests {
         Send(bool),
         Deliver(bool, usize),
         Lose(bool, usize),
-        Nak(bool),
     }
 
     fn arb_step() -> impl Strategy<Value = Step> {
@@ -202,25 +187,22 @@ mod tests {
             any::<bool>().prop_map(Step::Send),
             (any::<bool>(), any::<usize>()).prop_map(|(s, i)| Step::Deliver(s, i)),
             (any::<bool>(), any::<usize>()).prop_map(|(s, i)| Step::Lose(s, i)),
-            any::<bool>().prop_map(Step::Nak),
         ]
     }
 
     proptest! {
-        /// Any schedule of sends, reordered deliveries, losses and NAKs: a trailer only ever
-        /// reaches a QP that offered, is never handled as plain data, and once the schedule
-        /// ends and each side's packets get through, both ends are on exactly when both
-        /// allowed it and no NAK turned one off; otherwise neither is on.
+        /// Any schedule of sends, reordered deliveries and losses: a trailer only ever reaches
+        /// a QP that offered, is never handled as plain data, and once the schedule ends and
+        /// each side's packets get through, both ends are on exactly when both allowed it;
+        /// otherwise neither is on.
         #[test]
         fn agreement_is_safe_and_converges(
             allowed in any::<(bool, bool)>(),
             steps in proptest::collection::vec(arb_step(), 0..60),
-            naks in any::<bool>(),
         ) {
             let mut n = [Negotiation::new(allowed.0), Negotiation::new(allowed.1)];
             // In flight towards side 0 and side 1.
             let mut q: [Vec<MpBthFlags>; 2] = [Vec::new(), Vec::new()];
-            let mut nakked = false;
             let deliver = |n: &mut [Negotiation; 2], to: usize, f: MpBthFlags| {
                 let before = n[to].state();
                 let d = n[to].on_receive(f);
@@ -246,12 +228,6 @@ mod tests {
                             deliver(&mut n, to, f);
                         }
                     }
-                    Step::Nak(side) if naks => {
-                        let side = usize::from(side);
-                        nakked |= n[side].is_on();
-                        n[side].on_nak(NakCode::PsnSequenceError);
-                    }
-                    Step::Nak(_) => {}
                 }
             }
             // Settle: what is in flight arrives, then each side's packets get through twice.
@@ -268,7 +244,7 @@ mod tests {
             }
             let both_on = n[0].is_on() && n[1].is_on();
             prop_assert_eq!(n[0].is_on(), n[1].is_on(), "{:?}", n);
-            prop_assert_eq!(both_on, allowed.0 && allowed.1 && !nakked, "{:?}", n);
+            prop_assert_eq!(both_on, allowed.0 && allowed.1, "{:?}", n);
         }
     }
 }
