@@ -116,34 +116,21 @@ fn answered_by(attr: CmAttr) -> &'static [CmAttr] {
     }
 }
 
-/// Reads the CM MADs of `pcap` (any capture; frames other than CM MADs are skipped) with tshark.
-///
-/// # Errors
-/// tshark fails, or prints a line it should not.
-pub fn read(pcap: &Path) -> Result<Vec<CmSeen>, String> {
-    let o = Command::new("tshark")
-        .args(["-n", "-r"])
+/// The fields `fields` of the frames of `pcap` that match the display filter `filter`, one
+/// line per frame, `|` between fields; the frame's time and its sender's IPv4 and IPv6
+/// addresses come first.
+fn tshark_fields(pcap: &Path, filter: &str, fields: &[&str]) -> Result<String, String> {
+    let mut cmd = Command::new("tshark");
+    cmd.args(["-n", "-r"])
         .arg(pcap)
-        .args([
-            "-Y",
-            "infiniband.mad.mgmtclass == 0x07",
-            "-T",
-            "fields",
-            "-E",
-            "separator=|",
-            "-e",
-            "frame.time_relative",
-            "-e",
-            "ip.src",
-            "-e",
-            "ipv6.src",
-            "-e",
-            "infiniband.mad.attributeid",
-            "-e",
-            "infiniband.mad.transactionid",
-        ])
-        .output()
-        .map_err(|e| format!("running tshark: {e}"))?;
+        .args(["-Y", filter, "-T", "fields", "-E", "separator=|"]);
+    for f in ["frame.time_relative", "ip.src", "ipv6.src"]
+        .iter()
+        .chain(fields)
+    {
+        cmd.args(["-e", f]);
+    }
+    let o = cmd.output().map_err(|e| format!("running tshark: {e}"))?;
     if !o.status.success() {
         return Err(format!(
             "tshark on {}: {}",
@@ -151,11 +138,23 @@ pub fn read(pcap: &Path) -> Result<Vec<CmSeen>, String> {
             String::from_utf8_lossy(&o.stderr)
         ));
     }
-    String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .filter(|l| !l.trim().is_empty())
-        .map(|l| parse_line(l).ok_or_else(|| format!("tshark printed `{l}`")))
-        .collect()
+    Ok(String::from_utf8_lossy(&o.stdout).into_owned())
+}
+
+/// Reads the CM MADs of `pcap` (any capture; frames other than CM MADs are skipped) with tshark.
+///
+/// # Errors
+/// tshark fails, or prints a line it should not.
+pub fn read(pcap: &Path) -> Result<Vec<CmSeen>, String> {
+    tshark_fields(
+        pcap,
+        "infiniband.mad.mgmtclass == 0x07",
+        &["infiniband.mad.attributeid", "infiniband.mad.transactionid"],
+    )?
+    .lines()
+    .filter(|l| !l.trim().is_empty())
+    .map(|l| parse_line(l).ok_or_else(|| format!("tshark printed `{l}`")))
+    .collect()
 }
 
 /// Every REJ in `pcap`, one line each: when, who sent it, the message it rejects (0 REQ,
@@ -165,44 +164,20 @@ pub fn read(pcap: &Path) -> Result<Vec<CmSeen>, String> {
 /// # Errors
 /// tshark fails.
 pub fn rejections(pcap: &Path) -> Result<Vec<String>, String> {
-    let o = Command::new("tshark")
-        .args(["-n", "-r"])
-        .arg(pcap)
-        .args([
-            "-Y",
-            "infiniband.cm.rej.reason",
-            "-T",
-            "fields",
-            "-E",
-            "separator= ",
-            "-e",
-            "frame.time_relative",
-            "-e",
-            "ip.src",
-            "-e",
-            "ipv6.src",
-            "-e",
-            "infiniband.cm.rej.msgrej",
-            "-e",
-            "infiniband.cm.rej.reason",
-        ])
-        .output()
-        .map_err(|e| format!("running tshark: {e}"))?;
-    if !o.status.success() {
-        return Err(format!("tshark: {}", String::from_utf8_lossy(&o.stderr)));
-    }
-    Ok(String::from_utf8_lossy(&o.stdout)
-        .lines()
-        .map(|l| {
-            let f: Vec<&str> = l.split_whitespace().collect();
-            match f.as_slice() {
-                [t, src, msg, reason] => {
-                    format!("REJ at {t} s from {src}: message rejected {msg}, reason {reason}")
-                }
-                _ => format!("REJ: {l}"),
-            }
-        })
-        .collect())
+    Ok(tshark_fields(
+        pcap,
+        "infiniband.cm.rej.reason",
+        &["infiniband.cm.rej.msgrej", "infiniband.cm.rej.reason"],
+    )?
+    .lines()
+    .map(|l| match l.split('|').collect::<Vec<_>>().as_slice() {
+        [t, v4, v6, msg, reason] => format!(
+            "REJ at {t} s from {}: message rejected {msg}, reason {reason}",
+            if v4.is_empty() { v6 } else { v4 }
+        ),
+        _ => format!("REJ: {l}"),
+    })
+    .collect())
 }
 
 fn parse_hex(s: &str) -> Option<u64> {
