@@ -306,6 +306,8 @@ counter_struct! {
         rp_loss_handled,
         /// roce-xdp: losses not acted on: within rate_reduce_monitor_period of the last cut, RP or loss_backoff off.
         rp_loss_ignored,
+        /// roce-xdp: rate increase events (timer periods, then byte counter events) not counted because the QP sent less than half its rate in its last period (hold_when_idle).
+        rp_increase_held,
         /// roce-xdp Swift: RTT samples taken from ACK timing and fed to the window.
         swift_rtt_samples,
         /// roce-xdp Swift: acknowledgements that gave no RTT sample because their packet was retransmitted (Karn's rule).

@@ -14,8 +14,8 @@ pub const ENGINE_ENV: &str = "ROCE_ENGINE";
 /// Congestion-control parameters for every QP of the program: `NAME=VALUE` pairs separated by
 /// commas, with the names `roce perf --cc-set` takes (DCQCN's mlx5 names such as
 /// `rpg_ai_rate` or `min_time_between_cnps`; `enabled`, `rp_enabled`, `np_enabled`,
-/// `loss_backoff` as 0 or 1), for example `ROCE_CC_SET=loss_backoff=1`. `roce exec --cc-set`
-/// sets it.
+/// `loss_backoff`, `hold_when_idle` as 0 or 1), for example `ROCE_CC_SET=loss_backoff=1`.
+/// `roce exec --cc-set` sets it.
 pub const CC_ENV: &str = "ROCE_CC_SET";
 
 /// The congestion control of every QP of the program: `dcqcn` (the default), `swift` (delay

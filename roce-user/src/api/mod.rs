@@ -1249,9 +1249,9 @@ impl Device {
 
     /// Changes one congestion-control parameter of an RC QP: a DCQCN parameter under its mlx5
     /// name (`rpg_ai_rate`, `min_time_between_cnps`, ... see [`crate::cc::DcqcnConfig`]), or
-    /// `rp_enabled` / `np_enabled` / `loss_backoff` / `enabled` (0 or 1), or a Swift parameter
-    /// (`swift_base_target`, ... see [`crate::cc::SwiftConfig`]). The QP's rate state
-    /// starts afresh.
+    /// `rp_enabled` / `np_enabled` / `loss_backoff` / `hold_when_idle` / `enabled` (0 or 1), or
+    /// a Swift parameter (`swift_base_target`, ... see [`crate::cc::SwiftConfig`]). The QP's
+    /// rate state starts afresh.
     /// Load-time settings for every QP are [`DeviceOptions::transport`]`.cc`.
     ///
     /// # Errors

@@ -87,6 +87,16 @@ pub struct DcqcnConfig {
     /// that marks nothing. Default off until it is measured against Soft-RoCE (the interop
     /// matrix); `--cc-set loss_backoff=1` turns it on.
     pub loss_backoff: bool,
+    /// roce-xdp's addition, not an mlx5 knob: a rate increase timer period (T) counts only if
+    /// the QP sent at least half of what its rate allowed during it
+    /// ([`super::ReactionPoint::handle_timeout`]), and after a period that did not, the byte
+    /// counter's events do not count either until one does. It is RFC 7661's rule for TCP's window
+    /// ("new congestion window validation": an application-limited sender does not grow
+    /// the window it did not use) applied to DCQCN's timer: a QP that a busy host kept from
+    /// the CPU does not come back at a rate it never sent at, with no CNP able to stop it.
+    /// Off in the mlx5 profile (a NIC always has the CPU), on in the software profile;
+    /// `--cc-set hold_when_idle=0|1`.
+    pub hold_when_idle: bool,
     /// µs between rate increases while no CNP arrives (the DCQCN "timer", T). Default 300
     /// (CX-5 dump); paper 55. Range 1..=131071.
     pub rpg_time_reset: u32,
@@ -141,6 +151,7 @@ impl Default for DcqcnConfig {
             rp_enabled: true,
             np_enabled: true,
             loss_backoff: false,
+            hold_when_idle: false,
             rpg_time_reset: 300,
             rpg_byte_reset: 32767,
             rpg_threshold: 1,
@@ -289,7 +300,7 @@ impl DcqcnConfig {
 
     /// DCQCN for an endpoint whose NP and RP run in software threads on a shared host
     /// (docs/cc-software.md has the reasoning and the measurements): [`Default`] with
-    /// `rpg_time_reset` 300 → 1500 µs.
+    /// `rpg_time_reset` 300 → 1500 µs and [`Self::hold_when_idle`] on.
     ///
     /// A NIC serves its DCQCN timers within microseconds; a thread is served when the
     /// scheduler runs it, and on a busy core that is once per time slice (Linux EEVDF's base
@@ -299,11 +310,14 @@ impl DcqcnConfig {
     /// does, and the α timer catches up by elapsed time, so those keep mlx5's values. The rate
     /// increase timer is the one a stall breaks: after a slice without CPU it fires every
     /// missed period at once, with no CNP able to arrive in between, and a few periods of
-    /// hyper increase undo any cut. At 1500 µs it is at least a slice on small hosts.
+    /// hyper increase undo any cut. At 1500 µs it is at least a slice on small hosts. A stall
+    /// longer than that still leaves the QP idle for many periods: with `hold_when_idle`
+    /// those periods, in which it sent nothing, do not count as increases.
     #[must_use]
     pub fn software() -> Self {
         Self {
             rpg_time_reset: 1500,
+            hold_when_idle: true,
             ..Self::default()
         }
     }
@@ -353,9 +367,15 @@ mod tests {
             .collect();
         assert_eq!(differ, [("rpg_time_reset", 1500)]);
         assert_eq!(
-            (sw.rp_enabled, sw.np_enabled, sw.loss_backoff),
-            (true, true, false)
+            (
+                sw.rp_enabled,
+                sw.np_enabled,
+                sw.loss_backoff,
+                sw.hold_when_idle
+            ),
+            (true, true, false, true)
         );
+        assert!(!mlx5.hold_when_idle);
         // Still settable by the mlx5 names.
         let mut c = sw;
         c.set("rpg_time_reset", 500).unwrap();

@@ -86,6 +86,13 @@ enum Timer {
 pub struct ReactionPoint {
     enabled: bool,
     loss_backoff: bool,
+    hold_when_idle: bool,
+    /// `bytes_sent` when the increase timer last fired or was armed: what the QP sent in the
+    /// current period is the difference ([`DcqcnConfig::hold_when_idle`]).
+    period_start_bytes: u64,
+    /// With `hold_when_idle`: the last timer period ended unused, so the byte counter's
+    /// events do not increase the rate either until a period is used again.
+    idle: bool,
     /// The last cut was for a loss: increases stay additive until a CNP or line rate.
     loss_limited: bool,
     line_rate: u64,
@@ -145,6 +152,9 @@ impl ReactionPoint {
         Self {
             enabled: config.rp_enabled,
             loss_backoff: config.loss_backoff,
+            hold_when_idle: config.hold_when_idle,
+            period_start_bytes: 0,
+            idle: false,
             loss_limited: false,
             line_rate,
             rate: line_rate,
@@ -218,6 +228,8 @@ impl ReactionPoint {
         self.byte_count = 0;
         self.last_cut = Some(now);
         self.timers[Timer::Increase as usize] = Some(now + self.time_reset);
+        self.period_start_bytes = self.bytes_sent;
+        self.idle = false;
     }
 
     /// Whether `rate_reduce_monitor_period` has passed since the last cut.
@@ -250,6 +262,18 @@ impl ReactionPoint {
         self.last_cut = Some(now);
         self.timers[Timer::Alpha as usize] = Some(now + self.alpha_period);
         self.timers[Timer::Increase as usize] = Some(now + self.time_reset);
+        self.period_start_bytes = self.bytes_sent;
+        self.idle = false;
+    }
+
+    /// Whether the increase period that ends now was used: the QP sent at least half of what
+    /// its rate allowed in `time_reset` ([`DcqcnConfig::hold_when_idle`]; RFC 7661 §4.3's
+    /// "validated" window, with DCQCN's rate in place of TCP's window). Starts the next period.
+    fn period_used(&mut self) -> bool {
+        let sent = self.bytes_sent - self.period_start_bytes;
+        self.period_start_bytes = self.bytes_sent;
+        let allowed = u128::from(self.rate) * self.time_reset.as_nanos() / 8_000_000_000;
+        2 * u128::from(sent) >= allowed
     }
 
     fn cut(&mut self) {
@@ -334,6 +358,10 @@ impl ReactionPoint {
             if !self.limited {
                 break;
             }
+            if self.idle {
+                self.stats.rp_increase_held += 1;
+                continue;
+            }
             self.byte_stage = self.byte_stage.saturating_add(1);
             self.increase();
         }
@@ -381,8 +409,14 @@ impl ReactionPoint {
                 }
                 Timer::Increase => {
                     self.pacer.advance(at, self.rate);
-                    self.timer_stage = self.timer_stage.saturating_add(1);
                     self.timers[Timer::Increase as usize] = Some(at + self.time_reset);
+                    // A period of missed timers (a stall) is one idle period, then empty ones.
+                    self.idle = !self.period_used() && self.hold_when_idle;
+                    if self.idle {
+                        self.stats.rp_increase_held += 1;
+                        continue;
+                    }
+                    self.timer_stage = self.timer_stage.saturating_add(1);
                     self.increase();
                     if !self.limited {
                         self.pacer.fill(at);
@@ -488,6 +522,109 @@ mod tests {
             rpg_byte_reset: 0,
             ..DcqcnConfig::default()
         }
+    }
+
+    #[test]
+    fn with_hold_when_idle_a_stalled_qp_keeps_its_cut_rate_and_a_busy_one_still_increases() {
+        let cfg = DcqcnConfig {
+            rpg_time_reset: 1500,
+            rpg_byte_reset: 0,
+            hold_when_idle: true,
+            ..DcqcnConfig::default()
+        };
+        let mlx5 = DcqcnConfig {
+            hold_when_idle: false,
+            ..cfg
+        };
+        let t = cfg.time_reset();
+        // A CNP, then a stall of 100 periods in which nothing was sent, handled at once.
+        let mut held = ReactionPoint::new(&cfg, LINE, us(0));
+        let mut plain = ReactionPoint::new(&mlx5, LINE, us(0));
+        for rp in [&mut held, &mut plain] {
+            rp.on_cnp(us(0));
+            assert_eq!(rp.rate_bps(), FIRST_CUT);
+            rp.handle_timeout(us(0) + t * 100);
+        }
+        assert_eq!(
+            held.rate_bps(),
+            FIRST_CUT,
+            "no increase for periods it did not use"
+        );
+        assert_eq!(held.stats.rp_increase_held, 100);
+        assert_eq!(
+            plain.rate_bps(),
+            LINE,
+            "mlx5's timer: hyper increase back to line rate"
+        );
+        assert_eq!(plain.stats.rp_increase_held, 0);
+        // A QP that sends what its rate allows in each period increases exactly as without.
+        let (mut busy, mut twin) = (
+            ReactionPoint::new(&cfg, LINE, us(0)),
+            ReactionPoint::new(&mlx5, LINE, us(0)),
+        );
+        busy.on_cnp(us(0));
+        twin.on_cnp(us(0));
+        for k in 1..=6u32 {
+            let allowed = u128::from(busy.rate_bps()) * t.as_nanos() / 8_000_000_000;
+            let now = us(0) + t * (k - 1) + t / 2;
+            for _ in 0..allowed.div_ceil(4200) {
+                busy.on_sent(now, 4200);
+                twin.on_sent(now, 4200);
+            }
+            busy.handle_timeout(us(0) + t * k);
+            twin.handle_timeout(us(0) + t * k);
+            assert_eq!(busy.rate_bps(), twin.rate_bps(), "period {k}");
+        }
+        assert!(busy.rate_bps() > FIRST_CUT);
+        assert_eq!(busy.stats.rp_increase_held, 0);
+        // Half the allowance is enough; less is not.
+        let mut half = ReactionPoint::new(&cfg, LINE, us(0));
+        half.on_cnp(us(0));
+        let allowed = u128::from(half.rate_bps()) * t.as_nanos() / 8_000_000_000;
+        half.on_sent(us(1), u32::try_from(allowed / 2 - 1).unwrap());
+        half.handle_timeout(us(0) + t);
+        assert_eq!(
+            (half.rate_bps(), half.stats.rp_increase_held),
+            (FIRST_CUT, 1)
+        );
+        half.on_sent(us(0) + t + t / 2, u32::try_from(allowed / 2 + 1).unwrap());
+        half.handle_timeout(us(0) + t * 2);
+        assert!(half.rate_bps() > FIRST_CUT);
+    }
+
+    #[test]
+    fn with_hold_when_idle_the_byte_counter_waits_for_a_used_period() {
+        let cfg = DcqcnConfig {
+            rpg_time_reset: 1500,
+            rpg_byte_reset: 32_768,
+            hold_when_idle: true,
+            ..DcqcnConfig::default()
+        };
+        let t = cfg.time_reset();
+        let mut rp = ReactionPoint::new(&cfg, LINE, us(0));
+        rp.on_cnp(us(0));
+        // Before any period ended: the byte counter counts as in mlx5.
+        rp.on_sent(us(1), 32_768);
+        let after_one = rp.rate_bps();
+        assert!(after_one > FIRST_CUT);
+        // A period with (almost) nothing sent: idle; ten byte counter events then count for
+        // nothing.
+        rp.handle_timeout(us(0) + t);
+        assert_eq!(rp.stats.rp_increase_held, 1);
+        for _ in 0..10 {
+            rp.on_sent(us(0) + t + t / 2, 32_768);
+        }
+        assert_eq!((rp.rate_bps(), rp.stats.rp_increase_held), (after_one, 11));
+        // A used period ends the hold, for both counters.
+        let allowed = u128::from(rp.rate_bps()) * t.as_nanos() / 8_000_000_000;
+        for _ in 0..allowed.div_ceil(32_768) {
+            rp.on_sent(us(0) + t + t / 2, 32_768);
+        }
+        rp.handle_timeout(us(0) + t * 2);
+        let after_period = rp.rate_bps();
+        assert!(after_period > after_one);
+        rp.on_sent(us(0) + t * 2 + t / 2, 32_768);
+        assert!(rp.rate_bps() > after_period);
     }
 
     #[test]

@@ -122,7 +122,8 @@ impl CcConfig {
 
     /// Sets one parameter by name: a numeric DCQCN parameter ([`DcqcnConfig::NAMES`]), a
     /// Swift parameter ([`SwiftConfig::NAMES`], `swift_*`), or
-    /// `rp_enabled` / `np_enabled` / `loss_backoff` (0 or 1), or `enabled` (0 or 1: RP and NP).
+    /// `rp_enabled` / `np_enabled` / `loss_backoff` / `hold_when_idle` (0 or 1), or `enabled`
+    /// (0 or 1: RP and NP).
     ///
     /// # Errors
     /// [`ConfigError`] for an unknown name or a value out of range.
@@ -136,6 +137,7 @@ impl CcConfig {
                         "rp_enabled" => "rp_enabled",
                         "np_enabled" => "np_enabled",
                         "loss_backoff" => "loss_backoff",
+                        "hold_when_idle" => "hold_when_idle",
                         _ => "enabled",
                     },
                     value: v,
@@ -149,6 +151,7 @@ impl CcConfig {
             "rp_enabled" => self.dcqcn.rp_enabled = flag(value)?,
             "np_enabled" => self.dcqcn.np_enabled = flag(value)?,
             "loss_backoff" => self.dcqcn.loss_backoff = flag(value)?,
+            "hold_when_idle" => self.dcqcn.hold_when_idle = flag(value)?,
             "enabled" => {
                 let on = flag(value)?;
                 self.dcqcn.rp_enabled = on;
