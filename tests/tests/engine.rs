@@ -205,7 +205,7 @@ fn engine_serves_several_programs_keeps_their_objects_apart_and_leaves_with_the_
         .create_qp(&QpInit::new(QpType::Ud, bpd, bcq))
         .expect("b qp");
     assert_ne!(bqp, qpn);
-    assert_eq!(b.status().expect("status"), (2, 2));
+    assert_eq!(b.status().expect("status").clients_qps(), (2, 2));
 
     // A garbage frame costs its sender its connection and nobody else anything.
     let mut raw = UnixStream::connect(&path).expect("raw");
@@ -240,7 +240,7 @@ fn engine_serves_several_programs_keeps_their_objects_apart_and_leaves_with_the_
     // The engine may touch `region` until it released A's MR: keep it until then.
     let t0 = Instant::now();
     loop {
-        let (clients, qps) = b.status().expect("status");
+        let (clients, qps) = b.status().expect("status").clients_qps();
         if (clients, qps) == (1, 1) {
             break;
         }
@@ -254,7 +254,7 @@ fn engine_serves_several_programs_keeps_their_objects_apart_and_leaves_with_the_
     b.destroy_qp(bqp).expect("b destroys its QP");
     b.destroy_cq(bcq).expect("b destroys its CQ");
     b.dealloc_pd(bpd).expect("b frees its PD");
-    assert_eq!(b.status().expect("status"), (1, 0));
+    assert_eq!(b.status().expect("status").clients_qps(), (1, 0));
 
     // The last program leaves: the engine lingers 1 s, exits, unloads, removes its socket.
     drop(b);
@@ -561,7 +561,7 @@ fn a_killed_program_is_reclaimed_and_the_others_go_on() {
     let mut victim = run(&vdir, "target");
     wait_path(&vdir.join("target"));
     let mut watch = EngineClient::connect_at(&path).expect("watcher");
-    assert_eq!(watch.status().expect("status"), (2, 1));
+    assert_eq!(watch.status().expect("status").clients_qps(), (2, 1));
     let target = run(&pdir, "target");
     wait_path(&pdir.join("target"));
     let writer = run(&pdir, "writer");
@@ -583,7 +583,7 @@ fn a_killed_program_is_reclaimed_and_the_others_go_on() {
     );
     let t0 = Instant::now();
     loop {
-        let st = watch.status().expect("status");
+        let st = watch.status().expect("status").clients_qps();
         if st == (1, 0) {
             break;
         }

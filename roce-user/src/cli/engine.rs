@@ -70,17 +70,24 @@ pub fn run(out: Output, args: &EngineArgs, netns: Option<String>) -> anyhow::Res
     let path = remote::socket_path(&args.iface).context("naming the engine socket")?;
     if args.status {
         let mut c = EngineClient::connect_at(&path)?;
-        let (clients, qps) = c.status()?;
+        let st = c.status()?;
         out.emit(
             &serde_json::json!({
                 "iface": args.iface, "socket": path, "pid": c.engine_pid(),
-                "clients": clients, "qps": qps,
+                "clients": st.clients, "qps": st.qps, "pds": st.pds, "cqs": st.cqs,
+                "mrs": st.mrs,
             }),
             &format!(
-                "engine of {} (pid {}) at {}: {clients} client(s) including this one, {qps} QP(s)\n",
+                "engine of {} (pid {}) at {}: {} client(s) including this one, {} QP(s), \
+                 {} PD(s), {} CQ(s), {} MR(s)\n",
                 args.iface,
                 c.engine_pid(),
-                path.display()
+                path.display(),
+                st.clients,
+                st.qps,
+                st.pds,
+                st.cqs,
+                st.mrs
             ),
         );
         return Ok(());

@@ -117,6 +117,30 @@ impl RemoteError {
     }
 }
 
+/// What the engine reports to [`EngineClient::status`] (`roce engine --status`): its
+/// connections and the objects alive in its device, whoever made them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStatus {
+    /// Connected programs, the asking one included.
+    pub clients: u32,
+    /// QPs (QP 1 not counted).
+    pub qps: u32,
+    /// Protection domains.
+    pub pds: u32,
+    /// Completion queues.
+    pub cqs: u32,
+    /// Memory regions.
+    pub mrs: u32,
+}
+
+impl EngineStatus {
+    /// (clients, QPs), the two counts that say who is there.
+    #[must_use]
+    pub const fn clients_qps(&self) -> (u32, u32) {
+        (self.clients, self.qps)
+    }
+}
+
 /// A connection to `roce engine`: the objects made through it belong to it, and the engine
 /// releases them when it is dropped (or the process dies). One verb at a time.
 #[derive(Debug)]
@@ -234,13 +258,26 @@ impl EngineClient {
         }
     }
 
-    /// Programs connected to the engine (this one included) and QPs alive across them.
+    /// Programs connected to the engine (this one included) and the objects alive in its
+    /// device across them.
     ///
     /// # Errors
     /// The connection broke.
-    pub fn status(&mut self) -> Result<(u32, u32), RemoteError> {
+    pub fn status(&mut self) -> Result<EngineStatus, RemoteError> {
         match self.call("status", &Request::Status)? {
-            Value::Status { clients, qps } => Ok((clients, qps)),
+            Value::Status {
+                clients,
+                qps,
+                pds,
+                cqs,
+                mrs,
+            } => Ok(EngineStatus {
+                clients,
+                qps,
+                pds,
+                cqs,
+                mrs,
+            }),
             _ => Err(self.unexpected()),
         }
     }

@@ -87,7 +87,6 @@ pub struct ServeReport {
 struct Engine {
     dev: Device,
     clients: AtomicU32,
-    qps: AtomicU32,
     stop: AtomicBool,
 }
 
@@ -151,7 +150,6 @@ pub fn serve(
     let engine = Arc::new(Engine {
         dev,
         clients: AtomicU32::new(0),
-        qps: AtomicU32::new(0),
         stop: AtomicBool::new(false),
     });
     let mut report = ServeReport::default();
@@ -313,7 +311,6 @@ impl<'a> Connection<'a> {
             if let Err(e) = dev.destroy_qp(Qpn::new(qpn)) {
                 log::warn!("engine: pid {}: destroying QP {qpn:#x}: {e}", self.pid);
             }
-            self.engine.qps.fetch_sub(1, Ordering::SeqCst);
         }
         for lkey in std::mem::take(&mut self.mrs) {
             if let Err(e) = dev.dereg_mr(LKey::new(lkey)) {
@@ -360,10 +357,17 @@ impl<'a> Connection<'a> {
                 version: proto::VERSION,
                 pid: std::process::id(),
             },
-            Request::Status => Value::Status {
-                clients: self.engine.clients.load(Ordering::SeqCst),
-                qps: self.engine.qps.load(Ordering::SeqCst),
-            },
+            Request::Status => {
+                let r = dev.resources();
+                let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+                Value::Status {
+                    clients: self.engine.clients.load(Ordering::SeqCst),
+                    qps: n(r.qps),
+                    pds: n(r.pds),
+                    cqs: n(r.cqs),
+                    mrs: n(r.mrs),
+                }
+            }
             Request::QueryGid { index } => {
                 let i = usize::try_from(index).map_err(|_| libc::EINVAL)?;
                 Value::Gid(dev.gid(i).map_err(|_| libc::EINVAL)?.raw)
@@ -425,14 +429,12 @@ impl<'a> Connection<'a> {
                     })
                     .map_err(errno)?;
                 self.qps.insert(qpn.value());
-                self.engine.qps.fetch_add(1, Ordering::SeqCst);
                 Value::Created(qpn.value())
             }
             Request::DestroyQp { qpn } => {
                 Self::own(&self.qps, qpn)?;
                 dev.destroy_qp(Qpn::new(qpn)).map_err(errno)?;
                 self.qps.remove(&qpn);
-                self.engine.qps.fetch_sub(1, Ordering::SeqCst);
                 Value::Done
             }
             Request::QpToInit { qpn, access } => {
