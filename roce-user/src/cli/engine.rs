@@ -27,7 +27,7 @@ connection closes, however the program ended. The engine exits --linger seconds 
 client left (or after it started, if none came), and unloads roce_xdp if it loaded it.\n\n\
 Step 1 of docs/multiprocess.md: PD, MR, CQ and RC QP verbs, SEND/WRITE/READ posts and polls \
 work through the engine (roce::api::remote::EngineClient; roce-user/examples/engine_peer.rs), \
-which reaches a program's registered memory with process_vm_readv/writev; posts and polls \
+which reaches a program's registered memory through its /proc/PID/mem; posts and polls \
 still cross the socket, and `roce perf` does not use the engine yet.";
 
 /// Examples of `roce engine`.

@@ -6,7 +6,7 @@
 //!
 //! Step 1 as built: the control verbs (PD, MR, CQ, QP create/destroy, RESET → INIT, queries)
 //! with each connection's objects its own and released when it closes; registered memory is
-//! reached through `process_vm_readv/writev` ([`memory`]); RC connection, SEND/WRITE/READ
+//! reached through the program's `/proc/PID/mem` ([`memory`]); RC connection, SEND/WRITE/READ
 //! posts and polls go over the same socket (correct, slow: the shared-ring data path of the
 //! design is not here yet).
 
@@ -370,7 +370,7 @@ impl EngineClient {
     }
 
     /// `ibv_reg_mr` of `len` bytes at `addr` of this process: the engine reads and writes
-    /// them with `process_vm_readv/writev` from now until [`EngineClient::dereg_mr`] or the
+    /// them through this process's `/proc/PID/mem` from now until [`EngineClient::dereg_mr`] or the
     /// connection closes, as a NIC's DMA would. Keep the range mapped that long; what the
     /// engine writes there appears without this process doing anything, so read it as device
     /// memory (volatile, or after a completion), not through a Rust reference held across.

@@ -28,7 +28,7 @@ use std::{
 use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
 
 use super::{
-    memory::ProcessMem,
+    memory::{AddressSpace, ProcessMem},
     proto::{self, QpSpec, REJECT, Reply, Request, Value, WireOp, WireSge, WireWc},
 };
 use crate::{
@@ -237,6 +237,9 @@ fn refuse(mut stream: UnixStream, errno: i32) {
 struct Connection<'a> {
     engine: &'a Engine,
     pid: i32,
+    /// The program's memory, opened when the connection started (`None` when that failed:
+    /// its registrations are refused).
+    space: Option<AddressSpace>,
     pds: BTreeSet<u32>,
     cqs: BTreeSet<u32>,
     qps: BTreeSet<u32>,
@@ -246,9 +249,13 @@ struct Connection<'a> {
 
 impl<'a> Connection<'a> {
     fn new(engine: &'a Engine, pid: i32) -> Self {
+        let space = AddressSpace::open(pid)
+            .inspect_err(|e| log::warn!("engine: pid {pid}: /proc/{pid}/mem: {e}"))
+            .ok();
         Self {
             engine,
             pid,
+            space,
             pds: BTreeSet::new(),
             cqs: BTreeSet::new(),
             qps: BTreeSet::new(),
@@ -449,7 +456,8 @@ impl<'a> Connection<'a> {
                 access,
             } => {
                 Self::own(&self.pds, pd)?;
-                let mem = ProcessMem::new(self.pid, addr, len).ok_or(libc::EINVAL)?;
+                let space = self.space.clone().ok_or(libc::EACCES)?;
+                let mem = ProcessMem::new(space, addr, len).ok_or(libc::EINVAL)?;
                 if !mem.reachable() {
                     // ibv_reg_mr over a hole in the address space.
                     return Err(libc::EFAULT);
