@@ -41,7 +41,7 @@ fn start_engine(ns: &str, ifname: &str, limit: Duration) -> (Reaper, PathBuf, So
     let guard = SocketGuard(path.clone());
     let mut engine = spawn(
         ns,
-        &["engine", "-i", ifname, "--linger", "1"].map(String::from),
+        &["engine", "-i", ifname, "--linger", "2"].map(String::from),
     );
     let t0 = Instant::now();
     while !path.exists() {
@@ -169,9 +169,11 @@ fn eight_programs_share_one_interface_and_one_killed_is_reclaimed() {
     let pair = veth_pair("engm", 110);
     let (a, b) = (&pair.a, &pair.b);
     let limit = Duration::from_secs(30);
+    // Each engine gets its watcher at once: an engine without a client leaves after its
+    // linger, and the other engine's start may take longer than that on a loaded machine.
     let (engine_a, path_a, _ga) = start_engine(&a.netns, &a.ifname, limit);
-    let (engine_b, path_b, _gb) = start_engine(&b.netns, &b.ifname, limit);
     let mut watch_a = EngineClient::connect_at(&path_a).expect("watcher of A");
+    let (engine_b, path_b, _gb) = start_engine(&b.netns, &b.ifname, limit);
     let mut watch_b = EngineClient::connect_at(&path_b).expect("watcher of B");
     // What the engines hold before any program: the watcher only (and whatever the engine
     // keeps for itself).
@@ -186,8 +188,8 @@ fn eight_programs_share_one_interface_and_one_killed_is_reclaimed() {
         v.extend(host);
         spawn(ns, &v)
     };
-    let write = "perf write -s 4096 -n 1500 -t 16 --span 65536";
-    let read = "perf read -s 4096 -n 1500 -t 16 --span 65536";
+    let write = "perf write -s 4096 -n 4000 -t 16 --span 65536";
+    let read = "perf read -s 4096 -n 4000 -t 16 --span 65536";
     let victim_args = "perf write -s 4096 -n 100000000 -t 16 --span 65536";
     let b_ip = Some(b.ipv4.to_string());
     let a_ip = Some(a.ipv4.to_string());

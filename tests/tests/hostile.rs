@@ -1894,6 +1894,9 @@ mod engine_isolation {
         let pair = veth_pair("hoste", 111);
         let (ns, ifname) = (pair.a.netns.clone(), pair.a.ifname.clone());
         let (engine, path, _guard) = start_engine(&ns, &ifname);
+        // The intruder, with objects of its own so that guessed numbers are valid somewhere;
+        // connected at once (an engine without a client leaves after its linger).
+        let mut x = Prog::new(&path, 0x11);
 
         // The owner: a separate process whose QP waits for its writer.
         let dir = std::env::temp_dir().join(format!("roce-hoste-{}", std::process::id()));
@@ -1935,8 +1938,6 @@ mod engine_isolation {
             .collect();
         let (tqpn, trkey, taddr) = (Qpn::new(f[0] as u32), f[1] as u32, f[2]);
 
-        // The intruder, with objects of its own so that guessed numbers are valid somewhere.
-        let mut x = Prog::new(&path, 0x11);
         let gid = x.c.query_gid(1).expect("GID 1");
         einval("query another's QP", x.c.query_qp(tqpn));
         einval("modify another's QP", x.c.qp_to_init(tqpn, ACCESS));
