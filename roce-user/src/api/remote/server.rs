@@ -25,7 +25,14 @@ use std::{
     time::{Duration, Instant},
 };
 
-use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+use nix::{
+    errno::Errno,
+    poll::{PollFd, PollFlags, PollTimeout, poll},
+    sys::socket::{
+        getsockopt,
+        sockopt::{PeerCredentials, PeerPidfd},
+    },
+};
 
 use super::{
     memory::{AddressSpace, ProcessMem},
@@ -194,7 +201,8 @@ pub fn serve(
                         // A program that sends and never reads its replies loses its
                         // connection instead of holding this thread (and the engine's exit).
                         let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
-                        Connection::new(&e, pid).run(stream);
+                        let space = peer_space(&stream, pid);
+                        Connection::new(&e, pid, space).run(stream);
                         e.clients.fetch_sub(1, Ordering::SeqCst);
                     }) {
                     Ok(t) => threads.push(t),
@@ -225,6 +233,46 @@ pub fn serve(
     result.map(|()| report)
 }
 
+/// The memory of the process that connected `stream` (`pid`, from its `SO_PEERCRED`): its
+/// `/proc/PID/mem`, kept only if that process still runs once the file is open, as the pidfd
+/// of `SO_PEERPIDFD` tells: a program that died before the engine accepted it may have left
+/// its pid to another process, whose memory must not become the program's. Kernels without
+/// `SO_PEERPIDFD` (before 6.5) get the pid alone. `None` (the connection's registrations are
+/// refused) when the process is gone or its file cannot be opened. Call it when the
+/// connection is accepted, before serving any request.
+fn peer_space(stream: &UnixStream, pid: i32) -> Option<AddressSpace> {
+    let pidfd = match getsockopt(stream, PeerPidfd) {
+        Ok(fd) => Some(fd),
+        Err(Errno::ENOPROTOOPT) => None,
+        Err(e) => {
+            log::warn!("engine: pid {pid}: SO_PEERPIDFD: {e}; the program is gone");
+            return None;
+        }
+    };
+    let space = AddressSpace::open(pid)
+        .inspect_err(|e| log::warn!("engine: pid {pid}: /proc/{pid}/mem: {e}"))
+        .ok()?;
+    if let Some(fd) = pidfd {
+        // A pidfd polls readable once its process has exited.
+        let mut fds = [PollFd::new(
+            std::os::fd::AsFd::as_fd(&fd),
+            PollFlags::POLLIN,
+        )];
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Ok(0) => {}
+            Ok(_) => {
+                log::warn!("engine: pid {pid} exited before it was served");
+                return None;
+            }
+            Err(e) => {
+                log::warn!("engine: pid {pid}: polling its pidfd: {e}");
+                return None;
+            }
+        }
+    }
+    Some(space)
+}
+
 /// Answers a connection with a [`REJECT`] of `errno` and closes it.
 fn refuse(mut stream: UnixStream, errno: i32) {
     let mut out = Vec::new();
@@ -248,10 +296,7 @@ struct Connection<'a> {
 }
 
 impl<'a> Connection<'a> {
-    fn new(engine: &'a Engine, pid: i32) -> Self {
-        let space = AddressSpace::open(pid)
-            .inspect_err(|e| log::warn!("engine: pid {pid}: /proc/{pid}/mem: {e}"))
-            .ok();
+    fn new(engine: &'a Engine, pid: i32, space: Option<AddressSpace>) -> Self {
         Self {
             engine,
             pid,
@@ -608,5 +653,55 @@ impl<'a> Connection<'a> {
                 Value::QpInfo { qp_type, state }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer that runs gets its own memory; one that connected and exited before the engine
+    /// looked gets none. (What the pidfd adds, a pid reused by another process between the
+    /// peer's exit and the open, cannot be staged here: an exited peer's own file no longer
+    /// opens, zombie or reaped.)
+    #[test]
+    fn a_peer_gone_before_it_is_served_gets_no_memory() {
+        let (a, _b) = UnixStream::pair().expect("pair");
+        let me = i32::try_from(std::process::id()).expect("pid");
+        assert!(peer_space(&a, me).is_some(), "this process runs");
+
+        let path =
+            std::env::temp_dir().join(format!("roce-peer-space-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let l = UnixListener::bind(&path).expect("bind");
+        // perl (Debian's perl-base, always there) connects and exits at once; it stays a
+        // zombie, its pid taken, until it is reaped below.
+        let mut child = std::process::Command::new("perl")
+            .args([
+                "-MIO::Socket::UNIX",
+                "-e",
+                "IO::Socket::UNIX->new(Peer => $ARGV[0]) or die \"connect: $!\"",
+            ])
+            .arg(&path)
+            .spawn()
+            .expect("perl");
+        let (s, _) = l.accept().expect("accept");
+        let _ = std::fs::remove_file(&path);
+        let pid = getsockopt(&s, PeerCredentials).expect("SO_PEERCRED").pid();
+        assert_eq!(u32::try_from(pid).ok(), Some(child.id()));
+        let t0 = std::time::Instant::now();
+        while !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+            st.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        }) {
+            assert!(t0.elapsed().as_secs() < 10, "the peer never exited");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            peer_space(&s, pid).is_none(),
+            "an exited peer gets no memory"
+        );
+        assert!(child.wait().expect("reap").success(), "the peer connected");
     }
 }
