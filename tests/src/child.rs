@@ -34,6 +34,27 @@ impl Reaper {
         self.0.as_mut().expect("running child").stdout.take()
     }
 
+    /// Takes the child's standard error, to read what it reports while it runs (progress
+    /// lines); [`finish`] then returns an empty stderr.
+    ///
+    /// # Panics
+    /// After [`finish`].
+    pub fn take_stderr(&mut self) -> Option<std::process::ChildStderr> {
+        self.0.as_mut().expect("running child").stderr.take()
+    }
+
+    /// Whether the child has exited (it stays reapable by [`finish`], which then returns its
+    /// status); `false` while it runs.
+    ///
+    /// # Panics
+    /// After [`finish`].
+    pub fn exited(&mut self) -> bool {
+        matches!(
+            self.0.as_mut().expect("running child").try_wait(),
+            Ok(Some(_))
+        )
+    }
+
     /// Kills the child now (SIGKILL) and reaps it; a later [`finish`] is not possible.
     ///
     /// # Errors

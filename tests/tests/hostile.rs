@@ -1653,3 +1653,488 @@ fn send_burst_past_the_posted_receives_gets_the_rnr_nak() {
         );
     }
 }
+
+/// Programs of one `roce engine` against each other (issue 22, isolation). The engine names
+/// objects by number (PD and CQ ids, QPNs, lkeys), so a program can guess another's; every
+/// request must be scoped to the asking connection's own objects.
+mod engine_isolation {
+    use std::{
+        path::{Path, PathBuf},
+        process::Command,
+        thread,
+        time::{Duration, Instant},
+    };
+
+    use roce::api::{
+        Access, CqId, LKey, Mtu, PdId, Psn, QpInit, QpState, QpType, Qpn, RcTarget, WcStatus,
+        remote::{
+            EngineClient, RUN_DIR, RemoteError,
+            memory::{AddressSpace, ProcessMem},
+            proto::{RcAttrs, WireOp, WireSendWr, WireSge, WireWc},
+        },
+    };
+    use roce_tests::{
+        child::{Reaper, finish_within, spawn, spawn_command},
+        require_root, roce, veth_pair,
+    };
+    use serde_json::Value;
+
+    /// Removes the engine's socket and folder on drop (a failing test SIGKILLs the engine).
+    struct SocketGuard(PathBuf);
+
+    impl Drop for SocketGuard {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_file(&self.0);
+            if let Some(d) = self.0.parent() {
+                let _ = std::fs::remove_dir(d);
+            }
+        }
+    }
+
+    fn start_engine(ns: &str, ifname: &str) -> (Reaper, PathBuf, SocketGuard) {
+        let path: PathBuf = Path::new(RUN_DIR).join(ns).join(format!("{ifname}.sock"));
+        let guard = SocketGuard(path.clone());
+        let mut engine = spawn(
+            ns,
+            &["engine", "-i", ifname, "--linger", "1"].map(String::from),
+        );
+        let t0 = Instant::now();
+        while !path.exists() {
+            assert!(!engine.exited(), "the engine exited before binding");
+            assert!(t0.elapsed() < Duration::from_secs(30), "no engine socket");
+            thread::sleep(Duration::from_millis(20));
+        }
+        (engine, path, guard)
+    }
+
+    #[track_caller]
+    fn einval<T: std::fmt::Debug>(what: &str, r: Result<T, RemoteError>) {
+        let e = r.expect_err(what);
+        assert_eq!(e.errno(), nix::errno::Errno::EINVAL as i32, "{what}: {e}");
+    }
+
+    /// A program's registered buffer, read back through this process's own memory file (the
+    /// engine writes it behind the compiler's back).
+    struct Buf {
+        _mem: Vec<u8>,
+        view: ProcessMem,
+        addr: u64,
+        len: usize,
+    }
+
+    impl Buf {
+        fn new(fill: u8, len: usize) -> Self {
+            let mem = vec![fill; len];
+            let addr = mem.as_ptr() as u64;
+            let view = ProcessMem::new(
+                AddressSpace::own().expect("/proc/self/mem"),
+                addr,
+                len as u64,
+            )
+            .expect("region");
+            Self {
+                _mem: mem,
+                view,
+                addr,
+                len,
+            }
+        }
+
+        fn bytes(&self) -> Vec<u8> {
+            use roce::api::ExternalMem as _;
+            let mut out = vec![0; self.len];
+            assert!(self.view.read(0, &mut out), "reading our own buffer");
+            out
+        }
+
+        fn set(&self, data: &[u8]) {
+            use roce::api::ExternalMem as _;
+            assert!(self.view.write(0, data), "writing our own buffer");
+        }
+    }
+
+    /// A program of the engine with one PD, CQ, QP and registered buffer.
+    struct Prog {
+        c: EngineClient,
+        pd: PdId,
+        cq: CqId,
+        qp: Qpn,
+        lkey: LKey,
+        rkey: u32,
+        buf: Buf,
+    }
+
+    const ACCESS: Access = Access::LOCAL_WRITE
+        .union(Access::REMOTE_WRITE)
+        .union(Access::REMOTE_READ);
+
+    impl Prog {
+        fn new(path: &Path, fill: u8) -> Self {
+            let mut c = EngineClient::connect_at(path).expect("connect");
+            let pd = c.alloc_pd().expect("pd");
+            let buf = Buf::new(fill, 4096);
+            let (lkey, rkey) = c
+                .reg_mr(pd, buf.addr, buf.len as u64, ACCESS)
+                .expect("reg_mr");
+            let cq = c.create_cq(16).expect("cq");
+            let qp = c.create_qp(&QpInit::new(QpType::Rc, pd, cq)).expect("qp");
+            c.qp_to_init(qp, ACCESS).expect("init");
+            Self {
+                c,
+                pd,
+                cq,
+                qp,
+                lkey,
+                rkey: rkey.value(),
+                buf,
+            }
+        }
+
+        /// Another QP of this program on its CQ, in INIT.
+        fn qp(&mut self) -> Qpn {
+            let q = self
+                .c
+                .create_qp(&QpInit::new(QpType::Rc, self.pd, self.cq))
+                .expect("qp");
+            self.c.qp_to_init(q, ACCESS).expect("init");
+            q
+        }
+
+        /// Connects `qp` to `dest` with the given PSNs; few, short retries.
+        fn connect(&mut self, qp: Qpn, gid: [u8; 16], dest: Qpn, rq_psn: u32, sq_psn: u32) {
+            let t = RcTarget {
+                gid_index: 1,
+                remote_gid: gid,
+                dest_qpn: dest,
+                path_mtu: Mtu::Mtu1024,
+                rq_psn: Psn::new(rq_psn),
+                sq_psn: Psn::new(sq_psn),
+                attrs: RcAttrs {
+                    timeout: 10,
+                    retry_cnt: 2,
+                    ..RcAttrs::PINGPONG
+                },
+            };
+            self.c.qp_connect_to(qp, &t).expect("connect");
+        }
+
+        fn post(&mut self, qp: Qpn, op: WireOp, sge: WireSge) {
+            self.c
+                .post_send(
+                    qp,
+                    WireSendWr {
+                        wr_id: 1,
+                        op,
+                        signaled: true,
+                        sges: vec![sge],
+                    },
+                )
+                .expect("post_send");
+        }
+
+        /// The next completion, waiting at most 20 s.
+        fn wc(&mut self) -> WireWc {
+            let t0 = Instant::now();
+            loop {
+                let w = self
+                    .c
+                    .wait_cq(self.cq, 1, Duration::from_millis(100))
+                    .expect("wait_cq");
+                if let Some(w) = w.first() {
+                    return *w;
+                }
+                assert!(t0.elapsed() < Duration::from_secs(20), "no completion");
+            }
+        }
+
+        fn state(&mut self, qp: Qpn) -> QpState {
+            self.c.query_qp(qp).expect("query_qp").1
+        }
+    }
+
+    /// A counter of QP `qpn` in the counters the engine publishes (`roce stats --qps`).
+    fn qp_counter(ns: &str, ifname: &str, qpn: Qpn, name: &str) -> u64 {
+        let o = roce(&["-j", "--netns", ns, "stats", "--qps", "-i", ifname]);
+        assert!(o.status.success(), "roce stats");
+        let v: Value = serde_json::from_slice(&o.stdout).expect("stats JSON");
+        v[format!("qp_0x{:06x}", qpn.value())][name]
+            .as_u64()
+            .unwrap_or(0)
+    }
+
+    /// Waits (at most 10 s, the engine publishes every 250 ms) until QP `qpn`'s `name` is at
+    /// least 1, and returns it.
+    fn counted(ns: &str, ifname: &str, qpn: Qpn, name: &str) -> u64 {
+        let t0 = Instant::now();
+        loop {
+            let n = qp_counter(ns, ifname, qpn, name);
+            if n > 0 {
+                return n;
+            }
+            assert!(
+                t0.elapsed() < Duration::from_secs(10),
+                "QP {qpn:?} never counted {name}"
+            );
+            thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// An intruder that knows (guesses) another program's QPN, PD, CQ and key numbers gets
+    /// `EINVAL` for every verb that names them, as uverbs answers a handle it does not know,
+    /// and the owner (a separate process, `engine_peer target`) receives its 64 KiB WRITE
+    /// intact afterwards. Then, between programs of the engine, the RDMA attacks a remote
+    /// attacker can make: another's lkey in a WR's SG list (local protection error, nothing
+    /// read or written), a WRITE to another's QP at a PSN it does not expect (counted, dropped,
+    /// its memory and state untouched, its real peer still served), and a WRITE with a wrong
+    /// rkey at the expected PSN (the remote access error NAK, counted, the victim QP in ERR as
+    /// for a remote attacker's frame, its memory untouched).
+    #[test]
+    fn engine_programs_reach_only_their_own_objects() {
+        require_root();
+        let pair = veth_pair("hoste", 111);
+        let (ns, ifname) = (pair.a.netns.clone(), pair.a.ifname.clone());
+        let (engine, path, _guard) = start_engine(&ns, &ifname);
+        // The intruder, with objects of its own so that guessed numbers are valid somewhere;
+        // connected at once (an engine without a client leaves after its linger).
+        let mut x = Prog::new(&path, 0x11);
+
+        // The owner: a separate process whose QP waits for its writer.
+        let dir = std::env::temp_dir().join(format!("roce-hoste-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("exchange folder");
+        struct Rm(PathBuf);
+        impl Drop for Rm {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_dir_all(&self.0);
+            }
+        }
+        let _rm = Rm(dir.clone());
+        let peer = roce_tests::example_bin("engine_peer");
+        let run = |role: &str| {
+            let mut cmd = Command::new("nsenter");
+            cmd.arg(format!("--net=/var/run/netns/{ns}"))
+                .arg("--")
+                .arg(&peer)
+                .arg(&path)
+                .arg(&dir)
+                .arg(role);
+            spawn_command(cmd)
+        };
+        let target = run("target");
+        let t0 = Instant::now();
+        let line = loop {
+            if let Ok(s) = std::fs::read_to_string(dir.join("target"))
+                && s.ends_with('\n')
+            {
+                break s;
+            }
+            assert!(t0.elapsed() < Duration::from_secs(20), "no target file");
+            thread::sleep(Duration::from_millis(10));
+        };
+        let f: Vec<u64> = line
+            .split_whitespace()
+            .take(3)
+            .map(|w| w.parse().expect("number"))
+            .collect();
+        let (tqpn, trkey, taddr) = (Qpn::new(f[0] as u32), f[1] as u32, f[2]);
+
+        let gid = x.c.query_gid(1).expect("GID 1");
+        einval("query another's QP", x.c.query_qp(tqpn));
+        einval("modify another's QP", x.c.qp_to_init(tqpn, ACCESS));
+        einval(
+            "connect another's QP",
+            x.c.qp_connect(tqpn, 1, gid, x.qp, 1, 1, Mtu::Mtu1024),
+        );
+        let sge = WireSge {
+            addr: x.buf.addr,
+            length: 64,
+            lkey: x.lkey.value(),
+        };
+        einval(
+            "post to another's send queue",
+            x.c.post_send(
+                tqpn,
+                WireSendWr {
+                    wr_id: 9,
+                    op: WireOp::Write {
+                        remote_addr: taddr,
+                        rkey: trkey,
+                    },
+                    signaled: true,
+                    sges: vec![sge],
+                },
+            ),
+        );
+        einval(
+            "post to another's receive queue",
+            x.c.post_recv(tqpn, 9, vec![sge]),
+        );
+        einval("destroy another's QP", x.c.destroy_qp(tqpn));
+        // Every small PD, CQ and key number that is not the intruder's own.
+        for h in 0..64u32 {
+            if h != x.pd.0 {
+                einval("free a guessed PD", x.c.dealloc_pd(PdId(h)));
+                einval(
+                    "register into a guessed PD",
+                    x.c.reg_mr(PdId(h), x.buf.addr, 64, ACCESS),
+                );
+                einval(
+                    "create a QP in a guessed PD",
+                    x.c.create_qp(&QpInit::new(QpType::Rc, PdId(h), x.cq)),
+                );
+            }
+            if h != x.cq.0 {
+                einval("poll a guessed CQ", x.c.poll_cq(CqId(h), 1));
+                einval(
+                    "wait on a guessed CQ",
+                    x.c.wait_cq(CqId(h), 1, Duration::from_millis(1)),
+                );
+                einval("destroy a guessed CQ", x.c.destroy_cq(CqId(h)));
+                einval(
+                    "create a QP on a guessed CQ",
+                    x.c.create_qp(&QpInit::new(QpType::Rc, x.pd, CqId(h))),
+                );
+            }
+        }
+        for key in [
+            trkey,
+            trkey ^ 1,
+            trkey.wrapping_sub(1),
+            trkey.wrapping_add(1),
+        ] {
+            if key != x.lkey.value() {
+                einval("deregister a guessed key", x.c.dereg_mr(LKey::new(key)));
+            }
+        }
+
+        // The owner's transfer runs as if nothing happened.
+        let writer = run("writer");
+        let w = finish_within(writer, Duration::from_secs(30), "writer");
+        let t = finish_within(target, Duration::from_secs(30), "target");
+        let text = |o: &std::process::Output| {
+            format!(
+                "{}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            )
+        };
+        assert!(w.status.success(), "writer: {}", text(&w));
+        assert!(
+            t.status.success() && text(&t).contains("all right"),
+            "target: {}",
+            text(&t)
+        );
+
+        // RDMA between programs. The victim V and its legitimate peer P, connected; V
+        // expects PSN 100 first.
+        let mut v = Prog::new(&path, 0x55);
+        let mut p = Prog::new(&path, 0x77);
+        let (vq, pq) = (v.qp, p.qp);
+        v.connect(vq, gid, pq, 100, 500);
+        p.connect(pq, gid, vq, 500, 100);
+        let legit = |p: &mut Prog, v: &Prog, off: u64, fill: u8| {
+            p.buf.set(&vec![fill; 4096]);
+            let sge = WireSge {
+                addr: p.buf.addr,
+                length: 64,
+                lkey: p.lkey.value(),
+            };
+            let op = WireOp::Write {
+                remote_addr: v.buf.addr + off,
+                rkey: v.rkey,
+            };
+            p.post(pq, op, sge);
+            let w = p.wc();
+            assert_eq!(w.status, WcStatus::Success, "P's WRITE: {w:?}");
+        };
+        legit(&mut p, &v, 0, 0xa1);
+        let mut want = vec![0x55u8; 4096];
+        want[..64].fill(0xa1);
+        assert_eq!(v.buf.bytes(), want, "P's WRITE landed in V");
+
+        // 1. V's lkey in the intruder's own WRs, between two QPs of its own: a WRITE that
+        // would read V's memory and a READ that would write into it both fail with a local
+        // protection error; nothing moves.
+        let (x1, x2) = (x.qp, x.qp());
+        x.connect(x1, gid, x2, 1000, 2000);
+        x.connect(x2, gid, x1, 2000, 1000);
+        let x_before = x.buf.bytes();
+        let vsge = WireSge {
+            addr: v.buf.addr,
+            length: 64,
+            lkey: v.lkey.value(),
+        };
+        let own = |off: u64| WireOp::Write {
+            remote_addr: x.buf.addr + off,
+            rkey: x.rkey,
+        };
+        x.post(x1, own(1024), vsge);
+        let w = x.wc();
+        assert_eq!(w.status, WcStatus::LocProtErr, "WRITE from V's lkey: {w:?}");
+        let read = WireOp::Read {
+            remote_addr: x.buf.addr,
+            rkey: x.rkey,
+        };
+        let x3 = x.qp();
+        let x4 = x.qp();
+        x.connect(x3, gid, x4, 3000, 4000);
+        x.connect(x4, gid, x3, 4000, 3000);
+        x.post(x3, read, vsge);
+        let w = x.wc();
+        assert_eq!(w.status, WcStatus::LocProtErr, "READ into V's lkey: {w:?}");
+        assert_eq!(x.buf.bytes(), x_before, "nothing of V reached the intruder");
+        assert_eq!(v.buf.bytes(), want, "V's memory untouched");
+
+        // 2. A WRITE to V's QPN, with V's real rkey, at a PSN V does not expect: V counts
+        // it and drops it (its PSN-sequence NAK goes to its real peer, P); the intruder hears
+        // nothing and its WR fails once its retries run out.
+        let x5 = x.qp();
+        x.connect(x5, gid, vq, 7000, 100 + (1 << 22));
+        let steal = WireOp::Write {
+            remote_addr: v.buf.addr,
+            rkey: v.rkey,
+        };
+        let xsge = WireSge {
+            addr: x.buf.addr,
+            length: 64,
+            lkey: x.lkey.value(),
+        };
+        x.post(x5, steal, xsge);
+        let w = x.wc();
+        assert_eq!(
+            w.status,
+            WcStatus::RetryExcErr,
+            "out-of-sequence WRITE: {w:?}"
+        );
+        assert!(counted(&ns, &ifname, vq, "out_of_seq_request") >= 1);
+        assert_eq!(v.buf.bytes(), want, "V's memory untouched");
+        assert_eq!(v.state(vq), QpState::Rts, "V's QP goes on");
+        legit(&mut p, &v, 64, 0xa2);
+        want[64..128].fill(0xa2);
+        assert_eq!(v.buf.bytes(), want, "P's second WRITE landed in V");
+
+        // 3. A WRITE at the PSN V expects (102: P sent 100 and 101), with a wrong rkey: V
+        // NAKs it with a remote access error (to P, its peer), counts it, and goes to ERR, as
+        // for a remote attacker's frame (the crafted-frame cases above); its memory stays.
+        let x6 = x.qp();
+        x.connect(x6, gid, vq, 8000, 102);
+        let bad = WireOp::Write {
+            remote_addr: v.buf.addr,
+            rkey: v.rkey ^ 0x5a5a,
+        };
+        x.post(x6, bad, xsge);
+        let w = x.wc();
+        assert_eq!(w.status, WcStatus::RetryExcErr, "wrong-rkey WRITE: {w:?}");
+        assert!(counted(&ns, &ifname, vq, "resp_remote_access_errors") >= 1);
+        assert_eq!(v.buf.bytes(), want, "V's memory untouched");
+        assert_eq!(
+            v.state(vq),
+            QpState::Err,
+            "a remote access error ends V's QP"
+        );
+
+        drop((x, v, p));
+        let out = finish_within(engine, Duration::from_secs(30), "engine");
+        assert!(out.status.success(), "engine: {}", text(&out));
+    }
+}

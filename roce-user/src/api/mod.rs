@@ -1233,6 +1233,17 @@ impl Device {
         }
     }
 
+    /// How many PDs, memory regions, CQs and QPs the device holds now, over all its
+    /// shards (`roce engine --status` reports them, to show a closed program's objects gone).
+    #[must_use]
+    pub fn resources(&self) -> crate::transport::Resources {
+        self.shards
+            .iter()
+            .fold(crate::transport::Resources::default(), |acc, sh| {
+                acc.add(sh.lock().resources())
+            })
+    }
+
     /// Transport counters: the device's own, and each QP's.
     #[must_use]
     pub fn counters(&self) -> (DeviceCounters, Vec<(Qpn, QpCounters)>) {

@@ -27,7 +27,7 @@ connection closes, however the program ended. The engine exits --linger seconds 
 client left (or after it started, if none came), and unloads roce_xdp if it loaded it.\n\n\
 Step 1 of docs/multiprocess.md: PD, MR, CQ and RC QP verbs, SEND/WRITE/READ posts and polls \
 work through the engine (roce::api::remote::EngineClient; roce-user/examples/engine_peer.rs), \
-which reaches a program's registered memory with process_vm_readv/writev; posts and polls \
+which reaches a program's registered memory through its /proc/PID/mem; posts and polls \
 still cross the socket, and `roce perf` does not use the engine yet.";
 
 /// Examples of `roce engine`.
@@ -70,17 +70,24 @@ pub fn run(out: Output, args: &EngineArgs, netns: Option<String>) -> anyhow::Res
     let path = remote::socket_path(&args.iface).context("naming the engine socket")?;
     if args.status {
         let mut c = EngineClient::connect_at(&path)?;
-        let (clients, qps) = c.status()?;
+        let st = c.status()?;
         out.emit(
             &serde_json::json!({
                 "iface": args.iface, "socket": path, "pid": c.engine_pid(),
-                "clients": clients, "qps": qps,
+                "clients": st.clients, "qps": st.qps, "pds": st.pds, "cqs": st.cqs,
+                "mrs": st.mrs,
             }),
             &format!(
-                "engine of {} (pid {}) at {}: {clients} client(s) including this one, {qps} QP(s)\n",
+                "engine of {} (pid {}) at {}: {} client(s) including this one, {} QP(s), \
+                 {} PD(s), {} CQ(s), {} MR(s)\n",
                 args.iface,
                 c.engine_pid(),
-                path.display()
+                path.display(),
+                st.clients,
+                st.qps,
+                st.pds,
+                st.cqs,
+                st.mrs
             ),
         );
         return Ok(());

@@ -207,7 +207,7 @@ impl core::fmt::Debug for RawMem {
 unsafe impl Send for RawMem {}
 
 /// Memory the transport reaches through someone else: another process's registered region,
-/// which `roce engine` reads and writes with `process_vm_readv/writev`
+/// which `roce engine` reads and writes through the program's `/proc/PID/mem`
 /// (`api::remote`, docs/multiprocess.md). The transport stays sans-I/O: it only calls these.
 pub trait ExternalMem: Send + core::fmt::Debug {
     /// The region's length in bytes.

@@ -533,6 +533,32 @@ impl Ctx<'_> {
     }
 }
 
+/// Counts of a device's objects ([`Device::resources`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Resources {
+    /// Protection domains.
+    pub pds: usize,
+    /// Memory regions.
+    pub mrs: usize,
+    /// Completion queues.
+    pub cqs: usize,
+    /// QPs (QP 1 not counted).
+    pub qps: usize,
+}
+
+impl Resources {
+    /// The sum of two devices' counts (the shards of one interface).
+    #[must_use]
+    pub const fn add(self, o: Self) -> Self {
+        Self {
+            pds: self.pds + o.pds,
+            mrs: self.mrs + o.mrs,
+            cqs: self.cqs + o.cqs,
+            qps: self.qps + o.qps,
+        }
+    }
+}
+
 /// A RoCE device: memory regions, CQs and QPs, driven sans-I/O.
 #[derive(Debug)]
 pub struct Device {
@@ -1466,6 +1492,19 @@ impl Device {
     /// [`Device::poll_transmit`].
     pub fn gsi_mut(&mut self) -> Option<&mut gsi::Gsi> {
         self.gsi.as_deref_mut()
+    }
+
+    /// How many PDs, memory regions, CQs and QPs exist now (QP 1 not counted): what a
+    /// resource count such as `roce engine --status` reports, and what shows that a closed
+    /// program's objects are gone.
+    #[must_use]
+    pub fn resources(&self) -> Resources {
+        Resources {
+            pds: self.pds.len(),
+            mrs: self.mrs.in_use(),
+            cqs: self.cqs.live(),
+            qps: self.qps.len(),
+        }
     }
 
     /// Every QP, in QPN order.

@@ -741,6 +741,12 @@ impl MrTable {
             .filter(|m| m.rkey == rkey && m.rkey_valid && m.pd == pd)
     }
 
+    /// Regions registered now.
+    #[must_use]
+    pub fn in_use(&self) -> usize {
+        self.slots.iter().flatten().count()
+    }
+
     /// Whether any region belongs to `pd`.
     #[must_use]
     pub fn uses_pd(&self, pd: PdId) -> bool {

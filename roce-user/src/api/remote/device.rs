@@ -1,8 +1,8 @@
 //! [`EngineDevice`]: a device reached through `roce engine`, as [`RdmaDevice`] wants it, so
 //! that `roce perf --engine` runs its server and client as two programs on one interface
 //! (docs/multiprocess.md). Every verb is a round trip on the engine's socket (step 1's
-//! control path); registered memory is buffers of this process that the engine reaches with
-//! `process_vm_readv/writev`.
+//! control path); registered memory is buffers of this process that the engine reaches
+//! through this process's `/proc/PID/mem` ([`super::memory`]).
 
 use std::{
     collections::HashMap,
@@ -12,7 +12,7 @@ use std::{
 
 use super::{
     EngineClient, RemoteError,
-    memory::ProcessMem,
+    memory::{AddressSpace, ProcessMem},
     proto::{self, WireOp, WireSendWr, WireSge},
 };
 use crate::{
@@ -33,7 +33,8 @@ struct Region {
     /// The bytes the engine reads and writes, as u64s so that the region starts 8-byte
     /// aligned (atomics need it, IBA 9.4.5). Never read or written through a Rust reference
     /// after registration (the engine changes them behind the compiler's back): only through
-    /// `view`, which copies with `process_vm_readv/writev` as the engine does.
+    /// `view`, which copies through `/proc/self/mem` as the engine does through this
+    /// process's file.
     _buf: Box<[u64]>,
     /// The same bytes, reached through the kernel.
     view: ProcessMem,
@@ -52,6 +53,8 @@ pub struct EngineDevice {
     /// and MTU, checked against the engine's GIDs in [`RdmaDevice::gid`].
     info: IfInfo,
     regions: Mutex<HashMap<u32, Region>>,
+    /// This process's memory, through which it reads and writes its regions.
+    own: AddressSpace,
 }
 
 /// The errno a verb fails with when the engine cannot carry what was asked.
@@ -77,10 +80,13 @@ impl EngineDevice {
     pub fn connect(ifname: &str) -> Result<Self, RemoteError> {
         let client = EngineClient::connect(ifname)?;
         let info = IfInfo::query(ifname).map_err(|e| RemoteError::Local(e.to_string()))?;
+        let own =
+            AddressSpace::own().map_err(|e| RemoteError::Local(format!("/proc/self/mem: {e}")))?;
         Ok(Self {
             client: Mutex::new(client),
             info,
             regions: Mutex::new(HashMap::new()),
+            own,
         })
     }
 
@@ -113,7 +119,7 @@ impl EngineDevice {
         let r = self.regions();
         let reg = r.get(&lkey.value()).ok_or_else(|| invalid(verb))?;
         match offset.checked_add(len) {
-            Some(end) if end as u64 <= reg.info.len => Ok(reg.view),
+            Some(end) if end as u64 <= reg.info.len => Ok(reg.view.clone()),
             _ => Err(invalid(verb)),
         }
     }
@@ -218,12 +224,8 @@ impl RdmaDevice for EngineDevice {
         }
         let buf = vec![0u64; len.div_ceil(8)].into_boxed_slice();
         let addr = buf.as_ptr() as u64;
-        let view = ProcessMem::new(
-            i32::try_from(std::process::id()).map_err(|_| invalid("reg_mr"))?,
-            addr,
-            len as u64,
-        )
-        .ok_or_else(|| invalid("reg_mr"))?;
+        let view =
+            ProcessMem::new(self.own.clone(), addr, len as u64).ok_or_else(|| invalid("reg_mr"))?;
         let (lkey, rkey) = self.client().reg_mr(pd, addr, len as u64, access)?;
         let info = MrInfo {
             lkey,
@@ -262,7 +264,7 @@ impl RdmaDevice for EngineDevice {
         }
     }
 
-    /// Copies the region out (one `process_vm_readv` of all of it) and calls `f` on the copy.
+    /// Copies the region out (one read of all of it through `/proc/self/mem`) and calls `f` on the copy.
     fn with_mr<R>(&self, lkey: LKey, f: impl FnOnce(&[u8]) -> R) -> Result<R, RemoteError> {
         let view = self.view("with_mr", lkey, 0, 0)?;
         let mut copy = vec![0u8; view.len()];

@@ -6,7 +6,7 @@
 //!
 //! Step 1 as built: the control verbs (PD, MR, CQ, QP create/destroy, RESET → INIT, queries)
 //! with each connection's objects its own and released when it closes; registered memory is
-//! reached through `process_vm_readv/writev` ([`memory`]); RC connection, SEND/WRITE/READ
+//! reached through the program's `/proc/PID/mem` ([`memory`]); RC connection, SEND/WRITE/READ
 //! posts and polls go over the same socket (correct, slow: the shared-ring data path of the
 //! design is not here yet).
 
@@ -114,6 +114,30 @@ impl RemoteError {
             Self::Closed => libc::ECONNRESET,
             Self::Local(_) => libc::EINVAL,
         }
+    }
+}
+
+/// What the engine reports to [`EngineClient::status`] (`roce engine --status`): its
+/// connections and the objects alive in its device, whoever made them.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct EngineStatus {
+    /// Connected programs, the asking one included.
+    pub clients: u32,
+    /// QPs (QP 1 not counted).
+    pub qps: u32,
+    /// Protection domains.
+    pub pds: u32,
+    /// Completion queues.
+    pub cqs: u32,
+    /// Memory regions.
+    pub mrs: u32,
+}
+
+impl EngineStatus {
+    /// (clients, QPs), the two counts that say who is there.
+    #[must_use]
+    pub const fn clients_qps(&self) -> (u32, u32) {
+        (self.clients, self.qps)
     }
 }
 
@@ -234,13 +258,26 @@ impl EngineClient {
         }
     }
 
-    /// Programs connected to the engine (this one included) and QPs alive across them.
+    /// Programs connected to the engine (this one included) and the objects alive in its
+    /// device across them.
     ///
     /// # Errors
     /// The connection broke.
-    pub fn status(&mut self) -> Result<(u32, u32), RemoteError> {
+    pub fn status(&mut self) -> Result<EngineStatus, RemoteError> {
         match self.call("status", &Request::Status)? {
-            Value::Status { clients, qps } => Ok((clients, qps)),
+            Value::Status {
+                clients,
+                qps,
+                pds,
+                cqs,
+                mrs,
+            } => Ok(EngineStatus {
+                clients,
+                qps,
+                pds,
+                cqs,
+                mrs,
+            }),
             _ => Err(self.unexpected()),
         }
     }
@@ -333,7 +370,7 @@ impl EngineClient {
     }
 
     /// `ibv_reg_mr` of `len` bytes at `addr` of this process: the engine reads and writes
-    /// them with `process_vm_readv/writev` from now until [`EngineClient::dereg_mr`] or the
+    /// them through this process's `/proc/PID/mem` from now until [`EngineClient::dereg_mr`] or the
     /// connection closes, as a NIC's DMA would. Keep the range mapped that long; what the
     /// engine writes there appears without this process doing anything, so read it as device
     /// memory (volatile, or after a completion), not through a Rust reference held across.

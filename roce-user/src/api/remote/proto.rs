@@ -29,8 +29,9 @@ pub const MAGIC: u16 = u16::from_le_bytes(*b"RE");
 /// The protocol version this build speaks; the engine refuses any other with
 /// `EPROTONOSUPPORT` (no negotiation yet: the engine and its programs are one build). Version 2
 /// added the reliability attributes of [`Request::QpConnect`] ([`RcAttrs`]), the atomics of
-/// [`WireOp`] and [`Request::WaitCq`], which `roce perf --engine` needs.
-pub const VERSION: u8 = 2;
+/// [`WireOp`] and [`Request::WaitCq`], which `roce perf --engine` needs; version 3 the
+/// device's PD, MR and CQ counts in [`Value::Status`].
+pub const VERSION: u8 = 3;
 /// Bytes of a frame header.
 pub const HEADER: usize = 12;
 /// The largest body any message has, with room to grow; longer is refused (`EMSGSIZE`).
@@ -363,8 +364,14 @@ pub enum Value {
     Status {
         /// Connected programs, the asking one included.
         clients: u32,
-        /// QPs alive across all of them.
+        /// QPs alive in the engine's device, across all programs.
         qps: u32,
+        /// Protection domains alive in the device.
+        pds: u32,
+        /// Completion queues alive in the device.
+        cqs: u32,
+        /// Memory regions registered in the device.
+        mrs: u32,
     },
     /// To [`Request::QueryGid`]: the 16 bytes of the GID.
     Gid([u8; 16]),
@@ -782,9 +789,16 @@ pub fn encode_reply(out: &mut Vec<u8>, seq: u32, kind: u8, reply: &Reply) {
                     o.push(*version);
                     o.extend_from_slice(&pid.to_le_bytes());
                 }
-                Value::Status { clients, qps } => {
-                    o.extend_from_slice(&clients.to_le_bytes());
-                    o.extend_from_slice(&qps.to_le_bytes());
+                Value::Status {
+                    clients,
+                    qps,
+                    pds,
+                    cqs,
+                    mrs,
+                } => {
+                    for n in [clients, qps, pds, cqs, mrs] {
+                        o.extend_from_slice(&n.to_le_bytes());
+                    }
                 }
                 Value::Gid(g) => o.extend_from_slice(g),
                 Value::Done => {}
@@ -1149,10 +1163,13 @@ pub fn decode_reply(buf: &[u8]) -> Result<Option<(Frame<Reply>, usize)>, ProtoEr
                 }
             }
             K_STATUS => {
-                exact(k, rest, 8)?;
+                exact(k, rest, 20)?;
                 Value::Status {
                     clients: u32_at(rest, 0),
                     qps: u32_at(rest, 4),
+                    pds: u32_at(rest, 8),
+                    cqs: u32_at(rest, 12),
+                    mrs: u32_at(rest, 16),
                 }
             }
             K_QUERY_GID => {
@@ -1408,8 +1425,14 @@ mod tests {
             K_HELLO => (any::<u8>(), any::<u32>())
                 .prop_map(|(version, pid)| Value::Hello { version, pid })
                 .boxed(),
-            K_STATUS => (any::<u32>(), any::<u32>())
-                .prop_map(|(clients, qps)| Value::Status { clients, qps })
+            K_STATUS => any::<[u32; 5]>()
+                .prop_map(|[clients, qps, pds, cqs, mrs]| Value::Status {
+                    clients,
+                    qps,
+                    pds,
+                    cqs,
+                    mrs,
+                })
                 .boxed(),
             K_QUERY_GID => any::<[u8; 16]>().prop_map(Value::Gid).boxed(),
             K_POLL_CQ | K_WAIT_CQ => proptest::collection::vec(wc(), 0..=MAX_POLL)

@@ -25,10 +25,17 @@ use std::{
     time::{Duration, Instant},
 };
 
-use nix::sys::socket::{getsockopt, sockopt::PeerCredentials};
+use nix::{
+    errno::Errno,
+    poll::{PollFd, PollFlags, PollTimeout, poll},
+    sys::socket::{
+        getsockopt,
+        sockopt::{PeerCredentials, PeerPidfd},
+    },
+};
 
 use super::{
-    memory::ProcessMem,
+    memory::{AddressSpace, ProcessMem},
     proto::{self, QpSpec, REJECT, Reply, Request, Value, WireOp, WireSge, WireWc},
 };
 use crate::{
@@ -87,7 +94,6 @@ pub struct ServeReport {
 struct Engine {
     dev: Device,
     clients: AtomicU32,
-    qps: AtomicU32,
     stop: AtomicBool,
 }
 
@@ -151,7 +157,6 @@ pub fn serve(
     let engine = Arc::new(Engine {
         dev,
         clients: AtomicU32::new(0),
-        qps: AtomicU32::new(0),
         stop: AtomicBool::new(false),
     });
     let mut report = ServeReport::default();
@@ -196,7 +201,8 @@ pub fn serve(
                         // A program that sends and never reads its replies loses its
                         // connection instead of holding this thread (and the engine's exit).
                         let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
-                        Connection::new(&e, pid).run(stream);
+                        let space = peer_space(&stream, pid);
+                        Connection::new(&e, pid, space).run(stream);
                         e.clients.fetch_sub(1, Ordering::SeqCst);
                     }) {
                     Ok(t) => threads.push(t),
@@ -227,6 +233,46 @@ pub fn serve(
     result.map(|()| report)
 }
 
+/// The memory of the process that connected `stream` (`pid`, from its `SO_PEERCRED`): its
+/// `/proc/PID/mem`, kept only if that process still runs once the file is open, as the pidfd
+/// of `SO_PEERPIDFD` tells: a program that died before the engine accepted it may have left
+/// its pid to another process, whose memory must not become the program's. Kernels without
+/// `SO_PEERPIDFD` (before 6.5) get the pid alone. `None` (the connection's registrations are
+/// refused) when the process is gone or its file cannot be opened. Call it when the
+/// connection is accepted, before serving any request.
+fn peer_space(stream: &UnixStream, pid: i32) -> Option<AddressSpace> {
+    let pidfd = match getsockopt(stream, PeerPidfd) {
+        Ok(fd) => Some(fd),
+        Err(Errno::ENOPROTOOPT) => None,
+        Err(e) => {
+            log::warn!("engine: pid {pid}: SO_PEERPIDFD: {e}; the program is gone");
+            return None;
+        }
+    };
+    let space = AddressSpace::open(pid)
+        .inspect_err(|e| log::warn!("engine: pid {pid}: /proc/{pid}/mem: {e}"))
+        .ok()?;
+    if let Some(fd) = pidfd {
+        // A pidfd polls readable once its process has exited.
+        let mut fds = [PollFd::new(
+            std::os::fd::AsFd::as_fd(&fd),
+            PollFlags::POLLIN,
+        )];
+        match poll(&mut fds, PollTimeout::ZERO) {
+            Ok(0) => {}
+            Ok(_) => {
+                log::warn!("engine: pid {pid} exited before it was served");
+                return None;
+            }
+            Err(e) => {
+                log::warn!("engine: pid {pid}: polling its pidfd: {e}");
+                return None;
+            }
+        }
+    }
+    Some(space)
+}
+
 /// Answers a connection with a [`REJECT`] of `errno` and closes it.
 fn refuse(mut stream: UnixStream, errno: i32) {
     let mut out = Vec::new();
@@ -239,6 +285,9 @@ fn refuse(mut stream: UnixStream, errno: i32) {
 struct Connection<'a> {
     engine: &'a Engine,
     pid: i32,
+    /// The program's memory, opened when the connection started (`None` when that failed:
+    /// its registrations are refused).
+    space: Option<AddressSpace>,
     pds: BTreeSet<u32>,
     cqs: BTreeSet<u32>,
     qps: BTreeSet<u32>,
@@ -247,10 +296,11 @@ struct Connection<'a> {
 }
 
 impl<'a> Connection<'a> {
-    fn new(engine: &'a Engine, pid: i32) -> Self {
+    fn new(engine: &'a Engine, pid: i32, space: Option<AddressSpace>) -> Self {
         Self {
             engine,
             pid,
+            space,
             pds: BTreeSet::new(),
             cqs: BTreeSet::new(),
             qps: BTreeSet::new(),
@@ -313,7 +363,6 @@ impl<'a> Connection<'a> {
             if let Err(e) = dev.destroy_qp(Qpn::new(qpn)) {
                 log::warn!("engine: pid {}: destroying QP {qpn:#x}: {e}", self.pid);
             }
-            self.engine.qps.fetch_sub(1, Ordering::SeqCst);
         }
         for lkey in std::mem::take(&mut self.mrs) {
             if let Err(e) = dev.dereg_mr(LKey::new(lkey)) {
@@ -360,10 +409,17 @@ impl<'a> Connection<'a> {
                 version: proto::VERSION,
                 pid: std::process::id(),
             },
-            Request::Status => Value::Status {
-                clients: self.engine.clients.load(Ordering::SeqCst),
-                qps: self.engine.qps.load(Ordering::SeqCst),
-            },
+            Request::Status => {
+                let r = dev.resources();
+                let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
+                Value::Status {
+                    clients: self.engine.clients.load(Ordering::SeqCst),
+                    qps: n(r.qps),
+                    pds: n(r.pds),
+                    cqs: n(r.cqs),
+                    mrs: n(r.mrs),
+                }
+            }
             Request::QueryGid { index } => {
                 let i = usize::try_from(index).map_err(|_| libc::EINVAL)?;
                 Value::Gid(dev.gid(i).map_err(|_| libc::EINVAL)?.raw)
@@ -425,14 +481,12 @@ impl<'a> Connection<'a> {
                     })
                     .map_err(errno)?;
                 self.qps.insert(qpn.value());
-                self.engine.qps.fetch_add(1, Ordering::SeqCst);
                 Value::Created(qpn.value())
             }
             Request::DestroyQp { qpn } => {
                 Self::own(&self.qps, qpn)?;
                 dev.destroy_qp(Qpn::new(qpn)).map_err(errno)?;
                 self.qps.remove(&qpn);
-                self.engine.qps.fetch_sub(1, Ordering::SeqCst);
                 Value::Done
             }
             Request::QpToInit { qpn, access } => {
@@ -447,7 +501,8 @@ impl<'a> Connection<'a> {
                 access,
             } => {
                 Self::own(&self.pds, pd)?;
-                let mem = ProcessMem::new(self.pid, addr, len).ok_or(libc::EINVAL)?;
+                let space = self.space.clone().ok_or(libc::EACCES)?;
+                let mem = ProcessMem::new(space, addr, len).ok_or(libc::EINVAL)?;
                 if !mem.reachable() {
                     // ibv_reg_mr over a hole in the address space.
                     return Err(libc::EFAULT);
@@ -598,5 +653,55 @@ impl<'a> Connection<'a> {
                 Value::QpInfo { qp_type, state }
             }
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A peer that runs gets its own memory; one that connected and exited before the engine
+    /// looked gets none. (What the pidfd adds, a pid reused by another process between the
+    /// peer's exit and the open, cannot be staged here: an exited peer's own file no longer
+    /// opens, zombie or reaped.)
+    #[test]
+    fn a_peer_gone_before_it_is_served_gets_no_memory() {
+        let (a, _b) = UnixStream::pair().expect("pair");
+        let me = i32::try_from(std::process::id()).expect("pid");
+        assert!(peer_space(&a, me).is_some(), "this process runs");
+
+        let path =
+            std::env::temp_dir().join(format!("roce-peer-space-{}.sock", std::process::id()));
+        let _ = std::fs::remove_file(&path);
+        let l = UnixListener::bind(&path).expect("bind");
+        // perl (Debian's perl-base, always there) connects and exits at once; it stays a
+        // zombie, its pid taken, until it is reaped below.
+        let mut child = std::process::Command::new("perl")
+            .args([
+                "-MIO::Socket::UNIX",
+                "-e",
+                "IO::Socket::UNIX->new(Peer => $ARGV[0]) or die \"connect: $!\"",
+            ])
+            .arg(&path)
+            .spawn()
+            .expect("perl");
+        let (s, _) = l.accept().expect("accept");
+        let _ = std::fs::remove_file(&path);
+        let pid = getsockopt(&s, PeerCredentials).expect("SO_PEERCRED").pid();
+        assert_eq!(u32::try_from(pid).ok(), Some(child.id()));
+        let t0 = std::time::Instant::now();
+        while !std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|st| {
+            st.rsplit(')')
+                .next()
+                .is_some_and(|r| r.trim_start().starts_with('Z'))
+        }) {
+            assert!(t0.elapsed().as_secs() < 10, "the peer never exited");
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
+        assert!(
+            peer_space(&s, pid).is_none(),
+            "an exited peer gets no memory"
+        );
+        assert!(child.wait().expect("reap").success(), "the peer connected");
     }
 }

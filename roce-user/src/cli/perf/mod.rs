@@ -111,7 +111,7 @@ pub struct PerfArgs {
     /// Use the device of `roce engine -i DEV`, started beforehand in this namespace, instead
     /// of opening the interface in this process: the server and the client of one test (or
     /// any number of programs) then share the interface (docs/multiprocess.md). Every verb is
-    /// a round trip on the engine's socket and every payload byte a `process_vm_readv/writev`
+    /// a round trip on the engine's socket and every payload byte a read or write of its `/proc/PID/mem`
     /// of the engine, far slower than the in-process default. The device options (--cc*,
     /// --line-rate, --max-*, --sharded, --inline, --trace, --log-level) are the engine's and
     /// are refused here. roce-xdp's own flag.
