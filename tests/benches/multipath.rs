@@ -31,6 +31,11 @@
 //! 4. One QP, 256 MiB, no impairment: goodput, target ≥ 0.95x; and, without a target, the
 //!    extension on one entropy (`--multipath --entropies 1`: trailers, SACKs, selective
 //!    repeat, no spraying), to tell what the cost on a clean fabric is of.
+//!
+//! With `$ROCE_BENCH_OUT` set (xtask sets it), one more sprayed and one more plain run of row
+//! 1 for each congested path sample every path's TX byte counter at the first router every
+//! 10 ms into `multipath-paths-{sprayed,plain}-<path>.csv` there and draw them with `roce plot
+//! --paths` beside it (`.svg`): the traffic per path over time.
 
 use std::{process::Command, time::Duration};
 
@@ -145,6 +150,39 @@ fn perf(net: &Ecmp, qps: u32, bytes: u64, extra: &str) -> Run {
             .collect::<Vec<_>>()
     );
     run
+}
+
+/// Runs `perf(net, qps, bytes, extra)` while a thread samples each path's TX byte counter at
+/// the first router every 10 ms; returns the samples as `time_ns,path,bytes` CSV (path by
+/// index), which `roce plot --paths` draws.
+fn perf_sampled(net: &Ecmp, qps: u32, bytes: u64, extra: &str) -> String {
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let start = std::time::Instant::now();
+    std::thread::scope(|sc| {
+        let sampler = sc.spawn(|| {
+            let mut csv = String::from("time_ns,path,bytes\n");
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                let t = start.elapsed().as_nanos();
+                let o =
+                    roce::netns::ip_in(&net.r1, &["-s", "-j", "link", "show"]).expect("ip -s link");
+                let v: Value = serde_json::from_slice(&o.stdout).expect("ip -j -s");
+                for l in v.as_array().into_iter().flatten() {
+                    let name = l["ifname"].as_str().unwrap_or("");
+                    if let Some(i) = net.paths.iter().position(|p| p == name) {
+                        let b = l["stats64"]["tx"]["bytes"].as_u64().unwrap_or(0);
+                        csv.push_str(&format!("{t},{i},{b}\n"));
+                    }
+                }
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            csv
+        });
+        std::thread::sleep(Duration::from_millis(50));
+        perf(net, qps, bytes, extra);
+        std::thread::sleep(Duration::from_millis(50));
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        sampler.join().expect("sampler")
+    })
 }
 
 /// Median, min and max.
@@ -267,6 +305,33 @@ fn main() {
             |r| r.mb_s,
             Some((1.5, true)),
         );
+        // The traffic per path over time, of one more run of each, for docs/multipath.md.
+        if let Some(dir) = std::env::var_os("ROCE_BENCH_OUT") {
+            for (what, extra) in [("sprayed", SPRAY), ("plain", "")] {
+                let csv =
+                    std::path::Path::new(&dir).join(format!("multipath-paths-{what}-{p}.csv"));
+                std::fs::write(&csv, perf_sampled(&net, 4, 64 * MIB, extra)).expect("write CSV");
+                let svg = csv.with_extension("svg");
+                let title = format!(
+                    "4 QPs {what}, path {p} at {:.0} Mbit/s ({on_it} of 4 plain QPs on it): frames sent per path",
+                    bottleneck as f64 / 1e6
+                );
+                let o = Command::new(roce_bin())
+                    .args(["plot", "--paths"])
+                    .arg(&csv)
+                    .arg("-o")
+                    .arg(&svg)
+                    .args(["--title", &title])
+                    .output()
+                    .expect("roce plot");
+                assert!(
+                    o.status.success(),
+                    "roce plot --paths: {}",
+                    String::from_utf8_lossy(&o.stderr)
+                );
+                eprintln!("wrote {}", svg.display());
+            }
+        }
     }
     // Where the four plain QPs went, for the report.
     let placement: Vec<u64> = clean.path_bytes.iter().map(|b| b / 1_000_000).collect();
