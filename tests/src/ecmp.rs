@@ -170,12 +170,26 @@ impl Ecmp {
     /// When `ip -s` fails.
     #[must_use]
     pub fn tx_packets(&self) -> Vec<u64> {
+        self.tx("packets")
+    }
+
+    /// Bytes (whole frames) each path has carried from the first router, as
+    /// [`Ecmp::tx_packets`] counts packets.
+    ///
+    /// # Panics
+    /// When `ip -s` fails.
+    #[must_use]
+    pub fn tx_bytes(&self) -> Vec<u64> {
+        self.tx("bytes")
+    }
+
+    fn tx(&self, key: &str) -> Vec<u64> {
         self.paths
             .iter()
             .map(|p| {
                 let o = ip_in(&self.r1, &["-s", "-j", "link", "show", "dev", p]).expect("ip -s");
                 let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("ip -j -s");
-                v[0]["stats64"]["tx"]["packets"].as_u64().unwrap_or(0)
+                v[0]["stats64"]["tx"][key].as_u64().unwrap_or(0)
             })
             .collect()
     }

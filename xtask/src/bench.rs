@@ -20,6 +20,7 @@ const BENCHES: &[(&str, &str, &str, bool)] = &[
     ("interop", "roce-tests", "interop", true),
     ("verbs", "roce-tests", "verbs", true),
     ("xproc", "roce-tests", "xproc", false),
+    ("multipath", "roce-tests", "multipath", true),
 ];
 
 /// Why the Soft-RoCE peer cannot run here, if it cannot: the rxe-peer scripts

@@ -1,7 +1,9 @@
 //! `roce plot`: draws a congestion-control trace (CSV from `roce::cc::trace`) as an SVG: rate
 //! and target rate of every QP over time with a mark at every CNP, and α below: the DCQCN
 //! sawtooth. `roce plot --simulate` first runs the deterministic bottleneck simulator
-//! (`roce::cc::sim`) so parameters can be tried without a network.
+//! (`roce::cc::sim`) so parameters can be tried without a network. `roce plot --paths` draws
+//! the traffic of several paths over time instead, from samples of their byte counters (what
+//! the multipath bench records at its first router, docs/multipath.md).
 
 use std::{fmt::Write as _, fs, path::Path, time::Duration};
 
@@ -54,6 +56,10 @@ pub struct PlotArgs {
     /// Run the bottleneck simulator and plot its trace instead of reading one.
     #[arg(long)]
     pub simulate: bool,
+    /// Read FILE.csv as samples of paths' byte counters (CSV: time_ns,path,bytes; `path` a
+    /// name, `bytes` a counter that only grows) and draw each path's rate over time.
+    #[arg(long, conflicts_with_all = ["simulate", "qpn", "y_max"])]
+    pub paths: bool,
     /// With --simulate: number of senders.
     #[arg(long, default_value_t = 1, requires = "simulate")]
     pub flows: u32,
@@ -83,6 +89,9 @@ pub(crate) fn run(out: Output, args: &PlotArgs) -> anyhow::Result<()> {
     };
     if !(200..=10_000).contains(&w) || !(200..=10_000).contains(&h) {
         bail!("--size {w} {h}: each must be between 200 and 10000 pixels");
+    }
+    if args.paths {
+        return run_paths(out, args, (w, h));
     }
     let trace = if args.simulate {
         let cfg = sim_config(args)?;
@@ -226,25 +235,166 @@ impl View {
 /// between samples at least `window_ns` apart, over the time between them, placed at the end of
 /// each window. Counters that go backwards (a new QP with the same number) restart the window.
 fn throughput(rows: &[&TraceRow], window_ns: u64) -> Vec<(u64, f64)> {
+    let points: Vec<(u64, u64)> = rows.iter().map(|r| (r.time.as_nanos(), r.bytes)).collect();
+    counter_rate(&points, window_ns)
+}
+
+/// The rate of a byte counter sampled at (time ns, bytes) points, in time order, as [`throughput`]
+/// computes it for a QP.
+fn counter_rate(points: &[(u64, u64)], window_ns: u64) -> Vec<(u64, f64)> {
     let mut out = Vec::new();
-    let Some(mut from) = rows.first() else {
+    let Some(&(mut t_from, mut b_from)) = points.first() else {
         return out;
     };
-    for r in rows.iter().skip(1) {
-        if r.bytes < from.bytes || r.time.as_nanos() < from.time.as_nanos() {
-            from = r;
+    for &(t, b) in points.iter().skip(1) {
+        if b < b_from || t < t_from {
+            (t_from, b_from) = (t, b);
             continue;
         }
-        let dt = r.time.as_nanos() - from.time.as_nanos();
+        let dt = t - t_from;
         if dt >= window_ns.max(1) {
-            out.push((
-                r.time.as_nanos(),
-                (r.bytes - from.bytes) as f64 * 8.0 / (dt as f64 / 1e9),
-            ));
-            from = r;
+            out.push((t, (b - b_from) as f64 * 8.0 / (dt as f64 / 1e9)));
+            (t_from, b_from) = (t, b);
         }
     }
     out
+}
+
+/// Samples of paths' byte counters: (path name, its (time ns, bytes) points in file order).
+type PathSamples = Vec<(String, Vec<(u64, u64)>)>;
+
+/// Parses `time_ns,path,bytes` lines (a header line starting with `time_ns` is skipped).
+///
+/// # Errors
+/// A line that is not three fields, a time or byte count that is not a number, or no sample.
+fn parse_paths_csv(text: &str) -> anyhow::Result<PathSamples> {
+    let mut paths: PathSamples = Vec::new();
+    for (i, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() || (i == 0 && line.starts_with("time_ns")) {
+            continue;
+        }
+        let f: Vec<&str> = line.split(',').collect();
+        let &[t, name, b] = f.as_slice() else {
+            bail!("line {}: want time_ns,path,bytes, got {line:?}", i + 1);
+        };
+        let t: u64 = t
+            .trim()
+            .parse()
+            .with_context(|| format!("line {}: time {t:?}", i + 1))?;
+        let b: u64 = b
+            .trim()
+            .parse()
+            .with_context(|| format!("line {}: bytes {b:?}", i + 1))?;
+        let name = name.trim();
+        match paths.iter_mut().find(|(n, _)| n == name) {
+            Some((_, v)) => v.push((t, b)),
+            None => paths.push((name.to_owned(), vec![(t, b)])),
+        }
+    }
+    if paths.is_empty() {
+        bail!("no samples");
+    }
+    Ok(paths)
+}
+
+/// `roce plot --paths`: reads the samples, draws them, says what it drew.
+fn run_paths(out: Output, args: &PlotArgs, size: (u32, u32)) -> anyhow::Result<()> {
+    let Some(input) = &args.input else {
+        bail!("give the samples FILE.csv");
+    };
+    let text = fs::read_to_string(input).with_context(|| format!("reading {input}"))?;
+    let paths = parse_paths_csv(&text).with_context(|| format!("reading {input}"))?;
+    let title = args
+        .title
+        .clone()
+        .unwrap_or_else(|| format!("traffic per path: {input}"));
+    let svg = render_paths_svg(&paths, &title, size, (args.from_ms, args.to_ms))?;
+    fs::write(&args.output, &svg).with_context(|| format!("writing {}", args.output))?;
+    let samples: usize = paths.iter().map(|(_, v)| v.len()).sum();
+    out.emit(
+        &json!({ "output": args.output, "samples": samples, "paths": paths.len(), "bytes": svg.len() }),
+        &format!(
+            "{samples} samples of {} path(s) drawn to {}\n",
+            paths.len(),
+            args.output
+        ),
+    );
+    Ok(())
+}
+
+/// Renders each path's rate (Mb/s, over windows of 1/100 of the samples' span, at least one
+/// sample gap) against time since the first sample, between `from_ms` and `to_ms` if given.
+///
+/// # Errors
+/// Fewer than two samples of every path (no rate to draw), or a drawing failure.
+fn render_paths_svg(
+    paths: &PathSamples,
+    title: &str,
+    size: (u32, u32),
+    (from_ms, to_ms): (Option<f64>, Option<f64>),
+) -> anyhow::Result<String> {
+    let all = paths.iter().flat_map(|(_, v)| v.iter().map(|p| p.0));
+    let t0 = all.clone().min().unwrap_or(0);
+    let t1 = all.max().unwrap_or(0);
+    let window = (t1 - t0) / 100;
+    let ms = |t: u64| (t - t0) as f64 / 1e6;
+    let keep = |x: f64| from_ms.is_none_or(|f| x >= f) && to_ms.is_none_or(|t| x <= t);
+    let rates: Vec<Vec<(f64, f64)>> = paths
+        .iter()
+        .map(|(_, v)| {
+            counter_rate(v, window)
+                .into_iter()
+                .map(|(t, bps)| (ms(t), bps / 1e6))
+                .filter(|p| keep(p.0))
+                .collect()
+        })
+        .collect();
+    if rates.iter().all(Vec::is_empty) {
+        bail!("nothing to draw: no path has two samples in the window");
+    }
+    let x_min = from_ms.unwrap_or(0.0);
+    let x_max = to_ms.unwrap_or_else(|| ms(t1)).max(x_min + 1e-3);
+    let y_max = rates.iter().flatten().map(|p| p.1).fold(1e-9, f64::max) * 1.05;
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, size).into_drawing_area();
+        root.fill(&WHITE).map_err(draw_err)?;
+        let root = root.titled(title, ("sans-serif", 22)).map_err(draw_err)?;
+        let mut chart = ChartBuilder::on(&root)
+            .margin(12)
+            .x_label_area_size(30)
+            .y_label_area_size(60)
+            .build_cartesian_2d(x_min..x_max, 0f64..y_max)
+            .map_err(draw_err)?;
+        chart
+            .configure_mesh()
+            .x_desc("time (ms)")
+            .y_desc("Mb/s")
+            .draw()
+            .map_err(draw_err)?;
+        for (i, ((name, _), r)) in paths.iter().zip(&rates).enumerate() {
+            let c = color(i);
+            chart
+                .draw_series(LineSeries::new(
+                    r.iter().copied(),
+                    ShapeStyle::from(&c).stroke_width(2),
+                ))
+                .map_err(draw_err)?
+                .label(format!("path {name}"))
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 20, y)], c.stroke_width(2))
+                });
+        }
+        chart
+            .configure_series_labels()
+            .background_style(WHITE.mix(0.85))
+            .border_style(BLACK)
+            .draw()
+            .map_err(draw_err)?;
+        root.present().map_err(draw_err)?;
+    }
+    Ok(svg)
 }
 
 fn color(i: usize) -> RGBColor {
@@ -473,6 +623,53 @@ mod tests {
             [(2_000_000, 10_000_000.0), (5_000_000, 1_000_000.0)]
         );
         assert!(throughput(&refs[..1], 1).is_empty());
+    }
+
+    #[test]
+    fn paths_are_parsed_and_drawn_one_line_each() {
+        let mut csv = String::from("time_ns,path,bytes\n");
+        for i in 0..50u64 {
+            // Path p0 carries 1 MB per ms, p1 nothing after 20 ms.
+            csv.push_str(&format!("{},p0,{}\n", i * 1_000_000, i * 1_000_000));
+            csv.push_str(&format!("{},p1,{}\n", i * 1_000_000, i.min(20) * 500_000));
+        }
+        let paths = parse_paths_csv(&csv).unwrap();
+        assert_eq!(paths.len(), 2);
+        assert_eq!(paths[1].0, "p1");
+        assert_eq!(paths[1].1[3], (3_000_000, 1_500_000));
+        // 1 MB per ms is 8000 Mb/s; p1 drops to 0 after 20 ms.
+        let r0 = counter_rate(&paths[0].1, 1_000_000);
+        assert!(r0.iter().all(|p| (p.1 - 8e9).abs() < 1.0), "{r0:?}");
+        let r1 = counter_rate(&paths[1].1, 1_000_000);
+        assert_eq!(r1.last().map(|p| p.1), Some(0.0));
+        let svg = render_paths_svg(&paths, "t", (800, 600), (None, None)).unwrap();
+        assert!(svg.starts_with("<svg") && svg.contains("</svg>"));
+        // A line per path and its legend sample: one path fewer draws two polylines fewer
+        // (the mesh is drawn with polylines too).
+        let one = render_paths_svg(&paths[..1].to_vec(), "t", (800, 600), (None, None)).unwrap();
+        assert_eq!(
+            svg.matches("<polyline").count(),
+            one.matches("<polyline").count() + 2
+        );
+        for text in ["path p0", "path p1", "Mb/s", "time (ms)"] {
+            assert!(svg.contains(text), "no {text:?} in the SVG");
+        }
+        // A window with no sample pair draws nothing.
+        let e = render_paths_svg(&paths, "t", (800, 600), (Some(500.0), None)).unwrap_err();
+        assert!(e.to_string().contains("nothing to draw"), "{e}");
+    }
+
+    #[test]
+    fn a_bad_paths_line_is_refused_with_its_number() {
+        for (csv, want) in [
+            ("time_ns,path,bytes\n1,p0,2\n2,p0\n", "line 3"),
+            ("1,p0,x\n", "line 1: bytes"),
+            ("-1,p0,2\n", "line 1: time"),
+            ("time_ns,path,bytes\n", "no samples"),
+        ] {
+            let e = format!("{:#}", parse_paths_csv(csv).unwrap_err());
+            assert!(e.contains(want), "{csv:?}: {e}");
+        }
     }
 
     #[test]

@@ -207,6 +207,8 @@ pub(super) fn run_client<D: RdmaDevice>(
             }
         }
     }
+    // The run's time ends at its last completion, not after the wait for late ones below.
+    let secs = start.elapsed().as_secs_f64();
     // Nothing may complete after the last expected completion: a late one is a duplicate.
     std::thread::sleep(Duration::from_millis(20));
     if let Some(wc) = poll_cqs(dev, cqs, 1, &mut wc_buf)?.first() {
@@ -216,7 +218,6 @@ pub(super) fn run_client<D: RdmaDevice>(
             wc.wr_id
         );
     }
-    let secs = start.elapsed().as_secs_f64();
     let msgs: u64 = done.iter().sum();
     let bytes = msgs as f64 * f64::from(size);
     let mut verified = fetched_ok && atomic_mismatches == 0;
