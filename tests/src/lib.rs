@@ -20,6 +20,7 @@ pub mod child;
 pub mod cm_trace;
 pub mod devinfo;
 pub mod ecmp;
+pub mod engine;
 pub mod rdmacm;
 pub mod routed;
 pub mod rxe;

@@ -14,26 +14,13 @@ use std::{
 use nix::errno::Errno;
 use roce::api::{
     Access, QpInit, QpState, QpType,
-    remote::{EngineClient, RUN_DIR, RemoteError, proto},
+    remote::{EngineClient, RemoteError, proto},
 };
 use roce_tests::{
     child::{Reaper, finish_within, spawn},
+    engine::{SocketGuard, socket_path, start_engine, wait_listening},
     require_root, roce_bin, veth_pair,
 };
-
-/// Waits until `path` exists (the engine bound its socket) or `limit` passes.
-fn wait_for(path: &Path, limit: Duration, engine: &mut Reaper) {
-    let t0 = Instant::now();
-    while !path.exists() {
-        assert!(
-            t0.elapsed() < limit,
-            "no engine socket at {} after {limit:?}",
-            path.display()
-        );
-        thread::sleep(Duration::from_millis(50));
-    }
-    let _ = engine.pid();
-}
 
 /// Whether `ip link show` reports an XDP program on `ifname` in `ns`.
 fn xdp_attached(ns: &str, ifname: &str) -> bool {
@@ -60,32 +47,6 @@ fn status_as_nobody(ns: &str, ifname: &str) -> (bool, String) {
     )
 }
 
-/// Removes an engine's socket and its namespace's folder on drop: a failing test kills the
-/// engine (SIGKILL, no chance to clean up), and the namespace is gone after the test anyway.
-struct SocketGuard(PathBuf);
-
-impl Drop for SocketGuard {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-        if let Some(d) = self.0.parent() {
-            let _ = std::fs::remove_dir(d);
-        }
-    }
-}
-
-/// Starts `roce engine -i ifname --linger linger` in `ns` and waits for its socket. Returns
-/// the engine, the socket's path and the guard that removes it.
-fn start_engine(ns: &str, ifname: &str, linger: &str) -> (Reaper, PathBuf, SocketGuard) {
-    let path: PathBuf = Path::new(RUN_DIR).join(ns).join(format!("{ifname}.sock"));
-    let socket = SocketGuard(path.clone());
-    let mut engine = spawn(
-        ns,
-        &["engine", "-i", ifname, "--linger", linger].map(String::from),
-    );
-    wait_for(&path, Duration::from_secs(20), &mut engine);
-    (engine, path, socket)
-}
-
 #[track_caller]
 fn errno_of<T: std::fmt::Debug>(r: Result<T, RemoteError>) -> i32 {
     r.expect_err("the engine must refuse this").errno()
@@ -100,7 +61,7 @@ fn engine_serves_several_programs_keeps_their_objects_apart_and_leaves_with_the_
         !xdp_attached(&ns, &ifname),
         "a fresh veth has no XDP program"
     );
-    let (engine, path, _socket) = start_engine(&ns, &ifname, "1");
+    let (engine, path, _socket) = start_engine(&ns, &ifname, "1", Duration::from_secs(20));
     let mode = std::fs::metadata(&path)
         .expect("socket")
         .permissions()
@@ -282,14 +243,14 @@ fn engine_without_clients_exits_after_its_linger() {
     require_root();
     let pair = veth_pair("engl", 92);
     let (ns, ifname) = (pair.a.netns.clone(), pair.a.ifname.clone());
-    let path: PathBuf = Path::new(RUN_DIR).join(&ns).join(format!("{ifname}.sock"));
+    let path = socket_path(&ns, &ifname);
     let t0 = Instant::now();
     let _socket = SocketGuard(path.clone());
     let mut engine = spawn(
         &ns,
         &["engine", "-i", &ifname, "--linger", "0.5"].map(String::from),
     );
-    wait_for(&path, Duration::from_secs(20), &mut engine);
+    wait_listening(&path, Duration::from_secs(20), &mut engine);
     let _ = engine_report(engine, Duration::from_secs(10), "idle engine");
     assert!(t0.elapsed() >= Duration::from_millis(500));
     assert!(!path.exists());
@@ -334,7 +295,7 @@ fn engine_moves_data_between_two_programs_on_one_interface() {
     require_root();
     let pair = veth_pair("engd", 93);
     let (ns, ifname) = (pair.a.netns.clone(), pair.a.ifname.clone());
-    let (engine, path, _socket) = start_engine(&ns, &ifname, "1");
+    let (engine, path, _socket) = start_engine(&ns, &ifname, "1", Duration::from_secs(20));
     let mut a = EngineClient::connect_at(&path).expect("a");
     let mut b = EngineClient::connect_at(&path).expect("b");
     const N: usize = 8192;
@@ -474,7 +435,7 @@ fn two_processes_write_through_one_engine() {
     require_root();
     let pair = veth_pair("engp", 94);
     let (ns, ifname) = (pair.a.netns.clone(), pair.a.ifname.clone());
-    let (engine, path, _socket) = start_engine(&ns, &ifname, "1");
+    let (engine, path, _socket) = start_engine(&ns, &ifname, "1", Duration::from_secs(20));
     // A client at once: an engine without one leaves after its linger, and starting the two
     // programs may take longer than that on a loaded machine.
     let watch = EngineClient::connect_at(&path).expect("watcher");
@@ -533,7 +494,7 @@ fn a_killed_program_is_reclaimed_and_the_others_go_on() {
     require_root();
     let pair = veth_pair("engk", 95);
     let (ns, ifname) = (pair.a.netns.clone(), pair.a.ifname.clone());
-    let (engine, path, _socket) = start_engine(&ns, &ifname, "1");
+    let (engine, path, _socket) = start_engine(&ns, &ifname, "1", Duration::from_secs(20));
     // The watcher at once: an engine without a client leaves after its linger, and starting
     // the victim may take longer than that on a loaded machine.
     let mut watch = EngineClient::connect_at(&path).expect("watcher");
@@ -623,7 +584,7 @@ fn perf_server_and_client_share_one_interface_through_the_engine() {
     require_root();
     let pair = veth_pair("engf", 96);
     let (ns, ifname) = (pair.a.netns.clone(), pair.a.ifname.clone());
-    let path: PathBuf = Path::new(RUN_DIR).join(&ns).join(format!("{ifname}.sock"));
+    let path = socket_path(&ns, &ifname);
     let _socket = SocketGuard(path.clone());
     let host = pair.a.ipv4.to_string();
     let perf = |args: &str, port: u16, client: bool| {
@@ -654,7 +615,7 @@ fn perf_server_and_client_share_one_interface_through_the_engine() {
         &ns,
         &["engine", "-i", &ifname, "--linger", "5"].map(String::from),
     );
-    wait_for(&path, Duration::from_secs(20), &mut engine);
+    wait_listening(&path, Duration::from_secs(20), &mut engine);
     let runs = [
         ("write", "perf write -s 4096 -n 400 -t 16 --span 65536"),
         ("write", "perf write -s 65536 -n 40 -t 4"),

@@ -9,55 +9,18 @@
 
 use std::{
     io::{BufRead as _, BufReader},
-    path::{Path, PathBuf},
     sync::mpsc,
     thread,
     time::{Duration, Instant},
 };
 
-use roce::api::remote::{EngineClient, EngineStatus, RUN_DIR};
+use roce::api::remote::{EngineClient, EngineStatus};
 use roce_tests::{
     child::{Reaper, finish_within, json_ok, spawn},
+    engine::start_engine,
     require_root, roce, veth_pair,
 };
 use serde_json::Value;
-
-/// Removes an engine's socket and its namespace's folder on drop (a failing test kills the
-/// engine with SIGKILL, which leaves them).
-struct SocketGuard(PathBuf);
-
-impl Drop for SocketGuard {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
-        if let Some(d) = self.0.parent() {
-            let _ = std::fs::remove_dir(d);
-        }
-    }
-}
-
-/// Starts `roce engine -i ifname` in `ns` and waits (at most `limit`) for its socket.
-fn start_engine(ns: &str, ifname: &str, limit: Duration) -> (Reaper, PathBuf, SocketGuard) {
-    let path: PathBuf = Path::new(RUN_DIR).join(ns).join(format!("{ifname}.sock"));
-    let guard = SocketGuard(path.clone());
-    let mut engine = spawn(
-        ns,
-        &["engine", "-i", ifname, "--linger", "2"].map(String::from),
-    );
-    let t0 = Instant::now();
-    while !path.exists() {
-        assert!(
-            !engine.exited(),
-            "the engine of {ifname} exited before binding"
-        );
-        assert!(
-            t0.elapsed() < limit,
-            "no engine socket at {}",
-            path.display()
-        );
-        thread::sleep(Duration::from_millis(20));
-    }
-    (engine, path, guard)
-}
 
 /// Polls `c`'s engine until its status is `want`, for at most `limit`.
 fn wait_status(c: &mut EngineClient, want: EngineStatus, limit: Duration, what: &str) {
@@ -171,9 +134,9 @@ fn eight_programs_share_one_interface_and_one_killed_is_reclaimed() {
     let limit = Duration::from_secs(30);
     // Each engine gets its watcher at once: an engine without a client leaves after its
     // linger, and the other engine's start may take longer than that on a loaded machine.
-    let (engine_a, path_a, _ga) = start_engine(&a.netns, &a.ifname, limit);
+    let (engine_a, path_a, _ga) = start_engine(&a.netns, &a.ifname, "2", limit);
     let mut watch_a = EngineClient::connect_at(&path_a).expect("watcher of A");
-    let (engine_b, path_b, _gb) = start_engine(&b.netns, &b.ifname, limit);
+    let (engine_b, path_b, _gb) = start_engine(&b.netns, &b.ifname, "2", limit);
     let mut watch_b = EngineClient::connect_at(&path_b).expect("watcher of B");
     // What the engines hold before any program: the watcher, no object.
     let base_a = watch_a.status().expect("status A");

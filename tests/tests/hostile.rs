@@ -1668,44 +1668,17 @@ mod engine_isolation {
     use roce::api::{
         Access, CqId, LKey, Mtu, PdId, Psn, QpInit, QpState, QpType, Qpn, RcTarget, WcStatus,
         remote::{
-            EngineClient, RUN_DIR, RemoteError,
+            EngineClient, RemoteError,
             memory::{AddressSpace, ProcessMem},
             proto::{RcAttrs, WireOp, WireSendWr, WireSge, WireWc},
         },
     };
     use roce_tests::{
-        child::{Reaper, finish_within, spawn, spawn_command},
+        child::{finish_within, spawn_command},
+        engine::start_engine,
         require_root, roce, veth_pair,
     };
     use serde_json::Value;
-
-    /// Removes the engine's socket and folder on drop (a failing test SIGKILLs the engine).
-    struct SocketGuard(PathBuf);
-
-    impl Drop for SocketGuard {
-        fn drop(&mut self) {
-            let _ = std::fs::remove_file(&self.0);
-            if let Some(d) = self.0.parent() {
-                let _ = std::fs::remove_dir(d);
-            }
-        }
-    }
-
-    fn start_engine(ns: &str, ifname: &str) -> (Reaper, PathBuf, SocketGuard) {
-        let path: PathBuf = Path::new(RUN_DIR).join(ns).join(format!("{ifname}.sock"));
-        let guard = SocketGuard(path.clone());
-        let mut engine = spawn(
-            ns,
-            &["engine", "-i", ifname, "--linger", "1"].map(String::from),
-        );
-        let t0 = Instant::now();
-        while !path.exists() {
-            assert!(!engine.exited(), "the engine exited before binding");
-            assert!(t0.elapsed() < Duration::from_secs(30), "no engine socket");
-            thread::sleep(Duration::from_millis(20));
-        }
-        (engine, path, guard)
-    }
 
     #[track_caller]
     fn einval<T: std::fmt::Debug>(what: &str, r: Result<T, RemoteError>) {
@@ -1893,7 +1866,7 @@ mod engine_isolation {
         require_root();
         let pair = veth_pair("hoste", 111);
         let (ns, ifname) = (pair.a.netns.clone(), pair.a.ifname.clone());
-        let (engine, path, _guard) = start_engine(&ns, &ifname);
+        let (engine, path, _guard) = start_engine(&ns, &ifname, "1", Duration::from_secs(30));
         // The intruder, with objects of its own so that guessed numbers are valid somewhere;
         // connected at once (an engine without a client leaves after its linger).
         let mut x = Prog::new(&path, 0x11);
