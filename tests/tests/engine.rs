@@ -99,7 +99,7 @@ fn engine_serves_several_programs_keeps_their_objects_apart_and_leaves_with_the_
 
     let pd = a.alloc_pd().expect("alloc_pd");
     // Memory of this process, registered through the engine, which reaches it with
-    // process_vm_readv/writev (it read the first and last byte to accept it).
+    // the program's /proc/PID/mem (it read the first and last byte to accept it).
     let mut region = vec![0u8; 3 * 4096];
     let addr = region.as_mut_ptr() as u64;
     let (lkey, _rkey) = a
@@ -286,7 +286,7 @@ fn one_wc(c: &mut EngineClient, cq: roce::api::CqId) -> proto::WireWc {
 
 /// Data through the engine: two programs (two connections) with an RC QP each, connected
 /// to each other on the same interface (loopback inside the one engine), WRITE, READ and
-/// SEND between their registered memory, which the engine reaches with process_vm_*; every
+/// SEND between their registered memory, which the engine reaches through /proc/PID/mem; every
 /// byte checked.
 #[test]
 fn engine_moves_data_between_two_programs_on_one_interface() {
