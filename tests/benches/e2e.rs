@@ -10,6 +10,10 @@
 //! - Ping-pong round trip of 64-byte messages, p50 and p99: `roce pingpong` against a UDP echo.
 //! - Multi-queue: 64 KiB WRITEs over 16 and 1024 QPs on a veth pair with two queues per end,
 //!   `--sharded` (one transport per queue) against 16 QPs sharing one transport.
+//! - Programs through one engine per interface (issue 22, docs/multiprocess.md): 64 KiB WRITEs
+//!   of one `roce perf --engine` program against the same program in process (what one
+//!   program alone gets, before and after the engine), and eight programs at once through the
+//!   same two engines, their aggregate against one program's.
 //!
 //! Each figure is the median of REPS runs, with min and max.
 
@@ -349,6 +353,7 @@ fn main() {
     for end in [&mq.a, &mq.b] {
         let _ = loader::unload(&end.ifname);
     }
+    engine_rows(&mut table, &mut rows);
     print!("{table}");
     println!(
         "(median of {REPS}; veth MTU 3000, path MTU 2048; UDP datagrams carry min(size, 2048) bytes)"
@@ -359,5 +364,140 @@ fn main() {
             serde_json::to_string_pretty(&rows).unwrap(),
         )
         .unwrap();
+    }
+}
+
+/// The WRITE test of the engine rows: 64 KiB messages, 16 in flight, for SECS.
+const ENGINE_WRITE: &str = "perf write -s 65536 -t 16 -m 2048";
+
+/// `n` `roce perf write` programs at once from `pair.a` to `pair.b` (ports from 18_800), each
+/// with `extra` arguments; returns their goodputs (MB/s).
+fn programs(pair: &VethPair, n: u16, extra: &str) -> Vec<f64> {
+    let perf = |ns: &str, ifname: &str, port: u16, host: Option<String>| {
+        Command::new(roce_bin())
+            .args(["-j", "--netns", ns])
+            .args(ENGINE_WRITE.split_whitespace())
+            .args([
+                "-D",
+                &SECS.to_string(),
+                "-p",
+                &port.to_string(),
+                "-d",
+                ifname,
+            ])
+            .args(extra.split_whitespace())
+            .args(host)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("roce perf")
+    };
+    let servers: Vec<_> = (0..n)
+        .map(|i| {
+            roce_tests::child::Reaper::from(perf(&pair.b.netns, &pair.b.ifname, 18_800 + i, None))
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(500));
+    let clients: Vec<_> = (0..n)
+        .map(|i| {
+            perf(
+                &pair.a.netns,
+                &pair.a.ifname,
+                18_800 + i,
+                Some(pair.b.ipv4.to_string()),
+            )
+        })
+        .collect();
+    let bw: Vec<f64> = clients
+        .into_iter()
+        .map(|c| {
+            let o = c.wait_with_output().expect("client");
+            assert!(
+                o.status.success(),
+                "perf client: {}{}",
+                String::from_utf8_lossy(&o.stdout),
+                String::from_utf8_lossy(&o.stderr)
+            );
+            let v: Value = serde_json::from_slice(&o.stdout).expect("client JSON");
+            v["bw_mb_per_sec"].as_f64().expect("bw_mb_per_sec")
+        })
+        .collect();
+    for s in servers {
+        let o = roce_tests::child::finish_within(s, Duration::from_secs(30), "perf server");
+        assert!(
+            o.status.success(),
+            "perf server: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+    }
+    bw
+}
+
+/// Issue 22's rows: one program through the engines against the same program in process, and
+/// eight programs through the same engines against one.
+fn engine_rows(table: &mut String, rows: &mut Vec<Value>) {
+    let pair = VethPair::new(
+        &tag("bg"),
+        &VethOptions {
+            mtu: 3000,
+            subnet: 97,
+            ..VethOptions::default()
+        },
+    )
+    .expect("veth");
+    let alone = stats((0..REPS).map(|_| programs(&pair, 1, "")[0]).collect());
+    // One engine per end, kept alive (its linger) between the runs that use it.
+    let mut engines = Vec::new();
+    for end in [&pair.a, &pair.b] {
+        let c = Command::new(roce_bin())
+            .args([
+                "--netns",
+                &end.netns,
+                "engine",
+                "-i",
+                &end.ifname,
+                "--linger",
+                "30",
+            ])
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("roce engine");
+        let mut r = roce_tests::child::Reaper::from(c);
+        let path = roce_tests::engine::socket_path(&end.netns, &end.ifname);
+        roce_tests::engine::wait_listening(&path, Duration::from_secs(20), &mut r);
+        engines.push((r, roce_tests::engine::SocketGuard(path)));
+    }
+    let one = stats(
+        (0..REPS)
+            .map(|_| programs(&pair, 1, "--engine")[0])
+            .collect(),
+    );
+    let eight = stats(
+        (0..REPS)
+            .map(|_| programs(&pair, 8, "--engine").iter().sum())
+            .collect(),
+    );
+    drop(engines);
+    for (name, v, base, base_name) in [
+        (
+            "WRITE goodput 64 KiB, 1 program through the engine",
+            one,
+            alone,
+            "the same program in process",
+        ),
+        (
+            "WRITE goodput 64 KiB, 8 programs through one engine, aggregate",
+            eight,
+            one,
+            "1 program through the engine",
+        ),
+    ] {
+        let ratio = v.0 / base.0.max(1e-9);
+        table.push_str(&format!(
+            "| {name}, MB/s | {:.1} ({:.1}..{:.1}) | {:.1} ({base_name}) | {ratio:.2}x | - |\n",
+            v.0, v.1, v.2, base.0
+        ));
+        rows.push(json!({"name": name, "value": v.0, "unit": "MB/s", "baseline": base.0, "ratio": ratio, "target": "-", "min": v.1, "max": v.2}));
     }
 }

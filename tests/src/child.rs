@@ -15,6 +15,14 @@ use crate::roce_bin;
 #[derive(Debug)]
 pub struct Reaper(Option<Child>);
 
+impl From<Child> for Reaper {
+    /// Owns a child started elsewhere (a benchmark's own `roce` binary), so that it is killed
+    /// and reaped on drop like one from [`spawn`].
+    fn from(c: Child) -> Self {
+        Self(Some(c))
+    }
+}
+
 impl Reaper {
     /// The child's PID.
     ///
