@@ -316,7 +316,7 @@ counter_struct! {
         swift_delay_decreases,
         /// roce-xdp Swift: window cuts for a loss (a NAK's retry or the retransmission timeout).
         swift_loss_decreases,
-        /// roce-xdp Swift: cuts not made because the window was already cut within the last RTT.
+        /// roce-xdp Swift: cuts not made because the window was already cut within the last RTT, or the delay had not stayed over the target for swift_persist.
         swift_decreases_held,
     }
 }

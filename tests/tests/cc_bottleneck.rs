@@ -526,16 +526,19 @@ fn drop_tail_stats(s: &Setup) -> (u64, u64) {
 }
 
 /// Issue 20: the delay-based CC towards a path that marks nothing. On a drop-tail queue (no
-/// ECN), one Swift WRITE flow keeps the queue short: it drops at most a tenth of the fraction
-/// the same queue drops with CC off, every byte verified.
+/// ECN), one Swift WRITE flow (`--cc-profile software`) keeps the queue short: it drops at
+/// most a tenth of the fraction the same queue drops with CC off, and every byte is verified.
 ///
-/// Its rate is logged, not held to the issue's ±20 % of the bottleneck: on this 2-core machine
-/// with other work beside it, one flow's tail rate was 114-191 Mb/s of 200 over five runs. The
-/// RTT samples include the receiving process's delay before it ACKs, and a scheduling stall of
-/// a millisecond or more there reads as queueing, so Swift cuts the window of a queue that is
-/// empty (the trace shows its rate falling to 2-17 Mb/s and recovering). Swift's paper takes
-/// the remote host's delay out of the sample with a timestamp in the ACK; plain RoCE ACKs have
-/// no room for it. Two flows (below) fill the bottleneck together.
+/// The profile matters: its `swift_persist` (500 µs) lets a delay over the target cut only
+/// once every sample for that long was over it. With the paper's Swift (a cut on the first
+/// sample over the target), one flow ran at 114-191 Mb/s of 200 in five runs on this loaded
+/// 2-core machine: the RTT samples include the receiving process's delay before it ACKs, and
+/// a scheduling stall there delivers a batch of late ACKs that read as queueing though no
+/// queue grew (the trace showed its rate falling to 2-17 Mb/s and recovering). With the
+/// profile: 193.8, 194.8 and 198.5 Mb/s at a load average of 3, but 114.6 and 122.4 with a CI
+/// run's heavier suites beside it, when CC off's goodput was no better (118-131 Mb/s). So the
+/// rate is logged and not held to the issue's ±20 % here: on this machine it measures the
+/// CPU left over as much as the CC.
 #[test]
 fn swift_keeps_a_drop_tail_queue_short() {
     let s = setup("ccs", 116, 1);
@@ -545,7 +548,7 @@ fn swift_keeps_a_drop_tail_queue_short() {
     let q0 = drop_tail_stats(&s);
     let (c_off, _, _) = write_flow(&s, "off", 1, 5);
     let q1 = drop_tail_stats(&s);
-    let (c_on, sv_on, trace) = write_flow(&s, "swift", 1, 8);
+    let (c_on, sv_on, trace) = write_flow_with(&s, "swift", "--cc-profile software", 1, 8);
     let q2 = drop_tail_stats(&s);
     let (off, on) = (minus(q1, q0), minus(q2, q1));
     let rate = tail_rate(&trace, qpns(&c_on)[0], 0.5);
@@ -577,9 +580,10 @@ fn swift_keeps_a_drop_tail_queue_short() {
     assert_eq!(sv_on["verified"], true, "{sv_on}");
 }
 
-/// Issue 20: two Swift flows on the same drop-tail queue share it within 30 % of fair and drop
-/// at most a tenth of the fraction two flows without CC drop there. Their sum is logged (see
-/// [`swift_keeps_a_drop_tail_queue_short`] for why it is not held to the bottleneck here).
+/// Issue 20: two Swift flows (`--cc-profile software`) on the same drop-tail queue share it
+/// within 30 % of fair and drop at most a tenth of the fraction two flows without CC drop
+/// there. Their sum is logged (193-198 Mb/s at a load average of 3, 132-142 beside a CI run;
+/// see [`swift_keeps_a_drop_tail_queue_short`]).
 #[test]
 fn two_swift_flows_share_a_drop_tail_queue_fairly() {
     let s = setup("cct", 117, 1);
@@ -589,7 +593,7 @@ fn two_swift_flows_share_a_drop_tail_queue_fairly() {
     let q0 = drop_tail_stats(&s);
     let _ = write_flow(&s, "off", 2, 5);
     let q1 = drop_tail_stats(&s);
-    let (c, sv, trace) = write_flow(&s, "swift", 2, 10);
+    let (c, sv, trace) = write_flow_with(&s, "swift", "--cc-profile software", 2, 10);
     let q2 = drop_tail_stats(&s);
     let (off, on) = (minus(q1, q0), minus(q2, q1));
     let rates: Vec<f64> = qpns(&c)

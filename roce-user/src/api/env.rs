@@ -23,8 +23,8 @@ pub const CC_ENV: &str = "ROCE_CC_SET";
 /// `roce exec --cc` sets it.
 pub const CC_ALGORITHM_ENV: &str = "ROCE_CC";
 
-/// The DCQCN defaults that [`CC_ENV`] changes: `mlx5` (the default) or `software` (timers for
-/// a busy host), as `roce perf --cc-profile` takes it. `roce exec --cc-profile` sets it.
+/// The DCQCN and Swift defaults that [`CC_ENV`] changes: `mlx5` (the default) or `software`
+/// (for a busy host), as `roce perf --cc-profile` takes it. `roce exec --cc-profile` sets it.
 pub const CC_PROFILE_ENV: &str = "ROCE_CC_PROFILE";
 
 /// Whether every RC QP of the program offers the multipath extension (docs/multipath.md): `1`

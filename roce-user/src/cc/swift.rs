@@ -117,6 +117,13 @@ pub struct SwiftConfig {
     /// Consecutive retransmission timeouts after which the window drops to `swift_min_cwnd`.
     /// Default 5.
     pub swift_retx_reset: u32,
+    /// roce-xdp's addition, µs: a delay over the target cuts the window only once every
+    /// sample for this long has been over it ([`Swift::on_ack`]). A receiving process that
+    /// the scheduler held for a millisecond sends its ACKs late, in one batch whose samples
+    /// all read as queueing though no queue grew; a standing queue keeps every sample high.
+    /// Default 0 (the paper: the first sample over the target cuts); 500 in the software
+    /// profile ([`SwiftConfig::software`]).
+    pub swift_persist: u32,
 }
 
 impl Default for SwiftConfig {
@@ -133,12 +140,13 @@ impl Default for SwiftConfig {
             swift_max_cwnd: 128,
             swift_init_cwnd: 16,
             swift_retx_reset: 5,
+            swift_persist: 0,
         }
     }
 }
 
 /// (name, min, max, unit) of every parameter, in declaration order.
-const RANGES: [(&str, u64, u64, &str); 11] = [
+const RANGES: [(&str, u64, u64, &str); 12] = [
     ("swift_base_target", 1, 1_000_000, "us"),
     ("swift_fs_range", 0, 1_000_000, "us"),
     ("swift_fs_min_cwnd", 1, 1_000_000, "/1000 packets"),
@@ -150,14 +158,15 @@ const RANGES: [(&str, u64, u64, &str); 11] = [
     ("swift_max_cwnd", 1, 65_536, "packets"),
     ("swift_init_cwnd", 1, 65_536, "packets"),
     ("swift_retx_reset", 1, 1000, "timeouts"),
+    ("swift_persist", 0, 1_000_000, "us"),
 ];
 
 impl SwiftConfig {
     /// The parameter names, for help texts and `--cc-set NAME=VALUE`.
-    pub const NAMES: [&'static str; 11] = {
-        let mut n = [""; 11];
+    pub const NAMES: [&'static str; 12] = {
+        let mut n = [""; 12];
         let mut i = 0;
-        while i < 11 {
+        while i < 12 {
             n[i] = RANGES[i].0;
             i += 1;
         }
@@ -177,8 +186,30 @@ impl SwiftConfig {
             "swift_max_cwnd" => &mut self.swift_max_cwnd,
             "swift_init_cwnd" => &mut self.swift_init_cwnd,
             "swift_retx_reset" => &mut self.swift_retx_reset,
+            "swift_persist" => &mut self.swift_persist,
             _ => return None,
         })
+    }
+
+    /// Swift by profile name, as `--cc-profile` gives it: `mlx5` (the name of the default
+    /// profile: the paper's Swift) or `software` ([`Self::software`]).
+    #[must_use]
+    pub fn profile(name: &str) -> Option<Self> {
+        match name {
+            "mlx5" => Some(Self::default()),
+            "software" => Some(Self::software()),
+            _ => None,
+        }
+    }
+
+    /// Swift for an endpoint whose receiver is a thread on a shared host: [`Default`] with
+    /// `swift_persist` 500 µs, so that ACKs a scheduling stall delayed do not cut the window.
+    #[must_use]
+    pub fn software() -> Self {
+        Self {
+            swift_persist: 500,
+            ..Self::default()
+        }
     }
 
     /// The value of parameter `name`.
@@ -265,6 +296,9 @@ pub struct Swift {
     last_sent: Option<Instant>,
     bytes_sent: u64,
     stats: CcStats,
+    persist: Duration,
+    /// When the current run of samples over the target began (`None` after one under it).
+    over_since: Option<Instant>,
 }
 
 /// α and β of the flow-based scaling (Swift §3.5), in ns.
@@ -308,6 +342,8 @@ impl Swift {
             last_sent: None,
             bytes_sent: 0,
             stats: CcStats::default(),
+            persist: Duration::from_micros(config.swift_persist.into()),
+            over_since: None,
         }
     }
 
@@ -342,7 +378,8 @@ impl Swift {
     }
 
     /// An ACK at `now` acknowledged `acked` packets and gave the RTT sample `delay`
-    /// (Algorithm 1, "On Receiving ACK").
+    /// (Algorithm 1, "On Receiving ACK"). With `swift_persist` non-zero, a sample over the
+    /// target cuts only when every sample since `swift_persist` ago was over it too.
     pub fn on_ack(&mut self, now: Instant, delay: Duration, acked: u32) {
         self.stats.swift_rtt_samples += 1;
         self.retransmit_cnt = 0;
@@ -350,6 +387,15 @@ impl Swift {
         self.rtt = Some(delay);
         let n = f64::from(acked);
         let d = delay.as_nanos() as f64;
+        if d >= target {
+            let since = *self.over_since.get_or_insert(now);
+            if now.saturating_duration_since(since) < self.persist {
+                self.stats.swift_decreases_held += 1;
+                return;
+            }
+        } else {
+            self.over_since = None;
+        }
         if d < target {
             if self.cwnd >= 1.0 {
                 self.cwnd += self.ai / self.cwnd * n;
@@ -582,7 +628,7 @@ mod tests {
     fn defaults_valid_and_set_checks_ranges_and_order() {
         let mut c = SwiftConfig::default();
         c.validate().unwrap();
-        assert_eq!(SwiftConfig::NAMES.len(), 11);
+        assert_eq!(SwiftConfig::NAMES.len(), 12);
         assert_eq!(c.get("swift_beta"), Some(800));
         c.set("swift_beta", 500).unwrap();
         assert_eq!(c.swift_beta, 500);
@@ -700,6 +746,42 @@ mod tests {
         assert_eq!(s.pacing_delay(), Some(d(400_000)));
         s.on_sent(us(t), 1000);
         assert_eq!(s.next_send_time(us(t + 1)), us(t + 400_000));
+    }
+
+    #[test]
+    fn with_swift_persist_a_late_batch_of_acks_does_not_cut_and_a_standing_queue_does() {
+        let cfg = SwiftConfig::software();
+        assert_eq!(cfg.swift_persist, 500);
+        assert_eq!(SwiftConfig::profile("mlx5"), Some(SwiftConfig::default()));
+        let mut s = Swift::new(&cfg);
+        let w0 = s.cwnd();
+        let high = d(5000); // far over the ~100-500 µs target
+        // A stall's ACKs arrive together: 20 samples within 100 µs, all high. No cut.
+        for k in 0..20 {
+            s.on_ack(us(1000 + 5 * k), high, 1);
+        }
+        assert!((s.cwnd() - w0).abs() < f64::EPSILON, "cwnd {}", s.cwnd());
+        assert_eq!(s.stats().swift_delay_decreases, 0);
+        assert_eq!(s.stats().swift_decreases_held, 20);
+        // A sample under the target ends the run (and increases as the paper says).
+        s.on_ack(us(1200), d(50), 1);
+        assert!(s.cwnd() > w0);
+        // A standing queue: every sample high for more than 500 µs. The first at or past
+        // 500 µs cuts, as the paper's first sample would: by max_mdf at this delay.
+        let w1 = s.cwnd();
+        for k in 0..=10 {
+            s.on_ack(us(2000 + 50 * k), high, 1);
+        }
+        assert_eq!(s.stats().swift_delay_decreases, 1);
+        assert!(
+            (s.cwnd() - w1 * 0.5).abs() < 1e-9,
+            "cwnd {} from {w1}",
+            s.cwnd()
+        );
+        // The paper's Swift (persist 0) cuts on the first high sample.
+        let mut p = Swift::new(&SwiftConfig::default());
+        p.on_ack(us(1000), high, 1);
+        assert_eq!(p.stats().swift_delay_decreases, 1);
     }
 
     #[test]

@@ -74,7 +74,7 @@ pub struct ExecArgs {
     #[arg(long, value_name = "ALGORITHM",
           value_parser = clap::builder::PossibleValuesParser::new(CcAlgorithm::ALL.map(CcAlgorithm::as_str)))]
     cc: Option<String>,
-    /// The DCQCN defaults that --cc-set changes, as `roce perf --cc-profile` takes them: mlx5
+    /// The DCQCN and Swift defaults that --cc-set changes, as `roce perf --cc-profile` takes them: mlx5
     /// (the default) or software (sets ROCE_CC_PROFILE).
     #[arg(long = "cc-profile", value_name = "PROFILE",
           value_parser = clap::builder::PossibleValuesParser::new(roce::cc::DcqcnConfig::PROFILES))]

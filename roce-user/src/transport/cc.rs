@@ -176,9 +176,10 @@ impl CcConfig {
         profile: &str,
         pairs: impl IntoIterator<Item = &'a str>,
     ) -> Result<Self, CcSetError> {
+        let unknown = || CcSetError::Profile(profile.to_owned());
         let mut c = Self {
-            dcqcn: DcqcnConfig::profile(profile)
-                .ok_or_else(|| CcSetError::Profile(profile.to_owned()))?,
+            dcqcn: DcqcnConfig::profile(profile).ok_or_else(unknown)?,
+            swift: SwiftConfig::profile(profile).ok_or_else(unknown)?,
             ..Self::default()
         };
         c.set_algorithm(algorithm);

@@ -147,11 +147,13 @@ pub struct PerfArgs {
     /// With --cc swift: swift_base_target (µs), swift_fs_range (µs), swift_fs_min_cwnd
     /// (/1000 packets), swift_fs_max_cwnd (packets), swift_ai (/1000 packets per RTT),
     /// swift_beta (/1000), swift_max_mdf (/1000), swift_min_cwnd (/1000 packets),
-    /// swift_max_cwnd, swift_init_cwnd (packets), swift_retx_reset (timeouts).
+    /// swift_max_cwnd, swift_init_cwnd (packets), swift_retx_reset (timeouts), swift_persist
+    /// (µs a delay must stay over the target before it cuts).
     #[arg(long = "cc-set", value_name = "NAME=VALUE")]
     pub cc_set: Vec<String>,
-    /// The DCQCN defaults that `--cc-set` changes: `mlx5` (a ConnectX-5's firmware values) or
-    /// `software` (timers longer than a scheduler time slice, for endpoints on a busy host;
+    /// The DCQCN and Swift defaults that `--cc-set` changes: `mlx5` (a ConnectX-5's firmware
+    /// values, and the paper's Swift) or `software` (for endpoints on a busy host: DCQCN timers
+    /// longer than a scheduler time slice and hold_when_idle; Swift's swift_persist 500 µs;
     /// docs/cc-software.md lists what differs).
     #[arg(long = "cc-profile", value_name = "PROFILE", default_value = "mlx5",
           value_parser = clap::builder::PossibleValuesParser::new(roce::cc::DcqcnConfig::PROFILES))]
