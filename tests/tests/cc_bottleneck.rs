@@ -20,6 +20,17 @@ use roce_tests::{
 };
 use serde_json::Value;
 
+/// The DCQCN profile of the quiet tests. With the mlx5 profile they failed on the faster
+/// machine of Dec 5 (8 of 9 runs of `without_cc...` dropped 63-78 % with CC on, 3 of 3 runs of
+/// `write_converges...` missed the rate): a tail drop leaves go-back-N waiting out its ACK
+/// timeout with nothing to send, and mlx5's increase timer (300 µs, hyper increase after the
+/// first) takes the rate from 200 Mb/s to 3-5 Gb/s over the wait (a trace: 125 ms with nothing
+/// sent while the rate went to 3.2 Gb/s), so the QP overflows the queue again when it resumes.
+/// The software profile's `hold_when_idle` keeps increases to periods the QP used; with it the
+/// same test dropped 1.1-8.7 % in six runs. (Turning `hold_when_idle` on in the default profile
+/// too is the next step; nine of the transport simulator's tests change with it.)
+const SOFTWARE: &str = "--cc-profile software";
+
 /// The bottleneck rate, bits/s, and its `roce impair` spelling.
 const BOTTLENECK_BPS: f64 = 200e6;
 const BOTTLENECK: &str = "200mbit";
@@ -109,13 +120,18 @@ fn write_flow(s: &Setup, cc: &str, qps: u32, secs: u32) -> (Value, Value, Trace)
     write_flow_with(s, cc, "", qps, secs)
 }
 
+/// Where [`write_flow_with`] has the client write its trace.
+fn trace_path(s: &Setup, cc: &str, extra: &str, qps: u32) -> PathBuf {
+    let profile = extra.split_whitespace().collect::<Vec<_>>().join("_");
+    s.guard.dir.join(format!("{cc}-{qps}{profile}.csv"))
+}
+
 /// [`write_flow`] with `extra` arguments for both ends (e.g. `--cc-profile software`).
 fn write_flow_with(s: &Setup, cc: &str, extra: &str, qps: u32, secs: u32) -> (Value, Value, Trace) {
     let common = format!("perf write -s 65536 -t 32 -q {qps} --cc {cc} --line-rate 10gbit {extra}");
     let recv = &s.net.receiver;
     let server = spawn(&recv.netns, &args(&format!("{common} -d {}", recv.ifname)));
-    let profile = extra.split_whitespace().collect::<Vec<_>>().join("_");
-    let trace_path = s.guard.dir.join(format!("{cc}-{qps}{profile}.csv"));
+    let trace_path = trace_path(s, cc, extra, qps);
     let send = &s.net.senders[0];
     let client = finish(spawn(
         &send.netns,
@@ -182,7 +198,7 @@ fn write_converges_to_the_bottleneck_and_cnps_reconcile() {
     let s = setup("ccb", 91, 1);
     bottleneck_on(&s);
     let before = impair_stats(&s);
-    let (c, sv, trace) = write_flow(&s, "on", 1, 8);
+    let (c, sv, trace) = write_flow_with(&s, "on", SOFTWARE, 1, 8);
     let imp = impair_stats(&s).saturating_sub(&before);
     let qpn = qpns(&c)[0];
     let rate = tail_rate(&trace, qpn, 0.5);
@@ -233,7 +249,7 @@ fn without_cc_the_bottleneck_drops_and_the_sender_retransmits() {
     let s = setup("ccd", 92, 1);
     bottleneck_on(&s);
     let b0 = impair_stats(&s);
-    let (c_on, sv_on, _) = write_flow(&s, "on", 1, 5);
+    let (c_on, sv_on, _) = write_flow_with(&s, "on", SOFTWARE, 1, 5);
     let b1 = impair_stats(&s);
     let (c_off, sv_off, _) = write_flow(&s, "off", 1, 5);
     let b2 = impair_stats(&s);
@@ -258,6 +274,11 @@ fn without_cc_the_bottleneck_drops_and_the_sender_retransmits() {
     // machine turns the CNP around (3,061 in a quiet run, 7,059 of 125,684 (5.6 %) in a loaded CI run), while
     // without CC more than half of everything is dropped (60-75 %).
     let fraction = |st: &ImpairStats| drops(st) as f64 / st.seen.max(1) as f64;
+    eprintln!(
+        "dropped with CC {:.1} %, without {:.1} %",
+        100.0 * fraction(&on),
+        100.0 * fraction(&off)
+    );
     assert!(
         fraction(&off) > 5.0 * fraction(&on),
         "CC should keep the queue from dropping: {} of {} dropped with it ({:.1} %), {} of {} \
@@ -315,7 +336,7 @@ fn without_cc_the_bottleneck_drops_and_the_sender_retransmits() {
 fn two_flows_share_the_bottleneck_fairly() {
     let s = setup("ccf", 93, 1);
     bottleneck_on(&s);
-    let (c, sv, trace) = write_flow(&s, "on", 2, 10);
+    let (c, sv, trace) = write_flow_with(&s, "on", SOFTWARE, 2, 10);
     let q = qpns(&c);
     let rates: Vec<f64> = q.iter().map(|&n| tail_rate(&trace, n, 0.5)).collect();
     let total: f64 = rates.iter().sum();
@@ -341,7 +362,7 @@ fn two_flows_share_the_bottleneck_fairly() {
     assert_eq!(sv["verified"], true);
 
     // The picture: `roce plot` draws this real trace, both QPs, with their CNPs.
-    let csv = s.guard.dir.join("on-2.csv");
+    let csv = trace_path(&s, "on", SOFTWARE, 2);
     let svg = s.guard.dir.join("two-flows.svg");
     let plot: Vec<String> = [
         "plot",
