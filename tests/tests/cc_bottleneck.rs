@@ -546,6 +546,27 @@ fn drop_tail_stats(s: &Setup) -> (u64, u64) {
     )
 }
 
+/// The fraction of the packets offered to the drop-tail queue that it dropped, from
+/// [`drop_tail_stats`] deltas `(sent, dropped)`.
+fn tail_drop_fraction((sent, dropped): (u64, u64)) -> f64 {
+    dropped as f64 / (sent + dropped).max(1) as f64
+}
+
+/// Issue 20's rule for the delay-based CC: without CC the queue overflows, and Swift drops at
+/// most a tenth of CC off's fraction.
+fn swift_dropped_a_tenth(off: (u64, u64), on: (u64, u64)) {
+    assert!(
+        tail_drop_fraction(off) > 0.01,
+        "CC off should overrun the queue: {off:?}"
+    );
+    assert!(
+        tail_drop_fraction(on) <= tail_drop_fraction(off) / 10.0,
+        "Swift dropped {:.3} %, more than a tenth of CC off's {:.2} %",
+        100.0 * tail_drop_fraction(on),
+        100.0 * tail_drop_fraction(off)
+    );
+}
+
 /// Issue 20: the delay-based CC towards a path that marks nothing. On a drop-tail queue (no
 /// ECN), one Swift WRITE flow (`--cc-profile software`) keeps the queue short: it drops at
 /// most a tenth of the fraction the same queue drops with CC off, and every byte is verified.
@@ -564,14 +585,12 @@ fn drop_tail_stats(s: &Setup) -> (u64, u64) {
 fn swift_keeps_a_drop_tail_queue_short() {
     let s = setup("ccs", 116, 1);
     drop_tail_on(&s);
-    let fraction = |(sent, dropped): (u64, u64)| dropped as f64 / (sent + dropped).max(1) as f64;
-    let minus = |a: (u64, u64), b: (u64, u64)| (a.0 - b.0, a.1 - b.1);
     let q0 = drop_tail_stats(&s);
     let (c_off, _, _) = write_flow(&s, "off", 1, 5);
     let q1 = drop_tail_stats(&s);
     let (c_on, sv_on, trace) = write_flow_with(&s, "swift", "--cc-profile software", 1, 8);
     let q2 = drop_tail_stats(&s);
-    let (off, on) = (minus(q1, q0), minus(q2, q1));
+    let (off, on) = ((q1.0 - q0.0, q1.1 - q0.1), (q2.0 - q1.0, q2.1 - q1.1));
     let rate = tail_rate(&trace, qpns(&c_on)[0], 0.5);
     eprintln!(
         "swift on a drop-tail queue: tail rate {:.1} Mb/s, goodput {:.1} Mb/s, dropped {} of {} \
@@ -580,22 +599,13 @@ fn swift_keeps_a_drop_tail_queue_short() {
         c_on["gbit_per_sec"].as_f64().unwrap() * 1e3,
         on.1,
         on.0 + on.1,
-        100.0 * fraction(on),
+        100.0 * tail_drop_fraction(on),
         c_off["gbit_per_sec"].as_f64().unwrap() * 1e3,
         off.1,
         off.0 + off.1,
-        100.0 * fraction(off),
+        100.0 * tail_drop_fraction(off),
     );
-    assert!(
-        fraction(off) > 0.01,
-        "CC off should overrun the queue: {off:?}"
-    );
-    assert!(
-        fraction(on) <= fraction(off) / 10.0,
-        "Swift dropped {:.3} %, more than a tenth of CC off's {:.2} %",
-        100.0 * fraction(on),
-        100.0 * fraction(off)
-    );
+    swift_dropped_a_tenth(off, on);
     assert!(rate > 0.0, "the flow sent nothing over the last half");
     assert_eq!(c_on["verified"], true, "{c_on}");
     assert_eq!(sv_on["verified"], true, "{sv_on}");
@@ -609,14 +619,12 @@ fn swift_keeps_a_drop_tail_queue_short() {
 fn two_swift_flows_share_a_drop_tail_queue_fairly() {
     let s = setup("cct", 117, 1);
     drop_tail_on(&s);
-    let fraction = |(sent, dropped): (u64, u64)| dropped as f64 / (sent + dropped).max(1) as f64;
-    let minus = |a: (u64, u64), b: (u64, u64)| (a.0 - b.0, a.1 - b.1);
     let q0 = drop_tail_stats(&s);
     let _ = write_flow(&s, "off", 2, 5);
     let q1 = drop_tail_stats(&s);
     let (c, sv, trace) = write_flow_with(&s, "swift", "--cc-profile software", 2, 10);
     let q2 = drop_tail_stats(&s);
-    let (off, on) = (minus(q1, q0), minus(q2, q1));
+    let (off, on) = ((q1.0 - q0.0, q1.1 - q0.1), (q2.0 - q1.0, q2.1 - q1.1));
     let rates: Vec<f64> = qpns(&c)
         .iter()
         .map(|&n| tail_rate(&trace, n, 0.5))
@@ -629,21 +637,12 @@ fn two_swift_flows_share_a_drop_tail_queue_fairly() {
         rates[1] / 1e6,
         on.1,
         on.0 + on.1,
-        100.0 * fraction(on),
+        100.0 * tail_drop_fraction(on),
         off.1,
         off.0 + off.1,
-        100.0 * fraction(off),
+        100.0 * tail_drop_fraction(off),
     );
-    assert!(
-        fraction(off) > 0.01,
-        "CC off should overrun the queue: {off:?}"
-    );
-    assert!(
-        fraction(on) <= fraction(off) / 10.0,
-        "Swift dropped {:.3} %, more than a tenth of CC off's {:.2} %",
-        100.0 * fraction(on),
-        100.0 * fraction(off)
-    );
+    swift_dropped_a_tenth(off, on);
     for r in &rates {
         let share = r / (total / 2.0);
         assert!(
