@@ -39,12 +39,7 @@
 
 use std::{process::Command, time::Duration};
 
-use roce_tests::{
-    Loaded,
-    child::{args, finish_within, json_ok, spawn},
-    ecmp::Ecmp,
-    require_root, roce_bin, tag,
-};
+use roce_tests::{Loaded, ecmp::Ecmp, require_root, roce_bin, tag};
 use serde_json::{Value, json};
 
 const REPS: usize = 5;
@@ -102,26 +97,7 @@ fn perf(net: &Ecmp, qps: u32, bytes: u64, extra: &str) -> Run {
         bytes / 65536
     );
     let before = net.tx_bytes();
-    let server = spawn(
-        &net.server.netns,
-        &args(&format!("{line} -d {}", net.server.ifname)),
-    );
-    let client = finish_within(
-        spawn(
-            &net.client.netns,
-            &args(&format!(
-                "{line} -d {} {}",
-                net.client.ifname, net.server.ipv4
-            )),
-        ),
-        Duration::from_secs(180),
-        &format!("client {line}"),
-    );
-    let server = finish_within(server, Duration::from_secs(20), &format!("server {line}"));
-    let c = json_ok(&client, &format!("client {line}"));
-    let s = json_ok(&server, &format!("server {line}"));
-    assert_eq!(s["verified"], true, "server {line}: {s}");
-    assert_eq!(c["verified"], true, "client {line}: {c}");
+    let c = net.verified_perf(&line, Duration::from_secs(180));
     let after = net.tx_bytes();
     let sent: u64 = c["cc"]
         .as_array()

@@ -10,7 +10,7 @@
 //!  10.S.1.2   .1   10.S.(10+i).1/.2   .1   10.S.100.2
 //! ```
 
-use std::net::Ipv4Addr;
+use std::{net::Ipv4Addr, time::Duration};
 
 use roce::netns::{NetNs, VethEnd, ip_in, run};
 
@@ -192,5 +192,39 @@ impl Ecmp {
                 v[0]["stats64"]["tx"][key].as_u64().unwrap_or(0)
             })
             .collect()
+    }
+}
+
+impl Ecmp {
+    /// Runs `roce perf LINE` (a `perf write ... --span N` line) with its server on the
+    /// server's end and its client on the client's, waits for the client at most `limit`,
+    /// checks that both ends verified every byte, and returns the client's JSON report.
+    ///
+    /// # Panics
+    /// When either end fails, does not verify, or outlives its time.
+    #[must_use]
+    pub fn verified_perf(&self, line: &str, limit: Duration) -> serde_json::Value {
+        use crate::child::{args, finish_within, json_ok, spawn};
+        let server = spawn(
+            &self.server.netns,
+            &args(&format!("{line} -d {}", self.server.ifname)),
+        );
+        let client = finish_within(
+            spawn(
+                &self.client.netns,
+                &args(&format!(
+                    "{line} -d {} {}",
+                    self.client.ifname, self.server.ipv4
+                )),
+            ),
+            limit,
+            &format!("client {line}"),
+        );
+        let server = finish_within(server, Duration::from_secs(20), &format!("server {line}"));
+        let c = json_ok(&client, &format!("client {line}"));
+        let s = json_ok(&server, &format!("server {line}"));
+        assert_eq!(s["verified"], true, "server {line}: {s}");
+        assert_eq!(c["verified"], true, "client {line}: {c}");
+        c
     }
 }

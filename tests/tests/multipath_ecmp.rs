@@ -7,12 +7,7 @@
 
 use std::time::Duration;
 
-use roce_tests::{
-    Loaded,
-    child::{args, finish_within, json_ok, spawn},
-    ecmp::Ecmp,
-    require_root, roce_bin, tag,
-};
+use roce_tests::{Loaded, ecmp::Ecmp, require_root, roce_bin, tag};
 use serde_json::Value;
 
 /// Bytes each run writes, 64 KiB at a time.
@@ -52,26 +47,7 @@ fn run(net: &Ecmp, extra: &str) -> (Vec<u64>, Value) {
         BYTES / 65536
     );
     let before = (net.tx_packets(), stats());
-    let server = spawn(
-        &net.server.netns,
-        &args(&format!("{line} -d {}", net.server.ifname)),
-    );
-    let client = finish_within(
-        spawn(
-            &net.client.netns,
-            &args(&format!(
-                "{line} -d {} {}",
-                net.client.ifname, net.server.ipv4
-            )),
-        ),
-        Duration::from_secs(120),
-        &format!("client {line}"),
-    );
-    let server = finish_within(server, Duration::from_secs(20), &format!("server {line}"));
-    let c = json_ok(&client, &format!("client {line}"));
-    let s = json_ok(&server, &format!("server {line}"));
-    assert_eq!(s["verified"], true, "{s}");
-    assert_eq!(c["verified"], true, "{c}");
+    let c = net.verified_perf(&line, Duration::from_secs(120));
     let after = (net.tx_packets(), stats());
     let per_path = after.0.iter().zip(&before.0).map(|(a, b)| a - b).collect();
     let mut moved = serde_json::Map::new();
