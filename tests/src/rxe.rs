@@ -127,7 +127,10 @@ pub struct PeerOptions {
     pub ipv6: bool,
     /// Guest memory in MB.
     pub mem_mb: u32,
-    /// Power the VM off after this many seconds at the latest.
+    /// Power the VM off after this many seconds at the latest: a safety net for a test process
+    /// killed before its `Drop` stops the VM, so it must outlast the longest test on a slow CI
+    /// machine (the first `interop_pingpong.rs` test passed 900 s there once, and its VM went
+    /// away under it). A step waited for after that fails at once, saying so.
     pub timeout_secs: u32,
 }
 
@@ -137,7 +140,7 @@ impl Default for PeerOptions {
             mtu: 1500,
             ipv6: false,
             mem_mb: 512,
-            timeout_secs: 900,
+            timeout_secs: 2400,
         }
     }
 }
@@ -187,6 +190,9 @@ pub struct StepOut {
 #[derive(Debug)]
 pub struct Step {
     base: PathBuf,
+    /// The VM's run directory: `qemu.pid` there exists exactly while the VM runs (start-peer.sh
+    /// removes it when qemu exits).
+    run: PathBuf,
     /// The command line, for messages.
     pub cmd: String,
 }
@@ -206,7 +212,15 @@ impl Step {
             .unwrap_or_default()
     }
 
-    /// Waits for the step to exit, at most `timeout`; `None` on timeout.
+    /// Whether the VM is gone (powered off by its `--timeout`, crashed or stopped): then no step
+    /// will ever finish, and waiting for one is pointless.
+    #[must_use]
+    pub fn vm_gone(&self) -> bool {
+        !self.run.join("qemu.pid").exists()
+    }
+
+    /// Waits for the step to exit, at most `timeout`; `None` on timeout, or as soon as the VM is
+    /// gone ([`Self::vm_gone`]).
     #[must_use]
     pub fn wait_timeout(&self, timeout: Duration) -> Option<StepOut> {
         let deadline = Instant::now() + timeout;
@@ -220,10 +234,25 @@ impl Step {
                     out: self.output(),
                 });
             }
-            if Instant::now() >= deadline {
+            if Instant::now() >= deadline || self.vm_gone() {
                 return None;
             }
             thread::sleep(Duration::from_millis(50));
+        }
+    }
+
+    /// Why a step did not finish, for a failure message: the VM's end (with its console's last
+    /// lines) when it is gone, else the time waited.
+    fn why_unfinished(&self, timeout: Duration) -> String {
+        if self.vm_gone() {
+            let console = fs::read_to_string(self.run.join("console.log")).unwrap_or_default();
+            format!(
+                "did not finish: the VM is gone (powered off by its --timeout, see \
+                 PeerOptions::timeout_secs, or crashed); console:\n{}\noutput so far",
+                tail(&console, 15)
+            )
+        } else {
+            format!("did not finish within {timeout:?}; output so far")
         }
     }
 
@@ -235,8 +264,9 @@ impl Step {
     pub fn wait(&self, timeout: Duration) -> StepOut {
         self.wait_timeout(timeout).unwrap_or_else(|| {
             panic!(
-                "guest step `{}` did not finish within {timeout:?}; output so far:\n{}",
+                "guest step `{}` {}:\n{}",
                 self.cmd,
+                self.why_unfinished(timeout),
                 self.output()
             )
         })
@@ -493,6 +523,7 @@ impl Peer {
         fs::rename(&tmp, self.share.join(format!("step-{n}.cmd"))).expect("publish step");
         Step {
             base,
+            run: self.run_dir(),
             cmd: cmd.to_owned(),
         }
     }
@@ -585,7 +616,8 @@ impl Peer {
             StepOut {
                 rc: -1,
                 out: format!(
-                    "(did not exit within {timeout:?}; killed) {}",
+                    "({}; killed) {}",
+                    step.why_unfinished(timeout),
                     step.output()
                 ),
             }
@@ -1473,14 +1505,11 @@ impl<'a> Harness<'a> {
             Roles::OurServer { ours, guest } => {
                 let server = Roce::spawn(&self.peer.netns, ours);
                 wait_host_listen(&self.peer.netns, port, Duration::from_secs(30));
-                let g = self
-                    .peer
-                    .spawn(guest)
-                    .wait_timeout(self.timeout)
-                    .unwrap_or(StepOut {
-                        rc: -1,
-                        out: "(timeout)".into(),
-                    });
+                let step = self.peer.spawn(guest);
+                let g = step.wait_timeout(self.timeout).unwrap_or_else(|| StepOut {
+                    rc: -1,
+                    out: format!("({}) {}", step.why_unfinished(self.timeout), step.output()),
+                });
                 (server.wait(Duration::from_secs(30)), g)
             }
         };

@@ -71,6 +71,19 @@ fn vm_killed_mid_transfer_ends_in_retry_exceeded() {
     };
     assert_eq!(d("retry_exceeded_err"), 1, "{after}");
     assert!(d("completer_retry_err") >= 3, "{after}");
+    // A guest step after the VM's end does not wait out its timeout: it fails at once, saying
+    // the VM is gone (as when a VM's safety --timeout ends it under a long test).
+    let t = Instant::now();
+    let late = peer.spawn("true");
+    assert!(late.wait_timeout(Duration::from_secs(30)).is_none());
+    assert!(late.vm_gone());
+    assert!(t.elapsed() < Duration::from_secs(5), "{:?}", t.elapsed());
+    let msg = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _ = late.wait(Duration::from_secs(30));
+    }))
+    .expect_err("waiting on a gone VM must fail");
+    let msg = msg.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(msg.contains("the VM is gone"), "{msg}");
     println!(
         "VM killed: roce perf gave up after {:.2} s; retry_exceeded_err {}, completer_retry_err {}, local_ack_timeout_err {}",
         took.as_secs_f64(),
