@@ -77,10 +77,6 @@ pub const EXPLAINED: &[(&str, &str)] = &[
         "rxe's 8 MiB limit; the engine takes messages up to 2 GiB, the verbs maximum",
     ),
     (
-        "port.port_cap_flags",
-        "rxe sets CM_SUP (connection manager supported); ours has no CM until RDMA CM lands",
-    ),
-    (
         "port.gid_tbl_len",
         "rxe has 1024 slots; ours lists the interface's addresses, so the table is as long as \
          the list",

@@ -324,7 +324,9 @@ export!(
     }
 );
 
-/// The attributes of port 1: RoCE (link layer Ethernet), active while the interface is up.
+/// The attributes of port 1: RoCE (link layer Ethernet), active while the interface is up, with
+/// a connection manager (`IBV_PORT_CM_SUP`, as rxe sets it): the same library is the drop-in
+/// librdmacm, which runs the device's CM on QP 1 (`rdmacm.rs`).
 fn port_attr(ctx: &Ctx) -> sys::ibv_port_attr {
     let up = ctx.verbs.port.is_up();
     let mtu = ctx.verbs.port.active_mtu_code();
@@ -344,6 +346,7 @@ fn port_attr(ctx: &Ctx) -> sys::ibv_port_attr {
         active_speed: 1,
         phys_state: if up { 5 } else { 3 },
         link_layer: sys::IBV_LINK_LAYER_ETHERNET as u8,
+        port_cap_flags: sys::IBV_PORT_CM_SUP,
         ..Default::default()
     }
 }

@@ -33,9 +33,12 @@
 //!   listener's SIDR_REQ becomes a CONNECT_REQUEST, answered by `rdma_accept` (SIDR_REP with
 //!   our QPN) or `rdma_reject`.
 //!
+//! - librdmacm's synchronous mode: an id made without an event channel gets one of its own, and
+//!   its calls wait for their event as `ucma_complete` does; `rdma_create_ep`,
+//!   `rdma_get_request`, `rdma_destroy_ep` (Debian's `rdma_server`/`rdma_client`).
+//!
 //! Not provided (the call fails with ENOSYS and says so on stderr): the IB port space,
-//! multicast, the synchronous calls on an id without
-//! an event channel (`rdma_create_ep`, `rdma_get_request`), the ECE calls, and rsockets
+//! multicast, SRQs made through librdmacm (`rdma_create_srq*`), the ECE calls, and rsockets
 //! except `rpoll` and `rselect` on ordinary file descriptors (what they are while no
 //! rsocket exists; programs such as rping import them only for that).
 
