@@ -306,7 +306,7 @@ counter_struct! {
         rp_loss_handled,
         /// roce-xdp: losses not acted on: within rate_reduce_monitor_period of the last cut, RP or loss_backoff off.
         rp_loss_ignored,
-        /// roce-xdp: rate increase events (timer periods, then byte counter events) not counted because the QP sent less than half its rate in its last period (hold_when_idle).
+        /// roce-xdp: rate increase events not counted (hold_when_idle): a timer period in which the QP sent under half its rate with no frame held by the pacer (the timer then stops until it sends), and byte counter events after it.
         rp_increase_held,
         /// roce-xdp Swift: RTT samples taken from ACK timing and fed to the window.
         swift_rtt_samples,

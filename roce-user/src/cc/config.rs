@@ -88,9 +88,10 @@ pub struct DcqcnConfig {
     /// matrix); `--cc-set loss_backoff=1` turns it on.
     pub loss_backoff: bool,
     /// roce-xdp's addition, not an mlx5 knob: a rate increase timer period (T) counts only if
-    /// the QP sent at least half of what its rate allowed during it
-    /// ([`super::ReactionPoint::handle_timeout`]), and after a period that did not, the byte
-    /// counter's events do not count either until one does. It is RFC 7661's rule for TCP's window
+    /// the QP sent at least half of what its rate allowed during it, or the pacer held a ready
+    /// frame back in it ([`super::ReactionPoint::on_paced`]); after a period that did not, the
+    /// timer stops and the byte counter's events do not count either until the QP sends again
+    /// ([`super::ReactionPoint::handle_timeout`]). It is RFC 7661's rule for TCP's window
     /// ("new congestion window validation": an application-limited sender does not grow
     /// the window it did not use) applied to DCQCN's timer: a QP that a busy host kept from
     /// the CPU does not come back at a rate it never sent at, with no CNP able to stop it.

@@ -110,6 +110,12 @@ impl QpCongestion {
         self.rp.next_send_time(now, bytes)
     }
 
+    /// A packet of `bytes` was ready but [`Self::next_send_time`] put it later than now: the
+    /// rate limits the QP ([`ReactionPoint::on_paced`]).
+    pub fn on_paced(&mut self, bytes: u32) {
+        self.rp.on_paced(bytes);
+    }
+
     /// A packet of `bytes` (frame length) was sent.
     pub fn on_sent(&mut self, now: Instant, bytes: u32) {
         self.rp.on_sent(now, bytes);

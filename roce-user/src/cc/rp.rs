@@ -93,6 +93,14 @@ pub struct ReactionPoint {
     /// With `hold_when_idle`: the last timer period ended unused, so the byte counter's
     /// events do not increase the rate either until a period is used again.
     idle: bool,
+    /// The pacer held a packet back in the current period ([`Self::on_paced`]): the rate was
+    /// what limited the QP, so the period counts as used however little it sent.
+    paced: bool,
+    /// The length of the packet the pacer holds back, until the QP sends: while the pacer would
+    /// still hold it at a period's end, that period is used too (the wait of a packet paced at
+    /// a low rate can span many periods); once the pacer would let it go, a QP that does not
+    /// send it (a thread stalled) is idle, not rate limited.
+    waiting: Option<u32>,
     /// The last cut was for a loss: increases stay additive until a CNP or line rate.
     loss_limited: bool,
     line_rate: u64,
@@ -155,6 +163,8 @@ impl ReactionPoint {
             hold_when_idle: config.hold_when_idle,
             period_start_bytes: 0,
             idle: false,
+            paced: false,
+            waiting: None,
             loss_limited: false,
             line_rate,
             rate: line_rate,
@@ -266,14 +276,21 @@ impl ReactionPoint {
         self.idle = false;
     }
 
-    /// Whether the increase period that ends now was used: the QP sent at least half of what
-    /// its rate allowed in `time_reset` ([`DcqcnConfig::hold_when_idle`]; RFC 7661 §4.3's
-    /// "validated" window, with DCQCN's rate in place of TCP's window). Starts the next period.
-    fn period_used(&mut self) -> bool {
+    /// Whether the increase period that ends now was used ([`DcqcnConfig::hold_when_idle`];
+    /// RFC 7661 §4.3's "validated" window, with DCQCN's rate in place of TCP's window): the
+    /// pacer held a packet back in it or into it ([`Self::on_paced`]: the rate limited the
+    /// QP, as Linux TCP's `is_cwnd_limited`), or the QP sent at least half of what its rate
+    /// allowed in `time_reset`. The first rule matters at low rates, where one packet takes
+    /// longer than a period to pace. `end` is the period's end; starts the next period.
+    fn period_used(&mut self, end: Instant) -> bool {
         let sent = self.bytes_sent - self.period_start_bytes;
         self.period_start_bytes = self.bytes_sent;
+        let held = self
+            .waiting
+            .is_some_and(|b| self.pacer.next_send_time(end, b, self.rate) > end);
+        let paced = core::mem::take(&mut self.paced) || held;
         let allowed = u128::from(self.rate) * self.time_reset.as_nanos() / 8_000_000_000;
-        2 * u128::from(sent) >= allowed
+        paced || 2 * u128::from(sent) >= allowed
     }
 
     fn cut(&mut self) {
@@ -339,8 +356,14 @@ impl ReactionPoint {
     /// the wire (the frame). Feeds the pacer and the byte counter.
     pub fn on_sent(&mut self, now: Instant, bytes: u32) {
         self.bytes_sent += u64::from(bytes);
+        self.waiting = None;
         if !self.limited {
             return;
+        }
+        if self.timers[Timer::Increase as usize].is_none() {
+            // Held idle ([`DcqcnConfig::hold_when_idle`]): sending starts a new period.
+            self.timers[Timer::Increase as usize] = Some(now + self.time_reset);
+            self.period_start_bytes = self.bytes_sent - u64::from(bytes);
         }
         self.pacer.on_sent(now, bytes, self.rate);
         if self.byte_reset == 0 {
@@ -409,13 +432,16 @@ impl ReactionPoint {
                 }
                 Timer::Increase => {
                     self.pacer.advance(at, self.rate);
-                    self.timers[Timer::Increase as usize] = Some(at + self.time_reset);
-                    // A period of missed timers (a stall) is one idle period, then empty ones.
-                    self.idle = !self.period_used() && self.hold_when_idle;
+                    self.idle = !self.period_used(at) && self.hold_when_idle;
                     if self.idle {
+                        // The timer stops until the QP sends again ([`Self::on_sent`] starts a
+                        // new period): a QP with nothing to send neither increases nor wakes
+                        // anyone up, and a stall of many periods is one held increase.
                         self.stats.rp_increase_held += 1;
+                        self.timers[Timer::Increase as usize] = None;
                         continue;
                     }
+                    self.timers[Timer::Increase as usize] = Some(at + self.time_reset);
                     self.timer_stage = self.timer_stage.saturating_add(1);
                     self.increase();
                     if !self.limited {
@@ -424,6 +450,15 @@ impl ReactionPoint {
                 }
             }
         }
+    }
+
+    /// Call when a packet of `bytes` was ready but [`Self::next_send_time`] put it later than
+    /// now: the QP is rate limited, so the increase periods until it is sent count as used
+    /// while the pacer holds it, even if the rate lets the QP send less than half of them
+    /// ([`Self::period_used`]).
+    pub fn on_paced(&mut self, bytes: u32) {
+        self.paced = true;
+        self.waiting = Some(bytes);
     }
 
     /// The current rate in bits/s (the line rate when not limited).
@@ -550,7 +585,11 @@ mod tests {
             FIRST_CUT,
             "no increase for periods it did not use"
         );
-        assert_eq!(held.stats.rp_increase_held, 100);
+        // One held increase: the first unused period stops the timer, so the stall costs no
+        // wakeups either.
+        assert_eq!(held.stats.rp_increase_held, 1);
+        assert_eq!(held.poll_timeout(), held.timers[Timer::Alpha as usize]);
+        assert!(held.timers[Timer::Increase as usize].is_none());
         assert_eq!(
             plain.rate_bps(),
             LINE,
@@ -587,9 +626,78 @@ mod tests {
             (half.rate_bps(), half.stats.rp_increase_held),
             (FIRST_CUT, 1)
         );
+        // Sending again starts a new period, at the send.
         half.on_sent(us(0) + t + t / 2, u32::try_from(allowed / 2 + 1).unwrap());
+        assert_eq!(
+            half.timers[Timer::Increase as usize],
+            Some(us(0) + t + t / 2 + t)
+        );
         half.handle_timeout(us(0) + t * 2);
+        assert_eq!(half.rate_bps(), FIRST_CUT);
+        half.handle_timeout(us(0) + t * 5 / 2);
         assert!(half.rate_bps() > FIRST_CUT);
+    }
+
+    #[test]
+    fn with_hold_when_idle_a_packet_the_pacer_holds_makes_its_periods_used() {
+        // At 1-2 Mb/s a 4200-byte frame takes 17-34 ms to pace, more than 11 periods of
+        // 1500 µs: the QP sends far less than half of a period's allowance, yet the rate is
+        // what limits it.
+        let cfg = DcqcnConfig {
+            rpg_time_reset: 1500,
+            rpg_byte_reset: 0,
+            rate_to_set_on_first_cnp: 2,
+            hold_when_idle: true,
+            ..DcqcnConfig::default()
+        };
+        let t = cfg.time_reset();
+        let (mut paced, mut idle) = (
+            ReactionPoint::with_burst(&cfg, LINE, us(0), 4200),
+            ReactionPoint::with_burst(&cfg, LINE, us(0), 4200),
+        );
+        let mut cut = 0;
+        for rp in [&mut paced, &mut idle] {
+            rp.on_cnp(us(0));
+            assert_eq!(rp.rate_bps(), 2_000_000);
+            rp.on_sent(us(1), 4200);
+            // A second CNP cuts below the 2 Mb/s target and starts a period with nothing sent.
+            rp.on_cnp(us(10));
+            cut = rp.rate_bps();
+            assert!(cut < 2_000_000);
+            assert!(rp.next_send_time(us(11), 4200) > us(10) + t * 2);
+        }
+        // `paced` has its next frame ready and waiting; `idle` has nothing to send.
+        paced.on_paced(4200);
+        paced.handle_timeout(us(10) + t);
+        idle.handle_timeout(us(10) + t);
+        assert!(paced.rate_bps() > cut, "a used period");
+        assert_eq!(paced.stats.rp_increase_held, 0);
+        assert_eq!((idle.rate_bps(), idle.stats.rp_increase_held), (cut, 1));
+        // Every period until the pacer lets the frame go (sooner as the rate rises) is used.
+        let mut now = us(10) + t;
+        let mut periods = 1;
+        loop {
+            let ready = paced.next_send_time(now, 4200);
+            if ready <= now {
+                break;
+            }
+            let timer = paced.timers[Timer::Increase as usize].unwrap();
+            now = ready.min(timer);
+            periods += usize::from(now == timer);
+            paced.handle_timeout(now);
+        }
+        assert!(periods > 2, "{periods}");
+        assert_eq!(paced.stats.rp_increase_held, 0);
+        // Sending it ends the wait: the period with the send is used, the next one, with
+        // nothing ready, is idle and stops the timer.
+        paced.on_sent(now, 4200);
+        let end = paced.timers[Timer::Increase as usize].unwrap();
+        paced.handle_timeout(end);
+        let rate = paced.rate_bps();
+        paced.handle_timeout(end + t);
+        assert_eq!(paced.rate_bps(), rate);
+        assert_eq!(paced.stats.rp_increase_held, 1);
+        assert!(paced.timers[Timer::Increase as usize].is_none());
     }
 
     #[test]
@@ -620,10 +728,11 @@ mod tests {
         for _ in 0..allowed.div_ceil(32_768) {
             rp.on_sent(us(0) + t + t / 2, 32_768);
         }
-        rp.handle_timeout(us(0) + t * 2);
+        // (The first send after the idle period started that period, at t + t/2.)
+        rp.handle_timeout(us(0) + t * 5 / 2);
         let after_period = rp.rate_bps();
         assert!(after_period > after_one);
-        rp.on_sent(us(0) + t * 2 + t / 2, 32_768);
+        rp.on_sent(us(0) + t * 3, 32_768);
         assert!(rp.rate_bps() > after_period);
     }
 

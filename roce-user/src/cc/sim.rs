@@ -191,6 +191,11 @@ pub fn run(cfg: &SimConfig) -> SimResult {
             let f = &mut flows[i];
             f.rp.on_sent(t, pkt);
             f.link_free = t + tx_time(pkt, cfg.line_rate_bps);
+            // Every flow always has data: its next packet waiting on the pacer is the rate
+            // limiting it.
+            if f.rp.next_send_time(f.link_free, pkt) > f.link_free {
+                f.rp.on_paced(pkt);
+            }
             // The switch queue, as the time it drains empty.
             let start_service = queue_empty_at.max(t);
             let backlog = u64::try_from(

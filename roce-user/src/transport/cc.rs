@@ -379,6 +379,9 @@ impl QpCc {
     /// when it may.
     fn data_ok(&mut self, now: Instant, max_frame: u32) -> bool {
         let mut at = self.cc.next_send_time(now, max_frame);
+        if at > now {
+            self.cc.on_paced(max_frame);
+        }
         if let Some(w) = &self.swift {
             at = at.max(w.swift.next_send_time(now));
         }

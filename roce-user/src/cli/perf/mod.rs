@@ -143,7 +143,7 @@ pub struct PerfArgs {
     /// `--cc-set min_time_between_cnps=50` (repeatable; also rp_enabled / np_enabled = 0|1, and
     /// loss_backoff=1: halve the rate on each loss, for peers and paths that mark nothing;
     /// hold_when_idle=0|1: no rate increase for periods in which the QP sent less than half
-    /// its rate, on in the software profile).
+    /// its rate while the pacer held nothing back, on in the software profile).
     /// With --cc swift: swift_base_target (µs), swift_fs_range (µs), swift_fs_min_cwnd
     /// (/1000 packets), swift_fs_max_cwnd (packets), swift_ai (/1000 packets per RTT),
     /// swift_beta (/1000), swift_max_mdf (/1000), swift_min_cwnd (/1000 packets),
