@@ -301,7 +301,7 @@ impl DcqcnConfig {
 
     /// DCQCN for an endpoint whose NP and RP run in software threads on a shared host
     /// (docs/cc-software.md has the reasoning and the measurements): [`Default`] with
-    /// `rpg_time_reset` 300 → 1500 µs and [`Self::hold_when_idle`] on.
+    /// `rpg_time_reset` 300 → 1500 µs, `dce_tcp_rtt` 1 → 5 µs and [`Self::hold_when_idle`] on.
     ///
     /// A NIC serves its DCQCN timers within microseconds; a thread is served when the
     /// scheduler runs it, and on a busy core that is once per time slice (Linux EEVDF's base
@@ -314,10 +314,19 @@ impl DcqcnConfig {
     /// hyper increase undo any cut. At 1500 µs it is at least a slice on small hosts. A stall
     /// longer than that still leaves the QP idle for many periods: with `hold_when_idle`
     /// those periods, in which it sent nothing, do not count as increases.
+    ///
+    /// `dce_tcp_rtt` 1 → 5 µs: at the rates a software endpoint runs (hundreds of Mb/s, a
+    /// flow's CNPs about 100 µs apart), α decaying every microsecond forgets a mark long before
+    /// the next one, stays near 0, and each cut takes a fraction of a percent: DCQCN's
+    /// multiplicative decrease, which drives flows to equal rates, is all but gone (two flows
+    /// on a 200 Mb/s bottleneck split 161/43 Mb/s). At 5 µs they share it within a few percent
+    /// and one flow still fills it; α remembering longer cuts too deep (at 20 µs one flow
+    /// filled two thirds, at the paper's 55 µs two flows three quarters).
     #[must_use]
     pub fn software() -> Self {
         Self {
             rpg_time_reset: 1500,
+            dce_tcp_rtt: 5,
             hold_when_idle: true,
             ..Self::default()
         }
@@ -366,7 +375,7 @@ mod tests {
             .filter(|n| sw.get(n) != mlx5.get(n))
             .map(|n| (*n, sw.get(n).unwrap()))
             .collect();
-        assert_eq!(differ, [("rpg_time_reset", 1500)]);
+        assert_eq!(differ, [("rpg_time_reset", 1500), ("dce_tcp_rtt", 5)]);
         assert_eq!(
             (
                 sw.rp_enabled,
