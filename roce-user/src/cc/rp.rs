@@ -455,7 +455,7 @@ impl ReactionPoint {
     /// Call when a packet of `bytes` was ready but [`Self::next_send_time`] put it later than
     /// now: the QP is rate limited, so the increase periods until it is sent count as used
     /// while the pacer holds it, even if the rate lets the QP send less than half of them
-    /// ([`Self::period_used`]).
+    /// ([`DcqcnConfig::hold_when_idle`]).
     pub fn on_paced(&mut self, bytes: u32) {
         self.paced = true;
         self.waiting = Some(bytes);
