@@ -116,10 +116,14 @@ fn endpoint_killed_mid_transfer_rxe_reports_and_we_restart_cleanly() {
         .map(String::from),
     );
     rxe::wait_host_listen(&peer.netns, 19601, Duration::from_secs(30));
+    // `-u 17`: a 537 ms ACK timeout in place of perftest's 67 ms. Under TCG the guest itself
+    // is sometimes slower than 67 ms to take our ACK, rxe then retries before the kill, and in
+    // 3 of 10 runs here its requester never sent again after that one retry (sent_pkts frozen
+    // from before the kill on), so the test could not see the retries the kill causes.
     let step = peer.spawn(&rxe::perftest_cmd(
         "ib_write_bw",
         19601,
-        &format!("-s 65536 -n 100000 {}", peer.host_ip),
+        &format!("-s 65536 -n 100000 -u 17 {}", peer.host_ip),
     ));
     thread::sleep(Duration::from_secs(4));
     assert!(
