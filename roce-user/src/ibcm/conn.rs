@@ -1453,10 +1453,19 @@ impl Cm {
         }
         match c.state {
             State::TimeWait => {
+                // cm.c `cm_dreq_handler`: a DREQ in TimeWait gets a DREP formatted anew with
+                // the DREQ's TID. Never `last_response`: a connection that entered TimeWait
+                // by our own DREQ (a destroy, or its DREP) still holds its REP or RTU there,
+                // and the peer would take that for a duplicate.
                 self.stats.duplicates += 1;
-                if let Some(r) = c.last_response.clone() {
-                    self.resend(c.peer, &r);
-                }
+                let drep = Drep {
+                    local_comm_id: id,
+                    remote_comm_id: m.local_comm_id,
+                    private_data: Vec::new(),
+                };
+                let peer = c.peer;
+                self.send(peer, &CmMad::new(tid, CmMsg::Drep(drep)))
+                    .map_err(Dropped::Malformed)?;
                 return Ok(());
             }
             State::Established | State::DreqSent | State::RepSent | State::MraRepRcvd => {}

@@ -866,6 +866,51 @@ fn lost_drep_is_answered_again_from_timewait() {
     assert_eq!(p.sent(false, AttrId::Drep), 2);
 }
 
+/// Both ends disconnect at once, one of them by destroying its ID: the passive side is in
+/// TimeWait when the active side's DREQ crosses its own, and answers it with a DREP, never
+/// with its REP again (a Linux peer counts that as a duplicate REP and sends its RTU again).
+#[test]
+fn crossing_dreqs_get_dreps_never_the_rep_again() {
+    let mut p = Pair::new();
+    let (a, b) = p.establish();
+    p.b.destroy(p.now, b).unwrap();
+    p.a.disconnect(p.now, a, &[]).unwrap();
+    assert_eq!(p.b.state(b), Some(State::TimeWait));
+    p.pump();
+    assert_eq!(
+        p.sent(false, AttrId::Rep),
+        1,
+        "the REP of the connection only"
+    );
+    assert_eq!(p.sent(false, AttrId::Drep), 1, "B answers A's DREQ");
+    assert_eq!(p.sent(true, AttrId::Drep), 1, "A answers B's DREQ");
+    assert_eq!(p.a.state(a), Some(State::TimeWait));
+    assert_eq!(p.b.stats().duplicates, 1);
+    // The same when B entered TimeWait by A's DREP to its disconnect.
+    let mut p = Pair::new();
+    let (a, b) = p.establish();
+    p.b.disconnect(p.now, b, &[]).unwrap();
+    p.pump();
+    assert_eq!(p.b.state(b), Some(State::TimeWait));
+    let dreq = CmMad::new(
+        Tid(0x77),
+        CmMsg::Dreq(Dreq {
+            local_comm_id: a,
+            remote_comm_id: b,
+            remote_qpn: accept_params().qpn,
+            private_data: Vec::new(),
+        }),
+    );
+    p.b.handle_mad(p.now, gid_a(), &dreq.encode().unwrap()[..])
+        .unwrap();
+    let t = p.b.poll_transmit().expect("a DREP");
+    assert_eq!(
+        u16::from_be_bytes([t.mad[16], t.mad[17]]),
+        AttrId::Drep as u16
+    );
+    assert!(p.b.poll_transmit().is_none());
+}
+
 #[test]
 fn stale_connection_is_rejected_and_the_old_one_disconnected() {
     let mut p = Pair::new();
