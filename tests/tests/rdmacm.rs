@@ -6,7 +6,8 @@
 //!   binaries load on it with every symbol bound (`ldd -r`);
 //! - `rping -V` (every ping verified), `ucmatose` (several connections, sends both ways),
 //!   `rdma_server`/`rdma_client` (librdmacm's synchronous mode) and
-//!   `ib_write_bw -R` (perftest connecting through RDMA CM) at both ends of a veth pair, each
+//!   `ib_write_bw -R`, `ib_read_bw -R` and `ib_send_bw -R` (perftest connecting through RDMA
+//!   CM) at both ends of a veth pair, each
 //!   end on roce-xdp (rping over IPv4 and IPv6), and the interfaces left clean;
 //! - `udaddy` (the UDP port space: UD QPs resolved by SIDR, then UD SENDs both ways) at both
 //!   ends of a veth pair.
@@ -121,7 +122,7 @@ fn the_library_defines_what_the_rdmacm_tools_import_with_their_versions() {
     }
 }
 
-/// Debian's unmodified rping, ucmatose and ib_write_bw -R, both ends on roce-xdp through the
+/// Debian's unmodified rping, ucmatose and ib_{write,read,send}_bw -R, both ends on roce-xdp through the
 /// drop-in librdmacm: every rping payload verified at both ends (`-V`), ucmatose's
 /// connections all complete their sends, perftest's run reports every iteration; the
 /// interfaces are left without roce_xdp or pins.
@@ -192,46 +193,47 @@ fn rping_ucmatose_and_perftest_connect_through_the_library_at_both_ends() {
     assert!(c.contains("rdma_client: end 0"), "{c}");
     assert!(s.contains("rdma_server: end 0"), "{s}");
 
-    // perftest's ib_write_bw connecting with RDMA CM: 500 writes of 64 KiB.
+    // perftest connecting with RDMA CM: 500 WRITEs, READs and SENDs of 64 KiB, each tool on
+    // its own port.
     let dev = |end: &VethEnd| format!("roce_{}", end.ifname);
-    let (c, s) = server_and_client(
-        &pair,
-        "ib_write_bw",
-        &args(&[
-            "-R",
-            "-d",
-            &dev(&pair.a),
-            "-n",
-            "500",
-            "-s",
-            "65536",
-            "-p",
-            "18520",
-        ]),
-        &args(&[
-            "-R",
-            "-d",
-            &dev(&pair.b),
-            "-n",
-            "500",
-            "-s",
-            "65536",
-            "-p",
-            "18520",
-            &server_ip,
-        ]),
-    );
-    for out in [&c, &s] {
-        assert!(out.contains("Data ex. method : rdma_cm"), "{out}");
-        let row = out
-            .lines()
-            .find(|l| l.trim_start().starts_with("65536 "))
-            .unwrap_or_else(|| panic!("no result row:\n{out}"));
-        assert_eq!(
-            row.split_whitespace().nth(1),
-            Some("500"),
-            "iterations: {out}"
+    for (tool, port) in [
+        ("ib_write_bw", "18520"),
+        ("ib_read_bw", "18521"),
+        ("ib_send_bw", "18522"),
+    ] {
+        let perftest = |end: &VethEnd, server: Option<&str>| {
+            let mut a = args(&[
+                "-R",
+                "-d",
+                &dev(end),
+                "-n",
+                "500",
+                "-s",
+                "65536",
+                "-p",
+                port,
+            ]);
+            a.extend(server.map(str::to_owned));
+            a
+        };
+        let (c, s) = server_and_client(
+            &pair,
+            tool,
+            &perftest(&pair.a, None),
+            &perftest(&pair.b, Some(&server_ip)),
         );
+        for out in [&c, &s] {
+            assert!(out.contains("Data ex. method : rdma_cm"), "{tool}: {out}");
+            let row = out
+                .lines()
+                .find(|l| l.trim_start().starts_with("65536 "))
+                .unwrap_or_else(|| panic!("{tool}: no result row:\n{out}"));
+            assert_eq!(
+                row.split_whitespace().nth(1),
+                Some("500"),
+                "{tool} iterations: {out}"
+            );
+        }
     }
 
     for end in [&pair.a, &pair.b] {
