@@ -119,7 +119,12 @@ fn endpoint_killed_mid_transfer_rxe_reports_and_we_restart_cleanly() {
     // `-u 17`: a 537 ms ACK timeout in place of perftest's 67 ms. Under TCG the guest itself
     // is sometimes slower than 67 ms to take our ACK, rxe then retries before the kill, and in
     // 3 of 10 runs here its requester never sent again after that one retry (sent_pkts frozen
-    // from before the kill on), so the test could not see the retries the kill causes.
+    // from before the kill on), so the test could not see the retries the kill causes. A
+    // capture of such a hang (with -u 14, no kill) shows the guest's side: rxe stopped in the
+    // middle of a message just after our ACK (correct PSN and MSN, 22 packets outstanding),
+    // no PSN ever went back, nothing at all left the guest afterwards although its retry
+    // counter rose, and its ib_write_bw could no longer be killed. The guest's transmit path
+    // hangs; our ACKs are not the cause (see interop_rdmacm.rs's `iters`).
     let step = peer.spawn(&rxe::perftest_cmd(
         "ib_write_bw",
         19601,
