@@ -51,7 +51,7 @@ use std::{
 
 use roce_tests::{
     Loaded, cm_trace, require_root,
-    rxe::{Capture, Peer, PeerOptions},
+    rxe::{self, Capture, Peer, PeerOptions},
     tag,
 };
 
@@ -105,12 +105,15 @@ fn check_bw_row(who: &str, out: &str, size: u32, iters: u32) -> Result<(), Strin
 }
 
 /// perftest's iterations at `size` bytes: 1000, but 200 from 64 KiB on (13 MB per run, as the
-/// perftest matrix's CI rows). Every run of 64 KiB messages from the guest risks a hang of the
-/// guest's own transmit path: its requester stops in the middle of a message, nothing leaves
-/// the guest after that (not even the retransmission its own timer counts in
-/// `completer_retry_err`) and its perftest can no longer be killed. Captured here with our
-/// last ACK correct and 22 packets outstanding; 2 of about 60 such runs of 1000 iterations
-/// hung this way, and every later case in that VM then failed.
+/// perftest matrix's CI rows). Every run in which the guest sends much risks a hang of the
+/// guest's transmit path: qemu stops taking frames from the virtio-net TX queue (the guest
+/// logs `NETDEV WATCHDOG: transmit queue 0 timed out`, its qdisc holds a backlog, and the
+/// host's tap received exactly what the guest's eth0 counts as sent, with no drop). rxe's
+/// requester then stops in the middle of a message, nothing leaves the guest (not even the
+/// retransmission its timer counts in `completer_retry_err`), its perftest can no longer be
+/// killed, and every later case in that VM fails. Captured with our last ACK correct and 22
+/// packets outstanding. Seen in about 1 of 10 runs of this suite; the 64 KiB READ with the
+/// guest's server (the guest sends every READ response) runs only with `ROCE_INTEROP_FULL=1`.
 const fn iters(size: u32) -> u32 {
     if size >= 65536 { 200 } else { 1000 }
 }
@@ -550,10 +553,14 @@ fn cases<'a>() -> Vec<Case<'a>> {
         for size in sizes {
             port += 1;
             let p = port;
-            v.push((
-                format!("{tool}-R s{size}: guest server, our client {PERFTEST_RACE}"),
-                Box::new(move |peer: &Peer| perftest_guest_server(peer, tool, size, p)),
-            ));
+            // READ responses of 64 KiB are the heaviest the guest sends in this suite: that
+            // run is in the full matrix only (see [`iters`] on the guest's transmit hang).
+            if tool != "ib_read_bw" || size < 65536 || rxe::full() {
+                v.push((
+                    format!("{tool}-R s{size}: guest server, our client {PERFTEST_RACE}"),
+                    Box::new(move |peer: &Peer| perftest_guest_server(peer, tool, size, p)),
+                ));
+            }
             port += 1;
             let p = port;
             v.push((
