@@ -4,7 +4,8 @@
 //! - `ib_write_bw -R`, `ib_read_bw -R` and `ib_send_bw -R` (perftest connecting through RDMA
 //!   CM: a control connection for its handshakes, then the data connection on the same port),
 //!   server in the guest and client ours, and the reverse: the results table at both ends
-//!   with every iteration and a bandwidth above zero;
+//!   with every iteration and a bandwidth above zero (the 64 KiB `ib_read_bw` with the
+//!   guest's server only with `ROCE_INTEROP_FULL=1`: see [`iters`]);
 //! - `ucmatose` (several connections, sends both ways) and `udaddy` (the UDP port space: UD
 //!   QPs resolved by SIDR, sends both ways), both directions;
 //! - `rdma_server`/`rdma_client` (librdmacm's synchronous mode), both directions;
