@@ -1,5 +1,6 @@
 //! Running Debian's rdmacm-utils and perftest on the drop-in librdmacm at both ends of a veth
-//! pair (`roce exec`), as tests/tests/rdmacm.rs and tests/tests/dump.rs do.
+//! pair (`roce exec`), as tests/tests/rdmacm.rs and tests/tests/dump.rs do, and the check of
+//! perftest's results table that tests/tests/interop_rdmacm.rs uses too.
 
 use std::time::Duration;
 
@@ -98,4 +99,30 @@ pub fn servers_client_on(
 #[must_use]
 pub fn args(a: &[&str]) -> Vec<String> {
     a.iter().map(|s| (*s).to_owned()).collect()
+}
+
+/// Checks perftest's results table in `out`: the row of `size` bytes reports `iters`
+/// iterations and an average bandwidth and message rate above zero (not the peak: the
+/// receiving side of `ib_send_bw` measures no peak and prints 0.00).
+///
+/// # Errors
+/// A message with `who` and the whole output when the table is not there or not right.
+pub fn check_bw_row(who: &str, out: &str, size: u32, iters: u32) -> Result<(), String> {
+    if !out.contains("Data ex. method : rdma_cm") {
+        return Err(format!("{who} did not exchange through rdma_cm:\n{out}"));
+    }
+    let row = out
+        .lines()
+        .map(str::split_whitespace)
+        .map(Iterator::collect::<Vec<_>>)
+        .find(|w| w.len() >= 5 && w[0] == size.to_string())
+        .ok_or_else(|| format!("{who}: no result row for {size} bytes:\n{out}"))?;
+    if row[1] != iters.to_string() {
+        return Err(format!("{who}: {} iterations, not {iters}:\n{out}", row[1]));
+    }
+    let bw = |i: usize| row[i].parse::<f64>().unwrap_or(0.0);
+    if bw(3) <= 0.0 || bw(4) <= 0.0 {
+        return Err(format!("{who}: no bandwidth in {row:?}:\n{out}"));
+    }
+    Ok(())
 }

@@ -51,7 +51,7 @@ use std::{
 };
 
 use roce_tests::{
-    Loaded, cm_trace, require_root,
+    Loaded, cm_trace, rdmacm, require_root,
     rxe::{self, Capture, Peer, PeerOptions},
     tag,
 };
@@ -80,29 +80,6 @@ fn not_listening_yet(out: &str) -> bool {
         || out.contains("unreachable")
         || out.contains("UNREACHABLE")
         || out.contains("Connection refused")
-}
-
-/// Checks perftest's results table in `out`: the row of `size` bytes reports `iters`
-/// iterations and an average bandwidth and message rate above zero (not the peak: the
-/// receiving side of `ib_send_bw` measures no peak and prints 0.00).
-fn check_bw_row(who: &str, out: &str, size: u32, iters: u32) -> Result<(), String> {
-    if !out.contains("Data ex. method : rdma_cm") {
-        return Err(format!("{who} did not exchange through rdma_cm:\n{out}"));
-    }
-    let row = out
-        .lines()
-        .map(str::split_whitespace)
-        .map(Iterator::collect::<Vec<_>>)
-        .find(|w| w.len() >= 5 && w[0] == size.to_string())
-        .ok_or_else(|| format!("{who}: no result row for {size} bytes:\n{out}"))?;
-    if row[1] != iters.to_string() {
-        return Err(format!("{who}: {} iterations, not {iters}:\n{out}", row[1]));
-    }
-    let bw = |i: usize| row[i].parse::<f64>().unwrap_or(0.0);
-    if bw(3) <= 0.0 || bw(4) <= 0.0 {
-        return Err(format!("{who}: no bandwidth in {row:?}:\n{out}"));
-    }
-    Ok(())
 }
 
 /// perftest's iterations at `size` bytes: 1000, but 200 from 64 KiB on (13 MB per run, as the
@@ -151,7 +128,7 @@ fn perftest_guest_server(peer: &Peer, tool: &str, size: u32, port: u16) -> Resul
     }))
     .unwrap_or_else(|p| Err(panic_text(&*p)))
     .map_err(|e| format!("{e}\nrxe's counters: {:?}", peer.hw_counters()));
-    let del = peer.exec(UNDELAY_REQS, Duration::from_secs(60));
+    let del = peer.exec(&undelay_reqs_script(), Duration::from_secs(60));
     if del.rc != 0 {
         return Err(format!(
             "removing the REQ delay in the guest (rc {}):\n{}\n(the case: {r:?})",
@@ -161,7 +138,7 @@ fn perftest_guest_server(peer: &Peer, tool: &str, size: u32, port: u16) -> Resul
     r?;
     // The control connection's REQ and the data connection's: both went through the delay.
     let delayed = redirected_packets(&del.out);
-    if delayed < Some(2) {
+    if delayed.unwrap_or(0) < 2 {
         return Err(format!(
             "the guest's filter delayed {delayed:?} REQs, not the 2 of perftest's two \
              connections:\n{}",
@@ -192,7 +169,7 @@ fn redirected_packets(tc_out: &str) -> Option<u64> {
 /// else: a u32 filter on eth0's ingress picks UDP port 4791 (bytes 22-23 of an IPv4
 /// packet without options), BTH destination QP 1 (the low 24 bits of bytes 32-35) and MAD
 /// attribute ID 0x0010, ConnectRequest (bytes 64-65: after IPv4 20, UDP 8, BTH 12, DETH 8,
-/// and 16 bytes of MAD header), and redirects it to ifb0, whose netem holds it back before
+/// and 16 bytes of MAD header), and redirects it to [`IFB`], whose netem holds it back before
 /// it goes on up eth0's receive path.
 fn delay_reqs_script(ms: u32) -> String {
     format!(
@@ -213,8 +190,12 @@ fn delay_reqs_script(ms: u32) -> String {
 const IFB: &str = "ifbreq";
 
 /// Undoes [`delay_reqs_script`], after printing how many REQs the filter delayed.
-const UNDELAY_REQS: &str = "set -e; tc -s filter show dev eth0 parent ffff:; \
-    tc qdisc del dev eth0 handle ffff: ingress; ip link del ifbreq";
+fn undelay_reqs_script() -> String {
+    format!(
+        "set -e; tc -s filter show dev eth0 parent ffff:; \
+         tc qdisc del dev eth0 handle ffff: ingress; ip link del {IFB}"
+    )
+}
 
 fn perftest_guest_server_delayed(
     peer: &Peer,
@@ -265,8 +246,8 @@ fn perftest_guest_server_delayed(
             client.0, client.1, server.rc, server.out
         ));
     }
-    check_bw_row(&format!("our {tool} client"), &client.1, size, n)?;
-    check_bw_row(&format!("guest's {tool} server"), &server.out, size, n)
+    rdmacm::check_bw_row(&format!("our {tool} client"), &client.1, size, n)?;
+    rdmacm::check_bw_row(&format!("guest's {tool} server"), &server.out, size, n)
 }
 
 /// perftest's `tool -R` with our server and the guest's client: the guest's client is run
@@ -292,8 +273,8 @@ fn perftest_our_server(peer: &Peer, tool: &str, size: u32, port: u16) -> Result<
     let last = gout
         .rsplit_once(" BW Test")
         .map_or(gout.as_str(), |(_, l)| l);
-    check_bw_row(&format!("guest's {tool} client"), last, size, n)?;
-    check_bw_row(&format!("our {tool} server"), &st, size, n)
+    rdmacm::check_bw_row(&format!("guest's {tool} client"), last, size, n)?;
+    rdmacm::check_bw_row(&format!("our {tool} server"), &st, size, n)
 }
 
 /// How one end of a run ended: whether it exited with status 0, and its output.
