@@ -47,7 +47,8 @@ pub fn servers_client(
 }
 
 /// [`servers_client`] between any two ends (the server's, the client's), e.g. the two ends
-/// of a routed topology ([`crate::routed::Impaired`]).
+/// of a routed topology ([`crate::routed::Impaired`]). A program named `roce` is roce itself
+/// (`roce -j --netns NS args...`, e.g. `roce pingpong -R`), not a program on the library.
 ///
 /// # Panics
 /// As [`server_and_client`].
@@ -55,14 +56,14 @@ pub fn servers_client_on(
     (server_end, (prog, server)): (&VethEnd, (&str, &[String])),
     (client_end, (client_prog, client)): (&VethEnd, (&str, &[String])),
 ) -> (String, String) {
-    let s = ours(server_end, prog, server);
+    let s = start(server_end, prog, server);
     let limit = Duration::from_secs(90);
     let mut attempts = 0;
     let c = loop {
         attempts += 1;
         std::thread::sleep(Duration::from_millis(500));
         let c = crate::child::finish_within(
-            ours(client_end, client_prog, client),
+            start(client_end, client_prog, client),
             limit,
             &format!("{client_prog} client"),
         );
@@ -93,6 +94,78 @@ pub fn servers_client_on(
         s.status
     );
     (ct, st)
+}
+
+/// Runs `prog args` on `end`: through `roce exec` ([`ours`]), or, for `prog` `roce`, roce
+/// itself with JSON output.
+fn start(end: &VethEnd, prog: &str, args: &[String]) -> crate::child::Reaper {
+    if prog == "roce" {
+        crate::child::spawn(&end.netns, args)
+    } else {
+        ours(end, prog, args)
+    }
+}
+
+/// Checks rping's `-v` lines in `out` (`ping data: ...` at the client, `server ping data:
+/// ...` at the server): exactly `count` of them, ping `n` being `rdma-ping-<n>: ` and a run
+/// of consecutive letters of `A`..`z` (wrapping) that starts one letter later each ping, the
+/// whole `size - 1` characters (rping's buffer of `size` bytes ends in its NUL).
+///
+/// # Errors
+/// What is wrong, with `who` and the output.
+pub fn check_ping_lines(who: &str, out: &str, count: usize, size: usize) -> Result<(), String> {
+    let lines: Vec<&str> = out
+        .lines()
+        .filter_map(|l| l.split_once("ping data: ").map(|(_, d)| d))
+        .collect();
+    if lines.len() != count {
+        return Err(format!("{who}: {} pings, not {count}:\n{out}", lines.len()));
+    }
+    for (n, l) in lines.iter().enumerate() {
+        let head = format!("rdma-ping-{n}: ");
+        let run = l.strip_prefix(&head).unwrap_or_default().as_bytes();
+        let first = b'A' + (n % 58) as u8;
+        let letters = run.first() == Some(&first)
+            && run
+                .windows(2)
+                .all(|w| w[1] == if w[0] == b'z' { b'A' } else { w[0] + 1 });
+        if l.len() != size - 1 || !letters {
+            return Err(format!("{who}: ping {n} is not rping's: {l:?}\n{out}"));
+        }
+    }
+    Ok(())
+}
+
+/// Checks the JSON summary of `roce pingpong -R -c` in `out`: the `role` (`client` or
+/// `server`) served or sent `iters` pings of `size` bytes, every one checked, with latencies
+/// above zero.
+///
+/// # Errors
+/// What is wrong, with `who` and the output.
+pub fn check_pingpong_summary(
+    who: &str,
+    out: &str,
+    role: &str,
+    iters: u64,
+    size: u64,
+) -> Result<(), String> {
+    let v = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v.get("role").is_some())
+        .ok_or_else(|| format!("{who}: no summary:\n{out}"))?;
+    let ok = v["role"] == role
+        && v["iters"] == iters
+        && v["size"] == size
+        && v["checked"] == true
+        && v["latency_us"]["p50"].as_f64().is_some_and(|p| p > 0.0);
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{who}: not {iters} checked pings of {size} bytes as the {role}: {v}\n{out}"
+        ))
+    }
 }
 
 /// Owned arguments from string slices.

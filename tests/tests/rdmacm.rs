@@ -23,7 +23,10 @@ use std::{
 use roce::netns::VethEnd;
 use roce_tests::{
     Loaded,
-    rdmacm::{args, check_bw_row, server_and_client, servers_client},
+    rdmacm::{
+        args, check_bw_row, check_ping_lines, check_pingpong_summary, server_and_client,
+        servers_client,
+    },
     require_root, veth_pair,
 };
 
@@ -272,4 +275,116 @@ fn udaddy_resolves_and_sends_through_the_library_at_both_ends() {
     }
     assert!(c.contains("initiating data transfers"), "client:\n{c}");
     assert!(s.contains("sending replies"), "server:\n{s}");
+}
+
+/// `roce pingpong -R` (rping's protocol over RDMA CM) against Debian's unmodified rping on the
+/// drop-in library, both ways, and against itself: rping's `-v` lines are every ping, each
+/// rping's data; our summary counts every ping, each checked (`-c`: the client compares what
+/// came back, the server what it READ). Then the errors: a client whose server is not there
+/// is REJECTED, and a ping larger than the server takes ends both sides with a message.
+#[test]
+fn roce_pingpong_r_speaks_rpings_protocol() {
+    require_root();
+    let pair = veth_pair("pq", 185);
+    let _unpin = (Loaded::guard(&pair.a.ifname), Loaded::guard(&pair.b.ifname));
+    let ip = pair.a.ipv4.to_string();
+    let roce = |end: &VethEnd, rest: &[&str]| {
+        let mut a = args(&["pingpong", "-R", "-c", "-d", &end.ifname]);
+        a.extend(args(rest));
+        a
+    };
+
+    // Our server, rping's client: 200 pings of 128 bytes.
+    let rping_c = args(&[
+        "-c", "-v", "-V", "-S", "128", "-C", "200", "-a", &ip, "-p", "18540",
+    ]);
+    let (c, s) = servers_client(
+        &pair,
+        ("roce", &roce(&pair.a, &["-s", "128", "-p", "18540"])),
+        ("rping", &rping_c),
+    );
+    let checks = [
+        check_ping_lines("rping -c", &c, 200, 128),
+        check_pingpong_summary("our server", &s, "server", 200, 128),
+    ];
+    // rping's server, our client.
+    let rping_s = args(&["-s", "-v", "-V", "-S", "128", "-a", &ip, "-p", "18541"]);
+    let (c, s) = servers_client(
+        &pair,
+        ("rping", &rping_s),
+        (
+            "roce",
+            &roce(&pair.b, &["-s", "128", "-n", "200", "-p", "18541", &ip]),
+        ),
+    );
+    let checks2 = [
+        check_ping_lines("rping -s", &s, 200, 128),
+        check_pingpong_summary("our client", &c, "client", 200, 128),
+    ];
+    // Ours at both ends: 1000 pings of rping's default 64 bytes over IPv4, 100 of 4000 bytes
+    // over IPv6.
+    let mut checks3 = Vec::new();
+    for (at, n, size, port) in [
+        (ip.clone(), "1000", "64", "18542"),
+        (pair.a.ipv6.to_string(), "100", "4000", "18543"),
+    ] {
+        let (c, s) = server_and_client(
+            &pair,
+            "roce",
+            &roce(&pair.a, &["-s", size, "-p", port]),
+            &roce(&pair.b, &["-s", size, "-n", n, "-p", port, &at]),
+        );
+        let (n, size) = (n.parse().unwrap_or(0), size.parse().unwrap_or(0));
+        checks3.push(check_pingpong_summary("our client", &c, "client", n, size));
+        checks3.push(check_pingpong_summary("our server", &s, "server", n, size));
+    }
+    for r in checks.into_iter().chain(checks2).chain(checks3) {
+        if let Err(e) = r {
+            panic!("{e}");
+        }
+    }
+
+    // Nobody listens on 18544 (a server of ours on 18546 runs the CM there): REJECTED
+    // (invalid service ID) once our 5 s of retries are over.
+    let other = roce_tests::child::spawn(&pair.a.netns, &roce(&pair.a, &["-p", "18546"]));
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    let t = std::time::Instant::now();
+    let c = roce_tests::child::finish_within(
+        roce_tests::child::spawn(&pair.b.netns, &roce(&pair.b, &["-p", "18544", &ip])),
+        std::time::Duration::from_secs(30),
+        "our client without a server",
+    );
+    let out = text(&c);
+    assert!(
+        !c.status.success() && out.contains("REJECTED") && out.contains("INVALID_SERVICE_ID"),
+        "{out}"
+    );
+    assert!(t.elapsed().as_secs() < 20, "{:?}: {out}", t.elapsed());
+    drop(other);
+
+    // A ping of 1000 bytes to a server that takes 500: the server says so and leaves, and the
+    // client hears of it (the server's DREQ), both with status 1, neither killed.
+    let s = roce_tests::child::spawn(&pair.a.netns, &roce(&pair.a, &["-s", "500", "-p", "18545"]));
+    std::thread::sleep(std::time::Duration::from_millis(500));
+    let c = roce_tests::child::finish_within(
+        roce_tests::child::spawn(
+            &pair.b.netns,
+            &roce(&pair.b, &["-s", "1000", "-n", "5", "-p", "18545", &ip]),
+        ),
+        std::time::Duration::from_secs(30),
+        "our client with a too large ping",
+    );
+    let s = roce_tests::child::finish_within(
+        s,
+        std::time::Duration::from_secs(30),
+        "our server given a too large ping",
+    );
+    let (ct, st) = (text(&c), text(&s));
+    assert_eq!(c.status.code(), Some(1), "client:\n{ct}\nserver:\n{st}");
+    assert_eq!(s.status.code(), Some(1), "client:\n{ct}\nserver:\n{st}");
+    assert!(
+        st.contains("is 1000 bytes; this server takes 1 to 500"),
+        "{st}"
+    );
+    assert!(ct.contains("the server disconnected"), "{ct}");
 }

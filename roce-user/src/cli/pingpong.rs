@@ -2,6 +2,9 @@
 //! is the server; with a host it is the client. The out-of-band exchange, the QP attributes, the
 //! SEND/RECV ping-pong and the summary lines are ibv_rc_pingpong's (rdma-core
 //! `libibverbs/examples/rc_pingpong.c`), so either side can be the real tool.
+//!
+//! With `-R` it connects through RDMA CM instead. ibv_rc_pingpong has no RDMA CM mode, so
+//! `-R` speaks the protocol of rping (rdmacm-utils), RDMA CM's ping-pong tool: see [`rping`].
 
 use std::{
     net::TcpListener,
@@ -22,14 +25,17 @@ use serde_json::json;
 
 use super::{Output, interrupted, progress::Progress};
 
+mod rping;
+
 /// Flags of ibv_rc_pingpong.
 #[derive(Debug, Args)]
 pub struct PingpongArgs {
     /// Server to connect to; without it, wait for a client.
     pub host: Option<String>,
-    /// Listen on / connect to TCP port PORT.
-    #[arg(short, long, default_value_t = pingpong::DEFAULT_PORT)]
-    pub port: u16,
+    /// Listen on / connect to TCP port PORT (default 18515); with -R, RDMA CM port PORT
+    /// (default 7174, rping's).
+    #[arg(short, long)]
+    pub port: Option<u16>,
     /// Use interface DEV (ibv_rc_pingpong: IB device).
     #[arg(short = 'd', long = "ib-dev", value_name = "DEV")]
     pub dev: String,
@@ -40,9 +46,10 @@ pub struct PingpongArgs {
     /// Use port PORT of the device (roce-xdp devices have one port, 1).
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     pub ib_port: u8,
-    /// Size of message to exchange.
-    #[arg(short, long, default_value_t = 4096)]
-    pub size: u32,
+    /// Size of message to exchange (default 4096); with -R, rping's ping size (its -S: 26 to
+    /// 65535, default 64; the server takes pings up to this size).
+    #[arg(short, long)]
+    pub size: Option<u32>,
     /// Path MTU: 256, 512, 1024, 2048 or 4096, at most what the link's MTU carries (1024 on a
     /// 1500-byte link). 4096 needs a jumbo link, where the AF_XDP sockets take multi-buffer
     /// packets (Linux 6.6+); a path MTU the device cannot carry is refused up front.
@@ -51,7 +58,8 @@ pub struct PingpongArgs {
     /// Number of receives to post at a time.
     #[arg(short = 'r', long = "rx-depth", default_value_t = 500)]
     pub rx_depth: u32,
-    /// Number of exchanges.
+    /// Number of exchanges (with -R: pings, rping's -C; the -R server serves until its client
+    /// disconnects, as `rping -s` does).
     #[arg(short = 'n', long, default_value_t = 1000)]
     pub iters: u32,
     /// Service level value (accepted for compatibility; RoCE v2 carries no SL).
@@ -63,9 +71,24 @@ pub struct PingpongArgs {
     /// Local GID index (`roce gids -i DEV` lists them).
     #[arg(short = 'g', long = "gid-idx")]
     pub gid_idx: Option<usize>,
-    /// Fill each message with a pattern and check every received one.
+    /// Fill each message with a pattern and check every received one (with -R, rping's -V:
+    /// the client checks every ping that comes back, the server that each ping it READs is
+    /// rping's).
     #[arg(short = 'c', long)]
     pub chk: bool,
+    /// Connect through RDMA CM and speak rping's protocol (rdma-core
+    /// librdmacm/examples/rping.c) instead of ibv_rc_pingpong's: a server without a host
+    /// takes `rping -c`, a client with one connects to `rping -s`. Each ping is an RDMA READ
+    /// by the server of the client's buffer, then an RDMA WRITE of it back, announced by
+    /// SENDs of rping's 16-byte buffer advertisements. -m is not used: the path MTU is the
+    /// largest the device and the CM's REQ allow. ibv_rc_pingpong has no RDMA CM mode, so
+    /// this is roce-xdp's own flag.
+    #[arg(short = 'R', long = "rdma-cm")]
+    pub rdma_cm: bool,
+    /// With -R, print each ping's data as rping's -v does (`ping data: ...` at the client,
+    /// `server ping data: ...` at the server; not with --json).
+    #[arg(short = 'v', long)]
+    pub verbose: bool,
     /// Hand the AF_XDP queues to an engine thread each (as `roce perf` does) instead of
     /// driving them from this thread. Without it (and without -e), the polling loop runs to
     /// completion: each poll of the CQ is also a turn of the queues, so no thread wakes another
@@ -110,6 +133,16 @@ fn pattern(i: u32, len: usize) -> Vec<u8> {
 }
 
 pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyhow::Result<()> {
+    if a.rdma_cm {
+        return rping::run(out, a, netns);
+    }
+    if a.verbose {
+        bail!("-v (rping's ping data) needs -R");
+    }
+    let (size_arg, port) = (
+        a.size.unwrap_or(4096),
+        a.port.unwrap_or(pingpong::DEFAULT_PORT),
+    );
     if a.ib_port != 1 {
         bail!(
             "port {} does not exist: roce-xdp devices have one port, 1",
@@ -118,7 +151,7 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
     }
     let mtu = Mtu::from_bytes(a.mtu)
         .with_context(|| format!("invalid MTU {} (256, 512, 1024, 2048 or 4096)", a.mtu))?;
-    if a.size == 0 || a.rx_depth == 0 || a.iters == 0 {
+    if size_arg == 0 || a.rx_depth == 0 || a.iters == 0 {
         bail!("--size, --rx-depth and --iters must be positive");
     }
     let mut opts = DeviceOptions {
@@ -135,7 +168,7 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
         .unwrap_or_else(|| dev.info().default_gid_index(true));
     let local_gid = dev.gid(gid_idx)?;
     dev.check_path_mtu(a.mtu, local_gid.ip.is_ipv6())?;
-    let size = a.size as usize;
+    let size = size_arg as usize;
     let mr = dev.reg_mr(pd, size, Access::LOCAL_WRITE)?;
     let cq = dev.create_cq((a.rx_depth + 1) as usize)?;
     let qpn = dev.create_qp(QpInit {
@@ -154,7 +187,7 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
     dev.qp_to_init(qpn, Access::empty())?;
     let sge = Sge {
         addr: mr.iova,
-        length: a.size,
+        length: size_arg,
         lkey: mr.lkey,
     };
     for _ in 0..a.rx_depth {
@@ -176,12 +209,12 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
     // Out-of-band exchange, then RTR/RTS exactly as rc_pingpong's pp_connect_ctx.
     let mut stream;
     let remote = if let Some(host) = &a.host {
-        stream = roce::cm::connect_tcp(host, a.port, Duration::from_secs(5))?;
+        stream = roce::cm::connect_tcp(host, port, Duration::from_secs(5))?;
         pingpong::client_exchange(&mut stream, &mine)?
     } else {
-        let l = TcpListener::bind(("::", a.port))
-            .or_else(|_| TcpListener::bind(("0.0.0.0", a.port)))
-            .with_context(|| format!("couldn't listen on port {}", a.port))?;
+        let l = TcpListener::bind(("::", port))
+            .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
+            .with_context(|| format!("couldn't listen on port {port}"))?;
         stream = l.accept().context("accepting the client")?.0;
         pingpong::server_read(&mut stream)?
     };
@@ -330,7 +363,7 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
             .copied()
             .unwrap_or(0.0)
     };
-    let bytes = u64::from(a.size) * u64::from(a.iters) * 2;
+    let bytes = u64::from(size_arg) * u64::from(a.iters) * 2;
     if bad > 0 {
         bail!(
             "{bad} of {} received messages did not match the pattern",
