@@ -457,6 +457,88 @@ fn rping_vs(
     }
 }
 
+/// `roce pingpong -R -c` (rping's protocol over RDMA CM, roce itself, not a program on the
+/// library) against the guest's unmodified `rping -v -V`: the server in the guest and the
+/// client ours (`guest_server`), or the other way round, over IPv6 or IPv4, `count` pings of
+/// `size` bytes on `port`. rping's `-v` lines must be every ping, each rping's data, and our
+/// JSON summary must count every ping, each checked.
+fn pingpong_vs(
+    peer: &Peer,
+    guest_server: bool,
+    ipv6: bool,
+    (count, size, port): (usize, usize, u16),
+) -> Result<(), String> {
+    let at = match (guest_server, ipv6) {
+        (true, true) => GUEST6.to_owned(),
+        (false, true) => HOST6.to_owned(),
+        (true, false) => peer.guest_ip.to_string(),
+        (false, false) => peer.host_ip.to_string(),
+    };
+    let roce = |extra: &str| {
+        words(&format!(
+            "pingpong -R -c -d {} -s {size} -p {port} {extra}",
+            peer.ifname
+        ))
+    };
+    let rping = format!("rping -v -V -S {size} -a {at} -p {port}");
+    let (role, (cok, cout), (sok, sout)) = if guest_server {
+        let s = peer.spawn(&format!("stdbuf -oL {rping} -s"));
+        let mut attempts = 0;
+        let client = loop {
+            attempts += 1;
+            std::thread::sleep(Duration::from_millis(500));
+            let c = roce_tests::child::finish_within(
+                roce_tests::child::spawn(&peer.netns, &roce(&format!("-n {count} {at}"))),
+                Duration::from_secs(120),
+                "our roce pingpong -R client",
+            );
+            let out = roce_tests::output_text(&c);
+            if c.status.success() || !not_listening_yet(&out) || attempts >= 30 || s.done() {
+                break (c.status.success(), out);
+            }
+        };
+        let server = peer.wait_or_kill(&s, Duration::from_secs(if client.0 { 60 } else { 10 }));
+        ("client", client, (server.rc == 0, server.out))
+    } else {
+        let s = roce_tests::child::spawn(&peer.netns, &roce(""));
+        let c = peer.spawn(&format!(
+            "for i in $(seq 30); do sleep 0.5; out=$(stdbuf -oL {rping} -c -C {count} 2>&1); \
+             rc=$?; echo \"$out\"; [ $rc = 0 ] && exit 0; \
+             case \"$out\" in *REJECTED*) ;; *) exit $rc;; esac; done; exit 1"
+        ));
+        let guest = peer.wait_or_kill(&c, Duration::from_secs(120));
+        let server = roce_tests::child::finish_within(
+            s,
+            Duration::from_secs(60),
+            &format!(
+                "our roce pingpong -R server (the guest's client: {})",
+                guest.out
+            ),
+        );
+        (
+            "server",
+            (guest.rc == 0, guest.out),
+            (server.status.success(), roce_tests::output_text(&server)),
+        )
+    };
+    let (guest, ours) = if guest_server {
+        ((sok, &sout), (cok, &cout))
+    } else {
+        ((cok, &cout), (sok, &sout))
+    };
+    let checked =
+        rdmacm::check_ping_lines("the guest's rping", guest.1, count, size).and_then(|()| {
+            rdmacm::check_pingpong_summary("ours", ours.1, role, count as u64, size as u64)
+        });
+    match checked {
+        Ok(()) if guest.0 && ours.0 => Ok(()),
+        r => Err(format!(
+            "{r:?}\nthe guest's rping (ok {}):\n{}\nour roce pingpong -R {role} (ok {}):\n{}",
+            guest.0, guest.1, ours.0, ours.1
+        )),
+    }
+}
+
 /// What the guest's kernel holds after every case: no RDMA CM id and no QP but the GSI QP
 /// (QP 1) may be left (every program has exited, every connection ended in DREQ/DREP or a
 /// reject), and its CM counters show no retransmission either way (`cm_tx_retries`: the
@@ -636,6 +718,18 @@ fn cases<'a>() -> Vec<Case<'a>> {
         "IPv6 rdma_server/rdma_client: our server, guest client".to_owned(),
         Box::new(|peer: &Peer| sync_pair(peer, false, true)),
     ));
+    // roce pingpong -R against the guest's rping
+    for (ipv6, count, port) in [(false, 200, 18640u16), (true, 20, 18642)] {
+        let ip = if ipv6 { "IPv6 " } else { "" };
+        v.push((
+            format!("{ip}roce pingpong -R -C {count}: guest rping server, our client"),
+            Box::new(move |peer: &Peer| pingpong_vs(peer, true, ipv6, (count, 64, port))),
+        ));
+        v.push((
+            format!("{ip}roce pingpong -R -C {count}: our server, guest rping client"),
+            Box::new(move |peer: &Peer| pingpong_vs(peer, false, ipv6, (count, 64, port + 1))),
+        ));
+    }
     if let Ok(only) = std::env::var("ROCE_RDMACM_CASES") {
         let only: Vec<&str> = only.split(',').collect();
         v.retain(|(name, _)| only.iter().any(|w| name.contains(w)));
