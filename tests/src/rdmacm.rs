@@ -1,6 +1,7 @@
 //! Running Debian's rdmacm-utils and perftest on the drop-in librdmacm at both ends of a veth
 //! pair (`roce exec`), as tests/tests/rdmacm.rs and tests/tests/dump.rs do, and the check of
-//! perftest's results table that tests/tests/interop_rdmacm.rs uses too.
+//! perftest's results table, of rping's `-v` lines and of `roce pingpong -R`'s summary that
+//! tests/tests/interop_rdmacm.rs uses too.
 
 use std::time::Duration;
 

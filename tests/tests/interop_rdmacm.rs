@@ -11,6 +11,9 @@
 //! - `rdma_server`/`rdma_client` (librdmacm's synchronous mode), both directions;
 //! - over IPv6 (fd79:80::/64 GIDs): rping, ucmatose, udaddy and rdma_server/rdma_client both
 //!   directions (perftest's `-R` resolves IPv4 only, whatever the GID).
+//! - `roce pingpong -R` (roce itself, rping's protocol over RDMA CM) against the guest's
+//!   `rping -v -V`, both directions, IPv4 (200 pings) and IPv6 (20): every ping in rping's
+//!   output with rping's data, every ping checked in our summary.
 //!
 //! perftest with the server in the guest and the client ours runs with every CM REQ that
 //! reaches the guest held back 500 ms (a u32 filter on the guest's eth0 ingress and netem on

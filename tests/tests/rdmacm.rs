@@ -11,6 +11,11 @@
 //!   end on roce-xdp (rping over IPv4 and IPv6), and the interfaces left clean;
 //! - `udaddy` (the UDP port space: UD QPs resolved by SIDR, then UD SENDs both ways) at both
 //!   ends of a veth pair.
+//! - `roce pingpong -R` (rping's protocol over RDMA CM, on the Rust CM API) as the server of
+//!   Debian's `rping -c` on the library, as the client of its `rping -s`, and at both ends
+//!   (IPv4 and IPv6): rping's `-v` lines hold every ping with rping's data, our summary counts
+//!   every ping checked; a client without a listener is REJECTED, a ping larger than the server
+//!   takes ends both sides with a message.
 //!
 //! Against the kernel's CM and rxe in the Soft-RoCE VM: tests/tests/interop_qp1.rs and
 //! tests/tests/interop_rdmacm.rs. Root.
