@@ -299,13 +299,13 @@ fn roce_pingpong_r_speaks_rpings_protocol() {
         a
     };
 
-    // Our server, rping's client: 200 pings of 128 bytes.
+    // Our server (taking any rping size by default), rping's client: 200 pings of 128 bytes.
     let rping_c = args(&[
         "-c", "-v", "-V", "-S", "128", "-C", "200", "-a", &ip, "-p", "18540",
     ]);
     let (c, s) = servers_client(
         &pair,
-        ("roce", &roce(&pair.a, &["-s", "128", "-p", "18540"])),
+        ("roce", &roce(&pair.a, &["-p", "18540"])),
         ("rping", &rping_c),
     );
     let checks = [

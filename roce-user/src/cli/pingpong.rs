@@ -47,7 +47,7 @@ pub struct PingpongArgs {
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     pub ib_port: u8,
     /// Size of message to exchange (default 4096); with -R, rping's ping size (its -S: 26 to
-    /// 65535, default 64; the server takes pings up to this size).
+    /// 65535, default 64), and at the server the largest ping it takes (default 65535).
     #[arg(short, long)]
     pub size: Option<u32>,
     /// Path MTU: 256, 512, 1024, 2048 or 4096, at most what the link's MTU carries (1024 on a

@@ -309,7 +309,12 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
             a.ib_port
         );
     }
-    let size = a.size.unwrap_or(DEFAULT_SIZE);
+    // The client's pings are rping's default size; the server takes any rping size.
+    let size = a.size.unwrap_or(if a.host.is_some() {
+        DEFAULT_SIZE
+    } else {
+        MAX_SIZE
+    });
     if !(MIN_SIZE..=MAX_SIZE).contains(&size) {
         bail!("invalid size {size} (rping's range is {MIN_SIZE} to {MAX_SIZE})");
     }
@@ -608,6 +613,8 @@ fn server(
     let mut bad = 0u32;
     let mut n = 0u32;
     let mut buf = vec![0u8; size as usize];
+    // The size of the client's pings (the last one's).
+    let mut ping_size = 0u32;
     loop {
         if let Some(p) = crate::cli::progress::due(&mut progress) {
             let secs = p.secs();
@@ -630,6 +637,7 @@ fn server(
             );
         }
         let len = src.size as usize;
+        ping_size = src.size;
         side.dev.post_send(
             side.qpn,
             SendWr::new(
@@ -693,13 +701,13 @@ fn server(
         bail!("{bad} of {n} pings did not hold rping's data");
     }
     let v = json!({
-        "role": "server", "peer": h.src, "port": port, "size": size, "iters": n,
+        "role": "server", "peer": h.src, "port": port, "size": ping_size, "iters": n,
         "seconds": secs, "usec_per_iter": if n > 0 { secs * 1e6 / f64::from(n) } else { 0.0 },
         "checked": a.chk, "latency_us": latency(rtts),
         "local_qpn": side.qpn.value(), "remote_qpn": req.local_qpn.value(),
     });
     let text = format!(
-        "served {n} pings from {} in {secs:.2} seconds{}\n",
+        "served {n} pings of {ping_size} bytes from {} in {secs:.2} seconds{}\n",
         h.src,
         if a.chk {
             ", every one rping's data"
