@@ -80,9 +80,9 @@ pub struct PingpongArgs {
     /// librdmacm/examples/rping.c) instead of ibv_rc_pingpong's: a server without a host
     /// takes `rping -c`, a client with one connects to `rping -s`. Each ping is an RDMA READ
     /// by the server of the client's buffer, then an RDMA WRITE of it back, announced by
-    /// SENDs of rping's 16-byte buffer advertisements. -m is not used: the path MTU is the
-    /// largest the device and the CM's REQ allow. ibv_rc_pingpong has no RDMA CM mode, so
-    /// this is roce-xdp's own flag.
+    /// SENDs of rping's 16-byte buffer advertisements. -m and -r are not used: the path MTU
+    /// is the largest the device and the CM's REQ allow, and one receive is posted at a time,
+    /// as rping does. ibv_rc_pingpong has no RDMA CM mode, so this is roce-xdp's own flag.
     #[arg(short = 'R', long = "rdma-cm")]
     pub rdma_cm: bool,
     /// With -R, print each ping's data as rping's -v does (`ping data: ...` at the client,
