@@ -89,6 +89,9 @@ pub(super) struct CmConns {
     control: CommId,
     /// The data connections, with the peer's QPN of each, in the order of our QPs.
     data: Vec<(CommId, Qpn)>,
+    /// Client: data REQs sent again after a REJ "invalid service ID" (the server did not
+    /// listen yet).
+    pub(super) reqs_resent: u32,
 }
 
 /// How long a connecting client may take over each step of perftest's setup exchange.
@@ -140,7 +143,7 @@ pub(super) struct Session<'d> {
     /// The TCP connection (or RDMA CM control QP) perftest's exchange runs over.
     pub(super) comm: Comm<Channel<'d>>,
     /// With `-R`: the RDMA CM connections.
-    rdma_cm: Option<CmConns>,
+    pub(super) rdma_cm: Option<CmConns>,
     /// Connections accepted and refused while waiting for the client (server).
     pub(super) cm: CmStats,
     /// The MTU both sides agreed on.
@@ -221,10 +224,18 @@ impl<'d> Session<'d> {
             }
             None => {
                 let qpns: Vec<_> = local.qps.iter().map(|q| q.qpn).collect();
-                rdmacm::accept_data(cm_dev, a, (local.gid_idx, mtu), &qpns)?
+                (
+                    rdmacm::accept_data(cm_dev, a, (local.gid_idx, mtu), &qpns)?,
+                    0,
+                )
             }
         };
-        session.rdma_cm = Some(CmConns { control, data });
+        let (data, reqs_resent) = data;
+        session.rdma_cm = Some(CmConns {
+            control,
+            data,
+            reqs_resent,
+        });
         session.sync(&local.qps)?;
         session.bring_up(dev, a, local)?;
         Ok(session)

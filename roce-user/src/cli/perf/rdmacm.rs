@@ -47,7 +47,7 @@ use super::{PerfArgs, PerfOp, setup::random_u32};
 use crate::cli::interrupted;
 
 /// How long a CM step (the control connection's answer, a data connection's REP or RTU, a
-/// client's data REQs) may take before the run fails.
+/// client's data REQs) or the ACK of a control message may take before the run fails.
 const CM_TIMEOUT: Duration = Duration::from_secs(20);
 /// Data REQs sent while a perftest server does not listen yet (see the module docs).
 pub(super) const DATA_REQ_TRIES: u32 = 40;
@@ -192,9 +192,17 @@ impl Link for Control<'_> {
             SendWr::new(CTL_SEND, SendOp::Send, vec![sge]),
         )
         .map_err(|e| io(e.into()))?;
+        let deadline = Instant::now() + CM_TIMEOUT;
         loop {
             if self.poll().map_err(io)?.is_some() {
                 return Ok(());
+            }
+            if Instant::now() > deadline {
+                return Err(io(anyhow::anyhow!(
+                    "the peer did not acknowledge a message of the RDMA CM control connection \
+                     within {} s",
+                    CM_TIMEOUT.as_secs()
+                )));
             }
             std::thread::sleep(Duration::from_micros(20));
         }
@@ -258,6 +266,34 @@ struct Peer {
     psn: Psn,
     /// READs/atomics the peer accepts from us at once.
     responder_resources: u8,
+    /// Our address the peer connected to (passive side, from the REQ's RDMA CM IP header).
+    local_ip: Option<IpAddr>,
+}
+
+/// The GID index our QP sends from towards `peer` (without `-g`): the GID of the address the
+/// peer's REQ was sent to (`peer.local_ip`), or else the first of the peer's family and scope
+/// (link-local only towards a link-local peer), as the CM picks its source
+/// ([`Device::cm_connect`]).
+fn gid_index_for(dev: &Device, peer: &Peer) -> usize {
+    let remote = std::net::Ipv6Addr::from(peer.gid).to_canonical();
+    let link_local = |ip: IpAddr| matches!(ip, IpAddr::V6(v6) if v6.is_unicast_link_local());
+    let mut first = None;
+    for i in 0..256 {
+        let Ok(g) = RdmaDevice::gid(dev, i) else {
+            break;
+        };
+        let ip = g.ip.to_canonical();
+        if Some(ip) == peer.local_ip {
+            return i;
+        }
+        if first.is_none()
+            && ip.is_ipv4() == remote.is_ipv4()
+            && link_local(ip) == link_local(remote)
+        {
+            first = Some(i);
+        }
+    }
+    first.unwrap_or_else(|| RdmaDevice::default_gid_index(dev, remote.is_ipv4()))
 }
 
 /// Moves `qpn` to RTR and RTS towards `peer`.
@@ -269,6 +305,11 @@ fn ready_qp(
     our_psn: Psn,
     peer: &Peer,
 ) -> anyhow::Result<()> {
+    let gid_index = if a.gid_idx.is_some() {
+        gid_index
+    } else {
+        gid_index_for(dev, peer)
+    };
     let attrs = RcAttrs {
         max_dest_rd_atomic: a.max_rd_atomic,
         max_rd_atomic: peer.responder_resources.clamp(1, a.max_rd_atomic),
@@ -309,8 +350,10 @@ fn connect_one(
     a: &PerfArgs,
     (dest, gid_index, mtu): (IpAddr, usize, Mtu),
     (qpn, psn): (Qpn, Psn),
-    retry_unlistened: bool,
+    resent: Option<&mut u32>,
 ) -> anyhow::Result<(CommId, Qpn)> {
+    let retry_unlistened = resent.is_some();
+    let mut resent = resent;
     let mut backoff = DATA_REQ_BACKOFF;
     let mut tries = 0;
     loop {
@@ -332,6 +375,7 @@ fn connect_one(
                         qpn: rep.local_qpn,
                         psn: rep.starting_psn,
                         responder_resources: rep.responder_resources,
+                        local_ip: None,
                     };
                     if let Err(e) = ready_qp(dev, a, (gid_index, mtu), qpn, psn, &peer) {
                         let _ = dev.cm_reject(id, &[]);
@@ -347,6 +391,10 @@ fn connect_one(
                         && reason == RejReason::INVALID_SERVICE_ID
                         && tries < DATA_REQ_TRIES
                     {
+                        log::info!("data REQ {tries} rejected: nobody listens yet; resending");
+                        if let Some(r) = resent.as_deref_mut() {
+                            *r += 1;
+                        }
                         std::thread::sleep(backoff);
                         backoff = (backoff * 2).min(Duration::from_millis(200));
                         break;
@@ -406,6 +454,9 @@ fn accept_one(
                     qpn: req.local_qpn,
                     psn: req.starting_psn,
                     responder_resources: req.responder_resources,
+                    local_ip: roce::ibcm::CmaHdr::parse(&req.private_data)
+                        .ok()
+                        .map(|h| h.dst.to_canonical()),
                 };
                 if let Err(e) = ready_qp(dev, a, (gid_index, mtu), qpn, psn, &peer) {
                     let _ = dev.cm_reject(id, &[]);
@@ -435,7 +486,7 @@ pub(super) fn control<'d>(
     let dest = match &a.host {
         Some(h) => {
             let dest = resolve(h, a.port)?;
-            ctl.id = connect_one(dev, a, (dest, gid_index, mtu), (ctl.qpn, psn), false)
+            ctl.id = connect_one(dev, a, (dest, gid_index, mtu), (ctl.qpn, psn), None)
                 .context("the control connection")?
                 .0;
             Some(dest)
@@ -451,18 +502,23 @@ pub(super) fn control<'d>(
 }
 
 /// Client: connects every data QP (`qpns`, with their first PSNs) to the server through RDMA
-/// CM, one after the other. Returns the connections with the peer's QPN of each.
+/// CM, one after the other. Returns the connections with the peer's QPN of each, and how many
+/// REQs were sent again after a REJ "invalid service ID" (see the module docs).
 pub(super) fn connect_data(
     dev: &Device,
     a: &PerfArgs,
     (dest, gid_index, mtu): (IpAddr, usize, Mtu),
     qps: &[(Qpn, Psn)],
-) -> anyhow::Result<Vec<(CommId, Qpn)>> {
-    qps.iter()
+) -> anyhow::Result<(Vec<(CommId, Qpn)>, u32)> {
+    let mut resent = 0;
+    let conns = qps
+        .iter()
         .map(|&qp| {
-            connect_one(dev, a, (dest, gid_index, mtu), qp, true).context("a data connection")
+            connect_one(dev, a, (dest, gid_index, mtu), qp, Some(&mut resent))
+                .context("a data connection")
         })
-        .collect()
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    Ok((conns, resent))
 }
 
 /// Server: accepts a data connection for each of `qpns`, in the order the REQs come, then
