@@ -386,6 +386,12 @@ fn roce_perf_guest_server(peer: &Peer, op: &str, tool: &str, port: u16) -> Resul
         (4096, 1000),
         false,
     )?;
+    // How often the guest's late listen showed: data REQs our client sent again after REJ 8.
+    let resent = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find_map(|v| v["rdma_cm_reqs_resent"].as_u64());
+    eprintln!("roce perf {op} -R client: data REQs resent after REJ 8: {resent:?}");
     rdmacm::check_bw_row(&format!("guest's {tool} server"), &server.out, 4096, 1000)
 }
 

@@ -13,7 +13,7 @@
 //!   ends of a veth pair;
 //! - `roce perf write|read|send -R` (RDMA CM) against `ib_write_bw -R`, `ib_read_bw -R` and
 //!   `ib_send_bw -R` on the library in both roles, and against itself with every byte
-//!   verified.
+//!   verified (and over IPv6 for WRITE).
 //!
 //! Against the kernel's CM and rxe in the Soft-RoCE VM: tests/tests/interop_qp1.rs and
 //! tests/tests/interop_rdmacm.rs. Root.
@@ -368,6 +368,29 @@ fn roce_perf_r_connects_through_rdma_cm_with_perftest_and_itself() {
             t.elapsed().as_secs_f64()
         );
     }
+    // Between two roce perf -R, IPv6 too (perftest's -R resolves IPv4 only).
+    let t = std::time::Instant::now();
+    let server_ip6 = pair.a.ipv6.to_string();
+    let (c, s) = spawned_pair(
+        (
+            "roce perf",
+            roce_perf(&pair.a, &perf(&pair.a, "write", 18539, None, true)),
+        ),
+        ("roce perf", &|| {
+            roce_perf(
+                &pair.b,
+                &perf(&pair.b, "write", 18539, Some(&server_ip6), true),
+            )
+        }),
+    );
+    check_perf_report("roce perf write client (IPv6)", &c, (size, n), true)
+        .unwrap_or_else(|e| panic!("{e}"));
+    check_perf_report("roce perf write server (IPv6)", &s, (size, n), true)
+        .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!(
+        "roce perf -R write at both ends over IPv6: {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
 }
 
 /// Debian's unmodified udaddy, both ends on roce-xdp through the drop-in librdmacm: each of
