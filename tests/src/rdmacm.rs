@@ -57,23 +57,35 @@ pub fn servers_client_on(
     (server_end, (prog, server)): (&VethEnd, (&str, &[String])),
     (client_end, (client_prog, client)): (&VethEnd, (&str, &[String])),
 ) -> (String, String) {
-    let s = start(server_end, prog, server);
+    spawned_pair(
+        (prog, start(server_end, prog, server)),
+        (client_prog, &|| start(client_end, client_prog, client)),
+    )
+}
+
+/// [`servers_client_on`] for any server and client, each named and started by the caller (the
+/// client by `client`, as often as it must be): e.g. `roce perf -R` ([`roce_perf`]) against
+/// perftest on the library ([`ours`]).
+///
+/// # Panics
+/// As [`server_and_client`].
+pub fn spawned_pair(
+    (prog, s): (&str, crate::child::Reaper),
+    (client_prog, client): (&str, &dyn Fn() -> crate::child::Reaper),
+) -> (String, String) {
     let limit = Duration::from_secs(90);
     let mut attempts = 0;
     let c = loop {
         attempts += 1;
         std::thread::sleep(Duration::from_millis(500));
-        let c = crate::child::finish_within(
-            start(client_end, client_prog, client),
-            limit,
-            &format!("{client_prog} client"),
-        );
+        let c = crate::child::finish_within(client(), limit, &format!("{client_prog} client"));
         let out = text(&c);
         let early = out.contains("REJECTED")
             || out.contains("UNREACHABLE")
             || out.contains("Unable to Connect")
             || out.contains("Failed to connect")
-            || out.contains("Connection refused");
+            || out.contains("Connection refused")
+            || out.contains("nobody listens there");
         if c.status.success() || !early || attempts >= 30 {
             break c;
         }
@@ -197,6 +209,59 @@ pub fn check_bw_row(who: &str, out: &str, size: u32, iters: u32) -> Result<(), S
     let bw = |i: usize| row[i].parse::<f64>().unwrap_or(0.0);
     if bw(3) <= 0.0 || bw(4) <= 0.0 {
         return Err(format!("{who}: no bandwidth in {row:?}:\n{out}"));
+    }
+    Ok(())
+}
+
+/// Runs `roce -j perf ARGS` on end `end` (in its namespace, on its interface's own device).
+#[must_use]
+pub fn roce_perf(end: &VethEnd, args: &[String]) -> crate::child::Reaper {
+    roce_perf_in(&end.netns, args)
+}
+
+/// Runs `roce -j --netns NETNS perf ARGS` (the arguments name the interface).
+#[must_use]
+pub fn roce_perf_in(netns: &str, args: &[String]) -> crate::child::Reaper {
+    let mut v = vec!["perf".to_owned()];
+    v.extend(args.iter().cloned());
+    crate::child::spawn(netns, &v)
+}
+
+/// Checks the JSON report of a `roce -j perf -R` run in `out`: it connected through RDMA CM,
+/// shows `msgs` messages of `size` bytes and a bandwidth above zero, and its data checked
+/// out (`verified` true; null when run with --no-verify, as against perftest, whose buffers
+/// hold random bytes).
+///
+/// # Errors
+/// A message with `who` and the whole output when the report is not there or not right.
+pub fn check_perf_report(
+    who: &str,
+    out: &str,
+    (size, msgs): (u32, u64),
+    verify: bool,
+) -> Result<(), String> {
+    let v = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find(|v| v.get("bw_mb_per_sec").is_some())
+        .ok_or_else(|| format!("{who}: no JSON report:\n{out}"))?;
+    let bad = |what: &str| Err(format!("{who}: {what} in {v}:\n{out}"));
+    if v["rdma_cm"] != serde_json::Value::Bool(true) {
+        return bad("not connected through RDMA CM");
+    }
+    if v["size"].as_u64() != Some(u64::from(size)) || v["messages"].as_u64() != Some(msgs) {
+        return bad(&format!("not {msgs} messages of {size} bytes"));
+    }
+    if v["bw_mb_per_sec"].as_f64().unwrap_or(0.0) <= 0.0 {
+        return bad("no bandwidth");
+    }
+    let want = if verify {
+        serde_json::Value::Bool(true)
+    } else {
+        serde_json::Value::Null
+    };
+    if v["verified"] != want {
+        return bad(&format!("verified is not {want}"));
     }
     Ok(())
 }

@@ -9,6 +9,11 @@
 //! - `ucmatose` (several connections, sends both ways) and `udaddy` (the UDP port space: UD
 //!   QPs resolved by SIDR, sends both ways), both directions;
 //! - `rdma_server`/`rdma_client` (librdmacm's synchronous mode), both directions;
+//! - `roce perf write|read|send -R` (4096 bytes, 1000 messages) against the guest's
+//!   `ib_write_bw -R`, `ib_read_bw -R` and `ib_send_bw -R`, both directions: perftest's table
+//!   at the guest's end, our JSON report at ours. With the guest's server no REQ is held back:
+//!   `roce perf`'s client resends a data REQ that the guest rejects with reason 8 (the race
+//!   below) a few milliseconds later, as a robust client does, so it copes by itself;
 //! - over IPv6 (fd79:80::/64 GIDs): rping, ucmatose, udaddy and rdma_server/rdma_client both
 //!   directions (perftest's `-R` resolves IPv4 only, whatever the GID).
 //! - `roce pingpong -R` (roce itself, rping's protocol over RDMA CM) against the guest's
@@ -278,6 +283,119 @@ fn perftest_our_server(peer: &Peer, tool: &str, size: u32, port: u16) -> Result<
         .map_or(gout.as_str(), |(_, l)| l);
     rdmacm::check_bw_row(&format!("guest's {tool} client"), last, size, n)?;
     rdmacm::check_bw_row(&format!("our {tool} server"), &st, size, n)
+}
+
+/// `roce perf OP -R` (4096 bytes, 1000 messages, --no-verify: perftest's buffers hold random
+/// bytes) on the peer's veth, towards `host` or serving without it.
+fn roce_perf_r(
+    peer: &Peer,
+    op: &str,
+    port: u16,
+    host: Option<String>,
+) -> roce_tests::child::Reaper {
+    let mut a: Vec<String> = [
+        op,
+        "-R",
+        "-d",
+        &peer.ifname,
+        "-s",
+        "4096",
+        "-n",
+        "1000",
+        "-p",
+        &port.to_string(),
+        "--no-verify",
+    ]
+    .map(String::from)
+    .to_vec();
+    a.extend(host);
+    rdmacm::roce_perf_in(&peer.netns, &a)
+}
+
+/// `roce perf OP -R` serving the guest's `tool -R` client (run again while ours has not
+/// listened yet): perftest's table at the guest's end, our JSON report at ours.
+fn roce_perf_our_server(peer: &Peer, op: &str, tool: &str, port: u16) -> Result<(), String> {
+    let s = roce_perf_r(peer, op, port, None);
+    let c = peer.spawn(&format!(
+        "for i in $(seq 30); do sleep 0.5; out=$(stdbuf -oL {tool} -R -d rxe0 -n 1000 -s 4096 \
+         -p {port} {} 2>&1); rc=$?; echo \"$out\"; [ $rc = 0 ] && exit 0; \
+         case \"$out\" in *REJECTED*|*nable*onnect*|*ailed*onnect*) ;; *) exit $rc;; esac; \
+         done; exit 1",
+        peer.host_ip
+    ));
+    let guest = peer.wait_or_kill(&c, Duration::from_secs(120));
+    let ours = roce_tests::child::finish_within(
+        s,
+        Duration::from_secs(60),
+        &format!(
+            "our roce perf {op} server (the guest's client: {})",
+            guest.out
+        ),
+    );
+    let st = roce_tests::output_text(&ours);
+    if guest.rc != 0 || !ours.status.success() {
+        return Err(format!(
+            "guest's {tool} client (rc {}):\n{}\nour roce perf {op} -R server ({}):\n{st}",
+            guest.rc, guest.out, ours.status
+        ));
+    }
+    let last = guest
+        .out
+        .rsplit_once(" BW Test")
+        .map_or(guest.out.as_str(), |(_, l)| l);
+    rdmacm::check_bw_row(&format!("guest's {tool} client"), last, 4096, 1000)?;
+    rdmacm::check_perf_report(
+        &format!("our roce perf {op} server"),
+        &st,
+        (4096, 1000),
+        false,
+    )
+}
+
+/// The guest's `tool -R` server and our `roce perf OP -R` client, with no REQ held back: our
+/// client resends a data REQ that the guest rejects because its perftest does not listen yet
+/// (the 4.5-0.17 race of the module doc), so it copes by itself. It is run again only while
+/// the guest's server has not listened for the control connection yet.
+fn roce_perf_guest_server(peer: &Peer, op: &str, tool: &str, port: u16) -> Result<(), String> {
+    let s = peer.spawn(&format!(
+        "stdbuf -oL {tool} -R -d rxe0 -n 1000 -s 4096 -p {port}"
+    ));
+    let mut attempts = 0;
+    let (ok, out) = loop {
+        attempts += 1;
+        std::thread::sleep(Duration::from_millis(500));
+        let c = roce_tests::child::finish_within(
+            roce_perf_r(peer, op, port, Some(peer.guest_ip.to_string())),
+            Duration::from_secs(120),
+            &format!("our roce perf {op} client"),
+        );
+        let out = roce_tests::output_text(&c);
+        if c.status.success() || !out.contains("nobody listens there") || attempts >= 30 || s.done()
+        {
+            break (c.status.success(), out);
+        }
+    };
+    let server = peer.wait_or_kill(&s, Duration::from_secs(if ok { 120 } else { 10 }));
+    if !ok || server.rc != 0 {
+        return Err(format!(
+            "our roce perf {op} -R client (ok {ok}, attempt {attempts}):\n{out}\nguest's {tool} \
+             server (rc {}):\n{}",
+            server.rc, server.out
+        ));
+    }
+    rdmacm::check_perf_report(
+        &format!("our roce perf {op} client"),
+        &out,
+        (4096, 1000),
+        false,
+    )?;
+    // How often the guest's late listen showed: data REQs our client sent again after REJ 8.
+    let resent = out
+        .lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find_map(|v| v["rdma_cm_reqs_resent"].as_u64());
+    eprintln!("roce perf {op} -R client: data REQs resent after REJ 8: {resent:?}");
+    rdmacm::check_bw_row(&format!("guest's {tool} server"), &server.out, 4096, 1000)
 }
 
 /// How one end of a run ended: whether it exited with status 0, and its output.
@@ -678,6 +796,25 @@ fn cases<'a>() -> Vec<Case<'a>> {
         "rping -C 1000: our server, guest client".to_owned(),
         Box::new(|peer: &Peer| rping_vs(peer, false, false, 1000, false)),
     ));
+    // roce perf -R against the guest's perftest -R
+    for (i, (op, tool)) in [
+        ("write", "ib_write_bw"),
+        ("read", "ib_read_bw"),
+        ("send", "ib_send_bw"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let p = 18620 + 2 * i as u16;
+        v.push((
+            format!("roce perf {op} -R: guest server ({tool} -R), our client"),
+            Box::new(move |peer: &Peer| roce_perf_guest_server(peer, op, tool, p)),
+        ));
+        v.push((
+            format!("roce perf {op} -R: our server, guest client ({tool} -R)"),
+            Box::new(move |peer: &Peer| roce_perf_our_server(peer, op, tool, p + 1)),
+        ));
+    }
     // IPv6 (the GIDs of fd79:80::/64 on both sides): the same programs, both directions.
     // Not perftest: its `-R` looks addresses up with `ai_family = AF_INET` (`check_add_port`'s
     // hints in src/perftest_communication.c), so Debian's perftest cannot connect over IPv6.

@@ -10,12 +10,15 @@
 //!   CM) at both ends of a veth pair, each
 //!   end on roce-xdp (rping over IPv4 and IPv6), and the interfaces left clean;
 //! - `udaddy` (the UDP port space: UD QPs resolved by SIDR, then UD SENDs both ways) at both
-//!   ends of a veth pair.
+//!   ends of a veth pair;
 //! - `roce pingpong -R` (rping's protocol over RDMA CM, on the Rust CM API) as the server of
 //!   Debian's `rping -c` on the library, as the client of its `rping -s`, and at both ends
 //!   (IPv4 and IPv6): rping's `-v` lines hold every ping with rping's data, our summary counts
 //!   every ping checked; a client without a listener is REJECTED, a ping larger than the server
-//!   takes ends both sides with a message.
+//!   takes ends both sides with a message;
+//! - `roce perf write|read|send -R` (RDMA CM) against `ib_write_bw -R`, `ib_read_bw -R` and
+//!   `ib_send_bw -R` on the library in both roles, and against itself with every byte
+//!   verified (and over IPv6 for WRITE).
 //!
 //! Against the kernel's CM and rxe in the Soft-RoCE VM: tests/tests/interop_qp1.rs and
 //! tests/tests/interop_rdmacm.rs. Root.
@@ -29,8 +32,8 @@ use roce::netns::VethEnd;
 use roce_tests::{
     Loaded,
     rdmacm::{
-        args, check_bw_row, check_ping_lines, check_pingpong_summary, server_and_client,
-        servers_client,
+        args, check_bw_row, check_perf_report, check_ping_lines, check_pingpong_summary, ours,
+        roce_perf, server_and_client, servers_client, spawned_pair,
     },
     require_root, veth_pair,
 };
@@ -254,6 +257,145 @@ fn rping_ucmatose_and_perftest_connect_through_the_library_at_both_ends() {
             end.ifname
         );
     }
+}
+
+/// `roce perf -R` (RDMA CM) with Debian's unmodified `ib_write_bw -R`, `ib_read_bw -R` and
+/// `ib_send_bw -R` on the drop-in library, in both roles, and with itself: 500 messages of
+/// 64 KiB each time; perftest's results table is checked at perftest's end, our JSON report
+/// (connected through RDMA CM, every message counted) at ours, and between two `roce perf -R`
+/// every byte of the data (`verified`).
+#[test]
+fn roce_perf_r_connects_through_rdma_cm_with_perftest_and_itself() {
+    require_root();
+    let pair = veth_pair("pr", 184);
+    let _unpin = (Loaded::guard(&pair.a.ifname), Loaded::guard(&pair.b.ifname));
+    let server_ip = pair.a.ipv4.to_string();
+    let (size, n) = (65536u32, 500u64);
+    let perf = |end: &VethEnd, op: &str, port: u16, host: Option<&str>, verify: bool| {
+        let mut a = args(&[
+            op,
+            "-R",
+            "-d",
+            &end.ifname,
+            "-s",
+            &size.to_string(),
+            "-n",
+            &n.to_string(),
+            "-p",
+            &port.to_string(),
+        ]);
+        if !verify {
+            a.push("--no-verify".into());
+        }
+        a.extend(host.map(str::to_owned));
+        a
+    };
+    let perftest = |end: &VethEnd, port: u16, host: Option<&str>| {
+        let mut a = args(&[
+            "-R",
+            "-d",
+            &format!("roce_{}", end.ifname),
+            "-n",
+            &n.to_string(),
+            "-s",
+            &size.to_string(),
+            "-p",
+            &port.to_string(),
+        ]);
+        a.extend(host.map(str::to_owned));
+        a
+    };
+    for (i, (op, tool)) in [
+        ("write", "ib_write_bw"),
+        ("read", "ib_read_bw"),
+        ("send", "ib_send_bw"),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let port = 18530 + i as u16;
+        // roce perf -R serves, perftest -R connects.
+        let t = std::time::Instant::now();
+        let (c, s) = spawned_pair(
+            (
+                "roce perf",
+                roce_perf(&pair.a, &perf(&pair.a, op, port, None, false)),
+            ),
+            (tool, &|| {
+                ours(&pair.b, tool, &perftest(&pair.b, port, Some(&server_ip)))
+            }),
+        );
+        check_bw_row(&format!("{tool} client"), &c, size, n as u32)
+            .unwrap_or_else(|e| panic!("{e}"));
+        check_perf_report(&format!("roce perf {op} server"), &s, (size, n), false)
+            .unwrap_or_else(|e| panic!("{e}"));
+        eprintln!(
+            "roce perf -R {op} server, {tool} -R client: {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+
+        // perftest -R serves, roce perf -R connects.
+        let port = 18533 + i as u16;
+        let t = std::time::Instant::now();
+        let (c, s) = spawned_pair(
+            (tool, ours(&pair.a, tool, &perftest(&pair.a, port, None))),
+            ("roce perf", &|| {
+                roce_perf(&pair.b, &perf(&pair.b, op, port, Some(&server_ip), false))
+            }),
+        );
+        check_bw_row(&format!("{tool} server"), &s, size, n as u32)
+            .unwrap_or_else(|e| panic!("{e}"));
+        check_perf_report(&format!("roce perf {op} client"), &c, (size, n), false)
+            .unwrap_or_else(|e| panic!("{e}"));
+        eprintln!(
+            "{tool} -R server, roce perf -R {op} client: {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+
+        // roce perf -R at both ends, every byte checked.
+        let port = 18536 + i as u16;
+        let t = std::time::Instant::now();
+        let (c, s) = spawned_pair(
+            (
+                "roce perf",
+                roce_perf(&pair.a, &perf(&pair.a, op, port, None, true)),
+            ),
+            ("roce perf", &|| {
+                roce_perf(&pair.b, &perf(&pair.b, op, port, Some(&server_ip), true))
+            }),
+        );
+        check_perf_report(&format!("roce perf {op} client"), &c, (size, n), true)
+            .unwrap_or_else(|e| panic!("{e}"));
+        check_perf_report(&format!("roce perf {op} server"), &s, (size, n), true)
+            .unwrap_or_else(|e| panic!("{e}"));
+        eprintln!(
+            "roce perf -R {op} at both ends: {:.1} s",
+            t.elapsed().as_secs_f64()
+        );
+    }
+    // Between two roce perf -R, IPv6 too (perftest's -R resolves IPv4 only).
+    let t = std::time::Instant::now();
+    let server_ip6 = pair.a.ipv6.to_string();
+    let (c, s) = spawned_pair(
+        (
+            "roce perf",
+            roce_perf(&pair.a, &perf(&pair.a, "write", 18539, None, true)),
+        ),
+        ("roce perf", &|| {
+            roce_perf(
+                &pair.b,
+                &perf(&pair.b, "write", 18539, Some(&server_ip6), true),
+            )
+        }),
+    );
+    check_perf_report("roce perf write client (IPv6)", &c, (size, n), true)
+        .unwrap_or_else(|e| panic!("{e}"));
+    check_perf_report("roce perf write server (IPv6)", &s, (size, n), true)
+        .unwrap_or_else(|e| panic!("{e}"));
+    eprintln!(
+        "roce perf -R write at both ends over IPv6: {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
 }
 
 /// Debian's unmodified udaddy, both ends on roce-xdp through the drop-in librdmacm: each of

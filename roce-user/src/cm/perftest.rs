@@ -18,6 +18,12 @@
 //! 6. after the test: a sync, then the bandwidth report (`xchg_bw_reports`: size and iters as
 //!    u64, then bw_peak, bw_avg and msgRate_avg as big-endian doubles);
 //! 7. a last sync (`ctx_close_connection`).
+//!
+//! With `-R` (RDMA CM) perftest runs the same steps over a control RC QP that RDMA CM connected
+//! (`rdma_write_data`/`rdma_read_data`: one SEND each way per step, the same bytes) but for the
+//! key messages, which then go as the binary `struct pingpong_dest` ([`KeyMsg::encode_binary`],
+//! `rdma_write_keys`). [`Comm`] runs over any [`Link`]: a [`TcpStream`], or the caller's control QP
+//! with [`KeyFormat::Binary`].
 
 use std::{
     io::{Read, Write},
@@ -35,6 +41,44 @@ pub const COMPAT_VERSION: &str = "6.06";
 pub const VERSION_LEN: usize = 16;
 /// Length of a key message with a GID (`KEY_MSG_SIZE_GID`), NUL included.
 pub const KEY_MSG_LEN: usize = 108;
+/// Length of the binary key message of an RDMA CM exchange: `sizeof(struct pingpong_dest)` on
+/// a 64-bit Linux (seven 4-byte fields, a u64 and a 16-byte GID, with the padding before the
+/// u64).
+pub const KEY_BIN_LEN: usize = 56;
+
+/// How [`Comm`] reads and writes one step's bytes: the TCP stream of perftest's ethernet
+/// exchange, or an RDMA CM control QP (one SEND per message). Implement it for a control
+/// channel of your own; [`Comm`] calls [`Link::send`] and [`Link::recv`] in perftest's order.
+pub trait Link {
+    /// Sends `msg` whole.
+    ///
+    /// # Errors
+    /// The channel failed.
+    fn send(&mut self, msg: &[u8]) -> Result<(), CmError>;
+    /// Receives exactly `buf.len()` bytes (one message of that length on a message channel).
+    ///
+    /// # Errors
+    /// The channel failed or closed.
+    fn recv(&mut self, buf: &mut [u8]) -> Result<(), CmError>;
+}
+
+impl Link for TcpStream {
+    fn send(&mut self, msg: &[u8]) -> Result<(), CmError> {
+        Ok(self.write_all(msg)?)
+    }
+    fn recv(&mut self, buf: &mut [u8]) -> Result<(), CmError> {
+        Ok(self.read_exact(buf)?)
+    }
+}
+
+/// How key messages travel: perftest's text over TCP, or its binary struct over RDMA CM.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KeyFormat {
+    /// [`KeyMsg::encode`]: the 108-byte text of the ethernet exchange.
+    Text,
+    /// [`KeyMsg::encode_binary`]: the 56-byte struct of the RDMA CM exchange (`-R`).
+    Binary,
+}
 
 /// Byte `i` of the data `roce perf` puts in QP `q`'s buffer (the QP's index in the test, from
 /// 0). Both sides know it, so each can verify what it received, read, or had written into it.
@@ -52,11 +96,12 @@ pub fn pattern(q: u32, len: usize) -> Vec<u8> {
     (0..len).map(|i| pattern_byte(q, i)).collect()
 }
 
-/// One side of an exchange.
+/// One side of an exchange, over a TCP stream (perftest's default) or another [`Link`].
 #[derive(Debug)]
-pub struct Comm {
-    stream: TcpStream,
+pub struct Comm<L = TcpStream> {
+    link: L,
     is_client: bool,
+    keys: KeyFormat,
     /// The peer's version string, once [`Comm::setup`] exchanged versions.
     pub remote_version: String,
 }
@@ -102,6 +147,49 @@ impl KeyMsg {
         let mut out = [0u8; KEY_MSG_LEN];
         out[..s.len()].copy_from_slice(s.as_bytes());
         out
+    }
+
+    /// The 56-byte binary form (`-R`, perftest's `rdma_write_keys`): `struct pingpong_dest` with
+    /// each field big-endian (lid, out_reads, qpn, psn, rkey as 4-byte ints, 4 bytes of
+    /// padding, vaddr as 8, the GID, srqn, and a gid_index of 0 the reader ignores).
+    #[must_use]
+    pub fn encode_binary(&self) -> [u8; KEY_BIN_LEN] {
+        let mut out = [0u8; KEY_BIN_LEN];
+        out[0..4].copy_from_slice(&u32::from(self.lid).to_be_bytes());
+        out[4..8].copy_from_slice(&u32::from(self.out_reads).to_be_bytes());
+        out[8..12].copy_from_slice(&self.qpn.value().to_be_bytes());
+        out[12..16].copy_from_slice(&self.psn.value().to_be_bytes());
+        out[16..20].copy_from_slice(&self.rkey.value().to_be_bytes());
+        out[24..32].copy_from_slice(&self.vaddr.to_be_bytes());
+        out[32..48].copy_from_slice(&self.gid);
+        out[48..52].copy_from_slice(&self.srqn.to_be_bytes());
+        out
+    }
+
+    /// Parses the binary form ([`KeyMsg::encode_binary`]), as `rdma_read_keys` does (srqn is
+    /// not read: perftest leaves it 0).
+    ///
+    /// # Errors
+    /// [`CmError::Malformed`] for a message of another length.
+    pub fn decode_binary(msg: &[u8]) -> Result<Self, CmError> {
+        if msg.len() != KEY_BIN_LEN {
+            return Err(malformed("perftest binary key message", msg));
+        }
+        let u32_at = |i: usize| u32::from_be_bytes([msg[i], msg[i + 1], msg[i + 2], msg[i + 3]]);
+        let mut vaddr = [0u8; 8];
+        vaddr.copy_from_slice(&msg[24..32]);
+        let mut gid = [0u8; 16];
+        gid.copy_from_slice(&msg[32..48]);
+        Ok(Self {
+            lid: u32_at(0) as u16,
+            out_reads: u32_at(4) as u16,
+            qpn: Qpn::new(u32_at(8) & 0x00ff_ffff),
+            psn: Psn::new(u32_at(12) & 0x00ff_ffff),
+            rkey: RKey::new(u32_at(16)),
+            vaddr: u64::from_be_bytes(vaddr),
+            gid,
+            srqn: 0,
+        })
     }
 
     /// Parses a key message.
@@ -170,11 +258,42 @@ impl Comm {
     /// Wraps a connected stream; `is_client` is the side that connected.
     #[must_use]
     pub const fn new(stream: TcpStream, is_client: bool) -> Self {
+        Self::over(stream, is_client, KeyFormat::Text)
+    }
+
+    /// The stream, for the caller to close or time out.
+    #[must_use]
+    pub const fn stream(&self) -> &TcpStream {
+        &self.link
+    }
+}
+
+impl<L: Link> Comm<L> {
+    /// Wraps a connected [`Link`] whose key messages go as `keys` (an RDMA CM control QP:
+    /// [`KeyFormat::Binary`]); `is_client` is the side that connected.
+    #[must_use]
+    pub const fn over(link: L, is_client: bool, keys: KeyFormat) -> Self {
         Self {
-            stream,
+            link,
             is_client,
+            keys,
             remote_version: String::new(),
         }
+    }
+
+    /// The same exchange over `f(link)` (e.g. the link wrapped in the caller's enum).
+    pub fn map_link<M>(self, f: impl FnOnce(L) -> M) -> Comm<M> {
+        Comm {
+            link: f(self.link),
+            is_client: self.is_client,
+            keys: self.keys,
+            remote_version: self.remote_version,
+        }
+    }
+
+    /// The link, for the caller to poll or close.
+    pub const fn link_mut(&mut self) -> &mut L {
+        &mut self.link
     }
 
     /// One exchange of `mine.len()` bytes each way, client first.
@@ -183,11 +302,11 @@ impl Comm {
     /// I/O errors.
     pub fn xchg(&mut self, mine: &[u8], theirs: &mut [u8]) -> Result<(), CmError> {
         if self.is_client {
-            self.stream.write_all(mine)?;
-            self.stream.read_exact(theirs)?;
+            self.link.send(mine)?;
+            self.link.recv(theirs)?;
         } else {
-            self.stream.read_exact(theirs)?;
-            self.stream.write_all(mine)?;
+            self.link.recv(theirs)?;
+            self.link.send(mine)?;
         }
         Ok(())
     }
@@ -234,9 +353,18 @@ impl Comm {
     /// # Errors
     /// I/O errors or a malformed key message.
     pub fn hand_shake(&mut self, mine: &KeyMsg) -> Result<KeyMsg, CmError> {
-        let mut theirs = [0u8; KEY_MSG_LEN];
-        self.xchg(&mine.encode(), &mut theirs)?;
-        KeyMsg::decode(&theirs)
+        match self.keys {
+            KeyFormat::Text => {
+                let mut theirs = [0u8; KEY_MSG_LEN];
+                self.xchg(&mine.encode(), &mut theirs)?;
+                KeyMsg::decode(&theirs)
+            }
+            KeyFormat::Binary => {
+                let mut theirs = [0u8; KEY_BIN_LEN];
+                self.xchg(&mine.encode_binary(), &mut theirs)?;
+                KeyMsg::decode_binary(&theirs)
+            }
+        }
     }
 
     /// The bandwidth report exchange (`xchg_bw_reports`).
@@ -265,12 +393,6 @@ impl Comm {
             *t = f64::from_bits(u64::from_be_bytes(eight));
         }
         Ok(r)
-    }
-
-    /// The stream, for the caller to close or time out.
-    #[must_use]
-    pub const fn stream(&self) -> &TcpStream {
-        &self.stream
     }
 }
 
@@ -340,5 +462,20 @@ mod tests {
         c.xchg_bw_reports(&mine).unwrap();
         let (mtu, k, r, v) = server.join().unwrap();
         assert_eq!((mtu, k, r, v.as_str()), (3, key, mine, COMPAT_VERSION));
+    }
+
+    #[test]
+    fn binary_key_message_is_perftests_big_endian_struct() {
+        let key = KeyMsg::decode(CLIENT_KEY).unwrap();
+        let b = key.encode_binary();
+        assert_eq!(b.len(), KEY_BIN_LEN);
+        assert_eq!(&b[8..12], &key.qpn.value().to_be_bytes());
+        assert_eq!(&b[24..32], &key.vaddr.to_be_bytes());
+        assert_eq!(&b[32..48], &key.gid);
+        assert_eq!(
+            KeyMsg::decode_binary(&b).unwrap(),
+            KeyMsg { srqn: 0, ..key }
+        );
+        assert!(KeyMsg::decode_binary(&b[..40]).is_err());
     }
 }

@@ -16,7 +16,9 @@ use roce::{
 use serde_json::json;
 
 use super::{
-    PerfArgs, PerfOp, Progress, interrupted,
+    PerfArgs, PerfOp, Progress,
+    exchange::Channel,
+    interrupted,
     lat::LatHist,
     report::PerfResult,
     setup::{QpCtx, poll_cqs, qp_index, wait_cqs},
@@ -261,7 +263,7 @@ pub(super) fn run_server<D: RdmaDevice>(
     cqs: &[CqId],
     qps: &[QpCtx],
     (size, rx_depth): (u32, u32),
-    comm: &Comm,
+    comm: &mut Comm<Channel<'_>>,
     (tracer, progress): (&mut Option<Tracer>, &mut Option<Progress>),
 ) -> anyhow::Result<PerfResult> {
     let mut wc_buf = Vec::new();
@@ -285,8 +287,7 @@ pub(super) fn run_server<D: RdmaDevice>(
     // message came from (RC delivers a QP's messages once each, in order).
     let mut recvd = vec![0u64; qps.len()];
     let index = qp_index(qps);
-    let mut peek = [0u8; 1];
-    comm.stream().set_nonblocking(true)?;
+    comm.link_mut().watch(true)?;
     let mut first: Option<Instant> = None;
     let mut last = start;
     let mut closing = false;
@@ -370,24 +371,20 @@ pub(super) fn run_server<D: RdmaDevice>(
         if closing {
             continue;
         }
-        match comm.stream().peek(&mut peek) {
-            Ok(0) => bail!("the client closed the connection"),
-            Ok(_) => closing = true,
-            // Receives are completing: straight back to the CQ.
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock && busy => {}
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                std::thread::sleep(Duration::from_micros(if a.op == PerfOp::Send {
-                    20
-                } else if tracer.is_some() {
-                    100
-                } else {
-                    2000
-                }));
-            }
-            Err(e) => return Err(e.into()),
+        if comm.link_mut().peer_spoke()? {
+            closing = true;
+        } else if !busy {
+            // Receives are completing: straight back to the CQ; otherwise a pause.
+            std::thread::sleep(Duration::from_micros(if a.op == PerfOp::Send {
+                20
+            } else if tracer.is_some() {
+                100
+            } else {
+                2000
+            }));
         }
     }
-    comm.stream().set_nonblocking(false)?;
+    comm.link_mut().watch(false)?;
     let secs = first.map_or(0.0, |f| last.duration_since(f).as_secs_f64());
     let bytes = msgs as f64 * f64::from(size);
     Ok(PerfResult {

@@ -15,6 +15,7 @@
 mod bw;
 mod exchange;
 mod lat;
+mod rdmacm;
 mod report;
 mod setup;
 mod trace;
@@ -64,9 +65,20 @@ pub struct PerfArgs {
     /// (read them with `roce log -i DEV`).
     #[arg(long, value_enum, default_value_t = crate::cli::log::LoadLevel::Off)]
     pub log_level: crate::cli::log::LoadLevel,
-    /// TCP port of the out-of-band exchange.
+    /// TCP port of the out-of-band exchange (with -R: the RDMA CM port).
     #[arg(short, long, default_value_t = perftest::DEFAULT_PORT)]
     pub port: u16,
+    /// Connect through RDMA CM, as perftest's `-R`: no TCP socket; perftest's exchange runs
+    /// over a control connection that RDMA CM sets up on --port (its key messages then binary),
+    /// and each data QP is connected through RDMA CM on the same port (REQ, REP, RTU), then
+    /// disconnected at the end. Talks to `ib_write_bw -R`, `ib_read_bw -R`, `ib_send_bw -R`
+    /// (either side) and to `roce perf -R`. perftest's -R takes IPv4 addresses only; between
+    /// two `roce perf -R` IPv6 works too. As client, a data REQ rejected because the server
+    /// does not listen yet (perftest 4.5's server listens only after its last sync) is sent
+    /// again, up to 40 times within about 8 s. Uses the interface's QP 1 (one RDMA CM user per
+    /// interface); not with --engine or --lat.
+    #[arg(short = 'R', long = "rdma-cm")]
+    pub rdma_cm: bool,
     /// Message size in bytes (atomics: 8).
     #[arg(short, long, default_value_t = 65536)]
     pub size: u32,
@@ -338,6 +350,9 @@ impl Plan {
         {
             bail!("-D takes a positive number of seconds");
         }
+        if a.rdma_cm && a.lat {
+            bail!("-R (RDMA CM) is for the bandwidth tests, not --lat");
+        }
         if a.lat
             && (a.qps != 1 || !matches!(a.op, PerfOp::Write | PerfOp::Send) || a.duration.is_some())
         {
@@ -427,6 +442,12 @@ fn check_engine_args(a: &PerfArgs) -> anyhow::Result<()> {
 pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::Result<()> {
     let plan = Plan::new(a)?;
     if a.engine {
+        if a.rdma_cm {
+            bail!(
+                "-R runs RDMA CM on this process's device; with --engine the device is the \
+                 engine's"
+            );
+        }
         check_engine_args(a)?;
         let dev = EngineDevice::connect(&a.dev).with_context(|| {
             format!(
@@ -434,20 +455,28 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
                 a.dev, a.dev
             )
         })?;
-        return run_on(out, a, &plan, &dev);
+        return run_on(out, a, &plan, &dev, None);
     }
     let dev = setup::open_device(a, &plan, netns)?;
-    run_on(out, a, &plan, &dev)?;
+    let r = run_on(out, a, &plan, &dev, Some(&dev));
     dev.close();
-    Ok(())
+    r
 }
 
-/// The run on an open device: set up, connect, measure, exchange the reports, verify, print.
-fn run_on<D: RdmaDevice>(out: Output, a: &PerfArgs, plan: &Plan, dev: &D) -> anyhow::Result<()> {
+/// The run on an open device (`cm_dev`: the same, when it is this process's, for `-R`): set
+/// up, connect, measure, exchange the reports, verify, print.
+fn run_on<D: RdmaDevice>(
+    out: Output,
+    a: &PerfArgs,
+    plan: &Plan,
+    dev: &D,
+    cm_dev: Option<&roce::api::Device>,
+) -> anyhow::Result<()> {
     let mut local = Local::new(dev, a, plan)?;
-    let mut session = Session::connect(dev, a, plan, &mut local)?;
-    let result = measure(out, dev, a, plan, &local, &session)?;
+    let mut session = Session::connect(dev, cm_dev, a, plan, &mut local)?;
+    let result = measure(out, dev, a, plan, &local, &mut session)?;
     let theirs = session.finish(a, plan, &local.qps, &result)?;
+    session.close(cm_dev, plan.client);
     // The passive side verifies what landed in its buffers, now that the client is finished.
     let mut verified = result.verified;
     if !plan.client && !a.no_verify && !a.lat {
@@ -473,7 +502,7 @@ fn measure<D: RdmaDevice>(
     a: &PerfArgs,
     plan: &Plan,
     local: &Local,
-    session: &Session,
+    session: &mut Session<'_>,
 ) -> anyhow::Result<PerfResult> {
     let (cqs, qps, size) = (&local.cqs, &local.qps, plan.size);
     let mut tracer = Tracer::new(a)?;
@@ -489,7 +518,7 @@ fn measure<D: RdmaDevice>(
             cqs,
             qps,
             (size, plan.rx_depth),
-            &session.comm,
+            &mut session.comm,
             (&mut tracer, &mut progress),
         )?
     };
@@ -542,6 +571,16 @@ mod tests {
             let e = engine_args(args).expect_err(args).to_string();
             assert!(e.contains(named) && e.contains("engine's"), "{args}: {e}");
         }
+    }
+
+    #[test]
+    fn rdma_cm_is_for_bandwidth_runs_on_this_process_device() {
+        plan("write -d x -R").unwrap();
+        plan("send -d x --rdma-cm -q 2 10.0.0.1").unwrap();
+        let Err(e) = plan("write -d x -R --lat") else {
+            panic!("-R --lat was accepted");
+        };
+        assert!(e.to_string().contains("-R"), "{e}");
     }
 
     #[test]

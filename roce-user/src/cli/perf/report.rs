@@ -93,7 +93,7 @@ pub(super) fn emit<D: RdmaDevice>(
     a: &PerfArgs,
     plan: &Plan,
     dev: &D,
-    session: &Session,
+    session: &Session<'_>,
     o: &Outcome,
 ) {
     let peak_rss = peak_rss_kib();
@@ -137,7 +137,8 @@ pub(super) fn emit<D: RdmaDevice>(
         "span": a.span,
         "latency_us": { "p50": shown.lat.0, "p99": shown.lat.1, "p999": shown.lat.2, "max": shown.lat.3 },
         "verified": if a.no_verify { serde_json::Value::Null } else { o.verified.into() },
-        "peer_version": session.comm.remote_version,
+        "peer_version": session.comm.remote_version, "rdma_cm": a.rdma_cm,
+        "rdma_cm_reqs_resent": session.rdma_cm.as_ref().map(|c| c.reqs_resent),
         "cm": CmStats::NAMES.iter().zip(session.cm.values()).map(|(n, v)| ((*n).to_owned(), v.into())).collect::<serde_json::Map<_, _>>(),
         "cc": cc_json(dev),
         "peak_rss_kib": peak_rss,
