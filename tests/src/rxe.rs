@@ -118,6 +118,22 @@ done
 wait
 "#;
 
+/// The guest's `-smp` (start-peer.sh `--cpus`, passed to qemu as it is): one vCPU, but room
+/// for two. Under TCG, qemu translates a guest with `maxcpus` 1 without `CF_PARALLEL`
+/// (`tcg_cpu_init_cflags(cpu, max_cpus > 1)`): the guest's memory barriers (`mfence`, the
+/// `lock addl` of the kernel's `smp_mb`) are then left out and its locked instructions are
+/// plain loads and stores. The guest has one vCPU, but virtio-net runs in qemu's main thread
+/// beside it, and the virtio ring's notification handshake needs that barrier: the guest
+/// writes its avail index and then reads the device's avail_event; qemu writes avail_event,
+/// fences, then reads the avail index. Without the guest's fence the x86 host may let its read
+/// pass its write, both sides miss the other, and the guest's kick is lost. The transmit queue
+/// then stays full for good: "NETDEV WATCHDOG: eth0: transmit queue 0 timed out", rxe's
+/// requests stuck with their skbs, perftest unkillable. Seen in this sandbox in 1 of about 70
+/// runs of 64 KiB `ib_read_bw -q 4` between two guests, with qemu's monitor showing the
+/// transmit ring's avail index 238 entries past what qemu had read and avail_event equal to
+/// the used index. `maxcpus=2` makes qemu translate with barriers and atomics.
+pub const GUEST_SMP: &str = "1,maxcpus=2";
+
 /// How to boot a peer.
 #[derive(Clone, Debug)]
 pub struct PeerOptions {
@@ -435,6 +451,7 @@ impl Peer {
         .arg(&share)
         .args(["--mtu", &opts.mtu.to_string()])
         .args(["--mem", &opts.mem_mb.to_string()])
+        .args(["--cpus", GUEST_SMP])
         .args(["--timeout", &opts.timeout_secs.to_string()])
         .args(["--bg-timeout", "300"]);
         if opts.ipv6 {
@@ -443,8 +460,12 @@ impl Peer {
         // On a loaded host the guest kernel's check that the 8254 timer reaches the IO-APIC can
         // fail under TCG, and the guest then sleeps forever before init (seen here: console
         // stuck at "..MP-BIOS bug: 8254 timer not connected to IO-APIC", boot timeout).
+        // `possible_cpus=1`: the guest stays a one-CPU machine although qemu has room for two
+        // ([`GUEST_SMP`]); with two possible CPUs its kernel marks the TSC unstable ("TSCs
+        // unsynchronized"), takes HPET as clocksource, and perftest's clock calibration fails
+        // ("Correlation coefficient r^2 < 0.9", no report).
         if std::env::var_os("RXE_PEER_KERNEL_ARGS").is_none() {
-            cmd.env("RXE_PEER_KERNEL_ARGS", "no_timer_check");
+            cmd.env("RXE_PEER_KERNEL_ARGS", "no_timer_check possible_cpus=1");
         }
         cmd.args([
             &netns,

@@ -124,7 +124,8 @@ fn endpoint_killed_mid_transfer_rxe_reports_and_we_restart_cleanly() {
     // middle of a message just after our ACK (correct PSN and MSN, 22 packets outstanding),
     // no PSN ever went back, nothing at all left the guest afterwards although its retry
     // counter rose, and its ib_write_bw could no longer be killed. The guest's transmit path
-    // hangs; our ACKs are not the cause (see interop_rdmacm.rs's `iters`).
+    // hung, not our ACKs: a lost virtio-net kick, gone since guests boot with `maxcpus=2`
+    // ([`rxe::GUEST_SMP`]).
     let step = peer.spawn(&rxe::perftest_cmd(
         "ib_write_bw",
         19601,
