@@ -32,9 +32,9 @@ use std::{
 use anyhow::{Context as _, bail};
 use roce::{
     api::{
-        Access, CmAccept, CmConnect, CmEvent, CommId, CqId, Device, MrInfo, Mtu, QpCap, QpInit,
-        QpType, Qpn, RcTarget, RdmaDevice, RecvWr, RejReason, SendOp, SendWr, Sge, Wc, WcStatus,
-        remote::proto::RcAttrs,
+        Access, CmAccept, CmConnect, CmEvent, CmState, CommId, CqId, Device, MrInfo, Mtu, QpCap,
+        QpInit, QpType, Qpn, RcTarget, RdmaDevice, RecvWr, RejReason, SendOp, SendWr, Sge, Wc,
+        WcStatus, remote::proto::RcAttrs,
     },
     cm::{
         CmError,
@@ -61,6 +61,8 @@ const CTL_RECVS: u32 = 4;
 const CTL_SLOT: u32 = 256;
 /// wr_id of the control QP's SENDs (receives use their slot number).
 const CTL_SEND: u64 = u64::MAX;
+/// How often a wait on the control connection looks whether the peer has closed it.
+const CTL_STATE_EVERY: Duration = Duration::from_millis(50);
 
 /// A small ephemeral source port for our RDMA CM IP header.
 fn src_port() -> u16 {
@@ -79,6 +81,8 @@ pub(super) struct Control<'d> {
     /// Receive completions polled while waiting for something else, in order.
     pending: VecDeque<Wc>,
     wcs: Vec<Wc>,
+    /// When [`Control::poll`] last looked at the connection's CM state.
+    state_seen: Instant,
 }
 
 impl<'d> Control<'d> {
@@ -116,6 +120,7 @@ impl<'d> Control<'d> {
             id: CommId::default(),
             pending: VecDeque::new(),
             wcs: vec![Wc::default(); 8],
+            state_seen: Instant::now(),
         };
         for slot in 0..CTL_RECVS {
             ctl.post(u64::from(slot))?;
@@ -141,8 +146,39 @@ impl<'d> Control<'d> {
     }
 
     /// Polls the control CQ once (waiting up to 1 ms): a SEND's completion is returned, a
-    /// receive's queued in `pending`.
+    /// receive's queued in `pending`. When nothing completed, looks every [`CTL_STATE_EVERY`]
+    /// whether the peer has closed the control connection (a DREQ, or perftest's process gone:
+    /// its kernel sends the DREQ), and fails then: nothing will arrive on it any more, and our
+    /// posted receives never complete in error by themselves.
     fn poll(&mut self) -> anyhow::Result<Option<Wc>> {
+        let got = self.poll_cq()?;
+        if got.is_some()
+            || !self.pending.is_empty()
+            || self.id == CommId::default()
+            || self.state_seen.elapsed() < CTL_STATE_EVERY
+        {
+            return Ok(got);
+        }
+        self.state_seen = Instant::now();
+        if matches!(
+            self.dev.cm_state(self.id),
+            None | Some(CmState::DreqSent | CmState::TimeWait)
+        ) {
+            // What completed before the DREQ came in is still ours to take.
+            let got = self.poll_cq()?;
+            if got.is_none() && self.pending.is_empty() {
+                bail!(
+                    "the peer closed the RDMA CM control connection in the middle of the \
+                     exchange (its program exited?)"
+                );
+            }
+            return Ok(got);
+        }
+        Ok(None)
+    }
+
+    /// [`Control::poll`] without the look at the connection's state.
+    fn poll_cq(&mut self) -> anyhow::Result<Option<Wc>> {
         if interrupted() {
             bail!("interrupted");
         }
