@@ -213,6 +213,14 @@ pub fn check_bw_row(who: &str, out: &str, size: u32, iters: u32) -> Result<(), S
     Ok(())
 }
 
+/// `roce perf -R`'s operations and the perftest tool each meets, for the suites that run them
+/// against each other (rdmacm.rs on the library, interop_rdmacm.rs against rxe).
+pub const PERF_R_TOOLS: [(&str, &str); 3] = [
+    ("write", "ib_write_bw"),
+    ("read", "ib_read_bw"),
+    ("send", "ib_send_bw"),
+];
+
 /// Runs `roce -j perf ARGS` on end `end` (in its namespace, on its interface's own device).
 #[must_use]
 pub fn roce_perf(end: &VethEnd, args: &[String]) -> crate::child::Reaper {

@@ -787,14 +787,7 @@ fn cases<'a>() -> Vec<Case<'a>> {
         Box::new(|peer: &Peer| rping_vs(peer, false, false, 1000, false)),
     ));
     // roce perf -R against the guest's perftest -R
-    for (i, (op, tool)) in [
-        ("write", "ib_write_bw"),
-        ("read", "ib_read_bw"),
-        ("send", "ib_send_bw"),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    for (i, (op, tool)) in rdmacm::PERF_R_TOOLS.into_iter().enumerate() {
         let p = 18620 + 2 * i as u16;
         v.push((
             format!("roce perf {op} -R: guest server ({tool} -R), our client"),

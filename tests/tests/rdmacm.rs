@@ -32,8 +32,8 @@ use roce::netns::VethEnd;
 use roce_tests::{
     Loaded,
     rdmacm::{
-        args, check_bw_row, check_perf_report, check_ping_lines, check_pingpong_summary, ours,
-        roce_perf, server_and_client, servers_client, spawned_pair,
+        self, args, check_bw_row, check_perf_report, check_ping_lines, check_pingpong_summary,
+        ours, roce_perf, server_and_client, servers_client, spawned_pair,
     },
     require_root, veth_pair,
 };
@@ -305,14 +305,7 @@ fn roce_perf_r_connects_through_rdma_cm_with_perftest_and_itself() {
         a.extend(host.map(str::to_owned));
         a
     };
-    for (i, (op, tool)) in [
-        ("write", "ib_write_bw"),
-        ("read", "ib_read_bw"),
-        ("send", "ib_send_bw"),
-    ]
-    .into_iter()
-    .enumerate()
-    {
+    for (i, (op, tool)) in rdmacm::PERF_R_TOOLS.into_iter().enumerate() {
         let port = 18530 + i as u16;
         // roce perf -R serves, perftest -R connects.
         let t = std::time::Instant::now();

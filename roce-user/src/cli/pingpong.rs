@@ -27,6 +27,19 @@ use super::{Output, interrupted, progress::Progress};
 
 mod rping;
 
+/// Opens the device the ping-pong runs on, with the options both protocols share (inline
+/// engine unless `--events`/`--threaded`, log level, multipath).
+fn open_device(a: &PingpongArgs, netns: Option<String>) -> anyhow::Result<Device> {
+    let mut opts = DeviceOptions {
+        netns,
+        inline: !a.events && !a.threaded,
+        log_level: a.log_level.into(),
+        ..DeviceOptions::default()
+    };
+    opts.transport.multipath = a.multipath;
+    Ok(Device::open(&a.dev, &opts)?)
+}
+
 /// Flags of ibv_rc_pingpong.
 #[derive(Debug, Args)]
 pub struct PingpongArgs {
@@ -154,14 +167,7 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
     if size_arg == 0 || a.rx_depth == 0 || a.iters == 0 {
         bail!("--size, --rx-depth and --iters must be positive");
     }
-    let mut opts = DeviceOptions {
-        netns,
-        inline: !a.events && !a.threaded,
-        log_level: a.log_level.into(),
-        ..DeviceOptions::default()
-    };
-    opts.transport.multipath = a.multipath;
-    let dev = Device::open(&a.dev, &opts)?;
+    let dev = open_device(a, netns)?;
     let pd = dev.alloc_pd()?;
     let gid_idx = a
         .gid_idx

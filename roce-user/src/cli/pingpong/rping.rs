@@ -24,9 +24,9 @@ use std::{
 use anyhow::{Context as _, bail};
 use roce::{
     api::{
-        Access, AttrMask, CmAccept, CmConnect, CmEvent, CommId, CqId, Device, DeviceOptions,
-        MrInfo, Mtu, QpAttr, QpCap, QpInit, QpState, QpType, Qpn, RKey, RcConnect, RecvWr,
-        RejReason, SendOp, SendWr, Sge, Wc, WcOpcode, WcStatus,
+        Access, AttrMask, CmAccept, CmConnect, CmEvent, CommId, CqId, Device, MrInfo, Mtu, QpAttr,
+        QpCap, QpInit, QpState, QpType, Qpn, RKey, RcConnect, RecvWr, RejReason, SendOp, SendWr,
+        Sge, Wc, WcOpcode, WcStatus,
     },
     ibcm::{CmaHdr, Gid},
 };
@@ -322,14 +322,7 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
         bail!("--iters must be positive");
     }
     let port = a.port.unwrap_or(DEFAULT_PORT);
-    let mut opts = DeviceOptions {
-        netns,
-        inline: !a.events && !a.threaded,
-        log_level: a.log_level.into(),
-        ..DeviceOptions::default()
-    };
-    opts.transport.multipath = a.multipath;
-    let dev = Device::open(&a.dev, &opts)?;
+    let dev = super::open_device(a, netns)?;
     let pd = dev.alloc_pd()?;
     let remote_access = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
     let cq = dev.create_cq(32)?;
