@@ -90,6 +90,10 @@ pub enum ApiError {
         #[source]
         source: std::io::Error,
     },
+    /// A device reached through `roce engine` ([`crate::api::remote::SharedDevice`]): the
+    /// engine refused the verb with an errno, or could not be reached.
+    #[error(transparent)]
+    Remote(#[from] crate::api::remote::RemoteError),
     /// An engine thread failed.
     #[error("engine thread: {0}")]
     Engine(String),
@@ -204,6 +208,7 @@ impl ApiError {
             // rdma_listen on a port taken (cma.c `cma_alloc_port`).
             Self::Cm(crate::ibcm::CmError::AlreadyListening(_)) => libc::EADDRINUSE,
             Self::Os { source, .. } => source.raw_os_error().unwrap_or(libc::EIO),
+            Self::Remote(e) => e.errno(),
             // As the kernel's address resolution answers ibv_create_ah and ibv_modify_qp
             // for rxe (core/addr.c): no route, or no neighbour reply in time.
             Self::NetInfo(NetInfoError::NoRoute { .. }) => libc::ENETUNREACH,

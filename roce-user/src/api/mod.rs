@@ -47,6 +47,7 @@ mod path;
 mod rdma_device;
 pub mod remote;
 mod srq;
+mod verbs_device;
 
 use std::{
     fs::File,
@@ -62,6 +63,7 @@ use std::{
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use roce_common::maps::{MAX_QPS, QpEntry};
 
+pub use self::verbs_device::VerbsDevice;
 pub use crate::transport::Event;
 pub use crate::transport::{
     Access, AttrMask, BindMw, CqId, DeviceConfig, DeviceCounters, ExternalMem, LKey, MemBuf,

@@ -10,7 +10,9 @@ use std::collections::VecDeque;
 use super::ids::{Qpn, RKey};
 
 /// Status of a work completion (`enum ibv_wc_status`, same numeric values).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, Debug, Default, serde::Serialize, serde::Deserialize,
+)]
 pub enum WcStatus {
     /// `IBV_WC_SUCCESS`.
     #[default]
@@ -41,7 +43,9 @@ pub enum WcStatus {
 }
 
 /// Opcode of a work completion (`enum ibv_wc_opcode`, same numeric values).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, Default)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, Debug, Default, serde::Serialize, serde::Deserialize,
+)]
 pub enum WcOpcode {
     /// `IBV_WC_SEND`.
     #[default]
@@ -66,7 +70,7 @@ pub enum WcOpcode {
 
 bitflags::bitflags! {
     /// Work completion flags (`enum ibv_wc_flags`).
-    #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug, serde::Serialize, serde::Deserialize)]
     pub struct WcFlags: u32 {
         /// `IBV_WC_GRH`: the first 40 bytes of the receive buffer hold a GRH (UD).
         const GRH = 1;
@@ -82,7 +86,7 @@ bitflags::bitflags! {
 /// [`Wc::default`] is the all-zero `struct ibv_wc` (status `SUCCESS`, opcode `SEND`, no QP):
 /// a filler for the slice that [`Device::poll_cq_into`](crate::api::Device::poll_cq_into)
 /// writes, never a completion of its own; read only the entries the poll says it wrote.
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct Wc {
     /// The `wr_id` of the work request.
     pub wr_id: u64,
@@ -105,7 +109,9 @@ pub struct Wc {
 }
 
 /// Identifies a CQ of a device.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct CqId(pub u32);
 
 /// A completion queue of fixed depth.

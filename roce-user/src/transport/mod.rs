@@ -288,7 +288,7 @@ impl Shard {
 }
 
 /// An asynchronous event (`struct ibv_async_event`).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub enum Event {
     /// `IBV_EVENT_QP_FATAL`: the QP moved to ERR on its own (from `from`).
     QpFatal {

@@ -32,7 +32,7 @@ pub use super::mem::{
 bitflags::bitflags! {
     /// Memory access rights (`enum ibv_access_flags`). [`Access::all`] is every right,
     /// [`Access::empty`] none.
-    #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug, serde::Serialize, serde::Deserialize)]
     pub struct Access: u32 {
         /// `IBV_ACCESS_LOCAL_WRITE`: the HCA may write the region (receives, READ responses,
         /// atomics).
@@ -50,11 +50,13 @@ bitflags::bitflags! {
 
 /// A protection domain (`ibv_alloc_pd`): a QP reaches only the regions of its own PD, locally
 /// and remotely (IBA 10.2.3); a key of another PD behaves as an invalid key.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct PdId(pub u32);
 
 /// What a registration returns: the keys and the address range of the region.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct MrInfo {
     /// Key for scatter/gather entries of local work requests.
     pub lkey: LKey,
@@ -129,7 +131,7 @@ struct Mr {
 }
 
 /// The type of a memory window (`enum ibv_mw_type`).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub enum MwType {
     /// `IBV_MW_TYPE_1`: bound with `ibv_bind_mw`, valid from allocation, bound to a region
     /// only; it cannot be invalidated (IBA o10-37.2.26).
@@ -142,7 +144,7 @@ pub enum MwType {
 
 /// A memory window's binding (`struct ibv_mw_bind_info` with the window and its new key),
 /// as an `IBV_WR_BIND_MW` work request carries it (rxe `wqe->wr.wr.mw`).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct BindMw {
     /// The window's current R_Key.
     pub mw_rkey: RKey,
@@ -947,7 +949,7 @@ impl MrTable {
 }
 
 /// A scatter/gather entry of a work request (`struct ibv_sge`).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Sge {
     /// First I/O virtual address.
     pub addr: u64,

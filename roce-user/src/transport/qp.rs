@@ -93,7 +93,7 @@ pub enum PostError {
 }
 
 /// Sizes of a QP's queues (`struct ibv_qp_cap`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct QpCap {
     /// Send queue depth.
     pub max_send_wr: u32,
@@ -118,7 +118,7 @@ impl Default for QpCap {
 }
 
 /// What `create_qp` needs (`struct ibv_qp_init_attr`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Copy, Debug, serde::Serialize, serde::Deserialize)]
 pub struct QpInit {
     /// The protection domain: the QP reaches only this PD's memory regions.
     pub pd: PdId,

@@ -24,11 +24,13 @@ use super::wr::RecvWr;
 use super::{DeviceError, PostError};
 
 /// Identifies an SRQ of a device.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, Debug, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct SrqId(pub u32);
 
 /// The attributes of an SRQ (`struct ibv_srq_attr`).
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct SrqAttr {
     /// WQEs the SRQ holds at most.
     pub max_wr: u32,
@@ -40,7 +42,7 @@ pub struct SrqAttr {
 
 bitflags::bitflags! {
     /// Which attributes `modify_srq` sets (`enum ibv_srq_attr_mask`).
-    #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug, serde::Serialize, serde::Deserialize)]
     pub struct SrqAttrMask: u32 {
         /// `IBV_SRQ_MAX_WR`: resize the queue.
         const MAX_WR = 1 << 0;

@@ -10,7 +10,7 @@ use super::ids::{PKey, Psn, QKey, Qpn};
 use super::mr::Access;
 
 /// A queue pair state (IBA 10.3.1; `enum ibv_qp_state`).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
 pub enum QpState {
     /// Just created or reset: no packet is processed, no WR is accepted for sending.
     Reset = 0,
@@ -82,7 +82,7 @@ impl QpState {
 }
 
 /// The transport service of a QP.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
 pub enum QpType {
     /// Reliable connection.
     Rc,
@@ -95,7 +95,9 @@ pub enum QpType {
 }
 
 /// A path MTU (`enum ibv_mtu`): the largest payload of one packet.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, serde::Serialize, serde::Deserialize,
+)]
 pub enum Mtu {
     /// 256 bytes.
     Mtu256 = 1,
@@ -133,7 +135,7 @@ impl Mtu {
 bitflags::bitflags! {
     /// Which attributes of a [`QpAttr`] a `modify_qp` call sets (`enum ibv_qp_attr_mask`).
     /// Displayed as the names joined by `|` (`STATE|PORT`), `NONE` when empty.
-    #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug, serde::Serialize, serde::Deserialize)]
     pub struct AttrMask: u32 {
         /// `IBV_QP_STATE`.
         const STATE = 1 << 0;
@@ -208,7 +210,7 @@ impl fmt::Display for AttrMask {
 
 /// The attributes of a QP (`struct ibv_qp_attr`, the fields roce-xdp uses). A `modify_qp` call
 /// reads only the fields its [`AttrMask`] names.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct QpAttr<P> {
     /// Target state (`IBV_QP_STATE`).
     pub qp_state: QpState,

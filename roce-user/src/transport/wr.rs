@@ -4,7 +4,7 @@ use super::ids::{QKey, Qpn, RKey};
 use super::mr::{BindMw, Sge, sg_len};
 
 /// What a send work request does (`enum ibv_wr_opcode` with its operands).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub enum SendOp {
     /// `IBV_WR_SEND`.
     Send,
@@ -106,7 +106,7 @@ impl SendOp {
 
 bitflags::bitflags! {
     /// Send flags (`enum ibv_send_flags`).
-    #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
+    #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug, serde::Serialize, serde::Deserialize)]
     pub struct SendFlags: u32 {
         /// `IBV_SEND_SIGNALED`: post a completion on success too.
         const SIGNALED = 2;
@@ -116,7 +116,7 @@ bitflags::bitflags! {
 }
 
 /// Where a UD send goes (`wr.ud`): the address handle, the remote QP and its Q_Key.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct UdDest<P> {
     /// The path to the destination (an address handle).
     pub path: P,
@@ -127,7 +127,7 @@ pub struct UdDest<P> {
 }
 
 /// A send work request.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct SendWr<P> {
     /// Returned in the completion.
     pub wr_id: u64,
@@ -185,7 +185,7 @@ impl<P> SendWr<P> {
 }
 
 /// A receive work request.
-#[derive(Clone, Debug, PartialEq, Eq)]
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct RecvWr {
     /// Returned in the completion.
     pub wr_id: u64,

@@ -8,7 +8,9 @@ use roce_common::hdr::{ETH_P_8021AD, ETH_P_8021Q, MAX_VLAN_TAGS};
 use super::{Result, WireError, be16, fixed_view, put16};
 
 /// A MAC address.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 pub struct EthernetAddress(pub [u8; 6]);
 
 impl EthernetAddress {
@@ -93,7 +95,7 @@ impl<T: AsRef<[u8]> + AsMut<[u8]>> Packet<T> {
 }
 
 /// One VLAN tag: its TPID (0x8100 or 0x88a8) and TCI (PCP 3 bits, DEI 1, VID 12).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
 pub struct VlanTag {
     /// Tag protocol identifier.
     pub tpid: u16,

@@ -20,7 +20,9 @@ use super::{
 };
 
 /// The ECN codepoint: the low two bits of the IPv4 TOS / IPv6 traffic class (RFC 3168).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 pub enum Ecn {
     /// 00: not ECN-capable.
     #[default]
@@ -57,7 +59,7 @@ impl Ecn {
 }
 
 /// The IP addresses of a path.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub enum IpPath {
     /// RoCE v2 over IPv4.
     V4 {
@@ -78,7 +80,7 @@ pub enum IpPath {
 }
 
 /// Everything below the BTH that a sender chooses: a QP's address vector in wire terms.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct PathRepr {
     /// Source MAC.
     pub src_mac: EthernetAddress,

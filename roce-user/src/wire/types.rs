@@ -79,6 +79,20 @@ impl Psn {
     }
 }
 
+/// As the raw value; a value read back is masked to the field's width, as [`Self::new`] does,
+/// so a peer's bytes never make an out-of-range value (the engine protocol, docs/multiprocess.md).
+impl serde::Serialize for Psn {
+    fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        self.0.serialize(s)
+    }
+}
+
+impl<'de> serde::Deserialize<'de> for Psn {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        u32::deserialize(d).map(Self::new)
+    }
+}
+
 impl fmt::Debug for Psn {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "Psn({:#08x})", self.0)
@@ -114,6 +128,20 @@ macro_rules! id_newtype {
         impl From<$name> for $ty {
             fn from(v: $name) -> $ty {
                 v.0
+            }
+        }
+
+        /// As the raw value; a value read back is masked to the field's width, as `new` does,
+        /// so a peer's bytes never make an out-of-range value (the engine protocol, docs/multiprocess.md).
+        impl serde::Serialize for $name {
+            fn serialize<S: serde::Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+                self.0.serialize(s)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $name {
+            fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+                <$ty>::deserialize(d).map(Self::new)
             }
         }
 

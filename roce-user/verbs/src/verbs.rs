@@ -18,7 +18,7 @@ use nix::sys::eventfd::{EfdFlags, EventFd};
 use roce::{
     api::{
         Access, ApiError, AttrMask, CqId, Device, DeviceOptions, Event, Mtu, Path, Psn, QKey,
-        QpAttr, QpState, Qpn, SrqId, Wc, WcFlags,
+        QpAttr, QpState, Qpn, SrqId, VerbsDevice, Wc, WcFlags, remote::SharedDevice,
     },
     loader::{AttachMode, LoadError},
 };
@@ -42,17 +42,56 @@ use crate::{
 /// - `threads`: one engine thread per queue serves the device, as `roce perf` does by default.
 pub use roce::api::env::ENGINE_ENV;
 
-/// Whether [`ENGINE_ENV`]'s value asks for the inline engine (anything but `threads`, with a
-/// warning for a value that is neither).
-fn engine_inline(value: Option<&str>) -> bool {
-    match value {
-        None | Some("inline") => true,
-        Some("threads") => false,
+/// Where a context's device runs, as [`ENGINE_ENV`] asks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Mode {
+    /// Unset: the interface's `roce engine` if one serves it in this namespace (so programs
+    /// started beside each other share the interface), else in this process, inline.
+    Auto,
+    /// In this process, driven by the program's threads.
+    Inline,
+    /// In this process, with engine threads.
+    Threads,
+    /// Through the interface's `roce engine` process, which must be running.
+    Shared,
+}
+
+/// The [`Mode`] [`ENGINE_ENV`]'s value asks for (unset or empty: [`Mode::Auto`]; a value that is
+/// none of `inline`, `threads` and `shared` gets a warning and [`Mode::Auto`]).
+fn engine_mode(value: Option<&str>) -> Mode {
+    match value.map(str::trim) {
+        None | Some("") => Mode::Auto,
+        Some("inline") => Mode::Inline,
+        Some("threads") => Mode::Threads,
+        Some("shared") => Mode::Shared,
         Some(other) => {
             eprintln!(
-                "libibverbs (roce-xdp): {ENGINE_ENV}={other:?} is neither \"inline\" nor \"threads\"; using inline"
+                "libibverbs (roce-xdp): {ENGINE_ENV}={other:?} is none of \"inline\", \"threads\" and \"shared\"; choosing as if unset"
             );
-            true
+            Mode::Auto
+        }
+    }
+}
+
+/// The device behind a context: opened in this process, or reached through `roce engine`.
+#[derive(Clone, Debug)]
+enum Backend {
+    Local(Arc<Device>),
+    Shared(Arc<SharedDevice>),
+}
+
+impl Backend {
+    fn verbs(&self) -> &dyn VerbsDevice {
+        match self {
+            Self::Local(d) => &**d,
+            Self::Shared(d) => &**d,
+        }
+    }
+
+    fn arc(&self) -> Arc<dyn VerbsDevice> {
+        match self {
+            Self::Local(d) => Arc::clone(d) as Arc<dyn VerbsDevice>,
+            Self::Shared(d) => Arc::clone(d) as Arc<dyn VerbsDevice>,
         }
     }
 }
@@ -117,7 +156,7 @@ fn multipath_from_env(value: Option<&str>) -> Result<bool, String> {
 pub struct Verbs {
     /// The interface's facts, read at open.
     pub port: Port,
-    dev: OnceLock<Arc<Device>>,
+    dev: OnceLock<Backend>,
     opening: Mutex<()>,
     /// Which channel each CQ with a completion channel reports to, and the CQ's C handle.
     routes: Routes,
@@ -266,23 +305,46 @@ impl Verbs {
         self.handles.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// The engine of this context, opened on first use ([`Device::open`]: attaches roce_xdp
+    /// The engine of this context, opened on first use: through the interface's `roce
+    /// engine` ([`SharedDevice`]) when [`ENGINE_ENV`] says `shared`, or is unset and an engine
+    /// serves the interface; otherwise in this process ([`Device::open`]: attaches roce_xdp
     /// unless `roce load` did, binds an AF_XDP socket per queue, starts the engine threads).
     ///
     /// # Errors
-    /// The errno of the failure (EIO for a load or socket failure, EBUSY, ...), after saying
-    /// why on stderr: a C program has no other way to learn it.
-    pub fn device(&self) -> Result<&Device, c_int> {
+    /// The errno of the failure (EIO for a load or socket failure, EBUSY, ENOENT for no engine
+    /// with `shared`, ...), after saying why on stderr: a C program has no other way to learn
+    /// it.
+    pub fn device(&self) -> Result<&dyn VerbsDevice, c_int> {
         if let Some(d) = self.dev.get() {
-            return Ok(d);
+            return Ok(d.verbs());
         }
         let _one = self.opening.lock().unwrap_or_else(PoisonError::into_inner);
         if let Some(d) = self.dev.get() {
-            return Ok(d);
+            return Ok(d.verbs());
         }
         let ifname = &self.port.info.ifname;
+        let mode = engine_mode(std::env::var(ENGINE_ENV).ok().as_deref());
+        if matches!(mode, Mode::Auto | Mode::Shared) {
+            match SharedDevice::connect(ifname) {
+                Ok(d) => {
+                    let d = self.dev.get_or_init(|| Backend::Shared(Arc::new(d)));
+                    self.start_pump(d.arc())?;
+                    return Ok(d.verbs());
+                }
+                Err(e) if mode == Mode::Shared => {
+                    eprintln!(
+                        "libibverbs (roce-xdp): {ENGINE_ENV}=shared, but no roce engine serves \
+                         {ifname} in this network namespace ({e}); start one with `roce engine \
+                         -i {ifname}`"
+                    );
+                    return Err(e.errno());
+                }
+                // No engine here: open the device in this process.
+                Err(_) => {}
+            }
+        }
         let mut opts = DeviceOptions {
-            inline: engine_inline(std::env::var(ENGINE_ENV).ok().as_deref()),
+            inline: mode != Mode::Threads,
             ..DeviceOptions::default()
         };
         let var = |name: &str| std::env::var(name).ok();
@@ -320,12 +382,19 @@ impl Verbs {
         });
         match opened {
             Ok(d) => {
-                let d = Arc::clone(self.dev.get_or_init(|| Arc::new(d)));
-                self.start_pump(d)?;
-                Ok(self.dev.get().map(|d| &**d).ok_or(libc::EIO)?)
+                let d = self.dev.get_or_init(|| Backend::Local(Arc::new(d)));
+                self.start_pump(d.arc())?;
+                Ok(d.verbs())
             }
             Err(e) => {
                 eprintln!("libibverbs (roce-xdp): cannot start the engine on {ifname}: {e:#}");
+                if matches!(e, ApiError::QueueTaken { .. }) {
+                    eprintln!(
+                        "libibverbs (roce-xdp): to run several programs on {ifname}, start \
+                         `roce engine -i {ifname}` first: every program then reaches the \
+                         interface through it"
+                    );
+                }
                 Err(e.errno())
             }
         }
@@ -337,15 +406,29 @@ impl Verbs {
     ///
     /// # Errors
     /// As [`Verbs::device`].
+    /// `EOPNOTSUPP` for a device reached through `roce engine`, whose CM is not offered to
+    /// its programs yet (docs/multiprocess.md).
     pub fn device_arc(&self) -> Result<Arc<Device>, c_int> {
         self.device()?;
-        self.dev.get().cloned().ok_or(libc::EIO)
+        match self.dev.get() {
+            Some(Backend::Local(d)) => Ok(Arc::clone(d)),
+            Some(Backend::Shared(d)) => {
+                eprintln!(
+                    "libibverbs (roce-xdp): RDMA CM is not offered through roce engine yet; \
+                     {} is served by the engine (run this program without one, or with \
+                     {ENGINE_ENV}=inline while no other program uses the interface)",
+                    d.ifname()
+                );
+                Err(libc::EOPNOTSUPP)
+            }
+            None => Err(libc::EIO),
+        }
     }
 
     /// The engine if it was started.
     #[must_use]
-    pub fn started(&self) -> Option<&Device> {
-        self.dev.get().map(|d| &**d)
+    pub fn started(&self) -> Option<&dyn VerbsDevice> {
+        self.dev.get().map(Backend::verbs)
     }
 
     /// Sends the completion events of `cq` to `channel`, naming the CQ by `handle` (the
@@ -367,7 +450,7 @@ impl Verbs {
     /// completion events to the channel of their CQ and asynchronous events to
     /// [`Verbs::events`] with the C struct of their object, and reads the link state every
     /// [`LINK_POLL`] for `IBV_EVENT_PORT_ACTIVE` / `IBV_EVENT_PORT_ERR` on a change.
-    fn start_pump(&self, dev: Arc<Device>) -> Result<(), c_int> {
+    fn start_pump(&self, dev: Arc<dyn VerbsDevice>) -> Result<(), c_int> {
         let mut pump = self.pump.lock().unwrap_or_else(PoisonError::into_inner);
         if pump.is_some() {
             return Ok(());
@@ -616,11 +699,13 @@ mod tests {
     }
 
     #[test]
-    fn the_engine_is_inline_unless_threads_are_asked_for() {
-        assert!(engine_inline(None));
-        assert!(engine_inline(Some("inline")));
-        assert!(!engine_inline(Some("threads")));
-        assert!(engine_inline(Some("bogus")));
+    fn the_engine_mode_follows_the_environment() {
+        assert_eq!(engine_mode(None), Mode::Auto);
+        assert_eq!(engine_mode(Some(" ")), Mode::Auto);
+        assert_eq!(engine_mode(Some("inline")), Mode::Inline);
+        assert_eq!(engine_mode(Some("threads")), Mode::Threads);
+        assert_eq!(engine_mode(Some("shared")), Mode::Shared);
+        assert_eq!(engine_mode(Some("bogus")), Mode::Auto);
     }
 
     #[test]

@@ -14,6 +14,7 @@ pub mod device;
 pub mod memory;
 pub mod proto;
 pub mod server;
+pub mod verbs;
 
 use std::{
     io::{Read as _, Write as _},
@@ -21,8 +22,8 @@ use std::{
     path::{Path, PathBuf},
 };
 
-pub use self::device::EngineDevice;
 use self::proto::{ProtoError, QpSpec, REJECT, Reply, Request, Value};
+pub use self::{device::EngineDevice, verbs::SharedDevice};
 use crate::transport::{Access, CqId, LKey, PdId, QpInit, QpState, QpType, Qpn, RKey};
 
 /// The directory of engine sockets: one folder per network namespace below it.
@@ -196,6 +197,13 @@ impl EngineClient {
         self.engine_pid
     }
 
+    /// The connection's socket, for a connection that carries nothing but what the engine
+    /// sends ([`verbs::VerbCall::Doorbell`]).
+    #[must_use]
+    pub fn into_stream(self) -> UnixStream {
+        self.stream
+    }
+
     fn unexpected(&self) -> RemoteError {
         RemoteError::Proto(ProtoError::Kind(0))
     }
@@ -235,7 +243,7 @@ impl EngineClient {
                     Reply::Err(errno) => Err(RemoteError::Errno { verb, errno }),
                 };
             }
-            let mut chunk = [0u8; 512];
+            let mut chunk = [0u8; 16 * 1024];
             let n = self.stream.read(&mut chunk).map_err(|e| self.io(e))?;
             if n == 0 {
                 return Err(RemoteError::Closed);

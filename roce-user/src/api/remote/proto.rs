@@ -2,7 +2,8 @@
 //! over the socket"), as a sans-I/O codec: bytes in, typed messages out, and back. No socket,
 //! clock or thread here; [`super::server`] and [`super::EngineClient`] move the bytes.
 //!
-//! Every message is a frame: a 12-byte header, then a body of at most [`MAX_BODY`] bytes.
+//! Every message is a frame: a 12-byte header, then a body of at most [`MAX_BODY`] bytes
+//! ([`MAX_VERB_BODY`] for [`Request::Verb`] and its reply).
 //!
 //! | offset | size | field |
 //! |---|---|---|
@@ -30,12 +31,17 @@ pub const MAGIC: u16 = u16::from_le_bytes(*b"RE");
 /// `EPROTONOSUPPORT` (no negotiation yet: the engine and its programs are one build). Version 2
 /// added the reliability attributes of [`Request::QpConnect`] ([`RcAttrs`]), the atomics of
 /// [`WireOp`] and [`Request::WaitCq`], which `roce perf --engine` needs; version 3 the
-/// device's PD, MR and CQ counts in [`Value::Status`].
-pub const VERSION: u8 = 3;
+/// device's PD, MR and CQ counts in [`Value::Status`]; version 4 [`Request::Verb`], every verb
+/// of the drop-in libibverbs (`super::verbs`).
+pub const VERSION: u8 = 4;
 /// Bytes of a frame header.
 pub const HEADER: usize = 12;
-/// The largest body any message has, with room to grow; longer is refused (`EMSGSIZE`).
+/// The largest body any message but [`Request::Verb`] and its reply has, with room to grow;
+/// longer is refused (`EMSGSIZE`).
 pub const MAX_BODY: usize = 256;
+/// The largest body of a [`Request::Verb`] or its reply: a list of send WRs with inline data
+/// (`ibv_wr_complete`), or a poll of many completions.
+pub const MAX_VERB_BODY: usize = 1 << 20;
 /// Set in the kind of a reply.
 pub const REPLY_BIT: u8 = 0x80;
 /// The kind of the reply to a frame that could not be decoded (no verb to echo).
@@ -48,6 +54,9 @@ pub type Handle = u32;
 /// A verb, from a program to the engine.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Request {
+    /// A verb of the drop-in libibverbs: its [`super::verbs::VerbCall`] in postcard's encoding,
+    /// decoded (and refused with `EPROTO` when it does not decode) by the engine.
+    Verb(Vec<u8>),
     /// First message of a connection: the engine answers with what it serves.
     Hello,
     /// The engine's state: connected programs and live QPs (`roce engine --status`).
@@ -353,6 +362,8 @@ pub struct QpSpec {
 /// The result of a verb that succeeded.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Value {
+    /// To [`Request::Verb`]: its [`super::verbs::VerbOk`] in postcard's encoding.
+    Verb(Vec<u8>),
     /// To [`Request::Hello`].
     Hello {
         /// The engine's protocol version.
@@ -429,8 +440,8 @@ pub enum ProtoError {
     /// No such verb (or a reply where a request was expected, and the reverse).
     #[error("unknown message kind {0:#04x}")]
     Kind(u8),
-    /// A body longer than [`MAX_BODY`].
-    #[error("body of {0} bytes, at most {MAX_BODY}")]
+    /// A body longer than its kind allows ([`MAX_BODY`], [`MAX_VERB_BODY`]).
+    #[error("body of {0} bytes, longer than its kind allows")]
     TooLong(u32),
     /// The body's length is not the one its kind has.
     #[error("body of {got} bytes for kind {kind:#04x}, which has {want}")]
@@ -442,6 +453,9 @@ pub enum ProtoError {
         /// Bytes that kind has.
         want: usize,
     },
+    /// A [`Request::Verb`] body (or its reply's) that does not decode as a whole.
+    #[error("a verb's body does not decode")]
+    Encoding,
     /// A field out of its range.
     #[error("field {field}: {value} out of range")]
     Field {
@@ -463,7 +477,7 @@ impl ProtoError {
             Self::TooLong(_) => libc::EMSGSIZE,
             Self::Kind(_) => libc::EOPNOTSUPP,
             Self::Field { .. } => libc::EINVAL,
-            Self::Magic(_) | Self::Length { .. } => libc::EPROTO,
+            Self::Magic(_) | Self::Length { .. } | Self::Encoding => libc::EPROTO,
         }
     }
 }
@@ -486,8 +500,9 @@ const K_POST_SEND: u8 = 15;
 const K_POST_RECV: u8 = 16;
 const K_POLL_CQ: u8 = 17;
 const K_WAIT_CQ: u8 = 18;
+const K_VERB: u8 = 19;
 /// The last verb's kind.
-const K_LAST: u8 = K_WAIT_CQ;
+const K_LAST: u8 = K_VERB;
 
 /// Bytes of a [`QpSpec`] body.
 const QP_SPEC_LEN: usize = 4 + 1 + 4 * 6 + 1;
@@ -515,11 +530,13 @@ impl Request {
             Self::PostRecv { .. } => K_POST_RECV,
             Self::PollCq { .. } => K_POLL_CQ,
             Self::WaitCq { .. } => K_WAIT_CQ,
+            Self::Verb(_) => K_VERB,
         }
     }
 
     fn body(&self, out: &mut Vec<u8>) {
         match self {
+            Self::Verb(bytes) => out.extend_from_slice(bytes),
             Self::Hello | Self::Status | Self::AllocPd => {}
             Self::QueryGid { index: v }
             | Self::DeallocPd { pd: v }
@@ -801,6 +818,7 @@ pub fn encode_reply(out: &mut Vec<u8>, seq: u32, kind: u8, reply: &Reply) {
                     }
                 }
                 Value::Gid(g) => o.extend_from_slice(g),
+                Value::Verb(bytes) => o.extend_from_slice(bytes),
                 Value::Done => {}
                 Value::Created(h) => o.extend_from_slice(&h.to_le_bytes()),
                 Value::Wcs(wcs) => {
@@ -854,7 +872,12 @@ fn header(buf: &[u8]) -> Result<Option<Header>, ProtoError> {
     }
     let seq = u32::from_le_bytes([h[4], h[5], h[6], h[7]]);
     let len = u32::from_le_bytes([h[8], h[9], h[10], h[11]]);
-    if len as usize > MAX_BODY {
+    let max = if h[3] & !REPLY_BIT == K_VERB {
+        MAX_VERB_BODY
+    } else {
+        MAX_BODY
+    };
+    if len as usize > max {
         return Err(ProtoError::TooLong(len));
     }
     Ok(Some(Header {
@@ -938,6 +961,7 @@ pub fn decode_request(buf: &[u8]) -> Result<Option<(Frame<Request>, usize)>, Pro
             }
         }
         K_QUERY_GID => Request::QueryGid { index: one(body)? },
+        K_VERB => Request::Verb(body.to_vec()),
         K_DEALLOC_PD => Request::DeallocPd { pd: one(body)? },
         K_CREATE_CQ => Request::CreateCq { depth: one(body)? },
         K_DESTROY_CQ => Request::DestroyCq { cq: one(body)? },
@@ -1178,6 +1202,7 @@ pub fn decode_reply(buf: &[u8]) -> Result<Option<(Frame<Reply>, usize)>, ProtoEr
                 g.copy_from_slice(rest);
                 Value::Gid(g)
             }
+            K_VERB => Value::Verb(rest.to_vec()),
             K_ALLOC_PD | K_CREATE_CQ | K_CREATE_QP => {
                 exact(k, rest, 4)?;
                 Value::Created(u32_at(rest, 0))
@@ -1333,6 +1358,7 @@ mod tests {
             Just(Request::Hello),
             Just(Request::Status),
             Just(Request::AllocPd),
+            proptest::collection::vec(any::<u8>(), 0..600).prop_map(Request::Verb),
             any::<u32>().prop_map(|index| Request::QueryGid { index }),
             any::<u32>().prop_map(|pd| Request::DeallocPd { pd }),
             any::<u32>().prop_map(|depth| Request::CreateCq { depth }),
@@ -1435,6 +1461,9 @@ mod tests {
                 })
                 .boxed(),
             K_QUERY_GID => any::<[u8; 16]>().prop_map(Value::Gid).boxed(),
+            K_VERB => proptest::collection::vec(any::<u8>(), 0..600)
+                .prop_map(Value::Verb)
+                .boxed(),
             K_POLL_CQ | K_WAIT_CQ => proptest::collection::vec(wc(), 0..=MAX_POLL)
                 .prop_map(Value::Wcs)
                 .boxed(),

@@ -11,7 +11,7 @@
 //! after it started, if none came), or when `stop` says so.
 
 use std::{
-    collections::BTreeSet,
+    collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
     io::{ErrorKind, Read as _, Write as _},
     os::unix::{
         fs::PermissionsExt as _,
@@ -19,7 +19,7 @@ use std::{
     },
     path::{Path, PathBuf},
     sync::{
-        Arc,
+        Arc, Condvar, Mutex, PoisonError,
         atomic::{AtomicBool, AtomicU32, Ordering},
     },
     time::{Duration, Instant},
@@ -37,12 +37,13 @@ use nix::{
 use super::{
     memory::{AddressSpace, ProcessMem},
     proto::{self, QpSpec, REJECT, Reply, Request, Value, WireOp, WireSge, WireWc},
+    verbs::{self, VerbCall, VerbOk},
 };
 use crate::{
     api::{Device, RcConnect},
     transport::{
         CqId, LKey, Memory, PdId, Psn, QpCap, QpInit, Qpn, RKey, RecvWr, SendFlags, SendOp, SendWr,
-        Sge,
+        Sge, SrqId,
     },
 };
 
@@ -95,6 +96,72 @@ struct Engine {
     dev: Device,
     clients: AtomicU32,
     stop: AtomicBool,
+    /// The event queues of the connections that subscribed ([`VerbCall::Subscribe`]), by token.
+    subs: Mutex<HashMap<u64, Arc<EventQueue>>>,
+}
+
+/// The most events queued for one connection; beyond it the oldest are dropped (with a log):
+/// a program that takes no events must not grow the engine without bound.
+const MAX_QUEUED_EVENTS: usize = 4096;
+
+/// One subscribed connection's events, rung on its doorbell connection.
+#[derive(Default)]
+struct EventQueue {
+    state: Mutex<EventState>,
+    rung: Condvar,
+}
+
+#[derive(Default)]
+struct EventState {
+    events: VecDeque<crate::api::Event>,
+    /// Events queued since the subscription: the doorbell rings when it moves.
+    pushed: u64,
+    /// The connection is gone: its doorbell stops.
+    closed: bool,
+}
+
+impl EventQueue {
+    fn lock(&self) -> std::sync::MutexGuard<'_, EventState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn push(&self, e: crate::api::Event) {
+        let mut st = self.lock();
+        if st.events.len() >= MAX_QUEUED_EVENTS {
+            st.events.pop_front();
+            log::warn!("engine: a program takes no events; dropped its oldest");
+        }
+        st.events.push_back(e);
+        st.pushed += 1;
+        drop(st);
+        self.rung.notify_all();
+    }
+
+    fn close(&self) {
+        self.lock().closed = true;
+        self.rung.notify_all();
+    }
+}
+
+/// Hands every event of the engine's device to every subscribed connection (each takes only
+/// those of its own objects, [`VerbCall::TakeEvents`]), until the engine stops. Runs on a
+/// thread of its own for the engine's life.
+fn dispatch_events(engine: &Engine, tick: Duration) {
+    while !engine.stop.load(Ordering::SeqCst) {
+        let Some(e) = engine.dev.wait_event(tick) else {
+            continue;
+        };
+        let subs: Vec<_> = engine
+            .subs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .values()
+            .cloned()
+            .collect();
+        for q in subs {
+            q.push(e);
+        }
+    }
 }
 
 /// Binds the engine socket at `path`: makes its directory (0755), takes over a stale socket
@@ -158,7 +225,15 @@ pub fn serve(
         dev,
         clients: AtomicU32::new(0),
         stop: AtomicBool::new(false),
+        subs: Mutex::new(HashMap::new()),
     });
+    let events = {
+        let e = Arc::clone(&engine);
+        let tick = opts.tick;
+        std::thread::Builder::new()
+            .name("roce-engine-events".into())
+            .spawn(move || dispatch_events(&e, tick))?
+    };
     let mut report = ServeReport::default();
     let mut threads = Vec::new();
     let mut idle_since = Instant::now();
@@ -226,6 +301,7 @@ pub fn serve(
     for t in threads {
         let _ = t.join();
     }
+    let _ = events.join();
     drop(listener);
     // Every connection has released its objects; dropping the last reference closes the
     // device (and unloads what it loaded).
@@ -293,6 +369,12 @@ struct Connection<'a> {
     qps: BTreeSet<u32>,
     /// Memory regions by lkey.
     mrs: BTreeSet<u32>,
+    srqs: BTreeSet<u32>,
+    /// Memory windows by index (the R_Key's upper 16 bits, which a bind keeps), with the PD
+    /// and key they were made with.
+    mws: BTreeMap<u32, (PdId, RKey)>,
+    /// The token and queue of this connection's events, once it subscribed.
+    sub: Option<(u64, Arc<EventQueue>)>,
 }
 
 impl<'a> Connection<'a> {
@@ -305,6 +387,9 @@ impl<'a> Connection<'a> {
             cqs: BTreeSet::new(),
             qps: BTreeSet::new(),
             mrs: BTreeSet::new(),
+            srqs: BTreeSet::new(),
+            mws: BTreeMap::new(),
+            sub: None,
         }
     }
 
@@ -313,7 +398,7 @@ impl<'a> Connection<'a> {
     fn run(mut self, mut stream: UnixStream) {
         let _ = stream.set_nonblocking(false);
         let mut buf = Vec::new();
-        let mut chunk = [0u8; 512];
+        let mut chunk = [0u8; 16 * 1024];
         let mut out = Vec::new();
         'conn: while !self.engine.stop.load(Ordering::SeqCst) {
             match stream.read(&mut chunk) {
@@ -331,6 +416,12 @@ impl<'a> Connection<'a> {
                     Ok(None) => break,
                     Ok(Some((f, used))) => {
                         buf.drain(..used);
+                        if let Request::Verb(body) = &f.msg
+                            && let Ok(VerbCall::Doorbell { token }) = verbs::decode(body)
+                        {
+                            self.doorbell(stream, f.seq, f.kind, token);
+                            break 'conn;
+                        }
                         let reply = self.handle(f.msg);
                         proto::encode_reply(&mut out, f.seq, f.kind, &reply);
                         if stream.write_all(&out).is_err() {
@@ -359,9 +450,27 @@ impl<'a> Connection<'a> {
     /// the kernel releases a dying process's verbs objects.
     fn release(&mut self) {
         let dev = &self.engine.dev;
+        if let Some((token, q)) = self.sub.take() {
+            self.engine
+                .subs
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .remove(&token);
+            q.close();
+        }
         for qpn in std::mem::take(&mut self.qps) {
             if let Err(e) = dev.destroy_qp(Qpn::new(qpn)) {
                 log::warn!("engine: pid {}: destroying QP {qpn:#x}: {e}", self.pid);
+            }
+        }
+        for srq in std::mem::take(&mut self.srqs) {
+            if let Err(e) = dev.destroy_srq(SrqId(srq)) {
+                log::warn!("engine: pid {}: destroying SRQ {srq}: {e}", self.pid);
+            }
+        }
+        for (_, (pd, rkey)) in std::mem::take(&mut self.mws) {
+            if let Err(e) = dev.dealloc_mw(pd, rkey) {
+                log::warn!("engine: pid {}: freeing window {rkey}: {e}", self.pid);
             }
         }
         for lkey in std::mem::take(&mut self.mrs) {
@@ -398,6 +507,11 @@ impl<'a> Connection<'a> {
     }
 
     fn verb(&mut self, req: Request) -> Result<Value, i32> {
+        if let Request::Verb(body) = &req {
+            let call = verbs::decode(body).map_err(|e| e.errno())?;
+            let ok = self.lib_verb(call)?;
+            return Ok(Value::Verb(verbs::encode(&ok).map_err(|e| e.errno())?));
+        }
         let dev = &self.engine.dev;
         let errno = |e: crate::api::ApiError| e.errno();
         let wait = match &req {
@@ -652,7 +766,316 @@ impl<'a> Connection<'a> {
                 let (qp_type, state, _) = dev.qp_query(Qpn::new(qpn)).ok_or(libc::EINVAL)?;
                 Value::QpInfo { qp_type, state }
             }
+            // Answered above.
+            Request::Verb(_) => return Err(libc::EPROTO),
         })
+    }
+
+    /// Serves one verb of the drop-in libibverbs ([`VerbCall`]). Every object it names must be
+    /// this connection's (`EINVAL` otherwise); destinations (a peer's QPN, rkeys in WRs, the
+    /// lkeys of SG lists) meet the device's checks, which are per PD, as for any program.
+    fn lib_verb(&mut self, call: VerbCall) -> Result<VerbOk, i32> {
+        let dev = &self.engine.dev;
+        let errno = |e: crate::api::ApiError| e.errno();
+        Ok(match call {
+            VerbCall::MaxPathMtu { ipv6 } => VerbOk::Mtu(dev.max_path_mtu(ipv6)),
+            VerbCall::PathTo {
+                gid_index,
+                remote_gid,
+                local_qpn,
+                remote_qpn,
+            } => {
+                // Reads no QP: the QPNs only choose the UDP source port (`ibv_create_ah`
+                // passes none).
+                let i = usize::try_from(gid_index).map_err(|_| libc::EINVAL)?;
+                VerbOk::Path(Box::new(
+                    dev.path_to(i, &remote_gid, local_qpn, remote_qpn)
+                        .map_err(errno)?,
+                ))
+            }
+            VerbCall::AllocPd => {
+                let pd = dev.alloc_pd().map_err(errno)?;
+                self.pds.insert(pd.0);
+                VerbOk::Pd(pd)
+            }
+            VerbCall::DeallocPd(pd) => {
+                Self::own(&self.pds, pd.0)?;
+                dev.dealloc_pd(pd).map_err(errno)?;
+                self.pds.remove(&pd.0);
+                VerbOk::Done
+            }
+            VerbCall::RegMr {
+                pd,
+                addr,
+                len,
+                iova,
+                access,
+            } => {
+                Self::own(&self.pds, pd.0)?;
+                let space = self.space.clone().ok_or(libc::EACCES)?;
+                let mem = ProcessMem::new(space, addr, len).ok_or(libc::EINVAL)?;
+                if !mem.reachable() {
+                    // ibv_reg_mr over a hole in the address space.
+                    return Err(libc::EFAULT);
+                }
+                let info = dev
+                    .reg_mr_iova(pd, Memory::External(Box::new(mem)), iova, access)
+                    .map_err(errno)?;
+                self.mrs.insert(info.lkey.value());
+                VerbOk::Mr(info)
+            }
+            VerbCall::DeregMr(lkey) => {
+                Self::own(&self.mrs, lkey.value())?;
+                dev.dereg_mr(lkey).map_err(errno)?;
+                self.mrs.remove(&lkey.value());
+                VerbOk::Done
+            }
+            VerbCall::AllocMw { pd, ty } => {
+                Self::own(&self.pds, pd.0)?;
+                let rkey = dev.alloc_mw(pd, ty).map_err(errno)?;
+                self.mws.insert(rkey.value() >> 16, (pd, rkey));
+                VerbOk::RKey(rkey)
+            }
+            VerbCall::DeallocMw { pd, rkey } => {
+                let index = rkey.value() >> 16;
+                match self.mws.get(&index) {
+                    Some(&(p, _)) if p == pd => {}
+                    _ => return Err(libc::EINVAL),
+                }
+                dev.dealloc_mw(pd, rkey).map_err(errno)?;
+                self.mws.remove(&index);
+                VerbOk::Done
+            }
+            VerbCall::BindMw {
+                qpn,
+                wr_id,
+                flags,
+                bind,
+            } => {
+                Self::own(&self.qps, qpn.value())?;
+                if !self.mws.contains_key(&(bind.mw_rkey.value() >> 16)) {
+                    return Err(libc::EINVAL);
+                }
+                VerbOk::RKey(dev.bind_mw(qpn, wr_id, flags, bind).map_err(errno)?)
+            }
+            VerbCall::CreateCq { depth } => {
+                if depth == 0 {
+                    return Err(libc::EINVAL);
+                }
+                let d = usize::try_from(depth).map_err(|_| libc::EINVAL)?;
+                let cq = dev.create_cq(d).map_err(errno)?;
+                self.cqs.insert(cq.0);
+                VerbOk::Cq(cq)
+            }
+            VerbCall::DestroyCq(cq) => {
+                Self::own(&self.cqs, cq.0)?;
+                dev.destroy_cq(cq).map_err(errno)?;
+                self.cqs.remove(&cq.0);
+                VerbOk::Done
+            }
+            VerbCall::ReqNotifyCq { cq, solicited_only } => {
+                Self::own(&self.cqs, cq.0)?;
+                dev.req_notify_cq(cq, solicited_only).map_err(errno)?;
+                VerbOk::Done
+            }
+            VerbCall::PollCq { cq, max } => {
+                Self::own(&self.cqs, cq.0)?;
+                let n = max.min(verbs::MAX_POLL) as usize;
+                let mut wcs = vec![crate::api::Wc::default(); n];
+                let got = dev.poll_cq_into(cq, &mut wcs);
+                wcs.truncate(got);
+                VerbOk::Wcs(wcs)
+            }
+            VerbCall::CreateQp { init, srq } => {
+                Self::own(&self.pds, init.pd.0)?;
+                Self::own(&self.cqs, init.send_cq.0)?;
+                Self::own(&self.cqs, init.recv_cq.0)?;
+                if let Some(s) = srq {
+                    Self::own(&self.srqs, s.0)?;
+                }
+                let qpn = dev.create_qp_with_srq(init, srq).map_err(errno)?;
+                self.qps.insert(qpn.value());
+                VerbOk::Qp(qpn)
+            }
+            VerbCall::DestroyQp(qpn) => {
+                Self::own(&self.qps, qpn.value())?;
+                dev.destroy_qp(qpn).map_err(errno)?;
+                self.qps.remove(&qpn.value());
+                VerbOk::Done
+            }
+            VerbCall::ModifyQp { qpn, attr, mask } => {
+                Self::own(&self.qps, qpn.value())?;
+                dev.modify_qp(qpn, &attr, mask).map_err(errno)?;
+                VerbOk::Done
+            }
+            VerbCall::QueryQp(qpn) => {
+                Self::own(&self.qps, qpn.value())?;
+                VerbOk::QpQuery(dev.qp_query(qpn).map(Box::new))
+            }
+            VerbCall::CreateSrq { pd, attr } => {
+                Self::own(&self.pds, pd.0)?;
+                let srq = dev.create_srq(pd, attr).map_err(errno)?;
+                self.srqs.insert(srq.0);
+                VerbOk::Srq(srq)
+            }
+            VerbCall::DestroySrq(srq) => {
+                Self::own(&self.srqs, srq.0)?;
+                dev.destroy_srq(srq).map_err(errno)?;
+                self.srqs.remove(&srq.0);
+                VerbOk::Done
+            }
+            VerbCall::ModifySrq { srq, attr, mask } => {
+                Self::own(&self.srqs, srq.0)?;
+                dev.modify_srq(srq, &attr, mask).map_err(errno)?;
+                VerbOk::Done
+            }
+            VerbCall::QuerySrq(srq) => {
+                Self::own(&self.srqs, srq.0)?;
+                VerbOk::SrqAttr(dev.query_srq(srq).map_err(errno)?)
+            }
+            VerbCall::PostSrqRecv { srq, wr } => {
+                Self::own(&self.srqs, srq.0)?;
+                dev.post_srq_recv(srq, wr).map_err(errno)?;
+                VerbOk::Done
+            }
+            VerbCall::PostSend { qpn, mut wrs, all } => {
+                Self::own(&self.qps, qpn.value())?;
+                if all {
+                    dev.post_send_all(qpn, wrs).map_err(errno)?;
+                } else {
+                    let wr = wrs.pop().filter(|_| wrs.is_empty()).ok_or(libc::EINVAL)?;
+                    dev.post_send(qpn, wr).map_err(errno)?;
+                }
+                VerbOk::Done
+            }
+            VerbCall::PostRecv { qpn, wr } => {
+                Self::own(&self.qps, qpn.value())?;
+                dev.post_recv(qpn, wr).map_err(errno)?;
+                VerbOk::Done
+            }
+            VerbCall::Subscribe => {
+                let (token, _) = self.subscription();
+                VerbOk::Token(token)
+            }
+            VerbCall::TakeEvents { max } => {
+                let Some((_, q)) = &self.sub else {
+                    return Err(libc::EINVAL);
+                };
+                let mut st = q.lock();
+                let mut out = Vec::new();
+                while out.len() < max.min(verbs::MAX_EVENTS) as usize {
+                    let Some(e) = st.events.pop_front() else {
+                        break;
+                    };
+                    // Every subscriber sees every event of the device: keep only ours.
+                    if self.owns_event(&e) {
+                        out.push(e);
+                    }
+                }
+                VerbOk::Events(out)
+            }
+            // Served by `run` as the first request of a connection of its own.
+            VerbCall::Doorbell { .. } => return Err(libc::EINVAL),
+        })
+    }
+
+    /// This connection's subscription, made on first use: its token and event queue.
+    fn subscription(&mut self) -> (u64, Arc<EventQueue>) {
+        if let Some((t, q)) = &self.sub {
+            return (*t, Arc::clone(q));
+        }
+        let q = Arc::new(EventQueue::default());
+        let mut subs = self
+            .engine
+            .subs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let token = loop {
+            // RandomState's keys come from the OS's randomness, fresh for each state.
+            let t = std::hash::BuildHasher::hash_one(
+                &std::collections::hash_map::RandomState::new(),
+                subs.len(),
+            );
+            if t != 0 && !subs.contains_key(&t) {
+                break t;
+            }
+        };
+        subs.insert(token, Arc::clone(&q));
+        drop(subs);
+        self.sub = Some((token, Arc::clone(&q)));
+        (token, q)
+    }
+
+    /// Whether event `e` is about an object of this connection.
+    fn owns_event(&self, e: &crate::api::Event) -> bool {
+        use crate::api::Event as E;
+        match *e {
+            E::CqNotify { cq } | E::CqOverflow { cq } => self.cqs.contains(&cq.0),
+            E::SrqLimitReached { srq } => self.srqs.contains(&srq.0),
+            E::QpFatal { qpn, .. }
+            | E::SqDrained { qpn }
+            | E::QpLastWqeReached { qpn }
+            | E::CommEstablished { qpn } => self.qps.contains(&qpn.value()),
+        }
+    }
+
+    /// Serves a doorbell connection ([`VerbCall::Doorbell`]): answers the request of `seq`,
+    /// then writes one byte to `stream` whenever the subscription of `token` has new events,
+    /// until that subscription's connection closes, this one breaks, or the engine stops.
+    /// A token nobody holds is answered `EINVAL`.
+    fn doorbell(&self, mut stream: UnixStream, seq: u32, kind: u8, token: u64) {
+        let q = self
+            .engine
+            .subs
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(&token)
+            .cloned();
+        let mut out = Vec::new();
+        let Some(q) = q else {
+            proto::encode_reply(&mut out, seq, kind, &Reply::Err(libc::EINVAL));
+            let _ = stream.write_all(&out);
+            return;
+        };
+        let Ok(done) = verbs::encode(&VerbOk::Done) else {
+            return;
+        };
+        proto::encode_reply(&mut out, seq, kind, &Reply::Ok(Value::Verb(done)));
+        if stream.write_all(&out).is_err() {
+            return;
+        }
+        // A doorbell is part of its program's connection, not a client of its own.
+        self.engine.clients.fetch_sub(1, Ordering::SeqCst);
+        let _ = stream.set_nonblocking(true);
+        let mut rung = 0;
+        let mut st = q.lock();
+        loop {
+            if st.closed || self.engine.stop.load(Ordering::SeqCst) {
+                break;
+            }
+            if st.pushed != rung {
+                rung = st.pushed;
+                drop(st);
+                // A full socket already holds a ring the program has not read.
+                match stream.write(&[1]) {
+                    Ok(_) => {}
+                    Err(e) if e.kind() == ErrorKind::WouldBlock => {}
+                    Err(_) => {
+                        st = q.lock();
+                        break;
+                    }
+                }
+                st = q.lock();
+                continue;
+            }
+            st = q
+                .rung
+                .wait_timeout(st, Duration::from_millis(100))
+                .unwrap_or_else(PoisonError::into_inner)
+                .0;
+        }
+        drop(st);
+        self.engine.clients.fetch_add(1, Ordering::SeqCst);
     }
 }
 

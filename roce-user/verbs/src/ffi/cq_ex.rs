@@ -146,8 +146,10 @@ fn next(obj: *mut CqObj) -> c_int {
             return libc::EINVAL;
         };
         let mut w = [Wc::default(); 1];
-        if dev.poll_cq_into(id, &mut w) == 0 {
-            return libc::ENOENT;
+        match dev.poll_cq(id, &mut w) {
+            Ok(0) => return libc::ENOENT,
+            Ok(_) => {}
+            Err(e) => return e.errno(),
         }
         let wc = wc_to_ibv(&w[0]);
         // SAFETY: as above; only the batch's holder writes these fields, and C reads them

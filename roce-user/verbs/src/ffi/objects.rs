@@ -13,8 +13,8 @@ use core::{
 use std::sync::Arc;
 
 use roce::api::{
-    ApiError, AttrMask, CqId, Device, LKey, Path, PdId, QpCap, QpInit, QpType, Qpn, RKey, RawMem,
-    RecvWr, SendFlags, SendOp, SendWr, Sge, Wc,
+    ApiError, AttrMask, CqId, LKey, Path, PdId, QpCap, QpInit, QpType, Qpn, RKey, RawMem, RecvWr,
+    SendFlags, SendOp, SendWr, Sge, VerbsDevice, Wc,
 };
 
 use super::{device::ctx_of, guard, qp_ex::QpEx, set_errno};
@@ -37,7 +37,9 @@ pub(super) fn fill_ops(ops: &mut sys::ibv_context_ops) {
 ///
 /// # Safety
 /// `context` must be NULL or a live context of ours.
-pub(super) unsafe fn device_of<'a>(context: *mut sys::ibv_context) -> Result<&'a Device, c_int> {
+pub(super) unsafe fn device_of<'a>(
+    context: *mut sys::ibv_context,
+) -> Result<&'a dyn VerbsDevice, c_int> {
     // SAFETY: the caller's contract.
     unsafe { ctx_of(context) }
         .ok_or(libc::EINVAL)?
@@ -148,9 +150,7 @@ unsafe fn reg_mr(
         let mem = unsafe { RawMem::new(addr.cast(), length) }.ok_or(libc::EINVAL)?;
         // SAFETY: the PD's context is live while the PD is.
         let dev = unsafe { device_of(context) }?;
-        let info = dev
-            .reg_mr_iova(id, mem, iova, access)
-            .map_err(|e| e.errno())?;
+        let info = dev.reg_mr(id, mem, iova, access).map_err(|e| e.errno())?;
         Ok(give(MrObj {
             ibv: sys::ibv_mr {
                 context,
@@ -391,7 +391,12 @@ unsafe extern "C" fn poll_cq(cq: *mut sys::ibv_cq, num: c_int, wc: *mut sys::ibv
     let mut done = 0;
     while done < num {
         let want = (num - done).min(buf.len());
-        let got = dev.poll_cq_into(id, &mut buf[..want]);
+        let got = match dev.poll_cq(id, &mut buf[..want]) {
+            Ok(n) => n,
+            // The engine behind the device is gone: what was polled, or a failure.
+            Err(_) if done > 0 => break,
+            Err(_) => return -1,
+        };
         for (i, w) in buf[..got].iter().enumerate() {
             // SAFETY: `wc` holds `num` entries (the caller's array); `done + i < num`.
             unsafe { wc.add(done + i).write(wc_to_ibv(w)) };
@@ -495,7 +500,7 @@ export!(
                 // SAFETY: `context` is the PD's, live.
                 let dev = unsafe { device_of(context) }?;
                 let qpn = dev
-                    .create_qp_with_srq(
+                    .create_qp(
                         QpInit {
                             cap,
                             sq_sig_all: init.sq_sig_all != 0,
@@ -547,7 +552,7 @@ export!(
 /// `qp` must be a live `QpObj` of ours.
 pub(super) unsafe fn qp_dev<'a>(
     qp: *mut sys::ibv_qp,
-) -> Result<(&'a mut QpObj, &'a Device), c_int> {
+) -> Result<(&'a mut QpObj, &'a dyn VerbsDevice), c_int> {
     if qp.is_null() {
         return Err(libc::EINVAL);
     }
@@ -653,7 +658,10 @@ export!(
         if attr.is_null() || init_attr.is_null() {
             return libc::EINVAL;
         }
-        let Some((qp_type, state, a)) = dev.qp_query(Qpn::new(obj.ibv.qp_num)) else {
+        let Some((qp_type, state, a)) = (match dev.query_qp(Qpn::new(obj.ibv.qp_num)) {
+            Ok(q) => q,
+            Err(e) => return e.errno(),
+        }) else {
             return libc::EINVAL;
         };
         let state = state.code();

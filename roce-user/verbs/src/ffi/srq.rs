@@ -6,7 +6,7 @@
 
 use core::{ffi::c_int, ptr};
 
-use roce::api::{Device, SrqAttr, SrqAttrMask, SrqId};
+use roce::api::{SrqAttr, SrqAttrMask, SrqId, VerbsDevice};
 
 use super::{
     device::ctx_of,
@@ -31,7 +31,7 @@ pub(super) fn fill_ops(ops: &mut sys::ibv_context_ops) {
 ///
 /// # Safety
 /// `srq` must be NULL or a live `SrqObj` of ours.
-unsafe fn srq_dev<'a>(srq: *mut sys::ibv_srq) -> Result<(SrqId, &'a Device), c_int> {
+unsafe fn srq_dev<'a>(srq: *mut sys::ibv_srq) -> Result<(SrqId, &'a dyn VerbsDevice), c_int> {
     if srq.is_null() {
         return Err(libc::EINVAL);
     }
