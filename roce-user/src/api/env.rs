@@ -6,9 +6,11 @@
 /// it, every interface where `roce load` attached roce_xdp.
 pub const DEVICES_ENV: &str = "ROCE_DEVICES";
 
-/// How the library runs the engine in the program: `inline` (the default: the program's
-/// threads drive the transport inside `ibv_poll_cq` and the posting verbs) or `threads` (one
-/// engine thread per queue). `roce exec --engine` sets it.
+/// Where the library runs the device: `inline` (in the program, its threads driving the
+/// transport inside `ibv_poll_cq` and the posting verbs), `threads` (in the program, one engine
+/// thread per queue) or `shared` (through the interface's `roce engine` process, shared with
+/// the other programs on the interface). Unset: `shared` when an engine serves the interface,
+/// else `inline`. `roce exec --engine` sets it.
 pub const ENGINE_ENV: &str = "ROCE_ENGINE";
 
 /// Congestion-control parameters for every QP of the program: `NAME=VALUE` pairs separated by

@@ -22,6 +22,9 @@ enum Engine {
     Inline,
     /// One engine thread per queue, as `roce perf` runs by default.
     Threads,
+    /// Through the interface's `roce engine` process, shared with every other program on
+    /// the interface (start it first: `roce engine -i IFACE`); fails if none runs.
+    Shared,
 }
 
 impl Engine {
@@ -29,6 +32,7 @@ impl Engine {
         match self {
             Self::Inline => "inline",
             Self::Threads => "threads",
+            Self::Shared => "shared",
         }
     }
 }
@@ -45,10 +49,14 @@ folder that holds roce-xdp's libibverbs.so.1, so it loads that library instead o
 and ROCE_DEVICES naming the interfaces it shows as RDMA devices (roce_<ifname>). The first verb \
 that needs the engine starts it: it attaches roce_xdp unless `roce load` did, binds an AF_XDP \
 socket per queue, and runs the transport on the program's own threads inside ibv_poll_cq and \
-the posting verbs (ROCE_ENGINE=inline, the default) or on engine threads (threads). The same by \
-hand:\n  LD_LIBRARY_PATH=target/debug/roce-verbs ROCE_DEVICES=eth0 ibv_devinfo\n\n\
+the posting verbs (ROCE_ENGINE=inline) or on engine threads (threads). Several programs on one \
+interface (a server and a client on one host): start `roce engine -i IFACE` first; while it runs, \
+every program reaches the interface through it (ROCE_ENGINE unset, or shared to insist). The same \
+by hand:\n  LD_LIBRARY_PATH=target/debug/roce-verbs ROCE_DEVICES=eth0 ibv_devinfo\n\n\
 Examples:\n  roce exec -d eth0 -- ibv_devices\n  roce exec -d veth1 -- ibv_devinfo -v\n  \
 roce --netns ns1 exec -d veth1 -- ibv_devinfo     inside a network namespace\n  \
+roce engine -i veth1 & roce exec -d veth1 -- ib_write_bw -d roce_veth1 & \
+roce exec -d veth1 -- ib_write_bw -d roce_veth1 127.0.0.1\n  \
 ip netns exec ns1 roce exec -d veth1 -- ibv_devices"
 )]
 pub struct ExecArgs {
@@ -65,7 +73,8 @@ pub struct ExecArgs {
     /// from the libibverbs.so cargo builds there).
     #[arg(long, value_name = "DIR", env = "ROCE_VERBS_DIR")]
     lib_dir: Option<PathBuf>,
-    /// How the engine runs in the program (sets ROCE_ENGINE). Default: inline.
+    /// How the engine runs for the program (sets ROCE_ENGINE). Default: through the
+    /// interface's `roce engine` if one runs, else inline in the program.
     #[arg(long, value_enum)]
     engine: Option<Engine>,
     /// Congestion control of every QP of the program, as `roce perf --cc` takes it: dcqcn
