@@ -15,7 +15,8 @@
 //!   program alone gets, before and after the engine), and eight programs at once through the
 //!   same two engines, their aggregate against one program's.
 //!
-//! Each figure is the median of REPS runs, with min and max.
+//! Each figure is the median of REPS runs, with min and max. `ROCE_BENCH_E2E=engine` runs the
+//! engine rows alone (about 2 minutes).
 
 use std::{
     net::{SocketAddr, UdpSocket},
@@ -184,6 +185,12 @@ fn main() {
         "no roce binary at {} (cargo build --release -p roce-user)",
         roce_bin().display()
     );
+    if std::env::var("ROCE_BENCH_E2E").as_deref() == Ok("engine") {
+        let (mut table, mut rows) = (String::new(), Vec::new());
+        engine_rows(&mut table, &mut rows);
+        print!("{table}");
+        return;
+    }
     let pair = VethPair::new(
         &tag("be"),
         &VethOptions {
