@@ -410,7 +410,10 @@ fn library_verbs_reach_only_the_callers_objects() {
     // A doorbell for a token nobody holds.
     let mut bell = EngineClient::connect_at(&path).expect("bell");
     assert_eq!(
-        errno_of(bell.verb(&VerbCall::Doorbell { token: 42 })),
+        errno_of(bell.verb(&VerbCall::Doorbell {
+            token: 42,
+            cm: false
+        })),
         Errno::EINVAL as i32
     );
     // Bytes that are no verb: EPROTO, and the connection is still served.
@@ -464,6 +467,227 @@ fn library_verbs_reach_only_the_callers_objects() {
     assert_eq!(Qpn::new(qpn.value()), qpn);
     drop((owner, other, bell));
     drop(buf);
+    let o = finish_within(
+        engine,
+        Duration::from_secs(20),
+        "engine after its last client",
+    );
+    assert!(o.status.success(), "engine:\n{}", text(&o));
+}
+
+/// `roce exec --engine shared -d IF -- stdbuf -oL prog ARGS` in `ns` (line-buffered, for the
+/// rdmacm-utils' progress lines).
+fn exec_shared_cm(ns: &str, ifname: &str, prog: &str, args: &[String]) -> Reaper {
+    let mut v: Vec<String> = [
+        "exec", "--engine", "shared", "-d", ifname, "--", "stdbuf", "-oL", prog,
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    v.extend(args.iter().cloned());
+    spawn(ns, &v)
+}
+
+/// RDMA CM through the engine: the server and the client of Debian's rdmacm-utils (`rping`
+/// with `-V`, each side checking every ping, `ucmatose` over RC, `udaddy` over UD with SIDR)
+/// and perftest's `-R` bandwidth tools on one interface, every program on the library and
+/// reaching the device through the engine, whose CM routes each REQ to the program that
+/// listens on its port and every later event to the program that owns the connection. Then
+/// the isolation of the CM verbs: another program's connection is `EINVAL` to accept, reject,
+/// disconnect, destroy or query, another's listen is not its to stop, and a connect names its
+/// own QP only.
+#[test]
+fn rdma_cm_programs_run_server_and_client_on_one_interface_through_the_engine() {
+    require_root();
+    let pair = veth_pair("engc", 212);
+    let (ns, ifname) = (pair.a.netns.clone(), pair.a.ifname.clone());
+    let (engine, path, _socket) = start_engine(&ns, &ifname, "2", Duration::from_secs(20));
+    let mut watch = EngineClient::connect_at(&path).expect("watcher");
+    let ip = pair.a.ipv4.to_string();
+    let a = |v: &[&str]| v.iter().map(|s| (*s).to_owned()).collect::<Vec<String>>();
+    let dev = format!("roce_{ifname}");
+    let cases: Vec<(&str, Vec<String>, Vec<String>)> = vec![
+        (
+            "rping",
+            a(&[
+                "-s", "-a", &ip, "-p", "18740", "-C", "20", "-S", "200", "-V", "-v",
+            ]),
+            a(&[
+                "-c", "-a", &ip, "-p", "18740", "-C", "20", "-S", "200", "-V", "-v",
+            ]),
+        ),
+        (
+            "ucmatose",
+            a(&["-b", &ip, "-p", "18741", "-c", "2", "-C", "20"]),
+            a(&["-s", &ip, "-b", &ip, "-p", "18741", "-c", "2", "-C", "20"]),
+        ),
+        (
+            "udaddy",
+            // udaddy's -p is the port space; it listens on 7174.
+            a(&["-b", &ip, "-c", "2", "-C", "20"]),
+            a(&["-s", &ip, "-b", &ip, "-c", "2", "-C", "20"]),
+        ),
+        (
+            "ib_write_bw",
+            a(&["-d", &dev, "-R", "-p", "18743", "-n", "300"]),
+            a(&["-d", &dev, "-R", "-p", "18743", "-n", "300", &ip]),
+        ),
+        (
+            "ib_read_bw",
+            a(&["-d", &dev, "-R", "-p", "18744", "-n", "300"]),
+            a(&["-d", &dev, "-R", "-p", "18744", "-n", "300", &ip]),
+        ),
+        (
+            "ib_send_bw",
+            a(&["-d", &dev, "-R", "-p", "18745", "-n", "300"]),
+            a(&["-d", &dev, "-R", "-p", "18745", "-n", "300", &ip]),
+        ),
+    ];
+    for (prog, server, client) in &cases {
+        let s = exec_shared_cm(&ns, &ifname, prog, server);
+        let (c_out, s_out) = roce_tests::rdmacm::spawned_pair(
+            (prog, s),
+            (prog, &|| exec_shared_cm(&ns, &ifname, prog, client)),
+        );
+        if *prog == "rping" {
+            roce_tests::rdmacm::check_ping_lines("client", &c_out, 20, 200)
+                .and_then(|()| roce_tests::rdmacm::check_ping_lines("server", &s_out, 20, 200))
+                .unwrap_or_else(|e| panic!("{e}"));
+        } else if prog.starts_with("ib_") {
+            roce_tests::rdmacm::check_bw_row("client", &c_out, 65536, 300)
+                .unwrap_or_else(|e| panic!("{e}"));
+        } else {
+            for (who, out) in [("client", &c_out), ("server", &s_out)] {
+                assert!(out.contains("test complete"), "{prog} {who}:\n{out}");
+            }
+        }
+        wait_status(&mut watch, EMPTY, Duration::from_secs(10));
+    }
+
+    // Isolation of the CM verbs between two programs.
+    let mut owner = EngineClient::connect_at(&path).expect("owner");
+    let mut other = EngineClient::connect_at(&path).expect("other");
+    for c in [&mut owner, &mut other] {
+        let VerbOk::Token(_) = c.verb(&VerbCall::Subscribe).expect("subscribe") else {
+            panic!("subscribe")
+        };
+        c.verb(&VerbCall::CmEnable).expect("cm_enable");
+    }
+    let VerbOk::Service(_) = owner
+        .verb(&VerbCall::CmListen {
+            port: 18746,
+            ud: false,
+        })
+        .expect("listen")
+    else {
+        panic!("cm_listen")
+    };
+    // Another program's listen is not the other's to stop, nor to take over.
+    assert!(matches!(
+        other.verb(&VerbCall::CmUnlisten {
+            port: 18746,
+            ud: false
+        }),
+        Ok(VerbOk::Bool(false))
+    ));
+    assert_eq!(
+        errno_of(other.verb(&VerbCall::CmListen {
+            port: 18746,
+            ud: false
+        })),
+        Errno::EADDRINUSE as i32
+    );
+    // The owner connects to its own listen through a QP of its own; the other cannot name
+    // that QP, nor act on the owner's connection.
+    let VerbOk::Pd(pd) = owner.verb(&VerbCall::AllocPd).expect("pd") else {
+        panic!("pd")
+    };
+    let VerbOk::Cq(cq) = owner.verb(&VerbCall::CreateCq { depth: 8 }).expect("cq") else {
+        panic!("cq")
+    };
+    let init = QpInit {
+        pd,
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        cap: QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_sge: 1,
+            max_inline_data: 0,
+        },
+        sq_sig_all: true,
+    };
+    let VerbOk::Qp(qpn) = owner
+        .verb(&VerbCall::CreateQp { init, srq: None })
+        .expect("qp")
+    else {
+        panic!("qp")
+    };
+    let connect =
+        roce::api::CmConnect::new(pair.a.ipv4.into(), 18746, 0, qpn, roce::api::Psn::new(1));
+    assert_eq!(
+        errno_of(other.verb(&VerbCall::CmConnect(Box::new(connect.clone())))),
+        Errno::EINVAL as i32,
+        "a connect through another's QP"
+    );
+    let VerbOk::Comm(id) = owner
+        .verb(&VerbCall::CmConnect(Box::new(connect)))
+        .expect("connect")
+    else {
+        panic!("cm_connect")
+    };
+    for v in [
+        VerbCall::CmReject {
+            id,
+            private_data: vec![],
+        },
+        VerbCall::CmReady {
+            id,
+            private_data: vec![],
+        },
+        VerbCall::CmDisconnect {
+            id,
+            private_data: vec![],
+        },
+        VerbCall::CmState(id),
+        VerbCall::CmDestroy(id),
+        VerbCall::CmAccept {
+            id,
+            accept: Box::new(roce::api::CmAccept::new(qpn, roce::api::Psn::new(2))),
+        },
+    ] {
+        let name = v.name();
+        assert_eq!(errno_of(other.verb(&v)), Errno::EINVAL as i32, "{name}");
+    }
+    // The owner's connection is intact: its state is its own to read, and the REQ reached
+    // its listen (the owner's CM queue gets the request).
+    assert!(matches!(
+        owner.verb(&VerbCall::CmState(id)),
+        Ok(VerbOk::CmState(Some(_)))
+    ));
+    let t0 = Instant::now();
+    loop {
+        match owner.verb(&VerbCall::TakeCmEvents { max: 8 }) {
+            Ok(VerbOk::CmEvents(e))
+                if e.iter()
+                    .any(|e| matches!(e, roce::api::CmEvent::ConnectRequest { .. })) =>
+            {
+                break;
+            }
+            Ok(_) => {}
+            Err(e) => panic!("take_cm_events: {e}"),
+        }
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "the REQ never reached its listener"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    assert!(matches!(
+        other.verb(&VerbCall::TakeCmEvents { max: 8 }),
+        Ok(VerbOk::CmEvents(e)) if e.is_empty()
+    ));
+    drop((owner, other, watch));
     let o = finish_within(
         engine,
         Duration::from_secs(20),

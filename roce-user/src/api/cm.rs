@@ -32,7 +32,7 @@ use crate::{
 
 /// An active connection request ([`Device::cm_connect`]): what `rdma_connect` puts in the REQ.
 /// [`CmConnect::new`] takes RDMA CM's defaults.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct CmConnect {
     /// The peer's IP address.
     pub dest: IpAddr,
@@ -91,7 +91,7 @@ impl CmConnect {
 }
 
 /// An accept ([`Device::cm_accept`]): what `rdma_accept` puts in the REP.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, serde::Serialize, serde::Deserialize)]
 pub struct CmAccept {
     /// Our QP.
     pub qpn: Qpn,

@@ -63,7 +63,7 @@ use std::{
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use roce_common::maps::{MAX_QPS, QpEntry};
 
-pub use self::verbs_device::VerbsDevice;
+pub use self::verbs_device::{CmDevice, VerbsDevice};
 pub use crate::transport::Event;
 pub use crate::transport::{
     Access, AttrMask, BindMw, CqId, DeviceConfig, DeviceCounters, ExternalMem, LKey, MemBuf,

@@ -8,13 +8,16 @@
 //! (UD and UC, SRQs, memory windows, `ibv_modify_qp` with any attribute mask, completion and
 //! asynchronous events).
 
+use core::net::IpAddr;
 use std::time::Duration;
 
 use super::{
     Access, ApiError, AttrMask, BindMw, CqId, Device, Event, LKey, MrInfo, MwType, Path, PdId,
     QpAttr, QpInit, QpState, QpType, Qpn, RKey, RawMem, RecvWr, SendFlags, SendWr, SrqAttr,
     SrqAttrMask, SrqId, Wc,
+    cm::{CmAccept, CmConnect, CmEvent, CmState, CommId, ServiceId, SidrStatus},
 };
+use crate::transport::QKey;
 
 /// The verbs of a device as libibverbs uses them. Each method is the [`Device`] method of the
 /// same name (see its documentation for the rules and errnos); the differences are that
@@ -299,5 +302,160 @@ impl VerbsDevice for Device {
 
     fn wait_event(&self, timeout: Duration) -> Option<Event> {
         Self::wait_event(self, timeout)
+    }
+}
+
+/// The communication manager of a device as the drop-in librdmacm uses it: each method is the
+/// [`Device`] method of the same name (see `api::cm`), offered in process and through
+/// `roce engine` ([`crate::api::remote::SharedDevice`], which routes each CM event to the
+/// program that listens on its port or made its connection).
+pub trait CmDevice: VerbsDevice {
+    /// [`Device::cm_enable`].
+    ///
+    /// # Errors
+    /// QP 1 cannot be claimed.
+    fn cm_enable(&self) -> Result<(), ApiError>;
+    /// [`Device::cm_listen`] (`ud`: [`Device::cm_listen_ud`]).
+    ///
+    /// # Errors
+    /// The port is taken.
+    fn cm_listen(&self, port: u16, ud: bool) -> Result<ServiceId, ApiError>;
+    /// [`Device::cm_unlisten`] (`ud`: [`Device::cm_unlisten_ud`]); whether it listened.
+    ///
+    /// # Errors
+    /// The CM is not running.
+    fn cm_unlisten(&self, port: u16, ud: bool) -> Result<bool, ApiError>;
+    /// [`Device::cm_connect`].
+    ///
+    /// # Errors
+    /// No route, too many connections.
+    fn cm_connect(&self, c: &CmConnect) -> Result<CommId, ApiError>;
+    /// [`Device::cm_accept`].
+    ///
+    /// # Errors
+    /// No such connection, or not in a state to accept.
+    fn cm_accept(&self, id: CommId, a: &CmAccept) -> Result<(), ApiError>;
+    /// [`Device::cm_reject`].
+    ///
+    /// # Errors
+    /// No such connection.
+    fn cm_reject(&self, id: CommId, private_data: &[u8]) -> Result<(), ApiError>;
+    /// [`Device::cm_ready`].
+    ///
+    /// # Errors
+    /// No such connection.
+    fn cm_ready(&self, id: CommId, private_data: &[u8]) -> Result<(), ApiError>;
+    /// [`Device::cm_disconnect`].
+    ///
+    /// # Errors
+    /// No such connection.
+    fn cm_disconnect(&self, id: CommId, private_data: &[u8]) -> Result<(), ApiError>;
+    /// [`Device::cm_destroy`].
+    ///
+    /// # Errors
+    /// The CM is not running.
+    fn cm_destroy(&self, id: CommId) -> Result<(), ApiError>;
+    /// [`Device::cm_state`].
+    fn cm_state(&self, id: CommId) -> Option<CmState>;
+    /// [`Device::cm_sidr_request`].
+    ///
+    /// # Errors
+    /// No route.
+    fn cm_sidr_request(
+        &self,
+        dest: IpAddr,
+        port: u16,
+        src_port: u16,
+        private_data: &[u8],
+    ) -> Result<CommId, ApiError>;
+    /// [`Device::cm_sidr_reply`].
+    ///
+    /// # Errors
+    /// No such request.
+    fn cm_sidr_reply(
+        &self,
+        id: CommId,
+        status: SidrStatus,
+        qpn: Qpn,
+        qkey: QKey,
+        private_data: &[u8],
+    ) -> Result<(), ApiError>;
+    /// [`Device::wait_cm_event`]: the next CM event of this program's listens and
+    /// connections, waiting up to `timeout`.
+    fn wait_cm_event(&self, timeout: Duration) -> Option<CmEvent>;
+}
+
+impl CmDevice for Device {
+    fn cm_enable(&self) -> Result<(), ApiError> {
+        Self::cm_enable(self)
+    }
+
+    fn cm_listen(&self, port: u16, ud: bool) -> Result<ServiceId, ApiError> {
+        if ud {
+            self.cm_listen_ud(port)
+        } else {
+            Self::cm_listen(self, port)
+        }
+    }
+
+    fn cm_unlisten(&self, port: u16, ud: bool) -> Result<bool, ApiError> {
+        if ud {
+            self.cm_unlisten_ud(port)
+        } else {
+            Self::cm_unlisten(self, port)
+        }
+    }
+
+    fn cm_connect(&self, c: &CmConnect) -> Result<CommId, ApiError> {
+        Self::cm_connect(self, c)
+    }
+
+    fn cm_accept(&self, id: CommId, a: &CmAccept) -> Result<(), ApiError> {
+        Self::cm_accept(self, id, a)
+    }
+
+    fn cm_reject(&self, id: CommId, private_data: &[u8]) -> Result<(), ApiError> {
+        Self::cm_reject(self, id, private_data)
+    }
+
+    fn cm_ready(&self, id: CommId, private_data: &[u8]) -> Result<(), ApiError> {
+        Self::cm_ready(self, id, private_data)
+    }
+
+    fn cm_disconnect(&self, id: CommId, private_data: &[u8]) -> Result<(), ApiError> {
+        Self::cm_disconnect(self, id, private_data)
+    }
+
+    fn cm_destroy(&self, id: CommId) -> Result<(), ApiError> {
+        Self::cm_destroy(self, id)
+    }
+
+    fn cm_state(&self, id: CommId) -> Option<CmState> {
+        Self::cm_state(self, id)
+    }
+
+    fn cm_sidr_request(
+        &self,
+        dest: IpAddr,
+        port: u16,
+        src_port: u16,
+        private_data: &[u8],
+    ) -> Result<CommId, ApiError> {
+        Self::cm_sidr_request(self, dest, port, src_port, private_data)
+    }
+
+    fn cm_sidr_reply(
+        &self,
+        id: CommId,
+        status: SidrStatus,
+        qpn: Qpn,
+        qkey: QKey,
+        private_data: &[u8],
+    ) -> Result<(), ApiError> {
+        Self::cm_sidr_reply(self, id, status, qpn, qkey, private_data)
+    }
+
+    fn wait_cm_event(&self, timeout: Duration) -> Option<CmEvent> {
+        Self::wait_cm_event(self, timeout)
     }
 }

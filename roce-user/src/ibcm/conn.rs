@@ -89,7 +89,7 @@ pub struct Transmit {
 }
 
 /// What happened, for the consumer.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub enum Event {
     /// Passive: a REQ for a service we listen on (IBTA 12.9.8.1). Answer with
     /// [`Cm::accept`], [`Cm::reject`] or, to gain time, [`Cm::delay`].
@@ -171,7 +171,7 @@ pub enum Event {
 }
 
 /// A connection's state (cm.c `enum ib_cm_state`; IDLE is the absence of a connection).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub enum State {
     /// Active: REQ sent, waiting for REP.
     ReqSent,

@@ -79,7 +79,7 @@ pub enum MadError {
 macro_rules! newtype {
     ($(#[$m:meta])* $name:ident($ty:ty), $w:literal) => {
         $(#[$m])*
-        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+        #[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize)]
         pub struct $name(pub $ty);
 
         impl fmt::Debug for $name {
@@ -138,7 +138,19 @@ newtype!(
 
 /// A 5-bit IBA time value: `4.096 µs × 2^t` (IBTA 12.7.13 "CM response timeout" and 9.7.6.1.3
 /// for the encoding). Values above 31 are masked.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Debug)]
+#[derive(
+    Clone,
+    Copy,
+    PartialEq,
+    Eq,
+    PartialOrd,
+    Ord,
+    Hash,
+    Default,
+    Debug,
+    serde::Serialize,
+    serde::Deserialize,
+)]
 pub struct IbaTime(u8);
 
 impl IbaTime {
@@ -163,7 +175,9 @@ impl IbaTime {
 
 /// A GID (IBTA 4.1.1). On RoCE v2 it is the IP address: an IPv6 address, or an IPv4 address
 /// mapped into `::ffff:0:0/96` (IBTA Annex A17.4.5.1, as rxe's `rdma_ip2gid`).
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, serde::Serialize, serde::Deserialize,
+)]
 pub struct Gid(pub [u8; 16]);
 
 impl Gid {
@@ -279,7 +293,7 @@ impl Wr<'_> {
 
 /// The transport service type of a REQ (IBTA 12.6.5 Table 106 "Transport Service Type";
 /// with `Extended` the extended transport type field says which, 1 = XRC).
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub enum TransportType {
     /// Reliable connection (0).
     Rc,
@@ -293,7 +307,7 @@ pub enum TransportType {
 
 /// Path MTU of a REQ (IBTA 12.6.5 "Path Packet Payload MTU", encoded as in 9.7.6.1.2 /
 /// `enum ib_mtu`: 1 = 256 … 5 = 4096). 0 and 6–15 are reserved.
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct PathMtu(u8);
 
 impl PathMtu {
@@ -331,7 +345,7 @@ impl PathMtu {
 }
 
 /// One path of a REQ (primary at attribute offset 52, alternate at 96; IBTA 12.6.5 Table 106).
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Default)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Default, serde::Serialize, serde::Deserialize)]
 pub struct ReqPath {
     /// Local port LID (0xFFFF, permissive, on RoCE: the kernel's `cm_format_req`).
     pub local_lid: u16,
@@ -396,7 +410,7 @@ impl ReqPath {
 }
 
 /// REQ, the connection request (IBTA 12.6.5, Table 106; `struct cm_req_msg`).
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Req {
     /// The requester's communication ID.
     pub local_comm_id: CommId,
@@ -467,7 +481,7 @@ pub struct Mra {
 }
 
 /// The message an MRA acknowledges (Table 107 "Message MRAed").
-#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub enum MsgMraed {
     /// A REQ (0).
     Req,
@@ -489,7 +503,9 @@ pub enum MsgRejected {
 }
 
 /// A REJ reason (IBTA 12.6.7.2 Table 109; `enum ib_cm_rej_reason` in include/rdma/ib_cm.h).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct RejReason(pub u16);
 
 impl RejReason {
@@ -561,7 +577,7 @@ pub struct Rej {
 }
 
 /// REP (IBTA 12.6.8, Table 110).
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct Rep {
     /// The responder's communication ID.
     pub local_comm_id: CommId,
@@ -631,7 +647,7 @@ pub struct Drep {
 }
 
 /// SIDR_REQ (IBTA 12.11, Table 119): which UD QP serves a service ID.
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct SidrReq {
     /// The requester's request ID.
     pub request_id: CommId,
@@ -644,7 +660,7 @@ pub struct SidrReq {
 }
 
 /// SIDR_REP status (Table 120 "Status"; `enum ib_cm_sidr_status`).
-#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Debug, Hash, serde::Serialize, serde::Deserialize)]
 pub struct SidrStatus(pub u8);
 
 impl SidrStatus {
@@ -659,7 +675,7 @@ impl SidrStatus {
 }
 
 /// SIDR_REP (Table 120).
-#[derive(Clone, PartialEq, Eq, Debug)]
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
 pub struct SidrRep {
     /// The request ID of the SIDR_REQ answered.
     pub request_id: CommId,

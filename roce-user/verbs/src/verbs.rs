@@ -17,8 +17,8 @@ use std::{
 use nix::sys::eventfd::{EfdFlags, EventFd};
 use roce::{
     api::{
-        Access, ApiError, AttrMask, CqId, Device, DeviceOptions, Event, Mtu, Path, Psn, QKey,
-        QpAttr, QpState, Qpn, SrqId, VerbsDevice, Wc, WcFlags, remote::SharedDevice,
+        Access, ApiError, AttrMask, CmDevice, CqId, Device, DeviceOptions, Event, Mtu, Path, Psn,
+        QKey, QpAttr, QpState, Qpn, SrqId, VerbsDevice, Wc, WcFlags, remote::SharedDevice,
     },
     loader::{AttachMode, LoadError},
 };
@@ -406,21 +406,11 @@ impl Verbs {
     ///
     /// # Errors
     /// As [`Verbs::device`].
-    /// `EOPNOTSUPP` for a device reached through `roce engine`, whose CM is not offered to
-    /// its programs yet (docs/multiprocess.md).
-    pub fn device_arc(&self) -> Result<Arc<Device>, c_int> {
+    pub fn device_arc(&self) -> Result<Arc<dyn CmDevice>, c_int> {
         self.device()?;
         match self.dev.get() {
-            Some(Backend::Local(d)) => Ok(Arc::clone(d)),
-            Some(Backend::Shared(d)) => {
-                eprintln!(
-                    "libibverbs (roce-xdp): RDMA CM is not offered through roce engine yet; \
-                     {} is served by the engine (run this program without one, or with \
-                     {ENGINE_ENV}=inline while no other program uses the interface)",
-                    d.ifname()
-                );
-                Err(libc::EOPNOTSUPP)
-            }
+            Some(Backend::Local(d)) => Ok(Arc::clone(d) as Arc<dyn CmDevice>),
+            Some(Backend::Shared(d)) => Ok(Arc::clone(d) as Arc<dyn CmDevice>),
             None => Err(libc::EIO),
         }
     }

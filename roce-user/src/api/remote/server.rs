@@ -98,6 +98,19 @@ struct Engine {
     stop: AtomicBool,
     /// The event queues of the connections that subscribed ([`VerbCall::Subscribe`]), by token.
     subs: Mutex<HashMap<u64, Arc<EventQueue>>>,
+    /// Which subscription each CM listen and connection belongs to.
+    cm: Mutex<CmOwners>,
+}
+
+/// The owners of the device's CM objects, by subscription token: where the CM event thread
+/// sends each event.
+#[derive(Default)]
+struct CmOwners {
+    /// Listens, by service ID: a REQ or SIDR REQ for it goes to its listener, and the new
+    /// connection becomes the listener's.
+    listens: HashMap<u64, u64>,
+    /// Connections, by local communication ID.
+    comms: HashMap<u32, u64>,
 }
 
 /// The most events queued for one connection; beyond it the oldest are dropped (with a log):
@@ -116,6 +129,10 @@ struct EventState {
     events: VecDeque<crate::api::Event>,
     /// Events queued since the subscription: the doorbell rings when it moves.
     pushed: u64,
+    /// CM events of the connection's listens and connections.
+    cm_events: VecDeque<crate::api::CmEvent>,
+    /// CM events queued since the subscription: the CM doorbell rings when it moves.
+    cm_pushed: u64,
     /// The connection is gone: its doorbell stops.
     closed: bool,
 }
@@ -133,6 +150,18 @@ impl EventQueue {
         }
         st.events.push_back(e);
         st.pushed += 1;
+        drop(st);
+        self.rung.notify_all();
+    }
+
+    fn push_cm(&self, e: crate::api::CmEvent) {
+        let mut st = self.lock();
+        if st.cm_events.len() >= MAX_QUEUED_EVENTS {
+            st.cm_events.pop_front();
+            log::warn!("engine: a program takes no CM events; dropped its oldest");
+        }
+        st.cm_events.push_back(e);
+        st.cm_pushed += 1;
         drop(st);
         self.rung.notify_all();
     }
@@ -160,6 +189,62 @@ fn dispatch_events(engine: &Engine, tick: Duration) {
             .collect();
         for q in subs {
             q.push(e);
+        }
+    }
+}
+
+/// Hands each CM event of the engine's device to the program it belongs to: a REQ or SIDR REQ
+/// to the listener of its service ID (the new connection becomes that program's), any other
+/// event to the program that owns its connection. A REQ nobody listens for any more (its
+/// listener left between the REQ's arrival and here) is rejected; other events of no owner are
+/// dropped. Runs on a thread of its own for the engine's life.
+fn dispatch_cm_events(engine: &Engine, tick: Duration) {
+    use crate::api::CmEvent as E;
+    while !engine.stop.load(Ordering::SeqCst) {
+        let Some(e) = engine.dev.wait_cm_event(tick) else {
+            continue;
+        };
+        let owner = {
+            let mut cm = engine.cm.lock().unwrap_or_else(PoisonError::into_inner);
+            match &e {
+                E::ConnectRequest { id, req, .. } => {
+                    let o = cm.listens.get(&req.service_id.0).copied();
+                    if let Some(t) = o {
+                        cm.comms.insert(id.0, t);
+                    }
+                    o
+                }
+                E::SidrRequest { id, req, .. } => {
+                    let o = cm.listens.get(&req.service_id.0).copied();
+                    if let Some(t) = o {
+                        cm.comms.insert(id.0, t);
+                    }
+                    o
+                }
+                E::Reply { id, .. }
+                | E::Established { id }
+                | E::Rejected { id, .. }
+                | E::TimedOut { id }
+                | E::Disconnected { id, .. }
+                | E::TimeWaitExit { id }
+                | E::SidrReply { id, .. }
+                | E::SidrTimedOut { id } => cm.comms.get(&id.0).copied(),
+            }
+        };
+        let q = owner.and_then(|t| {
+            engine
+                .subs
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .get(&t)
+                .cloned()
+        });
+        match (q, &e) {
+            (Some(q), _) => q.push_cm(e),
+            (None, E::ConnectRequest { id, .. }) => {
+                let _ = engine.dev.cm_reject(*id, &[]);
+            }
+            (None, _) => {}
         }
     }
 }
@@ -226,6 +311,7 @@ pub fn serve(
         clients: AtomicU32::new(0),
         stop: AtomicBool::new(false),
         subs: Mutex::new(HashMap::new()),
+        cm: Mutex::new(CmOwners::default()),
     });
     let events = {
         let e = Arc::clone(&engine);
@@ -233,6 +319,13 @@ pub fn serve(
         std::thread::Builder::new()
             .name("roce-engine-events".into())
             .spawn(move || dispatch_events(&e, tick))?
+    };
+    let cm_events = {
+        let e = Arc::clone(&engine);
+        let tick = opts.tick;
+        std::thread::Builder::new()
+            .name("roce-engine-cm".into())
+            .spawn(move || dispatch_cm_events(&e, tick))?
     };
     let mut report = ServeReport::default();
     let mut threads = Vec::new();
@@ -302,6 +395,7 @@ pub fn serve(
         let _ = t.join();
     }
     let _ = events.join();
+    let _ = cm_events.join();
     drop(listener);
     // Every connection has released its objects; dropping the last reference closes the
     // device (and unloads what it loaded).
@@ -417,9 +511,9 @@ impl<'a> Connection<'a> {
                     Ok(Some((f, used))) => {
                         buf.drain(..used);
                         if let Request::Verb(body) = &f.msg
-                            && let Ok(VerbCall::Doorbell { token }) = verbs::decode(body)
+                            && let Ok(VerbCall::Doorbell { token, cm }) = verbs::decode(body)
                         {
-                            self.doorbell(stream, f.seq, f.kind, token);
+                            self.doorbell(stream, f.seq, f.kind, token, cm);
                             break 'conn;
                         }
                         let reply = self.handle(f.msg);
@@ -451,6 +545,45 @@ impl<'a> Connection<'a> {
     fn release(&mut self) {
         let dev = &self.engine.dev;
         if let Some((token, q)) = self.sub.take() {
+            // Its CM connections end as rdma_destroy_id ends them (a DREQ to a connected
+            // peer), and its listens stop, before its QPs go.
+            let (comms, listens) = {
+                let mut cm = self
+                    .engine
+                    .cm
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                let comms: Vec<u32> = cm
+                    .comms
+                    .iter()
+                    .filter(|&(_, &t)| t == token)
+                    .map(|(&id, _)| id)
+                    .collect();
+                let listens: Vec<u64> = cm
+                    .listens
+                    .iter()
+                    .filter(|&(_, &t)| t == token)
+                    .map(|(&sid, _)| sid)
+                    .collect();
+                cm.comms.retain(|_, t| *t != token);
+                cm.listens.retain(|_, t| *t != token);
+                (comms, listens)
+            };
+            for id in comms {
+                let _ = dev.cm_destroy(crate::api::CommId(id));
+            }
+            for sid in listens {
+                let sid = crate::ibcm::ServiceId(sid);
+                let (port, ud) = (
+                    sid.port(),
+                    sid.port_space() == Some(crate::ibcm::PortSpace::Udp),
+                );
+                let _ = if ud {
+                    dev.cm_unlisten_ud(port)
+                } else {
+                    dev.cm_unlisten(port)
+                };
+            }
             self.engine
                 .subs
                 .lock()
@@ -976,7 +1109,146 @@ impl<'a> Connection<'a> {
             }
             // Served by `run` as the first request of a connection of its own.
             VerbCall::Doorbell { .. } => return Err(libc::EINVAL),
+            VerbCall::CmEnable => {
+                dev.cm_enable().map_err(errno)?;
+                VerbOk::Done
+            }
+            VerbCall::CmListen { port, ud } => {
+                let (token, _) = self.subscription();
+                let sid = if ud {
+                    dev.cm_listen_ud(port)
+                } else {
+                    dev.cm_listen(port)
+                }
+                .map_err(errno)?;
+                self.cm().listens.insert(sid.0, token);
+                VerbOk::Service(sid)
+            }
+            VerbCall::CmUnlisten { port, ud } => {
+                let sid = crate::ibcm::ServiceId::rdma_cm(
+                    if ud {
+                        crate::ibcm::PortSpace::Udp
+                    } else {
+                        crate::ibcm::PortSpace::Tcp
+                    },
+                    port,
+                );
+                let token = self.subscription().0;
+                if self.cm().listens.get(&sid.0) != Some(&token) {
+                    // Another program's listen, or none: unknown here.
+                    return Ok(VerbOk::Bool(false));
+                }
+                let was = if ud {
+                    dev.cm_unlisten_ud(port)
+                } else {
+                    dev.cm_unlisten(port)
+                }
+                .map_err(errno)?;
+                self.cm().listens.remove(&sid.0);
+                VerbOk::Bool(was)
+            }
+            VerbCall::CmConnect(c) => {
+                Self::own(&self.qps, c.qpn.value())?;
+                let (token, _) = self.subscription();
+                // The owner is recorded before any event of the connection can be routed: the
+                // CM event thread waits for this lock.
+                let mut cm = self
+                    .engine
+                    .cm
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                let id = dev.cm_connect(&c).map_err(errno)?;
+                cm.comms.insert(id.0, token);
+                VerbOk::Comm(id)
+            }
+            VerbCall::CmAccept { id, accept } => {
+                self.own_comm(id)?;
+                Self::own(&self.qps, accept.qpn.value())?;
+                dev.cm_accept(id, &accept).map_err(errno)?;
+                VerbOk::Done
+            }
+            VerbCall::CmReject { id, private_data } => {
+                self.own_comm(id)?;
+                dev.cm_reject(id, &private_data).map_err(errno)?;
+                VerbOk::Done
+            }
+            VerbCall::CmReady { id, private_data } => {
+                self.own_comm(id)?;
+                dev.cm_ready(id, &private_data).map_err(errno)?;
+                VerbOk::Done
+            }
+            VerbCall::CmDisconnect { id, private_data } => {
+                self.own_comm(id)?;
+                dev.cm_disconnect(id, &private_data).map_err(errno)?;
+                VerbOk::Done
+            }
+            VerbCall::CmDestroy(id) => {
+                self.own_comm(id)?;
+                dev.cm_destroy(id).map_err(errno)?;
+                self.cm().comms.remove(&id.0);
+                VerbOk::Done
+            }
+            VerbCall::CmState(id) => {
+                self.own_comm(id)?;
+                VerbOk::CmState(dev.cm_state(id))
+            }
+            VerbCall::CmSidrRequest {
+                dest,
+                port,
+                src_port,
+                private_data,
+            } => {
+                let (token, _) = self.subscription();
+                let mut cm = self
+                    .engine
+                    .cm
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner);
+                let id = dev
+                    .cm_sidr_request(dest, port, src_port, &private_data)
+                    .map_err(errno)?;
+                cm.comms.insert(id.0, token);
+                VerbOk::Comm(id)
+            }
+            VerbCall::CmSidrReply {
+                id,
+                status,
+                qpn,
+                qkey,
+                private_data,
+            } => {
+                self.own_comm(id)?;
+                Self::own(&self.qps, qpn.value())?;
+                dev.cm_sidr_reply(id, status, qpn, qkey, &private_data)
+                    .map_err(errno)?;
+                VerbOk::Done
+            }
+            VerbCall::TakeCmEvents { max } => {
+                let Some((_, q)) = &self.sub else {
+                    return Err(libc::EINVAL);
+                };
+                let mut st = q.lock();
+                let n = st.cm_events.len().min(max.min(verbs::MAX_EVENTS) as usize);
+                VerbOk::CmEvents(st.cm_events.drain(..n).collect())
+            }
         })
+    }
+
+    /// The engine's CM owners, locked.
+    fn cm(&self) -> std::sync::MutexGuard<'_, CmOwners> {
+        self.engine
+            .cm
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// `EINVAL` unless CM connection `id` is this connection's.
+    fn own_comm(&self, id: crate::api::CommId) -> Result<(), i32> {
+        let mine = self.sub.as_ref().map(|(t, _)| *t);
+        match (mine, self.cm().comms.get(&id.0)) {
+            (Some(t), Some(&o)) if t == o => Ok(()),
+            _ => Err(libc::EINVAL),
+        }
     }
 
     /// This connection's subscription, made on first use: its token and event queue.
@@ -1020,10 +1292,11 @@ impl<'a> Connection<'a> {
     }
 
     /// Serves a doorbell connection ([`VerbCall::Doorbell`]): answers the request of `seq`,
-    /// then writes one byte to `stream` whenever the subscription of `token` has new events,
+    /// then writes one byte to `stream` whenever the subscription of `token` has new events
+    /// (CM events with `cm`),
     /// until that subscription's connection closes, this one breaks, or the engine stops.
     /// A token nobody holds is answered `EINVAL`.
-    fn doorbell(&self, mut stream: UnixStream, seq: u32, kind: u8, token: u64) {
+    fn doorbell(&self, mut stream: UnixStream, seq: u32, kind: u8, token: u64, cm: bool) {
         let q = self
             .engine
             .subs
@@ -1053,8 +1326,9 @@ impl<'a> Connection<'a> {
             if st.closed || self.engine.stop.load(Ordering::SeqCst) {
                 break;
             }
-            if st.pushed != rung {
-                rung = st.pushed;
+            let pushed = if cm { st.cm_pushed } else { st.pushed };
+            if pushed != rung {
+                rung = pushed;
                 drop(st);
                 // A full socket already holds a ring the program has not read.
                 match stream.write(&[1]) {

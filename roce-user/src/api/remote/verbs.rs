@@ -29,10 +29,16 @@ use nix::poll::{PollFd, PollFlags, PollTimeout, poll};
 use serde::{Deserialize, Serialize};
 
 use super::{EngineClient, RUN_DIR, RemoteError, proto::ProtoError};
-use crate::api::{
-    Access, ApiError, AttrMask, BindMw, CqId, Event, LKey, MrInfo, MwType, Path, PdId, QpAttr,
-    QpInit, QpState, QpType, Qpn, RKey, RawMem, RecvWr, SendFlags, SendWr, SrqAttr, SrqAttrMask,
-    SrqId, VerbsDevice, Wc,
+use core::net::IpAddr;
+
+use crate::{
+    api::{
+        Access, ApiError, AttrMask, BindMw, CmAccept, CmConnect, CmDevice, CmEvent, CmState,
+        CommId, CqId, Event, LKey, MrInfo, MwType, Path, PdId, QpAttr, QpInit, QpState, QpType,
+        Qpn, RKey, RawMem, RecvWr, SendFlags, SendWr, SrqAttr, SrqAttrMask, SrqId, VerbsDevice, Wc,
+    },
+    ibcm::{ServiceId, SidrStatus},
+    transport::QKey,
 };
 
 /// The most completions one [`VerbCall::PollCq`] returns.
@@ -192,10 +198,93 @@ pub enum VerbCall {
     Subscribe,
     /// Turns a new connection into the doorbell of the connection whose subscription returned
     /// `token`: the first and only request on it. The reply is [`VerbOk::Done`], then one byte
-    /// whenever that connection has events queued.
+    /// whenever that connection has events queued (`cm`: CM events, else the others).
     Doorbell {
         /// From [`VerbOk::Token`].
         token: u64,
+        /// Ring for CM events ([`VerbCall::TakeCmEvents`]) instead of the device's.
+        cm: bool,
+    },
+    /// [`CmDevice::cm_enable`].
+    CmEnable,
+    /// [`CmDevice::cm_listen`]: REQs (or SIDR REQs, `ud`) for the port come to this
+    /// connection.
+    CmListen {
+        /// The port.
+        port: u16,
+        /// UDP port space (SIDR) rather than TCP.
+        ud: bool,
+    },
+    /// [`CmDevice::cm_unlisten`].
+    CmUnlisten {
+        /// The port.
+        port: u16,
+        /// UDP port space.
+        ud: bool,
+    },
+    /// [`CmDevice::cm_connect`] (its QP must be this connection's).
+    CmConnect(Box<CmConnect>),
+    /// [`CmDevice::cm_accept`] (its QP must be this connection's).
+    CmAccept {
+        /// The connection.
+        id: CommId,
+        /// How.
+        accept: Box<CmAccept>,
+    },
+    /// [`CmDevice::cm_reject`].
+    CmReject {
+        /// The connection.
+        id: CommId,
+        /// Private data.
+        private_data: Vec<u8>,
+    },
+    /// [`CmDevice::cm_ready`].
+    CmReady {
+        /// The connection.
+        id: CommId,
+        /// Private data.
+        private_data: Vec<u8>,
+    },
+    /// [`CmDevice::cm_disconnect`].
+    CmDisconnect {
+        /// The connection.
+        id: CommId,
+        /// Private data.
+        private_data: Vec<u8>,
+    },
+    /// [`CmDevice::cm_destroy`].
+    CmDestroy(CommId),
+    /// [`CmDevice::cm_state`].
+    CmState(CommId),
+    /// [`CmDevice::cm_sidr_request`].
+    CmSidrRequest {
+        /// The peer.
+        dest: IpAddr,
+        /// Its port.
+        port: u16,
+        /// Our port.
+        src_port: u16,
+        /// Private data.
+        private_data: Vec<u8>,
+    },
+    /// [`CmDevice::cm_sidr_reply`] (its QP must be this connection's).
+    CmSidrReply {
+        /// The request.
+        id: CommId,
+        /// The answer.
+        status: SidrStatus,
+        /// The UD QP.
+        qpn: Qpn,
+        /// Its Q_Key.
+        qkey: QKey,
+        /// Private data.
+        private_data: Vec<u8>,
+    },
+    /// Takes up to `max` (at most [`MAX_EVENTS`]) queued CM events of this connection's
+    /// listens and connections.
+    TakeCmEvents {
+        /// How many at most.
+        max: u32,
     },
     /// Takes up to `max` (at most [`MAX_EVENTS`]) queued events of this connection's objects.
     TakeEvents {
@@ -235,6 +324,19 @@ impl VerbCall {
             Self::PostRecv { .. } => "post_recv",
             Self::Subscribe => "subscribe",
             Self::Doorbell { .. } => "doorbell",
+            Self::CmEnable => "cm_enable",
+            Self::CmListen { .. } => "cm_listen",
+            Self::CmUnlisten { .. } => "cm_unlisten",
+            Self::CmConnect(_) => "cm_connect",
+            Self::CmAccept { .. } => "cm_accept",
+            Self::CmReject { .. } => "cm_reject",
+            Self::CmReady { .. } => "cm_ready",
+            Self::CmDisconnect { .. } => "cm_disconnect",
+            Self::CmDestroy(_) => "cm_destroy",
+            Self::CmState(_) => "cm_state",
+            Self::CmSidrRequest { .. } => "cm_sidr_request",
+            Self::CmSidrReply { .. } => "cm_sidr_reply",
+            Self::TakeCmEvents { .. } => "take_cm_events",
             Self::TakeEvents { .. } => "take_events",
         }
     }
@@ -271,6 +373,16 @@ pub enum VerbOk {
     Events(Vec<Event>),
     /// The token of a subscription.
     Token(u64),
+    /// A CM connection.
+    Comm(CommId),
+    /// A listen's service ID.
+    Service(ServiceId),
+    /// A yes or no.
+    Bool(bool),
+    /// A CM connection's state (`None`: no such connection).
+    CmState(Option<CmState>),
+    /// CM events.
+    CmEvents(Vec<CmEvent>),
 }
 
 /// The postcard bytes of `v`.
@@ -307,6 +419,10 @@ pub struct SharedDevice {
     client: Mutex<EngineClient>,
     /// The doorbell connection: readable when the engine has queued events for this device.
     doorbell: UnixStream,
+    /// The doorbell of CM events.
+    cm_doorbell: UnixStream,
+    /// CM events taken from the engine and not handed out yet.
+    cm_pending: Mutex<VecDeque<CmEvent>>,
     /// Events taken from the engine and not handed out yet.
     pending: Mutex<VecDeque<Event>>,
     ifname: String,
@@ -329,21 +445,26 @@ impl SharedDevice {
                 ));
             }
         };
-        let mut bell = EngineClient::connect(ifname)?;
-        match bell.verb(&VerbCall::Doorbell { token })? {
-            VerbOk::Done => {}
-            _ => return Err(RemoteError::Local("engine refused the doorbell".into())),
-        }
-        let doorbell = bell.into_stream();
-        doorbell
-            .set_nonblocking(true)
-            .map_err(|source| RemoteError::Io {
-                path: PathBuf::from(RUN_DIR),
-                source,
-            })?;
+        let bell = |cm: bool| -> Result<UnixStream, RemoteError> {
+            let mut bell = EngineClient::connect(ifname)?;
+            match bell.verb(&VerbCall::Doorbell { token, cm })? {
+                VerbOk::Done => {}
+                _ => return Err(RemoteError::Local("engine refused the doorbell".into())),
+            }
+            let stream = bell.into_stream();
+            stream
+                .set_nonblocking(true)
+                .map_err(|source| RemoteError::Io {
+                    path: PathBuf::from(RUN_DIR),
+                    source,
+                })?;
+            Ok(stream)
+        };
         Ok(Self {
             client: Mutex::new(client),
-            doorbell,
+            doorbell: bell(false)?,
+            cm_doorbell: bell(true)?,
+            cm_pending: Mutex::new(VecDeque::new()),
             pending: Mutex::new(VecDeque::new()),
             ifname: ifname.to_owned(),
         })
@@ -534,20 +655,122 @@ impl VerbsDevice for SharedDevice {
 
     fn wait_event(&self, timeout: Duration) -> Option<Event> {
         let mut pending = self.pending.lock().unwrap_or_else(PoisonError::into_inner);
-        if let Some(e) = pending.pop_front() {
-            return Some(e);
+        if pending.is_empty()
+            && wait_ring(&self.doorbell, timeout)
+            && let Ok(events) = expect!(self, VerbCall::TakeEvents { max: MAX_EVENTS },
+                VerbOk::Events(e) => e)
+        {
+            pending.extend(events);
         }
-        let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
-        let mut fds = [PollFd::new(self.doorbell.as_fd(), PollFlags::POLLIN)];
-        if !matches!(poll(&mut fds, PollTimeout::from(ms)), Ok(n) if n > 0) {
-            return None;
-        }
-        // The bytes are a doorbell only: drain them, then take what is queued (an event queued
-        // after the take rings again).
-        let mut ring = [0u8; 64];
-        while matches!((&self.doorbell).read(&mut ring), Ok(n) if n > 0) {}
-        if let Ok(events) = expect!(self, VerbCall::TakeEvents { max: MAX_EVENTS },
-            VerbOk::Events(e) => e)
+        pending.pop_front()
+    }
+}
+
+/// Waits up to `timeout` for `bell` to ring; drains what rang. Then take what is queued: an
+/// event queued after the take rings again.
+fn wait_ring(bell: &UnixStream, timeout: Duration) -> bool {
+    let ms = u16::try_from(timeout.as_millis()).unwrap_or(u16::MAX);
+    let mut fds = [PollFd::new(bell.as_fd(), PollFlags::POLLIN)];
+    if !matches!(poll(&mut fds, PollTimeout::from(ms)), Ok(n) if n > 0) {
+        return false;
+    }
+    let mut ring = [0u8; 64];
+    while matches!((&*bell).read(&mut ring), Ok(n) if n > 0) {}
+    true
+}
+
+impl CmDevice for SharedDevice {
+    fn cm_enable(&self) -> Result<(), ApiError> {
+        self.done(&VerbCall::CmEnable)
+    }
+
+    fn cm_listen(&self, port: u16, ud: bool) -> Result<ServiceId, ApiError> {
+        expect!(self, VerbCall::CmListen { port, ud }, VerbOk::Service(s) => s)
+    }
+
+    fn cm_unlisten(&self, port: u16, ud: bool) -> Result<bool, ApiError> {
+        expect!(self, VerbCall::CmUnlisten { port, ud }, VerbOk::Bool(b) => b)
+    }
+
+    fn cm_connect(&self, c: &CmConnect) -> Result<CommId, ApiError> {
+        expect!(self, VerbCall::CmConnect(Box::new(c.clone())), VerbOk::Comm(id) => id)
+    }
+
+    fn cm_accept(&self, id: CommId, a: &CmAccept) -> Result<(), ApiError> {
+        self.done(&VerbCall::CmAccept {
+            id,
+            accept: Box::new(a.clone()),
+        })
+    }
+
+    fn cm_reject(&self, id: CommId, private_data: &[u8]) -> Result<(), ApiError> {
+        self.done(&VerbCall::CmReject {
+            id,
+            private_data: private_data.to_vec(),
+        })
+    }
+
+    fn cm_ready(&self, id: CommId, private_data: &[u8]) -> Result<(), ApiError> {
+        self.done(&VerbCall::CmReady {
+            id,
+            private_data: private_data.to_vec(),
+        })
+    }
+
+    fn cm_disconnect(&self, id: CommId, private_data: &[u8]) -> Result<(), ApiError> {
+        self.done(&VerbCall::CmDisconnect {
+            id,
+            private_data: private_data.to_vec(),
+        })
+    }
+
+    fn cm_destroy(&self, id: CommId) -> Result<(), ApiError> {
+        self.done(&VerbCall::CmDestroy(id))
+    }
+
+    fn cm_state(&self, id: CommId) -> Option<CmState> {
+        expect!(self, VerbCall::CmState(id), VerbOk::CmState(s) => s)
+            .ok()
+            .flatten()
+    }
+
+    fn cm_sidr_request(
+        &self,
+        dest: IpAddr,
+        port: u16,
+        src_port: u16,
+        private_data: &[u8],
+    ) -> Result<CommId, ApiError> {
+        expect!(self, VerbCall::CmSidrRequest { dest, port, src_port, private_data: private_data.to_vec() },
+            VerbOk::Comm(id) => id)
+    }
+
+    fn cm_sidr_reply(
+        &self,
+        id: CommId,
+        status: SidrStatus,
+        qpn: Qpn,
+        qkey: QKey,
+        private_data: &[u8],
+    ) -> Result<(), ApiError> {
+        self.done(&VerbCall::CmSidrReply {
+            id,
+            status,
+            qpn,
+            qkey,
+            private_data: private_data.to_vec(),
+        })
+    }
+
+    fn wait_cm_event(&self, timeout: Duration) -> Option<CmEvent> {
+        let mut pending = self
+            .cm_pending
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if pending.is_empty()
+            && wait_ring(&self.cm_doorbell, timeout)
+            && let Ok(events) = expect!(self, VerbCall::TakeCmEvents { max: MAX_EVENTS },
+                VerbOk::CmEvents(e) => e)
         {
             pending.extend(events);
         }
@@ -619,7 +842,10 @@ mod tests {
                 cq: CqId(9),
                 max: 16,
             },
-            VerbCall::Doorbell { token: u64::MAX },
+            VerbCall::Doorbell {
+                token: u64::MAX,
+                cm: true,
+            },
         ]
     }
 

@@ -59,7 +59,7 @@ use std::{
 };
 
 use roce::{
-    api::{CmAccept, CmConnect, CmEvent, CmState, CommId, Device},
+    api::{CmAccept, CmConnect, CmDevice, CmEvent, CmState, CommId},
     ibcm::{CmaHdr, Gid},
     transport::{Psn, Qpn},
 };
@@ -459,14 +459,14 @@ fn ctx_with(r: &mut Registry, ip: IpAddr) -> Option<usize> {
 }
 
 /// The engine of a context, started if needed.
-fn device_arc(ctx: usize) -> Result<Arc<Device>, c_int> {
+fn device_arc(ctx: usize) -> Result<Arc<dyn CmDevice>, c_int> {
     // SAFETY: contexts in the registry are never closed.
     let c = unsafe { ctx_of(ctx as *mut sys::ibv_context) }.ok_or(libc::EINVAL)?;
     c.verbs.device_arc()
 }
 
 /// Starts the event thread of `ctx` once, and returns its engine.
-fn pump(r: &mut Registry, ctx: usize) -> Result<Arc<Device>, c_int> {
+fn pump(r: &mut Registry, ctx: usize) -> Result<Arc<dyn CmDevice>, c_int> {
     let dev = device_arc(ctx)?;
     dev.cm_enable().map_err(|e| {
         say(&format!("cannot run the CM on QP 1: {e:#}"));
@@ -480,7 +480,7 @@ fn pump(r: &mut Registry, ctx: usize) -> Result<Arc<Device>, c_int> {
                 loop {
                     if let Some(ev) = d.wait_cm_event(Duration::from_millis(500)) {
                         let mut r = reg();
-                        guard((), || dispatch(&mut r, ctx, &d, ev));
+                        guard((), || dispatch(&mut r, ctx, &*d, ev));
                     }
                 }
             })
@@ -758,12 +758,12 @@ export!(
                     if r.ud_listeners.remove(&(ctx, port)).is_some()
                         && let Ok(d) = device_arc(ctx)
                     {
-                        let _ = d.cm_unlisten_ud(port);
+                        let _ = d.cm_unlisten(port, true);
                     }
                 } else if r.listeners.remove(&(ctx, port)).is_some()
                     && let Ok(d) = device_arc(ctx)
                 {
-                    let _ = d.cm_unlisten(port);
+                    let _ = d.cm_unlisten(port, false);
                 }
             }
             // SAFETY: as above.
@@ -1155,9 +1155,9 @@ export!(
             for c in ctxs {
                 let res = pump(&mut r, c).and_then(|d| {
                     if udp {
-                        d.cm_listen_ud(port)
+                        d.cm_listen(port, true)
                     } else {
-                        d.cm_listen(port)
+                        d.cm_listen(port, false)
                     }
                     .map_err(|e| {
                         say(&format!("rdma_listen on port {port}: {e:#}"));
@@ -1173,9 +1173,9 @@ export!(
                         }
                         if let Ok(d) = device_arc(c) {
                             let _ = if udp {
-                                d.cm_unlisten_ud(port)
+                                d.cm_unlisten(port, true)
                             } else {
-                                d.cm_unlisten(port)
+                                d.cm_unlisten(port, false)
                             };
                         }
                     }
@@ -2034,7 +2034,7 @@ export!(
 /// (RTR and RTS before the RTU, while the connect is pending and the QP must exist): after a
 /// disconnect or a reject the program may have destroyed it with `ibv_destroy_qp` behind
 /// `id->qp` (rping does), so, as in librdmacm, only `rdma_disconnect` moves it to ERR.
-fn dispatch(r: &mut Registry, ctx: usize, dev: &Device, ev: CmEvent) {
+fn dispatch(r: &mut Registry, ctx: usize, dev: &dyn CmDevice, ev: CmEvent) {
     let conn = |r: &Registry, c: CommId| r.conns.get(&(ctx, c)).map(|&i| i as *mut sys::rdma_cm_id);
     match ev {
         CmEvent::ConnectRequest {
@@ -2378,7 +2378,7 @@ fn ud_ah_attr(ctx: usize, src: IpAddr, dst: IpAddr) -> Option<sys::ibv_ah_attr> 
 fn sidr_request(
     r: &mut Registry,
     ctx: usize,
-    dev: &Device,
+    dev: &dyn CmDevice,
     comm: CommId,
     req: &roce::ibcm::mad::SidrReq,
 ) {
