@@ -18,7 +18,9 @@
 //!   takes ends both sides with a message;
 //! - `roce perf write|read|send -R` (RDMA CM) against `ib_write_bw -R`, `ib_read_bw -R` and
 //!   `ib_send_bw -R` on the library in both roles, and against itself with every byte
-//!   verified (and over IPv6 for WRITE).
+//!   verified (and over IPv6 for WRITE); and with a perftest peer SIGKILLed mid-run (no DREQ
+//!   comes), `roce perf -R` exits 1 in bounded time, as server with "the peer stopped
+//!   answering" (its liveness probes on the control connection).
 //!
 //! Against the kernel's CM and rxe in the Soft-RoCE VM: tests/tests/interop_qp1.rs and
 //! tests/tests/interop_rdmacm.rs. Root.
@@ -388,6 +390,175 @@ fn roce_perf_r_connects_through_rdma_cm_with_perftest_and_itself() {
     eprintln!(
         "roce perf -R write at both ends over IPv6: {:.1} s",
         t.elapsed().as_secs_f64()
+    );
+}
+
+/// Starts a client with `start` until `watch` (the output of the client's or of its server's
+/// program) shows `needle`, the connection made: again while the server does not listen yet
+/// (the client exits first), at most 20 times. `watch` is `None` for the client's own output.
+fn started(
+    who: &str,
+    needle: &str,
+    mut watch: Option<&mut rdmacm::Lines>,
+    start: &dyn Fn() -> roce_tests::child::Reaper,
+) -> roce_tests::child::Reaper {
+    let limit = std::time::Duration::from_secs(30);
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let mut c = start();
+        let mut own;
+        let lines = match watch.as_deref_mut() {
+            Some(w) => w,
+            None => {
+                own = rdmacm::Lines::of(&mut c, who);
+                &mut own
+            }
+        };
+        match lines.wait_for(needle, limit, &mut || c.exited()) {
+            Ok(()) => return c,
+            Err(e) if tries < 20 && c.exited() => eprintln!("{who} again: {e}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// Waits for `roce -j perf` (`r`) to fail after its peer was killed at `killed`: it exits 1
+/// with a JSON error within `bound`. Returns the error and how long it took.
+fn fails_within(
+    r: roce_tests::child::Reaper,
+    who: &str,
+    killed: std::time::Instant,
+    bound: std::time::Duration,
+) -> (String, f64) {
+    let o = roce_tests::child::finish_within(r, std::time::Duration::from_secs(90), who);
+    let secs = killed.elapsed().as_secs_f64();
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{who} ({}):\n{out}", o.status);
+    let err = rdmacm::json_error(&out).unwrap_or_else(|| panic!("{who}: no JSON error:\n{out}"));
+    assert!(
+        secs < bound.as_secs_f64(),
+        "{who} took {secs:.1} s to fail, more than {bound:?}: {err}"
+    );
+    (err, secs)
+}
+
+/// A perftest peer on the drop-in library that is SIGKILLed mid-run sends no DREQ (its CM
+/// died with it), and `roce perf -R` must not wait for it forever: as the server of
+/// `ib_send_bw -R` and of `ib_write_bw -R` (each killed a second after its run began), it
+/// probes the peer on the control connection and exits 1 within 20 s of the kill (the probes'
+/// design bound: ~1 s + ~8.5 s), with "the peer stopped answering" as its JSON error. As the
+/// client of `ib_send_bw -R`, killed the same way, it exits 1 within 25 s (its SENDs go
+/// unanswered: the run's 10 s stall check). The runs with live peers are
+/// `roce_perf_r_connects_through_rdma_cm_with_perftest_and_itself`.
+#[test]
+fn roce_perf_r_fails_in_bounded_time_when_its_perftest_peer_is_killed() {
+    require_root();
+    let pair = veth_pair("pk", 208);
+    let _unpin = (Loaded::guard(&pair.a.ifname), Loaded::guard(&pair.b.ifname));
+    let server_ip = pair.a.ipv4.to_string();
+    // Long enough that the kill comes mid-run: 64 GB.
+    let (size, n) = ("65536", "1000000");
+    let bound = std::time::Duration::from_secs(20);
+    for (i, (op, tool)) in [("send", "ib_send_bw"), ("write", "ib_write_bw")]
+        .into_iter()
+        .enumerate()
+    {
+        let port = (18550 + i).to_string();
+        let server = roce_perf(
+            &pair.a,
+            &args(&[
+                op,
+                "-R",
+                "-d",
+                &pair.a.ifname,
+                "-s",
+                size,
+                "-n",
+                n,
+                "-p",
+                &port,
+                "--no-verify",
+            ]),
+        );
+        let perftest = args(&[
+            "-R",
+            "-d",
+            &format!("roce_{}", pair.b.ifname),
+            "-s",
+            size,
+            "-n",
+            n,
+            "-p",
+            &port,
+            &server_ip,
+        ]);
+        // perftest prints its results header as its run begins.
+        let mut client = started(&format!("{tool} client"), "#bytes", None, &|| {
+            ours(&pair.b, tool, &perftest)
+        });
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        client.kill().expect("SIGKILL perftest");
+        let killed = std::time::Instant::now();
+        let (err, secs) = fails_within(server, &format!("roce perf {op} server"), killed, bound);
+        assert!(
+            err.contains("the peer stopped answering"),
+            "roce perf {op} server failed otherwise: {err}"
+        );
+        eprintln!(
+            "roce perf -R {op} server, {tool} -R client killed: failed after {secs:.1} s: {err}"
+        );
+    }
+
+    // The reverse: perftest's server killed under our client.
+    let port = "18552";
+    let mut server = ours(
+        &pair.a,
+        "ib_send_bw",
+        &args(&[
+            "-R",
+            "-d",
+            &format!("roce_{}", pair.a.ifname),
+            "-s",
+            size,
+            "-n",
+            n,
+            "-p",
+            port,
+        ]),
+    );
+    let mut lines = rdmacm::Lines::of(&mut server, "ib_send_bw server");
+    let client = started("roce perf send client", "#bytes", Some(&mut lines), &|| {
+        roce_perf(
+            &pair.b,
+            &args(&[
+                "send",
+                "-R",
+                "-d",
+                &pair.b.ifname,
+                "-s",
+                size,
+                "-n",
+                n,
+                "-p",
+                port,
+                "--no-verify",
+                &server_ip,
+            ]),
+        )
+    });
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    server.kill().expect("SIGKILL perftest");
+    let killed = std::time::Instant::now();
+    let (err, secs) = fails_within(
+        client,
+        "roce perf send client",
+        killed,
+        std::time::Duration::from_secs(25),
+    );
+    eprintln!(
+        "ib_send_bw -R server killed, roce perf -R send client: failed after {secs:.1} s: {err}"
     );
 }
 
