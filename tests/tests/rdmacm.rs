@@ -20,7 +20,8 @@
 //!   `ib_send_bw -R` on the library in both roles, and against itself with every byte
 //!   verified (and over IPv6 for WRITE); and with a perftest peer SIGKILLed mid-run (no DREQ
 //!   comes), `roce perf -R` exits 1 in bounded time, as server with "the peer stopped
-//!   answering" (its liveness probes on the control connection).
+//!   answering" (its liveness probes on the control connection), while live peers answer
+//!   those probes through 12 s runs.
 //!
 //! Against the kernel's CM and rxe in the Soft-RoCE VM: tests/tests/interop_qp1.rs and
 //! tests/tests/interop_rdmacm.rs. Root.
@@ -559,6 +560,110 @@ fn roce_perf_r_fails_in_bounded_time_when_its_perftest_peer_is_killed() {
     );
     eprintln!(
         "ib_send_bw -R server killed, roce perf -R send client: failed after {secs:.1} s: {err}"
+    );
+}
+
+/// `roce perf -R`'s liveness probes on the control connection (a zero-length RDMA WRITE after
+/// each second without news) do not disturb a run with a live peer that lasts longer than a
+/// dead peer takes to fail (~9.5 s): 12 s (`-D 12`) of `roce perf write -R` serving Debian's
+/// `ib_write_bw -R` on the drop-in library, and of `roce perf send -R` at both ends with every
+/// byte checked. Our server's report counts the probes the peer acknowledged.
+#[test]
+fn roce_perf_r_probes_keep_a_long_run_with_a_live_peer_going() {
+    require_root();
+    let pair = veth_pair("pl", 209);
+    let _unpin = (Loaded::guard(&pair.a.ifname), Loaded::guard(&pair.b.ifname));
+    let server_ip = pair.a.ipv4.to_string();
+    let secs = 12.0;
+    let perf = |end: &VethEnd, op: &str, port: &str, host: Option<&str>| {
+        let mut a = args(&[op, "-R", "-d", &end.ifname, "-s", "65536", "-p", port]);
+        if let Some(h) = host {
+            a.extend(args(&["-D", &secs.to_string(), h]));
+        }
+        a
+    };
+    // The probes a report counts, after checking it shows a run (its data checked with
+    // `verify`). Its seconds are not the run's: perftest's -D report leaves out a warm-up
+    // and a cool-down.
+    let probes = |who: &str, out: &str, verify: bool| {
+        let v = out
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v.get("bw_mb_per_sec").is_some())
+            .unwrap_or_else(|| panic!("{who}: no JSON report:\n{out}"));
+        assert!(
+            v["messages"].as_u64().unwrap_or(0) > 0 && (!verify || v["verified"] == true),
+            "{who}: no checked run: {v}"
+        );
+        v["rdma_cm_probes"].as_u64().unwrap_or(0)
+    };
+
+    let t = std::time::Instant::now();
+    let (c, s) = spawned_pair(
+        (
+            "roce perf",
+            roce_perf(&pair.a, &{
+                let mut a = perf(&pair.a, "write", "18553", None);
+                a.push("--no-verify".into());
+                a
+            }),
+        ),
+        ("ib_write_bw", &|| {
+            ours(
+                &pair.b,
+                "ib_write_bw",
+                &args(&[
+                    "-R",
+                    "-d",
+                    &format!("roce_{}", pair.b.ifname),
+                    "-s",
+                    "65536",
+                    "-D",
+                    &secs.to_string(),
+                    "-p",
+                    "18553",
+                    &server_ip,
+                ]),
+            )
+        }),
+    );
+    assert!(
+        c.contains("Data ex. method : rdma_cm"),
+        "ib_write_bw did not run over rdma_cm:\n{c}"
+    );
+    let took = t.elapsed().as_secs_f64();
+    assert!(took >= secs, "a -D {secs} run over in {took:.1} s");
+    let n = probes("roce perf write server", &s, false);
+    assert!(
+        n >= 5,
+        "roce perf write server: {n} probes acknowledged in a {secs} s run:\n{s}"
+    );
+    eprintln!(
+        "roce perf -R write server, ib_write_bw -R -D {secs} client: {n} probes acknowledged, {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+
+    let t = std::time::Instant::now();
+    let (c, s) = spawned_pair(
+        (
+            "roce perf",
+            roce_perf(&pair.a, &perf(&pair.a, "send", "18554", None)),
+        ),
+        ("roce perf", &|| {
+            roce_perf(&pair.b, &perf(&pair.b, "send", "18554", Some(&server_ip)))
+        }),
+    );
+    let took = t.elapsed().as_secs_f64();
+    assert!(took >= secs, "a -D {secs} run over in {took:.1} s");
+    probes("roce perf send client", &c, true);
+    let n = probes("roce perf send server", &s, true);
+    assert!(
+        n >= 5,
+        "roce perf send server: {n} probes acknowledged in a {secs} s run:\n{s}"
+    );
+    eprintln!(
+        "roce perf -R send at both ends, -D {secs}: {n} probes acknowledged, {:.1} s",
+        t.elapsed().as_secs_f64()
     );
 }
 

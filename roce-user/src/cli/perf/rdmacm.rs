@@ -116,6 +116,8 @@ pub(super) struct Control<'d> {
     probe: Option<Instant>,
     /// When the SEND in flight was posted.
     sent: Option<Instant>,
+    /// Probes the peer acknowledged (in the JSON report).
+    pub(super) probes: u64,
 }
 
 impl<'d> Control<'d> {
@@ -158,6 +160,7 @@ impl<'d> Control<'d> {
             heard: Instant::now(),
             probe: None,
             sent: None,
+            probes: 0,
         };
         for slot in 0..CTL_RECVS {
             ctl.post(u64::from(slot))?;
@@ -273,7 +276,10 @@ impl<'d> Control<'d> {
                     self.sent = None;
                     send = Some(*wc);
                 }
-                CTL_PROBE => self.probe = None,
+                CTL_PROBE => {
+                    self.probe = None;
+                    self.probes += 1;
+                }
                 _ => self.pending.push_back(*wc),
             }
         }
