@@ -325,6 +325,11 @@ fn roce_perf_r_connects_through_rdma_cm_with_perftest_and_itself() {
             .unwrap_or_else(|e| panic!("{e}"));
         check_perf_report(&format!("roce perf {op} server"), &s, (size, n), false)
             .unwrap_or_else(|e| panic!("{e}"));
+        // --no-verify: perftest's random bytes are not compared, nor reported as wrong.
+        assert!(
+            !s.contains("does not hold its data"),
+            "roce perf {op} server with --no-verify:\n{s}"
+        );
         eprintln!(
             "roce perf -R {op} server, {tool} -R client: {:.1} s",
             t.elapsed().as_secs_f64()
