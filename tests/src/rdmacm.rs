@@ -273,3 +273,86 @@ pub fn check_perf_report(
     }
     Ok(())
 }
+
+/// The lines a running child prints, read as they come (its standard output, taken from it;
+/// a thread drains it until the child exits).
+pub struct Lines {
+    rx: std::sync::mpsc::Receiver<String>,
+    who: String,
+    /// Everything read so far.
+    pub seen: String,
+}
+
+impl Lines {
+    /// Takes `r`'s standard output (`who` names it in errors).
+    ///
+    /// # Panics
+    /// When its output was taken already.
+    pub fn of(r: &mut crate::child::Reaper, who: &str) -> Self {
+        use std::io::BufRead as _;
+        let out = r.take_stdout().expect("the child's stdout");
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in std::io::BufReader::new(out).lines() {
+                let Ok(line) = line else { break };
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self {
+            rx,
+            who: who.to_owned(),
+            seen: String::new(),
+        }
+    }
+
+    /// Waits for a line that contains `needle`, for at most `limit`, and stops waiting early
+    /// when `give_up` says so (asked every 100 ms: e.g. the other end exited).
+    ///
+    /// # Errors
+    /// When the output ends, `limit` passes or `give_up` is true first: what was read.
+    pub fn wait_for(
+        &mut self,
+        needle: &str,
+        limit: Duration,
+        give_up: &mut dyn FnMut() -> bool,
+    ) -> Result<(), String> {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            match self.rx.recv_timeout(Duration::from_millis(100)) {
+                Ok(line) => {
+                    self.seen += &line;
+                    self.seen.push('\n');
+                    if line.contains(needle) {
+                        return Ok(());
+                    }
+                    continue;
+                }
+                Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {}
+                Err(e) => return Err(self.missing(needle, &e.to_string())),
+            }
+            if give_up() {
+                return Err(self.missing(needle, "gave up"));
+            }
+            if std::time::Instant::now() >= deadline {
+                return Err(self.missing(needle, &format!("not within {limit:?}")));
+            }
+        }
+    }
+
+    fn missing(&self, needle: &str, why: &str) -> String {
+        format!(
+            "{}: no line with {needle:?} ({why}):\n{}",
+            self.who, self.seen
+        )
+    }
+}
+
+/// The `{"error": ...}` line of a `roce -j` run that failed, from its output.
+#[must_use]
+pub fn json_error(out: &str) -> Option<String> {
+    out.lines()
+        .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+        .find_map(|v| v.get("error")?.as_str().map(str::to_owned))
+}

@@ -18,7 +18,10 @@
 //!   takes ends both sides with a message;
 //! - `roce perf write|read|send -R` (RDMA CM) against `ib_write_bw -R`, `ib_read_bw -R` and
 //!   `ib_send_bw -R` on the library in both roles, and against itself with every byte
-//!   verified (and over IPv6 for WRITE).
+//!   verified (and over IPv6 for WRITE); and with a perftest peer SIGKILLed mid-run (no DREQ
+//!   comes), `roce perf -R` exits 1 in bounded time, as server with "the peer stopped
+//!   answering" (its liveness probes on the control connection), while live peers answer
+//!   those probes through 12 s runs.
 //!
 //! Against the kernel's CM and rxe in the Soft-RoCE VM: tests/tests/interop_qp1.rs and
 //! tests/tests/interop_rdmacm.rs. Root.
@@ -322,6 +325,11 @@ fn roce_perf_r_connects_through_rdma_cm_with_perftest_and_itself() {
             .unwrap_or_else(|e| panic!("{e}"));
         check_perf_report(&format!("roce perf {op} server"), &s, (size, n), false)
             .unwrap_or_else(|e| panic!("{e}"));
+        // --no-verify: perftest's random bytes are not compared, nor reported as wrong.
+        assert!(
+            !s.contains("does not hold its data"),
+            "roce perf {op} server with --no-verify:\n{s}"
+        );
         eprintln!(
             "roce perf -R {op} server, {tool} -R client: {:.1} s",
             t.elapsed().as_secs_f64()
@@ -387,6 +395,279 @@ fn roce_perf_r_connects_through_rdma_cm_with_perftest_and_itself() {
         .unwrap_or_else(|e| panic!("{e}"));
     eprintln!(
         "roce perf -R write at both ends over IPv6: {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+}
+
+/// Starts a client with `start` until `watch` (the output of the client's or of its server's
+/// program) shows `needle`, the connection made: again while the server does not listen yet
+/// (the client exits first), at most 20 times. `watch` is `None` for the client's own output.
+fn started(
+    who: &str,
+    needle: &str,
+    mut watch: Option<&mut rdmacm::Lines>,
+    start: &dyn Fn() -> roce_tests::child::Reaper,
+) -> roce_tests::child::Reaper {
+    let limit = std::time::Duration::from_secs(30);
+    let mut tries = 0;
+    loop {
+        tries += 1;
+        std::thread::sleep(std::time::Duration::from_millis(500));
+        let mut c = start();
+        let mut own;
+        let lines = match watch.as_deref_mut() {
+            Some(w) => w,
+            None => {
+                own = rdmacm::Lines::of(&mut c, who);
+                &mut own
+            }
+        };
+        match lines.wait_for(needle, limit, &mut || c.exited()) {
+            Ok(()) => return c,
+            Err(e) if tries < 20 && c.exited() => eprintln!("{who} again: {e}"),
+            Err(e) => panic!("{e}"),
+        }
+    }
+}
+
+/// Waits for `roce -j perf` (`r`) to fail after its peer was killed at `killed`: it exits 1
+/// with a JSON error within `bound`. Returns the error and how long it took.
+fn fails_within(
+    r: roce_tests::child::Reaper,
+    who: &str,
+    killed: std::time::Instant,
+    bound: std::time::Duration,
+) -> (String, f64) {
+    let o = roce_tests::child::finish_within(r, std::time::Duration::from_secs(90), who);
+    let secs = killed.elapsed().as_secs_f64();
+    let out = text(&o);
+    assert_eq!(o.status.code(), Some(1), "{who} ({}):\n{out}", o.status);
+    let err = rdmacm::json_error(&out).unwrap_or_else(|| panic!("{who}: no JSON error:\n{out}"));
+    assert!(
+        secs < bound.as_secs_f64(),
+        "{who} took {secs:.1} s to fail, more than {bound:?}: {err}"
+    );
+    (err, secs)
+}
+
+/// A perftest peer on the drop-in library that is SIGKILLed mid-run sends no DREQ (its CM
+/// died with it), and `roce perf -R` must not wait for it forever: as the server of
+/// `ib_send_bw -R` and of `ib_write_bw -R` (each killed a second after its run began), it
+/// probes the peer on the control connection and exits 1 within 20 s of the kill (the probes'
+/// design bound: ~1 s + ~8.5 s), with "the peer stopped answering" as its JSON error. As the
+/// client of `ib_send_bw -R`, killed the same way, it exits 1 within 25 s (its SENDs go
+/// unanswered: the run's 10 s stall check). The runs with live peers are
+/// `roce_perf_r_connects_through_rdma_cm_with_perftest_and_itself`.
+#[test]
+fn roce_perf_r_fails_in_bounded_time_when_its_perftest_peer_is_killed() {
+    require_root();
+    let pair = veth_pair("pk", 208);
+    let _unpin = (Loaded::guard(&pair.a.ifname), Loaded::guard(&pair.b.ifname));
+    let server_ip = pair.a.ipv4.to_string();
+    // Long enough that the kill comes mid-run: 64 GB.
+    let (size, n) = ("65536", "1000000");
+    let bound = std::time::Duration::from_secs(20);
+    for (i, (op, tool)) in [("send", "ib_send_bw"), ("write", "ib_write_bw")]
+        .into_iter()
+        .enumerate()
+    {
+        let port = (18550 + i).to_string();
+        let server = roce_perf(
+            &pair.a,
+            &args(&[
+                op,
+                "-R",
+                "-d",
+                &pair.a.ifname,
+                "-s",
+                size,
+                "-n",
+                n,
+                "-p",
+                &port,
+                "--no-verify",
+            ]),
+        );
+        let perftest = args(&[
+            "-R",
+            "-d",
+            &format!("roce_{}", pair.b.ifname),
+            "-s",
+            size,
+            "-n",
+            n,
+            "-p",
+            &port,
+            &server_ip,
+        ]);
+        // perftest prints its results header as its run begins.
+        let mut client = started(&format!("{tool} client"), "#bytes", None, &|| {
+            ours(&pair.b, tool, &perftest)
+        });
+        std::thread::sleep(std::time::Duration::from_secs(1));
+        client.kill().expect("SIGKILL perftest");
+        let killed = std::time::Instant::now();
+        let (err, secs) = fails_within(server, &format!("roce perf {op} server"), killed, bound);
+        assert!(
+            err.contains("the peer stopped answering"),
+            "roce perf {op} server failed otherwise: {err}"
+        );
+        eprintln!(
+            "roce perf -R {op} server, {tool} -R client killed: failed after {secs:.1} s: {err}"
+        );
+    }
+
+    // The reverse: perftest's server killed under our client.
+    let port = "18552";
+    let mut server = ours(
+        &pair.a,
+        "ib_send_bw",
+        &args(&[
+            "-R",
+            "-d",
+            &format!("roce_{}", pair.a.ifname),
+            "-s",
+            size,
+            "-n",
+            n,
+            "-p",
+            port,
+        ]),
+    );
+    let mut lines = rdmacm::Lines::of(&mut server, "ib_send_bw server");
+    let client = started("roce perf send client", "#bytes", Some(&mut lines), &|| {
+        roce_perf(
+            &pair.b,
+            &args(&[
+                "send",
+                "-R",
+                "-d",
+                &pair.b.ifname,
+                "-s",
+                size,
+                "-n",
+                n,
+                "-p",
+                port,
+                "--no-verify",
+                &server_ip,
+            ]),
+        )
+    });
+    std::thread::sleep(std::time::Duration::from_secs(1));
+    server.kill().expect("SIGKILL perftest");
+    let killed = std::time::Instant::now();
+    let (err, secs) = fails_within(
+        client,
+        "roce perf send client",
+        killed,
+        std::time::Duration::from_secs(25),
+    );
+    eprintln!(
+        "ib_send_bw -R server killed, roce perf -R send client: failed after {secs:.1} s: {err}"
+    );
+}
+
+/// `roce perf -R`'s liveness probes on the control connection (a zero-length RDMA WRITE after
+/// each second without news) do not disturb a run with a live peer that lasts longer than a
+/// dead peer takes to fail (~9.5 s): 12 s (`-D 12`) of `roce perf write -R` serving Debian's
+/// `ib_write_bw -R` on the drop-in library, and of `roce perf send -R` at both ends with every
+/// byte checked. Our server's report counts the probes the peer acknowledged.
+#[test]
+fn roce_perf_r_probes_keep_a_long_run_with_a_live_peer_going() {
+    require_root();
+    let pair = veth_pair("pl", 209);
+    let _unpin = (Loaded::guard(&pair.a.ifname), Loaded::guard(&pair.b.ifname));
+    let server_ip = pair.a.ipv4.to_string();
+    let secs = 12.0;
+    let perf = |end: &VethEnd, op: &str, port: &str, host: Option<&str>| {
+        let mut a = args(&[op, "-R", "-d", &end.ifname, "-s", "65536", "-p", port]);
+        if let Some(h) = host {
+            a.extend(args(&["-D", &secs.to_string(), h]));
+        }
+        a
+    };
+    // The probes a report counts, after checking it shows a run (its data checked with
+    // `verify`). Its seconds are not the run's: perftest's -D report leaves out a warm-up
+    // and a cool-down.
+    let probes = |who: &str, out: &str, verify: bool| {
+        let v = out
+            .lines()
+            .filter_map(|l| serde_json::from_str::<serde_json::Value>(l).ok())
+            .find(|v| v.get("bw_mb_per_sec").is_some())
+            .unwrap_or_else(|| panic!("{who}: no JSON report:\n{out}"));
+        assert!(
+            v["messages"].as_u64().unwrap_or(0) > 0 && (!verify || v["verified"] == true),
+            "{who}: no checked run: {v}"
+        );
+        v["rdma_cm_probes"].as_u64().unwrap_or(0)
+    };
+
+    let t = std::time::Instant::now();
+    let (c, s) = spawned_pair(
+        (
+            "roce perf",
+            roce_perf(&pair.a, &{
+                let mut a = perf(&pair.a, "write", "18553", None);
+                a.push("--no-verify".into());
+                a
+            }),
+        ),
+        ("ib_write_bw", &|| {
+            ours(
+                &pair.b,
+                "ib_write_bw",
+                &args(&[
+                    "-R",
+                    "-d",
+                    &format!("roce_{}", pair.b.ifname),
+                    "-s",
+                    "65536",
+                    "-D",
+                    &secs.to_string(),
+                    "-p",
+                    "18553",
+                    &server_ip,
+                ]),
+            )
+        }),
+    );
+    assert!(
+        c.contains("Data ex. method : rdma_cm"),
+        "ib_write_bw did not run over rdma_cm:\n{c}"
+    );
+    let took = t.elapsed().as_secs_f64();
+    assert!(took >= secs, "a -D {secs} run over in {took:.1} s");
+    let n = probes("roce perf write server", &s, false);
+    assert!(
+        n >= 5,
+        "roce perf write server: {n} probes acknowledged in a {secs} s run:\n{s}"
+    );
+    eprintln!(
+        "roce perf -R write server, ib_write_bw -R -D {secs} client: {n} probes acknowledged, {:.1} s",
+        t.elapsed().as_secs_f64()
+    );
+
+    let t = std::time::Instant::now();
+    let (c, s) = spawned_pair(
+        (
+            "roce perf",
+            roce_perf(&pair.a, &perf(&pair.a, "send", "18554", None)),
+        ),
+        ("roce perf", &|| {
+            roce_perf(&pair.b, &perf(&pair.b, "send", "18554", Some(&server_ip)))
+        }),
+    );
+    let took = t.elapsed().as_secs_f64();
+    assert!(took >= secs, "a -D {secs} run over in {took:.1} s");
+    probes("roce perf send client", &c, true);
+    let n = probes("roce perf send server", &s, true);
+    assert!(
+        n >= 5,
+        "roce perf send server: {n} probes acknowledged in a {secs} s run:\n{s}"
+    );
+    eprintln!(
+        "roce perf -R send at both ends, -D {secs}: {n} probes acknowledged, {:.1} s",
         t.elapsed().as_secs_f64()
     );
 }

@@ -291,6 +291,11 @@ impl<L: Link> Comm<L> {
         }
     }
 
+    /// The link, for the caller to read its state (a report).
+    pub const fn link(&self) -> &L {
+        &self.link
+    }
+
     /// The link, for the caller to poll or close.
     pub const fn link_mut(&mut self) -> &mut L {
         &mut self.link

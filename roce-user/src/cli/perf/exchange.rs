@@ -383,6 +383,15 @@ impl<'d> Session<'d> {
         Ok(theirs)
     }
 
+    /// With `-R`: the liveness probes the peer acknowledged on the control connection so far
+    /// (`rdmacm.rs`); `None` over TCP. For the report.
+    pub(super) const fn probes(&self) -> Option<u64> {
+        match self.comm.link() {
+            Channel::Cm(c) => Some(c.probes),
+            Channel::Tcp(_) => None,
+        }
+    }
+
     /// With `-R`, after [`Session::finish`]: the client disconnects the RDMA CM connections,
     /// the server waits for that (`rdmacm::disconnect`). Call once, before the device closes.
     pub(super) fn close(&self, cm_dev: Option<&Device>, client: bool) {

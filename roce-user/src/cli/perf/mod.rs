@@ -75,8 +75,11 @@ pub struct PerfArgs {
     /// (either side) and to `roce perf -R`. perftest's -R takes IPv4 addresses only; between
     /// two `roce perf -R` IPv6 works too. As client, a data REQ rejected because the server
     /// does not listen yet (perftest 4.5's server listens only after its last sync) is sent
-    /// again, up to 40 times within about 8 s. Uses the interface's QP 1 (one RDMA CM user per
-    /// interface); not with --engine or --lat.
+    /// again, up to 40 times within about 8 s. A peer that goes away mid-exchange or mid-run
+    /// fails the run: one that closed the connection at once, one that stopped answering
+    /// (killed on a user-space CM, which sends no DREQ) within about 10 s, through a
+    /// zero-length RDMA WRITE on the control connection after each quiet second. Uses the
+    /// interface's QP 1 (one RDMA CM user per interface); not with --engine or --lat.
     #[arg(short = 'R', long = "rdma-cm")]
     pub rdma_cm: bool,
     /// Message size in bytes (atomics: 8).

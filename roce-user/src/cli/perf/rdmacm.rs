@@ -13,6 +13,21 @@
 //! 3. at the end the client disconnects the data connections (DREQ), as perftest's
 //!    `rdma_cm_disconnect_nodes` does, and the server waits for that ([`disconnect`]).
 //!
+//! While it waits for the peer on the control connection (its next message, or the client's
+//! sync that ends the server's run), [`Control`] notices a peer that is gone: one that closed
+//! the connection (a DREQ; the kernel's CM sends it when a perftest process on rxe dies), and
+//! one that stopped answering without a word (a program on a user-space CM, such as the
+//! drop-in library, that was killed: nobody sends its DREQ). For the second it probes the
+//! peer's control QP with a zero-length RDMA WRITE after each [`CTL_PROBE_EVERY`] without
+//! news: the peer's responder acknowledges it without a receive (perftest keeps exactly one
+//! posted for its next message, which a SEND would take) and without checking an R_Key (IBA
+//! C9-88: none for a zero-length RDMA operation; rxe's `check_rkey` and ours); the RDMA CM
+//! grants every connected QP remote write (the kernel's `cm_init_qp_init_attr`, the drop-in
+//! library, our own control QP). A peer that is gone never acknowledges it, and the control
+//! QP's own retries ([`CTL_QP_TIMEOUT`], [`CTL_RETRY_CNT`], not `-u` and `--retry-cnt`, whose
+//! 7 retries forever) end in retry exceeded about 8.5 s later, so the run fails within about
+//! 10 s of the peer's death.
+//!
 //! perftest's `-R` resolves names as IPv4 only (`AF_INET` hints), so a perftest peer needs an
 //! IPv4 address; between two `roce perf -R` IPv6 works too.
 //!
@@ -40,7 +55,7 @@ use roce::{
         CmError,
         perftest::{Comm, KeyFormat, Link},
     },
-    wire::types::Psn,
+    wire::types::{Psn, RKey},
 };
 
 use super::{PerfArgs, PerfOp, setup::random_u32};
@@ -61,8 +76,20 @@ const CTL_RECVS: u32 = 4;
 const CTL_SLOT: u32 = 256;
 /// wr_id of the control QP's SENDs (receives use their slot number).
 const CTL_SEND: u64 = u64::MAX;
+/// wr_id of the control QP's liveness probes (zero-length RDMA WRITEs).
+const CTL_PROBE: u64 = u64::MAX - 1;
 /// How often a wait on the control connection looks whether the peer has closed it.
 const CTL_STATE_EVERY: Duration = Duration::from_millis(50);
+/// How long a wait on the control connection goes without a completion on it before it
+/// probes whether the peer is still there (see the module docs).
+const CTL_PROBE_EVERY: Duration = Duration::from_secs(1);
+/// The control QP's local ACK timeout exponent: 4.096 µs × 2^15, 134 ms. The transport
+/// doubles the wait after each expiry, up to 16-fold, so [`CTL_RETRY_CNT`] retries take
+/// (1 + 2 + 4 + 8 + 16 + 16 + 16) × 134 ms, about 8.5 s, before a WR fails with retry
+/// exceeded.
+const CTL_QP_TIMEOUT: u8 = 15;
+/// The control QP's transport retries (7 would retry forever).
+const CTL_RETRY_CNT: u8 = 6;
 
 /// A small ephemeral source port for our RDMA CM IP header.
 fn src_port() -> u16 {
@@ -83,6 +110,14 @@ pub(super) struct Control<'d> {
     wcs: Vec<Wc>,
     /// When [`Control::poll`] last looked at the connection's CM state.
     state_seen: Instant,
+    /// When something last completed on the control QP (the peer answered).
+    heard: Instant,
+    /// When the probe in flight was posted.
+    probe: Option<Instant>,
+    /// When the SEND in flight was posted.
+    sent: Option<Instant>,
+    /// Probes the peer acknowledged (in the JSON report).
+    pub(super) probes: u64,
 }
 
 impl<'d> Control<'d> {
@@ -111,7 +146,8 @@ impl<'d> Control<'d> {
             (CTL_SLOT * (CTL_RECVS + 1)) as usize,
             Access::LOCAL_WRITE,
         )?;
-        RdmaDevice::qp_to_init(dev, qpn, Access::LOCAL_WRITE)?;
+        // Remote write for a peer's liveness probes (zero-length RDMA WRITEs, no MR).
+        RdmaDevice::qp_to_init(dev, qpn, Access::LOCAL_WRITE | Access::REMOTE_WRITE)?;
         let ctl = Self {
             dev,
             qpn,
@@ -121,6 +157,10 @@ impl<'d> Control<'d> {
             pending: VecDeque::new(),
             wcs: vec![Wc::default(); 8],
             state_seen: Instant::now(),
+            heard: Instant::now(),
+            probe: None,
+            sent: None,
+            probes: 0,
         };
         for slot in 0..CTL_RECVS {
             ctl.post(u64::from(slot))?;
@@ -149,7 +189,9 @@ impl<'d> Control<'d> {
     /// receive's queued in `pending`. When nothing completed, looks every [`CTL_STATE_EVERY`]
     /// whether the peer has closed the control connection (a DREQ, or perftest's process gone:
     /// its kernel sends the DREQ), and fails then: nothing will arrive on it any more, and our
-    /// posted receives never complete in error by themselves.
+    /// posted receives never complete in error by themselves. After [`CTL_PROBE_EVERY`]
+    /// without a completion it probes the peer (see the module docs), which fails the wait
+    /// once the peer stopped answering.
     fn poll(&mut self) -> anyhow::Result<Option<Wc>> {
         let got = self.poll_cq()?;
         if got.is_some()
@@ -174,7 +216,30 @@ impl<'d> Control<'d> {
             }
             return Ok(got);
         }
+        if self.probe.is_none() && self.heard.elapsed() >= CTL_PROBE_EVERY {
+            self.post_probe()?;
+        }
         Ok(None)
+    }
+
+    /// Posts a liveness probe: a zero-length RDMA WRITE, which needs no receive, no memory
+    /// and no R_Key at the peer (IBA C9-88).
+    fn post_probe(&mut self) -> anyhow::Result<()> {
+        RdmaDevice::post_send(
+            self.dev,
+            self.qpn,
+            SendWr::new(
+                CTL_PROBE,
+                SendOp::Write {
+                    remote_addr: 0,
+                    rkey: RKey::new(0),
+                },
+                Vec::new(),
+            ),
+        )
+        .context("probing the peer on the RDMA CM control connection")?;
+        self.probe = Some(Instant::now());
+        Ok(())
     }
 
     /// [`Control::poll`] without the look at the connection's state.
@@ -186,16 +251,36 @@ impl<'d> Control<'d> {
             RdmaDevice::wait_cq_into(self.dev, self.cq, &mut self.wcs, super::setup::IDLE_WAIT)?;
         let mut send = None;
         for wc in &self.wcs[..n] {
+            if wc.status == WcStatus::RetryExcErr {
+                let since = match wc.wr_id {
+                    CTL_PROBE => self.probe,
+                    CTL_SEND => self.sent,
+                    _ => None,
+                };
+                bail!(
+                    "the peer stopped answering: nothing acknowledged on the RDMA CM control \
+                     connection for {:.1} s (retry exceeded; its program was killed, or the \
+                     path to it is down)",
+                    since.unwrap_or(self.heard).elapsed().as_secs_f64()
+                );
+            }
             if wc.status != WcStatus::Success {
                 bail!(
                     "the RDMA CM control connection failed: {:?} (the peer is gone?)",
                     wc.status
                 );
             }
-            if wc.wr_id == CTL_SEND {
-                send = Some(*wc);
-            } else {
-                self.pending.push_back(*wc);
+            self.heard = Instant::now();
+            match wc.wr_id {
+                CTL_SEND => {
+                    self.sent = None;
+                    send = Some(*wc);
+                }
+                CTL_PROBE => {
+                    self.probe = None;
+                    self.probes += 1;
+                }
+                _ => self.pending.push_back(*wc),
             }
         }
         Ok(send)
@@ -228,6 +313,7 @@ impl Link for Control<'_> {
             SendWr::new(CTL_SEND, SendOp::Send, vec![sge]),
         )
         .map_err(|e| io(e.into()))?;
+        self.sent = Some(Instant::now());
         let deadline = Instant::now() + CM_TIMEOUT;
         loop {
             if self.poll().map_err(io)?.is_some() {
@@ -332,12 +418,20 @@ fn gid_index_for(dev: &Device, peer: &Peer) -> usize {
     first.unwrap_or_else(|| RdmaDevice::default_gid_index(dev, remote.is_ipv4()))
 }
 
+/// Which of a run's QPs a connection is for: the control QP retries on its own terms
+/// ([`CTL_QP_TIMEOUT`], [`CTL_RETRY_CNT`]), the data QPs as `-u` and `--retry-cnt` say.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Role {
+    Control,
+    Data,
+}
+
 /// Moves `qpn` to RTR and RTS towards `peer`.
 fn ready_qp(
     dev: &Device,
     a: &PerfArgs,
     (gid_index, mtu): (usize, Mtu),
-    qpn: Qpn,
+    (role, qpn): (Role, Qpn),
     our_psn: Psn,
     peer: &Peer,
 ) -> anyhow::Result<()> {
@@ -349,8 +443,14 @@ fn ready_qp(
     let attrs = RcAttrs {
         max_dest_rd_atomic: a.max_rd_atomic,
         max_rd_atomic: peer.responder_resources.clamp(1, a.max_rd_atomic),
-        retry_cnt: a.retry_cnt,
-        timeout: a.qp_timeout,
+        retry_cnt: match role {
+            Role::Control => CTL_RETRY_CNT,
+            Role::Data => a.retry_cnt,
+        },
+        timeout: match role {
+            Role::Control => CTL_QP_TIMEOUT,
+            Role::Data => a.qp_timeout,
+        },
         ..RcAttrs::PINGPONG
     };
     RdmaDevice::connect_rc(
@@ -380,15 +480,15 @@ fn rd_depth(a: &PerfArgs) -> u8 {
 }
 
 /// Sends a REQ for `qpn` and, on the REP, brings the QP up and sends the RTU. A REJ "invalid
-/// service ID" is retried when `retry_unlistened` (data connections, see the module docs).
+/// service ID" is retried for a data connection (see the module docs), counted in `resent`.
 fn connect_one(
     dev: &Device,
     a: &PerfArgs,
     (dest, gid_index, mtu): (IpAddr, usize, Mtu),
-    (qpn, psn): (Qpn, Psn),
+    (role, qpn, psn): (Role, Qpn, Psn),
     resent: Option<&mut u32>,
 ) -> anyhow::Result<(CommId, Qpn)> {
-    let retry_unlistened = resent.is_some();
+    let retry_unlistened = role == Role::Data;
     let mut resent = resent;
     let mut backoff = DATA_REQ_BACKOFF;
     let mut tries = 0;
@@ -413,7 +513,7 @@ fn connect_one(
                         responder_resources: rep.responder_resources,
                         local_ip: None,
                     };
-                    if let Err(e) = ready_qp(dev, a, (gid_index, mtu), qpn, psn, &peer) {
+                    if let Err(e) = ready_qp(dev, a, (gid_index, mtu), (role, qpn), psn, &peer) {
                         let _ = dev.cm_reject(id, &[]);
                         return Err(e.context("bringing the QP up from the REP"));
                     }
@@ -463,7 +563,7 @@ fn accept_one(
     dev: &Device,
     a: &PerfArgs,
     (gid_index, mtu): (usize, Mtu),
-    qpn: Qpn,
+    (role, qpn): (Role, Qpn),
     deadline: Option<Instant>,
 ) -> anyhow::Result<(CommId, Qpn)> {
     loop {
@@ -494,7 +594,7 @@ fn accept_one(
                         .ok()
                         .map(|h| h.dst.to_canonical()),
                 };
-                if let Err(e) = ready_qp(dev, a, (gid_index, mtu), qpn, psn, &peer) {
+                if let Err(e) = ready_qp(dev, a, (gid_index, mtu), (role, qpn), psn, &peer) {
                     let _ = dev.cm_reject(id, &[]);
                     return Err(e.context("bringing the QP up from the REQ"));
                 }
@@ -522,15 +622,21 @@ pub(super) fn control<'d>(
     let dest = match &a.host {
         Some(h) => {
             let dest = resolve(h, a.port)?;
-            ctl.id = connect_one(dev, a, (dest, gid_index, mtu), (ctl.qpn, psn), None)
-                .context("the control connection")?
-                .0;
+            ctl.id = connect_one(
+                dev,
+                a,
+                (dest, gid_index, mtu),
+                (Role::Control, ctl.qpn, psn),
+                None,
+            )
+            .context("the control connection")?
+            .0;
             Some(dest)
         }
         None => {
             dev.cm_listen(a.port)
                 .with_context(|| format!("listening on RDMA CM port {}", a.port))?;
-            ctl.id = accept_one(dev, a, (gid_index, mtu), ctl.qpn, None)?.0;
+            ctl.id = accept_one(dev, a, (gid_index, mtu), (Role::Control, ctl.qpn), None)?.0;
             None
         }
     };
@@ -549,9 +655,15 @@ pub(super) fn connect_data(
     let mut resent = 0;
     let conns = qps
         .iter()
-        .map(|&qp| {
-            connect_one(dev, a, (dest, gid_index, mtu), qp, Some(&mut resent))
-                .context("a data connection")
+        .map(|&(qpn, psn)| {
+            connect_one(
+                dev,
+                a,
+                (dest, gid_index, mtu),
+                (Role::Data, qpn, psn),
+                Some(&mut resent),
+            )
+            .context("a data connection")
         })
         .collect::<anyhow::Result<Vec<_>>>()?;
     Ok((conns, resent))
@@ -569,7 +681,7 @@ pub(super) fn accept_data(
     let deadline = Instant::now() + CM_TIMEOUT;
     let ids = qpns
         .iter()
-        .map(|&q| accept_one(dev, a, (gid_index, mtu), q, Some(deadline)))
+        .map(|&q| accept_one(dev, a, (gid_index, mtu), (Role::Data, q), Some(deadline)))
         .collect::<anyhow::Result<Vec<_>>>()?;
     let _ = dev.cm_unlisten(a.port);
     Ok(ids)

@@ -139,6 +139,7 @@ pub(super) fn emit<D: RdmaDevice>(
         "verified": if a.no_verify { serde_json::Value::Null } else { o.verified.into() },
         "peer_version": session.comm.remote_version, "rdma_cm": a.rdma_cm,
         "rdma_cm_reqs_resent": session.rdma_cm.as_ref().map(|c| c.reqs_resent),
+        "rdma_cm_probes": session.probes(),
         "cm": CmStats::NAMES.iter().zip(session.cm.values()).map(|(n, v)| ((*n).to_owned(), v.into())).collect::<serde_json::Map<_, _>>(),
         "cc": cc_json(dev),
         "peak_rss_kib": peak_rss,
