@@ -57,6 +57,33 @@ fn wait_status(watch: &mut EngineClient, want: EngineStatus, limit: Duration) {
     }
 }
 
+/// Waits for the engine to leave after its last client, and checks it ended well.
+fn engine_leaves(engine: Reaper) {
+    let o = finish_within(
+        engine,
+        Duration::from_secs(20),
+        "engine after its last client",
+    );
+    assert!(o.status.success(), "engine:\n{}", text(&o));
+}
+
+/// An RC QP's creation attributes: `pd`, both queues on `cq`, `depth` WRs each way, one SGE.
+const fn rc_init(pd: PdId, cq: CqId, depth: u32) -> QpInit {
+    QpInit {
+        pd,
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        cap: QpCap {
+            max_send_wr: depth,
+            max_recv_wr: depth,
+            max_sge: 1,
+            max_inline_data: 0,
+        },
+        sq_sig_all: true,
+    }
+}
+
 /// The engine with nobody but the watcher: no object of any program left.
 const EMPTY: EngineStatus = EngineStatus {
     clients: 1,
@@ -158,12 +185,7 @@ fn unmodified_programs_run_server_and_client_on_one_interface_through_the_engine
         wait_status(&mut watch, EMPTY, Duration::from_secs(10));
     }
     drop(watch);
-    let o = finish_within(
-        engine,
-        Duration::from_secs(20),
-        "engine after its last client",
-    );
-    assert!(o.status.success(), "engine:\n{}", text(&o));
+    engine_leaves(engine);
 }
 
 /// A program on the library killed with SIGKILL in the middle of its run: another pair on
@@ -250,12 +272,7 @@ fn a_killed_drop_in_program_is_reclaimed_and_the_others_go_on() {
     drop(victim_server);
     wait_status(&mut watch, EMPTY, Duration::from_secs(10));
     drop(watch);
-    let o = finish_within(
-        engine,
-        Duration::from_secs(20),
-        "engine after its last client",
-    );
-    assert!(o.status.success(), "engine:\n{}", text(&o));
+    engine_leaves(engine);
 }
 
 fn errno_of<T: std::fmt::Debug>(r: Result<T, RemoteError>) -> i32 {
@@ -282,19 +299,7 @@ fn library_verbs_reach_only_the_callers_objects() {
     let VerbOk::Cq(cq) = call(&mut owner, VerbCall::CreateCq { depth: 16 }).expect("cq") else {
         panic!("create_cq")
     };
-    let init = QpInit {
-        pd,
-        qp_type: QpType::Rc,
-        send_cq: cq,
-        recv_cq: cq,
-        cap: QpCap {
-            max_send_wr: 8,
-            max_recv_wr: 8,
-            max_sge: 1,
-            max_inline_data: 0,
-        },
-        sq_sig_all: true,
-    };
+    let init = rc_init(pd, cq, 8);
     let VerbOk::Qp(qpn) = call(&mut owner, VerbCall::CreateQp { init, srq: None }).expect("qp")
     else {
         panic!("create_qp")
@@ -467,12 +472,7 @@ fn library_verbs_reach_only_the_callers_objects() {
     assert_eq!(Qpn::new(qpn.value()), qpn);
     drop((owner, other, bell));
     drop(buf);
-    let o = finish_within(
-        engine,
-        Duration::from_secs(20),
-        "engine after its last client",
-    );
-    assert!(o.status.success(), "engine:\n{}", text(&o));
+    engine_leaves(engine);
 }
 
 /// `roce exec --engine shared -d IF -- stdbuf -oL prog ARGS` in `ns` (line-buffered, for the
@@ -604,19 +604,7 @@ fn rdma_cm_programs_run_server_and_client_on_one_interface_through_the_engine() 
     let VerbOk::Cq(cq) = owner.verb(&VerbCall::CreateCq { depth: 8 }).expect("cq") else {
         panic!("cq")
     };
-    let init = QpInit {
-        pd,
-        qp_type: QpType::Rc,
-        send_cq: cq,
-        recv_cq: cq,
-        cap: QpCap {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            max_sge: 1,
-            max_inline_data: 0,
-        },
-        sq_sig_all: true,
-    };
+    let init = rc_init(pd, cq, 4);
     let VerbOk::Qp(qpn) = owner
         .verb(&VerbCall::CreateQp { init, srq: None })
         .expect("qp")
@@ -688,10 +676,5 @@ fn rdma_cm_programs_run_server_and_client_on_one_interface_through_the_engine() 
         Ok(VerbOk::CmEvents(e)) if e.is_empty()
     ));
     drop((owner, other, watch));
-    let o = finish_within(
-        engine,
-        Duration::from_secs(20),
-        "engine after its last client",
-    );
-    assert!(o.status.success(), "engine:\n{}", text(&o));
+    engine_leaves(engine);
 }

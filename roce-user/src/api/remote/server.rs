@@ -143,25 +143,29 @@ impl EventQueue {
     }
 
     fn push(&self, e: crate::api::Event) {
-        let mut st = self.lock();
-        if st.events.len() >= MAX_QUEUED_EVENTS {
-            st.events.pop_front();
-            log::warn!("engine: a program takes no events; dropped its oldest");
-        }
-        st.events.push_back(e);
-        st.pushed += 1;
-        drop(st);
-        self.rung.notify_all();
+        self.push_with(|st| (&mut st.events, &mut st.pushed), e, "events");
     }
 
     fn push_cm(&self, e: crate::api::CmEvent) {
+        self.push_with(|st| (&mut st.cm_events, &mut st.cm_pushed), e, "CM events");
+    }
+
+    /// Queues `e` on the queue and generation `which` picks (dropping the oldest beyond
+    /// [`MAX_QUEUED_EVENTS`]) and rings.
+    fn push_with<T>(
+        &self,
+        which: impl FnOnce(&mut EventState) -> (&mut VecDeque<T>, &mut u64),
+        e: T,
+        what: &str,
+    ) {
         let mut st = self.lock();
-        if st.cm_events.len() >= MAX_QUEUED_EVENTS {
-            st.cm_events.pop_front();
-            log::warn!("engine: a program takes no CM events; dropped its oldest");
+        let (queue, pushed) = which(&mut st);
+        if queue.len() >= MAX_QUEUED_EVENTS {
+            queue.pop_front();
+            log::warn!("engine: a program takes no {what}; dropped its oldest");
         }
-        st.cm_events.push_back(e);
-        st.cm_pushed += 1;
+        queue.push_back(e);
+        *pushed += 1;
         drop(st);
         self.rung.notify_all();
     }
