@@ -1,5 +1,5 @@
 //! The drop-in libibverbs' verbs through `roce engine` (docs/multiprocess.md, step 2): each is
-//! a [`VerbCall`] in the body of a [`Request::Verb`] frame, answered by a [`VerbOk`] or an
+//! a [`VerbCall`] in the body of a [`super::proto::Request::Verb`] frame, answered by a [`VerbOk`] or an
 //! errno, and [`SharedDevice`] is the [`VerbsDevice`] that speaks them.
 //!
 //! The calls carry the transport's own types (work requests, QP attributes, completions) in
