@@ -189,6 +189,7 @@ fn main() {
         let (mut table, mut rows) = (String::new(), Vec::new());
         engine_rows(&mut table, &mut rows);
         print!("{table}");
+        write_rows(&rows);
         return;
     }
     let pair = VethPair::new(
@@ -365,10 +366,15 @@ fn main() {
     println!(
         "(median of {REPS}; veth MTU 3000, path MTU 2048; UDP datagrams carry min(size, 2048) bytes)"
     );
+    write_rows(&rows);
+}
+
+/// Writes `rows` to `$ROCE_BENCH_OUT/e2e.json` for `cargo xtask bench`, when it asks.
+fn write_rows(rows: &[Value]) {
     if let Some(dir) = std::env::var_os("ROCE_BENCH_OUT") {
         std::fs::write(
             std::path::Path::new(&dir).join("e2e.json"),
-            serde_json::to_string_pretty(&rows).unwrap(),
+            serde_json::to_string_pretty(rows).unwrap(),
         )
         .unwrap();
     }
