@@ -14,6 +14,43 @@ use roce::{
 
 use super::Output;
 
+/// Why `-R` is refused with `--engine`, in `roce perf` and `roce pingpong`.
+pub(crate) const NO_CM_THROUGH_ENGINE: &str = "-R runs RDMA CM on this process's device; with \
+--engine the device is the engine's, and the engine does not offer RDMA CM to programs yet";
+
+/// With `--engine`, refuses the options of `own` that are set (`(set, name)`): they set up a
+/// device of this process, and the engine's device takes none of them from a program. Call it
+/// before connecting, so that a run never silently ignores an option.
+///
+/// # Errors
+/// One of them is set; the message names them all.
+pub(crate) fn refuse_own_device_options(own: &[(bool, &str)]) -> anyhow::Result<()> {
+    let set: Vec<&str> = own.iter().filter(|(s, _)| *s).map(|(_, n)| *n).collect();
+    if !set.is_empty() {
+        anyhow::bail!(
+            "{} set(s) up a device of this process; with --engine the device is the engine's",
+            set.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The device of the engine of `dev`, for a tool's `--engine`.
+///
+/// # Errors
+/// No engine serves `dev` in this namespace (the message says how to start one), or it
+/// refused this program (not root, or it serves as many as its `--max-clients`).
+pub(crate) fn connect_device(dev: &str) -> anyhow::Result<remote::EngineDevice> {
+    remote::EngineDevice::connect(dev).map_err(|e| {
+        let hint = if matches!(e, remote::RemoteError::Io { .. }) {
+            format!(" (start it with `roce engine -i {dev}`)")
+        } else {
+            String::new()
+        };
+        anyhow::Error::new(e).context(format!("reaching the engine of {dev}{hint}"))
+    })
+}
+
 /// The long help of `roce engine`.
 pub const LONG_ABOUT: &str = "Own an interface's RoCE device in this process and serve it to \
 other programs, so that several RDMA programs share one interface (an AF_XDP socket serves one \
@@ -28,7 +65,8 @@ client left (or after it started, if none came), and unloads roce_xdp if it load
 Step 1 of docs/multiprocess.md: PD, MR, CQ and RC QP verbs, SEND/WRITE/READ posts and polls \
 work through the engine (roce::api::remote::EngineClient; roce-user/examples/engine_peer.rs), \
 which reaches a program's registered memory through its /proc/PID/mem; posts and polls \
-still cross the socket, and `roce perf` does not use the engine yet.";
+still cross the socket. `roce perf --engine` and `roce pingpong --engine` run on it, and the \
+drop-in libibverbs uses it when it runs (`roce exec --engine shared`).";
 
 /// Examples of `roce engine`.
 pub const EXAMPLES: &str = "Examples:\n  \
