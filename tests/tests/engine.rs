@@ -822,3 +822,179 @@ fn pingpong_server_and_client_share_one_interface_through_the_engine() {
     );
     assert!(!xdp_attached(&ns, &ifname), "the engine unloads roce_xdp");
 }
+
+/// `roce engine --max-clients 2`: a third program is refused with a `REJECT` of `EAGAIN`
+/// (`RemoteError::Refused`, its message naming `--max-clients`) and a log line, and gets in
+/// once one has left; a doorbell never counts and is never refused at the limit: a program
+/// admitted as the second one subscribes and gets its doorbell, and a connection let in on the
+/// place kept for a doorbell that turns out to be a program is refused at its first verb.
+/// One doorbell per subscription (a second is `EBUSY`). Then Debian's ibv_rc_pingpong, server
+/// and client on the drop-in library (four connections, two programs), runs to the end at the
+/// limit, and with the watcher holding a place the client is refused whole.
+#[test]
+fn engine_bounds_its_programs_but_never_refuses_a_doorbell() {
+    use roce::api::remote::{
+        server::FULL_ERRNO,
+        verbs::{VerbCall, VerbOk},
+    };
+    require_root();
+    let pair = veth_pair("engcap", 211);
+    let (ns, ifname) = (pair.a.netns.clone(), pair.a.ifname.clone());
+    let path = socket_path(&ns, &ifname);
+    let _socket = SocketGuard(path.clone());
+    let mut engine = spawn(
+        &ns,
+        &[
+            "engine",
+            "-i",
+            &ifname,
+            "--linger",
+            "5",
+            "--max-clients",
+            "2",
+        ]
+        .map(String::from),
+    );
+    wait_listening(&path, Duration::from_secs(20), &mut engine);
+    let connect = || EngineClient::connect_at(&path);
+    let full = |r: Result<EngineClient, RemoteError>| {
+        let e = r.expect_err("the engine is full");
+        assert!(matches!(e, RemoteError::Refused(FULL_ERRNO)), "{e:?}");
+        assert!(e.to_string().contains("--max-clients"), "{e}");
+    };
+
+    let mut a = connect().expect("first");
+    let b = connect().expect("second");
+    full(connect());
+    assert_eq!(a.status().expect("status").clients, 2);
+    // One leaves: there is room again.
+    drop(b);
+    let t0 = Instant::now();
+    let mut b = loop {
+        match connect() {
+            Ok(c) => break c,
+            Err(RemoteError::Refused(FULL_ERRNO)) if t0.elapsed() < Duration::from_secs(5) => {
+                thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("no room after a program left: {e:?}"),
+        }
+    };
+
+    // The second program subscribes to events, as the drop-in library does when it opens the
+    // device: the engine now keeps a place for its doorbell.
+    let token = match b.verb(&VerbCall::Subscribe).expect("subscribe") {
+        VerbOk::Token(t) => t,
+        other => panic!("subscribe answered {other:?}"),
+    };
+    // A program that takes that place is refused at its first verb (Hello passes)...
+    let mut squatter = connect().expect("let in on probation");
+    assert!(
+        matches!(squatter.status(), Err(RemoteError::Refused(FULL_ERRNO))),
+        "a program on a doorbell's place"
+    );
+    drop(squatter);
+    // ...and the doorbell, at the limit, is served and not counted.
+    let mut bell = connect().expect("doorbell at the limit");
+    let rung = bell.verb(&VerbCall::Doorbell { token });
+    assert!(matches!(rung, Ok(VerbOk::Done)), "{rung:?}");
+    let t0 = Instant::now();
+    while a.status().expect("status").clients != 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the doorbell counted"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    // No place is kept once the doorbell came, and a second doorbell is refused.
+    full(connect());
+    drop(a);
+    let mut second = {
+        let t0 = Instant::now();
+        loop {
+            match connect() {
+                Ok(c) => break c,
+                Err(_) if t0.elapsed() < Duration::from_secs(5) => {
+                    thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("no room after a program left: {e:?}"),
+            }
+        }
+    };
+    assert_eq!(
+        errno_of(second.verb(&VerbCall::Doorbell { token })),
+        Errno::EBUSY as i32
+    );
+    drop((second, bell, b));
+
+    // Unmodified programs on the drop-in library: two programs, each with a doorbell, run at
+    // a limit of two.
+    let gid = ipv4_gid_index(&pair.a);
+    let host = pair.a.ipv4.to_string();
+    let ibv = |port: &str, client: bool| {
+        let mut v = vec!["ibv_rc_pingpong", "-g", &gid, "-p", port, "-n", "200", "-c"];
+        if client {
+            v.push(&host);
+        }
+        exec_shared(&ns, &ifname, &v)
+    };
+    let mut watch = {
+        let t0 = Instant::now();
+        loop {
+            match connect() {
+                Ok(c) => break c,
+                Err(_) if t0.elapsed() < Duration::from_secs(5) => {
+                    thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("watcher: {e:?}"),
+            }
+        }
+    };
+    wait_status(&mut watch, EMPTY, Duration::from_secs(10));
+    drop(watch);
+    let server = ibv("18738", false);
+    roce_tests::rxe::wait_host_listen(&ns, 18_738, Duration::from_secs(30));
+    let c = finish_within(ibv("18738", true), Duration::from_secs(90), "ibv client");
+    let s = finish_within(server, Duration::from_secs(30), "ibv server");
+    for o in [&c, &s] {
+        let out = roce_tests::output_text(o);
+        assert!(o.status.success() && out.contains("200 iters in"), "{out}");
+    }
+    // With the watcher in one place and the server in the other, the client is refused whole:
+    // at its start, not at its events.
+    let t0 = Instant::now();
+    let mut watch = loop {
+        match connect() {
+            Ok(c) => break c,
+            Err(_) if t0.elapsed() < Duration::from_secs(5) => {
+                thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("watcher: {e:?}"),
+        }
+    };
+    wait_status(&mut watch, EMPTY, Duration::from_secs(10));
+    let server = ibv("18739", false);
+    roce_tests::rxe::wait_host_listen(&ns, 18_739, Duration::from_secs(30));
+    let c = finish_within(
+        ibv("18739", true),
+        Duration::from_secs(30),
+        "refused client",
+    );
+    let out = roce_tests::output_text(&c);
+    assert!(!c.status.success(), "a third program ran: {out}");
+    drop(server);
+    wait_status(&mut watch, EMPTY, Duration::from_secs(10));
+    drop(watch);
+    let e = finish_within(engine, Duration::from_secs(30), "engine");
+    assert!(
+        e.status.success(),
+        "engine: {}",
+        roce_tests::output_text(&e)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&e.stdout).expect("engine JSON");
+    let log = String::from_utf8_lossy(&e.stderr);
+    assert!(log.contains("--max-clients allows"), "no log line: {log}");
+    // At accept: the two full() and the client (and any retry above that came too early); at
+    // its first verb: the squatter.
+    assert!(report["full"].as_u64() >= Some(4), "{report}");
+    eprintln!("the refused client said: {out}");
+}

@@ -72,6 +72,7 @@ drop-in libibverbs uses it when it runs (`roce exec --engine shared`).";
 pub const EXAMPLES: &str = "Examples:\n  \
 roce engine -i eth0                 serve eth0 until 5 s after the last program left\n  \
 roce engine -i veth0 -m skb --linger 60\n  \
+roce engine -i eth0 --max-clients 64 at most 64 programs at once\n  \
 roce engine -i eth0 --status        is an engine serving eth0? how many programs, QPs";
 
 /// Arguments of `roce engine`.
@@ -86,6 +87,15 @@ pub struct EngineArgs {
     /// Seconds to wait for a program after the last one left before exiting.
     #[arg(long, default_value_t = 5.0, value_parser = parse_linger)]
     linger: f64,
+    /// The most programs served at once; one more is refused (EAGAIN: "Resource temporarily
+    /// unavailable") until one leaves. Each program has a thread of the engine; a program's
+    /// doorbell connection (the drop-in library's events) does not count, and one admitted
+    /// at the limit always gets its doorbell. The default, 1024, is far more programs than
+    /// share an interface and far below the system's thread limits: only root connects, so
+    /// the bound stops a runaway script, not an attacker.
+    #[arg(long, default_value_t = server::DEFAULT_MAX_CLIENTS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_clients: u32,
     /// Do not serve: ask the engine of IFACE how many programs and QPs it has, and its pid.
     #[arg(long)]
     status: bool,
@@ -157,16 +167,19 @@ pub fn run(out: Output, args: &EngineArgs, netns: Option<String>) -> anyhow::Res
     }
     let opts = server::ServeOptions {
         linger: Duration::from_secs_f64(args.linger),
+        max_clients: args.max_clients,
         ..server::ServeOptions::default()
     };
     let report = server::serve(dev, listener, &path, &opts, &super::interrupted)?;
     out.emit(
         &serde_json::json!({
             "iface": args.iface, "connections": report.connections, "refused": report.refused,
+            "full": report.full,
         }),
         &format!(
-            "roce engine: {} stopped after {} connection(s), {} refused\n",
-            args.iface, report.connections, report.refused
+            "roce engine: {} stopped after {} connection(s), {} refused (not root), {} refused \
+             (--max-clients reached)\n",
+            args.iface, report.connections, report.refused, report.full
         ),
     );
     Ok(())
