@@ -7,7 +7,7 @@ use std::{
     time::{Duration, Instant},
 };
 
-use roce::api::remote::RUN_DIR;
+use roce::api::remote::{EngineClient, EngineStatus, RUN_DIR};
 
 use crate::child::{Reaper, spawn};
 
@@ -70,4 +70,44 @@ pub fn start_engine(
     );
     wait_listening(&path, limit, &mut engine);
     (engine, path, guard)
+}
+
+/// `roce exec --engine shared -d IF -- prog -d roce_IF ARGS`, in `ns`: the drop-in library must
+/// reach the interface through the engine, and fails loudly if it cannot.
+#[must_use]
+pub fn exec_shared(ns: &str, ifname: &str, prog: &[&str]) -> Reaper {
+    let mut args: Vec<String> = [
+        "exec", "--engine", "shared", "-d", ifname, "--", prog[0], "-d",
+    ]
+    .map(str::to_owned)
+    .to_vec();
+    args.push(format!("roce_{ifname}"));
+    args.extend(prog[1..].iter().map(|a| (*a).to_owned()));
+    spawn(ns, &args)
+}
+
+/// The engine with nobody but the test's watcher: no object of any program left.
+pub const EMPTY: EngineStatus = EngineStatus {
+    clients: 1,
+    qps: 0,
+    pds: 0,
+    cqs: 0,
+    mrs: 0,
+};
+
+/// Waits until the engine's status, asked through `watch`, is `want` (the programs left and
+/// it released their objects), for at most `limit`.
+///
+/// # Panics
+/// When the status cannot be asked, or is still another after `limit`.
+pub fn wait_status(watch: &mut EngineClient, want: EngineStatus, limit: Duration) {
+    let t0 = Instant::now();
+    loop {
+        let st = watch.status().expect("status");
+        if st == want {
+            return;
+        }
+        assert!(t0.elapsed() < limit, "engine status {st:?}, want {want:?}");
+        thread::sleep(Duration::from_millis(20));
+    }
 }

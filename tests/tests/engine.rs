@@ -17,9 +17,11 @@ use roce::api::{
     remote::{EngineClient, RemoteError, proto},
 };
 use roce_tests::{
-    child::{Reaper, finish_within, spawn},
-    engine::{SocketGuard, socket_path, start_engine, wait_listening},
-    require_root, roce_bin, veth_pair,
+    child::{Reaper, finish_within, json_ok, spawn},
+    engine::{
+        EMPTY, SocketGuard, exec_shared, socket_path, start_engine, wait_listening, wait_status,
+    },
+    ipv4_gid_index, require_root, roce_bin, veth_pair,
 };
 
 /// Whether `ip link show` reports an XDP program on `ifname` in `ns`.
@@ -671,4 +673,332 @@ fn perf_server_and_client_share_one_interface_through_the_engine() {
         "the engine unloads roce_xdp when it leaves"
     );
     assert!(!path.exists(), "the engine removed its socket");
+}
+
+/// `roce pingpong --engine` (ibv_rc_pingpong's test) with server and client on one interface
+/// of one namespace, through one `roce engine`: before the engine runs, `--engine` fails
+/// saying how to start one, and `-R` and the device options of this process are refused with
+/// it; then 1 byte, 4 KiB, 64 KiB and 4 KiB with `-e` (completions waited for), every
+/// exchange done on both sides, each side's QP the other's peer, and with `-c` every byte of
+/// every message checked (at 1 byte `-c` has nothing to tell, so that run goes without). Then
+/// Debian's unmodified ibv_rc_pingpong on the drop-in library through the same engine, as
+/// the server (with its `-c`, which checks what our `-c` client sent) and as the client. After
+/// each pair the engine holds nothing of theirs.
+#[test]
+fn pingpong_server_and_client_share_one_interface_through_the_engine() {
+    require_root();
+    let pair = veth_pair("engpp", 210);
+    let (ns, ifname) = (pair.a.netns.clone(), pair.a.ifname.clone());
+    let path = socket_path(&ns, &ifname);
+    let _socket = SocketGuard(path.clone());
+    let host = pair.a.ipv4.to_string();
+    let pingpong = |args: &[&str], port: u16, client: bool| {
+        let mut v: Vec<String> = ["pingpong", "-d", &ifname, "--engine", "-p"]
+            .map(String::from)
+            .to_vec();
+        v.push(port.to_string());
+        v.extend(args.iter().map(|a| (*a).to_owned()));
+        if client {
+            v.push(host.clone());
+        }
+        spawn(&ns, &v)
+    };
+    let error_of = |r: Reaper, what: &str| {
+        let o = finish_within(r, Duration::from_secs(20), what);
+        assert!(!o.status.success(), "{what} ran");
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("error JSON");
+        v["error"].as_str().unwrap_or_default().to_owned()
+    };
+
+    // No engine yet: refused, saying how to start one; -R and this process's device options
+    // are refused before the engine is asked.
+    let e = error_of(pingpong(&["-n", "1"], 18_736, true), "pingpong --engine");
+    assert!(e.contains(&format!("roce engine -i {ifname}")), "{e}");
+    let e = error_of(pingpong(&["-R"], 18_737, true), "pingpong --engine -R");
+    assert!(e.contains("RDMA CM") && e.contains("engine"), "{e}");
+    let e = error_of(
+        pingpong(&["--threaded"], 18_737, true),
+        "--engine --threaded",
+    );
+    assert!(e.contains("--threaded") && e.contains("engine's"), "{e}");
+
+    let (engine, _, _guard) = start_engine(&ns, &ifname, "5", Duration::from_secs(20));
+    let mut watch = EngineClient::connect_at(&path).expect("watcher");
+    let runs: [(&[&str], u64, u64, bool); 4] = [
+        (&["-s", "1", "-n", "500"], 1, 500, false),
+        (&["-s", "4096", "-n", "300", "-c"], 4096, 300, true),
+        (&["-s", "65536", "-n", "40", "-c"], 65_536, 40, true),
+        (&["-s", "4096", "-n", "200", "-c", "-e"], 4096, 200, true),
+    ];
+    for (i, (args, size, iters, checked)) in runs.iter().enumerate() {
+        let port = 18_730 + i as u16;
+        let t0 = Instant::now();
+        let server = pingpong(args, port, false);
+        roce_tests::rxe::wait_host_listen(&ns, port, Duration::from_secs(30));
+        let c = finish_within(
+            pingpong(args, port, true),
+            Duration::from_secs(120),
+            "client",
+        );
+        let s = finish_within(server, Duration::from_secs(30), "server");
+        let (c, s) = (
+            json_ok(&c, &format!("client {args:?}")),
+            json_ok(&s, &format!("server {args:?}")),
+        );
+        for (side, v) in [("client", &c), ("server", &s)] {
+            assert_eq!(v["iters"], *iters, "{side} of {args:?}: {v}");
+            assert_eq!(v["bytes"], 2 * size * iters, "{side} of {args:?}: {v}");
+            assert_eq!(v["checked"], *checked, "{side} of {args:?}: {v}");
+        }
+        assert_eq!(c["remote"]["qpn"], s["local"]["qpn"], "{c} {s}");
+        assert_eq!(s["remote"]["qpn"], c["local"]["qpn"], "{c} {s}");
+        eprintln!(
+            "pingpong {args:?}: {:.1} s, {:.0} us/iter",
+            t0.elapsed().as_secs_f64(),
+            c["usec_per_iter"].as_f64().unwrap_or(0.0)
+        );
+        wait_status(&mut watch, EMPTY, Duration::from_secs(10));
+    }
+
+    // Against the unmodified ibv_rc_pingpong on the drop-in library, both ways. Its `-c`
+    // server checks the first byte of every page of what our `-c` client sent (ours checks
+    // every byte of each echo); its client checks nothing, and our server without `-c` takes
+    // its bytes as they are.
+    let gid = ipv4_gid_index(&pair.a);
+    let ibv = |port: &str, client: bool| {
+        let mut a = vec![
+            "ibv_rc_pingpong",
+            "-g",
+            &gid,
+            "-p",
+            port,
+            "-n",
+            "300",
+            "-s",
+            "4096",
+            "-c",
+        ];
+        if client {
+            a.push(&host);
+        }
+        exec_shared(&ns, &ifname, &a)
+    };
+    let text = roce_tests::output_text;
+    let t0 = Instant::now();
+    let server = ibv("18734", false);
+    roce_tests::rxe::wait_host_listen(&ns, 18_734, Duration::from_secs(30));
+    let c = pingpong(&["-s", "4096", "-n", "300", "-c"], 18_734, true);
+    let c = finish_within(c, Duration::from_secs(120), "roce pingpong client");
+    let s = finish_within(server, Duration::from_secs(30), "ibv_rc_pingpong server");
+    let c = json_ok(&c, "roce pingpong client of ibv_rc_pingpong");
+    assert_eq!(
+        (c["iters"].as_u64(), c["checked"].as_bool()),
+        (Some(300), Some(true)),
+        "{c}"
+    );
+    let out = text(&s);
+    assert!(s.status.success() && out.contains("300 iters in"), "{out}");
+    assert!(!out.contains("invalid data"), "{out}");
+    wait_status(&mut watch, EMPTY, Duration::from_secs(10));
+
+    let server = pingpong(&["-s", "4096", "-n", "300"], 18_735, false);
+    roce_tests::rxe::wait_host_listen(&ns, 18_735, Duration::from_secs(30));
+    let c = finish_within(ibv("18735", true), Duration::from_secs(120), "ibv client");
+    let s = finish_within(server, Duration::from_secs(30), "roce pingpong server");
+    let out = text(&c);
+    assert!(c.status.success() && out.contains("300 iters in"), "{out}");
+    let s = json_ok(&s, "roce pingpong server of ibv_rc_pingpong");
+    assert_eq!(s["iters"], 300, "{s}");
+    assert_eq!(s["bytes"], 2 * 4096 * 300, "{s}");
+    eprintln!("with ibv_rc_pingpong: {:.1} s", t0.elapsed().as_secs_f64());
+    wait_status(&mut watch, EMPTY, Duration::from_secs(10));
+
+    drop(watch);
+    let report = engine_report(engine, Duration::from_secs(30), "engine after its last");
+    // The watcher, two per roce pair, one or more per library program (its doorbell).
+    assert!(
+        report["connections"].as_u64() >= Some(1 + 2 * runs.len() as u64 + 4),
+        "every program went through the engine: {report}"
+    );
+    assert!(!xdp_attached(&ns, &ifname), "the engine unloads roce_xdp");
+}
+
+/// `roce engine --max-clients 2`: a third program is refused with a `REJECT` of `EAGAIN`
+/// (`RemoteError::Refused`, its message naming `--max-clients`) and a log line, and gets in
+/// once one has left; a doorbell never counts and is never refused at the limit: a program
+/// admitted as the second one subscribes and gets its doorbell, and a connection let in on the
+/// place kept for a doorbell that turns out to be a program is refused at its first verb.
+/// One doorbell per subscription (a second is `EBUSY`). Then Debian's ibv_rc_pingpong, server
+/// and client on the drop-in library (four connections, two programs), runs to the end at the
+/// limit, and with the watcher holding a place the client is refused whole.
+#[test]
+fn engine_bounds_its_programs_but_never_refuses_a_doorbell() {
+    use roce::api::remote::{
+        server::FULL_ERRNO,
+        verbs::{VerbCall, VerbOk},
+    };
+    require_root();
+    let pair = veth_pair("engcap", 211);
+    let (ns, ifname) = (pair.a.netns.clone(), pair.a.ifname.clone());
+    let path = socket_path(&ns, &ifname);
+    let _socket = SocketGuard(path.clone());
+    let mut engine = spawn(
+        &ns,
+        &[
+            "engine",
+            "-i",
+            &ifname,
+            "--linger",
+            "5",
+            "--max-clients",
+            "2",
+        ]
+        .map(String::from),
+    );
+    wait_listening(&path, Duration::from_secs(20), &mut engine);
+    let connect = || EngineClient::connect_at(&path);
+    let full = |r: Result<EngineClient, RemoteError>| {
+        let e = r.expect_err("the engine is full");
+        assert!(matches!(e, RemoteError::Refused(FULL_ERRNO)), "{e:?}");
+        assert!(e.to_string().contains("--max-clients"), "{e}");
+    };
+
+    let mut a = connect().expect("first");
+    let b = connect().expect("second");
+    full(connect());
+    assert_eq!(a.status().expect("status").clients, 2);
+    // One leaves: there is room again.
+    drop(b);
+    let t0 = Instant::now();
+    let mut b = loop {
+        match connect() {
+            Ok(c) => break c,
+            Err(RemoteError::Refused(FULL_ERRNO)) if t0.elapsed() < Duration::from_secs(5) => {
+                thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("no room after a program left: {e:?}"),
+        }
+    };
+
+    // The second program subscribes to events, as the drop-in library does when it opens the
+    // device: the engine now keeps a place for its doorbell.
+    let token = match b.verb(&VerbCall::Subscribe).expect("subscribe") {
+        VerbOk::Token(t) => t,
+        other => panic!("subscribe answered {other:?}"),
+    };
+    // A program that takes that place is refused at its first verb (Hello passes)...
+    let mut squatter = connect().expect("let in on probation");
+    assert!(
+        matches!(squatter.status(), Err(RemoteError::Refused(FULL_ERRNO))),
+        "a program on a doorbell's place"
+    );
+    drop(squatter);
+    // ...and the doorbells (the device's events and the CM's), at the limit, are served and
+    // not counted.
+    let mut bell = connect().expect("doorbell at the limit");
+    let rung = bell.verb(&VerbCall::Doorbell { token, cm: false });
+    assert!(matches!(rung, Ok(VerbOk::Done)), "{rung:?}");
+    let mut cm_bell = connect().expect("CM doorbell at the limit");
+    let rung = cm_bell.verb(&VerbCall::Doorbell { token, cm: true });
+    assert!(matches!(rung, Ok(VerbOk::Done)), "{rung:?}");
+    let t0 = Instant::now();
+    while a.status().expect("status").clients != 2 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(5),
+            "the doorbell counted"
+        );
+        thread::sleep(Duration::from_millis(20));
+    }
+    // No place is kept once the doorbell came, and a second doorbell is refused.
+    full(connect());
+    drop(a);
+    let mut second = {
+        let t0 = Instant::now();
+        loop {
+            match connect() {
+                Ok(c) => break c,
+                Err(_) if t0.elapsed() < Duration::from_secs(5) => {
+                    thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("no room after a program left: {e:?}"),
+            }
+        }
+    };
+    assert_eq!(
+        errno_of(second.verb(&VerbCall::Doorbell { token, cm: false })),
+        Errno::EBUSY as i32
+    );
+    drop((second, bell, cm_bell, b));
+
+    // Unmodified programs on the drop-in library: two programs, each with a doorbell, run at
+    // a limit of two.
+    let gid = ipv4_gid_index(&pair.a);
+    let host = pair.a.ipv4.to_string();
+    let ibv = |port: &str, client: bool| {
+        let mut v = vec!["ibv_rc_pingpong", "-g", &gid, "-p", port, "-n", "200", "-c"];
+        if client {
+            v.push(&host);
+        }
+        exec_shared(&ns, &ifname, &v)
+    };
+    let mut watch = {
+        let t0 = Instant::now();
+        loop {
+            match connect() {
+                Ok(c) => break c,
+                Err(_) if t0.elapsed() < Duration::from_secs(5) => {
+                    thread::sleep(Duration::from_millis(20));
+                }
+                Err(e) => panic!("watcher: {e:?}"),
+            }
+        }
+    };
+    wait_status(&mut watch, EMPTY, Duration::from_secs(10));
+    drop(watch);
+    let server = ibv("18738", false);
+    roce_tests::rxe::wait_host_listen(&ns, 18_738, Duration::from_secs(30));
+    let c = finish_within(ibv("18738", true), Duration::from_secs(90), "ibv client");
+    let s = finish_within(server, Duration::from_secs(30), "ibv server");
+    for o in [&c, &s] {
+        let out = roce_tests::output_text(o);
+        assert!(o.status.success() && out.contains("200 iters in"), "{out}");
+    }
+    // With the watcher in one place and the server in the other, the client is refused whole:
+    // at its start, not at its events.
+    let t0 = Instant::now();
+    let mut watch = loop {
+        match connect() {
+            Ok(c) => break c,
+            Err(_) if t0.elapsed() < Duration::from_secs(5) => {
+                thread::sleep(Duration::from_millis(20));
+            }
+            Err(e) => panic!("watcher: {e:?}"),
+        }
+    };
+    wait_status(&mut watch, EMPTY, Duration::from_secs(10));
+    let server = ibv("18739", false);
+    roce_tests::rxe::wait_host_listen(&ns, 18_739, Duration::from_secs(30));
+    let c = finish_within(
+        ibv("18739", true),
+        Duration::from_secs(30),
+        "refused client",
+    );
+    let out = roce_tests::output_text(&c);
+    assert!(!c.status.success(), "a third program ran: {out}");
+    drop(server);
+    wait_status(&mut watch, EMPTY, Duration::from_secs(10));
+    drop(watch);
+    let e = finish_within(engine, Duration::from_secs(30), "engine");
+    assert!(
+        e.status.success(),
+        "engine: {}",
+        roce_tests::output_text(&e)
+    );
+    let report: serde_json::Value = serde_json::from_slice(&e.stdout).expect("engine JSON");
+    let log = String::from_utf8_lossy(&e.stderr);
+    assert!(log.contains("--max-clients allows"), "no log line: {log}");
+    // At accept: the two full() and the client (and any retry above that came too early); at
+    // its first verb: the squatter.
+    assert!(report["full"].as_u64() >= Some(4), "{report}");
+    eprintln!("the refused client said: {out}");
 }

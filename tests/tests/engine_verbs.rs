@@ -22,39 +22,12 @@ use roce::api::{
 };
 use roce_tests::{
     child::{Reaper, finish_within, spawn},
-    engine::start_engine,
+    engine::{EMPTY, exec_shared, start_engine, wait_status},
     ipv4_gid_index, require_root, veth_pair,
 };
 
 fn text(o: &Output) -> String {
     roce_tests::output_text(o)
-}
-
-/// `roce exec --engine shared -d IF -- prog -d roce_IF ARGS`, in `ns`: the library must reach
-/// the interface through the engine, and fails loudly if it cannot.
-fn exec_shared(ns: &str, ifname: &str, prog: &[&str]) -> Reaper {
-    let mut args: Vec<String> = [
-        "exec", "--engine", "shared", "-d", ifname, "--", prog[0], "-d",
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    args.push(format!("roce_{ifname}"));
-    args.extend(prog[1..].iter().map(|a| (*a).to_owned()));
-    spawn(ns, &args)
-}
-
-/// Waits until the engine's status is `want` (the programs left and it released their
-/// objects), for at most `limit`.
-fn wait_status(watch: &mut EngineClient, want: EngineStatus, limit: Duration) {
-    let t0 = Instant::now();
-    loop {
-        let st = watch.status().expect("status");
-        if st == want {
-            return;
-        }
-        assert!(t0.elapsed() < limit, "engine status {st:?}, want {want:?}");
-        thread::sleep(Duration::from_millis(20));
-    }
 }
 
 /// Waits for the engine to leave after its last client, and checks it ended well.
@@ -83,15 +56,6 @@ const fn rc_init(pd: PdId, cq: CqId, depth: u32) -> QpInit {
         sq_sig_all: true,
     }
 }
-
-/// The engine with nobody but the watcher: no object of any program left.
-const EMPTY: EngineStatus = EngineStatus {
-    clients: 1,
-    qps: 0,
-    pds: 0,
-    cqs: 0,
-    mrs: 0,
-};
 
 /// Whether perftest's `out` has a result row of `iters` iterations (size, iterations, then
 /// figures).

@@ -8,7 +8,11 @@ use super::{
     ApiError, CqId, Device, LKey, MrInfo, Mtu, Path, PdId, Psn, QpCounters, QpInit, Qpn, RcConnect,
     RecvWr, SendWr, Wc, remote::proto::RcAttrs,
 };
-use crate::{cc::CcSnapshot, netinfo::Gid, transport::Access};
+use crate::{
+    cc::CcSnapshot,
+    netinfo::Gid,
+    transport::{Access, QpState},
+};
 
 /// Where and how an RC QP connects ([`RdmaDevice::connect_rc`]): the peer's GID and QP, the
 /// PSNs, the path MTU and the reliability attributes of `ibv_modify_qp` for RTR and RTS.
@@ -133,6 +137,24 @@ pub trait RdmaDevice {
         let _ = timeout;
         self.poll_cq_into(cq, out)
     }
+    /// Waits up to `timeout` for a completion on `cq` sleeping, as a program on a completion
+    /// channel does (`roce pingpong -e`): [`Device`] sleeps on the CQ's event
+    /// ([`Device::wait_cq`], one completion per call); the default, which a device in
+    /// `roce engine` keeps, is [`RdmaDevice::wait_cq_into`] (the engine sleeps). 0 when none came.
+    ///
+    /// # Errors
+    /// As [`RdmaDevice::poll_cq_into`].
+    fn sleep_cq_into(
+        &self,
+        cq: CqId,
+        out: &mut [Wc],
+        timeout: std::time::Duration,
+    ) -> Result<usize, Self::Error> {
+        self.wait_cq_into(cq, out, timeout)
+    }
+    /// A QP's state (`ibv_query_qp`), for a diagnostic; `None` when it is unknown or cannot be
+    /// asked.
+    fn qp_state(&self, qpn: Qpn) -> Option<QpState>;
     /// Each QP's congestion-control state, where this process runs the transport; empty when
     /// another process does (its counters are that process's: `roce stats`).
     fn cc_snapshots(&self) -> Vec<(Qpn, CcSnapshot)>;
@@ -216,6 +238,25 @@ impl RdmaDevice for Device {
 
     fn poll_cq_into(&self, cq: CqId, out: &mut [Wc]) -> Result<usize, ApiError> {
         Ok(Device::poll_cq_into(self, cq, out))
+    }
+
+    fn sleep_cq_into(
+        &self,
+        cq: CqId,
+        out: &mut [Wc],
+        timeout: std::time::Duration,
+    ) -> Result<usize, ApiError> {
+        let Some(slot) = out.first_mut() else {
+            return Ok(0);
+        };
+        Ok(Device::wait_cq(self, cq, timeout).map_or(0, |wc| {
+            *slot = wc;
+            1
+        }))
+    }
+
+    fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
+        Device::qp_state(self, qpn)
     }
 
     fn cc_snapshots(&self) -> Vec<(Qpn, CcSnapshot)> {

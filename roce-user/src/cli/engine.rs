@@ -14,6 +14,44 @@ use roce::{
 
 use super::Output;
 
+/// Why `-R` is refused with `--engine`, in `roce perf` and `roce pingpong`.
+pub(crate) const NO_CM_THROUGH_ENGINE: &str = "-R runs RDMA CM on this process's device; with \
+--engine the device is the engine's, and -R does not reach the engine's CM yet (programs on \
+the drop-in librdmacm do: roce exec --engine shared -- rping ...)";
+
+/// With `--engine`, refuses the options of `own` that are set (`(set, name)`): they set up a
+/// device of this process, and the engine's device takes none of them from a program. Call it
+/// before connecting, so that a run never silently ignores an option.
+///
+/// # Errors
+/// One of them is set; the message names them all.
+pub(crate) fn refuse_own_device_options(own: &[(bool, &str)]) -> anyhow::Result<()> {
+    let set: Vec<&str> = own.iter().filter(|(s, _)| *s).map(|(_, n)| *n).collect();
+    if !set.is_empty() {
+        anyhow::bail!(
+            "{} set(s) up a device of this process; with --engine the device is the engine's",
+            set.join(", ")
+        );
+    }
+    Ok(())
+}
+
+/// The device of the engine of `dev`, for a tool's `--engine`.
+///
+/// # Errors
+/// No engine serves `dev` in this namespace (the message says how to start one), or it
+/// refused this program (not root, or it serves as many as its `--max-clients`).
+pub(crate) fn connect_device(dev: &str) -> anyhow::Result<remote::EngineDevice> {
+    remote::EngineDevice::connect(dev).map_err(|e| {
+        let hint = if matches!(e, remote::RemoteError::Io { .. }) {
+            format!(" (start it with `roce engine -i {dev}`)")
+        } else {
+            String::new()
+        };
+        anyhow::Error::new(e).context(format!("reaching the engine of {dev}{hint}"))
+    })
+}
+
 /// The long help of `roce engine`.
 pub const LONG_ABOUT: &str = "Own an interface's RoCE device in this process and serve it to \
 other programs, so that several RDMA programs share one interface (an AF_XDP socket serves one \
@@ -28,12 +66,14 @@ client left (or after it started, if none came), and unloads roce_xdp if it load
 Step 1 of docs/multiprocess.md: PD, MR, CQ and RC QP verbs, SEND/WRITE/READ posts and polls \
 work through the engine (roce::api::remote::EngineClient; roce-user/examples/engine_peer.rs), \
 which reaches a program's registered memory through its /proc/PID/mem; posts and polls \
-still cross the socket, and `roce perf` does not use the engine yet.";
+still cross the socket. `roce perf --engine` and `roce pingpong --engine` run on it, and the \
+drop-in libibverbs uses it when it runs (`roce exec --engine shared`).";
 
 /// Examples of `roce engine`.
 pub const EXAMPLES: &str = "Examples:\n  \
 roce engine -i eth0                 serve eth0 until 5 s after the last program left\n  \
 roce engine -i veth0 -m skb --linger 60\n  \
+roce engine -i eth0 --max-clients 64 at most 64 programs at once\n  \
 roce engine -i eth0 --status        is an engine serving eth0? how many programs, QPs";
 
 /// Arguments of `roce engine`.
@@ -48,6 +88,15 @@ pub struct EngineArgs {
     /// Seconds to wait for a program after the last one left before exiting.
     #[arg(long, default_value_t = 5.0, value_parser = parse_linger)]
     linger: f64,
+    /// The most programs served at once; one more is refused (EAGAIN: "Resource temporarily
+    /// unavailable") until one leaves. Each program has a thread of the engine; a program's
+    /// doorbell connection (the drop-in library's events) does not count, and one admitted
+    /// at the limit always gets its doorbell. The default, 1024, is far more programs than
+    /// share an interface and far below the system's thread limits: only root connects, so
+    /// the bound stops a runaway script, not an attacker.
+    #[arg(long, default_value_t = server::DEFAULT_MAX_CLIENTS,
+          value_parser = clap::value_parser!(u32).range(1..))]
+    max_clients: u32,
     /// Do not serve: ask the engine of IFACE how many programs and QPs it has, and its pid.
     #[arg(long)]
     status: bool,
@@ -119,16 +168,19 @@ pub fn run(out: Output, args: &EngineArgs, netns: Option<String>) -> anyhow::Res
     }
     let opts = server::ServeOptions {
         linger: Duration::from_secs_f64(args.linger),
+        max_clients: args.max_clients,
         ..server::ServeOptions::default()
     };
     let report = server::serve(dev, listener, &path, &opts, &super::interrupted)?;
     out.emit(
         &serde_json::json!({
             "iface": args.iface, "connections": report.connections, "refused": report.refused,
+            "full": report.full,
         }),
         &format!(
-            "roce engine: {} stopped after {} connection(s), {} refused\n",
-            args.iface, report.connections, report.refused
+            "roce engine: {} stopped after {} connection(s), {} refused (not root), {} refused \
+             (--max-clients reached)\n",
+            args.iface, report.connections, report.refused, report.full
         ),
     );
     Ok(())

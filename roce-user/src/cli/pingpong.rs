@@ -3,6 +3,9 @@
 //! SEND/RECV ping-pong and the summary lines are ibv_rc_pingpong's (rdma-core
 //! `libibverbs/examples/rc_pingpong.c`), so either side can be the real tool.
 //!
+//! With `--engine` it runs on the device of `roce engine` ([`RdmaDevice`], as `roce perf
+//! --engine`), so its server and client can share one interface.
+//!
 //! With `-R` it connects through RDMA CM instead. ibv_rc_pingpong has no RDMA CM mode, so
 //! `-R` speaks the protocol of rping (rdmacm-utils), RDMA CM's ping-pong tool: see [`rping`].
 
@@ -15,8 +18,8 @@ use anyhow::{Context as _, bail};
 use clap::Args;
 use roce::{
     api::{
-        Access, Device, DeviceOptions, Mtu, QpCap, QpInit, QpType, RcConnect, RecvWr, SendWr, Sge,
-        Wc, WcStatus,
+        Access, Device, DeviceOptions, Mtu, QpCap, QpInit, QpType, RcTarget, RdmaDevice, RecvWr,
+        SendWr, Sge, Wc, WcStatus, remote::proto::RcAttrs,
     },
     cm::pingpong::{self, Dest},
     wire::types::Psn,
@@ -114,6 +117,14 @@ pub struct PingpongArgs {
     /// but for one reserved BTH bit. roce-xdp's own flag.
     #[arg(long)]
     pub multipath: bool,
+    /// Use the device of `roce engine -i DEV`, started beforehand in this namespace, instead
+    /// of opening the interface in this process: the server and the client (or any number of
+    /// programs) then share the interface (docs/multiprocess.md). Every post and poll is a
+    /// round trip on the engine's socket, far slower than the in-process default. The device
+    /// options (--threaded, --multipath, --log-level) are the engine's and are refused here,
+    /// and so is -R (the engine offers no RDMA CM to programs yet). roce-xdp's own flag.
+    #[arg(long)]
+    pub engine: bool,
     /// Progress on stderr (iterations done).
     #[command(flatten)]
     pub progress: super::progress::ProgressArgs,
@@ -139,23 +150,49 @@ fn random_psn() -> Psn {
     Psn::new(u32::from_le_bytes(b))
 }
 
+/// The bytes of message `i` with `-c`. The first byte of every 4 KiB page is 0, which is what
+/// ibv_rc_pingpong's server checks with its `-c` (`buf[i] = i / page_size % sizeof(char)`), so
+/// a `roce pingpong -c` client passes that check while checking every byte of each echo itself.
 fn pattern(i: u32, len: usize) -> Vec<u8> {
     (0..len)
-        .map(|j| (j as u32).wrapping_mul(31).wrapping_add(i) as u8)
+        .map(|j| {
+            if j % 4096 == 0 {
+                0
+            } else {
+                (j as u32).wrapping_mul(31).wrapping_add(i) as u8
+            }
+        })
         .collect()
 }
 
+/// With `--engine`, the arguments that set up a device of this process, which the engine's
+/// device does not take from a program: refused, rather than silently ignored.
+fn check_engine_args(a: &PingpongArgs) -> anyhow::Result<()> {
+    if a.rdma_cm {
+        bail!(super::engine::NO_CM_THROUGH_ENGINE);
+    }
+    super::engine::refuse_own_device_options(&[
+        (a.threaded, "--threaded"),
+        (a.multipath, "--multipath"),
+        (
+            a.log_level != crate::cli::log::LoadLevel::Off,
+            "--log-level",
+        ),
+    ])
+}
+
+/// `roce pingpong`: checks the arguments, opens the device (in this process, or the engine's
+/// with `--engine`) and runs ibv_rc_pingpong's test on it, or rping's with `-R`.
 pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyhow::Result<()> {
+    if a.engine {
+        check_engine_args(a)?;
+    }
     if a.rdma_cm {
         return rping::run(out, a, netns);
     }
     if a.verbose {
         bail!("-v (rping's ping data) needs -R");
     }
-    let (size_arg, port) = (
-        a.size.unwrap_or(4096),
-        a.port.unwrap_or(pingpong::DEFAULT_PORT),
-    );
     if a.ib_port != 1 {
         bail!(
             "port {} does not exist: roce-xdp devices have one port, 1",
@@ -164,19 +201,33 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
     }
     let mtu = Mtu::from_bytes(a.mtu)
         .with_context(|| format!("invalid MTU {} (256, 512, 1024, 2048 or 4096)", a.mtu))?;
-    if size_arg == 0 || a.rx_depth == 0 || a.iters == 0 {
+    if a.size == Some(0) || a.rx_depth == 0 || a.iters == 0 {
         bail!("--size, --rx-depth and --iters must be positive");
     }
+    if a.engine {
+        let dev = super::engine::connect_device(&a.dev)?;
+        return run_on(out, a, mtu, &dev);
+    }
     let dev = open_device(a, netns)?;
-    let pd = dev.alloc_pd()?;
-    let gid_idx = a
-        .gid_idx
-        .unwrap_or_else(|| dev.info().default_gid_index(true));
+    let r = run_on(out, a, mtu, &dev);
+    dev.close();
+    r
+}
+
+/// ibv_rc_pingpong's test on an open device: QP setup, the out-of-band exchange, the
+/// ping-pong, the summary.
+fn run_on<D: RdmaDevice>(out: Output, a: &PingpongArgs, mtu: Mtu, dev: &D) -> anyhow::Result<()> {
+    let (size_arg, port) = (
+        a.size.unwrap_or(4096),
+        a.port.unwrap_or(pingpong::DEFAULT_PORT),
+    );
+    let pd = dev.alloc_pd_on(0)?;
+    let gid_idx = a.gid_idx.unwrap_or_else(|| dev.default_gid_index(true));
     let local_gid = dev.gid(gid_idx)?;
     dev.check_path_mtu(a.mtu, local_gid.ip.is_ipv6())?;
     let size = size_arg as usize;
     let mr = dev.reg_mr(pd, size, Access::LOCAL_WRITE)?;
-    let cq = dev.create_cq((a.rx_depth + 1) as usize)?;
+    let cq = dev.create_cq_on(0, (a.rx_depth + 1) as usize)?;
     let qpn = dev.create_qp(QpInit {
         pd,
         qp_type: QpType::Rc,
@@ -224,10 +275,17 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
         stream = l.accept().context("accepting the client")?.0;
         pingpong::server_read(&mut stream)?
     };
-    let path = dev.path_to(gid_idx, &remote.gid, qpn, remote.qpn)?;
-    dev.qp_connect(
+    dev.connect_rc(
         qpn,
-        &RcConnect::new(path, mtu, remote.qpn, remote.psn, mine.psn),
+        &RcTarget {
+            gid_index: gid_idx,
+            remote_gid: remote.gid,
+            dest_qpn: remote.qpn,
+            path_mtu: mtu,
+            rq_psn: remote.psn,
+            sq_psn: mine.psn,
+            attrs: RcAttrs::PINGPONG,
+        },
     )?;
     if a.host.is_none() {
         pingpong::server_reply(&mut stream, &mine)?;
@@ -275,15 +333,11 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
             );
         }
         let n = if a.events {
-            match dev.wait_cq(cq, Duration::from_millis(100)) {
-                Some(wc) => {
-                    wc_buf[0] = wc;
-                    1
-                }
-                None => 0,
-            }
+            dev.sleep_cq_into(cq, &mut wc_buf, Duration::from_millis(100))?
         } else {
-            dev.poll_cq_into(cq, &mut wc_buf)
+            // In process a plain poll; through the engine, a poll that waits there up to
+            // 1 ms when the CQ is empty rather than a busy loop of round trips.
+            dev.wait_cq_into(cq, &mut wc_buf, Duration::from_millis(1))?
         };
         if n == 0 {
             if last_progress.elapsed() > Duration::from_secs(10) {
@@ -393,6 +447,49 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
     });
     out.emit(&v, &text);
     drop(stream);
-    dev.close();
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::Parser;
+
+    use super::*;
+
+    #[derive(Parser)]
+    struct Cli {
+        #[command(flatten)]
+        pingpong: PingpongArgs,
+    }
+
+    fn engine_args(args: &str) -> anyhow::Result<()> {
+        let cli = Cli::try_parse_from(std::iter::once("pingpong").chain(args.split_whitespace()))?;
+        check_engine_args(&cli.pingpong)
+    }
+
+    #[test]
+    fn engine_refuses_the_options_of_a_device_of_this_process_and_rdma_cm() {
+        // ibv_rc_pingpong's own options, -e and -c included, go through the engine.
+        engine_args("-d x --engine -s 1 -n 10 -r 8 -m 1024 -g 1 -c -e 10.0.0.1").unwrap();
+        for (args, named) in [
+            ("-d x --engine --threaded", "--threaded"),
+            ("-d x --engine --multipath", "--multipath"),
+            ("-d x --engine --log-level info", "--log-level"),
+        ] {
+            let e = engine_args(args).expect_err(args).to_string();
+            assert!(e.contains(named) && e.contains("engine's"), "{args}: {e}");
+        }
+        let e = engine_args("-d x --engine -R").expect_err("-R").to_string();
+        assert!(e.contains("RDMA CM") && e.contains("engine"), "{e}");
+    }
+
+    #[test]
+    fn the_check_pattern_passes_ibv_rc_pingpongs_page_check() {
+        for i in [0, 1, 255, 256, 1000] {
+            let p = pattern(i, 3 * 4096 + 7);
+            assert!(p.iter().step_by(4096).all(|b| *b == 0), "message {i}");
+            // Messages differ from each other everywhere else.
+            assert_ne!(p, pattern(i + 1, 3 * 4096 + 7));
+        }
+    }
 }

@@ -23,7 +23,7 @@ use crate::{
     },
     cc::CcSnapshot,
     netinfo::{Gid, IfInfo},
-    transport::{Access, ExternalMem as _, RKey},
+    transport::{Access, ExternalMem as _, QpState, RKey},
 };
 
 /// A region this process registered with the engine: the buffer, kept here until the engine
@@ -375,6 +375,10 @@ impl RdmaDevice for EngineDevice {
             return Ok(wcs.len());
         }
         Ok(wcs.len() + self.poll_cq_into(cq, &mut out[wcs.len()..])?)
+    }
+
+    fn qp_state(&self, qpn: Qpn) -> Option<QpState> {
+        self.client().query_qp(qpn).ok().map(|(_, state)| state)
     }
 
     fn cc_snapshots(&self) -> Vec<(Qpn, CcSnapshot)> {

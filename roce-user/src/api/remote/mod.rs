@@ -75,8 +75,13 @@ pub enum RemoteError {
         /// The errno, as libibverbs would return it.
         errno: i32,
     },
-    /// The engine refused the connection or a frame ([`proto::REJECT`]).
-    #[error("engine refused the connection: {}", nix::errno::Errno::from_raw(*.0).desc())]
+    /// The engine refused the connection or a frame ([`proto::REJECT`]): `EACCES` for a
+    /// program not run by root, [`server::FULL_ERRNO`] when it serves as many programs as its
+    /// `--max-clients`, the frame's fault otherwise.
+    #[error("engine refused the connection: {}{}", nix::errno::Errno::from_raw(*.0).desc(),
+        if *.0 == server::FULL_ERRNO {
+            " (it serves as many programs as its --max-clients allows; try again when one has left)"
+        } else { "" })]
     Refused(i32),
     /// The engine's bytes did not decode, or answered another request.
     #[error("engine protocol: {0}")]
@@ -220,7 +225,14 @@ impl EngineClient {
         self.seq = self.seq.wrapping_add(1);
         let mut out = Vec::with_capacity(proto::HEADER + 32);
         proto::encode_request(&mut out, self.seq, req);
-        self.stream.write_all(&out).map_err(|e| self.io(e))?;
+        if let Err(e) = self.stream.write_all(&out) {
+            let gone = matches!(
+                e.kind(),
+                std::io::ErrorKind::BrokenPipe | std::io::ErrorKind::ConnectionReset
+            );
+            let refused = if gone { self.refused_before() } else { None };
+            return Err(refused.unwrap_or_else(|| self.io(e)));
+        }
         loop {
             if let Some((f, used)) = proto::decode_reply(&self.buf)? {
                 self.buf.drain(..used);
@@ -249,6 +261,22 @@ impl EngineClient {
                 return Err(RemoteError::Closed);
             }
             self.buf.extend_from_slice(&chunk[..n]);
+        }
+    }
+
+    /// The [`REJECT`] an engine sent before it closed the connection, when a write to it
+    /// failed (a refused program's Hello may meet a socket already closed). Call it only
+    /// after a write failed because the peer is gone, so that the read does not wait.
+    fn refused_before(&mut self) -> Option<RemoteError> {
+        let mut chunk = [0u8; 64];
+        let n = self.stream.read(&mut chunk).ok()?;
+        self.buf.extend_from_slice(&chunk[..n]);
+        match proto::decode_reply(&self.buf) {
+            Ok(Some((f, _))) if f.kind == REJECT => match f.msg {
+                Reply::Err(e) => Some(RemoteError::Refused(e)),
+                Reply::Ok(_) => None,
+            },
+            _ => None,
         }
     }
 

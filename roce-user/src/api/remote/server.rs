@@ -7,8 +7,14 @@
 //! destroyed in that order, as the kernel releases a dead process's verbs objects. Peers are
 //! checked with `SO_PEERCRED`: only root's processes may use the engine (opening the device
 //! needs root, so the engine grants nothing a program could not take itself); the socket file
-//! is 0600 as well. The engine stops [`ServeOptions::linger`] after its last client left (or
-//! after it started, if none came), or when `stop` says so.
+//! is 0600 as well. At most [`ServeOptions::max_clients`] programs are served at once (a thread
+//! each); beyond, a new connection is answered with a [`REJECT`] of [`FULL_ERRNO`]. A program's
+//! doorbell connection is not a client, and a program admitted at the limit is never refused
+//! its doorbell: while a subscription waits for its doorbell, connections beyond the limit are
+//! let in on probation and refused at their first request unless it is a doorbell
+//! (docs/multiprocess.md, "A bound on the engine's connections"). The engine stops
+//! [`ServeOptions::linger`] after its last client left (or after it started, if none came), or
+//! when `stop` says so.
 
 use std::{
     collections::{BTreeMap, BTreeSet, HashMap, VecDeque},
@@ -67,13 +73,28 @@ pub struct ServeOptions {
     pub linger: Duration,
     /// How often the accept loop looks at `stop` and the idle time.
     pub tick: Duration,
+    /// The most programs served at once (connections, doorbells aside); one more is refused
+    /// with [`FULL_ERRNO`]. Each has a thread of its own in the engine.
+    pub max_clients: u32,
 }
+
+/// The default of [`ServeOptions::max_clients`]: far more programs than share an interface in
+/// practice, each a thread of the engine (about 8 MiB of virtual stack each, touched only as
+/// used), well inside the default `ulimit -u` and `threads-max`. Only root connects, so the
+/// bound stops runaway scripts, not attackers.
+pub const DEFAULT_MAX_CLIENTS: u32 = 1024;
+
+/// The errno of the [`REJECT`] a program gets when the engine already serves
+/// [`ServeOptions::max_clients`] programs: `EAGAIN`, since the place frees up when a program
+/// leaves (`EMFILE` would point at the program's own descriptor limit).
+pub const FULL_ERRNO: i32 = libc::EAGAIN;
 
 impl Default for ServeOptions {
     fn default() -> Self {
         Self {
             linger: Duration::from_secs(5),
             tick: Duration::from_millis(50),
+            max_clients: DEFAULT_MAX_CLIENTS,
         }
     }
 }
@@ -89,12 +110,23 @@ pub struct ServeReport {
     pub connections: u32,
     /// Connections refused by `SO_PEERCRED`.
     pub refused: u32,
+    /// Connections refused because [`ServeOptions::max_clients`] programs were served.
+    pub full: u32,
 }
 
 /// Shared by the accept loop and the connections.
 struct Engine {
     dev: Device,
+    /// Connections being served, doorbells and connections on probation aside (a connection
+    /// let in below the limit counts from its accept until it turns out to be a doorbell).
     clients: AtomicU32,
+    /// Connections let in beyond the limit while a doorbell was awaited, not yet told apart
+    /// (at most `max_clients`).
+    probation: AtomicU32,
+    /// [`ServeOptions::max_clients`].
+    max_clients: u32,
+    /// Connections let in on probation and then refused as the engine was full.
+    late_full: AtomicU32,
     stop: AtomicBool,
     /// The event queues of the connections that subscribed ([`VerbCall::Subscribe`]), by token.
     subs: Mutex<HashMap<u64, Arc<EventQueue>>>,
@@ -135,6 +167,10 @@ struct EventState {
     cm_pushed: u64,
     /// The connection is gone: its doorbell stops.
     closed: bool,
+    /// A doorbell connection serves this queue's device events (one at most).
+    belled: bool,
+    /// A doorbell connection serves this queue's CM events (one at most).
+    cm_belled: bool,
 }
 
 impl EventQueue {
@@ -253,6 +289,28 @@ fn dispatch_cm_events(engine: &Engine, tick: Duration) {
     }
 }
 
+impl Engine {
+    /// Whether a subscription waits for its doorbell: then [`serve`] lets connections in
+    /// beyond `max_clients` on probation, so that a program admitted at the limit gets its
+    /// doorbell.
+    fn awaits_doorbell(&self) -> bool {
+        let subs = self.subs.lock().unwrap_or_else(PoisonError::into_inner);
+        subs.values().any(|q| {
+            let st = q.lock();
+            !(st.belled && st.cm_belled)
+        })
+    }
+
+    /// Takes a place for a program if one is free.
+    fn take_place(&self) -> bool {
+        self.clients
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| {
+                (c < self.max_clients).then_some(c + 1)
+            })
+            .is_ok()
+    }
+}
+
 /// Binds the engine socket at `path`: makes its directory (0755), takes over a stale socket
 /// that no engine answers on, refuses when another engine serves there, and sets the file to
 /// 0600.
@@ -313,6 +371,9 @@ pub fn serve(
     let engine = Arc::new(Engine {
         dev,
         clients: AtomicU32::new(0),
+        probation: AtomicU32::new(0),
+        max_clients: opts.max_clients,
+        late_full: AtomicU32::new(0),
         stop: AtomicBool::new(false),
         subs: Mutex::new(HashMap::new()),
         cm: Mutex::new(CmOwners::default()),
@@ -363,7 +424,26 @@ pub fn serve(
                     refuse(stream, libc::EACCES);
                     continue;
                 };
-                engine.clients.fetch_add(1, Ordering::SeqCst);
+                // At the limit, a connection is let in only while a subscription waits for
+                // its doorbell, and only on probation: unless it turns out to be a doorbell,
+                // its first request after Hello is refused if the engine is still full.
+                let probation = if engine.take_place() {
+                    false
+                } else if engine.awaits_doorbell()
+                    && engine.probation.load(Ordering::SeqCst) < opts.max_clients
+                {
+                    engine.probation.fetch_add(1, Ordering::SeqCst);
+                    true
+                } else {
+                    log::warn!(
+                        "engine: refused pid {pid}: {} programs served, the most \
+                         --max-clients allows",
+                        opts.max_clients
+                    );
+                    report.full += 1;
+                    refuse(stream, FULL_ERRNO);
+                    continue;
+                };
                 let e = Arc::clone(&engine);
                 let tick = opts.tick;
                 match std::thread::Builder::new()
@@ -374,12 +454,19 @@ pub fn serve(
                         // connection instead of holding this thread (and the engine's exit).
                         let _ = stream.set_write_timeout(Some(WRITE_TIMEOUT));
                         let space = peer_space(&stream, pid);
-                        Connection::new(&e, pid, space).run(stream);
-                        e.clients.fetch_sub(1, Ordering::SeqCst);
+                        let mut c = Connection::new(&e, pid, space);
+                        c.probation = probation;
+                        c.counted = !probation;
+                        c.run(stream);
                     }) {
                     Ok(t) => threads.push(t),
                     Err(err) => {
-                        engine.clients.fetch_sub(1, Ordering::SeqCst);
+                        let n = if probation {
+                            &engine.probation
+                        } else {
+                            &engine.clients
+                        };
+                        n.fetch_sub(1, Ordering::SeqCst);
                         log::warn!("engine: no thread for pid {pid}: {err}");
                     }
                 }
@@ -400,6 +487,7 @@ pub fn serve(
     }
     let _ = events.join();
     let _ = cm_events.join();
+    report.full += engine.late_full.load(Ordering::SeqCst);
     drop(listener);
     // Every connection has released its objects; dropping the last reference closes the
     // device (and unloads what it loaded).
@@ -447,12 +535,16 @@ fn peer_space(stream: &UnixStream, pid: i32) -> Option<AddressSpace> {
     Some(space)
 }
 
-/// Answers a connection with a [`REJECT`] of `errno` and closes it.
+/// Answers a connection with a [`REJECT`] of `errno` and closes it, after a short wait for
+/// its first request (a program whose Hello meets a closed socket sees `EPIPE`, not the
+/// refusal).
 fn refuse(mut stream: UnixStream, errno: i32) {
     let mut out = Vec::new();
     proto::encode_reply(&mut out, 0, REJECT, &Reply::Err(errno));
     let _ = stream.set_nonblocking(false);
     let _ = stream.write_all(&out);
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(20)));
+    let _ = stream.read(&mut [0u8; proto::HEADER]);
 }
 
 /// One program's connection and the objects it made.
@@ -473,6 +565,11 @@ struct Connection<'a> {
     mws: BTreeMap<u32, (PdId, RKey)>,
     /// The token and queue of this connection's events, once it subscribed.
     sub: Option<(u64, Arc<EventQueue>)>,
+    /// Let in beyond `max_clients` while a doorbell was awaited, not told apart yet: refused
+    /// at its first request other than Hello unless it is a doorbell or a place has freed up.
+    probation: bool,
+    /// Holds one of the `max_clients` places (in [`Engine::clients`]).
+    counted: bool,
 }
 
 impl<'a> Connection<'a> {
@@ -488,6 +585,8 @@ impl<'a> Connection<'a> {
             srqs: BTreeSet::new(),
             mws: BTreeMap::new(),
             sub: None,
+            probation: false,
+            counted: false,
         }
     }
 
@@ -517,8 +616,31 @@ impl<'a> Connection<'a> {
                         if let Request::Verb(body) = &f.msg
                             && let Ok(VerbCall::Doorbell { token, cm }) = verbs::decode(body)
                         {
+                            // A doorbell is part of its program's connection, not a client.
+                            self.settle();
                             self.doorbell(stream, f.seq, f.kind, token, cm);
                             break 'conn;
+                        }
+                        if self.probation && !matches!(f.msg, Request::Hello) {
+                            self.settle();
+                            if !self.engine.take_place() {
+                                log::warn!(
+                                    "engine: refused pid {}: {} programs served, the most \
+                                     --max-clients allows",
+                                    self.pid,
+                                    self.engine.max_clients
+                                );
+                                proto::encode_reply(
+                                    &mut out,
+                                    f.seq,
+                                    REJECT,
+                                    &Reply::Err(FULL_ERRNO),
+                                );
+                                let _ = stream.write_all(&out);
+                                self.engine.late_full.fetch_add(1, Ordering::SeqCst);
+                                break 'conn;
+                            }
+                            self.counted = true;
                         }
                         let reply = self.handle(f.msg);
                         proto::encode_reply(&mut out, f.seq, f.kind, &reply);
@@ -540,7 +662,20 @@ impl<'a> Connection<'a> {
                 }
             }
         }
+        self.settle();
         self.release();
+    }
+
+    /// Gives back what this connection holds of the engine's counts: its probation and its
+    /// place. Call it when the connection turns out to be a doorbell, when it leaves
+    /// probation, and when it ends.
+    fn settle(&mut self) {
+        if std::mem::take(&mut self.probation) {
+            self.engine.probation.fetch_sub(1, Ordering::SeqCst);
+        }
+        if std::mem::take(&mut self.counted) {
+            self.engine.clients.fetch_sub(1, Ordering::SeqCst);
+        }
     }
 
     /// Destroys what this connection made: QPs first (their WRs flush), then memory regions
@@ -1314,6 +1449,18 @@ impl<'a> Connection<'a> {
             let _ = stream.write_all(&out);
             return;
         };
+        // One doorbell of each kind per subscription: the places kept for doorbells at the
+        // limit count on it.
+        let taken = {
+            let mut st = q.lock();
+            let flag = if cm { &mut st.cm_belled } else { &mut st.belled };
+            std::mem::replace(flag, true)
+        };
+        if taken {
+            proto::encode_reply(&mut out, seq, kind, &Reply::Err(libc::EBUSY));
+            let _ = stream.write_all(&out);
+            return;
+        }
         let Ok(done) = verbs::encode(&VerbOk::Done) else {
             return;
         };
@@ -1321,8 +1468,6 @@ impl<'a> Connection<'a> {
         if stream.write_all(&out).is_err() {
             return;
         }
-        // A doorbell is part of its program's connection, not a client of its own.
-        self.engine.clients.fetch_sub(1, Ordering::SeqCst);
         let _ = stream.set_nonblocking(true);
         let mut rung = 0;
         let mut st = q.lock();
@@ -1353,7 +1498,6 @@ impl<'a> Connection<'a> {
                 .0;
         }
         drop(st);
-        self.engine.clients.fetch_add(1, Ordering::SeqCst);
     }
 }
 

@@ -1,6 +1,7 @@
 //! The drop-in libibverbs' verbs through `roce engine` (docs/multiprocess.md, step 2): each is
-//! a [`VerbCall`] in the body of a [`super::proto::Request::Verb`] frame, answered by a [`VerbOk`] or an
-//! errno, and [`SharedDevice`] is the [`VerbsDevice`] that speaks them.
+//! a [`VerbCall`] in the body of a [`Request::Verb`](super::proto::Request::Verb) frame,
+//! answered by a [`VerbOk`] or an errno, and [`SharedDevice`] is the [`VerbsDevice`] that
+//! speaks them.
 //!
 //! The calls carry the transport's own types (work requests, QP attributes, completions) in
 //! postcard's encoding: a body that does not decode into a [`VerbCall`], or leaves bytes over,

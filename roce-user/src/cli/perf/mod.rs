@@ -24,7 +24,7 @@ mod verify;
 use anyhow::{Context as _, bail};
 use clap::{Args, ValueEnum};
 use roce::{
-    api::{Mtu, RdmaDevice, remote::EngineDevice},
+    api::{Mtu, RdmaDevice},
     cm::perftest,
     transport::DeviceConfig,
 };
@@ -407,8 +407,7 @@ impl Plan {
 /// device does not take from a program: refused, rather than silently ignored.
 fn check_engine_args(a: &PerfArgs) -> anyhow::Result<()> {
     let d = DeviceConfig::default();
-    let mut own = Vec::new();
-    for (set, name) in [
+    crate::cli::engine::refuse_own_device_options(&[
         (a.inline, "--inline"),
         (a.sharded, "--sharded"),
         (a.trace.is_some(), "--trace"),
@@ -425,18 +424,7 @@ fn check_engine_args(a: &PerfArgs) -> anyhow::Result<()> {
         (a.max_inflight != d.max_inflight_pkts, "--max-inflight"),
         (a.max_qp != d.max_qp, "--max-qp"),
         (a.max_mr != d.max_mr, "--max-mr"),
-    ] {
-        if set {
-            own.push(name);
-        }
-    }
-    if !own.is_empty() {
-        bail!(
-            "{} set(s) up a device of this process; with --engine the device is the engine's",
-            own.join(", ")
-        );
-    }
-    Ok(())
+    ])
 }
 
 /// `roce perf`: checks the arguments, opens the device (in this process, or the engine's
@@ -446,18 +434,10 @@ pub(crate) fn run(out: Output, a: &PerfArgs, netns: Option<String>) -> anyhow::R
     let plan = Plan::new(a)?;
     if a.engine {
         if a.rdma_cm {
-            bail!(
-                "-R runs RDMA CM on this process's device; with --engine the device is the \
-                 engine's"
-            );
+            bail!(crate::cli::engine::NO_CM_THROUGH_ENGINE);
         }
         check_engine_args(a)?;
-        let dev = EngineDevice::connect(&a.dev).with_context(|| {
-            format!(
-                "reaching the engine of {} (start it with `roce engine -i {}`)",
-                a.dev, a.dev
-            )
-        })?;
+        let dev = crate::cli::engine::connect_device(&a.dev)?;
         return run_on(out, a, &plan, &dev, None);
     }
     let dev = setup::open_device(a, &plan, netns)?;
