@@ -1453,7 +1453,11 @@ impl<'a> Connection<'a> {
         // limit count on it.
         let taken = {
             let mut st = q.lock();
-            let flag = if cm { &mut st.cm_belled } else { &mut st.belled };
+            let flag = if cm {
+                &mut st.cm_belled
+            } else {
+                &mut st.belled
+            };
             std::mem::replace(flag, true)
         };
         if taken {
