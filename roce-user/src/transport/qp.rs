@@ -610,6 +610,13 @@ impl Qp {
         self.mp = Negotiation::new(allowed && self.qp_type == QpType::Rc);
     }
 
+    /// The peer QP is known, out of band, to allow the multipath extension: an allowed QP
+    /// starts with it on ([`Negotiation::on_hint`]). Call it in RESET or INIT, after
+    /// [`Self::set_multipath`] ([`super::Device::set_multipath_peer`]); a reset forgets it.
+    pub(crate) const fn set_multipath_peer(&mut self) {
+        self.mp.on_hint();
+    }
+
     /// Where the QP stands with the multipath extension (docs/multipath.md).
     #[must_use]
     pub const fn multipath(&self) -> MpState {

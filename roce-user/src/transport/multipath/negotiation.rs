@@ -58,6 +58,20 @@ impl Negotiation {
         }
     }
 
+    /// Takes in an out-of-band hint that the peer QP allows the extension too (its side of
+    /// `roce perf`'s or `roce pingpong`'s exchange said so, docs/multipath.md, "Hints out of
+    /// band"): an [`MpState::Offering`] QP turns [`MpState::On`] at once, so its very first
+    /// packet may carry a trailer and the first window is in selective repeat; any other
+    /// state is kept (a QP that does not allow the extension never turns it on). Falling back
+    /// is as before: a packet without `OFFER` from the peer turns it off. Call it before the
+    /// QP sends or receives its first packet, and only on a hint the peer itself sent: a
+    /// trailer must never reach a QP that does not allow the extension.
+    pub const fn on_hint(&mut self) {
+        if matches!(self.state, MpState::Offering) {
+            self.state = MpState::On;
+        }
+    }
+
     /// The state.
     #[must_use]
     pub const fn state(self) -> MpState {
@@ -175,6 +189,31 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_hint_turns_an_offering_qp_on_before_any_packet() {
+        let (mut a, mut b) = (Negotiation::new(true), Negotiation::new(true));
+        a.on_hint();
+        assert!(a.is_on());
+        assert_eq!(a.tx_flags(true), T, "a trailer from the first packet on");
+        assert_eq!(
+            b.on_receive(a.tx_flags(true)),
+            RxDecision::Trailer,
+            "an offering peer takes it"
+        );
+        assert!(b.is_on());
+        // A QP that does not allow the extension ignores a hint.
+        let mut off = Negotiation::new(false);
+        off.on_hint();
+        assert_eq!(off.state(), MpState::Disabled);
+        assert_eq!(off.tx_flags(true), MpBthFlags::NONE);
+        // Hinted, but the peer's packets come without the offer: plain from then on.
+        let mut c = Negotiation::new(true);
+        c.on_hint();
+        assert_eq!(c.on_receive(MpBthFlags::NONE), RxDecision::Plain);
+        assert_eq!(c.state(), MpState::FellBack);
+        assert_eq!(c.tx_flags(true), MpBthFlags::NONE);
+    }
+
     #[derive(Clone, Copy, Debug)]
     enum Step {
         Send(bool),
@@ -195,12 +234,21 @@ mod tests {
         /// a QP that offered, is never handled as plain data, and once the schedule ends and
         /// each side's packets get through, both ends are on exactly when both allowed it;
         /// otherwise neither is on.
+        /// An out-of-band hint (`hinted`) reaches a side only from a peer that allows the
+        /// extension, as the exchanges send it.
         #[test]
         fn agreement_is_safe_and_converges(
             allowed in any::<(bool, bool)>(),
+            hinted in any::<(bool, bool)>(),
             steps in proptest::collection::vec(arb_step(), 0..60),
         ) {
             let mut n = [Negotiation::new(allowed.0), Negotiation::new(allowed.1)];
+            if hinted.0 && allowed.1 {
+                n[0].on_hint();
+            }
+            if hinted.1 && allowed.0 {
+                n[1].on_hint();
+            }
             // In flight towards side 0 and side 1.
             let mut q: [Vec<MpBthFlags>; 2] = [Vec::new(), Vec::new()];
             let deliver = |n: &mut [Negotiation; 2], to: usize, f: MpBthFlags| {
