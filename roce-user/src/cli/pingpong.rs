@@ -216,7 +216,7 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
     let mut stream;
     let remote = if let Some(host) = &a.host {
         stream = roce::cm::connect_tcp(host, port, Duration::from_secs(5))?;
-        pingpong::client_exchange(&mut stream, &mine)?
+        pingpong::client_exchange(&mut stream, &mine, a.multipath)?
     } else {
         let l = TcpListener::bind(("::", port))
             .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
@@ -224,13 +224,19 @@ pub(crate) fn run(out: Output, a: &PingpongArgs, netns: Option<String>) -> anyho
         stream = l.accept().context("accepting the client")?.0;
         pingpong::server_read(&mut stream)?
     };
+    let (remote, peer_multipath) = remote;
+    if a.multipath && peer_multipath {
+        // The peer's QP allows the extension too: ours starts with it on (docs/multipath.md,
+        // "Hints out of band").
+        dev.set_multipath_peer(qpn)?;
+    }
     let path = dev.path_to(gid_idx, &remote.gid, qpn, remote.qpn)?;
     dev.qp_connect(
         qpn,
         &RcConnect::new(path, mtu, remote.qpn, remote.psn, mine.psn),
     )?;
     if a.host.is_none() {
-        pingpong::server_reply(&mut stream, &mine)?;
+        pingpong::server_reply(&mut stream, &mine, a.multipath)?;
     }
     if !out.json {
         println!("  local address:  {}", fmt_dest(&mine));
