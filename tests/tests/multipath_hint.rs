@@ -114,6 +114,22 @@ fn hinted_peers_send_trailers_from_the_first_packet_and_a_plain_peer_gets_none()
         "plain ACKs"
     );
 
+    // READs in selective repeat: once the server's first response says it holds READ
+    // requests (`HOLD`), the client's READ requests go marked to be held, every byte checked.
+    let rd = "perf read -s 65536 -n 64 --span 4194304 -t 8 -m 2048 --multipath --entropies 1";
+    let (c, s, frames) = captured(&net, rd, rd, "read");
+    assert_eq!(
+        (c["verified"].clone(), s["verified"].clone()),
+        (true.into(), true.into())
+    );
+    let hold = MpBthFlags::HOLD.bits();
+    let held = frames.iter().filter(|f| f.0 && f.1 & hold != 0).count();
+    assert!(held > 0, "READ requests held: {held}");
+    assert!(
+        frames.iter().filter(|f| !f.0).all(|f| f.1 & hold != 0),
+        "the server holds"
+    );
+
     // roce pingpong: the hint in upper-case hex; the client's first SEND has its trailer.
     let pp = "pingpong -n 20 -s 4096 -m 2048 -c --multipath";
     let (c, s, frames) = captured(&net, pp, pp, "pingpong");

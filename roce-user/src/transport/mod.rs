@@ -1228,7 +1228,10 @@ impl Device {
         // The multipath bits (docs/multipath.md): the offer of a peer that runs the
         // extension, or nothing from any other peer.
         let mp = if hdr.opcode.transport() == Transport::Rc {
-            qp.mp_on_receive(hdr.resv7)
+            qp.mp_on_receive(
+                hdr.resv7,
+                hdr.opcode.info().is_some_and(|i| i.is_response()),
+            )
         } else {
             multipath::RxDecision::Plain
         };
@@ -1391,7 +1394,8 @@ impl Device {
             let mut repr = out.repr;
             // The multipath offer bit on an RC QP that allows the extension; 0 otherwise.
             if repr.bth.opcode.transport() == Transport::Rc {
-                repr.bth.resv7 = qp.mp_tx_bits(repr.bth.resv7);
+                let response = repr.bth.opcode.info().is_some_and(|i| i.is_response());
+                repr.bth.resv7 = qp.mp_tx_bits(repr.bth.resv7, response);
                 // A request with its placement trailer takes the next entropy (spraying).
                 if out.ud_path.is_none()
                     && repr.bth.resv7 & roce_common::multipath::RESV7_TRAILER != 0

@@ -41,6 +41,9 @@ pub enum RxDecision {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Negotiation {
     state: MpState,
+    /// The peer's packets carry [`MpBthFlags::HOLD`]: its responder holds READ requests and
+    /// atomics, so ours may go in selective repeat.
+    peer_holds: bool,
 }
 
 impl Negotiation {
@@ -55,6 +58,7 @@ impl Negotiation {
             } else {
                 MpState::Disabled
             },
+            peer_holds: false,
         }
     }
 
@@ -82,6 +86,24 @@ impl Negotiation {
     #[must_use]
     pub const fn is_on(self) -> bool {
         matches!(self.state, MpState::On)
+    }
+
+    /// Takes in the bits of a response or acknowledgement from the peer QP: with
+    /// [`MpBthFlags::HOLD`] (and the extension on) its responder holds READ requests and
+    /// atomics marked so until the cumulative PSN reaches them. Call it for every response
+    /// packet, after [`Self::on_receive`].
+    pub const fn on_response(&mut self, flags: MpBthFlags) {
+        if self.is_on() && flags.contains(MpBthFlags::HOLD) {
+            self.peer_holds = true;
+        }
+    }
+
+    /// Whether the extension is on and the peer's responder holds READ requests and atomics
+    /// until the cumulative PSN reaches them ([`MpBthFlags::HOLD`] on its responses), so the
+    /// requester may keep them in selective repeat, marked with the bit.
+    #[must_use]
+    pub const fn peer_holds(self) -> bool {
+        self.is_on() && self.peer_holds
     }
 
     /// The bits to put into the BTH of a packet being sent; `trailer` says whether the packet
@@ -201,6 +223,10 @@ mod tests {
             "an offering peer takes it"
         );
         assert!(b.is_on());
+        // The peer's responses say whether it holds READs and atomics.
+        assert!(!a.peer_holds());
+        a.on_response(MpBthFlags::from_resv7(T.bits() | MpBthFlags::HOLD.bits()));
+        assert!(a.peer_holds());
         // A QP that does not allow the extension ignores a hint.
         let mut off = Negotiation::new(false);
         off.on_hint();

@@ -312,8 +312,8 @@ fn a_trailer_is_dropped_not_placed() {
     assert_eq!(out.len(), 1);
     assert_eq!(
         out[0].0.bth.resv7,
-        MpBthFlags::OFFER.bits(),
-        "the ACK offers"
+        MpBthFlags::OFFER.bits() | MpBthFlags::HOLD.bits(),
+        "the ACK offers (and says the QP holds READs and atomics)"
     );
     assert_eq!(m.wcs()[0].wr_id, 1);
     assert_eq!(m.mem(0, 64), vec![9u8; 64]);
@@ -612,7 +612,7 @@ fn a_sequence_error_nak_in_selective_repeat_falls_back_to_plain_go_back_n() {
     assert_eq!(sent.len(), 3);
     assert!(
         sent.iter()
-            .all(|(r, _)| r.bth.resv7 == MpBthFlags::OFFER_TRAILER.bits()),
+            .all(|(r, _)| MpBthFlags::from_resv7(r.bth.resv7).contains(MpBthFlags::OFFER_TRAILER)),
         "selective repeat sends trailers"
     );
     // The responder lost its state: a plain sequence error NAK (resv7 0) at the second.
@@ -753,8 +753,10 @@ impl Stream {
 
 /// `n` messages from A to B over `link`, both QPs allowing the extension as `allowed`: WRITEs
 /// of 3000 bytes, every fifth a SEND into B's next receive, every seventh a WRITE with
-/// immediate, and (with `reads`) every eleventh a READ of what an earlier WRITE put at B.
-/// Every WR completes once, successfully and in order at both ends, every byte checked.
+/// immediate, and (with `reads`) every eleventh a READ of what an earlier WRITE put at B and
+/// every thirteenth a fetch-and-add of 1 on a counter at B. Every WR completes once,
+/// successfully and in order at both ends, every byte checked, every atomic's fetched value
+/// and the counter too (each atomic executed once, in order).
 fn stream(seed: u64, link: Link, allowed: (bool, bool), n: u64, reads: bool) -> Stream {
     stream_hinted(seed, link, allowed, (false, false), n, reads)
 }
@@ -777,7 +779,9 @@ fn stream_hinted(
             && let Ok(pf) = parse_frame(f)
             && !pf.roce.bth.opcode.info().is_some_and(|i| i.is_response())
         {
-            let t = MpBthFlags::from_resv7(pf.roce.bth.resv7).contains(MpBthFlags::TRAILER);
+            // In selective repeat: a SEND or WRITE with its trailer, a READ or atomic held.
+            let f = MpBthFlags::from_resv7(pf.roce.bth.resv7);
+            let t = f.contains(MpBthFlags::TRAILER) || f.contains(MpBthFlags::HOLD);
             sink.borrow_mut().push((pf.roce.bth.psn.value(), t));
         }
         true
@@ -817,9 +821,19 @@ fn stream_hinted(
     let mut a_mem = vec![0; (L * (n + 1)) as usize];
     a_mem[..L as usize].copy_from_slice(&src);
     let ma = p.a.reg_mr(pda, a_mem, 0x1000, Access::all()).unwrap();
+    // With `reads`, B's 8-byte counter after the messages, which every atomic adds 1 to.
+    let counter = (L * n + 7) & !7;
     let mb =
-        p.b.reg_mr(pdb, vec![0; (L * n) as usize], 0x100_0000, Access::all())
-            .unwrap();
+        p.b.reg_mr(
+            pdb,
+            vec![0; (counter + 8) as usize],
+            0x100_0000,
+            Access::all(),
+        )
+        .unwrap();
+    // (Not where a READ goes, nor just before one: a READ reads the slot before it.)
+    let is_atomic = |i: u64| reads && i % 13 == 12 && !matches!(i % 11, 9 | 10);
+    let mut atomics = 0u64;
     let sg = |addr, length, lkey| vec![Sge { addr, length, lkey }];
     let mut want_b = Vec::new();
     let mut recvs = 0u64;
@@ -827,6 +841,13 @@ fn stream_hinted(
         let at = 0x100_0000 + i * L;
         let op = if reads && i % 11 == 10 {
             read(0x100_0000 + (i - 1) * L, mb.rkey)
+        } else if is_atomic(i) {
+            atomics += 1;
+            SendOp::FetchAdd {
+                remote_addr: 0x100_0000 + counter,
+                rkey: mb.rkey,
+                add: 1,
+            }
         } else if i % 5 == 4 {
             p.b.post_recv(
                 qb,
@@ -858,12 +879,12 @@ fn stream_hinted(
         } else {
             write(at, mb.rkey)
         };
-        let local = if matches!(op, SendOp::Read { .. }) {
-            0x1000 + (i + 1) * L
-        } else {
-            0x1000
+        let (local, len) = match op {
+            SendOp::Read { .. } => (0x1000 + (i + 1) * L, L as u32),
+            SendOp::FetchAdd { .. } => (0x1000 + (i + 1) * L, 8),
+            _ => (0x1000, L as u32),
         };
-        p.a.post_send(qa, SendWr::new(i, op, sg(local, L as u32, ma.lkey)))
+        p.a.post_send(qa, SendWr::new(i, op, sg(local, len, ma.lkey)))
             .unwrap();
     }
     let (mut wa, mut wb) = (Vec::new(), Vec::new());
@@ -880,7 +901,7 @@ fn stream_hinted(
     assert!(p.drive(1_000_000), "idle afterwards");
     let bytes = p.b.mrs().bytes(mb.lkey).unwrap();
     for i in 0..n as usize {
-        if reads && i % 11 == 10 {
+        if (reads && i % 11 == 10) || is_atomic(i as u64) {
             continue;
         }
         assert_eq!(
@@ -894,6 +915,17 @@ fn stream_hinted(
         for i in (10..n as usize).step_by(11) {
             let at = (i + 1) * L as usize;
             assert_eq!(&a_bytes[at..at + L as usize], &src[..], "READ {i}");
+        }
+        // Each atomic executed once, in order: the k-th fetched k, the counter holds all.
+        let c = counter as usize;
+        assert_eq!(&bytes[c..c + 8], &atomics.to_ne_bytes(), "the counter");
+        for (k, i) in (0..n).filter(|&i| is_atomic(i)).enumerate() {
+            let at = ((i + 1) * L) as usize;
+            assert_eq!(
+                &a_bytes[at..at + 8],
+                &(k as u64).to_ne_bytes(),
+                "atomic {i} fetched"
+            );
         }
     }
     let states = (
@@ -1047,6 +1079,27 @@ fn a_hinted_first_window_resends_about_one_packet_per_loss() {
         "about one resend per loss: {hinted} for {lost}"
     );
     assert!(hinted < in_band, "hinted {hinted} vs in band {in_band}");
+}
+
+/// READs and atomics in selective repeat (docs/multipath.md): towards a peer whose responses
+/// carry `HOLD`, the requester never leaves the mode for them: every request of a hinted
+/// stream, from the first, is in the mode (SENDs and WRITEs with their trailers, READs and
+/// atomics marked to be held), over a clean and a lossy, reordering link; each atomic
+/// executes once and in order (its fetched value and the counter checked in `stream`).
+#[test]
+fn reads_and_atomics_stay_in_selective_repeat() {
+    let lossy = Link {
+        loss: 0.03,
+        reorder: 0.2,
+        reorder_jitter: Duration::from_micros(30),
+        ..Link::default()
+    };
+    for (seed, link) in [(31, Link::default()), (32, lossy), (33, lossy)] {
+        let s = stream_hinted(seed, link, (true, true), (true, true), 80, true);
+        assert_eq!(s.states, (MpState::On, MpState::On));
+        assert!(s.requests.iter().all(|r| r.1), "every request in the mode");
+        assert!(s.sr.is_some());
+    }
 }
 
 /// Reordering and duplication on the link, and READs in the stream (which take the requester
