@@ -10,6 +10,13 @@ pub const RESV7_OFFER: u8 = 0x01;
 /// requests and READ responses, SACK on ACKs, path feedback in CNPs).
 pub const RESV7_TRAILER: u8 = 0x02;
 
+/// Bit 2 of the BTH's `resv7` field, on every packet of a QP with the extension on: its
+/// responder holds READ requests and atomics that arrive beyond a hole until the cumulative
+/// PSN reaches them, so the peer's requester may keep them in selective repeat
+/// (docs/multipath.md). A peer that never sets it (an older roce-xdp) gets them plain and in
+/// order, as before.
+pub const RESV7_HOLD: u8 = 0x04;
+
 /// Bytes of the SACK trailer, the only payload an ACKNOWLEDGE may carry (with
 /// [`RESV7_TRAILER`]): a 64-bit bitmap and a 32-bit count of packets held.
 pub const SACK_TRAILER_LEN: usize = 12;

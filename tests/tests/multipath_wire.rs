@@ -10,7 +10,7 @@ use std::{fs::File, net::Ipv4Addr, time::Duration};
 use pcap_file::pcap::{PcapPacket, PcapWriter};
 use roce::wire::{
     self, AethRepr, AethSyndrome, BthRepr, EthernetAddress, IpPath, Msn, Opcode, PathRepr, Psn,
-    Qpn, RKey, RoceRepr, bth, cnp, icrc, ipv4,
+    Qpn, RKey, RethRepr, RoceRepr, bth, cnp, icrc, ipv4,
     multipath::{
         Entropy, MpBthFlags, PathFeedback, PlacementFlags, PlacementTrailer, SackBitmap,
         SackTrailer, Ssn, placement, sack,
@@ -72,7 +72,11 @@ fn ack_with_sack(t: &SackTrailer) -> Vec<u8> {
     ip.fill_checksum();
     let udp_len = u16::from_be_bytes([buf[ETH + 24], buf[ETH + 25]]);
     buf[ETH + 24..ETH + 26].copy_from_slice(&(udp_len + add).to_be_bytes());
-    set_flags_and_icrc(&mut buf, MpBthFlags::OFFER | MpBthFlags::TRAILER);
+    // As a QP with the extension on sends it: its responder holds READs and atomics (HOLD).
+    set_flags_and_icrc(
+        &mut buf,
+        MpBthFlags::OFFER | MpBthFlags::TRAILER | MpBthFlags::HOLD,
+    );
     buf
 }
 
@@ -145,6 +149,22 @@ fn frames() -> Vec<Vec<u8>> {
     ));
     set_flags_and_icrc(&mut buf, MpBthFlags::TRAILER);
     out.push(buf);
+    // A READ request sent in selective repeat: no trailer, marked to be held.
+    let mut rd = RoceRepr::new(BthRepr::new(
+        Opcode::RC_RDMA_READ_REQUEST,
+        Qpn::new(0x12),
+        Psn::new(9),
+    ));
+    rd.reth = Some(RethRepr {
+        va: 0x7f00_0000_2000,
+        rkey: RKey::new(0x77),
+        dma_len: 4096,
+    });
+    let mut buf = vec![0u8; 256];
+    let n = wire::emit_frame(&path(), &rd, &[], &mut buf).expect("emit READ request");
+    buf.truncate(n);
+    set_flags_and_icrc(&mut buf, MpBthFlags::OFFER | MpBthFlags::HOLD);
+    out.push(buf);
     out
 }
 
@@ -187,6 +207,12 @@ fn tshark_dissects_packets_with_multipath_trailers_as_plain_roce() {
     );
     let cnp = wire::parse_frame(&frames[3]).expect("CNP parses");
     assert!(cnp.icrc_ok);
+    let rd = wire::parse_frame(&frames[4]).expect("a held READ request parses");
+    assert!(rd.icrc_ok && rd.payload.is_empty());
+    assert_eq!(
+        MpBthFlags::from_resv7(rd.roce.bth.resv7),
+        MpBthFlags::OFFER | MpBthFlags::HOLD
+    );
 
     let file = std::env::temp_dir().join(format!("roce-multipath-{}.pcap", std::process::id()));
     {
@@ -200,7 +226,7 @@ fn tshark_dissects_packets_with_multipath_trailers_as_plain_roce() {
     }
     let d = roce_tests::rxe::dissect(&file);
     let _ = std::fs::remove_file(&file);
-    assert_eq!(d.roce, 4, "{d:?}");
+    assert_eq!(d.roce, 5, "{d:?}");
     assert!(
         d.problems.is_empty(),
         "tshark found problems: {:?}",

@@ -1005,6 +1005,19 @@ impl Device {
         Ok(())
     }
 
+    /// Tells RC QP `qpn` that its peer QP allows the multipath extension, as the peer said
+    /// in an out-of-band exchange (docs/multipath.md, "Hints out of band"): if the QP allows
+    /// it ([`DeviceOptions`]' `transport.multipath`), it starts with the extension on instead
+    /// of waiting for the peer's first answer ([`transport::Device::set_multipath_peer`]).
+    /// Call it in RESET or INIT, and only on the peer's own word.
+    ///
+    /// # Errors
+    /// No such QP, or the QP is in RTR or later.
+    pub fn set_multipath_peer(&self, qpn: Qpn) -> Result<(), ApiError> {
+        self.by_qpn(qpn).lock().set_multipath_peer(qpn)?;
+        Ok(())
+    }
+
     /// RESET → INIT, allowing the peer `access` (`IBV_QP_STATE | PKEY_INDEX | PORT |
     /// ACCESS_FLAGS`, P_Key index 0, port 1).
     ///

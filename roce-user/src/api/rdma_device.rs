@@ -83,6 +83,17 @@ pub trait RdmaDevice {
     /// # Errors
     /// No route to the peer, attributes beyond the device's limits, an illegal transition.
     fn connect_rc(&self, qpn: Qpn, t: &RcTarget) -> Result<(), Self::Error>;
+    /// [`Device::set_multipath_peer`]: the peer QP allows the multipath extension, as its
+    /// side of the exchange said; call it in INIT, before [`RdmaDevice::connect_rc`]. A
+    /// device that does not take the hint (the default; a device reached through `roce
+    /// engine`) ignores it, and its QPs agree in band.
+    ///
+    /// # Errors
+    /// As [`Device::set_multipath_peer`].
+    fn set_multipath_peer(&self, qpn: Qpn) -> Result<(), Self::Error> {
+        let _ = qpn;
+        Ok(())
+    }
     /// Registers `len` zeroed bytes that the device allocates and keeps until the device
     /// goes: read and write them with [`RdmaDevice::mr_read`], [`RdmaDevice::mr_write`] and
     /// [`RdmaDevice::with_mr`].
@@ -210,6 +221,10 @@ impl RdmaDevice for Device {
             ..RcConnect::new(path, t.path_mtu, t.dest_qpn, t.rq_psn, t.sq_psn)
         };
         self.qp_connect(qpn, &c)
+    }
+
+    fn set_multipath_peer(&self, qpn: Qpn) -> Result<(), ApiError> {
+        Device::set_multipath_peer(self, qpn)
     }
 
     fn reg_mr(&self, pd: PdId, len: usize, access: Access) -> Result<MrInfo, ApiError> {

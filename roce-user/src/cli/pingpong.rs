@@ -267,7 +267,7 @@ fn run_on<D: RdmaDevice>(out: Output, a: &PingpongArgs, mtu: Mtu, dev: &D) -> an
     let mut stream;
     let remote = if let Some(host) = &a.host {
         stream = roce::cm::connect_tcp(host, port, Duration::from_secs(5))?;
-        pingpong::client_exchange(&mut stream, &mine)?
+        pingpong::client_exchange(&mut stream, &mine, a.multipath)?
     } else {
         let l = TcpListener::bind(("::", port))
             .or_else(|_| TcpListener::bind(("0.0.0.0", port)))
@@ -275,6 +275,12 @@ fn run_on<D: RdmaDevice>(out: Output, a: &PingpongArgs, mtu: Mtu, dev: &D) -> an
         stream = l.accept().context("accepting the client")?.0;
         pingpong::server_read(&mut stream)?
     };
+    let (remote, peer_multipath) = remote;
+    if a.multipath && peer_multipath {
+        // The peer's QP allows the extension too: ours starts with it on (docs/multipath.md,
+        // "Hints out of band").
+        dev.set_multipath_peer(qpn)?;
+    }
     dev.connect_rc(
         qpn,
         &RcTarget {
@@ -288,7 +294,7 @@ fn run_on<D: RdmaDevice>(out: Output, a: &PingpongArgs, mtu: Mtu, dev: &D) -> an
         },
     )?;
     if a.host.is_none() {
-        pingpong::server_reply(&mut stream, &mine)?;
+        pingpong::server_reply(&mut stream, &mine, a.multipath)?;
     }
     if !out.json {
         println!("  local address:  {}", fmt_dest(&mine));

@@ -39,6 +39,14 @@ pub const DEFAULT_PORT: u16 = 18515;
 pub const COMPAT_VERSION: &str = "6.06";
 /// Length of the version message (`MAX_VERSION`).
 pub const VERSION_LEN: usize = 16;
+/// The multipath hint (docs/multipath.md, "Hints out of band"): a `roce perf --multipath`
+/// writes these 8 bytes at [`MULTIPATH_HINT_AT`] of its version message, after the version
+/// string's NUL, where perftest (which reads the message as a C string: `strverscmp`,
+/// `atof`) and older roce-xdp (which stops at the NUL) never look; perftest's own message is
+/// NUL-padded (`strncpy`) there.
+pub const MULTIPATH_HINT: &[u8; 8] = b"roce-mp1";
+/// Where [`MULTIPATH_HINT`] sits in the version message.
+pub const MULTIPATH_HINT_AT: usize = VERSION_LEN - MULTIPATH_HINT.len();
 /// Length of a key message with a GID (`KEY_MSG_SIZE_GID`), NUL included.
 pub const KEY_MSG_LEN: usize = 108;
 /// Length of the binary key message of an RDMA CM exchange: `sizeof(struct pingpong_dest)` on
@@ -102,8 +110,13 @@ pub struct Comm<L = TcpStream> {
     link: L,
     is_client: bool,
     keys: KeyFormat,
+    /// Whether our version message carries [`MULTIPATH_HINT`] ([`Comm::offer_multipath`]).
+    offer_multipath: bool,
     /// The peer's version string, once [`Comm::setup`] exchanged versions.
     pub remote_version: String,
+    /// Whether the peer's version message carried [`MULTIPATH_HINT`]: its QPs allow the
+    /// multipath extension. Known once [`Comm::setup`] exchanged versions.
+    pub peer_multipath: bool,
 }
 
 /// perftest's `struct pingpong_dest`, the part that goes on the wire.
@@ -277,8 +290,19 @@ impl<L: Link> Comm<L> {
             link,
             is_client,
             keys,
+            offer_multipath: false,
             remote_version: String::new(),
+            peer_multipath: false,
         }
+    }
+
+    /// Says, in our version message, that our QPs allow the multipath extension
+    /// ([`MULTIPATH_HINT`]), so that a roce-xdp peer that allows it too can start its QPs
+    /// with it on. Call it before [`Comm::setup`], and only if every QP connected through
+    /// this exchange allows the extension (`--multipath`): a peer takes the hint as leave to
+    /// send trailers from its first packet.
+    pub const fn offer_multipath(&mut self, on: bool) {
+        self.offer_multipath = on;
     }
 
     /// The same exchange over `f(link)` (e.g. the link wrapped in the caller's enum).
@@ -287,7 +311,9 @@ impl<L: Link> Comm<L> {
             link: f(self.link),
             is_client: self.is_client,
             keys: self.keys,
+            offer_multipath: self.offer_multipath,
             remote_version: self.remote_version,
+            peer_multipath: self.peer_multipath,
         }
     }
 
@@ -333,10 +359,16 @@ impl<L: Link> Comm<L> {
     ) -> Result<u8, CmError> {
         let mut mine = [0u8; VERSION_LEN];
         mine[..COMPAT_VERSION.len()].copy_from_slice(COMPAT_VERSION.as_bytes());
+        if self.offer_multipath {
+            mine[MULTIPATH_HINT_AT..].copy_from_slice(MULTIPATH_HINT);
+        }
         let mut theirs = [0u8; VERSION_LEN];
         self.xchg(&mine, &mut theirs)?;
         let end = theirs.iter().position(|&b| b == 0).unwrap_or(VERSION_LEN);
         self.remote_version = String::from_utf8_lossy(&theirs[..end]).into_owned();
+        // Only after the string's NUL: a version string never carries the hint.
+        self.peer_multipath =
+            end < MULTIPATH_HINT_AT && theirs[MULTIPATH_HINT_AT..] == *MULTIPATH_HINT;
         if self.remote() < 5.70 {
             return Err(CmError::OldPeer(self.remote_version.clone()));
         }
@@ -467,6 +499,58 @@ mod tests {
         c.xchg_bw_reports(&mine).unwrap();
         let (mtu, k, r, v) = server.join().unwrap();
         assert_eq!((mtu, k, r, v.as_str()), (3, key, mine, COMPAT_VERSION));
+    }
+
+    /// The multipath hint rides after the version string's NUL: a peer that offers it sees
+    /// the other's, the version string is the same as without it, and a peer that does not
+    /// offer it (perftest, older roce-xdp) sends a NUL-padded message without one.
+    #[test]
+    fn the_multipath_hint_rides_after_the_version_strings_nul() {
+        for (client_offers, server_offers) in [(true, true), (true, false), (false, true)] {
+            let l = TcpListener::bind("127.0.0.1:0").unwrap();
+            let addr = l.local_addr().unwrap();
+            let server = std::thread::spawn(move || {
+                let (mut s, _) = l.accept().unwrap();
+                if server_offers {
+                    let mut c = Comm::new(s, false);
+                    c.offer_multipath(true);
+                    c.setup(4096, 64, 3).unwrap();
+                    return (c.peer_multipath, c.remote_version);
+                }
+                // What perftest sends: the version, NUL-padded, and the rest of the setup.
+                let mut theirs = [0u8; VERSION_LEN];
+                s.read_exact(&mut theirs).unwrap();
+                let mut mine = [0u8; VERSION_LEN];
+                mine[..4].copy_from_slice(b"6.19");
+                s.write_all(&mine).unwrap();
+                for answer in [&[0, 0, 16, 0][..], &[0, 0, 0, 64], b"3\0"] {
+                    let mut step = vec![0u8; answer.len()];
+                    s.read_exact(&mut step).unwrap();
+                    s.write_all(answer).unwrap();
+                }
+                let end = theirs.iter().position(|&b| b == 0).unwrap();
+                (
+                    theirs[MULTIPATH_HINT_AT..] == *MULTIPATH_HINT,
+                    String::from_utf8_lossy(&theirs[..end]).into_owned(),
+                )
+            });
+            let mut c = Comm::new(TcpStream::connect(addr).unwrap(), true);
+            c.offer_multipath(client_offers);
+            c.setup(4096, 64, 3).unwrap();
+            let (server_saw, server_read_version) = server.join().unwrap();
+            assert_eq!(c.peer_multipath, server_offers);
+            assert_eq!(server_saw, client_offers);
+            assert_eq!(
+                server_read_version, COMPAT_VERSION,
+                "the string is unchanged"
+            );
+            let want = if server_offers {
+                COMPAT_VERSION
+            } else {
+                "6.19"
+            };
+            assert_eq!(c.remote_version, want);
+        }
     }
 
     #[test]

@@ -2,6 +2,13 @@
 //! TCP port 18515; the client writes its 52-byte `"%04x:%06x:%06x:%s\0"` message (LID, QPN, PSN,
 //! GID as 32 hex digits), reads the server's, and writes `"done\0"`. The server reads the client's
 //! message, connects its QP, writes its own, and reads `"done\0"`.
+//!
+//! The multipath hint (docs/multipath.md, "Hints out of band"): the message has no byte to
+//! spare, so a `roce pingpong --multipath` writes its hex digits in upper case
+//! ([`Dest::encode_hinted`]). ibv_rc_pingpong writes lower case and reads either (`sscanf`'s
+//! `%x`), as older roce-xdp does; an upper-case digit is the hint ([`has_multipath_hint`]). A
+//! message without a letter (a GID, QPN and PSN all of decimal digits) cannot carry it: the
+//! QPs then agree in band, as without the hint.
 
 use std::{
     io::{Read, Write},
@@ -47,6 +54,17 @@ impl Dest {
         out
     }
 
+    /// [`Dest::encode`], with the hex digits in upper case if `hint` (our QP allows the
+    /// multipath extension).
+    #[must_use]
+    pub fn encode_hinted(&self, hint: bool) -> [u8; MSG_LEN] {
+        let mut out = self.encode();
+        if hint {
+            out.make_ascii_uppercase();
+        }
+        out
+    }
+
     /// Parses a 52-byte message.
     ///
     /// # Errors
@@ -75,36 +93,50 @@ impl Dest {
     }
 }
 
-/// The client's side (`pp_client_exch_dest`): write ours, read the server's, write "done" at
-/// once (ibv_rc_pingpong connects its QP after the exchange).
+/// Whether an address message carries the multipath hint: an upper-case hex digit, which
+/// ibv_rc_pingpong never writes ([`Dest::encode_hinted`]).
+#[must_use]
+pub fn has_multipath_hint(msg: &[u8]) -> bool {
+    msg.iter().any(|b| (b'A'..=b'F').contains(b))
+}
+
+/// The client's side (`pp_client_exch_dest`): write ours (with the multipath hint if
+/// `hint`), read the server's, write "done" at once (ibv_rc_pingpong connects its QP after
+/// the exchange). Returns the server's address and whether it carried the hint.
 ///
 /// # Errors
 /// I/O errors and malformed messages.
-pub fn client_exchange(stream: &mut TcpStream, mine: &Dest) -> Result<Dest, CmError> {
-    stream.write_all(&mine.encode())?;
+pub fn client_exchange(
+    stream: &mut TcpStream,
+    mine: &Dest,
+    hint: bool,
+) -> Result<(Dest, bool), CmError> {
+    stream.write_all(&mine.encode_hinted(hint))?;
     let mut buf = [0u8; MSG_LEN];
     stream.read_exact(&mut buf)?;
     let theirs = Dest::decode(&buf)?;
     stream.write_all(DONE)?;
-    Ok(theirs)
+    Ok((theirs, has_multipath_hint(&buf)))
 }
 
-/// The server's first step: read the client's address.
+/// The server's first step: read the client's address. Returns it and whether it carried
+/// the multipath hint.
 ///
 /// # Errors
 /// I/O errors and malformed messages.
-pub fn server_read(stream: &mut TcpStream) -> Result<Dest, CmError> {
+pub fn server_read(stream: &mut TcpStream) -> Result<(Dest, bool), CmError> {
     let mut buf = [0u8; MSG_LEN];
     stream.read_exact(&mut buf)?;
-    Dest::decode(&buf)
+    Ok((Dest::decode(&buf)?, has_multipath_hint(&buf)))
 }
 
-/// The server's second step, once its QP is connected: write ours and wait for "done".
+/// The server's second step, once its QP is connected: write ours (with the multipath hint
+/// if `hint`) and wait for "done".
 ///
 /// # Errors
 /// I/O errors, or something other than "done".
-pub fn server_reply(stream: &mut TcpStream, mine: &Dest) -> Result<(), CmError> {
-    stream.write_all(&mine.encode())?;
+pub fn server_reply(stream: &mut TcpStream, mine: &Dest, hint: bool) -> Result<(), CmError> {
+    stream.write_all(&mine.encode_hinted(hint))?;
     let mut done = [0u8; 5];
     stream.read_exact(&mut done)?;
     if &done[..4] != b"done" {
@@ -132,6 +164,31 @@ mod tests {
         );
         assert_eq!(&c.encode(), client);
         assert_eq!(&Dest::decode(server).unwrap().encode(), server);
+    }
+
+    /// The hint is the message in upper case: it parses to the same address (as
+    /// ibv_rc_pingpong's `sscanf("%x")` reads it), and only a hinted message shows it.
+    #[test]
+    fn the_multipath_hint_is_upper_case_hex() {
+        let plain = b"0000:000011:98f283:00000000000000000000ffff0a4d0003\0";
+        let d = Dest::decode(plain).unwrap();
+        assert!(!has_multipath_hint(plain));
+        assert_eq!(&d.encode_hinted(false), plain);
+        let hinted = d.encode_hinted(true);
+        assert_eq!(
+            &hinted,
+            b"0000:000011:98F283:00000000000000000000FFFF0A4D0003\0"
+        );
+        assert!(has_multipath_hint(&hinted));
+        assert_eq!(Dest::decode(&hinted).unwrap(), d);
+        // No letter anywhere: no room for the hint, the QPs agree in band.
+        let digits = Dest {
+            gid: [0x20, 0x01, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0x12],
+            qpn: Qpn::new(0x11),
+            psn: Psn::new(0x12_3456),
+            lid: 0,
+        };
+        assert!(!has_multipath_hint(&digits.encode_hinted(true)));
     }
 
     #[test]

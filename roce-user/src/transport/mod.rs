@@ -867,6 +867,31 @@ impl Device {
         Ok(())
     }
 
+    /// Tells RC QP `qpn` that its peer QP allows the multipath extension too, as an
+    /// out-of-band exchange said (docs/multipath.md, "Hints out of band"): if the QP allows
+    /// it, the extension is on from the QP's first packet (trailers, selective repeat and
+    /// spraying from the first window on) instead of from the peer's first answer. It still
+    /// falls back to plain RoCE v2 if the peer's packets come without the offer bit. Call it
+    /// in RESET or INIT, after [`Device::set_multipath`], and only when the peer said so
+    /// itself: a trailer sent to a QP that does not allow the extension would be taken for
+    /// data. A reset forgets it; for a QP that does not allow the extension, and for UC and
+    /// UD QPs, it does nothing.
+    ///
+    /// # Errors
+    /// [`DeviceError::NoSuchQp`]; [`DeviceError::InvalidState`] once the QP is in RTR or
+    /// later.
+    pub fn set_multipath_peer(&mut self, qpn: Qpn) -> Result<(), DeviceError> {
+        let qp = self
+            .qps
+            .get_mut(&qpn.value())
+            .ok_or(DeviceError::NoSuchQp(qpn))?;
+        if !matches!(qp.state, QpState::Reset | QpState::Init) {
+            return Err(DeviceError::InvalidState(qp.state));
+        }
+        qp.set_multipath_peer();
+        Ok(())
+    }
+
     /// The first QPN from `next_qpn` on that is free and ours (our shard's), wrapping from
     /// [`DeviceConfig::qpn_limit`] to [`DeviceConfig::first_qpn`] (rxe's cyclic index pool).
     /// Without the wrap, a process that creates and destroys QPs all its life (a server taking
@@ -1203,7 +1228,10 @@ impl Device {
         // The multipath bits (docs/multipath.md): the offer of a peer that runs the
         // extension, or nothing from any other peer.
         let mp = if hdr.opcode.transport() == Transport::Rc {
-            qp.mp_on_receive(hdr.resv7)
+            qp.mp_on_receive(
+                hdr.resv7,
+                hdr.opcode.info().is_some_and(|i| i.is_response()),
+            )
         } else {
             multipath::RxDecision::Plain
         };
@@ -1366,7 +1394,8 @@ impl Device {
             let mut repr = out.repr;
             // The multipath offer bit on an RC QP that allows the extension; 0 otherwise.
             if repr.bth.opcode.transport() == Transport::Rc {
-                repr.bth.resv7 = qp.mp_tx_bits(repr.bth.resv7);
+                let response = repr.bth.opcode.info().is_some_and(|i| i.is_response());
+                repr.bth.resv7 = qp.mp_tx_bits(repr.bth.resv7, response);
                 // A request with its placement trailer takes the next entropy (spraying).
                 if out.ud_path.is_none()
                     && repr.bth.resv7 & roce_common::multipath::RESV7_TRAILER != 0

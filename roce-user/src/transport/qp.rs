@@ -610,6 +610,13 @@ impl Qp {
         self.mp = Negotiation::new(allowed && self.qp_type == QpType::Rc);
     }
 
+    /// The peer QP is known, out of band, to allow the multipath extension: an allowed QP
+    /// starts with it on ([`Negotiation::on_hint`]). Call it in RESET or INIT, after
+    /// [`Self::set_multipath`] ([`super::Device::set_multipath_peer`]); a reset forgets it.
+    pub(crate) const fn set_multipath_peer(&mut self) {
+        self.mp.on_hint();
+    }
+
     /// Where the QP stands with the multipath extension (docs/multipath.md).
     #[must_use]
     pub const fn multipath(&self) -> MpState {
@@ -621,9 +628,19 @@ impl Qp {
     /// just before the frame is written (`Device::transmit_qp`), with the `resv7` the QP put
     /// in the packet it built: [`MpBthFlags::TRAILER`] there says the packet ends in a
     /// trailer (a SEND or WRITE packet in selective-repeat mode, an ACK with its SACK).
-    pub(crate) const fn mp_tx_bits(&self, built: u8) -> u8 {
+    ///
+    /// With the extension on, a response or acknowledgement (`response`) also carries
+    /// [`MpBthFlags::HOLD`] (this QP's responder holds READ requests and atomics so marked),
+    /// and a request keeps the `HOLD` its builder put on a READ or atomic sent in selective
+    /// repeat (hold it until the cumulative PSN reaches it).
+    pub(crate) const fn mp_tx_bits(&self, built: u8, response: bool) -> u8 {
         let trailer = MpBthFlags::from_resv7(built).contains(MpBthFlags::TRAILER);
-        self.mp.tx_flags(trailer).bits()
+        let bits = self.mp.tx_flags(trailer).bits();
+        if !self.mp.is_on() {
+            return bits;
+        }
+        let hold = MpBthFlags::HOLD.bits();
+        bits | if response { hold } else { built & hold }
     }
 
     /// Takes in the multipath bits of a packet received from the peer QP (after the frame,
@@ -631,11 +648,14 @@ impl Qp {
     /// handle it: [`RxDecision::Plain`] as today, [`RxDecision::Trailer`] through
     /// `handle_mp_packet` (qp/multipath.rs), [`RxDecision::Drop`] (counted in `rx_dropped`
     /// here): a trailer reaching a QP that fell back is never taken for data.
-    pub(crate) fn mp_on_receive(&mut self, resv7: u8) -> RxDecision {
+    pub(crate) fn mp_on_receive(&mut self, resv7: u8, response: bool) -> RxDecision {
         if self.qp_type != QpType::Rc {
             return RxDecision::Plain;
         }
         let d = self.mp.on_receive(MpBthFlags::from_resv7(resv7));
+        if response {
+            self.mp.on_response(MpBthFlags::from_resv7(resv7));
+        }
         if d == RxDecision::Drop {
             self.counters.rx_dropped += 1;
         }

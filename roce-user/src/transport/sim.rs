@@ -524,6 +524,10 @@ pub struct RcConfig {
     pub cq_depth: usize,
     /// First PSN of A's send queue (B's is `psn_a + 0x1000`); near 2^24 to test wrap.
     pub psn_a: u32,
+    /// Whether [`connect_rc`] tells each QP, as an out-of-band exchange would, that its peer
+    /// allows the multipath extension ([`Device::set_multipath_peer`]): with the extension
+    /// allowed on both devices, both QPs start with it on.
+    pub multipath_peer: bool,
 }
 
 impl Default for RcConfig {
@@ -539,6 +543,7 @@ impl Default for RcConfig {
             cap: QpCap::default(),
             cq_depth: 4096,
             psn_a: 0xff_fff0,
+            multipath_peer: false,
         }
     }
 }
@@ -608,6 +613,9 @@ fn connect(
                 ..QpInit::new(qp_type, pd, cq)
             })
             .expect("create qp");
+        if cfg.multipath_peer {
+            d.set_multipath_peer(qpn).expect("a new QP takes the hint");
+        }
         Endpoint { qpn, cq, pd }
     };
     let ea = mk(&mut pair.a);

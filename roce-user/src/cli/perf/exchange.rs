@@ -102,13 +102,19 @@ const SETUP_TIMEOUT: Duration = Duration::from_secs(5);
 /// whose exchange fails (garbage, an old version, closed early, silent for
 /// [`SETUP_TIMEOUT`]) are refused: dropped, counted in `cm_refused`, and the server listens
 /// on, so a flood of bad connection attempts costs one connection's memory at a time.
-fn accept_client(l: &TcpListener, mtu_code: u8, cm: &mut CmStats) -> anyhow::Result<(Comm, u8)> {
+fn accept_client(
+    l: &TcpListener,
+    mtu_code: u8,
+    multipath: bool,
+    cm: &mut CmStats,
+) -> anyhow::Result<(Comm, u8)> {
     loop {
         let (stream, _) = l.accept().context("accepting the client")?;
         cm.cm_accepted += 1;
         stream.set_read_timeout(Some(SETUP_TIMEOUT))?;
         stream.set_write_timeout(Some(SETUP_TIMEOUT))?;
         let mut comm = Comm::new(stream, false);
+        comm.offer_multipath(multipath);
         match comm.setup(4096, 64, mtu_code) {
             Ok(used) => {
                 // The run itself may pause between syncs for as long as the client runs.
@@ -122,6 +128,24 @@ fn accept_client(l: &TcpListener, mtu_code: u8, cm: &mut CmStats) -> anyhow::Res
             }
         }
     }
+}
+
+/// With `--multipath`, and the peer's version message saying its QPs allow the extension
+/// too ([`Comm::offer_multipath`]): every QP of `local` (in INIT) starts with it on, its
+/// first window in selective repeat (docs/multipath.md, "Hints out of band"). Call it after
+/// the setup exchange, before the QPs are connected.
+fn take_multipath_hint<D: RdmaDevice, L>(
+    dev: &D,
+    a: &PerfArgs,
+    comm: &Comm<L>,
+    local: &Local,
+) -> anyhow::Result<()> {
+    if a.multipath && comm.peer_multipath {
+        for qp in &local.qps {
+            dev.set_multipath_peer(qp.qpn)?;
+        }
+    }
+    Ok(())
 }
 
 /// The MTU perftest's exchange agreed on (its enum, 1 for 256 .. 5 for 4096), or `asked`.
@@ -178,6 +202,7 @@ impl<'d> Session<'d> {
                     roce::cm::connect_tcp(h, a.port, Duration::from_secs(5))?,
                     plan.client,
                 );
+                comm.offer_multipath(a.multipath);
                 let used = comm.setup(4096, 64, plan.mtu_code)?;
                 (comm, used)
             }
@@ -185,9 +210,10 @@ impl<'d> Session<'d> {
                 let l = TcpListener::bind(("::", a.port))
                     .or_else(|_| TcpListener::bind(("0.0.0.0", a.port)))
                     .with_context(|| format!("couldn't listen on port {}", a.port))?;
-                accept_client(&l, plan.mtu_code, &mut cm)?
+                accept_client(&l, plan.mtu_code, a.multipath, &mut cm)?
             }
         };
+        take_multipath_hint(dev, a, &comm, local)?;
         let mut session = Self::new(
             comm.map_link(Channel::Tcp),
             cm,
@@ -212,7 +238,9 @@ impl<'d> Session<'d> {
         let (mut comm, dest) = rdmacm::control(cm_dev, a, local.gid_idx, plan.mtu)?;
         let control = comm.link_mut().id;
         let mut comm = comm.map_link(Channel::Cm);
+        comm.offer_multipath(a.multipath);
         let used_mtu = comm.setup(4096, 64, plan.mtu_code)?;
+        take_multipath_hint(dev, a, &comm, local)?;
         let mtu = mtu_of(used_mtu, plan.mtu);
         let mut session = Self::new(comm, CmStats::default(), mtu, a, local);
         // create_rdma_cm_connection: a sync, the data connections, a sync.

@@ -41,6 +41,9 @@ pub enum RxDecision {
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 pub struct Negotiation {
     state: MpState,
+    /// The peer's packets carry [`MpBthFlags::HOLD`]: its responder holds READ requests and
+    /// atomics, so ours may go in selective repeat.
+    peer_holds: bool,
 }
 
 impl Negotiation {
@@ -55,6 +58,21 @@ impl Negotiation {
             } else {
                 MpState::Disabled
             },
+            peer_holds: false,
+        }
+    }
+
+    /// Takes in an out-of-band hint that the peer QP allows the extension too (its side of
+    /// `roce perf`'s or `roce pingpong`'s exchange said so, docs/multipath.md, "Hints out of
+    /// band"): an [`MpState::Offering`] QP turns [`MpState::On`] at once, so its very first
+    /// packet may carry a trailer and the first window is in selective repeat; any other
+    /// state is kept (a QP that does not allow the extension never turns it on). Falling back
+    /// is as before: a packet without `OFFER` from the peer turns it off. Call it before the
+    /// QP sends or receives its first packet, and only on a hint the peer itself sent: a
+    /// trailer must never reach a QP that does not allow the extension.
+    pub const fn on_hint(&mut self) {
+        if matches!(self.state, MpState::Offering) {
+            self.state = MpState::On;
         }
     }
 
@@ -68,6 +86,24 @@ impl Negotiation {
     #[must_use]
     pub const fn is_on(self) -> bool {
         matches!(self.state, MpState::On)
+    }
+
+    /// Takes in the bits of a response or acknowledgement from the peer QP: with
+    /// [`MpBthFlags::HOLD`] (and the extension on) its responder holds READ requests and
+    /// atomics marked so until the cumulative PSN reaches them. Call it for every response
+    /// packet, after [`Self::on_receive`].
+    pub const fn on_response(&mut self, flags: MpBthFlags) {
+        if self.is_on() && flags.contains(MpBthFlags::HOLD) {
+            self.peer_holds = true;
+        }
+    }
+
+    /// Whether the extension is on and the peer's responder holds READ requests and atomics
+    /// until the cumulative PSN reaches them ([`MpBthFlags::HOLD`] on its responses), so the
+    /// requester may keep them in selective repeat, marked with the bit.
+    #[must_use]
+    pub const fn peer_holds(self) -> bool {
+        self.is_on() && self.peer_holds
     }
 
     /// The bits to put into the BTH of a packet being sent; `trailer` says whether the packet
@@ -175,6 +211,35 @@ mod tests {
         );
     }
 
+    #[test]
+    fn a_hint_turns_an_offering_qp_on_before_any_packet() {
+        let (mut a, mut b) = (Negotiation::new(true), Negotiation::new(true));
+        a.on_hint();
+        assert!(a.is_on());
+        assert_eq!(a.tx_flags(true), T, "a trailer from the first packet on");
+        assert_eq!(
+            b.on_receive(a.tx_flags(true)),
+            RxDecision::Trailer,
+            "an offering peer takes it"
+        );
+        assert!(b.is_on());
+        // The peer's responses say whether it holds READs and atomics.
+        assert!(!a.peer_holds());
+        a.on_response(MpBthFlags::from_resv7(T.bits() | MpBthFlags::HOLD.bits()));
+        assert!(a.peer_holds());
+        // A QP that does not allow the extension ignores a hint.
+        let mut off = Negotiation::new(false);
+        off.on_hint();
+        assert_eq!(off.state(), MpState::Disabled);
+        assert_eq!(off.tx_flags(true), MpBthFlags::NONE);
+        // Hinted, but the peer's packets come without the offer: plain from then on.
+        let mut c = Negotiation::new(true);
+        c.on_hint();
+        assert_eq!(c.on_receive(MpBthFlags::NONE), RxDecision::Plain);
+        assert_eq!(c.state(), MpState::FellBack);
+        assert_eq!(c.tx_flags(true), MpBthFlags::NONE);
+    }
+
     #[derive(Clone, Copy, Debug)]
     enum Step {
         Send(bool),
@@ -195,12 +260,21 @@ mod tests {
         /// a QP that offered, is never handled as plain data, and once the schedule ends and
         /// each side's packets get through, both ends are on exactly when both allowed it;
         /// otherwise neither is on.
+        /// An out-of-band hint (`hinted`) reaches a side only from a peer that allows the
+        /// extension, as the exchanges send it.
         #[test]
         fn agreement_is_safe_and_converges(
             allowed in any::<(bool, bool)>(),
+            hinted in any::<(bool, bool)>(),
             steps in proptest::collection::vec(arb_step(), 0..60),
         ) {
             let mut n = [Negotiation::new(allowed.0), Negotiation::new(allowed.1)];
+            if hinted.0 && allowed.1 {
+                n[0].on_hint();
+            }
+            if hinted.1 && allowed.0 {
+                n[1].on_hint();
+            }
             // In flight towards side 0 and side 1.
             let mut q: [Vec<MpBthFlags>; 2] = [Vec::new(), Vec::new()];
             let deliver = |n: &mut [Negotiation; 2], to: usize, f: MpBthFlags| {

@@ -6,7 +6,7 @@
 //! goes out is a 24-bit [`Psn`] compared with serial arithmetic (IBA 9.7.1, rxe
 //! `psn_compare`).
 
-use std::collections::{BTreeMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use crate::wire::{
     Psn, WireError,
@@ -30,6 +30,14 @@ pub enum Arrival {
     Duplicate,
     /// Beyond the window: dropped and counted; the sender will resend it.
     BeyondWindow,
+    /// A READ request or an atomic ([`Reassembly::on_held`]), new: held until every PSN
+    /// before it has arrived, then returned by [`Reassembly::poll_completion`] (with
+    /// [`Completion::held`]) for the responder to execute, in PSN order, once.
+    Held,
+    /// A SEND or WRITE packet after a READ request or an atomic that is held and not executed
+    /// yet: not placed (the held request must not see its data), dropped and counted; the
+    /// sender resends it.
+    BehindHeld,
     /// Inconsistent with its trailer or with the messages seen so far: dropped and counted.
     Invalid(WireError),
 }
@@ -49,6 +57,9 @@ pub struct Completion {
     pub flags: PlacementFlags,
     /// Its send sequence number.
     pub ssn: Ssn,
+    /// A READ request or an atomic recorded by [`Reassembly::on_held`] (`length` 0): the
+    /// responder executes it now, every request before it having completed.
+    pub held: bool,
 }
 
 /// What the reassembly state counted (docs/multipath.md "Counters").
@@ -66,6 +77,10 @@ pub struct ReassemblyCounters {
     pub invalid: u64,
     /// Messages completed.
     pub completed: u64,
+    /// READ requests and atomics held ([`Arrival::Held`]).
+    pub held_requests: u64,
+    /// SEND and WRITE packets dropped behind a held request ([`Arrival::BehindHeld`]).
+    pub behind_held: u64,
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -75,6 +90,7 @@ struct Msg {
     flags: PlacementFlags,
     ssn: Ssn,
     placed_bytes: u64,
+    held: bool,
 }
 
 /// The per-QP reassembly state of the receiver.
@@ -90,6 +106,8 @@ pub struct Reassembly {
     held: u32,
     /// Messages with at least one packet placed and not yet completed, by first `seq`.
     msgs: BTreeMap<u64, Msg>,
+    /// The first `seq` of each held request of `msgs` ([`Reassembly::on_held`]).
+    held_seqs: BTreeSet<u64>,
     ready: VecDeque<Completion>,
     counters: ReassemblyCounters,
 }
@@ -112,6 +130,7 @@ impl Reassembly {
             received: VecDeque::from(vec![false; window as usize]),
             held: 0,
             msgs: BTreeMap::new(),
+            held_seqs: BTreeSet::new(),
             ready: VecDeque::new(),
             counters: ReassemblyCounters::default(),
         }
@@ -181,6 +200,10 @@ impl Reassembly {
             return self.invalid(e);
         }
         let seq = self.epsn_seq + d;
+        if self.held_before(seq) {
+            self.counters.behind_held += 1;
+            return Arrival::BehindHeld;
+        }
         let first_seq = seq - u64::from(t.offset / self.pmtu);
         let npkts = u64::from(t.length.div_ceil(self.pmtu).max(1));
         let last_seq = first_seq + npkts - 1;
@@ -202,6 +225,92 @@ impl Reassembly {
             offset: t.offset,
             len: data_len as u32,
         }
+    }
+
+    /// Records a READ request or an atomic at `psn` that takes `psns` PSNs (a READ's response
+    /// packets, 1 for an atomic; IBA 9.7.2), so it executes in PSN order however the packets
+    /// arrive: it is held until every PSN before it has arrived and every message before it
+    /// has completed, then [`Self::poll_completion`] returns it ([`Completion::held`]) and
+    /// the responder executes it, once; its `psns` PSNs count as arrived from now on (the
+    /// SACK shows them). Until it executes, SEND and WRITE packets after it are refused
+    /// ([`Arrival::BehindHeld`]), so it never sees data written after it. Call it for every
+    /// READ request and atomic of a QP whose requester stays in selective repeat across them;
+    /// that requester must not send past such a request before it is acknowledged (a packet
+    /// after it placed before it arrived would be seen by it: [`Arrival::Invalid`]). A
+    /// request at or before a PSN that arrived is [`Arrival::Duplicate`]: the responder
+    /// answers it from its READ/atomic resources, as a duplicate in order.
+    pub fn on_held(&mut self, psn: Psn, psns: u32) -> Arrival {
+        let psns = psns.max(1);
+        let d = psn.distance(self.epsn);
+        if d < 0 {
+            self.counters.duplicates += 1;
+            return Arrival::Duplicate;
+        }
+        let d = d as u64;
+        if d + u64::from(psns) > self.received.len() as u64 {
+            self.counters.ooo_dropped_window += 1;
+            return Arrival::BeyondWindow;
+        }
+        if self.received[d as usize] {
+            self.counters.duplicates += 1;
+            return Arrival::Duplicate;
+        }
+        let first_seq = self.epsn_seq + d;
+        let last_seq = first_seq + u64::from(psns) - 1;
+        let span = d as usize..=(d as usize + psns as usize - 1);
+        if self.received.range(span.clone()).any(|r| *r) {
+            return self.invalid(WireError::Malformed(
+                "a READ request or an atomic over PSNs that arrived",
+            ));
+        }
+        if self
+            .received
+            .range(d as usize + psns as usize..)
+            .any(|r| *r)
+        {
+            return self.invalid(WireError::Malformed(
+                "a READ request or an atomic after packets that follow it",
+            ));
+        }
+        let before = self.msgs.range(..first_seq).next_back();
+        let after = self.msgs.range(first_seq..).next();
+        if before.is_some_and(|(_, m)| m.last_seq >= first_seq)
+            || after.is_some_and(|(&f, _)| f <= last_seq)
+        {
+            return self.invalid(WireError::Malformed(
+                "a READ request or an atomic inside another message",
+            ));
+        }
+        self.msgs.insert(
+            first_seq,
+            Msg {
+                last_seq,
+                length: 0,
+                flags: PlacementFlags::WRITE,
+                ssn: Ssn::new(0),
+                placed_bytes: 0,
+                held: true,
+            },
+        );
+        self.held_seqs.insert(first_seq);
+        for r in self.received.range_mut(span) {
+            *r = true;
+        }
+        self.counters.held_requests += 1;
+        // `held` counts the arrived PSNs beyond the expected one.
+        if d > 0 {
+            self.held += psns;
+            self.counters.ooo_placed += 1;
+        } else {
+            self.held += psns - 1;
+            self.advance();
+        }
+        Arrival::Held
+    }
+
+    /// Whether a held request ([`Self::on_held`]) before `seq` has not executed yet.
+    fn held_before(&self, seq: u64) -> bool {
+        self.held_seqs.first().is_some_and(|&f| f < seq)
     }
 
     fn invalid(&mut self, e: WireError) -> Arrival {
@@ -253,6 +362,7 @@ impl Reassembly {
                 flags: t.flags,
                 ssn: t.ssn,
                 placed_bytes: 0,
+                held: false,
             },
         );
         Ok(())
@@ -275,6 +385,7 @@ impl Reassembly {
             }
             let first_seq = *entry.key();
             let m = entry.remove();
+            self.held_seqs.remove(&first_seq);
             debug_assert_eq!(m.placed_bytes, u64::from(m.length));
             self.counters.completed += 1;
             let c = Completion {
@@ -283,6 +394,7 @@ impl Reassembly {
                 length: m.length,
                 flags: m.flags,
                 ssn: m.ssn,
+                held: m.held,
             };
             self.ready.push_back(c);
         }

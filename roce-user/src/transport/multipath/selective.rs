@@ -89,6 +89,9 @@ struct Pkt {
     lost: bool,
     /// The entropy its latest transmission took, when sprayed ([`SelectiveRepeat::set_entropy`]).
     entropy: Option<Entropy>,
+    /// A PSN of a READ request's span after its first ([`SelectiveRepeat::on_send_span`]):
+    /// never sent on its own, so never declared lost; the request's first PSN stands for it.
+    companion: bool,
 }
 
 /// The per-QP selective-repeat state of the sender.
@@ -107,6 +110,11 @@ pub struct SelectiveRepeat {
     lost: VecDeque<Psn>,
     /// Entropies of sprayed packets declared lost, not yet taken by [`Self::lost_entropies`].
     lost_entropies: Vec<Entropy>,
+    /// The last request sent that the receiver holds until the cumulative PSN reaches it (a
+    /// READ request or an atomic, [`Self::set_held_request`]).
+    held_request: Option<Psn>,
+    /// A request to send again at once, whatever its acknowledgement ([`Self::request_again`]).
+    again: Option<Psn>,
     counters: SrCounters,
 }
 
@@ -127,6 +135,8 @@ impl SelectiveRepeat {
             rack_stamp: 0,
             lost: VecDeque::new(),
             lost_entropies: Vec::new(),
+            held_request: None,
+            again: None,
             counters: SrCounters::default(),
         }
     }
@@ -181,8 +191,59 @@ impl SelectiveRepeat {
             acked: false,
             lost: false,
             entropy: None,
+            companion: false,
         });
         Some(psn)
+    }
+
+    /// Records the transmission of one request packet that takes the next `psns` PSNs (a READ
+    /// request: its response packets' PSNs; IBA 9.7.2) and returns its PSN. Only that first
+    /// PSN can be declared lost and resent; the others are acknowledged with it (the
+    /// receiver's SACK covers the whole span, `Reassembly::on_held`) or cumulatively. Call it
+    /// in place of [`Self::on_send`] for such a request; `None` when the window is full.
+    pub fn on_send_span(&mut self, now: Instant, psns: u32) -> Option<Psn> {
+        let psn = self.on_send(now)?;
+        // The companions share the request's transmission number: RACK never counts one of
+        // them as a later transmission acknowledged.
+        let stamp = self.pkts.back().map_or(0, |p| p.stamp);
+        for _ in 1..psns {
+            self.pkts.push_back(Pkt {
+                sent_at: now,
+                stamp,
+                acked: false,
+                lost: false,
+                entropy: None,
+                companion: true,
+            });
+        }
+        Some(psn)
+    }
+
+    /// Records that `psn`, just sent, is a request the receiver holds until the cumulative
+    /// PSN reaches it (a READ request or an atomic, `Reassembly::on_held`): no new PSN may go
+    /// past it before it is acknowledged ([`Self::past_held_ok`]).
+    pub fn set_held_request(&mut self, psn: Psn) {
+        self.held_request = Some(psn);
+    }
+
+    /// Whether a new PSN may go: the last held request ([`Self::set_held_request`]) is
+    /// acknowledged, or there is none. Call it before sending a new packet.
+    #[must_use]
+    pub fn past_held_ok(&self) -> bool {
+        self.held_request.is_none_or(|r| self.is_acked(r))
+    }
+
+    /// Asks for request `psn` to be sent again, acknowledged or not (a READ whose responses
+    /// went missing: the receiver acknowledged the request when it held it). It comes out of
+    /// [`Self::poll_retransmit`] before the lost PSNs.
+    pub fn request_again(&mut self, psn: Psn) {
+        self.again = Some(psn);
+    }
+
+    /// Whether `psn` (sent) is acknowledged, cumulatively or by a SACK.
+    #[must_use]
+    pub fn is_acked(&self, psn: Psn) -> bool {
+        psn.distance(self.base) < 0 || self.is_sacked(psn)
     }
 
     fn stamp(&mut self) -> u64 {
@@ -244,7 +305,7 @@ impl SelectiveRepeat {
     fn detect_losses(&mut self) {
         let limit = self.rack_stamp.saturating_sub(self.cfg.reorder_threshold);
         for (i, p) in self.pkts.iter_mut().enumerate() {
-            if !p.acked && !p.lost && p.stamp <= limit {
+            if !p.acked && !p.lost && !p.companion && p.stamp <= limit {
                 p.lost = true;
                 self.lost.push_back(self.base.wrapping_add(i as u32));
                 if let Some(e) = p.entropy {
@@ -260,7 +321,7 @@ impl SelectiveRepeat {
     pub fn poll_timeout(&self) -> Option<Instant> {
         self.pkts
             .iter()
-            .filter(|p| !p.acked && !p.lost)
+            .filter(|p| !p.acked && !p.lost && !p.companion)
             .map(|p| p.sent_at + self.cfg.rto)
             .min()
     }
@@ -269,7 +330,7 @@ impl SelectiveRepeat {
     /// when the time [`Self::poll_timeout`] returned has come.
     pub fn handle_timeout(&mut self, now: Instant) {
         for (i, p) in self.pkts.iter_mut().enumerate() {
-            if !p.acked && !p.lost && p.sent_at + self.cfg.rto <= now {
+            if !p.acked && !p.lost && !p.companion && p.sent_at + self.cfg.rto <= now {
                 p.lost = true;
                 self.counters.timeouts += 1;
                 self.lost.push_back(self.base.wrapping_add(i as u32));
@@ -287,7 +348,7 @@ impl SelectiveRepeat {
     /// resends the whole window).
     pub fn declare_all_lost(&mut self) {
         for (i, p) in self.pkts.iter_mut().enumerate() {
-            if !p.acked && !p.lost {
+            if !p.acked && !p.lost && !p.companion {
                 p.lost = true;
                 self.counters.timeouts += 1;
                 self.lost.push_back(self.base.wrapping_add(i as u32));
@@ -303,6 +364,10 @@ impl SelectiveRepeat {
     /// declared lost and still unacknowledged come out. Call it before sending new packets,
     /// until it returns `None`.
     pub fn poll_retransmit(&mut self, now: Instant) -> Option<Psn> {
+        if let Some(psn) = self.again.take() {
+            self.counters.selective_retransmits += 1;
+            return Some(psn);
+        }
         while let Some(psn) = self.lost.pop_front() {
             let i = psn.distance(self.base);
             if i < 0 {

@@ -242,6 +242,7 @@ fn run_reassembly(seed: u64, first: Psn, lens: &[u32], window: u32, loss: f64, d
                     Arrival::Duplicate => assert!(arrived.contains(&off)),
                     Arrival::BeyondWindow => assert!(!in_window),
                     Arrival::Invalid(e) => panic!("valid packet refused: {e}"),
+                    a @ (Arrival::Held | Arrival::BehindHeld) => panic!("no held request: {a:?}"),
                 }
                 check_sack(&r, first, &arrived);
                 while let Some(c) = r.poll_completion() {
@@ -516,4 +517,199 @@ fn selective_repeat_resends_about_one_packet_per_loss() {
         (5..=2000 / 100 * 3).contains(&re),
         "{re} retransmits for ~20 losses"
     );
+}
+
+// ------------------------------------------------------------ held READ requests and atomics
+
+/// One message of a stream with held requests: data (a WRITE or SEND of `len` bytes) or a
+/// READ request / atomic taking `psns` PSNs.
+#[derive(Clone, Copy, Debug)]
+enum Kind {
+    Data(u32),
+    Held(u32),
+}
+
+/// Delivers `kinds` from `first` in rounds as [`run_reassembly`] does, with READ requests and
+/// atomics among the messages ([`Reassembly::on_held`]). The sender keeps the rule `on_held`
+/// needs: nothing past a held request goes before the request is acknowledged. Checks after
+/// every packet: each PSN placed or held once, never refused as invalid, a packet refused
+/// behind a held request only while one before it waits; completions once each, in order;
+/// and when a held request completes (executes), every message before it has completed and
+/// no byte after it has been placed.
+fn run_held(seed: u64, first: Psn, kinds: &[Kind], window: u32, loss: f64, dup: f64) {
+    let mut rng = StdRng::seed_from_u64(seed);
+    // (psn, held span or data packet, message index)
+    let mut pk: Vec<(Psn, Option<u32>, Option<Pkt>, usize)> = Vec::new();
+    let mut psn = first;
+    let mut sends = 0;
+    for (msg, k) in kinds.iter().enumerate() {
+        match *k {
+            Kind::Held(n) => {
+                pk.push((psn, Some(n), None, msg));
+                psn = psn.wrapping_add(n);
+            }
+            Kind::Data(len) => {
+                for mut p in packets(psn, &[len]) {
+                    p.msg = msg;
+                    p.t.ssn = Ssn::new(sends);
+                    pk.push((p.psn, None, Some(p), msg));
+                }
+                sends += 1;
+                psn = psn.wrapping_add(len.div_ceil(PMTU).max(1));
+            }
+        }
+    }
+    let off = |p: Psn| p.wrapping_sub(first.value()).value();
+    let mut r = Reassembly::new(first, window, PMTU);
+    let mut arrived = BTreeSet::new();
+    let mut placed_after: Vec<u32> = vec![0; kinds.len()];
+    let mut completions: Vec<Completion> = Vec::new();
+    let mut rounds = 0;
+    while completions.len() < kinds.len() {
+        rounds += 1;
+        assert!(rounds < 20_000, "no progress");
+        let (cum, s) = r.sack();
+        let acked = |p: Psn| s.bitmap.covers(cum, p);
+        // Everything not acknowledged, up to and including the first held request that is not.
+        let stop = pk
+            .iter()
+            .position(|(p, h, ..)| h.is_some() && !acked(*p))
+            .map_or(pk.len(), |i| i + 1);
+        let mut batch: Vec<_> = pk[..stop].iter().filter(|x| !acked(x.0)).copied().collect();
+        batch.shuffle(&mut rng);
+        for (p, span, data, msg) in batch {
+            if rng.random_bool(loss) {
+                continue;
+            }
+            for _ in 0..if rng.random_bool(dup) { 2 } else { 1 } {
+                let waiting = completions.len() < msg
+                    && kinds[completions.len()..msg]
+                        .iter()
+                        .any(|k| matches!(k, Kind::Held(_)));
+                let a = match (span, data) {
+                    (Some(n), _) => r.on_held(p, n),
+                    (_, Some(d)) => r.on_packet(p, &d.t, d.len),
+                    _ => unreachable!(),
+                };
+                match a {
+                    Arrival::Held => {
+                        let n = span.unwrap_or(1);
+                        for i in 0..n {
+                            assert!(arrived.insert(off(p) + i), "held twice: {p:?}");
+                        }
+                    }
+                    Arrival::Place { .. } => {
+                        assert!(arrived.insert(off(p)), "placed twice: {p:?}");
+                        placed_after[msg] += 1;
+                    }
+                    Arrival::Duplicate => assert!(arrived.contains(&off(p))),
+                    Arrival::BeyondWindow => {
+                        assert!(p.distance(r.epsn()) + span.unwrap_or(1) as i32 > window as i32);
+                    }
+                    Arrival::BehindHeld => assert!(waiting, "refused behind nothing: {p:?}"),
+                    Arrival::Invalid(e) => panic!("valid packet refused: {e}"),
+                }
+                check_sack(&r, first, &arrived);
+                while let Some(c) = r.poll_completion() {
+                    let i = completions.len();
+                    assert_eq!(c.held, matches!(kinds[i], Kind::Held(_)), "message {i}");
+                    if c.held {
+                        assert!(
+                            placed_after[i + 1..].iter().all(|&n| n == 0),
+                            "message {i} executes after data that follows it was placed"
+                        );
+                    }
+                    completions.push(c);
+                }
+            }
+        }
+    }
+    let firsts: Vec<Psn> = pk
+        .iter()
+        .filter(|x| x.2.is_none_or(|d| d.t.offset == 0))
+        .map(|x| x.0)
+        .collect();
+    let got: Vec<Psn> = completions.iter().map(|c| c.first_psn).collect();
+    assert_eq!(got, firsts, "once each, in order");
+    let held = kinds.iter().filter(|k| matches!(k, Kind::Held(_))).count();
+    assert_eq!(r.counters().held_requests as usize, held);
+    assert_eq!(r.held(), 0);
+    assert!(r.is_idle());
+}
+
+#[test]
+fn a_held_read_executes_in_order_and_refuses_data_behind_it() {
+    let first = Psn::new(0xff_fffe);
+    let mut r = Reassembly::new(first, 64, PMTU);
+    let w = packets(first, &[300]); // PSNs first, first + 1
+    let read = first.wrapping_add(2); // 3 PSNs
+    let after = packets(first.wrapping_add(5), &[100]);
+    // The READ arrives before the WRITE's second packet: held, its PSNs SACKed.
+    assert!(matches!(
+        r.on_packet(w[0].psn, &w[0].t, w[0].len),
+        Arrival::Place { .. }
+    ));
+    assert_eq!(r.on_held(read, 3), Arrival::Held);
+    assert_eq!(r.on_held(read, 3), Arrival::Duplicate);
+    let (cum, s) = r.sack();
+    assert_eq!(cum, first);
+    assert!((2..5).all(|i| s.bitmap.covers(cum, first.wrapping_add(i))));
+    // Data after it is refused while it waits.
+    assert_eq!(
+        r.on_packet(after[0].psn, &after[0].t, after[0].len),
+        Arrival::BehindHeld
+    );
+    assert!(r.poll_completion().is_none());
+    // The hole fills: the WRITE completes, then the READ, in order.
+    assert!(matches!(
+        r.on_packet(w[1].psn, &w[1].t, w[1].len),
+        Arrival::Place { .. }
+    ));
+    let c: Vec<(Psn, bool)> = core::iter::from_fn(|| r.poll_completion())
+        .map(|c| (c.first_psn, c.held))
+        .collect();
+    assert_eq!(c, [(first, false), (read, true)]);
+    assert_eq!(r.epsn(), first.wrapping_add(5));
+    // Now the data after it is placed, and a late copy of the READ is a duplicate.
+    assert!(matches!(
+        r.on_packet(after[0].psn, &after[0].t, after[0].len),
+        Arrival::Place { .. }
+    ));
+    assert_eq!(r.on_held(read, 3), Arrival::Duplicate);
+    // A request after data that follows it breaks the sender's rule: refused.
+    let mut r = Reassembly::new(first, 64, PMTU);
+    let late = packets(first.wrapping_add(1), &[10]);
+    assert!(matches!(
+        r.on_packet(late[0].psn, &late[0].t, late[0].len),
+        Arrival::Place { .. }
+    ));
+    assert!(matches!(r.on_held(first, 1), Arrival::Invalid(_)));
+    assert!(r.is_idle() || r.held() == 1);
+}
+
+fn arb_kind() -> impl Strategy<Value = Kind> {
+    prop_oneof![
+        2 => (0u32..2000).prop_map(Kind::Data),
+        1 => (1u32..9).prop_map(Kind::Held),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(128))]
+
+    /// Any interleaving, duplication and loss of a stream of WRITEs, SENDs, READ requests and
+    /// atomics, across PSN wrap-around, with the sender's rule kept: every PSN placed or held
+    /// once, every message completed once and in order, and no held request sees data that
+    /// follows it.
+    #[test]
+    fn held_requests_execute_once_in_order_before_later_data(
+        seed in any::<u64>(),
+        first in 0xff_ff00u32..0x100_0040,
+        kinds in proptest::collection::vec(arb_kind(), 1..12),
+        window in prop_oneof![Just(16u32), Just(64), Just(200)],
+        loss in 0.0f64..0.5,
+        dup in 0.0f64..0.3,
+    ) {
+        run_held(seed, Psn::new(first), &kinds, window, loss, dup);
+    }
 }

@@ -72,6 +72,8 @@ impl Qp {
                     return;
                 }
                 self.cc_on_ack(now, psn);
+                // The responder executed the READ, so everything up to it arrived.
+                self.mp_on_cum_ack(psn);
                 if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
                     return;
                 }
@@ -83,6 +85,7 @@ impl Qp {
                     return;
                 }
                 self.cc_on_ack(now, psn);
+                self.mp_on_cum_ack(psn);
                 if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
                     return;
                 }
@@ -267,6 +270,22 @@ impl Qp {
             self.complete_head(WcStatus::Success, ctx);
         }
         self.on_progress(now, ctx);
+        if is_last {
+            self.mp_ack_past_response(now, ctx);
+        }
+    }
+
+    /// In selective repeat, once a READ or atomic completed: the ACKs that came while its
+    /// responses were missing (an implied NAK stopped at it) acknowledged the WRs after it,
+    /// and selective repeat will not resend what they covered, so no other ACK of them may
+    /// come; they complete now, up to what selective repeat holds acknowledged.
+    fn mp_ack_past_response(&mut self, now: Instant, ctx: &mut Ctx<'_>) {
+        if let Some(cum) = self.mp_acked_through()
+            && cum.distance(self.comp_psn) >= 0
+            && self.state != QpState::Err
+        {
+            let _ = self.ack_through(now, cum, ctx);
+        }
     }
 
     fn on_atomic_ack(&mut self, now: Instant, pkt: &RxPkt<'_>, ctx: &mut Ctx<'_>) {
@@ -295,6 +314,7 @@ impl Qp {
         self.comp_psn = psn.next();
         self.complete_head(WcStatus::Success, ctx);
         self.on_progress(now, ctx);
+        self.mp_ack_past_response(now, ctx);
     }
 }
 
@@ -385,8 +405,11 @@ impl Qp {
         // peer or path that marks nothing still slows the QP down (issue: loss back-off).
         self.cc_on_loss(now);
         self.cc_on_retry(now, !implied);
-        // Selective repeat resends only what no SACK covered (qp/multipath.rs).
-        if !self.mp_on_timeout() {
+        // Selective repeat resends only what no SACK covered (qp/multipath.rs), and a READ
+        // or atomic whose responses are missing is requested again.
+        if self.mp_on_timeout() {
+            self.mp_request_again();
+        } else {
             self.go_back(self.comp_psn);
         }
         self.arm_retransmit(now, true);

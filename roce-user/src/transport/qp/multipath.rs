@@ -6,16 +6,22 @@
 //! offset, through the per-QP [`Reassembly`]: each byte once, whatever the order or the
 //! duplicates, completions in PSN order, and every acknowledgement carries the SACK trailer.
 //! Built: SEND (into the receive WQE its send sequence number names), WRITE and WRITE with
-//! immediate. Not yet: READ requests and atomics with a trailer (they must be held until the
-//! cumulative PSN reaches them) and READ responses with a trailer; such packets are dropped
-//! and counted in `rx_dropped`.
+//! immediate. READ requests and atomics marked `HOLD` (sent in selective repeat) are held
+//! until the cumulative PSN reaches them ([`Reassembly::on_held`]) and then executed by the
+//! in-order responder, once; data after one is refused until it has executed. Every
+//! response and acknowledgement of a QP with the extension on carries `HOLD` to say so.
+//! Not yet: READ responses with a trailer (they go plain and in order); a packet with a
+//! trailer of another kind is dropped and counted in `rx_dropped`.
 //!
 //! Requester ("Selective acknowledgement and selective repeat"): in selective-repeat mode
 //! its SEND and WRITE packets carry the trailer, every SACK feeds [`SelectiveRepeat`], only
 //! what it declares lost is resent (RACK by transmission count, or every unacknowledged PSN
-//! on the local ACK timeout), never what a SACK covered. READs and atomics still go plain:
-//! the requester leaves the mode before one, when nothing is outstanding, and enters again
-//! after.
+//! on the local ACK timeout), never what a SACK covered. Towards a peer whose responses
+//! carry `HOLD`, READs and atomics stay in the mode, marked `HOLD` (a READ request's PSNs
+//! are one entry, `SelectiveRepeat::on_send_span`), nothing new goes past one before it is
+//! acknowledged, and one whose responses went missing is requested again; towards any other
+//! peer the requester leaves the mode before one, when nothing is outstanding, and enters
+//! again after.
 
 use std::collections::BTreeMap;
 
@@ -25,7 +31,7 @@ use crate::transport::multipath::{
     Arrival, Completion, Entropies, Reassembly, SelectiveRepeat, SrConfig, SrCounters,
 };
 use crate::wire::multipath::{
-    Entropy, PlacementFlags, PlacementTrailer, SackTrailer, placement, sack,
+    Entropy, MpBthFlags, PlacementFlags, PlacementTrailer, SackTrailer, placement, sack,
 };
 
 /// The receive window of the reassembly, in PSNs: the requester's window never exceeds it
@@ -49,6 +55,18 @@ pub(super) struct MpRx {
     /// What the last packets of messages not yet completed carried, by the message's first
     /// PSN.
     last: BTreeMap<u32, LastPkt>,
+    /// READ requests and atomics held until the expected PSN reaches them
+    /// ([`Reassembly::on_held`]), by PSN.
+    held: BTreeMap<u32, HeldReq>,
+}
+
+/// A READ request or an atomic held by the responder: what it needs to execute it later.
+#[derive(Clone, Copy, Debug)]
+struct HeldReq {
+    repr: RoceRepr,
+    ce: bool,
+    ip: Option<crate::wire::IpRepr>,
+    udp_src_port: u16,
 }
 
 impl Qp {
@@ -152,6 +170,7 @@ impl Qp {
             Box::new(MpRx {
                 reasm: Reassembly::new(epsn, MP_RX_WINDOW, mtu),
                 last: BTreeMap::new(),
+                held: BTreeMap::new(),
             })
         });
         let ahead = psn.distance(mp.reasm.epsn());
@@ -199,14 +218,18 @@ impl Qp {
                     self.mp_fatal(f, ctx);
                     return;
                 }
-                if let Err(f) = self.mp_complete(ctx) {
+                if let Err(f) = self.mp_complete(now, ctx) {
                     self.mp_fatal(f, ctx);
                     return;
                 }
             }
             Arrival::Duplicate => self.counters.duplicate_request += 1,
             Arrival::BeyondWindow => self.counters.ooo_dropped_window += 1,
-            Arrival::Invalid(_) => self.counters.rx_dropped += 1,
+            // Behind a held READ request or atomic: resent once it has executed. (`Held`
+            // comes only from `on_held`.)
+            Arrival::Invalid(_) | Arrival::Held | Arrival::BehindHeld => {
+                self.counters.rx_dropped += 1;
+            }
         }
         // At once on a hole, a duplicate or a packet beyond the window, and when a packet
         // fills a hole (the packets behind it, and their AckReq, were acknowledged only
@@ -316,8 +339,9 @@ impl Qp {
 
     /// Completes the messages the reassembly finished, in PSN order: the MSN counts each
     /// (IBA 9.7.5.1.3); a SEND completes the next receive WQE with its length, immediate
-    /// data or invalidated R_Key; a WRITE with immediate completes one with its immediate.
-    fn mp_complete(&mut self, ctx: &mut Ctx<'_>) -> Result<(), Fatal> {
+    /// data or invalidated R_Key; a WRITE with immediate completes one with its immediate; a
+    /// held READ request or atomic executes now, through the in-order responder at its PSN.
+    fn mp_complete(&mut self, now: Instant, ctx: &mut Ctx<'_>) -> Result<(), Fatal> {
         loop {
             let Some(mp) = self.mp_rx.as_deref_mut() else {
                 return Ok(());
@@ -326,9 +350,131 @@ impl Qp {
                 self.resp_psn = mp.reasm.epsn();
                 return Ok(());
             };
+            if c.held {
+                let Some(h) = mp.held.remove(&c.first_psn.value()) else {
+                    continue;
+                };
+                let pkt = RxPkt {
+                    repr: h.repr,
+                    payload: &[],
+                    ce: h.ce,
+                    ip: h.ip,
+                    udp_src_port: h.udp_src_port,
+                };
+                let Some(info) = h.repr.bth.opcode.info() else {
+                    continue;
+                };
+                // The in-order responder executes it as the expected request: its responses
+                // (or a NAK, and the QP's error) go as for any READ or atomic.
+                self.resp_psn = c.first_psn;
+                self.request_in_order(now, &pkt, info, ctx);
+                if self.state == QpState::Err {
+                    return Ok(());
+                }
+                continue;
+            }
             let last = mp.last.remove(&c.first_psn.value()).unwrap_or_default();
             self.mp_complete_one(&c, last, ctx)?;
         }
+    }
+
+    /// A plain READ request or atomic (`op`) while the reassembly runs, or beyond the
+    /// expected PSN with the extension on: held until the expected PSN reaches it, then
+    /// executed in order ([`Reassembly::on_held`]; docs/multipath.md). One before the
+    /// expected PSN is a duplicate, answered by the in-order responder from its READ/atomic
+    /// resources. Returns false, leaving the packet to the in-order responder, for any other
+    /// packet, or when nothing is in progress and the packet is the expected one. Call it
+    /// first for every plain RC request.
+    pub(super) fn mp_hold_request(
+        &mut self,
+        now: Instant,
+        pkt: &RxPkt<'_>,
+        op: Operation,
+        ctx: &mut Ctx<'_>,
+    ) -> bool {
+        if !matches!(
+            op,
+            Operation::ReadRequest | Operation::CompareSwap | Operation::FetchAdd
+        ) || !self.mp.is_on()
+            || !MpBthFlags::from_resv7(pkt.repr.bth.resv7).contains(MpBthFlags::HOLD)
+        {
+            // Only a request its requester sent in selective repeat asks to be held; any
+            // other goes in order (a go-back-N requester resends what follows it).
+            return false;
+        }
+        let psn = pkt.repr.bth.psn;
+        let Some(info) = pkt.repr.bth.opcode.info() else {
+            return false;
+        };
+        let ahead = match self.mp_rx.as_deref() {
+            Some(m) if !m.reasm.is_idle() || psn.distance(m.reasm.epsn()) > 0 => {
+                psn.distance(m.reasm.epsn())
+            }
+            // Nothing in progress: the expected request, a duplicate or a gap are the
+            // in-order responder's.
+            Some(_) => return false,
+            None => {
+                let d = psn.distance(self.resp_psn);
+                if d <= 0 || self.in_msg.is_some() {
+                    return false;
+                }
+                d
+            }
+        };
+        if ahead < 0 {
+            // A duplicate: answered from the resources, in order.
+            self.request_in_order(now, pkt, info, ctx);
+            return true;
+        }
+        if !self.state.responder_ready() {
+            self.counters.rx_dropped += 1;
+            return true;
+        }
+        let mtu = self.mtu().bytes();
+        let epsn = self.resp_psn;
+        let psns = match (op, pkt.repr.reth) {
+            (Operation::ReadRequest, Some(reth)) => reth.dma_len.div_ceil(mtu).max(1),
+            (Operation::ReadRequest, None) => {
+                self.counters.rx_dropped += 1;
+                return true;
+            }
+            _ => 1,
+        };
+        let mp = self.mp_rx.get_or_insert_with(|| {
+            Box::new(MpRx {
+                reasm: Reassembly::new(epsn, MP_RX_WINDOW, mtu),
+                last: BTreeMap::new(),
+                held: BTreeMap::new(),
+            })
+        });
+        match mp.reasm.on_held(psn, psns) {
+            Arrival::Held => {
+                mp.held.insert(
+                    psn.value(),
+                    HeldReq {
+                        repr: pkt.repr,
+                        ce: pkt.ce,
+                        ip: pkt.ip,
+                        udp_src_port: pkt.udp_src_port,
+                    },
+                );
+                if ahead > 0 {
+                    self.counters.ooo_placed += 1;
+                }
+                if let Err(f) = self.mp_complete(now, ctx) {
+                    self.mp_fatal(f, ctx);
+                    return true;
+                }
+            }
+            Arrival::Duplicate => self.counters.duplicate_request += 1,
+            Arrival::BeyondWindow => self.counters.ooo_dropped_window += 1,
+            _ => self.counters.rx_dropped += 1,
+        }
+        if ahead != 0 && self.state != QpState::Err {
+            // The SACK shows it held (its PSNs arrived), at once.
+            let _ = self.queue_ctrl(AethSyndrome::ACK_UNLIMITED, psn);
+        }
+        true
     }
 
     fn mp_complete_one(
@@ -430,9 +576,9 @@ impl Qp {
     /// go-back or waiting out an RNR NAK, and a frame of `frame_len` bytes holds a full
     /// packet with its trailer: the PSNs already in flight (sent plain) are taken over as
     /// sent `now`, so anything of theirs that is lost is resent with a trailer. It leaves
-    /// when nothing is outstanding and the next WR is a READ or an atomic (the responder
-    /// places neither out of order yet), or the QP fell back. Call it before choosing the
-    /// next request packet.
+    /// when the QP fell back, or when nothing is outstanding and the next WR is a READ or an
+    /// atomic and the peer does not hold them (no `HOLD` on its responses). Call it before
+    /// choosing the next request packet.
     pub(super) fn mp_tx_update(&mut self, now: Instant, frame_len: usize) {
         let next = self
             .sq
@@ -440,12 +586,19 @@ impl Qp {
             .filter(|w| w.first_psn.is_none())
             .map(|w| w.wr.op);
         let quiet = self.comp_psn == self.sent_psn && self.next_psn == self.sent_psn;
+        // A peer that holds READ requests and atomics (`MpBthFlags::HOLD`) takes them in
+        // selective repeat; towards one that does not, the requester leaves the mode for them.
+        let holds = self.mp.peer_holds();
         if self.mp_tx.is_some() {
-            if quiet && (!self.mp.is_on() || next.is_some_and(|op| op.is_read_or_atomic())) {
+            if quiet
+                && (!self.mp.is_on() || (!holds && next.is_some_and(|op| op.is_read_or_atomic())))
+            {
                 self.mp_tx = None;
             }
             return;
         }
+        // Not while a READ or atomic sent before is outstanding, either way: its PSNs would be
+        // taken over one by one, not as the one request they are.
         let rd_out = self
             .sq
             .iter()
@@ -457,7 +610,7 @@ impl Qp {
             || rd_out
             || self.rnr_wait
             || self.next_psn != self.sent_psn
-            || next.is_some_and(|op| op.is_read_or_atomic())
+            || (!holds && next.is_some_and(|op| op.is_read_or_atomic()))
         {
             return;
         }
@@ -524,13 +677,42 @@ impl Qp {
             .is_none_or(|sr| psn != sr.next_psn() || sr.can_send())
     }
 
-    /// Records the first transmission of `psn` at `now` in selective repeat. Call it when a
-    /// request packet is committed.
-    pub(super) fn mp_on_sent(&mut self, now: Instant, psn: Psn) {
+    /// Records the first transmission of `psn` at `now` in selective repeat, a request that
+    /// takes `psns` PSNs (a READ request's responses) as one. Call it when a request packet is
+    /// committed; `op` is its WR's.
+    pub(super) fn mp_on_sent(&mut self, now: Instant, psn: Psn, psns: u32, op: SendOp) {
         if let Some(sr) = self.mp_tx.as_deref_mut()
             && psn == sr.next_psn()
         {
-            let _ = sr.on_send(now);
+            let _ = sr.on_send_span(now, psns);
+            if op.is_read_or_atomic() {
+                sr.set_held_request(psn);
+            }
+        }
+    }
+
+    /// Whether a new PSN may go in selective repeat: not while the last READ request or
+    /// atomic sent is unacknowledged (the responder holds it and refuses data after it until
+    /// it executes; data after it that arrived before it would be seen by it,
+    /// `Reassembly::on_held`). Call it before a new request packet.
+    pub(super) fn mp_past_request_ok(&self) -> bool {
+        self.mp_tx
+            .as_deref()
+            .is_none_or(SelectiveRepeat::past_held_ok)
+    }
+
+    /// In selective repeat, on an implied NAK or the local ACK timeout: if the oldest WR is a
+    /// READ or an atomic whose responses are missing, it is requested again from the first
+    /// missing response (selective repeat resends only what no ACK covered, and the
+    /// responder acknowledged the request itself when it held it). The responder answers a
+    /// request it executed from its resources, as a duplicate. Call it from `retry`.
+    pub(super) fn mp_request_again(&mut self) {
+        if let Some(w) = self.sq.front()
+            && w.wr.op.is_read_or_atomic()
+            && let Some(f) = w.first_psn
+            && let Some(sr) = self.mp_tx.as_deref_mut()
+        {
+            sr.request_again(f.wrapping_add(w.rcvd_pkts));
         }
     }
 
@@ -595,7 +777,7 @@ impl Qp {
             let op = self.sq.get(idx)?.wr.op;
             let saved = (self.req_idx, self.req_pkt);
             (self.req_idx, self.req_pkt) = (idx, pkt);
-            let req = self.send_write_request(psn, op, ctx, tx);
+            let req = self.request_for(psn, op, ctx, tx);
             if self.state != QpState::Err {
                 (self.req_idx, self.req_pkt) = saved;
             }
@@ -630,6 +812,12 @@ impl Qp {
         if let Some(sr) = self.mp_tx.as_deref_mut() {
             let _ = sr.on_ack(cum, None);
         }
+    }
+
+    /// The last PSN selective repeat holds acknowledged cumulatively, in selective-repeat
+    /// mode: everything before its oldest unacknowledged PSN.
+    pub(super) fn mp_acked_through(&self) -> Option<Psn> {
+        self.mp_tx.as_deref().map(|sr| sr.base().wrapping_sub(1))
     }
 
     /// On the local ACK timeout in selective-repeat mode: every unacknowledged PSN is resent,

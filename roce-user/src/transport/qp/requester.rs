@@ -363,7 +363,21 @@ impl Qp {
             return None;
         }
         let op = self.sq.get(self.req_idx)?.wr.op;
-        let req = match op {
+        let req = self.request_for(psn, op, ctx, tx)?;
+        Some(self.commit_rc_request(now, psn, op, req))
+    }
+
+    /// The request packet `psn` of the WR at `req_idx` doing `op`, at packet `req_pkt`: a READ
+    /// request (from `req_pkt` to the end of its piece), an atomic, or a SEND or WRITE packet.
+    /// Call it while building a new packet or a resend.
+    pub(super) fn request_for(
+        &mut self,
+        psn: Psn,
+        op: SendOp,
+        ctx: &mut Ctx<'_>,
+        tx: &mut TxBuf<'_>,
+    ) -> Option<RcRequest> {
+        let mut req = match op {
             SendOp::Read { remote_addr, rkey } => self.read_request(psn, remote_addr, rkey)?,
             SendOp::CompareSwap {
                 remote_addr,
@@ -392,9 +406,14 @@ impl Qp {
                 };
                 self.atomic_request(psn, Opcode::RC_FETCH_ADD, eth)
             }
-            _ => self.send_write_request(psn, op, ctx, tx)?,
+            _ => return self.send_write_request(psn, op, ctx, tx),
         };
-        Some(self.commit_rc_request(now, psn, op, req))
+        if self.mp_selective() {
+            // In selective repeat (towards a peer that holds them): hold it until the
+            // cumulative PSN reaches it (docs/multipath.md).
+            req.repr.bth.resv7 |= crate::wire::multipath::MpBthFlags::HOLD.bits();
+        }
+        Some(req)
     }
 
     /// Executes the local operations (bind, local invalidate) at the requester's position
@@ -453,8 +472,9 @@ impl Qp {
         if wqe.done.is_some() {
             return None;
         }
-        if self.mp_selective() && wqe.wr.op.is_read_or_atomic() {
-            // Selective repeat is left only when nothing is outstanding (mp_tx_update).
+        if self.mp_selective() && wqe.wr.op.is_read_or_atomic() && !self.mp.peer_holds() {
+            // Towards a peer that does not hold them, selective repeat is left only when
+            // nothing is outstanding (mp_tx_update).
             return None;
         }
         if wqe.first_psn.is_none() && self.state == QpState::Sqd {
@@ -472,6 +492,10 @@ impl Qp {
         let psn = wqe
             .first_psn
             .map_or(self.next_psn, |f| f.wrapping_add(self.req_pkt));
+        if psn.distance(self.sent_psn) >= 0 && !self.mp_past_request_ok() {
+            // Nothing new past a held READ or atomic before it is acknowledged.
+            return None;
+        }
         // A READ or atomic request never sent before (not a re-request) needs an
         // initiator-depth slot (rxe `check_init_depth`).
         if wqe.wr.op.is_read_or_atomic()
@@ -640,7 +664,7 @@ impl Qp {
             self.noack_pkts = 0;
         }
         self.cc_on_request_sent(now, psn, psns);
-        self.mp_on_sent(now, psn);
+        self.mp_on_sent(now, psn, psns, op);
         let next = psn.wrapping_add(psns);
         if next.distance(self.next_psn) > 0 {
             self.next_psn = next;

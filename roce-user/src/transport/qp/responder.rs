@@ -33,9 +33,25 @@ impl Qp {
                 return;
             }
         }
+        if self.mp_hold_request(now, pkt, info.operation, ctx) {
+            return;
+        }
         if !self.mp_plain_request_ok() {
             return;
         }
+        self.request_in_order(now, pkt, info, ctx);
+    }
+
+    /// The in-order responder (rxe_resp.c): the PSN check, then the request executed, or a
+    /// duplicate answered, or one NAK per gap. Call it for an RC request once the QP's type
+    /// and the multipath extension's paths have had their say ([`Self::handle_request`]).
+    pub(super) fn request_in_order(
+        &mut self,
+        now: Instant,
+        pkt: &RxPkt<'_>,
+        info: roce_common::opcode::OpcodeInfo,
+        ctx: &mut Ctx<'_>,
+    ) {
         let psn = pkt.repr.bth.psn;
         // check_psn (rxe): ahead -> one NAK per gap; behind -> duplicate.
         let d = psn.distance(self.resp_psn);

@@ -34,6 +34,12 @@ struct Run {
 /// with `loss` (so retries, NAKs and duplicates happen too), and runs a mixed workload both
 /// ways: WRITEs, a SEND, a READ and a fetch-and-add from A, a SEND from B. Checks every byte.
 fn run(seed: u64, allowed: (bool, bool), loss: f64) -> Run {
+    run_hinted(seed, allowed, (false, false), loss)
+}
+
+/// [`run`] with each side's QP told out of band (`hinted`) that its peer allows the extension
+/// ([`Device::set_multipath_peer`]).
+fn run_hinted(seed: u64, allowed: (bool, bool), hinted: (bool, bool), loss: f64) -> Run {
     let link = Link {
         loss,
         ..Link::default()
@@ -49,15 +55,18 @@ fn run(seed: u64, allowed: (bool, bool), loss: f64) -> Run {
         psn_a: 0x10,
         ..RcConfig::default()
     };
-    let mk = |d: &mut Device, allowed: bool| {
+    let mk = |d: &mut Device, allowed: bool, hinted: bool| {
         let pd = d.alloc_pd().unwrap();
         let cq = d.create_cq(cfg.cq_depth).unwrap();
         let qpn = d.create_qp(QpInit::new(QpType::Rc, pd, cq)).unwrap();
         d.set_multipath(qpn, allowed).unwrap();
+        if hinted {
+            d.set_multipath_peer(qpn).unwrap();
+        }
         (pd, cq, qpn)
     };
-    let (pda, cqa, qa) = mk(&mut p.a, allowed.0);
-    let (pdb, cqb, qb) = mk(&mut p.b, allowed.1);
+    let (pda, cqa, qa) = mk(&mut p.a, allowed.0, hinted.0);
+    let (pdb, cqb, qb) = mk(&mut p.b, allowed.1, hinted.1);
     let (psn_a, psn_b) = (Psn::new(cfg.psn_a), Psn::new(cfg.psn_a + 0x1000));
     bring_up(&mut p.a, qa, Side::A, qb, psn_a, psn_b, &cfg);
     bring_up(&mut p.b, qb, Side::B, qa, psn_b, psn_a, &cfg);
@@ -65,6 +74,11 @@ fn run(seed: u64, allowed: (bool, bool), loss: f64) -> Run {
         p.a.set_multipath(qa, true),
         Err(DeviceError::InvalidState(QpState::Rts)),
         "chosen before RTR only"
+    );
+    assert_eq!(
+        p.a.set_multipath_peer(qa),
+        Err(DeviceError::InvalidState(QpState::Rts)),
+        "hinted before RTR only"
     );
 
     let src: Vec<u8> = (0..8192u32).map(|i| (i * 13 + 5) as u8).collect();
@@ -298,8 +312,8 @@ fn a_trailer_is_dropped_not_placed() {
     assert_eq!(out.len(), 1);
     assert_eq!(
         out[0].0.bth.resv7,
-        MpBthFlags::OFFER.bits(),
-        "the ACK offers"
+        MpBthFlags::OFFER.bits() | MpBthFlags::HOLD.bits(),
+        "the ACK offers (and says the QP holds READs and atomics)"
     );
     assert_eq!(m.wcs()[0].wr_id, 1);
     assert_eq!(m.mem(0, 64), vec![9u8; 64]);
@@ -598,7 +612,7 @@ fn a_sequence_error_nak_in_selective_repeat_falls_back_to_plain_go_back_n() {
     assert_eq!(sent.len(), 3);
     assert!(
         sent.iter()
-            .all(|(r, _)| r.bth.resv7 == MpBthFlags::OFFER_TRAILER.bits()),
+            .all(|(r, _)| MpBthFlags::from_resv7(r.bth.resv7).contains(MpBthFlags::OFFER_TRAILER)),
         "selective repeat sends trailers"
     );
     // The responder lost its state: a plain sequence error NAK (resv7 0) at the second.
@@ -739,9 +753,24 @@ impl Stream {
 
 /// `n` messages from A to B over `link`, both QPs allowing the extension as `allowed`: WRITEs
 /// of 3000 bytes, every fifth a SEND into B's next receive, every seventh a WRITE with
-/// immediate, and (with `reads`) every eleventh a READ of what an earlier WRITE put at B.
-/// Every WR completes once, successfully and in order at both ends, every byte checked.
+/// immediate, and (with `reads`) every eleventh a READ of what an earlier WRITE put at B and
+/// every thirteenth a fetch-and-add of 1 on a counter at B. Every WR completes once,
+/// successfully and in order at both ends, every byte checked, every atomic's fetched value
+/// and the counter too (each atomic executed once, in order).
 fn stream(seed: u64, link: Link, allowed: (bool, bool), n: u64, reads: bool) -> Stream {
+    stream_hinted(seed, link, allowed, (false, false), n, reads)
+}
+
+/// [`stream`] with each side's QP told out of band (`hinted`) that its peer allows the
+/// extension ([`Device::set_multipath_peer`]).
+fn stream_hinted(
+    seed: u64,
+    link: Link,
+    allowed: (bool, bool),
+    hinted: (bool, bool),
+    n: u64,
+    reads: bool,
+) -> Stream {
     let mut p = Pair::new(seed, DeviceConfig::default(), link);
     let requests: Rc<RefCell<Vec<(u32, bool)>>> = Rc::default();
     let sink = Rc::clone(&requests);
@@ -750,7 +779,9 @@ fn stream(seed: u64, link: Link, allowed: (bool, bool), n: u64, reads: bool) -> 
             && let Ok(pf) = parse_frame(f)
             && !pf.roce.bth.opcode.info().is_some_and(|i| i.is_response())
         {
-            let t = MpBthFlags::from_resv7(pf.roce.bth.resv7).contains(MpBthFlags::TRAILER);
+            // In selective repeat: a SEND or WRITE with its trailer, a READ or atomic held.
+            let f = MpBthFlags::from_resv7(pf.roce.bth.resv7);
+            let t = f.contains(MpBthFlags::TRAILER) || f.contains(MpBthFlags::HOLD);
             sink.borrow_mut().push((pf.roce.bth.psn.value(), t));
         }
         true
@@ -759,7 +790,7 @@ fn stream(seed: u64, link: Link, allowed: (bool, bool), n: u64, reads: bool) -> 
         timeout: 4,
         ..RcConfig::default()
     };
-    let mk = |d: &mut Device, allowed: bool| {
+    let mk = |d: &mut Device, allowed: bool, hinted: bool| {
         let pd = d.alloc_pd().unwrap();
         let cq = d.create_cq(cfg.cq_depth).unwrap();
         let init = QpInit {
@@ -772,10 +803,13 @@ fn stream(seed: u64, link: Link, allowed: (bool, bool), n: u64, reads: bool) -> 
         };
         let qpn = d.create_qp(init).unwrap();
         d.set_multipath(qpn, allowed).unwrap();
+        if hinted {
+            d.set_multipath_peer(qpn).unwrap();
+        }
         (pd, cq, qpn)
     };
-    let (pda, cqa, qa) = mk(&mut p.a, allowed.0);
-    let (pdb, cqb, qb) = mk(&mut p.b, allowed.1);
+    let (pda, cqa, qa) = mk(&mut p.a, allowed.0, hinted.0);
+    let (pdb, cqb, qb) = mk(&mut p.b, allowed.1, hinted.1);
     let (psn_a, psn_b) = (
         Psn::new(cfg.psn_a),
         Psn::new(cfg.psn_a.wrapping_add(0x1000)),
@@ -787,9 +821,19 @@ fn stream(seed: u64, link: Link, allowed: (bool, bool), n: u64, reads: bool) -> 
     let mut a_mem = vec![0; (L * (n + 1)) as usize];
     a_mem[..L as usize].copy_from_slice(&src);
     let ma = p.a.reg_mr(pda, a_mem, 0x1000, Access::all()).unwrap();
+    // With `reads`, B's 8-byte counter after the messages, which every atomic adds 1 to.
+    let counter = (L * n + 7) & !7;
     let mb =
-        p.b.reg_mr(pdb, vec![0; (L * n) as usize], 0x100_0000, Access::all())
-            .unwrap();
+        p.b.reg_mr(
+            pdb,
+            vec![0; (counter + 8) as usize],
+            0x100_0000,
+            Access::all(),
+        )
+        .unwrap();
+    // (Not where a READ goes, nor just before one: a READ reads the slot before it.)
+    let is_atomic = |i: u64| reads && i % 13 == 12 && !matches!(i % 11, 9 | 10);
+    let mut atomics = 0u64;
     let sg = |addr, length, lkey| vec![Sge { addr, length, lkey }];
     let mut want_b = Vec::new();
     let mut recvs = 0u64;
@@ -797,6 +841,13 @@ fn stream(seed: u64, link: Link, allowed: (bool, bool), n: u64, reads: bool) -> 
         let at = 0x100_0000 + i * L;
         let op = if reads && i % 11 == 10 {
             read(0x100_0000 + (i - 1) * L, mb.rkey)
+        } else if is_atomic(i) {
+            atomics += 1;
+            SendOp::FetchAdd {
+                remote_addr: 0x100_0000 + counter,
+                rkey: mb.rkey,
+                add: 1,
+            }
         } else if i % 5 == 4 {
             p.b.post_recv(
                 qb,
@@ -828,12 +879,12 @@ fn stream(seed: u64, link: Link, allowed: (bool, bool), n: u64, reads: bool) -> 
         } else {
             write(at, mb.rkey)
         };
-        let local = if matches!(op, SendOp::Read { .. }) {
-            0x1000 + (i + 1) * L
-        } else {
-            0x1000
+        let (local, len) = match op {
+            SendOp::Read { .. } => (0x1000 + (i + 1) * L, L as u32),
+            SendOp::FetchAdd { .. } => (0x1000 + (i + 1) * L, 8),
+            _ => (0x1000, L as u32),
         };
-        p.a.post_send(qa, SendWr::new(i, op, sg(local, L as u32, ma.lkey)))
+        p.a.post_send(qa, SendWr::new(i, op, sg(local, len, ma.lkey)))
             .unwrap();
     }
     let (mut wa, mut wb) = (Vec::new(), Vec::new());
@@ -850,7 +901,7 @@ fn stream(seed: u64, link: Link, allowed: (bool, bool), n: u64, reads: bool) -> 
     assert!(p.drive(1_000_000), "idle afterwards");
     let bytes = p.b.mrs().bytes(mb.lkey).unwrap();
     for i in 0..n as usize {
-        if reads && i % 11 == 10 {
+        if (reads && i % 11 == 10) || is_atomic(i as u64) {
             continue;
         }
         assert_eq!(
@@ -865,16 +916,31 @@ fn stream(seed: u64, link: Link, allowed: (bool, bool), n: u64, reads: bool) -> 
             let at = (i + 1) * L as usize;
             assert_eq!(&a_bytes[at..at + L as usize], &src[..], "READ {i}");
         }
+        // Each atomic executed once, in order: the k-th fetched k, the counter holds all.
+        let c = counter as usize;
+        assert_eq!(&bytes[c..c + 8], &atomics.to_ne_bytes(), "the counter");
+        for (k, i) in (0..n).filter(|&i| is_atomic(i)).enumerate() {
+            let at = ((i + 1) * L) as usize;
+            assert_eq!(
+                &a_bytes[at..at + 8],
+                &(k as u64).to_ne_bytes(),
+                "atomic {i} fetched"
+            );
+        }
     }
     let states = (
         p.a.qp(qa).unwrap().multipath(),
         p.b.qp(qb).unwrap().multipath(),
     );
     let sr = p.a.qp(qa).unwrap().selective_repeat();
-    if let Some(sr) = sr {
+    if let Some(sr) = sr
+        && !reads
+    {
         let c = p.a.qp(qa).unwrap().counters();
         // Each resend the SR state counts went out and was counted on the QP (a resend
-        // whose WR completed meanwhile is skipped by the requester, so at most).
+        // whose WR completed meanwhile is skipped by the requester, so at most). Without
+        // READs the requester enters the mode once; a READ makes it leave and enter again
+        // with a new SR state, whose counters start from 0 while the QP's go on.
         assert!(c.selective_retransmits <= sr.selective_retransmits);
         assert!(c.sack_received >= sr.sack_received);
     }
@@ -936,6 +1002,106 @@ fn one_percent_loss_resends_about_one_packet_per_loss() {
     assert!(gbn >= 4 * sel.max(1), "go-back-N {gbn} vs selective {sel}");
 }
 
+/// Both QPs told out of band that the peer allows the extension (`roce perf`'s and `roce
+/// pingpong`'s exchanges, docs/multipath.md "Hints out of band"): the extension is on before
+/// any packet, the very first request carries its placement trailer, and a clean link
+/// resends nothing.
+#[test]
+fn a_hinted_qp_sends_trailers_from_its_first_packet() {
+    let s = stream_hinted(11, Link::default(), (true, true), (true, true), 60, false);
+    assert_eq!(s.states, (MpState::On, MpState::On));
+    assert_eq!(s.first_trailer(), Some(0), "the first packet");
+    assert!(s.requests.iter().all(|r| r.1), "every request");
+    assert_eq!(s.resent(), 0);
+    assert_eq!(s.sr.expect("selective repeat").selective_retransmits, 0);
+    // One side hinted only (its peer's hint was lost, or the peer is an older roce-xdp that
+    // sends none): that side starts on, the other turns on with its first packet.
+    let s = stream_hinted(12, Link::default(), (true, true), (true, false), 60, false);
+    assert_eq!(s.states, (MpState::On, MpState::On));
+    assert_eq!(s.first_trailer(), Some(0));
+    assert_eq!(s.resent(), 0);
+}
+
+/// A hint reaches only a QP whose peer allows the extension; a QP that does not allow it
+/// ignores one: the same frames as plain RoCE v2 bit for bit (but the offering peer's offer
+/// bit), the same completions, every byte checked, over a clean and a lossy link.
+#[test]
+fn a_hint_to_a_qp_that_does_not_allow_the_extension_changes_nothing() {
+    for (seed, loss) in [(1, 0.0), (7, 0.05)] {
+        let plain = run(seed, (false, false), loss);
+        let r = run_hinted(seed, (false, true), (true, false), loss);
+        assert_eq!(r.states, (MpState::Disabled, MpState::Offering));
+        assert_eq!(r.wcs, plain.wcs);
+        assert_plain_but_offer(&plain.frames, &r.frames, (false, true));
+    }
+}
+
+/// Hinted QPs over the mixed workload of [`run`] (WRITEs, SENDs both ways, a READ and a
+/// fetch-and-add, which go plain and in order) and 5 % loss: both on, the same completions as
+/// plain RoCE, every byte checked, trailers from A's first frame.
+#[test]
+fn hinted_qps_complete_the_mixed_workload_as_plain_roce_does() {
+    for (seed, loss) in [(3, 0.0), (5, 0.05), (9, 0.1)] {
+        let plain = run(seed, (false, false), loss);
+        let r = run_hinted(seed, (true, true), (true, true), loss);
+        assert_eq!(r.states, (MpState::On, MpState::On));
+        assert_eq!(r.wcs, plain.wcs);
+        let (side, f) = &r.frames[0];
+        assert_eq!(*side, Side::A);
+        let b = parse_frame(f).unwrap().roce.bth.resv7;
+        assert_eq!(b, MpBthFlags::OFFER_TRAILER.bits(), "A's first frame");
+    }
+}
+
+/// 1 % loss from the first packet on: hinted QPs resend about one packet per loss over the
+/// whole stream, the first window included, where the in-band agreement's first window goes
+/// back N (docs/multipath.md: 217 resends for 26 losses over these seeds).
+#[test]
+fn a_hinted_first_window_resends_about_one_packet_per_loss() {
+    let link = Link {
+        loss: 0.01,
+        latency: Duration::from_micros(20),
+        ..Link::default()
+    };
+    let (mut hinted, mut in_band, mut lost) = (0, 0, 0);
+    for seed in [1, 2, 3] {
+        let s = stream_hinted(seed, link, (true, true), (true, true), 200, false);
+        assert_eq!(s.states, (MpState::On, MpState::On));
+        assert_eq!(s.first_trailer(), Some(0));
+        hinted += s.resent();
+        lost += s.lost;
+        in_band += stream(seed, link, (true, true), 200, false).resent();
+    }
+    eprintln!("hinted resent {hinted} for {lost} lost; agreed in band resent {in_band}");
+    assert!(lost > 0);
+    assert!(
+        hinted as u64 <= 2 * lost + 3,
+        "about one resend per loss: {hinted} for {lost}"
+    );
+    assert!(hinted < in_band, "hinted {hinted} vs in band {in_band}");
+}
+
+/// READs and atomics in selective repeat (docs/multipath.md): towards a peer whose responses
+/// carry `HOLD`, the requester never leaves the mode for them: every request of a hinted
+/// stream, from the first, is in the mode (SENDs and WRITEs with their trailers, READs and
+/// atomics marked to be held), over a clean and a lossy, reordering link; each atomic
+/// executes once and in order (its fetched value and the counter checked in `stream`).
+#[test]
+fn reads_and_atomics_stay_in_selective_repeat() {
+    let lossy = Link {
+        loss: 0.03,
+        reorder: 0.2,
+        reorder_jitter: Duration::from_micros(30),
+        ..Link::default()
+    };
+    for (seed, link) in [(31, Link::default()), (32, lossy), (33, lossy)] {
+        let s = stream_hinted(seed, link, (true, true), (true, true), 80, true);
+        assert_eq!(s.states, (MpState::On, MpState::On));
+        assert!(s.requests.iter().all(|r| r.1), "every request in the mode");
+        assert!(s.sr.is_some());
+    }
+}
+
 /// Reordering and duplication on the link, and READs in the stream (which take the requester
 /// out of selective repeat and back, at quiet points only): every WR and receive completes
 /// once, in order, every byte checked.
@@ -978,6 +1144,19 @@ proptest! {
     ) {
         let s = stream(seed, link, (true, true), 40, reads);
         prop_assert_eq!(s.states, (MpState::On, MpState::On));
+    }
+
+    /// The same with both QPs hinted out of band: on from the first packet, exactly once, in
+    /// order, every byte where it belongs.
+    #[test]
+    fn any_impairment_completes_exactly_once_hinted(
+        seed in any::<u64>(),
+        link in arb_mp_link(),
+        reads in any::<bool>(),
+    ) {
+        let s = stream_hinted(seed, link, (true, true), (true, true), 40, reads);
+        prop_assert_eq!(s.states, (MpState::On, MpState::On));
+        prop_assert_eq!(s.first_trailer(), Some(0));
     }
 }
 

@@ -140,19 +140,23 @@ fn a_marking_path_marks_only_its_own_frames() {
 /// each (the transport does not spray yet): whatever the schedule, every WRITE and SEND of
 /// every QP completes once, successfully and in order, with every byte where it belongs.
 fn four_qps_over_four_paths(seed: u64, paths: Vec<Link>) {
-    four_qps_over_four_paths_with(seed, paths, DeviceConfig::default());
+    four_qps_over_four_paths_with(seed, paths, DeviceConfig::default(), false);
 }
 
 /// [`four_qps_over_four_paths`] on devices made with `config` (the multipath extension on,
-/// say).
-fn four_qps_over_four_paths_with(seed: u64, paths: Vec<Link>, config: DeviceConfig) {
+/// say), the QPs told out of band that their peers allow it if `hinted`.
+fn four_qps_over_four_paths_with(seed: u64, paths: Vec<Link>, config: DeviceConfig, hinted: bool) {
     let multipath = config.multipath;
     let mut p = Pair::new(seed, config, Link::default());
     p.set_paths(paths);
     let mut qps = Vec::new();
     for path in 0..4 {
         let ports = (port_on(path, 4, 0xc000), port_on(path, 4, 0xd000));
-        let (a, b) = connect_rc_ports(&mut p, &RcConfig::default(), ports);
+        let cfg = RcConfig {
+            multipath_peer: hinted,
+            ..RcConfig::default()
+        };
+        let (a, b) = connect_rc_ports(&mut p, &cfg, ports);
         let src: Vec<u8> = (0..2000u32)
             .map(|i| (i as u8) ^ (path as u8 * 31))
             .collect();
@@ -273,7 +277,20 @@ proptest! {
             multipath: true,
             ..DeviceConfig::default()
         };
-        four_qps_over_four_paths_with(seed, paths, config);
+        four_qps_over_four_paths_with(seed, paths, config, false);
+    }
+
+    /// The same with the QPs hinted out of band: on from their first packets.
+    #[test]
+    fn four_impaired_paths_complete_exactly_once_hinted(
+        seed in any::<u64>(),
+        paths in proptest::collection::vec(arb_link(), 4..=4),
+    ) {
+        let config = DeviceConfig {
+            multipath: true,
+            ..DeviceConfig::default()
+        };
+        four_qps_over_four_paths_with(seed, paths, config, true);
     }
 }
 

@@ -39,8 +39,10 @@ use super::bth;
 /// (`rxe_hdr.h` has no accessor). Bit 0 ([`Self::OFFER`]) is set by a QP that allows the
 /// extension, on every packet until the QP knows its peer's answer (docs/multipath.md,
 /// "Agreeing on the extension"); bit 1 ([`Self::TRAILER`]) says the packet ends in a trailer
-/// (placement on requests and READ responses, SACK on ACKs, path feedback in CNPs). The other
-/// five bits stay 0 and are ignored on receive, as IBA wants of reserved bits.
+/// (placement on requests and READ responses, SACK on ACKs, path feedback in CNPs); bit 2
+/// ([`Self::HOLD`]), with the extension on, says the sender's responder holds READ requests
+/// and atomics until the cumulative PSN reaches them. The other four bits stay 0 and are
+/// ignored on receive, as IBA wants of reserved bits.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
 pub struct MpBthFlags(u8);
 
@@ -53,7 +55,10 @@ impl MpBthFlags {
     pub const TRAILER: Self = Self(roce_common::multipath::RESV7_TRAILER);
     /// Both: a packet with a trailer from a QP with the extension on.
     pub const OFFER_TRAILER: Self = Self(Self::OFFER.0 | Self::TRAILER.0);
-    const KNOWN: u8 = 0x03;
+    /// The sender's responder holds READ requests and atomics beyond a hole until the
+    /// cumulative PSN reaches them (set with the extension on).
+    pub const HOLD: Self = Self(roce_common::multipath::RESV7_HOLD);
+    const KNOWN: u8 = 0x07;
 
     /// The known bits of a `resv7` value; the others are reserved and ignored.
     #[must_use]
@@ -116,7 +121,8 @@ mod tests {
         let parsed = BthRepr::parse(&p).unwrap();
         assert_eq!(parsed.resv7, 0x03);
         assert_eq!(BthRepr { resv7: 0, ..parsed }, repr);
-        // Reserved bits other than ours are ignored.
-        assert_eq!(MpBthFlags::from_resv7(0x7c), MpBthFlags::NONE);
+        // Reserved bits other than ours are ignored; HOLD is bit 2.
+        assert_eq!(MpBthFlags::from_resv7(0x78), MpBthFlags::NONE);
+        assert_eq!(MpBthFlags::from_resv7(0x7c), MpBthFlags::HOLD);
     }
 }
