@@ -131,7 +131,14 @@ impl Publisher {
         fold_retired(&mut retired, last);
         m.insert(0, retired, 0).map_err(LoadError::from)?;
         match m.remove(&qpn.value()) {
+            // A QP destroyed before its first publication has no record: aya reports the
+            // kernel's ENOENT for a delete as a syscall error, not as `KeyNotFound`.
             Ok(()) | Err(aya::maps::MapError::KeyNotFound) => Ok(()),
+            Err(aya::maps::MapError::SyscallError(e))
+                if e.io_error.raw_os_error() == Some(libc::ENOENT) =>
+            {
+                Ok(())
+            }
             Err(e) => Err(e.into()),
         }
     }
