@@ -93,9 +93,52 @@ const STEPS: [Step; 5] = [
     },
 ];
 
+/// The TCP port of every step's out-of-band exchange (perftest's and ibv_rc_pingpong's
+/// default, which both `roce perf` and `roce pingpong` use).
+const STEP_PORT: u16 = roce::cm::perftest::DEFAULT_PORT;
+
+/// How long a step's server may take to listen: opening the device includes binding AF_XDP
+/// sockets, which waits for the previous step's sockets to be released.
+const LISTEN_WAIT: Duration = Duration::from_secs(30);
+
+/// Waits until process `pid` listens on TCP `port`, read from its own network namespace's
+/// `/proc/PID/net/tcp{,6}` (the LISTEN state is 0A). Call it between starting a step's server
+/// and its client: the client's connect gives up after a few seconds.
+///
+/// # Errors
+/// The process exited first, or `limit` passed.
+fn wait_listening(
+    server: &mut std::process::Child,
+    port: u16,
+    limit: Duration,
+) -> anyhow::Result<()> {
+    let needle = format!(":{port:04X} ");
+    let t0 = Instant::now();
+    loop {
+        let listening = ["tcp", "tcp6"].iter().any(|f| {
+            std::fs::read_to_string(format!("/proc/{}/net/{f}", server.id())).is_ok_and(|t| {
+                t.lines().skip(1).any(|l| {
+                    let w: Vec<&str> = l.split_whitespace().collect();
+                    w.len() > 3 && format!("{} ", w[1]).ends_with(&needle) && w[3] == "0A"
+                })
+            })
+        });
+        if listening {
+            return Ok(());
+        }
+        if let Some(st) = server.try_wait()? {
+            bail!("the server exited ({st}) before it listened on port {port}");
+        }
+        if t0.elapsed() >= limit {
+            bail!("the server did not listen on port {port} within {limit:?}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
 fn run_step(exe: &Path, pair: &VethPair, step: &Step) -> anyhow::Result<serde_json::Value> {
     let args: Vec<&str> = step.args.split(' ').collect();
-    let server = Command::new(exe)
+    let mut server = Command::new(exe)
         .args(["-j", "--netns", &pair.b.netns])
         .args(&args)
         .args(["-d", &pair.b.ifname])
@@ -103,6 +146,18 @@ fn run_step(exe: &Path, pair: &VethPair, step: &Step) -> anyhow::Result<serde_js
         .stderr(Stdio::piped())
         .spawn()
         .context("starting the server")?;
+    if let Err(e) = wait_listening(&mut server, STEP_PORT, LISTEN_WAIT) {
+        let _ = server.kill();
+        let o = server
+            .wait_with_output()
+            .context("waiting for the server")?;
+        bail!(
+            "{}: {e:#}: {}{}",
+            step.name,
+            String::from_utf8_lossy(&o.stdout).trim(),
+            String::from_utf8_lossy(&o.stderr).trim()
+        );
+    }
     let client = Command::new(exe)
         .args(["-j", "--netns", &pair.a.netns])
         .args(&args)
