@@ -810,30 +810,14 @@ impl<'a> Connection<'a> {
                 let i = usize::try_from(index).map_err(|_| libc::EINVAL)?;
                 Value::Gid(dev.gid(i).map_err(|_| libc::EINVAL)?.raw)
             }
-            Request::AllocPd => {
-                let pd = dev.alloc_pd().map_err(errno)?;
-                self.pds.insert(pd.0);
-                Value::Created(pd.0)
-            }
+            Request::AllocPd => Value::Created(self.alloc_pd()?.0),
             Request::DeallocPd { pd } => {
-                Self::own(&self.pds, pd)?;
-                dev.dealloc_pd(PdId(pd)).map_err(errno)?;
-                self.pds.remove(&pd);
+                self.dealloc_pd(PdId(pd))?;
                 Value::Done
             }
-            Request::CreateCq { depth } => {
-                if depth == 0 {
-                    return Err(libc::EINVAL);
-                }
-                let d = usize::try_from(depth).map_err(|_| libc::EINVAL)?;
-                let cq = dev.create_cq(d).map_err(errno)?;
-                self.cqs.insert(cq.0);
-                Value::Created(cq.0)
-            }
+            Request::CreateCq { depth } => Value::Created(self.create_cq(depth)?.0),
             Request::DestroyCq { cq } => {
-                Self::own(&self.cqs, cq)?;
-                dev.destroy_cq(CqId(cq)).map_err(errno)?;
-                self.cqs.remove(&cq);
+                self.destroy_cq(CqId(cq))?;
                 Value::Done
             }
             Request::CreateQp(s) => {
@@ -848,31 +832,23 @@ impl<'a> Connection<'a> {
                     max_inline_data,
                     sq_sig_all,
                 } = s;
-                Self::own(&self.pds, pd)?;
-                Self::own(&self.cqs, send_cq)?;
-                Self::own(&self.cqs, recv_cq)?;
-                let qpn = dev
-                    .create_qp(QpInit {
-                        pd: PdId(pd),
-                        qp_type,
-                        send_cq: CqId(send_cq),
-                        recv_cq: CqId(recv_cq),
-                        cap: QpCap {
-                            max_send_wr,
-                            max_recv_wr,
-                            max_sge,
-                            max_inline_data,
-                        },
-                        sq_sig_all,
-                    })
-                    .map_err(errno)?;
-                self.qps.insert(qpn.value());
-                Value::Created(qpn.value())
+                let init = QpInit {
+                    pd: PdId(pd),
+                    qp_type,
+                    send_cq: CqId(send_cq),
+                    recv_cq: CqId(recv_cq),
+                    cap: QpCap {
+                        max_send_wr,
+                        max_recv_wr,
+                        max_sge,
+                        max_inline_data,
+                    },
+                    sq_sig_all,
+                };
+                Value::Created(self.create_qp(init, None)?.value())
             }
             Request::DestroyQp { qpn } => {
-                Self::own(&self.qps, qpn)?;
-                dev.destroy_qp(Qpn::new(qpn)).map_err(errno)?;
-                self.qps.remove(&qpn);
+                self.destroy_qp(Qpn::new(qpn))?;
                 Value::Done
             }
             Request::QpToInit { qpn, access } => {
@@ -886,26 +862,15 @@ impl<'a> Connection<'a> {
                 len,
                 access,
             } => {
-                Self::own(&self.pds, pd)?;
-                let space = self.space.clone().ok_or(libc::EACCES)?;
-                let mem = ProcessMem::new(space, addr, len).ok_or(libc::EINVAL)?;
-                if !mem.reachable() {
-                    // ibv_reg_mr over a hole in the address space.
-                    return Err(libc::EFAULT);
-                }
-                let info = dev
-                    .reg_mr_mem(PdId(pd), Memory::External(Box::new(mem)), access)
-                    .map_err(errno)?;
-                self.mrs.insert(info.lkey.value());
+                // Its iova is the program's address.
+                let info = self.reg_mr(PdId(pd), addr, len, addr, access)?;
                 Value::Mr {
                     lkey: info.lkey.value(),
                     rkey: info.rkey.value(),
                 }
             }
             Request::DeregMr { lkey } => {
-                Self::own(&self.mrs, lkey)?;
-                dev.dereg_mr(LKey::new(lkey)).map_err(errno)?;
-                self.mrs.remove(&lkey);
+                self.dereg_mr(LKey::new(lkey))?;
                 Value::Done
             }
             Request::QpConnect {
@@ -1065,15 +1030,9 @@ impl<'a> Connection<'a> {
                         .map_err(errno)?,
                 ))
             }
-            VerbCall::AllocPd => {
-                let pd = dev.alloc_pd().map_err(errno)?;
-                self.pds.insert(pd.0);
-                VerbOk::Pd(pd)
-            }
+            VerbCall::AllocPd => VerbOk::Pd(self.alloc_pd()?),
             VerbCall::DeallocPd(pd) => {
-                Self::own(&self.pds, pd.0)?;
-                dev.dealloc_pd(pd).map_err(errno)?;
-                self.pds.remove(&pd.0);
+                self.dealloc_pd(pd)?;
                 VerbOk::Done
             }
             VerbCall::RegMr {
@@ -1082,24 +1041,9 @@ impl<'a> Connection<'a> {
                 len,
                 iova,
                 access,
-            } => {
-                Self::own(&self.pds, pd.0)?;
-                let space = self.space.clone().ok_or(libc::EACCES)?;
-                let mem = ProcessMem::new(space, addr, len).ok_or(libc::EINVAL)?;
-                if !mem.reachable() {
-                    // ibv_reg_mr over a hole in the address space.
-                    return Err(libc::EFAULT);
-                }
-                let info = dev
-                    .reg_mr_iova(pd, Memory::External(Box::new(mem)), iova, access)
-                    .map_err(errno)?;
-                self.mrs.insert(info.lkey.value());
-                VerbOk::Mr(info)
-            }
+            } => VerbOk::Mr(self.reg_mr(pd, addr, len, iova, access)?),
             VerbCall::DeregMr(lkey) => {
-                Self::own(&self.mrs, lkey.value())?;
-                dev.dereg_mr(lkey).map_err(errno)?;
-                self.mrs.remove(&lkey.value());
+                self.dereg_mr(lkey)?;
                 VerbOk::Done
             }
             VerbCall::AllocMw { pd, ty } => {
@@ -1130,19 +1074,9 @@ impl<'a> Connection<'a> {
                 }
                 VerbOk::RKey(dev.bind_mw(qpn, wr_id, flags, bind).map_err(errno)?)
             }
-            VerbCall::CreateCq { depth } => {
-                if depth == 0 {
-                    return Err(libc::EINVAL);
-                }
-                let d = usize::try_from(depth).map_err(|_| libc::EINVAL)?;
-                let cq = dev.create_cq(d).map_err(errno)?;
-                self.cqs.insert(cq.0);
-                VerbOk::Cq(cq)
-            }
+            VerbCall::CreateCq { depth } => VerbOk::Cq(self.create_cq(depth)?),
             VerbCall::DestroyCq(cq) => {
-                Self::own(&self.cqs, cq.0)?;
-                dev.destroy_cq(cq).map_err(errno)?;
-                self.cqs.remove(&cq.0);
+                self.destroy_cq(cq)?;
                 VerbOk::Done
             }
             VerbCall::ReqNotifyCq { cq, solicited_only } => {
@@ -1158,21 +1092,9 @@ impl<'a> Connection<'a> {
                 wcs.truncate(got);
                 VerbOk::Wcs(wcs)
             }
-            VerbCall::CreateQp { init, srq } => {
-                Self::own(&self.pds, init.pd.0)?;
-                Self::own(&self.cqs, init.send_cq.0)?;
-                Self::own(&self.cqs, init.recv_cq.0)?;
-                if let Some(s) = srq {
-                    Self::own(&self.srqs, s.0)?;
-                }
-                let qpn = dev.create_qp_with_srq(init, srq).map_err(errno)?;
-                self.qps.insert(qpn.value());
-                VerbOk::Qp(qpn)
-            }
+            VerbCall::CreateQp { init, srq } => VerbOk::Qp(self.create_qp(init, srq)?),
             VerbCall::DestroyQp(qpn) => {
-                Self::own(&self.qps, qpn.value())?;
-                dev.destroy_qp(qpn).map_err(errno)?;
-                self.qps.remove(&qpn.value());
+                self.destroy_qp(qpn)?;
                 VerbOk::Done
             }
             VerbCall::ModifyQp { qpn, attr, mask } => {
@@ -1371,6 +1293,99 @@ impl<'a> Connection<'a> {
                 VerbOk::CmEvents(st.cm_events.drain(..n).collect())
             }
         })
+    }
+
+    /// `ibv_alloc_pd` for this connection: the PD becomes its own. The object verbs below
+    /// serve both the step-1 requests and the library's [`VerbCall`]s.
+    fn alloc_pd(&mut self) -> Result<PdId, i32> {
+        let pd = self.engine.dev.alloc_pd().map_err(|e| e.errno())?;
+        self.pds.insert(pd.0);
+        Ok(pd)
+    }
+
+    /// `ibv_dealloc_pd` of one of this connection's PDs.
+    fn dealloc_pd(&mut self, pd: PdId) -> Result<(), i32> {
+        Self::own(&self.pds, pd.0)?;
+        self.engine.dev.dealloc_pd(pd).map_err(|e| e.errno())?;
+        self.pds.remove(&pd.0);
+        Ok(())
+    }
+
+    /// `ibv_create_cq` of `depth` (at least 1) entries.
+    fn create_cq(&mut self, depth: u32) -> Result<CqId, i32> {
+        if depth == 0 {
+            return Err(libc::EINVAL);
+        }
+        let d = usize::try_from(depth).map_err(|_| libc::EINVAL)?;
+        let cq = self.engine.dev.create_cq(d).map_err(|e| e.errno())?;
+        self.cqs.insert(cq.0);
+        Ok(cq)
+    }
+
+    /// `ibv_destroy_cq` of one of this connection's CQs.
+    fn destroy_cq(&mut self, cq: CqId) -> Result<(), i32> {
+        Self::own(&self.cqs, cq.0)?;
+        self.engine.dev.destroy_cq(cq).map_err(|e| e.errno())?;
+        self.cqs.remove(&cq.0);
+        Ok(())
+    }
+
+    /// `ibv_create_qp` on this connection's PD, CQs and SRQ.
+    fn create_qp(&mut self, init: QpInit, srq: Option<SrqId>) -> Result<Qpn, i32> {
+        Self::own(&self.pds, init.pd.0)?;
+        Self::own(&self.cqs, init.send_cq.0)?;
+        Self::own(&self.cqs, init.recv_cq.0)?;
+        if let Some(s) = srq {
+            Self::own(&self.srqs, s.0)?;
+        }
+        let qpn = self
+            .engine
+            .dev
+            .create_qp_with_srq(init, srq)
+            .map_err(|e| e.errno())?;
+        self.qps.insert(qpn.value());
+        Ok(qpn)
+    }
+
+    /// `ibv_destroy_qp` of one of this connection's QPs.
+    fn destroy_qp(&mut self, qpn: Qpn) -> Result<(), i32> {
+        Self::own(&self.qps, qpn.value())?;
+        self.engine.dev.destroy_qp(qpn).map_err(|e| e.errno())?;
+        self.qps.remove(&qpn.value());
+        Ok(())
+    }
+
+    /// `ibv_reg_mr_iova2` of `len` bytes at `addr` in the program, reached through its
+    /// `/proc/PID/mem` (`EACCES` without one, `EFAULT` over a hole, as `ibv_reg_mr`).
+    fn reg_mr(
+        &mut self,
+        pd: PdId,
+        addr: u64,
+        len: u64,
+        iova: u64,
+        access: crate::transport::Access,
+    ) -> Result<crate::transport::MrInfo, i32> {
+        Self::own(&self.pds, pd.0)?;
+        let space = self.space.clone().ok_or(libc::EACCES)?;
+        let mem = ProcessMem::new(space, addr, len).ok_or(libc::EINVAL)?;
+        if !mem.reachable() {
+            return Err(libc::EFAULT);
+        }
+        let info = self
+            .engine
+            .dev
+            .reg_mr_iova(pd, Memory::External(Box::new(mem)), iova, access)
+            .map_err(|e| e.errno())?;
+        self.mrs.insert(info.lkey.value());
+        Ok(info)
+    }
+
+    /// `ibv_dereg_mr` of one of this connection's regions.
+    fn dereg_mr(&mut self, lkey: LKey) -> Result<(), i32> {
+        Self::own(&self.mrs, lkey.value())?;
+        self.engine.dev.dereg_mr(lkey).map_err(|e| e.errno())?;
+        self.mrs.remove(&lkey.value());
+        Ok(())
     }
 
     /// The engine's CM owners, locked.
