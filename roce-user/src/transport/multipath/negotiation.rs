@@ -70,9 +70,16 @@ impl Negotiation {
     /// is as before: a packet without `OFFER` from the peer turns it off. Call it before the
     /// QP sends or receives its first packet, and only on a hint the peer itself sent: a
     /// trailer must never reach a QP that does not allow the extension.
+    ///
+    /// The hint is version 1 of the extension (`roce-mp1`), and every peer that sends it
+    /// holds READ requests and atomics marked [`MpBthFlags::HOLD`]: the hinted QP knows it
+    /// from the start, so its first READ or atomic may already go in selective repeat (a QP
+    /// that reads without pause would otherwise never be quiet long enough to enter the mode
+    /// once the peer's first response had shown `HOLD`).
     pub const fn on_hint(&mut self) {
         if matches!(self.state, MpState::Offering) {
             self.state = MpState::On;
+            self.peer_holds = true;
         }
     }
 
@@ -223,10 +230,12 @@ mod tests {
             "an offering peer takes it"
         );
         assert!(b.is_on());
-        // The peer's responses say whether it holds READs and atomics.
-        assert!(!a.peer_holds());
-        a.on_response(MpBthFlags::from_resv7(T.bits() | MpBthFlags::HOLD.bits()));
-        assert!(a.peer_holds());
+        // A hinted peer holds READs and atomics (the hint is version 1, which has `HOLD`);
+        // one agreed in band learns it from the peer's responses.
+        assert!(a.peer_holds(), "hinted: holds from the start");
+        assert!(!b.peer_holds(), "in band: not yet");
+        b.on_response(MpBthFlags::from_resv7(T.bits() | MpBthFlags::HOLD.bits()));
+        assert!(b.peer_holds());
         // A QP that does not allow the extension ignores a hint.
         let mut off = Negotiation::new(false);
         off.on_hint();
