@@ -567,6 +567,17 @@ fn swift_dropped_a_tenth(off: (u64, u64), on: (u64, u64)) {
     );
 }
 
+/// Issue 20's rule for the delay-based CC's goodput: the verified bytes a perf client
+/// `report` moved (all its QPs) within 20 % of the bottleneck.
+fn swift_goodput_near_the_bottleneck(report: &Value) {
+    let goodput = report["gbit_per_sec"].as_f64().expect("gbit_per_sec") * 1e9;
+    assert!(
+        goodput >= 0.8 * BOTTLENECK_BPS,
+        "Swift's goodput {:.1} Mb/s is not within 20 % of {BOTTLENECK}",
+        goodput / 1e6
+    );
+}
+
 /// Issue 20: the delay-based CC towards a path that marks nothing. On a drop-tail queue (no
 /// ECN), one Swift WRITE flow (`--cc-profile software`) keeps the queue short: it drops at
 /// most a tenth of the fraction the same queue drops with CC off, and every byte is verified.
@@ -577,10 +588,11 @@ fn swift_dropped_a_tenth(off: (u64, u64), on: (u64, u64)) {
 /// 2-core machine: the RTT samples include the receiving process's delay before it ACKs, and
 /// a scheduling stall there delivers a batch of late ACKs that read as queueing though no
 /// queue grew (the trace showed its rate falling to 2-17 Mb/s and recovering). With the
-/// profile: 193.8, 194.8 and 198.5 Mb/s at a load average of 3, but 114.6 and 122.4 with a CI
-/// run's heavier suites beside it, when CC off's goodput was no better (118-131 Mb/s). So the
-/// rate is logged and not held to the issue's ±20 % here: on this machine it measures the
-/// CPU left over as much as the CC.
+/// profile: 193.8, 194.8 and 198.5 Mb/s at a load average of 3. Its goodput is held to the
+/// issue's rule, within 20 % of the bottleneck: on Dec 6, 188.0-189.2 Mb/s (tail rate
+/// 196.4-199.0) in four runs, two of them beside a full-priority `yes`. (Dec 5 saw 114.6 and
+/// 122.4 Mb/s with a whole second CI run beside it, when CC off's goodput was no better,
+/// 118-131 Mb/s: more load than CI puts on it, which runs one test at a time.)
 #[test]
 fn swift_keeps_a_drop_tail_queue_short() {
     let s = setup("ccs", 116, 1);
@@ -606,15 +618,21 @@ fn swift_keeps_a_drop_tail_queue_short() {
         100.0 * tail_drop_fraction(off),
     );
     swift_dropped_a_tenth(off, on);
-    assert!(rate > 0.0, "the flow sent nothing over the last half");
+    swift_goodput_near_the_bottleneck(&c_on);
+    assert!(
+        (rate - BOTTLENECK_BPS).abs() <= 0.2 * BOTTLENECK_BPS,
+        "the flow sent {:.1} Mb/s over the last half, not within 20 % of {BOTTLENECK}",
+        rate / 1e6
+    );
     assert_eq!(c_on["verified"], true, "{c_on}");
     assert_eq!(sv_on["verified"], true, "{sv_on}");
 }
 
 /// Issue 20: two Swift flows (`--cc-profile software`) on the same drop-tail queue share it
-/// within 30 % of fair and drop at most a tenth of the fraction two flows without CC drop
-/// there. Their sum is logged (193-198 Mb/s at a load average of 3, 132-142 beside a CI run;
-/// see [`swift_keeps_a_drop_tail_queue_short`]).
+/// within 30 % of fair, drop at most a tenth of the fraction two flows without CC drop
+/// there, and together move a goodput within 20 % of the bottleneck (their tail rates
+/// 185.9-199.4 Mb/s together in four runs on Dec 6, two beside a full-priority `yes`; see
+/// [`swift_keeps_a_drop_tail_queue_short`]).
 #[test]
 fn two_swift_flows_share_a_drop_tail_queue_fairly() {
     let s = setup("cct", 117, 1);
@@ -631,10 +649,11 @@ fn two_swift_flows_share_a_drop_tail_queue_fairly() {
         .collect();
     let total: f64 = rates.iter().sum();
     eprintln!(
-        "two swift flows on a drop-tail queue: {:.1} + {:.1} Mb/s over the last half, dropped \
-         {} of {} ({:.3} %); CC off: dropped {} of {} ({:.2} %)",
+        "two swift flows on a drop-tail queue: {:.1} + {:.1} Mb/s over the last half, goodput \
+         {:.1} Mb/s, dropped {} of {} ({:.3} %); CC off: dropped {} of {} ({:.2} %)",
         rates[0] / 1e6,
         rates[1] / 1e6,
+        c["gbit_per_sec"].as_f64().unwrap_or(0.0) * 1e3,
         on.1,
         on.0 + on.1,
         100.0 * tail_drop_fraction(on),
@@ -643,6 +662,7 @@ fn two_swift_flows_share_a_drop_tail_queue_fairly() {
         100.0 * tail_drop_fraction(off),
     );
     swift_dropped_a_tenth(off, on);
+    swift_goodput_near_the_bottleneck(&c);
     for r in &rates {
         let share = r / (total / 2.0);
         assert!(
