@@ -229,18 +229,30 @@ fn ifindex_in(netns: &str, ifname: &str) -> u32 {
 /// socket. Runs on a thread inside the socket's namespace.
 fn live_rows(
     roce: &Ebpf,
+    ab: Option<&Ebpf>,
     pass: &Ebpf,
     cases: &[(&str, Vec<u8>)],
     ifindex: u32,
     mut sock: roce::xsk::XskQueue,
 ) -> (String, Vec<serde_json::Value>, roce::xsk::XskQueue) {
-    let mut table = String::from(
-        "| packet, redirect carried out (live frames) | roce_xdp ns/pkt (min..max) | bare redirect ns/pkt (min..max) | ratio | target |\n|---|---|---|---|---|\n",
-    );
+    let mut table = String::from(if ab.is_some() {
+        "| packet, redirect carried out (live frames) | roce_xdp ns/pkt (min..max) | bare redirect ns/pkt (min..max) | ratio | target | A/B object ns/pkt (min..max) | this / A/B |\n|---|---|---|---|---|---|---|\n"
+    } else {
+        "| packet, redirect carried out (live frames) | roce_xdp ns/pkt (min..max) | bare redirect ns/pkt (min..max) | ratio | target |\n|---|---|---|---|---|\n"
+    });
     let mut rows = Vec::new();
     for (name, frame) in cases {
-        let (mut r, mut bare) = (Vec::new(), Vec::new());
+        let (mut r, mut bare, mut o) = (Vec::new(), Vec::new(), Vec::new());
         for _ in 0..ROUNDS {
+            if let Some(ab) = ab {
+                o.extend(live_ns_per_packet(
+                    ab,
+                    PROG_ROCE_XDP,
+                    frame,
+                    ifindex,
+                    &mut sock,
+                ));
+            }
             r.extend(live_ns_per_packet(
                 roce,
                 PROG_ROCE_XDP,
@@ -265,12 +277,23 @@ fn live_rows(
         let ((rmin, rmax), (bmin, bmax)) = (span(&r), span(&bare));
         let (rm, bm) = (median(&mut r), median(&mut bare));
         let ratio = rm / bm.max(1.0);
-        let _ = writeln!(
+        let _ = write!(
             table,
             "| {name} | {rm:.1} ({rmin:.0}..{rmax:.0}) | {bm:.1} ({bmin:.0}..{bmax:.0}) | \
              {ratio:.2}x | ≤ 1.2x{} |",
             if ratio <= 1.2 { " (met)" } else { " (NOT met)" }
         );
+        if o.is_empty() {
+            table.push('\n');
+        } else {
+            let (omin, omax) = span(&o);
+            let om = median(&mut o);
+            let _ = writeln!(
+                table,
+                " {om:.1} ({omin:.0}..{omax:.0}) | {:.2}x |",
+                rm / om.max(1.0)
+            );
+        }
         rows.push(serde_json::json!({
             "name": format!("roce_xdp ns/packet against a bare redirect, live frames: {name}"),
             "value": rm, "unit": "ns", "baseline": bm, "ratio": ratio, "target": "≤ 1.2x",
@@ -452,7 +475,7 @@ fn main() {
     let (live_table, live_rows, sock) = std::thread::scope(|sc| {
         sc.spawn(|| {
             roce::netns::enter(&netns).expect("enter the bench's namespace");
-            live_rows(&roce, &pass, &live_cases, ifindex, sock)
+            live_rows(&roce, ab.as_ref(), &pass, &live_cases, ifindex, sock)
         })
         .join()
         .expect("live-frames runs")
