@@ -1,18 +1,35 @@
-//! `cargo xtask bench interop`: ib_write_bw from a Linux Soft-RoCE VM to roce-xdp, against
-//! ib_write_bw between that VM and a second Soft-RoCE VM booted beside it on the same bridge
-//! (`Peer::boot_beside`, once roce-xdp's runs are done), in the same run. Needs root, the
-//! rxe-peer image (`$RXE_PEER_DIR/rootfs.img`, see docs/interop.md) and the release `roce`
-//! binary (xtask builds it; or set ROCE_BIN). xtask runs it only when the peer is available.
+//! `cargo xtask bench interop`: roce-xdp against Linux Soft-RoCE in a VM, each figure next to
+//! rxe ↔ rxe measured in the same run (a second Soft-RoCE VM booted beside the first on the same
+//! bridge, `Peer::boot_beside`, once roce-xdp's runs are done). Needs root, the rxe-peer image
+//! (`$RXE_PEER_DIR/rootfs.img`, see docs/interop.md) and the release `roce` binary (xtask builds
+//! it; or set ROCE_BIN). xtask runs it only when the peer is available.
 //!
-//! Both figures are perftest's own (the client's `BW average`), 64 KiB messages at path MTU
-//! 1024, 1 QP; each is the median of REPS runs, with min and max. Under TCG the guest's CPU
-//! bounds both, so the ratio says whether roce-xdp is the bottleneck.
+//! Two parts, chosen with `ROCE_BENCH_INTEROP=write|matrix|all` (default `all`):
+//! - `write` (about 3 minutes): ib_write_bw from the VM to roce-xdp, 64 KiB messages, 1 QP,
+//!   500 iterations, the median of three runs against the median of three rxe ↔ rxe runs.
+//! - `matrix` (issue 20; about 25 minutes on this project's 2-core VM): every row of
+//!   `interop_perftest.rs`'s perftest matrix (ib_write_bw, ib_read_bw, ib_send_bw,
+//!   ib_atomic_bw; 2 B, 4 KiB, 64 KiB, 1 MiB; 1 and 4 QPs; both directions: 52 rows, the CI
+//!   test's iterations), each run three times (the three passes over the matrix taking turns,
+//!   so a change in the machine's load hits every row alike), against three rxe ↔ rxe runs of
+//!   the same tool, size and QP count. The ratio is the median message rate's (perftest's own
+//!   figure on the perftest side; 2-byte messages round to 0.00 MB/s), the target ≥ 1.0x. Each
+//!   row also shows the drops counted on the guest's tap on its way into the guest
+//!   (`tx_dropped`: what a receiver that cannot keep up costs), the retransmissions each side
+//!   saw, and the congestion control `roce perf` ran: its default (DCQCN, `mlx5` profile), or
+//!   the arguments in `ROCE_BENCH_INTEROP_CC` (e.g. `--cc swift --cc-profile software`).
+//!   `ROCE_BENCH_INTEROP_ONLY=a,b` keeps the rows whose name contains a or b.
+//!
+//! All figures are perftest's own (the perftest side's `BW average` and message rate), path MTU
+//! 1024. Under TCG the guest's CPU bounds both, so a ratio says whether roce-xdp is the
+//! bottleneck, not how the two would compare on hardware.
 
-use std::time::Duration;
+use std::{collections::BTreeMap, fmt::Write as _, time::Duration, time::Instant};
 
 use roce_tests::{
+    perftest_matrix::{self, Op},
     require_root,
-    rxe::{self, Peer, PeerOptions, Roce, StepOut, wait_host_listen},
+    rxe::{self, Harness, Peer, PeerOptions, Roce, StepOut, wait_host_listen},
 };
 use serde_json::json;
 
@@ -20,18 +37,27 @@ const REPS: usize = 3;
 const SIZE: u32 = 65536;
 const ITERS: u32 = 500;
 
+/// (median, min, max) of `v`; NaN for an empty `v`.
 fn stats(mut v: Vec<f64>) -> (f64, f64, f64) {
+    if v.is_empty() {
+        return (f64::NAN, f64::NAN, f64::NAN);
+    }
     v.sort_by(f64::total_cmp);
     (v[v.len() / 2], v[0], v[v.len() - 1])
 }
 
-fn main() {
-    require_root();
-    // The endpoint under test: xtask points ROCE_BIN at the release build.
-    let _ = roce_tests::roce_bin();
-    let peer = Peer::boot(&roce_tests::tag("bi"), 66, &PeerOptions::default());
-    // The guest's ib_write_bw, the same for both measurements (a client adds the server).
-    let tool = |port: u16| rxe::perftest_cmd("ib_write_bw", port, &format!("-s {SIZE} -n {ITERS}"));
+fn median_i(mut v: Vec<i64>) -> i64 {
+    v.sort_unstable();
+    v.get(v.len() / 2).copied().unwrap_or(0)
+}
+
+/// The guest's ib_write_bw of the `write` part (a client adds the server's address).
+fn write_tool(port: u16) -> String {
+    rxe::perftest_cmd("ib_write_bw", port, &format!("-s {SIZE} -n {ITERS}"))
+}
+
+/// The `write` part's roce-xdp runs: the VM's ib_write_bw to `roce perf write`, MB/s.
+fn write_ours(peer: &Peer) -> Vec<f64> {
     let mut ours = Vec::new();
     for rep in 0..REPS {
         let port = 19600 + rep as u16;
@@ -56,7 +82,7 @@ fn main() {
         );
         wait_host_listen(&peer.netns, port, Duration::from_secs(30));
         let g = peer
-            .spawn(&format!("{} {}", tool(port), peer.host_ip))
+            .spawn(&format!("{} {}", write_tool(port), peer.host_ip))
             .wait_timeout(Duration::from_secs(120))
             .unwrap_or(StepOut {
                 rc: -1,
@@ -72,33 +98,269 @@ fn main() {
         );
         ours.extend(bw);
     }
-    let second = Peer::boot_beside(&peer, &PeerOptions::default());
+    ours
+}
+
+/// The `write` part's row, against rxe ↔ rxe runs between `second` and `peer`.
+fn write_row(peer: &Peer, second: &Peer, ours: Vec<f64>, text: &mut String) -> serde_json::Value {
     let mut theirs = Vec::new();
     for rep in 0..REPS {
         let port = 19650 + rep as u16;
-        let out = rxe::rxe_pair(&second, &peer, &tool(port), port, Duration::from_secs(120))
-            .unwrap_or_else(|e| panic!("rxe ↔ rxe reference: {e}"));
+        let out = rxe::rxe_pair(
+            second,
+            peer,
+            &write_tool(port),
+            port,
+            Duration::from_secs(120),
+        )
+        .unwrap_or_else(|e| panic!("rxe ↔ rxe reference: {e}"));
         let bw = rxe::perftest_bw_line(&out.out).map(|x| x.3);
         theirs.push(bw.unwrap_or_else(|| panic!("rxe ↔ rxe: no result line: {}", out.out)));
     }
-    drop(second);
-    drop(peer);
-    let ((om, omin, omax), (tm, _, _)) = (stats(ours), stats(theirs.clone()));
+    let ((om, omin, omax), (tm, tmin, tmax)) = (stats(ours), stats(theirs));
     let ratio = om / tm.max(1e-9);
-    let (tmin, tmax) = (
-        theirs.iter().copied().fold(f64::INFINITY, f64::min),
-        theirs.iter().copied().fold(0.0, f64::max),
-    );
-    println!(
+    let _ = writeln!(
+        text,
         "| ib_write_bw {SIZE} B, rxe VM -> roce-xdp vs rxe VM -> rxe VM, MB/s | {om:.2} ({omin:.2}..{omax:.2}) | {tm:.2} ({tmin:.2}..{tmax:.2}) | {ratio:.2}x | ≥ 1.0x{} |",
         if ratio >= 1.0 { " (met)" } else { " (NOT met)" }
     );
-    println!("(median of {REPS}; path MTU 1024, 1 QP, {ITERS} iterations, perftest's BW average)");
-    let rows = vec![json!({
+    let _ = writeln!(
+        text,
+        "(median of {REPS}; path MTU 1024, 1 QP, {ITERS} iterations, perftest's BW average)\n"
+    );
+    json!({
         "name": format!("ib_write_bw {SIZE} B rxe VM -> roce-xdp (baseline: rxe VM -> rxe VM)"),
         "value": om, "unit": "MB/s", "baseline": tm, "ratio": ratio, "target": "≥ 1.0x",
         "min": omin, "max": omax, "baseline_min": tmin, "baseline_max": tmax,
-    })];
+    })
+}
+
+/// One matrix row's runs against roce-xdp.
+struct MatrixRow {
+    op: Op,
+    size: u32,
+    qps: u32,
+    guest_server: bool,
+    /// perftest's BW average, MB/s, of each run whose result line counted every iteration.
+    bw: Vec<f64>,
+    /// perftest's message rate, Mpps, of the same runs.
+    rate: Vec<f64>,
+    /// Drops on the guest's tap, into the guest, per run.
+    tap_drops: Vec<i64>,
+    /// Requests the guest's rxe saw twice (roce-xdp resent them), per run.
+    rxe_dup: Vec<i64>,
+    /// Requests roce-xdp saw twice (rxe resent them), per run.
+    ours_dup: Vec<i64>,
+    /// Why runs failed, if any did.
+    failures: Vec<String>,
+}
+
+impl MatrixRow {
+    fn name(&self) -> String {
+        perftest_matrix::row_name(self.op, self.size, self.qps, self.guest_server)
+    }
+}
+
+/// The `matrix` part's roce-xdp runs: [`REPS`] passes over the chosen rows, `extra` added to
+/// every `roce perf` command line.
+fn matrix_ours(peer: &Peer, only: &[String], extra: &[String]) -> Vec<MatrixRow> {
+    let mut h = Harness::new(peer, &rxe::out_dir().join("bench-pcap"));
+    h.capture = false;
+    let mut rows: Vec<MatrixRow> = perftest_matrix::rows()
+        .into_iter()
+        .filter(|&(op, size, qps, gs)| {
+            perftest_matrix::chosen(only, &perftest_matrix::row_name(op, size, qps, gs))
+        })
+        .map(|(op, size, qps, guest_server)| MatrixRow {
+            op,
+            size,
+            qps,
+            guest_server,
+            bw: Vec::new(),
+            rate: Vec::new(),
+            tap_drops: Vec::new(),
+            rxe_dup: Vec::new(),
+            ours_dup: Vec::new(),
+            failures: Vec::new(),
+        })
+        .collect();
+    let tap_key = format!("link.{}.tx_dropped", peer.tap);
+    let mut port = 19700;
+    for pass in 0..REPS {
+        for r in &mut rows {
+            port += 1;
+            let row = perftest_matrix::scenario_args(
+                &h,
+                (r.op, r.size, r.qps),
+                r.guest_server,
+                port,
+                false,
+                extra,
+            );
+            let rep = &row.report;
+            eprintln!(
+                "interop matrix pass {} {}: {}",
+                pass + 1,
+                r.name(),
+                if rep.ok() { "ok" } else { "FAILED" }
+            );
+            let want = u64::from(perftest_matrix::iters(r.op, r.size)) * u64::from(r.qps);
+            match rxe::perftest_bw_line(&rep.guest.out) {
+                Some((_, it, _, bw, rate)) if it == want => {
+                    r.bw.push(bw);
+                    r.rate.push(rate);
+                }
+                _ => {}
+            }
+            r.tap_drops
+                .push(rep.other.get(&tap_key).copied().unwrap_or(0));
+            r.rxe_dup
+                .push(rep.rxe.get("duplicate_request").copied().unwrap_or(0));
+            r.ours_dup
+                .push(rep.ours_ctr.get("duplicate_request").copied().unwrap_or(0));
+            if !rep.ok() {
+                r.failures
+                    .push(format!("pass {}: {}", pass + 1, rep.failures.join("; ")));
+            }
+        }
+    }
+    rows
+}
+
+/// rxe ↔ rxe runs of one tool, size and QP count: BW averages (MB/s), message rates (Mpps),
+/// and why the runs that failed twice failed.
+type Refs = (Vec<f64>, Vec<f64>, Vec<String>);
+
+/// The `matrix` part's table and rows, against [`REPS`] rxe ↔ rxe runs per (tool, size, QPs)
+/// between `peer` and `second`.
+fn matrix_table(
+    peer: &Peer,
+    second: &Peer,
+    rows: Vec<MatrixRow>,
+    cc: &str,
+    text: &mut String,
+) -> Vec<serde_json::Value> {
+    let mut refs: BTreeMap<(&'static str, u32, u32), Refs> = BTreeMap::new();
+    let mut port = 19900;
+    for _ in 0..REPS {
+        for r in &rows {
+            let e = refs.entry((r.op.name(), r.size, r.qps)).or_default();
+            if e.0.len() + e.2.len() >= REPS {
+                continue;
+            }
+            match perftest_matrix::rxe_reference(peer, second, r.op, r.size, r.qps, &mut port) {
+                Ok((bw, rate)) => {
+                    e.0.push(bw);
+                    e.1.push(rate);
+                }
+                Err(err) => e.2.push(err),
+            }
+        }
+    }
+    let _ = writeln!(
+        text,
+        "| row | CC | perftest MB/s, roce-xdp side (min..max) | rxe↔rxe MB/s (min..max) | ratio (message rate) | target | tap drops into the guest | resent by roce / by rxe | runs failed |\n|---|---|---|---|---|---|---|---|---|"
+    );
+    let mut json_rows = Vec::new();
+    let (mut met, mut measured) = (0, 0);
+    for r in rows {
+        let name = r.name();
+        let (rb, rate_ref, errs) = refs
+            .get(&(r.op.name(), r.size, r.qps))
+            .cloned()
+            .unwrap_or_default();
+        let ((om, omin, omax), (orate, _, _)) = (stats(r.bw.clone()), stats(r.rate.clone()));
+        let ((tm, tmin, tmax), (trate, _, _)) = (stats(rb), stats(rate_ref));
+        let ratio = orate / trate;
+        let verdict = if ratio.is_nan() {
+            " (not measured)"
+        } else if ratio >= 1.0 {
+            met += 1;
+            measured += 1;
+            " (met)"
+        } else {
+            measured += 1;
+            " (NOT met)"
+        };
+        let _ = writeln!(
+            text,
+            "| {name} | {cc} | {om:.2} ({omin:.2}..{omax:.2}) | {tm:.2} ({tmin:.2}..{tmax:.2}) | {ratio:.2}x | ≥ 1.0x{verdict} | {:?} | {}/{} | {}{} |",
+            r.tap_drops,
+            median_i(r.rxe_dup.clone()),
+            median_i(r.ours_dup.clone()),
+            r.failures.len(),
+            if errs.is_empty() {
+                String::new()
+            } else {
+                format!(" (rxe↔rxe failed {}x)", errs.len())
+            },
+        );
+        for f in &r.failures {
+            eprintln!("interop matrix {name}: {f}");
+        }
+        for e in &errs {
+            eprintln!("interop matrix rxe↔rxe {name}: {}", e.replace('\n', " / "));
+        }
+        json_rows.push(json!({
+            "name": format!("perftest {name}, roce-xdp (baseline: rxe VM <-> rxe VM), message rate"),
+            "value": orate, "unit": "Mpps", "baseline": trate, "ratio": ratio,
+            "target": "≥ 1.0x", "bw_mb_per_sec": om, "min": omin, "max": omax,
+            "baseline_bw_mb_per_sec": tm, "cc": cc, "tap_tx_dropped": r.tap_drops,
+            "resent_by_roce": r.rxe_dup, "resent_by_rxe": r.ours_dup,
+            "failed_runs": r.failures.len(),
+        }));
+    }
+    let _ = writeln!(
+        text,
+        "({met} of {measured} rows at or above rxe↔rxe; median of {REPS} runs per row and of {REPS} rxe↔rxe runs per tool, size and QP count; path MTU 1024)"
+    );
+    json_rows
+}
+
+fn main() {
+    require_root();
+    // The endpoint under test: xtask points ROCE_BIN at the release build.
+    let _ = roce_tests::roce_bin();
+    let mode = std::env::var("ROCE_BENCH_INTEROP").unwrap_or_else(|_| "all".into());
+    let (write, matrix) = match mode.as_str() {
+        "write" => (true, false),
+        "matrix" => (false, true),
+        "all" => (true, true),
+        other => panic!("ROCE_BENCH_INTEROP={other}: want write, matrix or all"),
+    };
+    let only = perftest_matrix::only("ROCE_BENCH_INTEROP_ONLY");
+    let cc_args: Vec<String> = std::env::var("ROCE_BENCH_INTEROP_CC")
+        .unwrap_or_default()
+        .split_whitespace()
+        .map(str::to_owned)
+        .collect();
+    let cc = if cc_args.is_empty() {
+        "dcqcn (mlx5 profile; roce perf's default)".to_owned()
+    } else {
+        cc_args.join(" ")
+    };
+    let started = Instant::now();
+    let peer = Peer::boot(&roce_tests::tag("bi"), 66, &PeerOptions::default());
+    let ours_write = write.then(|| write_ours(&peer));
+    let ours_matrix = matrix.then(|| matrix_ours(&peer, &only, &cc_args));
+    let ours_secs = started.elapsed().as_secs_f64();
+    let second = Peer::boot_beside(&peer, &PeerOptions::default());
+    let mut text = String::new();
+    let mut rows = Vec::new();
+    if let Some(ours) = ours_write {
+        rows.push(write_row(&peer, &second, ours, &mut text));
+    }
+    if let Some(m) = ours_matrix {
+        rows.extend(matrix_table(&peer, &second, m, &cc, &mut text));
+    }
+    drop(second);
+    drop(peer);
+    let _ = writeln!(
+        text,
+        "(roce-xdp runs {ours_secs:.0} s, rxe↔rxe runs {:.0} s, VM boots included)",
+        started.elapsed().as_secs_f64() - ours_secs
+    );
+    print!("{text}");
     if let Some(dir) = std::env::var_os("ROCE_BENCH_OUT") {
         std::fs::write(
             std::path::Path::new(&dir).join("interop.json"),

@@ -30,195 +30,14 @@
 //! `roce perf write|send --lat` scenario run beside it (`roce perf` has no read or atomic
 //! latency test, nor UC or UD).
 
-use std::{
-    collections::BTreeMap,
-    fmt::Write as _,
-    path::Path,
-    time::{Duration, Instant},
-};
+use std::{fmt::Write as _, path::Path, time::Instant};
 
 use roce_tests::{
+    perftest_matrix::{self, Op, References, Row, iters, rxe_reference, scenario, scenario_with},
     require_root,
     rxe::{self, Harness, Peer, PeerOptions, Roles, SceneReport},
     tag,
 };
-
-#[derive(Clone, Copy, Debug)]
-enum Op {
-    Write,
-    Read,
-    Send,
-    Atomic,
-}
-
-impl Op {
-    const fn name(self) -> &'static str {
-        match self {
-            Self::Write => "write",
-            Self::Read => "read",
-            Self::Send => "send",
-            Self::Atomic => "atomic",
-        }
-    }
-}
-
-fn iters(op: Op, size: u32) -> u32 {
-    if rxe::full() {
-        return 1000;
-    }
-    match (op, size) {
-        (Op::Atomic, _) => 500,
-        (_, 0..=4096) => 1000,
-        (_, 4097..=65536) => 200,
-        _ => 8,
-    }
-}
-
-struct Row {
-    op: Op,
-    size: u32,
-    qps: u32,
-    server: &'static str,
-    report: SceneReport,
-}
-
-/// The perftest command line of a row, without the server's address (the client adds it).
-fn tool(op: Op, size: u32, qps: u32, port: u16) -> String {
-    let n = iters(op, size);
-    let size_arg = match op {
-        Op::Atomic => String::new(),
-        _ => format!("-s {size}"),
-    };
-    rxe::perftest_cmd(
-        &format!("ib_{}_bw", op.name()),
-        port,
-        &format!("{size_arg} -n {n} -q {qps}"),
-    )
-}
-
-fn scenario(h: &Harness<'_>, op: Op, size: u32, qps: u32, guest_server: bool, port: u16) -> Row {
-    scenario_with(h, (op, size, qps), guest_server, port, false)
-}
-
-/// [`scenario`], with our side offering the multipath extension (`roce perf --multipath`)
-/// when `multipath`: rxe never offers it back, so every packet must still be plain RoCE v2
-/// (the capture's checks) but for the offer bit, and no SACK, selective resend or
-/// out-of-order placement may happen (our counters).
-fn scenario_with(
-    h: &Harness<'_>,
-    (op, size, qps): (Op, u32, u32),
-    guest_server: bool,
-    port: u16,
-    multipath: bool,
-) -> Row {
-    let p = h.peer;
-    let n = iters(op, size);
-    let tool = tool(op, size, qps, port);
-    let mut ours: Vec<String> = [
-        "perf",
-        op.name(),
-        "-d",
-        &p.ifname,
-        "-p",
-        &port.to_string(),
-        "-n",
-        &n.to_string(),
-        "-q",
-        &qps.to_string(),
-        "-m",
-        "1024",
-        "--no-verify",
-    ]
-    .map(String::from)
-    .to_vec();
-    if !matches!(op, Op::Atomic) {
-        ours.extend(["-s".into(), size.to_string()]);
-    }
-    if multipath {
-        ours.push("--multipath".into());
-    }
-    let name = format!(
-        "ib_{}_bw-server_{}-s{size}-q{qps}{}",
-        op.name(),
-        if guest_server { "rxe" } else { "roce" },
-        if multipath { "-multipath" } else { "" }
-    );
-    let roles = if guest_server {
-        ours.push(p.guest_ip.to_string());
-        Roles::GuestServer { guest: tool, ours }
-    } else {
-        Roles::OurServer {
-            ours,
-            guest: format!("{tool} {}", p.host_ip),
-        }
-    };
-    let mut report = h.run(&name, &roles, port);
-    // What each side says it did.
-    let want = u64::from(n) * u64::from(qps);
-    if let Ok(v) = &report.ours {
-        // As server of WRITE/READ/atomics we show the client's report (perftest's numbers).
-        if v["messages"].as_u64() != Some(want) {
-            report.failures.push(format!(
-                "roce perf reports {} messages, want {want}",
-                v["messages"]
-            ));
-        }
-    }
-    if multipath {
-        for c in ["sack_received", "selective_retransmits", "ooo_placed"] {
-            let n = report.ours_ctr.get(c).copied().unwrap_or(0);
-            if n != 0 {
-                report
-                    .failures
-                    .push(format!("{c} {n}: the extension turned on towards rxe"));
-            }
-        }
-    }
-    match rxe::perftest_bw_line(&report.guest.out) {
-        // perftest reports the iterations of all QPs.
-        Some((_, it, ..)) if it == want => {}
-        other => report.failures.push(format!(
-            "perftest result line {other:?}, want {want} iterations"
-        )),
-    }
-    Row {
-        op,
-        size: if matches!(op, Op::Atomic) { 8 } else { size },
-        qps,
-        server: if guest_server { "rxe" } else { "roce" },
-        report,
-    }
-}
-
-/// The rxe ↔ rxe reference of one row: the same tool, size, QP count and iterations between
-/// `server` and `client`, two rxe VMs on one bridge; perftest's (`BW average` MB/s, message
-/// rate Mpps). The message rate says more for 2-byte messages, whose bandwidth rounds to 0.00.
-fn rxe_reference(
-    server: &Peer,
-    client: &Peer,
-    op: Op,
-    size: u32,
-    qps: u32,
-    port: &mut u16,
-) -> Result<(f64, f64), String> {
-    rxe::twice(|| {
-        *port += 1;
-        let t = tool(op, size, qps, *port);
-        let out = rxe::rxe_pair(server, client, &t, *port, Duration::from_secs(120))?;
-        let want = u64::from(iters(op, size)) * u64::from(qps);
-        match rxe::perftest_bw_line(&out.out) {
-            Some((_, it, _, bw, rate)) if it == want && rate > 0.0 => Ok((bw, rate)),
-            other => Err(format!(
-                "rxe ↔ rxe ib_{}_bw -s {size} -q {qps}: result line {other:?}, want {want} iterations: {}",
-                op.name(),
-                out.out
-            )),
-        }
-    })
-}
-
-/// References keyed by (operation, size, QPs).
-type References = BTreeMap<(&'static str, u32, u32), Result<(f64, f64), String>>;
 
 fn table(rows: &[Row], reference: &References) -> String {
     let mut s = String::from(
@@ -651,32 +470,16 @@ fn perftest_bandwidth_both_directions() {
     let mut rows = Vec::new();
     let mut port = 19300;
     // ROCE_INTEROP_ONLY=a,b runs only the scenarios whose name contains a or b (debugging).
-    let only: Vec<String> = std::env::var("ROCE_INTEROP_ONLY")
-        .map(|v| v.split(',').map(str::to_owned).collect())
-        .unwrap_or_default();
-    let sizes = [2u32, 4096, 65536, 1 << 20];
-    for op in [Op::Write, Op::Read, Op::Send, Op::Atomic] {
-        let sizes: &[u32] = if matches!(op, Op::Atomic) {
-            &[8]
-        } else {
-            &sizes
-        };
-        for &size in sizes {
-            for qps in [1, 4] {
-                for guest_server in [true, false] {
-                    port += 1;
-                    let name = format!(
-                        "ib_{}_bw-server_{}-s{size}-q{qps}",
-                        op.name(),
-                        if guest_server { "rxe" } else { "roce" }
-                    );
-                    if !only.is_empty() && !only.iter().any(|o| name.contains(o.as_str())) {
-                        continue;
-                    }
-                    rows.push(scenario(&h, op, size, qps, guest_server, port));
-                }
-            }
+    let only = perftest_matrix::only("ROCE_INTEROP_ONLY");
+    for (op, size, qps, guest_server) in perftest_matrix::rows() {
+        port += 1;
+        if !perftest_matrix::chosen(
+            &only,
+            &perftest_matrix::row_name(op, size, qps, guest_server),
+        ) {
+            continue;
         }
+        rows.push(scenario(&h, op, size, qps, guest_server, port));
     }
     // Our side offering the multipath extension (issue 19): rxe ignores the reserved BTH bit,
     // so the same tools run as plain RoCE v2 (these rows share the references above).
