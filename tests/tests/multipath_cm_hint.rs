@@ -14,13 +14,14 @@ use std::{
     time::Duration,
 };
 
+use roce::netns::VethEnd;
 use roce::{
     ibcm::mad::{MAD_HDR_LEN, MULTIPATH_HINT_AT, MULTIPATH_HINT_BIT},
     wire::multipath::MpBthFlags,
 };
 use roce_tests::{
     Loaded,
-    child::{args, finish_within, json_ok, spawn},
+    child::{Reaper, args, finish_within, json_ok, spawn},
     ecmp::Ecmp,
     require_root,
     rxe::Capture,
@@ -38,6 +39,8 @@ struct Seen {
     rc_request: bool,
     /// The BTH's `resv7`.
     resv7: u8,
+    /// The BTH's opcode.
+    opcode: u8,
 }
 
 /// The RoCE frames of a classic little-endian pcap (what tcpdump -w writes), in order.
@@ -68,9 +71,16 @@ fn frames(pcap: &Path, client: Ipv4Addr) -> Vec<Seen> {
             rc_request: mad.is_none() && !response,
             mad,
             resv7: f.roce.bth.resv7,
+            opcode: f.roce.bth.opcode.0,
         });
     }
     out
+}
+
+/// Starts a capture on the first router's path interface (removed with the frames read).
+fn capture(net: &Ecmp, name: &str) -> Capture {
+    let pcap = std::env::temp_dir().join(format!("{}-{name}.pcap", tag("mpc")));
+    Capture::start(&net.r1, &net.paths[0], &pcap)
 }
 
 /// Runs `server_line` on the server's end and `client_line` on the client's (both `roce`
@@ -82,8 +92,7 @@ fn captured(
     client_line: &str,
     name: &str,
 ) -> (serde_json::Value, serde_json::Value, Vec<Seen>) {
-    let pcap = std::env::temp_dir().join(format!("{}-{name}.pcap", tag("mpc")));
-    let cap = Capture::start(&net.r1, &net.paths[0], &pcap);
+    let cap = capture(net, name);
     let server = spawn(
         &net.server.netns,
         &args(&format!("{server_line} -d {}", net.server.ifname)),
@@ -221,5 +230,94 @@ fn rdma_cm_peers_hint_in_the_req_and_rep_and_send_trailers_from_the_first_packet
             .iter()
             .all(|&r| r & TRAILER != TRAILER),
         "the server sends no trailer"
+    );
+}
+
+/// Debian's rping on `end` through the drop-in librdmacm (`roce exec`), with
+/// `ROCE_MULTIPATH=1` (`roce exec --multipath`) if `multipath`.
+fn rping(end: &VethEnd, multipath: bool, role: &str, server: Ipv4Addr, port: u16) -> Reaper {
+    let mut v = vec!["exec"];
+    if multipath {
+        v.push("--multipath");
+    }
+    let (server, port) = (server.to_string(), port.to_string());
+    v.extend([
+        "-d",
+        &end.ifname,
+        "--",
+        "rping",
+        role,
+        "-V",
+        "-S",
+        "128",
+        "-C",
+        "20",
+        "-p",
+        &port,
+        "-a",
+        &server,
+    ]);
+    spawn(&end.netns, &args(&v.join(" ")))
+}
+
+/// rping server and client on the library, each with or without `--multipath`; both must
+/// succeed (every ping verified, `-V`). Returns the frames captured.
+fn rping_pair(net: &Ecmp, (server_mp, client_mp): (bool, bool), port: u16) -> Vec<Seen> {
+    let cap = capture(net, &format!("rping-{port}"));
+    let server = rping(&net.server, server_mp, "-s", net.server.ipv4, port);
+    std::thread::sleep(Duration::from_secs(1));
+    let client = rping(&net.client, client_mp, "-c", net.server.ipv4, port);
+    let client = finish_within(client, Duration::from_secs(60), "rping -c");
+    let server = finish_within(server, Duration::from_secs(20), "rping -s");
+    for (o, what) in [(&client, "rping -c"), (&server, "rping -s")] {
+        assert!(o.status.success(), "{what}: {}", roce_tests::output_text(o));
+    }
+    let captured = cap.stop();
+    let seen = frames(&captured.path, net.client.ipv4);
+    let _ = std::fs::remove_file(&captured.path);
+    seen
+}
+
+/// The drop-in librdmacm with `ROCE_MULTIPATH=1` at both ends: Debian's rping hints in its
+/// REQ and REP (`rdma_connect` and `rdma_accept` on the Rust CM), the client's first SEND
+/// carries its trailer, and the server's first RDMA READ request is already marked to be
+/// held (`HOLD`), which only a hint taken before RTR in `rdma_accept` gives it (in band the
+/// server would learn that its peer holds READs from the client's first response, after
+/// that READ). A server without the variable hints nothing back: plain offers only.
+#[test]
+fn rping_on_the_drop_in_librdmacm_hints_in_the_req_and_rep() {
+    require_root();
+    let net = Ecmp::new(&tag("mpl"), 219, 1, 3000);
+    let _loaded = Loaded::on(&[&net.client, &net.server]);
+    let seen = rping_pair(&net, (true, true), 18960);
+    let (reqs, reps) = hints(&seen);
+    assert_eq!((reqs, reps), (vec![true], vec![true]));
+    let client = requests(&seen, true);
+    assert_eq!(
+        client.first(),
+        Some(&TRAILER),
+        "the client's first SEND carries its trailer"
+    );
+    let hold = MpBthFlags::HOLD.bits();
+    let reads: Vec<u8> = seen
+        .iter()
+        .filter(|s| !s.from_client && s.rc_request && s.opcode == 0x0c)
+        .map(|s| s.resv7)
+        .collect();
+    assert_eq!(reads.len(), 20, "one READ request per ping");
+    assert_ne!(reads[0] & hold, 0, "the server's first READ is held");
+    assert!(reads.iter().all(|&r| r & hold != 0), "{reads:?}");
+
+    let seen = rping_pair(&net, (false, true), 18961);
+    let (reqs, reps) = hints(&seen);
+    assert_eq!((reqs, reps), (vec![true], vec![false]));
+    let client = requests(&seen, true);
+    assert!(
+        !client.is_empty() && client.iter().all(|&r| r == OFFER),
+        "{client:?}"
+    );
+    assert!(
+        seen.iter().filter(|s| !s.from_client).all(|s| s.resv7 == 0),
+        "the server's frames are plain"
     );
 }
