@@ -392,8 +392,8 @@ impl Device {
     }
 
     /// Whether QP `qpn` allows the multipath extension (an RC QP of a device with
-    /// `transport.multipath`, or one [`crate::transport::Device::set_multipath`] allowed): only then
-    /// do its REQ or REP hint it (docs/multipath.md, "Hints out of band").
+    /// `transport.multipath`, or one [`crate::transport::Device::set_multipath`] allowed):
+    /// only then do its REQ or REP hint it (docs/multipath.md, "Hints out of band").
     fn qp_allows_multipath(&self, qpn: Qpn) -> bool {
         self.by_qpn(qpn)
             .lock()
