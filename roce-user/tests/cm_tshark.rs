@@ -86,6 +86,7 @@ fn exchange() -> Vec<(Gid, Gid, Box<[u8; 256]>)> {
         rnr_retry_count: 7,
         srq: false,
         target_ack_delay: 0,
+        multipath_hint: false,
         private_data: Vec::new(),
     };
     b.accept(now, bid, &accept).unwrap();
@@ -93,6 +94,25 @@ fn exchange() -> Vec<(Gid, Gid, Box<[u8; 256]>)> {
     a.ready_to_use(id, &[]).unwrap();
     pump(&mut a, &mut b, &mut out);
     a.disconnect(now, id, &[]).unwrap();
+    pump(&mut a, &mut b, &mut out);
+    // A REQ and a REP with the multipath hint (docs/multipath.md, "Hints out of band").
+    let hinted = ConnectParams {
+        multipath_hint: true,
+        ..params(0x77, sid)
+    };
+    a.connect(now, &hinted).unwrap();
+    pump(&mut a, &mut b, &mut out);
+    let bid = std::iter::from_fn(|| b.poll_event())
+        .find_map(|e| match e {
+            Event::ConnectRequest { id, req, .. } if req.multipath_hint => Some(id),
+            _ => None,
+        })
+        .expect("a hinted connect request");
+    let accept_hinted = AcceptParams {
+        multipath_hint: true,
+        ..accept.clone()
+    };
+    b.accept(now, bid, &accept_hinted).unwrap();
     pump(&mut a, &mut b, &mut out);
     // REJ by the consumer, and REJ for no listener.
     a.connect(now, &params(0x33, sid)).unwrap();
@@ -194,6 +214,9 @@ const FIELDS: &[&str] = &[
     "infiniband.cm.rep.remotecommid",
     "infiniband.cm.rep.localqpn",
     "infiniband.cm.rep.startpsn",
+    "infiniband.cm.rep.rnrretrcount",
+    "infiniband.cm.rep.srq",
+    "infiniband.cm.rep.reserved",
     // RTU, REJ, DREQ, DREP
     "infiniband.cm.rtu.localcommid",
     "infiniband.cm.rej.localcommid",
@@ -269,6 +292,18 @@ fn tshark_decodes_our_cm_mads() {
         cols[FIELDS.iter().position(|f| *f == name).unwrap()].to_string()
     };
     let mut v6_reqs = 0;
+    let mut reps_hinted = Vec::new();
+    let reqs_hinted: Vec<bool> = mads
+        .iter()
+        .filter_map(|(_, _, m)| match CmMad::decode(&m[..]).unwrap().msg {
+            CmMsg::Req(r) => Some(r.multipath_hint),
+            _ => None,
+        })
+        .collect();
+    assert!(
+        reqs_hinted.contains(&true) && reqs_hinted.contains(&false),
+        "{reqs_hinted:?}"
+    );
     for ((line, (_, _, bytes)), f) in lines.iter().zip(&mads).zip(&frames) {
         let cols: Vec<&str> = line.split('|').collect();
         assert_eq!(cols.len(), FIELDS.len(), "{line}");
@@ -366,6 +401,24 @@ fn tshark_decodes_our_cm_mads() {
                     u64::from(r.starting_psn.value()),
                     "{what}"
                 );
+                // Byte 27: RNR retry count and SRQ where they were, the multipath hint in
+                // the nibble tshark shows as reserved.
+                assert_eq!(
+                    num(&col(&cols, "infiniband.cm.rep.rnrretrcount")),
+                    u64::from(r.rnr_retry_count),
+                    "{what}"
+                );
+                assert_eq!(
+                    num(&col(&cols, "infiniband.cm.rep.srq")),
+                    u64::from(r.srq),
+                    "{what}"
+                );
+                assert_eq!(
+                    num(&col(&cols, "infiniband.cm.rep.reserved")),
+                    u64::from(r.multipath_hint),
+                    "{what}"
+                );
+                reps_hinted.push(r.multipath_hint);
             }
             CmMsg::Rtu(r) => assert_eq!(
                 num(&col(&cols, "infiniband.cm.rtu.localcommid")),
@@ -412,4 +465,8 @@ fn tshark_decodes_our_cm_mads() {
         }
     }
     assert_eq!(v6_reqs, 1, "the IPv6 REQ was dissected");
+    assert!(
+        reps_hinted.contains(&true) && reps_hinted.contains(&false),
+        "a REP with and one without the multipath hint: {reps_hinted:?}"
+    );
 }

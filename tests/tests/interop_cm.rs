@@ -134,10 +134,15 @@ fn kernel_cm_mads_decode_and_reencode_exactly() {
                 assert_eq!(h.dst, std::net::IpAddr::V4(sip), "{h:?}");
                 assert_eq!(h.src, *src, "{h:?}");
                 assert_ne!(r.local_ca_guid, CaGuid(0));
+                // The reserved byte that carries roce-xdp's multipath hint is zero.
+                assert!(!r.multipath_hint, "a kernel REQ decodes as hinting: {r:?}");
                 req_ids.push(r.local_comm_id);
                 reqs.push((*src, bytes.clone(), r.service_id));
             }
-            CmMsg::Rep(r) => rep_answers.push(r.remote_comm_id),
+            CmMsg::Rep(r) => {
+                assert!(!r.multipath_hint, "a kernel REP decodes as hinting: {r:?}");
+                rep_answers.push(r.remote_comm_id);
+            }
             CmMsg::Rej(r) if r.reason == RejReason::INVALID_SERVICE_ID => {
                 kernel_rej_reason = Some(r.reason);
             }
@@ -303,8 +308,11 @@ fn the_kernel_accepts_our_cm_mads() {
     let t0 = std::time::Instant::now();
     let now = || Instant::from_nanos(u64::try_from(t0.elapsed().as_nanos()).unwrap_or(u64::MAX));
     std::thread::sleep(Duration::from_secs(3));
-    let params = |port_no: u16| {
-        ConnectParams::rdma_cm(
+    // Every REQ carries roce-xdp's multipath hint (docs/multipath.md, "Hints out of band"):
+    // the kernel takes it as any REQ, and its REP does not hint back.
+    let params = |port_no: u16| ConnectParams {
+        multipath_hint: true,
+        ..ConnectParams::rdma_cm(
             (us.1, 40000).into(),
             (guest.1, port_no).into(),
             Qpn::new(0x1234),
@@ -334,6 +342,7 @@ fn the_kernel_accepts_our_cm_mads() {
         }
     };
     assert_ne!(rep.local_qpn.value(), 0);
+    assert!(!rep.multipath_hint, "the kernel's REP hints: {rep:?}");
     cm.ready_to_use(id, &[]).unwrap();
     assert_eq!(cm.poll_event(), Some(Event::Established { id }));
     flush(&mut cm, &mut port, us, guest);
@@ -415,8 +424,11 @@ fn the_kernel_connects_to_our_cm() {
         rnr_retry_count: 7,
         srq: false,
         target_ack_delay: 0,
+        // Our QP "allows" the extension; the kernel's REQ did not hint, so the REP does not.
+        multipath_hint: true,
         private_data: Vec::new(),
     };
+    assert!(!req.multipath_hint, "the kernel's REQ hints: {req:?}");
     cm.accept(now(), id, &accept).unwrap();
     let est = next_event(&mut cm, &mut port, t0, us, guest, 30);
     assert_eq!(

@@ -27,7 +27,7 @@ use crate::{
     engine::driver::Shared,
     ibcm::{AcceptParams, CmConfig, CmaHdr, ConnectParams, Gid},
     loader,
-    transport::{PKey, Psn, QKey, Qpn, gsi::GsiStats},
+    transport::{PKey, Psn, QKey, Qpn, gsi::GsiStats, multipath::MpState},
 };
 
 /// An active connection request ([`Device::cm_connect`]): what `rdma_connect` puts in the REQ.
@@ -257,6 +257,7 @@ impl Device {
             srq: c.srq,
             cm_response_timeout: c.cm_response_timeout,
             max_cm_retries: c.max_cm_retries,
+            multipath_hint: self.qp_allows_multipath(c.qpn),
             ..ConnectParams::rdma_cm(
                 (local, c.src_port).into(),
                 (c.dest, c.port).into(),
@@ -366,6 +367,7 @@ impl Device {
     /// # Errors
     /// No such connection, or not waiting for an answer.
     pub fn cm_accept(&self, id: CommId, a: &CmAccept) -> Result<(), ApiError> {
+        let allows = self.qp_allows_multipath(a.qpn);
         let p = AcceptParams {
             qpn: a.qpn,
             starting_psn: a.starting_psn,
@@ -374,10 +376,51 @@ impl Device {
             rnr_retry_count: a.rnr_retry_count,
             srq: a.srq,
             target_ack_delay: 0,
+            multipath_hint: allows,
             private_data: a.private_data.clone(),
         };
         let now = self.now();
-        self.with_cm(|g| Ok(g.cm_mut().accept(now, id, &p)?))
+        let hinted = self.with_cm(|g| {
+            let hinted = g.cm().req_multipath_hint(id);
+            g.cm_mut().accept(now, id, &p)?;
+            Ok(hinted)
+        })?;
+        if allows && hinted {
+            self.take_multipath_hint(a.qpn);
+        }
+        Ok(())
+    }
+
+    /// Whether QP `qpn` allows the multipath extension (an RC QP of a device with
+    /// `transport.multipath`, or one [`crate::transport::Device::set_multipath`] allowed):
+    /// only then do its REQ or REP hint it (docs/multipath.md, "Hints out of band").
+    fn qp_allows_multipath(&self, qpn: Qpn) -> bool {
+        self.by_qpn(qpn)
+            .lock()
+            .qp(qpn)
+            .is_some_and(|q| matches!(q.multipath(), MpState::Offering | MpState::On))
+    }
+
+    /// The CM exchange said that the peer QP of our QP `qpn` allows the multipath extension:
+    /// [`Device::set_multipath_peer`] if the QP is still in RESET or INIT. A passive side that
+    /// moves its QP to RTR before [`Device::cm_accept`] (as `rdma_accept` does) calls
+    /// [`Device::set_multipath_peer`] itself on a REQ with `multipath_hint`, before RTR.
+    fn take_multipath_hint(&self, qpn: Qpn) {
+        match self.set_multipath_peer(qpn) {
+            Ok(()) => log::debug!("QP {qpn}: the CM exchange hinted the multipath extension"),
+            Err(e) => log::debug!("QP {qpn}: multipath hint of the CM exchange not taken: {e}"),
+        }
+    }
+
+    /// A [`CmEvent::Reply`] whose REP hinted the multipath extension back (the CM keeps the
+    /// hint only if our REQ hinted too): our QP, before RTR, starts with the extension on.
+    /// Call it on every event handed out, with the connection's QPN read before.
+    fn on_event_out(&self, e: &CmEvent, qpn: Option<Qpn>) {
+        if let (CmEvent::Reply { rep, .. }, Some(qpn)) = (e, qpn)
+            && rep.multipath_hint
+        {
+            self.take_multipath_hint(qpn);
+        }
     }
 
     /// Rejects a [`CmEvent::ConnectRequest`] or a [`CmEvent::Reply`] (`rdma_reject`): sends a
@@ -442,10 +485,15 @@ impl Device {
     #[must_use]
     pub fn poll_cm_event(&self) -> Option<CmEvent> {
         self.drive();
-        self.gsi_shard()
-            .lock()
-            .gsi_mut()
-            .and_then(|g| g.cm_mut().poll_event())
+        let (e, qpn) = {
+            let mut dev = self.gsi_shard().lock();
+            let g = dev.gsi_mut()?;
+            let e = g.cm_mut().poll_event()?;
+            let qpn = event_qpn(g.cm(), &e);
+            (e, qpn)
+        };
+        self.on_event_out(&e, qpn);
+        Some(e)
     }
 
     /// The next CM event, waiting up to `timeout` for one (`rdma_get_cm_event`). The engines
@@ -458,7 +506,12 @@ impl Device {
             self.drive();
             let sh = self.gsi_shard();
             let mut dev = sh.lock();
-            if let Some(e) = dev.gsi_mut().and_then(|g| g.cm_mut().poll_event()) {
+            if let Some(g) = dev.gsi_mut()
+                && let Some(e) = g.cm_mut().poll_event()
+            {
+                let qpn = event_qpn(g.cm(), &e);
+                drop(dev);
+                self.on_event_out(&e, qpn);
                 return Some(e);
             }
             let left = deadline.checked_duration_since(std::time::Instant::now())?;
@@ -482,5 +535,13 @@ impl Device {
     /// The engines' clock now, for the CM's timers.
     fn now(&self) -> crate::time::Instant {
         self.clock.now()
+    }
+}
+
+/// Our QPN of a [`CmEvent::Reply`]'s connection (the one the multipath hint is for).
+fn event_qpn(cm: &crate::ibcm::Cm, e: &CmEvent) -> Option<Qpn> {
+    match e {
+        CmEvent::Reply { id, .. } => cm.local_qpn(*id),
+        _ => None,
     }
 }

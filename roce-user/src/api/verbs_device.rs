@@ -335,6 +335,16 @@ pub trait CmDevice: VerbsDevice {
     /// # Errors
     /// No such connection, or not in a state to accept.
     fn cm_accept(&self, id: CommId, a: &CmAccept) -> Result<(), ApiError>;
+    /// [`Device::set_multipath_peer`]: call it on the passive side, for a connection request
+    /// whose REQ hinted the multipath extension, before the QP goes to RTR. Through `roce
+    /// engine` it does nothing: the hint does not cross the engine protocol.
+    ///
+    /// # Errors
+    /// No such QP, or the QP is in RTR or later.
+    fn cm_multipath_peer(&self, qpn: Qpn) -> Result<(), ApiError> {
+        let _ = qpn;
+        Ok(())
+    }
     /// [`Device::cm_reject`].
     ///
     /// # Errors
@@ -412,6 +422,10 @@ impl CmDevice for Device {
 
     fn cm_accept(&self, id: CommId, a: &CmAccept) -> Result<(), ApiError> {
         Self::cm_accept(self, id, a)
+    }
+
+    fn cm_multipath_peer(&self, qpn: Qpn) -> Result<(), ApiError> {
+        Self::set_multipath_peer(self, qpn)
     }
 
     fn cm_reject(&self, id: CommId, private_data: &[u8]) -> Result<(), ApiError> {

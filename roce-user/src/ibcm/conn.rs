@@ -102,7 +102,10 @@ pub enum Event {
         req: Box<Req>,
     },
     /// Active: the REP arrived (IBTA 12.9.7.2). Move the QP to RTR and RTS with its QPN,
-    /// PSN and resources, then call [`Cm::ready_to_use`] (which sends the RTU).
+    /// PSN and resources, then call [`Cm::ready_to_use`] (which sends the RTU). The REP's
+    /// `multipath_hint` is set only if our REQ hinted too: then tell the QP, before RTR, that
+    /// its peer allows the multipath extension (`roce::api::Device` does it as it hands out
+    /// the event).
     Reply {
         /// The connection.
         id: CommId,
@@ -308,6 +311,10 @@ pub struct ConnectParams {
     /// the peer's REP resends (`ib_cm_req_param.max_cm_retries`, 4 bits, IBTA 12.7.27).
     /// `None`: [`CmConfig::max_cm_retries`].
     pub max_cm_retries: Option<u8>,
+    /// Hint in the REQ that our QP allows the multipath extension
+    /// ([`super::mad::MULTIPATH_HINT_AT`]; docs/multipath.md, "Hints out of band"). Set it only
+    /// for a QP that allows it: a peer that hints back sends trailers from its first packet.
+    pub multipath_hint: bool,
 }
 
 impl ConnectParams {
@@ -349,6 +356,7 @@ impl ConnectParams {
             .with_user_data(user_data),
             cm_response_timeout: None,
             max_cm_retries: None,
+            multipath_hint: false,
         }
     }
 }
@@ -370,6 +378,9 @@ pub struct AcceptParams {
     pub srq: bool,
     /// Target ACK delay (5 bits).
     pub target_ack_delay: u8,
+    /// Our QP allows the multipath extension: the REP hints it back if the REQ hinted
+    /// ([`super::mad::MULTIPATH_HINT_AT`]), and only then.
+    pub multipath_hint: bool,
     /// Private data (up to 196 bytes).
     pub private_data: Vec<u8>,
 }
@@ -395,6 +406,8 @@ struct Conn {
     /// The last response sent (REP, MRA, RTU, DREP), resent on a duplicate.
     last_response: Option<Box<[u8; MAD_LEN]>>,
     service_id: ServiceId,
+    /// The REQ hinted the multipath extension (active: ours; passive: the peer's).
+    req_multipath_hint: bool,
 }
 
 #[derive(Debug)]
@@ -506,6 +519,19 @@ impl Cm {
     #[must_use]
     pub fn service_id(&self, id: CommId) -> Option<ServiceId> {
         self.conns.get(&id).map(|c| c.service_id)
+    }
+
+    /// Whether the REQ of a connection hinted the multipath extension (active: ours;
+    /// passive: the peer's); false for an unknown connection.
+    #[must_use]
+    pub fn req_multipath_hint(&self, id: CommId) -> bool {
+        self.conns.get(&id).is_some_and(|c| c.req_multipath_hint)
+    }
+
+    /// Our QPN of a connection (active: the REQ's; passive: the accept's, 0 before it).
+    #[must_use]
+    pub fn local_qpn(&self, id: CommId) -> Option<Qpn> {
+        self.conns.get(&id).map(|c| c.local_qpn)
     }
 
     /// The peer of a connection (where its MADs go).
@@ -664,6 +690,7 @@ impl Cm {
             primary: path,
             alternate: ReqPath::default(),
             sap_supported: false,
+            multipath_hint: p.multipath_hint,
             private_data: p.private_data.clone(),
         };
         let mad = self.send(p.remote, &CmMad::new(tid, CmMsg::Req(Box::new(req))))?;
@@ -685,6 +712,7 @@ impl Cm {
                 deadline: None,
                 last_response: None,
                 service_id: p.service_id,
+                req_multipath_hint: p.multipath_hint,
             },
         );
         self.set_conn_deadline(id, Some(now + wait));
@@ -748,6 +776,7 @@ impl Cm {
             rnr_retry_count: p.rnr_retry_count & 7,
             srq: p.srq,
             local_ca_guid: ca_guid,
+            multipath_hint: p.multipath_hint && c.req_multipath_hint,
             private_data: p.private_data.clone(),
         };
         let (peer, tid) = (c.peer, c.tid);
@@ -1223,6 +1252,7 @@ impl Cm {
                 deadline: None,
                 last_response: None,
                 service_id: req.service_id,
+                req_multipath_hint: req.multipath_hint,
             },
         );
         self.events.push_back(Event::ConnectRequest {
@@ -1339,7 +1369,7 @@ impl Cm {
     /// or MraReqRcvd the consumer is told; a duplicate is answered with the RTU (Established)
     /// or MRA (MraRepSent); a REP for no connection gets REJ INVALID_COMM_ID; a REP whose CA
     /// GUID and QPN are in use by another connection gets REJ STALE_CONN.
-    fn on_rep(&mut self, now: Instant, from: Gid, tid: Tid, m: Rep) -> Result<(), Dropped> {
+    fn on_rep(&mut self, now: Instant, from: Gid, tid: Tid, mut m: Rep) -> Result<(), Dropped> {
         let Some(c) = self.conns.get(&m.remote_comm_id) else {
             self.issue_rej(
                 from,
@@ -1402,6 +1432,8 @@ impl Cm {
         c.remote_ca_guid = Some(m.local_ca_guid);
         c.remote_qpn = Some(m.local_qpn);
         c.outstanding = None;
+        // A hint back to a REQ that hinted nothing says nothing about our QP: ignored.
+        m.multipath_hint &= c.req_multipath_hint;
         retime(&mut self.timers, TimerKey::Conn(id), &mut c.deadline, None);
         self.events.push_back(Event::Reply {
             id,

@@ -460,6 +460,10 @@ pub struct Req {
     pub alternate: ReqPath,
     /// SAP supported (byte 139 bit 2).
     pub sap_supported: bool,
+    /// The requester's QP allows the multipath extension ([`MULTIPATH_HINT_AT`]; never set
+    /// by Linux's CM). Not carried by serde (the engine protocol's layout predates it).
+    #[serde(skip)]
+    pub multipath_hint: bool,
     /// Private data: 92 bytes on the wire (RDMA CM puts its IP header first,
     /// [`super::ip::CmaHdr`]).
     pub private_data: Vec<u8>,
@@ -607,6 +611,11 @@ pub struct Rep {
     pub srq: bool,
     /// The responder's CA GUID.
     pub local_ca_guid: CaGuid,
+    /// The responder's QP allows the multipath extension and the REQ hinted it too
+    /// ([`MULTIPATH_HINT_AT`]; never set by Linux's CM). Not carried by serde (the engine
+    /// protocol's layout predates it).
+    #[serde(skip)]
+    pub multipath_hint: bool,
     /// Private data (196 bytes on the wire).
     pub private_data: Vec<u8>,
 }
@@ -741,6 +750,20 @@ pub mod private_len {
 /// Length of the ARI of a REJ and the additional information of a SIDR_REP (72 bytes).
 pub const ARI_LEN: usize = 72;
 
+/// Where a REQ and a REP carry the multipath hint (docs/multipath.md, "Hints out of band"):
+/// bit [`MULTIPATH_HINT_BIT`] of attribute byte 27, in both messages. In a REQ, byte 27 is the
+/// last of the 32 reserved bits between LocalCAGUID and LocalQ_Key (IBTA 12.6.5 Table 106,
+/// offsets 24-27); in a REP, the low nibble of byte 27 is reserved after the RNR retry count
+/// and SRQ bits (Table 110). Linux's CM neither sets, reads, checks nor echoes either (its
+/// ibta_vol1_c12.h names no field there; ECE's vendor ID took REQ bytes 5-7 and REP bytes 15,
+/// 19 and 23, not these), it zeroes every MAD it builds, and tshark skips the REQ's bytes and
+/// shows the REP's nibble as "Reserved".
+pub const MULTIPATH_HINT_AT: usize = 27;
+/// The hint bit in byte [`MULTIPATH_HINT_AT`]: "the sender's QP allows version 1 of the
+/// multipath extension" (with `HOLD`, as the `roce-mp1` of perftest's version message). The
+/// other reserved bits stay 0 and are ignored.
+pub const MULTIPATH_HINT_BIT: u8 = 0x01;
+
 fn reserved(field: &'static str, value: u8) -> MadError {
     MadError::Reserved {
         field,
@@ -821,6 +844,7 @@ impl CmMsg {
                     primary: ReqPath::read(&r, 52),
                     alternate: ReqPath::read(&r, 52 + ReqPath::LEN),
                     sap_supported: r.u8(139) & 0x04 != 0,
+                    multipath_hint: r.u8(MULTIPATH_HINT_AT) & MULTIPATH_HINT_BIT != 0,
                     private_data: r.bytes(140, private_len::REQ),
                 }))
             }
@@ -877,6 +901,7 @@ impl CmMsg {
                     rnr_retry_count: b27 >> 5,
                     srq: b27 & 0x10 != 0,
                     local_ca_guid: CaGuid(r.u64(28)),
+                    multipath_hint: b27 & MULTIPATH_HINT_BIT != 0,
                     private_data: r.bytes(36, private_len::REP),
                 })
             }
@@ -966,6 +991,9 @@ impl CmMsg {
                 m.alternate.write(&mut w, 52 + ReqPath::LEN);
                 let b139 = w.0[139] | (u8::from(m.sap_supported) << 2);
                 w.u8(139, b139);
+                if m.multipath_hint {
+                    w.u8(MULTIPATH_HINT_AT, MULTIPATH_HINT_BIT);
+                }
                 w.bytes(140, &m.private_data);
             }
             Self::Mra(m) => {
@@ -1020,7 +1048,17 @@ impl CmMsg {
                         | ((m.failover_accepted & 3) << 1)
                         | u8::from(m.e2e_flow_control),
                 );
-                w.u8(27, ((m.rnr_retry_count & 7) << 5) | (u8::from(m.srq) << 4));
+                const _: () = assert!(MULTIPATH_HINT_AT == 27 && MULTIPATH_HINT_BIT & 0xf0 == 0);
+                w.u8(
+                    27,
+                    ((m.rnr_retry_count & 7) << 5)
+                        | (u8::from(m.srq) << 4)
+                        | if m.multipath_hint {
+                            MULTIPATH_HINT_BIT
+                        } else {
+                            0
+                        },
+                );
                 w.u64(28, m.local_ca_guid.0);
                 w.bytes(36, &m.private_data);
             }

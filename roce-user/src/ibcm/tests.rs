@@ -49,6 +49,7 @@ fn sample_req() -> Req {
         },
         alternate: ReqPath::default(),
         sap_supported: false,
+        multipath_hint: false,
         private_data: CmaHdr {
             src_port: 40000,
             src: "10.0.0.1".parse().unwrap(),
@@ -146,6 +147,7 @@ fn every_message() -> Vec<CmMsg> {
             rnr_retry_count: 7,
             srq: true,
             local_ca_guid: CaGuid(0x0011_2233_4455_6677),
+            multipath_hint: false,
             private_data: vec![0xaa; 196],
         }),
         CmMsg::Rtu(Rtu {
@@ -492,6 +494,7 @@ fn accept_params() -> AcceptParams {
         rnr_retry_count: 7,
         srq: false,
         target_ack_delay: 0,
+        multipath_hint: false,
         private_data: b"welcome".to_vec(),
     }
 }
@@ -1305,5 +1308,186 @@ fn ten_thousand_connections_in_a_row_leave_every_table_empty() {
             (0, 0, 0, 0, 0),
             "{s:?}"
         );
+    }
+}
+
+// ---------------------------------------------------------------------------------------
+// The multipath hint in the REQ and REP (docs/multipath.md, "Hints out of band")
+// ---------------------------------------------------------------------------------------
+
+/// The REP of [`every_message`].
+fn sample_rep() -> Rep {
+    match every_message().swap_remove(3) {
+        CmMsg::Rep(r) => r,
+        m => panic!("every_message()[3] is a {}", m.name()),
+    }
+}
+
+/// The hint is bit 0 of attribute byte 27 (MAD byte 51) of a REQ and of a REP, and nothing
+/// else moves: with the hint clear, the bytes are those of a MAD without it.
+#[test]
+fn the_multipath_hint_is_bit_0_of_byte_27_of_a_req_and_a_rep() {
+    let plain_req = CmMad::new(Tid(7), CmMsg::Req(Box::new(sample_req())))
+        .encode()
+        .unwrap();
+    // Reserved bytes 24-27 of the REQ (MAD 48-51) are zero without the hint.
+    assert_eq!(&plain_req[48..52], &[0, 0, 0, 0]);
+    let mut req = sample_req();
+    req.multipath_hint = true;
+    let hinted_req = CmMad::new(Tid(7), CmMsg::Req(Box::new(req.clone())))
+        .encode()
+        .unwrap();
+    assert_eq!(
+        hinted_req[MAD_HDR_LEN + MULTIPATH_HINT_AT],
+        MULTIPATH_HINT_BIT
+    );
+    let diff: Vec<usize> = (0..MAD_LEN)
+        .filter(|&i| plain_req[i] != hinted_req[i])
+        .collect();
+    assert_eq!(diff, vec![51], "only the hint bit differs in the REQ");
+    let CmMsg::Req(back) = CmMad::decode(&hinted_req).unwrap().msg else {
+        panic!("not a REQ")
+    };
+    assert!(back.multipath_hint);
+    let CmMsg::Req(back) = CmMad::decode(&plain_req).unwrap().msg else {
+        panic!("not a REQ")
+    };
+    assert!(!back.multipath_hint);
+
+    let plain_rep = CmMad::new(Tid(7), CmMsg::Rep(sample_rep()))
+        .encode()
+        .unwrap();
+    let mut rep = sample_rep();
+    rep.multipath_hint = true;
+    let hinted_rep = CmMad::new(Tid(7), CmMsg::Rep(rep)).encode().unwrap();
+    // RNR retry 7 and SRQ stay in the high nibble; the hint takes bit 0 of the reserved one.
+    assert_eq!(plain_rep[51], (7 << 5) | 0x10);
+    assert_eq!(hinted_rep[51], (7 << 5) | 0x10 | 0x01);
+    let diff: Vec<usize> = (0..MAD_LEN)
+        .filter(|&i| plain_rep[i] != hinted_rep[i])
+        .collect();
+    assert_eq!(diff, vec![51], "only the hint bit differs in the REP");
+    let CmMsg::Rep(back) = CmMad::decode(&hinted_rep).unwrap().msg else {
+        panic!("not a REP")
+    };
+    assert!(back.multipath_hint);
+    assert_eq!(back.rnr_retry_count, 7);
+    assert!(back.srq);
+}
+
+/// A REQ and a REP as Linux's CM builds them (cm.c `cm_format_req`/`cm_format_rep` into a
+/// zeroed MAD; rdma_cm's usual parameters, ECE vendor ID set as ib_cm 5.9+ may send it) carry
+/// no hint, and neither do the other reserved bits of byte 27 or the ECE bytes.
+#[test]
+fn linux_style_mads_carry_no_multipath_hint() {
+    // A REQ as rxe's rdma_cm sends for rping: built field by field at the kernel offsets.
+    let mut b = [0u8; MAD_LEN];
+    b[..4].copy_from_slice(&[1, MGMT_CLASS_CM, 2, 0x03]);
+    b[8..16].copy_from_slice(&0x0000_0001_2345_6789u64.to_be_bytes());
+    b[16..18].copy_from_slice(&0x0010u16.to_be_bytes());
+    let d = MAD_HDR_LEN;
+    b[d..d + 4].copy_from_slice(&0x7a5c_0001u32.to_be_bytes());
+    // ECE vendor ID (REQ bytes 5-7): Mellanox's OUI, as mlx5 peers send it.
+    b[d + 5..d + 8].copy_from_slice(&[0x00, 0x02, 0xc9]);
+    b[d + 8..d + 16].copy_from_slice(&ServiceId::rdma_cm(PortSpace::Tcp, 7174).0.to_be_bytes());
+    b[d + 16..d + 24].copy_from_slice(&0x5254_00ff_fe12_3456u64.to_be_bytes());
+    b[d + 32..d + 36].copy_from_slice(&[0x00, 0x00, 0x11, 1]);
+    b[d + 39] = 1;
+    b[d + 43] = 20 << 3;
+    b[d + 44..d + 47].copy_from_slice(&[0x12, 0x34, 0x56]);
+    b[d + 47] = (20 << 3) | 7;
+    b[d + 48..d + 50].copy_from_slice(&[0xff, 0xff]);
+    b[d + 50] = (3 << 4) | 7;
+    b[d + 51] = 15 << 4;
+    b[d + 52..d + 56].copy_from_slice(&[0xff, 0xff, 0xff, 0xff]);
+    b[d + 93] = 64;
+    b[d + 95] = 19 << 3;
+    let CmMsg::Req(req) = CmMad::decode(&b).unwrap().msg else {
+        panic!("not a REQ")
+    };
+    assert!(!req.multipath_hint);
+    assert_eq!(req.local_qpn, Qpn::new(0x11));
+
+    // A REP with every defined bit of byte 27 set (RNR retry 7, SRQ) and the ECE vendor ID
+    // bytes (15, 19, 23) set: still no hint.
+    let mut b = [0u8; MAD_LEN];
+    b[..4].copy_from_slice(&[1, MGMT_CLASS_CM, 2, 0x03]);
+    b[16..18].copy_from_slice(&0x0013u16.to_be_bytes());
+    b[d + 12..d + 15].copy_from_slice(&[0, 0, 0x22]);
+    b[d + 15] = 0x00;
+    b[d + 19] = 0x02;
+    b[d + 23] = 0xc9;
+    b[d + 27] = (7 << 5) | 0x10;
+    let CmMsg::Rep(rep) = CmMad::decode(&b).unwrap().msg else {
+        panic!("not a REP")
+    };
+    assert!(!rep.multipath_hint);
+    assert!(rep.srq);
+}
+
+/// Between two agents: a REQ that hints and an accept whose QP allows the extension give a
+/// REP that hints and a Reply that says so; every other combination gives no hint, and a
+/// REP that hints back to a REQ that did not is ignored.
+#[test]
+fn the_cm_hints_back_only_when_both_sides_allow_the_extension() {
+    for (offer, allow) in [(true, true), (true, false), (false, true), (false, false)] {
+        let mut p = Pair::new();
+        let mut c = connect_params(0x11);
+        c.multipath_hint = offer;
+        let a_id = p.a.connect(p.now, &c).unwrap();
+        assert_eq!(p.a.req_multipath_hint(a_id), offer);
+        p.pump();
+        let b_id = match Pair::events(&mut p.b).as_slice() {
+            [Event::ConnectRequest { id, req, .. }] => {
+                assert_eq!(req.multipath_hint, offer);
+                *id
+            }
+            e => panic!("expected one connect request, got {e:?}"),
+        };
+        assert_eq!(p.b.req_multipath_hint(b_id), offer);
+        let mut acc = accept_params();
+        acc.multipath_hint = allow;
+        p.b.accept(p.now, b_id, &acc).unwrap();
+        p.pump();
+        match Pair::events(&mut p.a).as_slice() {
+            [Event::Reply { id, rep }] => {
+                assert_eq!(*id, a_id);
+                assert_eq!(
+                    rep.multipath_hint,
+                    offer && allow,
+                    "offer {offer} allow {allow}"
+                );
+            }
+            e => panic!("expected one reply, got {e:?}"),
+        }
+        assert_eq!(p.a.local_qpn(a_id), Some(Qpn::new(0x11)));
+        assert_eq!(p.b.local_qpn(b_id), Some(Qpn::new(0x22)));
+    }
+}
+
+/// A REP whose hint bit is set although our REQ did not hint (a confused or hostile peer)
+/// reaches the consumer without the hint: our QP never hears that its peer allows it.
+#[test]
+fn a_rep_hinting_to_an_unhinted_req_is_ignored() {
+    let mut p = Pair::new();
+    let a_id = p.connect();
+    let mut req_mad = None;
+    while let Some(t) = p.a.poll_transmit() {
+        req_mad = Some(t.mad);
+    }
+    let req = CmMad::decode(&req_mad.expect("a REQ")[..]).unwrap();
+    let CmMsg::Req(req) = req.msg else {
+        panic!("not a REQ")
+    };
+    assert!(!req.multipath_hint);
+    let mut rep = sample_rep();
+    rep.remote_comm_id = a_id;
+    rep.local_comm_id = CommId(0x77);
+    rep.multipath_hint = true;
+    let mad = CmMad::new(Tid(1), CmMsg::Rep(rep)).encode().unwrap();
+    p.a.handle_mad(p.now, gid_b(), &mad).unwrap();
+    match Pair::events(&mut p.a).as_slice() {
+        [Event::Reply { rep, .. }] => assert!(!rep.multipath_hint),
+        e => panic!("expected one reply, got {e:?}"),
     }
 }

@@ -371,6 +371,7 @@ mod tests {
             rnr_retry_count: 7,
             srq: false,
             target_ack_delay: 0,
+            multipath_hint: false,
             private_data: Vec::new(),
         };
         cm(&mut b).accept(now, bid, &accept).unwrap();

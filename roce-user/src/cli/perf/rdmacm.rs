@@ -594,6 +594,11 @@ fn accept_one(
                         .ok()
                         .map(|h| h.dst.to_canonical()),
                 };
+                if req.multipath_hint {
+                    // The peer's QP allows the multipath extension (its REQ said so): ours, if
+                    // it does too, starts with it on; the REP hints back (docs/multipath.md).
+                    dev.set_multipath_peer(qpn)?;
+                }
                 if let Err(e) = ready_qp(dev, a, (gid_index, mtu), (role, qpn), psn, &peer) {
                     let _ = dev.cm_reject(id, &[]);
                     return Err(e.context("bringing the QP up from the REQ"));

@@ -587,6 +587,11 @@ fn server(
     let gid_idx = gid_index_for(dev, a, h.src, Some(h.dst));
     let path = dev.path_to(gid_idx, &Gid::from_ip(h.src).0, side.qpn, req.local_qpn)?;
     let mtu = mtu_at_most(dev.max_path_mtu(h.src.is_ipv6()).min(req.path_mtu.bytes()));
+    if req.multipath_hint {
+        // The client's QP allows the multipath extension (its REQ said so): ours, with
+        // --multipath, starts with it on; the REP hints back (docs/multipath.md).
+        dev.set_multipath_peer(side.qpn)?;
+    }
     let mut rc = RcConnect::new(path, mtu, req.local_qpn, psn, req.starting_psn);
     rc.timeout = LOCAL_ACK_TIMEOUT;
     rc.retry_cnt = req.retry_count;

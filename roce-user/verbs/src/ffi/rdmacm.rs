@@ -376,6 +376,9 @@ struct IdState {
     /// UDP port space: `comm` is a SIDR request (ours on the active side, the peer's on the
     /// passive side) rather than a connection.
     sidr: bool,
+    /// Passive: the REQ hinted the multipath extension (docs/multipath.md, "Hints out of
+    /// band"); `rdma_accept` tells the QP before RTR.
+    multipath_hint: bool,
 }
 
 /// An id: `struct rdma_cm_id` first.
@@ -1872,6 +1875,19 @@ export!(
                         }
                     }
                     st.our_psn = random_psn();
+                    if st.multipath_hint && !qp.is_null() {
+                        // The peer's QP allows the multipath extension: ours (if it does, with
+                        // ROCE_MULTIPATH) starts with it on; the REP hints back.
+                        // SAFETY: the id's live QP.
+                        let qpn = Qpn::new(unsafe { (*qp).qp_num });
+                        if let Err(e) = device_arc(ctx)
+                            .and_then(|d| d.cm_multipath_peer(qpn).map_err(|e| e.errno()))
+                        {
+                            say(&format!(
+                                "rdma_accept: multipath hint not taken (errno {e})"
+                            ));
+                        }
+                    }
                     comm
                 };
                 // SAFETY: a live id of ours.
@@ -2091,6 +2107,7 @@ fn dispatch(r: &mut Registry, ctx: usize, dev: &dyn CmDevice, ev: CmEvent) {
                 st.retry_count = req.retry_count;
                 st.rnr_retry_count = req.rnr_retry_count;
                 st.path_mtu = u32::from(req.path_mtu.code()).min(local_mtu);
+                st.multipath_hint = req.multipath_hint;
             }
             r.conns.insert((ctx, comm), child as usize);
             let info = ConnInfo {
