@@ -191,6 +191,13 @@ enum Resource {
         pending: bool,
         /// The next packet starts a replay (sent as FIRST/ONLY).
         restart: bool,
+        /// The last PSN of the current (re)play: `last_psn`, or for a replay of a range the
+        /// requester asked for again in multipath mode, the range's last.
+        stop_psn: Psn,
+        /// Responses carry the placement trailer and are sprayed (docs/multipath.md): the
+        /// request came marked `HOLD` from a requester in selective repeat, and the
+        /// extension is on.
+        placed: bool,
     },
     Atomic {
         psn: Psn,
@@ -369,8 +376,10 @@ pub struct Qp {
     mp_tx: Option<Box<super::multipath::SelectiveRepeat>>,
     /// How the requester sprays (from `DeviceConfig::multipath_entropies`).
     pub(crate) mp_entropies: super::multipath::EntropyConfig,
-    /// The entropies its sprayed packets take, made when it first sprays (qp/multipath.rs).
-    mp_paths: Option<Box<super::multipath::Entropies>>,
+    /// The entropies its sprayed packets (requests and READ responses) take, made when it
+    /// first sprays, and the READ response packets its requester placed out of order
+    /// (qp/multipath.rs).
+    mp_side: Option<Box<multipath::MpSide>>,
     /// WRs that consume a receive WQE at the responder (SENDs, WRITEs with immediate)
     /// completed since the QP left RESET: the base of the send sequence numbers.
     send_ssn: u32,
@@ -423,7 +432,7 @@ impl Qp {
             recv_ssn: 0,
             mp_tx: None,
             mp_entropies: super::multipath::EntropyConfig::default(),
-            mp_paths: None,
+            mp_side: None,
             send_ssn: 0,
         }
     }
@@ -711,6 +720,9 @@ impl Qp {
         let Some(wqe) = self.sq.pop_front() else {
             return;
         };
+        if let (Some(m), Some(f)) = (self.mp_side.as_deref_mut(), wqe.first_psn) {
+            m.rd.remove(&f.value());
+        }
         if wqe.first_psn.is_some() && multipath::consumes_rwqe(&wqe.wr.op) {
             self.send_ssn = self.send_ssn.wrapping_add(1);
         }

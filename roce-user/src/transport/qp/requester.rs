@@ -516,6 +516,8 @@ impl Qp {
         let m = u64::from(self.mtu().bytes());
         let start = u64::from(pkt_idx) * m;
         let piece_end = ((pkt_idx / READ_CHUNK_PKTS + 1) * READ_CHUNK_PKTS).min(npkts);
+        // In multipath mode, only up to the next response packet already placed.
+        let piece_end = self.mp_read_request_end(self.req_idx, pkt_idx, piece_end);
         let end = (u64::from(piece_end) * m).min(wqe.len);
         let bth = BthRepr::new(Opcode::RC_RDMA_READ_REQUEST, self.attr.dest_qp_num, psn);
         let mut repr = RoceRepr::new(bth);

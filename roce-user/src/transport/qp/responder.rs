@@ -3,6 +3,7 @@
 //! resources, length, R_Key, then execution and acknowledgement.
 
 use super::*;
+use crate::wire::multipath::{PlacementFlags, PlacementTrailer, Ssn};
 
 /// An error class C outcome (IBA 9.9.3.1.3): NAK, complete the receive WR in use with
 /// `status` if there is one, and move the QP to ERR.
@@ -446,15 +447,18 @@ impl Qp {
         self.take_resource_slot();
         let psn = pkt.repr.bth.psn;
         let npkts = packets_for(len, self.mtu());
+        let last_psn = psn.wrapping_add(npkts - 1);
         self.resources.push_back(Resource::Read {
             first_psn: psn,
-            last_psn: psn.wrapping_add(npkts - 1),
+            last_psn,
             va: reth.va,
             rkey: reth.rkey,
             len,
             cur_psn: psn,
             pending: true,
             restart: false,
+            stop_psn: last_psn,
+            placed: self.mp_placed_read(pkt),
         });
         // C9-148: the MSN counts the READ when the request is accepted.
         self.msn = self.msn.wrapping_add(1);
@@ -555,20 +559,37 @@ impl Qp {
                         cur_psn,
                         pending,
                         restart,
+                        stop_psn,
+                        placed,
                     } = r
                     {
                         if psn.distance(*first_psn) < 0 || psn.distance(*last_psn) > 0 {
                             continue;
                         }
-                        // The replayed request must name a tail of the original one.
+                        // The replayed request must name a tail of the original one; with
+                        // placed responses (multipath), any whole-packet range of it: the
+                        // requester asks again only for what it is missing.
                         let off = psn.distance(*first_psn) as u64 * mtu;
-                        let same = reth.rkey == *rkey
-                            && Some(reth.va) == va.checked_add(off)
-                            && u64::from(reth.dma_len) == *len - off.min(*len);
-                        if same {
+                        let tail = *len - off.min(*len);
+                        let dma = u64::from(reth.dma_len);
+                        let same_start = reth.rkey == *rkey && Some(reth.va) == va.checked_add(off);
+                        let stop = if same_start && dma == tail {
+                            Some(*last_psn)
+                        } else if same_start && *placed && dma > 0 && dma < tail && dma % mtu == 0
+                        {
+                            Some(psn.wrapping_add(u32::try_from(dma / mtu).unwrap_or(1) - 1))
+                        } else {
+                            None
+                        };
+                        if let Some(mut stop) = stop {
+                            // A play still going on is not cut short: it goes on to its end.
+                            if *pending && stop_psn.distance(stop) > 0 {
+                                stop = *stop_psn;
+                            }
                             *cur_psn = psn;
                             *pending = true;
                             *restart = true;
+                            *stop_psn = stop;
                             self.cc_on_loss(now);
                         }
                         return;
@@ -836,24 +857,53 @@ impl Qp {
                 cur_psn,
                 pending: _,
                 restart,
+                stop_psn,
+                placed,
             } => {
                 let idx = cur_psn.distance(*first_psn) as u64;
                 let off = idx * mtu;
                 let n = (*len - off.min(*len)).min(mtu);
                 let is_last = *cur_psn == *last_psn;
+                let stops = *cur_psn == *stop_psn || is_last;
                 let psn = *cur_psn;
                 // The first packet of a (re)played response is FIRST/ONLY (a replay answers a
-                // new READ request from that PSN), the others MIDDLE/LAST.
-                let pos = match (idx == 0 || *restart, is_last) {
+                // new READ request from that PSN), the others MIDDLE/LAST; a replay of a range
+                // (placed responses only) ends LAST at the range's end.
+                let pos = match (idx == 0 || *restart, stops) {
                     (true, true) => Position::Only,
                     (true, false) => Position::First,
                     (false, true) => Position::Last,
                     (false, false) => Position::Middle,
                 };
-                let (rkey, va) = (*rkey, va.wrapping_add(off));
+                let (rkey, rva, va) = (*rkey, *va, va.wrapping_add(off));
                 let nn = usize::try_from(n).ok()?;
                 let opcode = opcode_for(Operation::ReadResponse, pos, false, false);
-                let (payload, dst) = tx.payload(opcode, nn)?;
+                // In multipath mode the packet ends in its placement trailer (READ response
+                // flag, its offset in the READ's data), when the frame has room for it.
+                let trailer = match (u32::try_from(off), u32::try_from(*len)) {
+                    (Ok(offset), Ok(length)) if *placed && self.mp.is_on() => {
+                        Some(PlacementTrailer {
+                            first_psn: *first_psn,
+                            flags: PlacementFlags::READ_RESPONSE,
+                            offset,
+                            length,
+                            va: rva,
+                            rkey: RKey::new(0),
+                            ssn: Ssn::new(0),
+                        })
+                    }
+                    _ => None,
+                };
+                let tlen = trailer.map_or(0, |t| t.buffer_len());
+                let (trailer, (payload, dst)) = match tx.payload(opcode, nn + tlen) {
+                    Some(p) => (trailer, p),
+                    None if trailer.is_some() => (None, tx.payload(opcode, nn)?),
+                    None => return None,
+                };
+                let (dst, tail) = dst.split_at_mut(nn);
+                if let Some(t) = trailer {
+                    tail.copy_from_slice(&t.to_bytes());
+                }
                 // A zero-length READ touches no memory and needs no R_Key.
                 let read = if n == 0 {
                     Ok(())
@@ -887,7 +937,7 @@ impl Qp {
                 } = &mut self.resources[i]
                 {
                     *restart = false;
-                    if is_last {
+                    if stops {
                         *pending = false;
                     } else {
                         *cur_psn = cur_psn.next();
@@ -899,6 +949,9 @@ impl Qp {
                         syndrome: AethSyndrome::ACK_UNLIMITED,
                         msn,
                     });
+                }
+                if trailer.is_some() {
+                    repr.bth.resv7 = MpBthFlags::TRAILER.bits();
                 }
                 self.counters.sent_pkts += 1;
                 Some(OutPkt {
