@@ -194,6 +194,9 @@ enum Resource {
         /// The last PSN of the current (re)play: `last_psn`, or for a replay of a range the
         /// requester asked for again in multipath mode, the range's last.
         stop_psn: Psn,
+        /// A play interrupted by the replay of a range (multipath): where it goes on, and
+        /// its last PSN, once the range is sent.
+        resume: Option<(Psn, Psn)>,
         /// Responses carry the placement trailer and are sprayed (docs/multipath.md): the
         /// request came marked `HOLD` from a requester in selective repeat, and the
         /// extension is on.

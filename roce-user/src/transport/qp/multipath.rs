@@ -593,7 +593,8 @@ pub(super) struct MpSide {
 const READ_REORDER_PSNS: i32 = 3;
 
 fn bit(b: &[u64], i: u32) -> bool {
-    b.get(i as usize / 64).is_some_and(|w| w & (1 << (i % 64)) != 0)
+    b.get(i as usize / 64)
+        .is_some_and(|w| w & (1 << (i % 64)) != 0)
 }
 
 impl Qp {
@@ -794,9 +795,18 @@ impl Qp {
             return;
         }
         let missing = f.wrapping_add(w.rcvd_pkts);
-        if psn.distance(missing) >= READ_REORDER_PSNS && self.retry(now, ctx, true) {
-            self.counters.implied_nak_seq_err += 1;
+        if psn.distance(missing) < READ_REORDER_PSNS || self.retry_guard == Some(missing) {
+            return;
         }
+        // Only the missing response packets go again: not every PSN selective repeat has
+        // unacknowledged (`retry` would resend them all, and each READ request among them
+        // would have its whole READ answered again).
+        self.retry_guard = Some(missing);
+        self.counters.implied_nak_seq_err += 1;
+        self.cc_on_loss(now);
+        self.cc_on_retry(now, false);
+        self.mp_request_again();
+        let _ = ctx;
     }
 
     /// The packet of the READ WR at `idx` before which a re-request from packet `from` may

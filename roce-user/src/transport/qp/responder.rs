@@ -458,6 +458,7 @@ impl Qp {
             pending: true,
             restart: false,
             stop_psn: last_psn,
+            resume: None,
             placed: self.mp_placed_read(pkt),
         });
         // C9-148: the MSN counts the READ when the request is accepted.
@@ -560,6 +561,7 @@ impl Qp {
                         pending,
                         restart,
                         stop_psn,
+                        resume,
                         placed,
                     } = r
                     {
@@ -575,16 +577,21 @@ impl Qp {
                         let same_start = reth.rkey == *rkey && Some(reth.va) == va.checked_add(off);
                         let stop = if same_start && dma == tail {
                             Some(*last_psn)
-                        } else if same_start && *placed && dma > 0 && dma < tail && dma % mtu == 0
-                        {
+                        } else if same_start && *placed && dma > 0 && dma < tail && dma % mtu == 0 {
                             Some(psn.wrapping_add(u32::try_from(dma / mtu).unwrap_or(1) - 1))
                         } else {
                             None
                         };
                         if let Some(mut stop) = stop {
-                            // A play still going on is not cut short: it goes on to its end.
+                            // A play still going on is not cut short: a range before where it
+                            // is goes first and the play resumes after it (placed responses);
+                            // else the replay runs on to the play's end.
                             if *pending && stop_psn.distance(stop) > 0 {
-                                stop = *stop_psn;
+                                if *placed && resume.is_none() && cur_psn.distance(stop) > 0 {
+                                    *resume = Some((*cur_psn, *stop_psn));
+                                } else {
+                                    stop = *stop_psn;
+                                }
                             }
                             *cur_psn = psn;
                             *pending = true;
@@ -858,6 +865,7 @@ impl Qp {
                 pending: _,
                 restart,
                 stop_psn,
+                resume: _,
                 placed,
             } => {
                 let idx = cur_psn.distance(*first_psn) as u64;
@@ -933,11 +941,16 @@ impl Qp {
                     cur_psn,
                     pending,
                     restart,
+                    stop_psn,
+                    resume,
                     ..
                 } = &mut self.resources[i]
                 {
                     *restart = false;
-                    if stops {
+                    if let (true, Some((at, stop))) = (stops, resume.take()) {
+                        // The range replayed: the interrupted play goes on (a new FIRST).
+                        (*cur_psn, *stop_psn, *restart) = (at, stop, true);
+                    } else if stops {
                         *pending = false;
                     } else {
                         *cur_psn = cur_psn.next();

@@ -1324,7 +1324,12 @@ fn a_read_in_selective_repeat_is_answered_with_placement_trailers() {
     assert_eq!(h.c().rx_read_requests, 1, "a replay is not a new READ");
 
     // A READ sent plain (no HOLD) with the extension on: plain responses, in order.
-    let mut plain = with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN + 3), BASE, rkey, 3000);
+    let mut plain = with_reth(
+        hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN + 3),
+        BASE,
+        rkey,
+        3000,
+    );
     plain.bth.resv7 = MpBthFlags::OFFER.bits();
     h.rx(plain, &[]);
     let out = h.tx();
@@ -1343,7 +1348,10 @@ fn a_read_in_selective_repeat_is_answered_with_placement_trailers() {
     );
     range.bth.resv7 = held;
     h.rx(range, &[]);
-    assert!(h.tx().is_empty(), "a range of a plain READ is not a tail: unanswered");
+    assert!(
+        h.tx().is_empty(),
+        "a range of a plain READ is not a tail: unanswered"
+    );
 }
 
 /// A QP with the extension off never sends a READ response trailer, whatever the request's
@@ -1431,7 +1439,9 @@ fn reads_over_four_paths(seed: u64, link: Link, multipath: bool, n: u64) -> Read
         .collect();
     let a_src: Vec<u8> = (0..3000u32).map(|i| (i * 11 + 5) as u8).collect();
     let sizes = [3000u32, 17_000, 64, 40_000, 5 * 1024, 1024];
-    let total: u64 = (0..n).map(|i| u64::from(sizes[i as usize % sizes.len()])).sum();
+    let total: u64 = (0..n)
+        .map(|i| u64::from(sizes[i as usize % sizes.len()]))
+        .sum();
     let mut a_mem = vec![0; 3000 + total as usize];
     a_mem[..3000].copy_from_slice(&a_src);
     let ma = p.a.reg_mr(a.pd, a_mem, 0x1000, Access::all()).unwrap();
@@ -1519,7 +1529,10 @@ fn read_responses_are_sprayed_and_placed_out_of_order() {
     let (mut mp_resent, mut plain_resent, mut placed, mut lost) = (0, 0, 0, (0, 0));
     for seed in [41, 42, 43] {
         let m = reads_over_four_paths(seed, link, true, 60);
-        assert!(m.responses.iter().all(|r| r.1), "every READ response with its trailer");
+        assert!(
+            m.responses.iter().all(|r| r.1),
+            "every READ response with its trailer"
+        );
         let g = reads_over_four_paths(seed, link, false, 60);
         assert!(g.responses.iter().all(|r| !r.1), "plain: no trailer");
         mp_resent += m.resent();
@@ -1547,4 +1560,21 @@ fn read_responses_are_sprayed_and_placed_out_of_order() {
         mp_resent < plain_resent,
         "resent responses: {mp_resent} placed against {plain_resent} go-back-N (lost {lost:?})"
     );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(8))]
+
+    /// Any loss, duplication and reordering on four paths, READ responses sprayed and placed
+    /// out of order: every WR completes exactly once, in order, every byte READ is the
+    /// responder's and every byte written the requester's, and every READ response carries
+    /// its trailer.
+    #[test]
+    fn reads_over_four_impaired_paths_complete_exactly_once(
+        seed in any::<u64>(),
+        link in arb_mp_link(),
+    ) {
+        let r = reads_over_four_paths(seed, link, true, 24);
+        prop_assert!(r.responses.iter().all(|r| r.1));
+    }
 }
