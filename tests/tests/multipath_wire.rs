@@ -122,14 +122,18 @@ fn frames() -> Vec<Vec<u8>> {
         length: 64,
         va: 0x7f00_0000_1000,
         rkey: RKey::new(0),
-        ssn: Ssn::new(5),
+        ssn: Ssn::new(0),
     };
     let mut payload = vec![0xab; 64];
     payload.extend_from_slice(&t.to_bytes());
     let mut buf = vec![0u8; 256];
     let n = wire::emit_frame(&path(), &rr, &payload, &mut buf).expect("emit READ response");
     buf.truncate(n);
-    set_flags_and_icrc(&mut buf, MpBthFlags::OFFER | MpBthFlags::TRAILER);
+    // As a responder with the extension on sends it (its responses say it holds, HOLD).
+    set_flags_and_icrc(
+        &mut buf,
+        MpBthFlags::OFFER | MpBthFlags::TRAILER | MpBthFlags::HOLD,
+    );
     out.push(buf);
     // An ACK with a SACK trailer.
     out.push(ack_with_sack(&SackTrailer {

@@ -712,7 +712,7 @@ impl Qp {
             }
         }
         self.mp_read_advance(now, ctx);
-        self.mp_read_loss_check(now, psn, ctx);
+        self.mp_read_loss_check(now, psn);
     }
 
     /// The index in the send queue of the READ WR whose responses include `psn`.
@@ -784,7 +784,7 @@ impl Qp {
     /// first response missing of the oldest READ, that one is taken as lost and asked for
     /// again (an implied NAK, once per PSN: `retry`). Responses come in PSN order from the
     /// responder, so the later ones overtook it on another path by that much.
-    fn mp_read_loss_check(&mut self, now: Instant, psn: Psn, ctx: &mut Ctx<'_>) {
+    fn mp_read_loss_check(&mut self, now: Instant, psn: Psn) {
         let Some(w) = self.sq.front() else {
             return;
         };
@@ -806,7 +806,6 @@ impl Qp {
         self.cc_on_loss(now);
         self.cc_on_retry(now, false);
         self.mp_request_again();
-        let _ = ctx;
     }
 
     /// The packet of the READ WR at `idx` before which a re-request from packet `from` may
