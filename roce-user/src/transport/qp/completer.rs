@@ -278,7 +278,11 @@ impl Qp {
         if let Some(w) = self.sq.front_mut() {
             w.rcvd_pkts += 1;
         }
-        self.comp_psn = psn.next();
+        // Packets after it placed out of order already (multipath; none otherwise).
+        let skipped = self.mp_read_skip_placed();
+        self.comp_psn = psn.next().wrapping_add(skipped);
+        let is_last =
+            is_last || (skipped > 0 && self.sq.front().is_some_and(|w| w.rcvd_pkts >= w.npkts));
         if is_last {
             self.complete_head(WcStatus::Success, ctx);
         }

@@ -644,16 +644,18 @@ impl Qp {
             self.counters.rx_dropped += 1;
             return;
         }
-        let (f, npkts) = match self.sq.get(idx) {
-            Some(w) => (w.first_psn.unwrap_or(psn), w.npkts),
+        let (f, npkts, in_order) = match self.sq.get(idx) {
+            Some(w) => (w.first_psn.unwrap_or(psn), w.npkts, w.rcvd_pkts),
             None => return,
         };
         let i = psn.distance(f) as u32;
-        if self
-            .mp_side
-            .as_deref()
-            .and_then(|m| m.rd.get(&f.value()))
-            .is_some_and(|b| bit(b, i))
+        // Placed already: in order (before `rcvd_pkts`) or out of order (its bit).
+        if i < in_order
+            || self
+                .mp_side
+                .as_deref()
+                .and_then(|m| m.rd.get(&f.value()))
+                .is_some_and(|b| bit(b, i))
         {
             self.counters.rx_dropped += 1;
             self.arm_retransmit(now, true);
@@ -713,6 +715,28 @@ impl Qp {
         }
         self.mp_read_advance(now, ctx);
         self.mp_read_loss_check(now, psn);
+    }
+
+    /// Moves the head READ's count of packets received in order over those already placed
+    /// out of order after it, and returns how many it moved over (0 when none was placed out
+    /// of order, as on any QP without the extension). Call it after a READ response packet
+    /// was placed in order (`on_read_response`), so that a packet placed already is never
+    /// placed again.
+    pub(super) fn mp_read_skip_placed(&mut self) -> u32 {
+        let Some(w) = self.sq.front_mut() else {
+            return 0;
+        };
+        let Some(b) = w
+            .first_psn
+            .and_then(|f| self.mp_side.as_deref()?.rd.get(&f.value()))
+        else {
+            return 0;
+        };
+        let from = w.rcvd_pkts;
+        while w.rcvd_pkts < w.npkts && bit(b, w.rcvd_pkts) {
+            w.rcvd_pkts += 1;
+        }
+        w.rcvd_pkts - from
     }
 
     /// The index in the send queue of the READ WR whose responses include `psn`.

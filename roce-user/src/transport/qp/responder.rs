@@ -874,20 +874,11 @@ impl Qp {
                 let is_last = *cur_psn == *last_psn;
                 let stops = *cur_psn == *stop_psn || is_last;
                 let psn = *cur_psn;
-                // The first packet of a (re)played response is FIRST/ONLY (a replay answers a
-                // new READ request from that PSN), the others MIDDLE/LAST; a replay of a range
-                // (placed responses only) ends LAST at the range's end.
-                let pos = match (idx == 0 || *restart, stops) {
-                    (true, true) => Position::Only,
-                    (true, false) => Position::First,
-                    (false, true) => Position::Last,
-                    (false, false) => Position::Middle,
-                };
                 let (rkey, rva, va) = (*rkey, *va, va.wrapping_add(off));
                 let nn = usize::try_from(n).ok()?;
-                let opcode = opcode_for(Operation::ReadResponse, pos, false, false);
                 // In multipath mode the packet ends in its placement trailer (READ response
-                // flag, its offset in the READ's data), when the frame has room for it.
+                // flag, its offset in the READ's data), when the frame has room for it (tried
+                // with the longest READ response headers).
                 let trailer = match (u32::try_from(off), u32::try_from(*len)) {
                     (Ok(offset), Ok(length)) if *placed && self.mp.is_on() => {
                         Some(PlacementTrailer {
@@ -901,13 +892,25 @@ impl Qp {
                         })
                     }
                     _ => None,
+                }
+                .filter(|t| {
+                    tx.payload(Opcode::RC_RDMA_READ_RESPONSE_ONLY, nn + t.buffer_len())
+                        .is_some()
+                });
+                // The first packet of a (re)played response is FIRST/ONLY (a replay answers a
+                // new READ request from that PSN), the others MIDDLE/LAST; a replay of a range
+                // (placed responses only) ends LAST at the range's end when it has its trailer
+                // (without, where a plain requester expects its READ's last packet).
+                let ends = if trailer.is_some() { stops } else { is_last };
+                let pos = match (idx == 0 || *restart, ends) {
+                    (true, true) => Position::Only,
+                    (true, false) => Position::First,
+                    (false, true) => Position::Last,
+                    (false, false) => Position::Middle,
                 };
+                let opcode = opcode_for(Operation::ReadResponse, pos, false, false);
                 let tlen = trailer.map_or(0, |t| t.buffer_len());
-                let (trailer, (payload, dst)) = match tx.payload(opcode, nn + tlen) {
-                    Some(p) => (trailer, p),
-                    None if trailer.is_some() => (None, tx.payload(opcode, nn)?),
-                    None => return None,
-                };
+                let (payload, dst) = tx.payload(opcode, nn + tlen)?;
                 let (dst, tail) = dst.split_at_mut(nn);
                 if let Some(t) = trailer {
                     tail.copy_from_slice(&t.to_bytes());

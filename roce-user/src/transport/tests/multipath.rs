@@ -1578,3 +1578,114 @@ proptest! {
         prop_assert!(r.responses.iter().all(|r| r.1));
     }
 }
+
+/// READ response packet `i` of a READ of `len` bytes at the harness's SQ PSN, as a responder
+/// with the extension on sends it: its opcode by position, `data` then its trailer.
+fn placed_resp(i: u32, len: u32, data: &[u8]) -> (RoceRepr, Vec<u8>) {
+    let npkts = len.div_ceil(1024);
+    let pos = crate::transport::qp::position_of(i, npkts);
+    let op = match pos {
+        Position::First => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+        Position::Middle => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+        Position::Last => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+        Position::Only => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+    };
+    let mut h = if pos == Position::Middle {
+        hdr(op, SQ_PSN + i)
+    } else {
+        aeth_hdr(op, SQ_PSN + i, ACK, 1)
+    };
+    h.bth.resv7 = (MpBthFlags::OFFER_TRAILER | MpBthFlags::HOLD).bits();
+    let t = PlacementTrailer {
+        first_psn: Psn::new(SQ_PSN),
+        flags: PlacementFlags::READ_RESPONSE,
+        offset: i * 1024,
+        length: len,
+        va: 0x9000,
+        rkey: RKey::new(0),
+        ssn: Ssn::new(0),
+    };
+    let mut payload = data.to_vec();
+    payload.extend_from_slice(&t.to_bytes());
+    (h, payload)
+}
+
+/// A requester's READ in selective repeat (its peer holds READs: marked `HOLD`) takes its response packets
+/// in any order: each lands at its offset on arrival, a duplicate with other bytes is not
+/// placed again, a trailer that names another offset or the wrong remote address is
+/// dropped, and the READ completes once, when its last missing packet arrives. A packet three
+/// PSNs past a missing one asks again for the missing run, up to the next packet placed.
+#[test]
+fn a_requester_places_read_responses_out_of_order_exactly_once() {
+    let config = DeviceConfig {
+        multipath: true,
+        ..DeviceConfig::default()
+    };
+    let mut h = h_on(&RcConfig::default(), config);
+    // The peer's answer in band: it allows the extension and holds READ requests.
+    let mut hello = aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN - 1, ACK, 0);
+    hello.bth.resv7 = (MpBthFlags::OFFER | MpBthFlags::HOLD).bits();
+    h.rx(hello, &[]);
+    assert_eq!(h.d.qp(h.qpn).unwrap().multipath(), MpState::On);
+    let len = 5000u32;
+    let data: Vec<u8> = (0..len).map(|i| (i * 13 + 3) as u8).collect();
+    let rkey = RKey::new(0x44);
+    h.post(1, read(0x9000, rkey), 0, len);
+    let out = h.tx();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0.bth.opcode, Opcode::RC_RDMA_READ_REQUEST);
+    assert_ne!(out[0].0.bth.resv7 & MpBthFlags::HOLD.bits(), 0, "held");
+    let chunk = |i: u32| &data[(i * 1024) as usize..((i + 1) * 1024).min(len) as usize];
+    // Packet 4 (the last), then packet 2.
+    for i in [4, 2] {
+        let (r, p) = placed_resp(i, len, chunk(i));
+        h.rx(r, &p);
+    }
+    assert_eq!(h.mem(4096, 904), chunk(4));
+    assert_eq!(h.mem(2048, 1024), chunk(2));
+    assert!(h.wcs().is_empty(), "not complete yet");
+    // Packet 2 again with other bytes: a duplicate, not placed.
+    let (r, p) = placed_resp(2, len, &[0xee; 1024]);
+    h.rx(r, &p);
+    assert_eq!(h.mem(2048, 1024), chunk(2));
+    // A trailer naming another offset than its PSN's, and one with another remote address:
+    // dropped.
+    let (r, mut p) = placed_resp(3, len, chunk(3));
+    let n = p.len();
+    p[n - 28 + 4..n - 28 + 8].copy_from_slice(&1024u32.to_be_bytes());
+    h.rx(r, &p);
+    let (r, mut p) = placed_resp(3, len, chunk(3));
+    p[n - 28 + 12..n - 28 + 20].copy_from_slice(&0x9400u64.to_be_bytes());
+    h.rx(r, &p);
+    assert_eq!(h.mem(3072, 1024), vec![0u8; 1024]);
+    let dropped = h.c().rx_dropped;
+    assert_eq!(dropped, 3, "the duplicate and the two bad trailers");
+    // Packet 4 is three PSNs past the missing packet 0: the missing run from it is asked for
+    // again, not the READ's tail.
+    let again: Vec<_> = h
+        .tx()
+        .into_iter()
+        .filter(|(r, _)| r.bth.opcode == Opcode::RC_RDMA_READ_REQUEST)
+        .collect();
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(again[0].0.bth.psn, Psn::new(SQ_PSN));
+    assert_eq!(
+        again[0].0.reth.unwrap().dma_len,
+        2048,
+        "packets 0 and 1: up to packet 2, placed"
+    );
+    for i in [0, 3, 1] {
+        let (r, p) = placed_resp(i, len, chunk(i));
+        h.rx(r, &p);
+    }
+    let wcs = h.wcs();
+    assert_eq!(wcs.len(), 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::Success));
+    assert_eq!(h.mem(0, len as usize), data);
+    assert!(h.c().ooo_placed >= 3, "{:?}", h.c());
+    // A late duplicate after completion: dropped, nothing changes.
+    let (r, p) = placed_resp(1, len, &[0xee; 1024]);
+    h.rx(r, &p);
+    assert!(h.wcs().is_empty());
+    assert_eq!(h.mem(0, len as usize), data);
+}
