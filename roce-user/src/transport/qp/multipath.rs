@@ -10,8 +10,9 @@
 //! until the cumulative PSN reaches them ([`Reassembly::on_held`]) and then executed by the
 //! in-order responder, once; data after one is refused until it has executed. Every
 //! response and acknowledgement of a QP with the extension on carries `HOLD` to say so.
-//! Not yet: READ responses with a trailer (they go plain and in order); a packet with a
-//! trailer of another kind is dropped and counted in `rx_dropped`.
+//! A READ the requester sent marked `HOLD` is answered with a placement trailer on every
+//! response packet (the READ response flag), sprayed over the QP's entropies; a packet with
+//! a trailer of another kind is dropped and counted in `rx_dropped`.
 //!
 //! Requester ("Selective acknowledgement and selective repeat"): in selective-repeat mode
 //! its SEND and WRITE packets carry the trailer, every SACK feeds [`SelectiveRepeat`], only
@@ -19,7 +20,8 @@
 //! on the local ACK timeout), never what a SACK covered. Towards a peer whose responses
 //! carry `HOLD`, READs and atomics stay in the mode, marked `HOLD` (a READ request's PSNs
 //! are one entry, `SelectiveRepeat::on_send_span`), nothing new goes past one before it is
-//! acknowledged, and one whose responses went missing is requested again; towards any other
+//! acknowledged, their READ responses are placed out of order (a bitmap per READ WR), and
+//! only a READ's missing responses are requested again; towards any other
 //! peer the requester leaves the mode before one, when nothing is outstanding, and enters
 //! again after.
 
