@@ -644,7 +644,8 @@ impl Qp {
     /// With the extension on, a response or acknowledgement (`response`) also carries
     /// [`MpBthFlags::HOLD`] (this QP's responder holds READ requests and atomics so marked),
     /// and a request keeps the `HOLD` its builder put on a READ or atomic sent in selective
-    /// repeat (hold it until the cumulative PSN reaches it).
+    /// repeat (hold it until the cumulative PSN reaches it) and the `READ_PLACED` it put on
+    /// such a READ (send its responses with placement trailers).
     pub(crate) const fn mp_tx_bits(&self, built: u8, response: bool) -> u8 {
         let trailer = MpBthFlags::from_resv7(built).contains(MpBthFlags::TRAILER);
         let bits = self.mp.tx_flags(trailer).bits();
@@ -652,7 +653,12 @@ impl Qp {
             return bits;
         }
         let hold = MpBthFlags::HOLD.bits();
-        bits | if response { hold } else { built & hold }
+        let placed = MpBthFlags::READ_PLACED.bits();
+        bits | if response {
+            hold
+        } else {
+            built & (hold | placed)
+        }
     }
 
     /// Takes in the multipath bits of a packet received from the peer QP (after the frame,

@@ -562,12 +562,14 @@ impl Qp {
 
     /// Whether the responses to READ request `pkt` (about to execute) carry placement
     /// trailers and are sprayed: the extension is on and the requester sent the request in
-    /// selective repeat (marked `HOLD`), so it places each response on its own. A READ sent
-    /// plain is answered plain, in order, as towards any peer. Call it when a READ executes.
+    /// selective repeat asking for it (marked `HOLD` and `READ_PLACED`), so it places each
+    /// response on its own. A READ sent plain, or by an older roce-xdp that marks it `HOLD`
+    /// only, is answered plain, in order. Call it when a READ executes.
     pub(super) fn mp_placed_read(&self, pkt: &RxPkt<'_>) -> bool {
         self.qp_type == QpType::Rc
             && self.mp.is_on()
-            && MpBthFlags::from_resv7(pkt.repr.bth.resv7).contains(MpBthFlags::HOLD)
+            && MpBthFlags::from_resv7(pkt.repr.bth.resv7)
+                .contains(MpBthFlags::HOLD | MpBthFlags::READ_PLACED)
     }
 
     /// The SACK an ACK of this QP carries, if the responder runs the reassembly: the

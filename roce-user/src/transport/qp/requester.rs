@@ -412,6 +412,10 @@ impl Qp {
             // In selective repeat (towards a peer that holds them): hold it until the
             // cumulative PSN reaches it (docs/multipath.md).
             req.repr.bth.resv7 |= crate::wire::multipath::MpBthFlags::HOLD.bits();
+            if matches!(op, SendOp::Read { .. }) {
+                // And its responses placed out of order as they come (qp/multipath.rs).
+                req.repr.bth.resv7 |= crate::wire::multipath::MpBthFlags::READ_PLACED.bits();
+            }
         }
         Some(req)
     }

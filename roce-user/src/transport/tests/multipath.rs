@@ -1269,18 +1269,19 @@ fn read_resp(out: &(RoceRepr, Vec<u8>)) -> (Vec<u8>, Option<PlacementTrailer>) {
 }
 
 /// A responder with the extension on answers a READ its requester sent in selective repeat
-/// (marked `HOLD`) with the placement trailer on every response packet (the READ response
+/// (marked `HOLD` and `READ_PLACED`) with the placement trailer on every response packet (the READ response
 /// flag, the packet's offset in the READ's data, the READ's length and remote address, no
 /// R_Key), and a request for a range of it again (the requester's missing packets) with just
 /// that range, trailers on. A READ sent plain is answered plain, and a range of it (not a
-/// tail) is not answered, as before.
+/// tail) is not answered, as before; so is a READ held but not asking for placed responses
+/// (`READ_PLACED`: an older roce-xdp requester).
 #[test]
 fn a_read_in_selective_repeat_is_answered_with_placement_trailers() {
     let mut h = h_mp();
     let data: Vec<u8> = (0..3000u32).map(|i| (i * 7 + 1) as u8).collect();
     h.set_mem(0, &data);
     let rkey = h.mr.rkey;
-    let held = (MpBthFlags::OFFER | MpBthFlags::HOLD).bits();
+    let held = (MpBthFlags::OFFER | MpBthFlags::HOLD | MpBthFlags::READ_PLACED).bits();
     let mut req = with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 3000);
     req.bth.resv7 = held;
     h.rx(req, &[]);
@@ -1352,6 +1353,24 @@ fn a_read_in_selective_repeat_is_answered_with_placement_trailers() {
         h.tx().is_empty(),
         "a range of a plain READ is not a tail: unanswered"
     );
+
+    // A READ held but without `READ_PLACED` (an older roce-xdp requester, which takes READ
+    // responses only plain and in order): plain responses.
+    let mut old = with_reth(
+        hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN + 6),
+        BASE,
+        rkey,
+        3000,
+    );
+    old.bth.resv7 = (MpBthFlags::OFFER | MpBthFlags::HOLD).bits();
+    h.rx(old, &[]);
+    let out = h.tx();
+    assert_eq!(out.len(), 3);
+    for (i, o) in out.iter().enumerate() {
+        let (d, t) = read_resp(o);
+        assert_eq!(t, None);
+        assert_eq!(d, data[i * 1024..((i + 1) * 1024).min(3000)]);
+    }
 }
 
 /// A QP with the extension off never sends a READ response trailer, whatever the request's
@@ -1363,7 +1382,7 @@ fn a_qp_with_the_extension_off_never_sends_a_read_response_trailer() {
     h.set_mem(0, &data);
     let rkey = h.mr.rkey;
     let mut req = with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 3000);
-    req.bth.resv7 = (MpBthFlags::OFFER_TRAILER | MpBthFlags::HOLD).bits();
+    req.bth.resv7 = (MpBthFlags::OFFER_TRAILER | MpBthFlags::HOLD | MpBthFlags::READ_PLACED).bits();
     h.rx(req, &[]);
     let out = h.tx();
     assert_eq!(out.len(), 3);
@@ -1634,7 +1653,11 @@ fn a_requester_places_read_responses_out_of_order_exactly_once() {
     let out = h.tx();
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].0.bth.opcode, Opcode::RC_RDMA_READ_REQUEST);
-    assert_ne!(out[0].0.bth.resv7 & MpBthFlags::HOLD.bits(), 0, "held");
+    assert_eq!(
+        MpBthFlags::from_resv7(out[0].0.bth.resv7),
+        MpBthFlags::OFFER | MpBthFlags::HOLD | MpBthFlags::READ_PLACED,
+        "held, its responses to be placed"
+    );
     let chunk = |i: u32| &data[(i * 1024) as usize..((i + 1) * 1024).min(len) as usize];
     // Packet 4 (the last), then packet 2.
     for i in [4, 2] {
