@@ -583,17 +583,26 @@ impl Qp {
                             None
                         };
                         if let Some(mut stop) = stop {
+                            let mut from = psn;
                             // A play still going on is not cut short: a range before where it
                             // is goes first and the play resumes after it (placed responses);
-                            // else the replay runs on to the play's end.
-                            if *pending && stop_psn.distance(stop) > 0 {
-                                if *placed && resume.is_none() && cur_psn.distance(stop) > 0 {
+                            // a range while a range replays joins it; else the replay runs on
+                            // to the play's end. Nothing not yet sent is skipped.
+                            if *pending && resume.is_some() {
+                                if cur_psn.distance(from) < 0 {
+                                    from = *cur_psn;
+                                }
+                                if stop_psn.distance(stop) > 0 {
+                                    stop = *stop_psn;
+                                }
+                            } else if *pending && stop_psn.distance(stop) > 0 {
+                                if *placed && cur_psn.distance(stop) > 0 {
                                     *resume = Some((*cur_psn, *stop_psn));
                                 } else {
                                     stop = *stop_psn;
                                 }
                             }
-                            *cur_psn = psn;
+                            *cur_psn = from;
                             *pending = true;
                             *restart = true;
                             *stop_psn = stop;

@@ -1712,3 +1712,38 @@ fn a_requester_places_read_responses_out_of_order_exactly_once() {
     assert!(h.wcs().is_empty());
     assert_eq!(h.mem(0, len as usize), data);
 }
+
+/// A range asked for again while the responder is still sending its READ goes first, and the
+/// READ's play resumes where it was: nothing not yet sent is skipped, nothing sent twice but
+/// the range.
+#[test]
+fn a_range_asked_again_mid_play_goes_first_and_the_play_resumes() {
+    let mut h = h_mp();
+    let data: Vec<u8> = (0..5000u32).map(|i| (i * 5 + 2) as u8).collect();
+    h.set_mem(0, &data);
+    let rkey = h.mr.rkey;
+    let held = (MpBthFlags::OFFER | MpBthFlags::HOLD | MpBthFlags::READ_PLACED).bits();
+    let mut req = with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 5000);
+    req.bth.resv7 = held;
+    h.rx(req, &[]);
+    // Two response packets leave, then packet 0 is asked for again.
+    let mut buf = vec![0; MAX_FRAME_LEN];
+    for _ in 0..2 {
+        assert!(h.d.poll_transmit(h.now, &mut buf).is_some());
+    }
+    let mut again = with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 1024);
+    again.bth.resv7 = held;
+    h.rx(again, &[]);
+    let out = h.tx();
+    let psns: Vec<u32> = out.iter().map(|o| o.0.bth.psn.value() - RQ_PSN).collect();
+    assert_eq!(psns, [0, 2, 3, 4], "the range, then the rest of the play");
+    assert_eq!(out[0].0.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_ONLY);
+    assert_eq!(out[1].0.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_FIRST);
+    assert_eq!(out[3].0.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_LAST);
+    for (o, &i) in out.iter().zip(&psns) {
+        let (d, t) = read_resp(o);
+        let i = i as usize;
+        assert_eq!(d, data[i * 1024..((i + 1) * 1024).min(5000)]);
+        assert_eq!(t.unwrap().offset as usize, i * 1024);
+    }
+}
