@@ -285,7 +285,7 @@ counter_struct! {
         ooo_placed,
         /// roce-xdp multipath: packets beyond the responder's reassembly window, dropped (the requester resends them).
         ooo_dropped_window,
-        /// roce-xdp multipath: entropies (UDP source ports) the requester stopped spraying on because one of their packets was lost.
+        /// roce-xdp multipath: entropies (UDP source ports) the QP stopped spraying on because one of their packets was lost (a request, or a READ response its requester asked for again).
         entropy_retired,
     }
 }

@@ -4,7 +4,9 @@
 //! the way the first router spreads over the four paths. The responder sends every READ
 //! response with its placement trailer and sprays them over its entropies; with one path
 //! dropping 2 % (`roce impair` on its egress) the requester places what overtook a lost
-//! packet, asks again only for what is missing, and checks every byte it read (`--span`).
+//! packet, asks again only for what is missing, and checks every byte it read (`--span`);
+//! the responder retires the entropies of what was asked again, so the lossy path keeps a
+//! small share of the responses.
 //! Captured by tcpdump on a clean path: every READ response there carries the trailer bit and
 //! parses with its trailer. Root.
 
@@ -214,9 +216,8 @@ fn read_responses_are_sprayed_with_trailers_and_placed_out_of_order() {
     // trailer, placed out of order, only the missing ones asked for again.
     let mp = read_run(&net, "--multipath --entropies 32", clean);
     log("multipath, 2 % loss", &mp);
-    // Every path carries responses; none nearly all of them (the shares vary from run to run,
-    // 10-46 % per path in the runs of Dec 6: the responder learns of no loss, so the lossy
-    // path keeps its share).
+    // Every path carries responses, none nearly all of them; the responder retires the
+    // entropies of the responses asked for again, so the lossy path keeps a small share.
     let total: u64 = mp.per_path.iter().sum();
     for (i, &n) in mp.per_path.iter().enumerate() {
         assert!(n * 40 >= total, "path {i} carried {n} of {total}");
@@ -226,6 +227,14 @@ fn read_responses_are_sprayed_with_trailers_and_placed_out_of_order() {
             mp.per_path
         );
     }
+    let share = mp.per_path[path] as f64 / total as f64;
+    eprintln!(
+        "lossy path share {:.1} %, responder entropy_retired {}",
+        100.0 * share,
+        mp.responder["entropy_retired"]
+    );
+    assert!(mp.responder["entropy_retired"].as_u64().unwrap_or(0) > 0);
+    assert!(share < 0.2, "the lossy path kept {:.1} %", 100.0 * share);
     // Every READ response on a clean path carries its trailer, which parses.
     assert!(
         mp.frames.len() as u64 * 20 >= pkts,

@@ -25,7 +25,7 @@
 //! peer the requester leaves the mode before one, when nothing is outstanding, and enters
 //! again after.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use super::responder::Fatal;
 use super::*;
@@ -590,7 +590,13 @@ pub(super) struct MpSide {
     /// PSN, a bitmap of its response packets placed (bit i: packet i of the WR). Dropped
     /// when the WR completes (`complete_head`).
     pub(super) rd: BTreeMap<u32, Box<[u64]>>,
+    /// The entropies the responder's last [`RESP_ENTROPY_MEMORY`] sprayed READ response
+    /// packets took, by PSN, oldest first: a range asked for again names the lost ones.
+    resp_sent: VecDeque<(Psn, Entropy)>,
 }
+
+/// READ response packets whose entropies the responder remembers (a few windows' worth).
+const RESP_ENTROPY_MEMORY: usize = 1024;
 
 /// Response packets of a READ that must arrive after a missing one before the requester asks
 /// for the missing one again (RACK's reordering threshold, in PSNs; as selective repeat's 3).
@@ -966,12 +972,36 @@ impl Qp {
         }
         let seed = (u64::from(self.qpn.value()) << 24) | u64::from(psn.value());
         let cfg = self.mp_entropies;
-        let paths = self
-            .mp_side
-            .get_or_insert_with(Box::default)
+        let side = self.mp_side.get_or_insert_with(Box::default);
+        let e = side
             .paths
-            .get_or_insert_with(|| Entropies::new(seed, cfg, now));
-        Some(paths.next(now, None).port())
+            .get_or_insert_with(|| Entropies::new(seed, cfg, now))
+            .next(now, None);
+        if side.resp_sent.len() >= RESP_ENTROPY_MEMORY {
+            side.resp_sent.pop_front();
+        }
+        side.resp_sent.push_back((psn, e));
+        Some(e.port())
+    }
+
+    /// The requester asked again for READ response packets `from..=to` (placed responses):
+    /// they were lost, or overtaken by that much, so the entropies they took are retired and
+    /// replaced (as a lost request's are, docs/multipath.md "Spraying"), counted in
+    /// `entropy_retired`. Call it when such a range is accepted, before it is sent again.
+    pub(super) fn mp_responses_lost(&mut self, from: Psn, to: Psn, now: Instant) {
+        let Some(side) = self.mp_side.as_deref_mut() else {
+            return;
+        };
+        let Some(paths) = side.paths.as_mut() else {
+            return;
+        };
+        let retired = paths.counters().retired;
+        for &(psn, e) in &side.resp_sent {
+            if psn.distance(from) >= 0 && psn.distance(to) <= 0 {
+                paths.on_bad(e, now);
+            }
+        }
+        self.counters.entropy_retired += paths.counters().retired - retired;
     }
 
     /// A CNP of the peer named entropy `e` as the one its marked packet came on: `e` is

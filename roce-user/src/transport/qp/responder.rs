@@ -583,6 +583,9 @@ impl Qp {
                             None
                         };
                         if let Some(mut stop) = stop {
+                            // The packets asked for again were lost (or overtaken by that
+                            // much): with placed responses their entropies are retired.
+                            let lost = placed.then_some((psn, stop));
                             let mut from = psn;
                             // A play still going on is not cut short: a range before where it
                             // is goes first and the play resumes after it (placed responses);
@@ -607,6 +610,9 @@ impl Qp {
                             *restart = true;
                             *stop_psn = stop;
                             self.cc_on_loss(now);
+                            if let Some((from, to)) = lost {
+                                self.mp_responses_lost(from, to, now);
+                            }
                         }
                         return;
                     }

@@ -1392,11 +1392,12 @@ fn a_qp_with_the_extension_off_never_sends_a_read_response_trailer() {
     }
 }
 
-/// What a READ-heavy run did: B's READ response frames (PSN, with a trailer), A's counters,
-/// the simulated time it took.
+/// What a READ-heavy run did: B's READ response frames (PSN, with a trailer, the path its
+/// UDP source port took), A's and B's counters, the simulated time it took.
 struct ReadRun {
-    responses: Vec<(u32, bool)>,
+    responses: Vec<(u32, bool, usize)>,
     a: crate::transport::QpCounters,
+    b: crate::transport::QpCounters,
     time: Instant,
     lost: u64,
 }
@@ -1418,14 +1419,20 @@ impl ReadRun {
 /// (go-back-N on one path). Every WR completes once, in order, successfully; every byte
 /// READ is B's, every byte written is A's.
 fn reads_over_four_paths(seed: u64, link: Link, multipath: bool, n: u64) -> ReadRun {
+    reads_over_paths(seed, vec![link; 4], multipath, n)
+}
+
+/// [`reads_over_four_paths`] over `paths`, each impaired as its own link says.
+fn reads_over_paths(seed: u64, paths: Vec<Link>, multipath: bool, n: u64) -> ReadRun {
+    let k = paths.len();
     let config = DeviceConfig {
         multipath,
         multipath_entropies: if multipath { 32 } else { 8 },
         ..DeviceConfig::default()
     };
     let mut p = Pair::new(seed, config, Link::default());
-    p.set_paths(vec![link; 4]);
-    let responses: Rc<RefCell<Vec<(u32, bool)>>> = Rc::default();
+    p.set_paths(paths);
+    let responses: Rc<RefCell<Vec<(u32, bool, usize)>>> = Rc::default();
     let sink = Rc::clone(&responses);
     p.filter = Some(Box::new(move |side, f| {
         if side == Side::B
@@ -1438,7 +1445,8 @@ fn reads_over_four_paths(seed: u64, link: Link, multipath: bool, n: u64) -> Read
                 .is_some_and(|i| i.operation == Operation::ReadResponse)
         {
             let t = MpBthFlags::from_resv7(pf.roce.bth.resv7).contains(MpBthFlags::TRAILER);
-            sink.borrow_mut().push((pf.roce.bth.psn.value(), t));
+            let path = path_index(pf.udp.src_port, k);
+            sink.borrow_mut().push((pf.roce.bth.psn.value(), t, path));
         }
         true
     }));
@@ -1525,6 +1533,7 @@ fn reads_over_four_paths(seed: u64, link: Link, multipath: bool, n: u64) -> Read
     ReadRun {
         responses: responses.take(),
         a: *p.a.qp(a.qpn).unwrap().counters(),
+        b: *p.b.qp(b.qpn).unwrap().counters(),
         time: p.time,
         lost: p.stats.lost,
     }
@@ -1559,8 +1568,8 @@ fn read_responses_are_sprayed_and_placed_out_of_order() {
         placed += m.a.ooo_placed;
         lost = (lost.0 + m.lost, lost.1 + g.lost);
         eprintln!(
-            "seed {seed}: placed {} resent {} of {} (lost {}, {:?}; implied {} timeouts {}) \
-             against go-back-N {} of {} (lost {}, {:?})",
+            "seed {seed}: placed {} resent {} of {} (lost {}, {:?}; implied {} timeouts {}; \
+             response entropies retired {}) against go-back-N {} of {} (lost {}, {:?})",
             m.a.ooo_placed,
             m.resent(),
             m.responses.len(),
@@ -1568,6 +1577,7 @@ fn read_responses_are_sprayed_and_placed_out_of_order() {
             m.time,
             m.a.implied_nak_seq_err,
             m.a.local_ack_timeout_err,
+            m.b.entropy_retired,
             g.resent(),
             g.responses.len(),
             g.lost,
@@ -1745,5 +1755,33 @@ fn a_range_asked_again_mid_play_goes_first_and_the_play_resumes() {
         let i = i as usize;
         assert_eq!(d, data[i * 1024..((i + 1) * 1024).min(5000)]);
         assert_eq!(t.unwrap().offset as usize, i * 1024);
+    }
+}
+
+/// One of four paths loses 10 % (the others are clean): the responder sprays READ responses
+/// over its entropies, the requester asks again for the lost ones, and the responder retires
+/// the entropies those took, so the lossy path keeps a small share of the responses (an
+/// unsprayed QP's responses all take one path); every WR once, in order, every byte checked.
+#[test]
+fn read_responses_move_off_a_lossy_path() {
+    let lossy = Link {
+        loss: 0.1,
+        ..Link::default()
+    };
+    for seed in [7, 8, 9] {
+        let paths = vec![lossy, Link::default(), Link::default(), Link::default()];
+        let r = reads_over_paths(seed, paths, true, 240);
+        let on_lossy = r.responses.iter().filter(|x| x.2 == 0).count();
+        let share = on_lossy as f64 / r.responses.len() as f64;
+        eprintln!(
+            "seed {seed}: lossy path {on_lossy} of {} READ responses ({:.1} %), {} entropies \
+             retired, {} resent",
+            r.responses.len(),
+            100.0 * share,
+            r.b.entropy_retired,
+            r.resent()
+        );
+        assert!(r.b.entropy_retired > 0, "{:?}", r.b);
+        assert!(share < 0.12, "the lossy path kept {:.1} %", 100.0 * share);
     }
 }
