@@ -198,8 +198,8 @@ enum Resource {
         /// its last PSN, once the range is sent.
         resume: Option<(Psn, Psn)>,
         /// Responses carry the placement trailer and are sprayed (docs/multipath.md): the
-        /// request came marked `HOLD` from a requester in selective repeat, and the
-        /// extension is on.
+        /// request came marked `HOLD` and `READ_PLACED` from a requester in selective
+        /// repeat, and the extension is on.
         placed: bool,
     },
     Atomic {

@@ -10,8 +10,9 @@
 //! until the cumulative PSN reaches them ([`Reassembly::on_held`]) and then executed by the
 //! in-order responder, once; data after one is refused until it has executed. Every
 //! response and acknowledgement of a QP with the extension on carries `HOLD` to say so.
-//! A READ the requester sent marked `HOLD` is answered with a placement trailer on every
-//! response packet (the READ response flag), sprayed over the QP's entropies; a packet with
+//! A READ the requester sent marked `HOLD` and `READ_PLACED` is answered with a placement
+//! trailer on every response packet (the READ response flag), sprayed over the QP's
+//! entropies, and a range of it asked for again is sent alone; a packet with
 //! a trailer of another kind is dropped and counted in `rx_dropped`.
 //!
 //! Requester ("Selective acknowledgement and selective repeat"): in selective-repeat mode
@@ -619,8 +620,8 @@ impl Qp {
     /// response still acknowledges everything before the READ (the responder executed it),
     /// but not past an earlier READ or atomic still waiting for its answer. A response
     /// [`READ_REORDER_PSNS`] past the first missing one of the oldest READ asks for the
-    /// missing packets again (`retry`, `mp_request_again`; the range up to the next packet
-    /// placed, `read_request`). Call it from `handle_mp_packet`.
+    /// missing packets again (`mp_read_loss_check`; the range up to the next packet placed,
+    /// `read_request`). Call it from `handle_mp_packet`.
     pub(super) fn handle_placed_read_response(
         &mut self,
         now: Instant,
@@ -815,9 +816,10 @@ impl Qp {
     }
 
     /// After READ response `psn` was placed: if it is [`READ_REORDER_PSNS`] or more past the
-    /// first response missing of the oldest READ, that one is taken as lost and asked for
-    /// again (an implied NAK, once per PSN: `retry`). Responses come in PSN order from the
-    /// responder, so the later ones overtook it on another path by that much.
+    /// first response missing of the oldest READ, that one is taken as lost and the missing
+    /// run from it asked for again (`mp_request_again`; once per PSN, as `retry`'s guard;
+    /// counted in `implied_nak_seq_err`). Responses leave the responder in PSN order, so the
+    /// later ones overtook it on another path by that much.
     fn mp_read_loss_check(&mut self, now: Instant, psn: Psn) {
         let Some(w) = self.sq.front() else {
             return;
@@ -962,10 +964,10 @@ impl Qp {
 
     /// The UDP source port for READ response packet `psn` with its placement trailer, about
     /// to leave at `now`: the QP's next entropy in turn, or `None` with one entropy
-    /// configured. The responder learns of no loss (the requester asks again for what is
-    /// missing), so only CNP path feedback ([`Self::mp_on_marked`]) retires a response's
-    /// entropy. Call it for every READ response packet with a trailer, just before its frame
-    /// is written.
+    /// configured. The entropy is remembered for the PSN: the responder learns of a lost
+    /// response only when its requester asks for it again ([`Self::mp_responses_lost`]), or
+    /// from CNP path feedback ([`Self::mp_on_marked`]). Call it for every READ response
+    /// packet with a trailer, just before its frame is written.
     pub(crate) fn mp_spray_response(&mut self, now: Instant, psn: Psn) -> Option<u16> {
         if self.mp_entropies.count <= 1 {
             return None;
