@@ -281,11 +281,11 @@ counter_struct! {
         sack_received,
         /// roce-xdp multipath: request packets resent by selective repeat (only what no ACK or SACK covered).
         selective_retransmits,
-        /// roce-xdp multipath: packets the responder placed while a PSN before them was missing.
+        /// roce-xdp multipath: packets placed while a PSN before them was missing (request packets at the responder, READ response packets at the requester).
         ooo_placed,
         /// roce-xdp multipath: packets beyond the responder's reassembly window, dropped (the requester resends them).
         ooo_dropped_window,
-        /// roce-xdp multipath: entropies (UDP source ports) the requester stopped spraying on because one of their packets was lost.
+        /// roce-xdp multipath: entropies (UDP source ports) the QP stopped spraying on because one of their packets was lost (a request, or a READ response its requester asked for again).
         entropy_retired,
     }
 }

@@ -17,6 +17,13 @@ pub const RESV7_TRAILER: u8 = 0x02;
 /// order, as before.
 pub const RESV7_HOLD: u8 = 0x04;
 
+/// Bit 3 of the BTH's `resv7` field, on a READ request marked [`RESV7_HOLD`]: the requester
+/// places the READ's response packets on its own, so the responder sends them with placement
+/// trailers and sprays them (docs/multipath.md, "Placement out of order"). An older roce-xdp
+/// requester, which takes a READ response only in order and plain, never sets it and gets its
+/// responses plain.
+pub const RESV7_READ_PLACED: u8 = 0x08;
+
 /// Bytes of the SACK trailer, the only payload an ACKNOWLEDGE may carry (with
 /// [`RESV7_TRAILER`]): a 64-bit bitmap and a 32-bit count of packets held.
 pub const SACK_TRAILER_LEN: usize = 12;

@@ -122,14 +122,18 @@ fn frames() -> Vec<Vec<u8>> {
         length: 64,
         va: 0x7f00_0000_1000,
         rkey: RKey::new(0),
-        ssn: Ssn::new(5),
+        ssn: Ssn::new(0),
     };
     let mut payload = vec![0xab; 64];
     payload.extend_from_slice(&t.to_bytes());
     let mut buf = vec![0u8; 256];
     let n = wire::emit_frame(&path(), &rr, &payload, &mut buf).expect("emit READ response");
     buf.truncate(n);
-    set_flags_and_icrc(&mut buf, MpBthFlags::OFFER | MpBthFlags::TRAILER);
+    // As a responder with the extension on sends it (its responses say it holds, HOLD).
+    set_flags_and_icrc(
+        &mut buf,
+        MpBthFlags::OFFER | MpBthFlags::TRAILER | MpBthFlags::HOLD,
+    );
     out.push(buf);
     // An ACK with a SACK trailer.
     out.push(ack_with_sack(&SackTrailer {
@@ -149,7 +153,8 @@ fn frames() -> Vec<Vec<u8>> {
     ));
     set_flags_and_icrc(&mut buf, MpBthFlags::TRAILER);
     out.push(buf);
-    // A READ request sent in selective repeat: no trailer, marked to be held.
+    // A READ request sent in selective repeat: no trailer, marked to be held and to have its
+    // responses placed (sent with their trailers).
     let mut rd = RoceRepr::new(BthRepr::new(
         Opcode::RC_RDMA_READ_REQUEST,
         Qpn::new(0x12),
@@ -163,7 +168,10 @@ fn frames() -> Vec<Vec<u8>> {
     let mut buf = vec![0u8; 256];
     let n = wire::emit_frame(&path(), &rd, &[], &mut buf).expect("emit READ request");
     buf.truncate(n);
-    set_flags_and_icrc(&mut buf, MpBthFlags::OFFER | MpBthFlags::HOLD);
+    set_flags_and_icrc(
+        &mut buf,
+        MpBthFlags::OFFER | MpBthFlags::HOLD | MpBthFlags::READ_PLACED,
+    );
     out.push(buf);
     out
 }
@@ -211,7 +219,7 @@ fn tshark_dissects_packets_with_multipath_trailers_as_plain_roce() {
     assert!(rd.icrc_ok && rd.payload.is_empty());
     assert_eq!(
         MpBthFlags::from_resv7(rd.roce.bth.resv7),
-        MpBthFlags::OFFER | MpBthFlags::HOLD
+        MpBthFlags::OFFER | MpBthFlags::HOLD | MpBthFlags::READ_PLACED
     );
 
     let file = std::env::temp_dir().join(format!("roce-multipath-{}.pcap", std::process::id()));

@@ -73,7 +73,7 @@ pub mod wr;
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
-use roce_common::opcode::{Opcode, Transport};
+use roce_common::opcode::{Opcode, Operation, Transport};
 
 pub use self::cc::{CcConfig, CcSetError, QpCc};
 pub use self::counters::{DeviceCounters, QpCounters};
@@ -1401,6 +1401,18 @@ impl Device {
                     && repr.bth.resv7 & roce_common::multipath::RESV7_TRAILER != 0
                     && repr.bth.opcode.info().is_some_and(|i| i.is_request())
                     && let Some(port) = qp.mp_spray(now, repr.bth.psn)
+                {
+                    path.udp_src_port = port;
+                }
+                // So does a READ response with its trailer (sprayed as requests are).
+                if out.ud_path.is_none()
+                    && repr.bth.resv7 & roce_common::multipath::RESV7_TRAILER != 0
+                    && repr
+                        .bth
+                        .opcode
+                        .info()
+                        .is_some_and(|i| i.operation == Operation::ReadResponse)
+                    && let Some(port) = qp.mp_spray_response(now, repr.bth.psn)
                 {
                     path.udp_src_port = port;
                 }

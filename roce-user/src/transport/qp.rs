@@ -191,6 +191,16 @@ enum Resource {
         pending: bool,
         /// The next packet starts a replay (sent as FIRST/ONLY).
         restart: bool,
+        /// The last PSN of the current (re)play: `last_psn`, or for a replay of a range the
+        /// requester asked for again in multipath mode, the range's last.
+        stop_psn: Psn,
+        /// A play interrupted by the replay of a range (multipath): where it goes on, and
+        /// its last PSN, once the range is sent.
+        resume: Option<(Psn, Psn)>,
+        /// Responses carry the placement trailer and are sprayed (docs/multipath.md): the
+        /// request came marked `HOLD` and `READ_PLACED` from a requester in selective
+        /// repeat, and the extension is on.
+        placed: bool,
     },
     Atomic {
         psn: Psn,
@@ -369,8 +379,10 @@ pub struct Qp {
     mp_tx: Option<Box<super::multipath::SelectiveRepeat>>,
     /// How the requester sprays (from `DeviceConfig::multipath_entropies`).
     pub(crate) mp_entropies: super::multipath::EntropyConfig,
-    /// The entropies its sprayed packets take, made when it first sprays (qp/multipath.rs).
-    mp_paths: Option<Box<super::multipath::Entropies>>,
+    /// The entropies its sprayed packets (requests and READ responses) take, made when it
+    /// first sprays, and the READ response packets its requester placed out of order
+    /// (qp/multipath.rs).
+    mp_side: Option<Box<multipath::MpSide>>,
     /// WRs that consume a receive WQE at the responder (SENDs, WRITEs with immediate)
     /// completed since the QP left RESET: the base of the send sequence numbers.
     send_ssn: u32,
@@ -423,7 +435,7 @@ impl Qp {
             recv_ssn: 0,
             mp_tx: None,
             mp_entropies: super::multipath::EntropyConfig::default(),
-            mp_paths: None,
+            mp_side: None,
             send_ssn: 0,
         }
     }
@@ -632,7 +644,8 @@ impl Qp {
     /// With the extension on, a response or acknowledgement (`response`) also carries
     /// [`MpBthFlags::HOLD`] (this QP's responder holds READ requests and atomics so marked),
     /// and a request keeps the `HOLD` its builder put on a READ or atomic sent in selective
-    /// repeat (hold it until the cumulative PSN reaches it).
+    /// repeat (hold it until the cumulative PSN reaches it) and the `READ_PLACED` it put on
+    /// such a READ (send its responses with placement trailers).
     pub(crate) const fn mp_tx_bits(&self, built: u8, response: bool) -> u8 {
         let trailer = MpBthFlags::from_resv7(built).contains(MpBthFlags::TRAILER);
         let bits = self.mp.tx_flags(trailer).bits();
@@ -640,7 +653,12 @@ impl Qp {
             return bits;
         }
         let hold = MpBthFlags::HOLD.bits();
-        bits | if response { hold } else { built & hold }
+        let placed = MpBthFlags::READ_PLACED.bits();
+        bits | if response {
+            hold
+        } else {
+            built & (hold | placed)
+        }
     }
 
     /// Takes in the multipath bits of a packet received from the peer QP (after the frame,
@@ -711,6 +729,9 @@ impl Qp {
         let Some(wqe) = self.sq.pop_front() else {
             return;
         };
+        if let (Some(m), Some(f)) = (self.mp_side.as_deref_mut(), wqe.first_psn) {
+            m.rd.remove(&f.value());
+        }
         if wqe.first_psn.is_some() && multipath::consumes_rwqe(&wqe.wr.op) {
             self.send_ssn = self.send_ssn.wrapping_add(1);
         }

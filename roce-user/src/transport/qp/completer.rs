@@ -113,6 +113,19 @@ impl Qp {
             let (Some(f), Some(l)) = (w.first_psn, w.last_psn()) else {
                 break true;
             };
+            if matches!(w.wr.op, SendOp::Read { .. }) && w.npkts > 0 && w.rcvd_pkts >= w.npkts {
+                // A READ whose responses were all placed out of order (multipath; the
+                // in-order path completes a READ at its last response): done, in order.
+                if l.next().distance(self.comp_psn) > 0 {
+                    self.comp_psn = l.next();
+                }
+                progress = true;
+                self.complete_head(WcStatus::Success, ctx);
+                if self.state == QpState::Err {
+                    break false;
+                }
+                continue;
+            }
             if psn.distance(l) >= 0 {
                 if w.wr.op.is_read_or_atomic() {
                     // Implied NAK (rxe: READ/ATOMIC earlier than the ACK -> ERROR_RETRY).
@@ -149,7 +162,7 @@ impl Qp {
         ok && self.state != QpState::Err
     }
 
-    fn on_progress(&mut self, now: Instant, ctx: &mut Ctx<'_>) {
+    pub(super) fn on_progress(&mut self, now: Instant, ctx: &mut Ctx<'_>) {
         self.skip_acked();
         self.retry_left = self.attr.retry_cnt;
         self.rnr_left = self.attr.rnr_retry;
@@ -265,7 +278,11 @@ impl Qp {
         if let Some(w) = self.sq.front_mut() {
             w.rcvd_pkts += 1;
         }
-        self.comp_psn = psn.next();
+        // Packets after it placed out of order already (multipath; none otherwise).
+        let skipped = self.mp_read_skip_placed();
+        self.comp_psn = psn.next().wrapping_add(skipped);
+        let is_last =
+            is_last || (skipped > 0 && self.sq.front().is_some_and(|w| w.rcvd_pkts >= w.npkts));
         if is_last {
             self.complete_head(WcStatus::Success, ctx);
         }
@@ -279,7 +296,7 @@ impl Qp {
     /// responses were missing (an implied NAK stopped at it) acknowledged the WRs after it,
     /// and selective repeat will not resend what they covered, so no other ACK of them may
     /// come; they complete now, up to what selective repeat holds acknowledged.
-    fn mp_ack_past_response(&mut self, now: Instant, ctx: &mut Ctx<'_>) {
+    pub(super) fn mp_ack_past_response(&mut self, now: Instant, ctx: &mut Ctx<'_>) {
         if let Some(cum) = self.mp_acked_through()
             && cum.distance(self.comp_psn) >= 0
             && self.state != QpState::Err

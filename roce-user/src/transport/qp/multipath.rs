@@ -10,8 +10,10 @@
 //! until the cumulative PSN reaches them ([`Reassembly::on_held`]) and then executed by the
 //! in-order responder, once; data after one is refused until it has executed. Every
 //! response and acknowledgement of a QP with the extension on carries `HOLD` to say so.
-//! Not yet: READ responses with a trailer (they go plain and in order); a packet with a
-//! trailer of another kind is dropped and counted in `rx_dropped`.
+//! A READ the requester sent marked `HOLD` and `READ_PLACED` is answered with a placement
+//! trailer on every response packet (the READ response flag), sprayed over the QP's
+//! entropies, and a range of it asked for again is sent alone; a packet with
+//! a trailer of another kind is dropped and counted in `rx_dropped`.
 //!
 //! Requester ("Selective acknowledgement and selective repeat"): in selective-repeat mode
 //! its SEND and WRITE packets carry the trailer, every SACK feeds [`SelectiveRepeat`], only
@@ -19,11 +21,12 @@
 //! on the local ACK timeout), never what a SACK covered. Towards a peer whose responses
 //! carry `HOLD`, READs and atomics stay in the mode, marked `HOLD` (a READ request's PSNs
 //! are one entry, `SelectiveRepeat::on_send_span`), nothing new goes past one before it is
-//! acknowledged, and one whose responses went missing is requested again; towards any other
+//! acknowledged, their READ responses are placed out of order (a bitmap per READ WR), and
+//! only a READ's missing responses are requested again; towards any other
 //! peer the requester leaves the mode before one, when nothing is outstanding, and enters
 //! again after.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, VecDeque};
 
 use super::responder::Fatal;
 use super::*;
@@ -103,7 +106,20 @@ impl Qp {
             return;
         }
         if info.is_response() {
-            self.counters.rx_dropped += 1;
+            // A READ response with its placement trailer: placed at its offset on its own.
+            let Ok((data, t)) = placement::split(pkt.payload) else {
+                self.counters.rx_dropped += 1;
+                return;
+            };
+            if info.operation != Operation::ReadResponse {
+                self.counters.rx_dropped += 1;
+                return;
+            }
+            let data_pkt = RxPkt {
+                payload: data,
+                ..*pkt
+            };
+            self.handle_placed_read_response(now, &data_pkt, &t, ctx);
             return;
         }
         let Ok((data, t)) = placement::split(pkt.payload) else {
@@ -545,12 +561,305 @@ impl Qp {
         }
     }
 
+    /// Whether the responses to READ request `pkt` (about to execute) carry placement
+    /// trailers and are sprayed: the extension is on and the requester sent the request in
+    /// selective repeat asking for it (marked `HOLD` and `READ_PLACED`), so it places each
+    /// response on its own. A READ sent plain, or by an older roce-xdp that marks it `HOLD`
+    /// only, is answered plain, in order. Call it when a READ executes.
+    pub(super) fn mp_placed_read(&self, pkt: &RxPkt<'_>) -> bool {
+        self.qp_type == QpType::Rc
+            && self.mp.is_on()
+            && MpBthFlags::from_resv7(pkt.repr.bth.resv7)
+                .contains(MpBthFlags::HOLD | MpBthFlags::READ_PLACED)
+    }
+
     /// The SACK an ACK of this QP carries, if the responder runs the reassembly: the
     /// cumulative PSN to put in the AETH (newer than or equal to the queued answer's, which
     /// it stands for, IBA 9.7.5.1) and the trailer (docs/multipath.md, "SACK trailer").
     /// Call it when an ACK leaves (`ctrl_pkt`).
     pub(super) fn mp_sack(&self) -> Option<(Psn, SackTrailer)> {
         self.mp_rx.as_deref().map(|m| m.reasm.sack())
+    }
+}
+
+/// A QP's sending side of the extension, made when it first sprays or places a READ response.
+#[derive(Debug, Default)]
+pub(super) struct MpSide {
+    /// The entropies its sprayed packets take (requests and READ responses).
+    paths: Option<Entropies>,
+    /// The requester's READ response packets placed out of order: per READ WR, by its first
+    /// PSN, a bitmap of its response packets placed (bit i: packet i of the WR). Dropped
+    /// when the WR completes (`complete_head`).
+    pub(super) rd: BTreeMap<u32, Box<[u64]>>,
+    /// The entropies the responder's last [`RESP_ENTROPY_MEMORY`] sprayed READ response
+    /// packets took, by PSN, oldest first: a range asked for again names the lost ones.
+    resp_sent: VecDeque<(Psn, Entropy)>,
+}
+
+/// READ response packets whose entropies the responder remembers (a few windows' worth).
+const RESP_ENTROPY_MEMORY: usize = 1024;
+
+/// Response packets of a READ that must arrive after a missing one before the requester asks
+/// for the missing one again (RACK's reordering threshold, in PSNs; as selective repeat's 3).
+const READ_REORDER_PSNS: i32 = 3;
+
+fn bit(b: &[u64], i: u32) -> bool {
+    b.get(i as usize / 64)
+        .is_some_and(|w| w & (1 << (i % 64)) != 0)
+}
+
+impl Qp {
+    /// A READ response packet with placement trailer `t` (`pkt.payload` is its data, the
+    /// trailer split off; docs/multipath.md, "Placement out of order"): placed at its offset
+    /// in the READ WR its PSN falls in, on its own, once (a bitmap per WR; a packet placed
+    /// before is a duplicate, dropped and counted in `rx_dropped`). The trailer must describe
+    /// that very packet (its piece's first PSN inside the WR, the offset its PSN gives, the
+    /// remote address of its piece, the packet's share of the WR's bytes), else the packet is
+    /// dropped: nothing lands outside the WR's SGEs or where another packet's bytes go. The
+    /// READ completes once all its packets are placed, in order with the WRs before it; the
+    /// response still acknowledges everything before the READ (the responder executed it),
+    /// but not past an earlier READ or atomic still waiting for its answer. A response
+    /// [`READ_REORDER_PSNS`] past the first missing one of the oldest READ asks for the
+    /// missing packets again (`mp_read_loss_check`; the range up to the next packet placed,
+    /// `read_request`). Call it from `handle_mp_packet`.
+    pub(super) fn handle_placed_read_response(
+        &mut self,
+        now: Instant,
+        pkt: &RxPkt<'_>,
+        t: &PlacementTrailer,
+        ctx: &mut Ctx<'_>,
+    ) {
+        if !self.state.requester_ready() || self.qp_type != QpType::Rc {
+            self.counters.rx_dropped += 1;
+            return;
+        }
+        let psn = pkt.repr.bth.psn;
+        let mtu = self.mtu().bytes();
+        // A response for a PSN never sent is a ghost (rxe check_psn), and a trailer must
+        // describe its own packet.
+        if psn.distance(self.sent_psn) >= 0
+            || t.flags != PlacementFlags::READ_RESPONSE
+            || t.check_packet(psn, pkt.payload.len(), mtu).is_err()
+        {
+            self.counters.rx_dropped += 1;
+            return;
+        }
+        let Some(idx) = self.read_wr_of(psn) else {
+            // Its READ completed (or the PSN is no READ's): a late duplicate. The responder is
+            // still answering, so the local ACK timer waits again.
+            self.counters.rx_dropped += 1;
+            self.arm_retransmit(now, true);
+            return;
+        };
+        if !self.read_trailer_ok(idx, psn, t, pkt.payload.len()) {
+            self.counters.rx_dropped += 1;
+            return;
+        }
+        let (f, npkts, in_order) = match self.sq.get(idx) {
+            Some(w) => (w.first_psn.unwrap_or(psn), w.npkts, w.rcvd_pkts),
+            None => return,
+        };
+        let i = psn.distance(f) as u32;
+        // Placed already: in order (before `rcvd_pkts`) or out of order (its bit).
+        if i < in_order
+            || self
+                .mp_side
+                .as_deref()
+                .and_then(|m| m.rd.get(&f.value()))
+                .is_some_and(|b| bit(b, i))
+        {
+            self.counters.rx_dropped += 1;
+            self.arm_retransmit(now, true);
+            return;
+        }
+        self.cc_on_ack(now, psn);
+        // The responder executed the READ, so everything up to it arrived.
+        self.mp_on_cum_ack(psn);
+        // Acknowledged: the WRs before the READ, but not past an earlier READ or atomic still
+        // waiting (its responses may still be on another path).
+        let stop = self
+            .sq
+            .iter()
+            .take(idx)
+            .find(|w| w.wr.op.is_read_or_atomic())
+            .and_then(|w| w.first_psn)
+            .unwrap_or(f);
+        if !self.ack_through(now, stop.wrapping_sub(1), ctx) {
+            return;
+        }
+        // The WRs before it may have completed: find it again.
+        let Some(idx) = self.read_wr_of(psn) else {
+            return;
+        };
+        let Some(w) = self.sq.get(idx) else {
+            return;
+        };
+        let off = u64::from(i) * u64::from(mtu);
+        if sg_scatter(ctx.mrs, self.init.pd, &w.wr.sg_list, off, pkt.payload).is_err() {
+            if idx == 0 {
+                self.complete_head(WcStatus::LocProtErr, ctx);
+                self.enter_error(ctx);
+            } else if let Some(w) = self.sq.get_mut(idx) {
+                // Reported in order, when the WRs before it completed (`ack_through`).
+                w.done = Some(WcStatus::LocProtErr);
+            }
+            return;
+        }
+        if i != w.rcvd_pkts {
+            self.counters.ooo_placed += 1;
+        }
+        let words = npkts.div_ceil(64) as usize;
+        let b = self
+            .mp_side
+            .get_or_insert_with(Box::default)
+            .rd
+            .entry(f.value())
+            .or_insert_with(|| vec![0u64; words].into_boxed_slice());
+        if let Some(word) = b.get_mut(i as usize / 64) {
+            *word |= 1 << (i % 64);
+        }
+        // Packets in order from the first not yet counted.
+        if let Some(w) = self.sq.get_mut(idx) {
+            while w.rcvd_pkts < w.npkts && bit(b, w.rcvd_pkts) {
+                w.rcvd_pkts += 1;
+            }
+        }
+        self.mp_read_advance(now, ctx);
+        self.mp_read_loss_check(now, psn);
+    }
+
+    /// Moves the head READ's count of packets received in order over those already placed
+    /// out of order after it, and returns how many it moved over (0 when none was placed out
+    /// of order, as on any QP without the extension). Call it after a READ response packet
+    /// was placed in order (`on_read_response`), so that a packet placed already is never
+    /// placed again.
+    pub(super) fn mp_read_skip_placed(&mut self) -> u32 {
+        let Some(w) = self.sq.front_mut() else {
+            return 0;
+        };
+        let Some(b) = w
+            .first_psn
+            .and_then(|f| self.mp_side.as_deref()?.rd.get(&f.value()))
+        else {
+            return 0;
+        };
+        let from = w.rcvd_pkts;
+        while w.rcvd_pkts < w.npkts && bit(b, w.rcvd_pkts) {
+            w.rcvd_pkts += 1;
+        }
+        w.rcvd_pkts - from
+    }
+
+    /// The index in the send queue of the READ WR whose responses include `psn`.
+    fn read_wr_of(&self, psn: Psn) -> Option<usize> {
+        self.sq.iter().position(|w| {
+            matches!(w.wr.op, SendOp::Read { .. })
+                && w.first_psn
+                    .zip(w.last_psn())
+                    .is_some_and(|(f, l)| psn.distance(f) >= 0 && psn.distance(l) <= 0)
+        })
+    }
+
+    /// Whether READ response trailer `t` of packet `psn` (`len` data bytes) describes packet
+    /// `psn` of the READ WR at `idx`: its piece starts inside the WR at a packet boundary no
+    /// later than the packet, the trailer's offset is the packet's in that piece, the virtual
+    /// address is the piece's remote address, the piece ends inside the WR and the data is the
+    /// packet's share of the WR's bytes (so a packet lands only where it belongs, inside the
+    /// WR's SGEs).
+    fn read_trailer_ok(&self, idx: usize, psn: Psn, t: &PlacementTrailer, len: usize) -> bool {
+        let Some(w) = self.sq.get(idx) else {
+            return false;
+        };
+        let (SendOp::Read { remote_addr, .. }, Some(f)) = (w.wr.op, w.first_psn) else {
+            return false;
+        };
+        let m = u64::from(self.mtu().bytes());
+        let (Ok(piece), Ok(i)) = (
+            u32::try_from(t.first_psn.distance(f)),
+            u32::try_from(psn.distance(f)),
+        ) else {
+            return false;
+        };
+        let start = u64::from(piece) * m;
+        let off = u64::from(i) * m;
+        let share = (w.len - off.min(w.len)).min(m);
+        piece <= i
+            && start + u64::from(t.offset) == off
+            && t.va == remote_addr.wrapping_add(start)
+            && start + u64::from(t.length) <= w.len
+            && len as u64 == share
+    }
+
+    /// Moves the completer's PSN over the packets of the head READ placed in order, and
+    /// completes the READ WRs at the head of the send queue whose response packets are all
+    /// placed, in order (`ack_through`). Call it after a READ response packet was placed.
+    fn mp_read_advance(&mut self, now: Instant, ctx: &mut Ctx<'_>) {
+        let Some(w) = self.sq.front() else {
+            return;
+        };
+        let (SendOp::Read { .. }, Some(f), None) = (w.wr.op, w.first_psn, w.done) else {
+            return;
+        };
+        let done = w.rcvd_pkts >= w.npkts;
+        let next = f.wrapping_add(w.rcvd_pkts);
+        if next.distance(self.comp_psn) <= 0 {
+            return;
+        }
+        self.comp_psn = next;
+        if !done {
+            self.on_progress(now, ctx);
+            return;
+        }
+        if self.ack_through(now, next.wrapping_sub(1), ctx) {
+            self.mp_ack_past_response(now, ctx);
+        }
+    }
+
+    /// After READ response `psn` was placed: if it is [`READ_REORDER_PSNS`] or more past the
+    /// first response missing of the oldest READ, that one is taken as lost and the missing
+    /// run from it asked for again (`mp_request_again`; once per PSN, as `retry`'s guard;
+    /// counted in `implied_nak_seq_err`). Responses leave the responder in PSN order, so the
+    /// later ones overtook it on another path by that much.
+    fn mp_read_loss_check(&mut self, now: Instant, psn: Psn) {
+        let Some(w) = self.sq.front() else {
+            return;
+        };
+        let (SendOp::Read { .. }, Some(f)) = (w.wr.op, w.first_psn) else {
+            return;
+        };
+        if w.rcvd_pkts >= w.npkts {
+            return;
+        }
+        let missing = f.wrapping_add(w.rcvd_pkts);
+        if psn.distance(missing) < READ_REORDER_PSNS || self.retry_guard == Some(missing) {
+            return;
+        }
+        // Only the missing response packets go again: not every PSN selective repeat has
+        // unacknowledged (`retry` would resend them all, and each READ request among them
+        // would have its whole READ answered again).
+        self.retry_guard = Some(missing);
+        self.counters.implied_nak_seq_err += 1;
+        self.cc_on_loss(now);
+        self.cc_on_retry(now, false);
+        self.mp_request_again();
+    }
+
+    /// The packet of the READ WR at `idx` before which a re-request from packet `from` may
+    /// stop: the first one placed after `from` (the requester asks again only for what is
+    /// missing), or `end`. Only in selective repeat, where the responder answers a range.
+    pub(super) fn mp_read_request_end(&self, idx: usize, from: u32, end: u32) -> u32 {
+        if !self.mp_selective() {
+            return end;
+        }
+        let Some(b) = self
+            .sq
+            .get(idx)
+            .and_then(|w| w.first_psn)
+            .and_then(|f| self.mp_side.as_deref()?.rd.get(&f.value()))
+        else {
+            return end;
+        };
+        (from + 1..end).find(|&i| bit(b, i)).unwrap_or(end)
     }
 }
 
@@ -636,12 +945,13 @@ impl Qp {
         if self.mp_entropies.count <= 1 || !self.mp_tx.as_deref()?.in_window(psn) {
             return None;
         }
-        if self.mp_paths.is_none() {
-            let seed = (u64::from(self.qpn.value()) << 24) | u64::from(psn.value());
-            self.mp_paths = Some(Box::new(Entropies::new(seed, self.mp_entropies, now)));
-        }
-        let sr = self.mp_tx.as_deref_mut()?;
-        let paths = self.mp_paths.as_deref_mut()?;
+        let seed = (u64::from(self.qpn.value()) << 24) | u64::from(psn.value());
+        let (cfg, sr) = (self.mp_entropies, self.mp_tx.as_deref_mut()?);
+        let paths = self
+            .mp_side
+            .get_or_insert_with(Box::default)
+            .paths
+            .get_or_insert_with(|| Entropies::new(seed, cfg, now));
         let retired = paths.counters().retired;
         for e in sr.lost_entropies() {
             paths.on_bad(e, now);
@@ -652,11 +962,55 @@ impl Qp {
         Some(e.port())
     }
 
+    /// The UDP source port for READ response packet `psn` with its placement trailer, about
+    /// to leave at `now`: the QP's next entropy in turn, or `None` with one entropy
+    /// configured. The entropy is remembered for the PSN: the responder learns of a lost
+    /// response only when its requester asks for it again ([`Self::mp_responses_lost`]), or
+    /// from CNP path feedback ([`Self::mp_on_marked`]). Call it for every READ response
+    /// packet with a trailer, just before its frame is written.
+    pub(crate) fn mp_spray_response(&mut self, now: Instant, psn: Psn) -> Option<u16> {
+        if self.mp_entropies.count <= 1 {
+            return None;
+        }
+        let seed = (u64::from(self.qpn.value()) << 24) | u64::from(psn.value());
+        let cfg = self.mp_entropies;
+        let side = self.mp_side.get_or_insert_with(Box::default);
+        let e = side
+            .paths
+            .get_or_insert_with(|| Entropies::new(seed, cfg, now))
+            .next(now, None);
+        if side.resp_sent.len() >= RESP_ENTROPY_MEMORY {
+            side.resp_sent.pop_front();
+        }
+        side.resp_sent.push_back((psn, e));
+        Some(e.port())
+    }
+
+    /// The requester asked again for READ response packets `from..=to` (placed responses):
+    /// they were lost, or overtaken by that much, so the entropies they took are retired and
+    /// replaced (as a lost request's are, docs/multipath.md "Spraying"), counted in
+    /// `entropy_retired`. Call it when such a range is accepted, before it is sent again.
+    pub(super) fn mp_responses_lost(&mut self, from: Psn, to: Psn, now: Instant) {
+        let Some(side) = self.mp_side.as_deref_mut() else {
+            return;
+        };
+        let Some(paths) = side.paths.as_mut() else {
+            return;
+        };
+        let retired = paths.counters().retired;
+        for &(psn, e) in &side.resp_sent {
+            if psn.distance(from) >= 0 && psn.distance(to) <= 0 {
+                paths.on_bad(e, now);
+            }
+        }
+        self.counters.entropy_retired += paths.counters().retired - retired;
+    }
+
     /// A CNP of the peer named entropy `e` as the one its marked packet came on: `e` is
     /// retired and replaced, as after a loss, so the QP's traffic moves off the marked path
     /// while DCQCN cuts its rate. Call it for every CNP with path feedback.
     pub(crate) fn mp_on_marked(&mut self, e: Entropy, now: Instant) {
-        if let Some(paths) = self.mp_paths.as_deref_mut() {
+        if let Some(paths) = self.mp_side.as_deref_mut().and_then(|m| m.paths.as_mut()) {
             let retired = paths.counters().retired;
             paths.on_bad(e, now);
             self.counters.entropy_retired += paths.counters().retired - retired;

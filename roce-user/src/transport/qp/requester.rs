@@ -412,6 +412,10 @@ impl Qp {
             // In selective repeat (towards a peer that holds them): hold it until the
             // cumulative PSN reaches it (docs/multipath.md).
             req.repr.bth.resv7 |= crate::wire::multipath::MpBthFlags::HOLD.bits();
+            if matches!(op, SendOp::Read { .. }) {
+                // And its responses placed out of order as they come (qp/multipath.rs).
+                req.repr.bth.resv7 |= crate::wire::multipath::MpBthFlags::READ_PLACED.bits();
+            }
         }
         Some(req)
     }
@@ -516,6 +520,8 @@ impl Qp {
         let m = u64::from(self.mtu().bytes());
         let start = u64::from(pkt_idx) * m;
         let piece_end = ((pkt_idx / READ_CHUNK_PKTS + 1) * READ_CHUNK_PKTS).min(npkts);
+        // In multipath mode, only up to the next response packet already placed.
+        let piece_end = self.mp_read_request_end(self.req_idx, pkt_idx, piece_end);
         let end = (u64::from(piece_end) * m).min(wqe.len);
         let bth = BthRepr::new(Opcode::RC_RDMA_READ_REQUEST, self.attr.dest_qp_num, psn);
         let mut repr = RoceRepr::new(bth);

@@ -3,6 +3,7 @@
 //! resources, length, R_Key, then execution and acknowledgement.
 
 use super::*;
+use crate::wire::multipath::{PlacementFlags, PlacementTrailer, Ssn};
 
 /// An error class C outcome (IBA 9.9.3.1.3): NAK, complete the receive WR in use with
 /// `status` if there is one, and move the QP to ERR.
@@ -446,15 +447,19 @@ impl Qp {
         self.take_resource_slot();
         let psn = pkt.repr.bth.psn;
         let npkts = packets_for(len, self.mtu());
+        let last_psn = psn.wrapping_add(npkts - 1);
         self.resources.push_back(Resource::Read {
             first_psn: psn,
-            last_psn: psn.wrapping_add(npkts - 1),
+            last_psn,
             va: reth.va,
             rkey: reth.rkey,
             len,
             cur_psn: psn,
             pending: true,
             restart: false,
+            stop_psn: last_psn,
+            resume: None,
+            placed: self.mp_placed_read(pkt),
         });
         // C9-148: the MSN counts the READ when the request is accepted.
         self.msn = self.msn.wrapping_add(1);
@@ -555,21 +560,59 @@ impl Qp {
                         cur_psn,
                         pending,
                         restart,
+                        stop_psn,
+                        resume,
+                        placed,
                     } = r
                     {
                         if psn.distance(*first_psn) < 0 || psn.distance(*last_psn) > 0 {
                             continue;
                         }
-                        // The replayed request must name a tail of the original one.
+                        // The replayed request must name a tail of the original one; with
+                        // placed responses (multipath), any whole-packet range of it: the
+                        // requester asks again only for what it is missing.
                         let off = psn.distance(*first_psn) as u64 * mtu;
-                        let same = reth.rkey == *rkey
-                            && Some(reth.va) == va.checked_add(off)
-                            && u64::from(reth.dma_len) == *len - off.min(*len);
-                        if same {
-                            *cur_psn = psn;
+                        let tail = *len - off.min(*len);
+                        let dma = u64::from(reth.dma_len);
+                        let same_start = reth.rkey == *rkey && Some(reth.va) == va.checked_add(off);
+                        let stop = if same_start && dma == tail {
+                            Some(*last_psn)
+                        } else if same_start && *placed && dma > 0 && dma < tail && dma % mtu == 0 {
+                            Some(psn.wrapping_add(u32::try_from(dma / mtu).unwrap_or(1) - 1))
+                        } else {
+                            None
+                        };
+                        if let Some(mut stop) = stop {
+                            // The packets asked for again were lost (or overtaken by that
+                            // much): with placed responses their entropies are retired.
+                            let lost = placed.then_some((psn, stop));
+                            let mut from = psn;
+                            // A play still going on is not cut short: a range before where it
+                            // is goes first and the play resumes after it (placed responses);
+                            // a range while a range replays joins it; else the replay runs on
+                            // to the play's end. Nothing not yet sent is skipped.
+                            if *pending && resume.is_some() {
+                                if cur_psn.distance(from) < 0 {
+                                    from = *cur_psn;
+                                }
+                                if stop_psn.distance(stop) > 0 {
+                                    stop = *stop_psn;
+                                }
+                            } else if *pending && stop_psn.distance(stop) > 0 {
+                                if *placed && cur_psn.distance(stop) > 0 {
+                                    *resume = Some((*cur_psn, *stop_psn));
+                                } else {
+                                    stop = *stop_psn;
+                                }
+                            }
+                            *cur_psn = from;
                             *pending = true;
                             *restart = true;
+                            *stop_psn = stop;
                             self.cc_on_loss(now);
+                            if let Some((from, to)) = lost {
+                                self.mp_responses_lost(from, to, now);
+                            }
                         }
                         return;
                     }
@@ -836,24 +879,57 @@ impl Qp {
                 cur_psn,
                 pending: _,
                 restart,
+                stop_psn,
+                resume: _,
+                placed,
             } => {
                 let idx = cur_psn.distance(*first_psn) as u64;
                 let off = idx * mtu;
                 let n = (*len - off.min(*len)).min(mtu);
                 let is_last = *cur_psn == *last_psn;
+                let stops = *cur_psn == *stop_psn || is_last;
                 let psn = *cur_psn;
+                let (rkey, rva, va) = (*rkey, *va, va.wrapping_add(off));
+                let nn = usize::try_from(n).ok()?;
+                // In multipath mode the packet ends in its placement trailer (READ response
+                // flag, its offset in the READ's data), when the frame has room for it (tried
+                // with the longest READ response headers).
+                let trailer = match (u32::try_from(off), u32::try_from(*len)) {
+                    (Ok(offset), Ok(length)) if *placed && self.mp.is_on() => {
+                        Some(PlacementTrailer {
+                            first_psn: *first_psn,
+                            flags: PlacementFlags::READ_RESPONSE,
+                            offset,
+                            length,
+                            va: rva,
+                            rkey: RKey::new(0),
+                            ssn: Ssn::new(0),
+                        })
+                    }
+                    _ => None,
+                }
+                .filter(|t| {
+                    tx.payload(Opcode::RC_RDMA_READ_RESPONSE_ONLY, nn + t.buffer_len())
+                        .is_some()
+                });
                 // The first packet of a (re)played response is FIRST/ONLY (a replay answers a
-                // new READ request from that PSN), the others MIDDLE/LAST.
-                let pos = match (idx == 0 || *restart, is_last) {
+                // new READ request from that PSN), the others MIDDLE/LAST; a replay of a range
+                // (placed responses only) ends LAST at the range's end when it has its trailer
+                // (without, where a plain requester expects its READ's last packet).
+                let ends = if trailer.is_some() { stops } else { is_last };
+                let pos = match (idx == 0 || *restart, ends) {
                     (true, true) => Position::Only,
                     (true, false) => Position::First,
                     (false, true) => Position::Last,
                     (false, false) => Position::Middle,
                 };
-                let (rkey, va) = (*rkey, va.wrapping_add(off));
-                let nn = usize::try_from(n).ok()?;
                 let opcode = opcode_for(Operation::ReadResponse, pos, false, false);
-                let (payload, dst) = tx.payload(opcode, nn)?;
+                let tlen = trailer.map_or(0, |t| t.buffer_len());
+                let (payload, dst) = tx.payload(opcode, nn + tlen)?;
+                let (dst, tail) = dst.split_at_mut(nn);
+                if let Some(t) = trailer {
+                    tail.copy_from_slice(&t.to_bytes());
+                }
                 // A zero-length READ touches no memory and needs no R_Key.
                 let read = if n == 0 {
                     Ok(())
@@ -883,11 +959,16 @@ impl Qp {
                     cur_psn,
                     pending,
                     restart,
+                    stop_psn,
+                    resume,
                     ..
                 } = &mut self.resources[i]
                 {
                     *restart = false;
-                    if is_last {
+                    if let (true, Some((at, stop))) = (stops, resume.take()) {
+                        // The range replayed: the interrupted play goes on (a new FIRST).
+                        (*cur_psn, *stop_psn, *restart) = (at, stop, true);
+                    } else if stops {
                         *pending = false;
                     } else {
                         *cur_psn = cur_psn.next();
@@ -899,6 +980,9 @@ impl Qp {
                         syndrome: AethSyndrome::ACK_UNLIMITED,
                         msn,
                     });
+                }
+                if trailer.is_some() {
+                    repr.bth.resv7 = MpBthFlags::TRAILER.bits();
                 }
                 self.counters.sent_pkts += 1;
                 Some(OutPkt {

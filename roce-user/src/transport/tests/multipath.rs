@@ -1249,3 +1249,539 @@ fn rnr_run(seed: u64) {
     assert!(qa.counters().rcvd_rnr_err > 0, "RNR NAKs happened");
     assert!(qa.selective_repeat().is_some());
 }
+
+// ------------------------------------------------------------ READ responses placed
+
+/// READ response packet `i` of what the harness sent: its data and trailer, if it has one.
+fn read_resp(out: &(RoceRepr, Vec<u8>)) -> (Vec<u8>, Option<PlacementTrailer>) {
+    let (r, payload) = out;
+    assert_eq!(
+        r.bth.opcode.info().unwrap().operation,
+        Operation::ReadResponse,
+        "{r:?}"
+    );
+    if MpBthFlags::from_resv7(r.bth.resv7).contains(MpBthFlags::TRAILER) {
+        let (data, t) = crate::wire::multipath::placement::split(payload).unwrap();
+        (data.to_vec(), Some(t))
+    } else {
+        (payload.clone(), None)
+    }
+}
+
+/// A responder with the extension on answers a READ its requester sent in selective repeat
+/// (marked `HOLD` and `READ_PLACED`) with the placement trailer on every response packet (the READ response
+/// flag, the packet's offset in the READ's data, the READ's length and remote address, no
+/// R_Key), and a request for a range of it again (the requester's missing packets) with just
+/// that range, trailers on. A READ sent plain is answered plain, and a range of it (not a
+/// tail) is not answered, as before; so is a READ held but not asking for placed responses
+/// (`READ_PLACED`: an older roce-xdp requester).
+#[test]
+fn a_read_in_selective_repeat_is_answered_with_placement_trailers() {
+    let mut h = h_mp();
+    let data: Vec<u8> = (0..3000u32).map(|i| (i * 7 + 1) as u8).collect();
+    h.set_mem(0, &data);
+    let rkey = h.mr.rkey;
+    let held = (MpBthFlags::OFFER | MpBthFlags::HOLD | MpBthFlags::READ_PLACED).bits();
+    let mut req = with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 3000);
+    req.bth.resv7 = held;
+    h.rx(req, &[]);
+    assert_eq!(h.d.qp(h.qpn).unwrap().multipath(), MpState::On);
+    let out = h.tx();
+    assert_eq!(out.len(), 3);
+    for (i, o) in out.iter().enumerate() {
+        let (d, t) = read_resp(o);
+        let t = t.expect("a trailer on every response packet");
+        assert_eq!(o.0.bth.psn, Psn::new(RQ_PSN + i as u32));
+        assert_eq!(d, data[i * 1024..((i + 1) * 1024).min(3000)]);
+        assert_eq!(
+            t,
+            PlacementTrailer {
+                first_psn: Psn::new(RQ_PSN),
+                flags: PlacementFlags::READ_RESPONSE,
+                offset: i as u32 * 1024,
+                length: 3000,
+                va: BASE,
+                rkey: RKey::new(0),
+                ssn: Ssn::new(0),
+            }
+        );
+    }
+    // The requester misses packet 1 only: it asks for that one packet again.
+    let mut again = with_reth(
+        hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN + 1),
+        BASE + 1024,
+        rkey,
+        1024,
+    );
+    again.bth.resv7 = held;
+    h.rx(again, &[]);
+    let out = h.tx();
+    assert_eq!(out.len(), 1, "only the range asked for");
+    assert_eq!(out[0].0.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_ONLY);
+    assert_eq!(out[0].0.bth.psn, Psn::new(RQ_PSN + 1));
+    let (d, t) = read_resp(&out[0]);
+    assert_eq!(d, data[1024..2048]);
+    assert_eq!(t.unwrap().offset, 1024);
+    assert_eq!(h.c().rx_read_requests, 1, "a replay is not a new READ");
+
+    // A READ sent plain (no HOLD) with the extension on: plain responses, in order.
+    let mut plain = with_reth(
+        hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN + 3),
+        BASE,
+        rkey,
+        3000,
+    );
+    plain.bth.resv7 = MpBthFlags::OFFER.bits();
+    h.rx(plain, &[]);
+    let out = h.tx();
+    assert_eq!(out.len(), 3);
+    for (i, o) in out.iter().enumerate() {
+        let (d, t) = read_resp(o);
+        assert_eq!(t, None);
+        assert_eq!(d, data[i * 1024..((i + 1) * 1024).min(3000)]);
+        assert!(!MpBthFlags::from_resv7(o.0.bth.resv7).contains(MpBthFlags::TRAILER));
+    }
+    let mut range = with_reth(
+        hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN + 4),
+        BASE + 1024,
+        rkey,
+        1024,
+    );
+    range.bth.resv7 = held;
+    h.rx(range, &[]);
+    assert!(
+        h.tx().is_empty(),
+        "a range of a plain READ is not a tail: unanswered"
+    );
+
+    // A READ held but without `READ_PLACED` (an older roce-xdp requester, which takes READ
+    // responses only plain and in order): plain responses.
+    let mut old = with_reth(
+        hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN + 6),
+        BASE,
+        rkey,
+        3000,
+    );
+    old.bth.resv7 = (MpBthFlags::OFFER | MpBthFlags::HOLD).bits();
+    h.rx(old, &[]);
+    let out = h.tx();
+    assert_eq!(out.len(), 3);
+    for (i, o) in out.iter().enumerate() {
+        let (d, t) = read_resp(o);
+        assert_eq!(t, None);
+        assert_eq!(d, data[i * 1024..((i + 1) * 1024).min(3000)]);
+    }
+}
+
+/// A QP with the extension off never sends a READ response trailer, whatever the request's
+/// reserved bits say: the responses are the READ's bytes, `resv7` 0.
+#[test]
+fn a_qp_with_the_extension_off_never_sends_a_read_response_trailer() {
+    let mut h = h();
+    let data: Vec<u8> = (0..3000u32).map(|i| (i * 3) as u8).collect();
+    h.set_mem(0, &data);
+    let rkey = h.mr.rkey;
+    let mut req = with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 3000);
+    req.bth.resv7 = (MpBthFlags::OFFER_TRAILER | MpBthFlags::HOLD | MpBthFlags::READ_PLACED).bits();
+    h.rx(req, &[]);
+    let out = h.tx();
+    assert_eq!(out.len(), 3);
+    for (i, (r, payload)) in out.iter().enumerate() {
+        assert_eq!(r.bth.resv7, 0);
+        assert_eq!(payload[..], data[i * 1024..((i + 1) * 1024).min(3000)]);
+    }
+}
+
+/// What a READ-heavy run did: B's READ response frames (PSN, with a trailer, the path its
+/// UDP source port took), A's and B's counters, the simulated time it took.
+struct ReadRun {
+    responses: Vec<(u32, bool, usize)>,
+    a: crate::transport::QpCounters,
+    b: crate::transport::QpCounters,
+    time: Instant,
+    lost: u64,
+}
+
+impl ReadRun {
+    /// READ response packets sent more than once.
+    fn resent(&self) -> usize {
+        let mut psns: Vec<u32> = self.responses.iter().map(|r| r.0).collect();
+        psns.sort_unstable();
+        psns.dedup();
+        self.responses.len() - psns.len()
+    }
+}
+
+/// A READ-heavy workload over four paths that all impair as `link` does: `n` WRs from A, READs
+/// of 64 bytes to 40 KB (multi-packet, some longer than a READ request's piece) of B's memory
+/// and every seventh a WRITE. With `multipath` both devices allow the extension, the QPs are
+/// hinted (on from the first packet) and spray over 32 entropies; without, plain RoCE v2
+/// (go-back-N on one path). Every WR completes once, in order, successfully; every byte
+/// READ is B's, every byte written is A's.
+fn reads_over_four_paths(seed: u64, link: Link, multipath: bool, n: u64) -> ReadRun {
+    reads_over_paths(seed, vec![link; 4], multipath, n)
+}
+
+/// [`reads_over_four_paths`] over `paths`, each impaired as its own link says.
+fn reads_over_paths(seed: u64, paths: Vec<Link>, multipath: bool, n: u64) -> ReadRun {
+    let k = paths.len();
+    let config = DeviceConfig {
+        multipath,
+        multipath_entropies: if multipath { 32 } else { 8 },
+        ..DeviceConfig::default()
+    };
+    let mut p = Pair::new(seed, config, Link::default());
+    p.set_paths(paths);
+    let responses: Rc<RefCell<Vec<(u32, bool, usize)>>> = Rc::default();
+    let sink = Rc::clone(&responses);
+    p.filter = Some(Box::new(move |side, f| {
+        if side == Side::B
+            && let Ok(pf) = parse_frame(f)
+            && pf
+                .roce
+                .bth
+                .opcode
+                .info()
+                .is_some_and(|i| i.operation == Operation::ReadResponse)
+        {
+            let t = MpBthFlags::from_resv7(pf.roce.bth.resv7).contains(MpBthFlags::TRAILER);
+            let path = path_index(pf.udp.src_port, k);
+            sink.borrow_mut().push((pf.roce.bth.psn.value(), t, path));
+        }
+        true
+    }));
+    let cfg = RcConfig {
+        multipath_peer: multipath,
+        timeout: 4,
+        cap: QpCap {
+            max_send_wr: 1024,
+            ..QpCap::default()
+        },
+        ..RcConfig::default()
+    };
+    let (a, b) = connect_rc_ports(&mut p, &cfg, (0xc001, 0xd001));
+    const B_LEN: usize = 1 << 16;
+    let b_src: Vec<u8> = (0..B_LEN as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 13) as u8)
+        .collect();
+    let a_src: Vec<u8> = (0..3000u32).map(|i| (i * 11 + 5) as u8).collect();
+    let sizes = [3000u32, 17_000, 64, 40_000, 5 * 1024, 1024];
+    let total: u64 = (0..n)
+        .map(|i| u64::from(sizes[i as usize % sizes.len()]))
+        .sum();
+    let mut a_mem = vec![0; 3000 + total as usize];
+    a_mem[..3000].copy_from_slice(&a_src);
+    let ma = p.a.reg_mr(a.pd, a_mem, 0x1000, Access::all()).unwrap();
+    let mut b_mem = b_src.clone();
+    b_mem.resize(B_LEN + 3000 * n as usize, 0);
+    let mb = p.b.reg_mr(b.pd, b_mem, 0x10_0000, Access::all()).unwrap();
+    let mut reads = Vec::new();
+    let mut local = 0x1000 + 3000u64;
+    for i in 0..n {
+        let (op, addr, len) = if i % 7 == 6 {
+            let at = 0x10_0000 + B_LEN as u64 + i * 3000;
+            (write(at, mb.rkey), 0x1000, 3000)
+        } else {
+            let len = sizes[i as usize % sizes.len()];
+            let from = (i * 4099) % (B_LEN as u64 - u64::from(len));
+            reads.push((local, from, len));
+            let l = local;
+            local += u64::from(len);
+            (read(0x10_0000 + from, mb.rkey), l, len)
+        };
+        let sg = vec![Sge {
+            addr,
+            length: len,
+            lkey: ma.lkey,
+        }];
+        p.a.post_send(a.qpn, SendWr::new(i, op, sg)).unwrap();
+    }
+    let mut wa = Vec::new();
+    let done = p.drive_until(20_000_000, |p| {
+        wa.extend(core::iter::from_fn(|| p.a.poll_cq(a.cq)).map(|w| (w.wr_id, w.status)));
+        wa.len() as u64 >= n
+    });
+    assert!(done, "{:?} a {}", p.stats, wa.len());
+    assert!(p.drive(1_000_000), "idle afterwards");
+    wa.extend(core::iter::from_fn(|| p.a.poll_cq(a.cq)).map(|w| (w.wr_id, w.status)));
+    let want: Vec<(u64, WcStatus)> = (0..n).map(|i| (i, WcStatus::Success)).collect();
+    assert_eq!(wa, want, "every WR once, in order");
+    let a_bytes = p.a.mrs().bytes(ma.lkey).unwrap();
+    for (k, &(l, from, len)) in reads.iter().enumerate() {
+        let at = (l - 0x1000) as usize;
+        let from = from as usize;
+        assert!(
+            a_bytes[at..at + len as usize] == b_src[from..from + len as usize],
+            "READ {k} ({len} bytes)"
+        );
+    }
+    let b_bytes = p.b.mrs().bytes(mb.lkey).unwrap();
+    for i in (6..n as usize).step_by(7) {
+        let at = B_LEN + i * 3000;
+        assert_eq!(&b_bytes[at..at + 3000], &a_src[..], "WRITE {i}");
+    }
+    let states = (
+        p.a.qp(a.qpn).unwrap().multipath(),
+        p.b.qp(b.qpn).unwrap().multipath(),
+    );
+    if multipath {
+        assert_eq!(states, (MpState::On, MpState::On));
+    } else {
+        assert_eq!(states, (MpState::Disabled, MpState::Disabled));
+    }
+    p.filter = None;
+    ReadRun {
+        responses: responses.take(),
+        a: *p.a.qp(a.qpn).unwrap().counters(),
+        b: *p.b.qp(b.qpn).unwrap().counters(),
+        time: p.time,
+        lost: p.stats.lost,
+    }
+}
+
+/// READs over four paths with loss, duplication and reordering: with the extension every READ
+/// response carries its trailer and is sprayed, the requester places the packets that overtook
+/// a missing one (`ooo_placed`) and asks again only for what is missing, so fewer response
+/// packets go twice than with go-back-N over the same impairment (which re-requests a READ's
+/// whole tail from a gap); every WR completes once, in order, every byte checked.
+#[test]
+fn read_responses_are_sprayed_and_placed_out_of_order() {
+    let link = Link {
+        latency: Duration::from_micros(10),
+        loss: 0.02,
+        dup: 0.03,
+        reorder: 0.3,
+        reorder_jitter: Duration::from_micros(40),
+        ..Link::default()
+    };
+    let (mut mp_resent, mut plain_resent, mut placed, mut lost) = (0, 0, 0, (0, 0));
+    for seed in [41, 42, 43] {
+        let m = reads_over_four_paths(seed, link, true, 60);
+        assert!(
+            m.responses.iter().all(|r| r.1),
+            "every READ response with its trailer"
+        );
+        let g = reads_over_four_paths(seed, link, false, 60);
+        assert!(g.responses.iter().all(|r| !r.1), "plain: no trailer");
+        mp_resent += m.resent();
+        plain_resent += g.resent();
+        placed += m.a.ooo_placed;
+        lost = (lost.0 + m.lost, lost.1 + g.lost);
+        eprintln!(
+            "seed {seed}: placed {} resent {} of {} (lost {}, {:?}; implied {} timeouts {}; \
+             response entropies retired {}) against go-back-N {} of {} (lost {}, {:?})",
+            m.a.ooo_placed,
+            m.resent(),
+            m.responses.len(),
+            m.lost,
+            m.time,
+            m.a.implied_nak_seq_err,
+            m.a.local_ack_timeout_err,
+            m.b.entropy_retired,
+            g.resent(),
+            g.responses.len(),
+            g.lost,
+            g.time
+        );
+    }
+    assert!(placed > 0, "responses placed out of order");
+    assert!(
+        mp_resent < plain_resent,
+        "resent responses: {mp_resent} placed against {plain_resent} go-back-N (lost {lost:?})"
+    );
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(8))]
+
+    /// Any loss, duplication and reordering on four paths, READ responses sprayed and placed
+    /// out of order: every WR completes exactly once, in order, every byte READ is the
+    /// responder's and every byte written the requester's, and every READ response carries
+    /// its trailer.
+    #[test]
+    fn reads_over_four_impaired_paths_complete_exactly_once(
+        seed in any::<u64>(),
+        link in arb_mp_link(),
+    ) {
+        let r = reads_over_four_paths(seed, link, true, 24);
+        prop_assert!(r.responses.iter().all(|r| r.1));
+    }
+}
+
+/// READ response packet `i` of a READ of `len` bytes at the harness's SQ PSN, as a responder
+/// with the extension on sends it: its opcode by position, `data` then its trailer.
+fn placed_resp(i: u32, len: u32, data: &[u8]) -> (RoceRepr, Vec<u8>) {
+    let npkts = len.div_ceil(1024);
+    let pos = crate::transport::qp::position_of(i, npkts);
+    let op = match pos {
+        Position::First => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+        Position::Middle => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+        Position::Last => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+        Position::Only => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+    };
+    let mut h = if pos == Position::Middle {
+        hdr(op, SQ_PSN + i)
+    } else {
+        aeth_hdr(op, SQ_PSN + i, ACK, 1)
+    };
+    h.bth.resv7 = (MpBthFlags::OFFER_TRAILER | MpBthFlags::HOLD).bits();
+    let t = PlacementTrailer {
+        first_psn: Psn::new(SQ_PSN),
+        flags: PlacementFlags::READ_RESPONSE,
+        offset: i * 1024,
+        length: len,
+        va: 0x9000,
+        rkey: RKey::new(0),
+        ssn: Ssn::new(0),
+    };
+    let mut payload = data.to_vec();
+    payload.extend_from_slice(&t.to_bytes());
+    (h, payload)
+}
+
+/// A requester's READ in selective repeat (its peer holds READs: marked `HOLD`) takes its response packets
+/// in any order: each lands at its offset on arrival, a duplicate with other bytes is not
+/// placed again, a trailer that names another offset or the wrong remote address is
+/// dropped, and the READ completes once, when its last missing packet arrives. A packet three
+/// PSNs past a missing one asks again for the missing run, up to the next packet placed.
+#[test]
+fn a_requester_places_read_responses_out_of_order_exactly_once() {
+    let config = DeviceConfig {
+        multipath: true,
+        ..DeviceConfig::default()
+    };
+    let mut h = h_on(&RcConfig::default(), config);
+    // The peer's answer in band: it allows the extension and holds READ requests.
+    let mut hello = aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN - 1, ACK, 0);
+    hello.bth.resv7 = (MpBthFlags::OFFER | MpBthFlags::HOLD).bits();
+    h.rx(hello, &[]);
+    assert_eq!(h.d.qp(h.qpn).unwrap().multipath(), MpState::On);
+    let len = 5000u32;
+    let data: Vec<u8> = (0..len).map(|i| (i * 13 + 3) as u8).collect();
+    let rkey = RKey::new(0x44);
+    h.post(1, read(0x9000, rkey), 0, len);
+    let out = h.tx();
+    assert_eq!(out.len(), 1);
+    assert_eq!(out[0].0.bth.opcode, Opcode::RC_RDMA_READ_REQUEST);
+    assert_eq!(
+        MpBthFlags::from_resv7(out[0].0.bth.resv7),
+        MpBthFlags::OFFER | MpBthFlags::HOLD | MpBthFlags::READ_PLACED,
+        "held, its responses to be placed"
+    );
+    let chunk = |i: u32| &data[(i * 1024) as usize..((i + 1) * 1024).min(len) as usize];
+    // Packet 4 (the last), then packet 2.
+    for i in [4, 2] {
+        let (r, p) = placed_resp(i, len, chunk(i));
+        h.rx(r, &p);
+    }
+    assert_eq!(h.mem(4096, 904), chunk(4));
+    assert_eq!(h.mem(2048, 1024), chunk(2));
+    assert!(h.wcs().is_empty(), "not complete yet");
+    // Packet 2 again with other bytes: a duplicate, not placed.
+    let (r, p) = placed_resp(2, len, &[0xee; 1024]);
+    h.rx(r, &p);
+    assert_eq!(h.mem(2048, 1024), chunk(2));
+    // A trailer naming another offset than its PSN's, and one with another remote address:
+    // dropped.
+    let (r, mut p) = placed_resp(3, len, chunk(3));
+    let n = p.len();
+    p[n - 28 + 4..n - 28 + 8].copy_from_slice(&1024u32.to_be_bytes());
+    h.rx(r, &p);
+    let (r, mut p) = placed_resp(3, len, chunk(3));
+    p[n - 28 + 12..n - 28 + 20].copy_from_slice(&0x9400u64.to_be_bytes());
+    h.rx(r, &p);
+    assert_eq!(h.mem(3072, 1024), vec![0u8; 1024]);
+    let dropped = h.c().rx_dropped;
+    assert_eq!(dropped, 3, "the duplicate and the two bad trailers");
+    // Packet 4 is three PSNs past the missing packet 0: the missing run from it is asked for
+    // again, not the READ's tail.
+    let again: Vec<_> = h
+        .tx()
+        .into_iter()
+        .filter(|(r, _)| r.bth.opcode == Opcode::RC_RDMA_READ_REQUEST)
+        .collect();
+    assert_eq!(again.len(), 1, "{again:?}");
+    assert_eq!(again[0].0.bth.psn, Psn::new(SQ_PSN));
+    assert_eq!(
+        again[0].0.reth.unwrap().dma_len,
+        2048,
+        "packets 0 and 1: up to packet 2, placed"
+    );
+    for i in [0, 3, 1] {
+        let (r, p) = placed_resp(i, len, chunk(i));
+        h.rx(r, &p);
+    }
+    let wcs = h.wcs();
+    assert_eq!(wcs.len(), 1);
+    assert_eq!((wcs[0].wr_id, wcs[0].status), (1, WcStatus::Success));
+    assert_eq!(h.mem(0, len as usize), data);
+    assert!(h.c().ooo_placed >= 3, "{:?}", h.c());
+    // A late duplicate after completion: dropped, nothing changes.
+    let (r, p) = placed_resp(1, len, &[0xee; 1024]);
+    h.rx(r, &p);
+    assert!(h.wcs().is_empty());
+    assert_eq!(h.mem(0, len as usize), data);
+}
+
+/// A range asked for again while the responder is still sending its READ goes first, and the
+/// READ's play resumes where it was: nothing not yet sent is skipped, nothing sent twice but
+/// the range.
+#[test]
+fn a_range_asked_again_mid_play_goes_first_and_the_play_resumes() {
+    let mut h = h_mp();
+    let data: Vec<u8> = (0..5000u32).map(|i| (i * 5 + 2) as u8).collect();
+    h.set_mem(0, &data);
+    let rkey = h.mr.rkey;
+    let held = (MpBthFlags::OFFER | MpBthFlags::HOLD | MpBthFlags::READ_PLACED).bits();
+    let mut req = with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 5000);
+    req.bth.resv7 = held;
+    h.rx(req, &[]);
+    // Two response packets leave, then packet 0 is asked for again.
+    let mut buf = vec![0; MAX_FRAME_LEN];
+    for _ in 0..2 {
+        assert!(h.d.poll_transmit(h.now, &mut buf).is_some());
+    }
+    let mut again = with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN), BASE, rkey, 1024);
+    again.bth.resv7 = held;
+    h.rx(again, &[]);
+    let out = h.tx();
+    let psns: Vec<u32> = out.iter().map(|o| o.0.bth.psn.value() - RQ_PSN).collect();
+    assert_eq!(psns, [0, 2, 3, 4], "the range, then the rest of the play");
+    assert_eq!(out[0].0.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_ONLY);
+    assert_eq!(out[1].0.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_FIRST);
+    assert_eq!(out[3].0.bth.opcode, Opcode::RC_RDMA_READ_RESPONSE_LAST);
+    for (o, &i) in out.iter().zip(&psns) {
+        let (d, t) = read_resp(o);
+        let i = i as usize;
+        assert_eq!(d, data[i * 1024..((i + 1) * 1024).min(5000)]);
+        assert_eq!(t.unwrap().offset as usize, i * 1024);
+    }
+}
+
+/// One of four paths loses 10 % (the others are clean): the responder sprays READ responses
+/// over its entropies, the requester asks again for the lost ones, and the responder retires
+/// the entropies those took, so the lossy path keeps a small share of the responses (an
+/// unsprayed QP's responses all take one path); every WR once, in order, every byte checked.
+#[test]
+fn read_responses_move_off_a_lossy_path() {
+    let lossy = Link {
+        loss: 0.1,
+        ..Link::default()
+    };
+    for seed in [7, 8, 9] {
+        let paths = vec![lossy, Link::default(), Link::default(), Link::default()];
+        let r = reads_over_paths(seed, paths, true, 240);
+        let on_lossy = r.responses.iter().filter(|x| x.2 == 0).count();
+        let share = on_lossy as f64 / r.responses.len() as f64;
+        eprintln!(
+            "seed {seed}: lossy path {on_lossy} of {} READ responses ({:.1} %), {} entropies \
+             retired, {} resent",
+            r.responses.len(),
+            100.0 * share,
+            r.b.entropy_retired,
+            r.resent()
+        );
+        assert!(r.b.entropy_retired > 0, "{:?}", r.b);
+        assert!(share < 0.12, "the lossy path kept {:.1} %", 100.0 * share);
+    }
+}

@@ -41,8 +41,9 @@ use super::bth;
 /// "Agreeing on the extension"); bit 1 ([`Self::TRAILER`]) says the packet ends in a trailer
 /// (placement on requests and READ responses, SACK on ACKs, path feedback in CNPs); bit 2
 /// ([`Self::HOLD`]), with the extension on, says the sender's responder holds READ requests
-/// and atomics until the cumulative PSN reaches them. The other four bits stay 0 and are
-/// ignored on receive, as IBA wants of reserved bits.
+/// and atomics until the cumulative PSN reaches them; bit 3 ([`Self::READ_PLACED`]), on a
+/// held READ request, asks for the responses with placement trailers. The other three bits
+/// stay 0 and are ignored on receive, as IBA wants of reserved bits.
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Default, Debug)]
 pub struct MpBthFlags(u8);
 
@@ -58,7 +59,10 @@ impl MpBthFlags {
     /// The sender's responder holds READ requests and atomics beyond a hole until the
     /// cumulative PSN reaches them (set with the extension on).
     pub const HOLD: Self = Self(roce_common::multipath::RESV7_HOLD);
-    const KNOWN: u8 = 0x07;
+    /// On a READ request marked [`Self::HOLD`]: the requester places the responses out of
+    /// order, so they may carry placement trailers and be sprayed.
+    pub const READ_PLACED: Self = Self(roce_common::multipath::RESV7_READ_PLACED);
+    const KNOWN: u8 = 0x0f;
 
     /// The known bits of a `resv7` value; the others are reserved and ignored.
     #[must_use]
@@ -121,8 +125,12 @@ mod tests {
         let parsed = BthRepr::parse(&p).unwrap();
         assert_eq!(parsed.resv7, 0x03);
         assert_eq!(BthRepr { resv7: 0, ..parsed }, repr);
-        // Reserved bits other than ours are ignored; HOLD is bit 2.
-        assert_eq!(MpBthFlags::from_resv7(0x78), MpBthFlags::NONE);
-        assert_eq!(MpBthFlags::from_resv7(0x7c), MpBthFlags::HOLD);
+        // Reserved bits other than ours are ignored; HOLD is bit 2, READ_PLACED bit 3.
+        assert_eq!(MpBthFlags::from_resv7(0x70), MpBthFlags::NONE);
+        assert_eq!(MpBthFlags::from_resv7(0x74), MpBthFlags::HOLD);
+        assert_eq!(
+            MpBthFlags::from_resv7(0x7c),
+            MpBthFlags::HOLD | MpBthFlags::READ_PLACED
+        );
     }
 }

@@ -11,7 +11,7 @@
 //! | 3      | flags: 0x01 SEND (data goes to a receive WQE), 0x02 READ response; others 0 |
 //! | 4..8   | byte offset of this packet's data in the message                         |
 //! | 8..12  | length of the whole message                                              |
-//! | 12..20 | virtual address of the message (RETH VA or the READ's local buffer; 0 for SEND) |
+//! | 12..20 | virtual address of the message (RETH VA; a READ response: its READ request's; 0 for SEND) |
 //! | 20..24 | R_Key of the message (0 for SEND and READ responses)                     |
 //! | 24..28 | send sequence number: how many SENDs of this QP came before the message  |
 //!
@@ -116,7 +116,8 @@ impl PlacementFlags {
     pub const WRITE: Self = Self(0);
     /// A SEND request: data goes to the receive WQE named by the SSN, at `offset`.
     pub const SEND: Self = Self(0x01);
-    /// A READ response: data goes to the requester's buffer at `va + offset`.
+    /// A READ response: data goes to the requester's buffer for the READ, at the offset of
+    /// its PSN (`va` is the READ request's remote address, checked by the requester).
     pub const READ_RESPONSE: Self = Self(0x02);
 
     /// The flags from a byte: `None` if a reserved bit is set or both kinds are.
