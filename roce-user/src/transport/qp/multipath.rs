@@ -935,6 +935,35 @@ impl Qp {
         self.mp_tx = Some(Box::new(sr));
     }
 
+    /// Whether the requester holds its next new WR back so that the READs and atomics it sent
+    /// plain drain and it can enter selective repeat ([`Self::mp_tx_update`] does not take
+    /// them over one by one): the extension is on, the peer holds READ requests and atomics
+    /// (`HOLD` on its responses, learnt in band), the QP is not in the mode yet and could
+    /// enter it (a frame of `frame_len` bytes has room for a trailer, no go-back replay or RNR
+    /// wait under way), and a READ or atomic sent plain is outstanding. Without this a QP that
+    /// reads without pause is never quiet and never enters the mode. It costs one drain, once
+    /// per QP (the mode is left only on a fallback). Call it before starting a new WR.
+    pub(super) fn mp_drain_to_enter(&self, frame_len: usize) -> bool {
+        if self.mp_tx.is_some()
+            || !self.mp.peer_holds()
+            || self.rnr_wait
+            || self.next_psn != self.sent_psn
+            || crate::transport::max_frame_len(self.mtu()) + TRAILER_LEN > frame_len
+        {
+            return false;
+        }
+        let fresh = self
+            .sq
+            .get(self.req_idx)
+            .is_some_and(|w| w.first_psn.is_none());
+        fresh
+            && self
+                .sq
+                .iter()
+                .take_while(|w| w.first_psn.is_some())
+                .any(|w| w.wr.op.is_read_or_atomic())
+    }
+
     /// The UDP source port for request packet `psn`, about to leave at `now` with its
     /// placement trailer: the QP's next entropy in turn (another one than the packet's last,
     /// for a resend), or `None` when the QP does not spray (one entropy configured, not in

@@ -358,6 +358,9 @@ impl Qp {
                 return Some(p);
             }
         }
+        if self.mp_drain_to_enter(tx.len()) {
+            return None;
+        }
         let psn = self.next_rc_psn(ctx, fresh_ok)?;
         if !self.mp_window_open(psn) {
             return None;

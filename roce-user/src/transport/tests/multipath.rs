@@ -1785,3 +1785,91 @@ fn read_responses_move_off_a_lossy_path() {
         assert!(share < 0.12, "the lossy path kept {:.1} %", 100.0 * share);
     }
 }
+
+/// A QP that agreed on the extension in band (no hint) and reads without pause: 64 READs of
+/// 4 KiB posted at once, so a READ is outstanding from the first request to the last. The
+/// requester learns from the first responses that the peer holds READ requests (`HOLD`), and
+/// then lets what is outstanding drain once so that it can enter selective repeat (it does
+/// not take READs already sent over one by one): the READ requests after the first window go
+/// marked to be held. Before the drain existed, such a stream never went quiet and no READ
+/// request of it was ever in the mode (CI's `multipath_hint` saw none on Dec 6). Every READ
+/// completes once, in order, every byte checked.
+#[test]
+fn a_read_stream_agreed_in_band_enters_selective_repeat() {
+    let config = DeviceConfig {
+        multipath: true,
+        ..DeviceConfig::default()
+    };
+    // Responses drain at a steady rate (as from a TCG guest), so READs complete one by one
+    // and the requester sends the next as each completes: it is never quiet by itself.
+    let link = Link {
+        latency: Duration::from_micros(20),
+        bottleneck: Some(crate::transport::sim::Bottleneck {
+            from: Side::B,
+            frames_per_sec: 200_000,
+            buffer: 4096,
+        }),
+        ..Link::default()
+    };
+    let mut p = Pair::new(61, config, link);
+    let requests: Rc<RefCell<Vec<bool>>> = Rc::default();
+    let sink = Rc::clone(&requests);
+    p.filter = Some(Box::new(move |side, f| {
+        if side == Side::A
+            && let Ok(pf) = parse_frame(f)
+            && pf.roce.bth.opcode == Opcode::RC_RDMA_READ_REQUEST
+        {
+            let held = MpBthFlags::from_resv7(pf.roce.bth.resv7).contains(MpBthFlags::HOLD);
+            sink.borrow_mut().push(held);
+        }
+        true
+    }));
+    let cfg = RcConfig {
+        multipath_peer: false,
+        timeout: 4,
+        cap: QpCap {
+            max_send_wr: 1024,
+            ..QpCap::default()
+        },
+        ..RcConfig::default()
+    };
+    let (a, b) = connect_rc_ports(&mut p, &cfg, (0xc001, 0xd001));
+    const N: u64 = 64;
+    const LEN: u32 = 4096;
+    let src: Vec<u8> = (0..(LEN as usize * N as usize) as u32)
+        .map(|i| (i.wrapping_mul(2_654_435_761) >> 11) as u8)
+        .collect();
+    let ma =
+        p.a.reg_mr(a.pd, vec![0; src.len()], 0x1000, Access::all())
+            .unwrap();
+    let mb =
+        p.b.reg_mr(b.pd, src.clone(), 0x10_0000, Access::all())
+            .unwrap();
+    for i in 0..N {
+        let off = i * u64::from(LEN);
+        let sg = vec![Sge {
+            addr: 0x1000 + off,
+            length: LEN,
+            lkey: ma.lkey,
+        }];
+        p.a.post_send(a.qpn, SendWr::new(i, read(0x10_0000 + off, mb.rkey), sg))
+            .unwrap();
+    }
+    let mut wa = Vec::new();
+    let done = p.drive_until(20_000_000, |p| {
+        wa.extend(core::iter::from_fn(|| p.a.poll_cq(a.cq)).map(|w| (w.wr_id, w.status)));
+        wa.len() as u64 >= N
+    });
+    assert!(done, "{:?} a {}", p.stats, wa.len());
+    let want: Vec<(u64, WcStatus)> = (0..N).map(|i| (i, WcStatus::Success)).collect();
+    assert_eq!(wa, want, "every READ once, in order");
+    assert_eq!(p.a.mrs().bytes(ma.lkey).unwrap(), &src[..], "every byte");
+    assert_eq!(p.a.qp(a.qpn).unwrap().multipath(), MpState::On);
+    let held = requests.borrow();
+    assert!(!held[0], "agreed in band: the first READ goes plain");
+    let first_held = held.iter().position(|&h| h).expect("a READ request held");
+    assert!(
+        first_held < 32 && held[first_held..].iter().all(|&h| h),
+        "held from request {first_held} on, every one after it: {held:?}"
+    );
+}
