@@ -151,6 +151,9 @@ struct MatrixRow {
     rxe_dup: Vec<i64>,
     /// Requests roce-xdp saw twice (rxe resent them), per run.
     ours_dup: Vec<i64>,
+    /// The CC's rate cuts for losses and for CNPs (`rp_loss_handled`, `rp_cnp_handled`
+    /// summed over roce-xdp's QPs), per run.
+    cuts: Vec<(u64, u64)>,
     /// Why runs failed, if any did.
     failures: Vec<String>,
 }
@@ -159,6 +162,13 @@ impl MatrixRow {
     fn name(&self) -> String {
         perftest_matrix::row_name(self.op, self.size, self.qps, self.guest_server)
     }
+}
+
+/// Counter `name` summed over the QPs of a `roce perf` JSON report's `cc` array.
+fn cc_sum(v: &serde_json::Value, name: &str) -> u64 {
+    v["cc"]
+        .as_array()
+        .map_or(0, |qps| qps.iter().filter_map(|q| q[name].as_u64()).sum())
 }
 
 /// The `matrix` part's roce-xdp runs: [`REPS`] passes over the chosen rows, `extra` added to
@@ -181,6 +191,7 @@ fn matrix_ours(peer: &Peer, only: &[String], extra: &[String]) -> Vec<MatrixRow>
             tap_drops: Vec::new(),
             rxe_dup: Vec::new(),
             ours_dup: Vec::new(),
+            cuts: Vec::new(),
             failures: Vec::new(),
         })
         .collect();
@@ -218,6 +229,9 @@ fn matrix_ours(peer: &Peer, only: &[String], extra: &[String]) -> Vec<MatrixRow>
                 .push(rep.rxe.get("duplicate_request").copied().unwrap_or(0));
             r.ours_dup
                 .push(rep.ours_ctr.get("duplicate_request").copied().unwrap_or(0));
+            r.cuts.push(rep.ours.as_ref().map_or((0, 0), |v| {
+                (cc_sum(v, "rp_loss_handled"), cc_sum(v, "rp_cnp_handled"))
+            }));
             if !rep.ok() {
                 r.failures
                     .push(format!("pass {}: {}", pass + 1, rep.failures.join("; ")));
@@ -259,7 +273,7 @@ fn matrix_table(
     }
     let _ = writeln!(
         text,
-        "| row | CC | perftest MB/s, roce-xdp side (min..max) | rxe↔rxe MB/s (min..max) | ratio (message rate) | target | tap drops into the guest | resent by roce / by rxe | runs failed |\n|---|---|---|---|---|---|---|---|---|"
+        "| row | CC | perftest MB/s, roce-xdp side (min..max) | rxe↔rxe MB/s (min..max) | ratio (message rate) | target | tap drops into the guest | CC cuts for loss / CNP | resent by roce / by rxe | runs failed |\n|---|---|---|---|---|---|---|---|---|---|"
     );
     let mut json_rows = Vec::new();
     let (mut met, mut measured) = (0, 0);
@@ -284,8 +298,9 @@ fn matrix_table(
         };
         let _ = writeln!(
             text,
-            "| {name} | {cc} | {om:.2} ({omin:.2}..{omax:.2}) | {tm:.2} ({tmin:.2}..{tmax:.2}) | {ratio:.2}x | ≥ 1.0x{verdict} | {:?} | {}/{} | {}{} |",
+            "| {name} | {cc} | {om:.2} ({omin:.2}..{omax:.2}) | {tm:.2} ({tmin:.2}..{tmax:.2}) | {ratio:.2}x | ≥ 1.0x{verdict} | {:?} | {:?} | {}/{} | {}{} |",
             r.tap_drops,
+            r.cuts,
             median_i(r.rxe_dup.clone()),
             median_i(r.ours_dup.clone()),
             r.failures.len(),
@@ -306,7 +321,7 @@ fn matrix_table(
             "value": orate, "unit": "Mpps", "baseline": trate, "ratio": ratio,
             "target": "≥ 1.0x", "bw_mb_per_sec": om, "min": omin, "max": omax,
             "baseline_bw_mb_per_sec": tm, "cc": cc, "tap_tx_dropped": r.tap_drops,
-            "resent_by_roce": r.rxe_dup, "resent_by_rxe": r.ours_dup,
+            "cc_cuts_loss_cnp": r.cuts, "resent_by_roce": r.rxe_dup, "resent_by_rxe": r.ours_dup,
             "failed_runs": r.failures.len(),
         }));
     }
