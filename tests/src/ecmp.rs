@@ -195,7 +195,81 @@ impl Ecmp {
     }
 }
 
+/// One `roce` server and client pair for [`Ecmp::roce_pair`].
+#[derive(Clone, Copy, Debug)]
+pub struct PairRun<'a> {
+    /// The server's command line, without `-d` (added).
+    pub server_line: &'a str,
+    /// The client's command line, without `-d` and the server's address (added).
+    pub client_line: &'a str,
+    /// Serve on the client's end (behind the second router) and connect from the server's:
+    /// the client's packets then take the second router's route and the server's the first's.
+    pub reversed: bool,
+    /// How long to wait after starting the server before starting the client (zero: the
+    /// client's own connect retries are enough).
+    pub settle: Duration,
+    /// The longest the client may run.
+    pub limit: Duration,
+}
+
+impl<'a> PairRun<'a> {
+    /// `server_line` and `client_line` the usual way round, no settling, 60 s for the client.
+    #[must_use]
+    pub const fn new(server_line: &'a str, client_line: &'a str) -> Self {
+        Self {
+            server_line,
+            client_line,
+            reversed: false,
+            settle: Duration::ZERO,
+            limit: Duration::from_secs(60),
+        }
+    }
+}
+
 impl Ecmp {
+    /// Runs `run`'s server and client (`roce` command lines, `-j` output), waits for the
+    /// client at most `run.limit` and for the server 20 s more, and returns their JSON reports
+    /// (client, server).
+    ///
+    /// # Panics
+    /// When either end fails, prints no JSON or outlives its time.
+    #[must_use]
+    pub fn roce_pair(&self, run: &PairRun<'_>) -> (serde_json::Value, serde_json::Value) {
+        use crate::child::{args, finish_within, json_ok, spawn};
+        let (serve, connect) = if run.reversed {
+            (&self.client, &self.server)
+        } else {
+            (&self.server, &self.client)
+        };
+        let server = spawn(
+            &serve.netns,
+            &args(&format!("{} -d {}", run.server_line, serve.ifname)),
+        );
+        if !run.settle.is_zero() {
+            std::thread::sleep(run.settle);
+        }
+        let client = finish_within(
+            spawn(
+                &connect.netns,
+                &args(&format!(
+                    "{} -d {} {}",
+                    run.client_line, connect.ifname, serve.ipv4
+                )),
+            ),
+            run.limit,
+            &format!("client {}", run.client_line),
+        );
+        let server = finish_within(
+            server,
+            Duration::from_secs(20),
+            &format!("server {}", run.server_line),
+        );
+        (
+            json_ok(&client, &format!("client {}", run.client_line)),
+            json_ok(&server, &format!("server {}", run.server_line)),
+        )
+    }
+
     /// Runs `roce perf LINE` (a `perf write ... --span N` line) with its server on the
     /// server's end and its client on the client's, waits for the client at most `limit`,
     /// checks that both ends verified every byte, and returns the client's JSON report.
@@ -204,25 +278,10 @@ impl Ecmp {
     /// When either end fails, does not verify, or outlives its time.
     #[must_use]
     pub fn verified_perf(&self, line: &str, limit: Duration) -> serde_json::Value {
-        use crate::child::{args, finish_within, json_ok, spawn};
-        let server = spawn(
-            &self.server.netns,
-            &args(&format!("{line} -d {}", self.server.ifname)),
-        );
-        let client = finish_within(
-            spawn(
-                &self.client.netns,
-                &args(&format!(
-                    "{line} -d {} {}",
-                    self.client.ifname, self.server.ipv4
-                )),
-            ),
+        let (c, s) = self.roce_pair(&PairRun {
             limit,
-            &format!("client {line}"),
-        );
-        let server = finish_within(server, Duration::from_secs(20), &format!("server {line}"));
-        let c = json_ok(&client, &format!("client {line}"));
-        let s = json_ok(&server, &format!("server {line}"));
+            ..PairRun::new(line, line)
+        });
         assert_eq!(s["verified"], true, "server {line}: {s}");
         assert_eq!(c["verified"], true, "client {line}: {c}");
         c

@@ -21,8 +21,8 @@ use roce::{
 };
 use roce_tests::{
     Loaded,
-    child::{Reaper, args, finish_within, json_ok, spawn},
-    ecmp::Ecmp,
+    child::{Reaper, args, finish_within, spawn},
+    ecmp::{Ecmp, PairRun},
     require_root,
     rxe::Capture,
     tag,
@@ -93,30 +93,16 @@ fn captured(
     name: &str,
 ) -> (serde_json::Value, serde_json::Value, Vec<Seen>) {
     let cap = capture(net, name);
-    let server = spawn(
-        &net.server.netns,
-        &args(&format!("{server_line} -d {}", net.server.ifname)),
-    );
     // The server listens on QP 1 before the client's REQ (the client resends a REQ that met
     // no listener, but a capture is clearer without).
-    std::thread::sleep(Duration::from_millis(500));
-    let client = spawn(
-        &net.client.netns,
-        &args(&format!(
-            "{client_line} -d {} {}",
-            net.client.ifname, net.server.ipv4
-        )),
-    );
-    let client = finish_within(client, Duration::from_secs(60), "client");
-    let server = finish_within(server, Duration::from_secs(20), "server");
+    let (c, s) = net.roce_pair(&PairRun {
+        settle: Duration::from_millis(500),
+        ..PairRun::new(server_line, client_line)
+    });
     let captured = cap.stop();
     let seen = frames(&captured.path, net.client.ipv4);
     let _ = std::fs::remove_file(&captured.path);
-    (
-        json_ok(&client, &format!("client {client_line}")),
-        json_ok(&server, &format!("server {server_line}")),
-        seen,
-    )
+    (c, s, seen)
 }
 
 const OFFER: u8 = MpBthFlags::OFFER.bits();

@@ -6,13 +6,12 @@
 //! router (`roce_tests::ecmp` with one path), captured by tcpdump on the router's path
 //! interface; every byte checked at the far end. Root.
 
-use std::{path::Path, time::Duration};
+use std::path::Path;
 
 use roce::wire::multipath::MpBthFlags;
 use roce_tests::{
     Loaded,
-    child::{args, finish_within, json_ok, spawn},
-    ecmp::Ecmp,
+    ecmp::{Ecmp, PairRun},
     require_root,
     rxe::Capture,
     tag,
@@ -50,27 +49,11 @@ fn captured(
 ) -> (serde_json::Value, serde_json::Value, Vec<(bool, u8)>) {
     let pcap = std::env::temp_dir().join(format!("{}-{name}.pcap", tag("mph")));
     let cap = Capture::start(&net.r1, &net.paths[0], &pcap);
-    let server = spawn(
-        &net.server.netns,
-        &args(&format!("{server_line} -d {}", net.server.ifname)),
-    );
-    let client = spawn(
-        &net.client.netns,
-        &args(&format!(
-            "{client_line} -d {} {}",
-            net.client.ifname, net.server.ipv4
-        )),
-    );
-    let client = finish_within(client, Duration::from_secs(60), "client");
-    let server = finish_within(server, Duration::from_secs(20), "server");
+    let (c, s) = net.roce_pair(&PairRun::new(server_line, client_line));
     let captured = cap.stop();
     let frames = roce_frames(&captured.path);
     let _ = std::fs::remove_file(&captured.path);
-    (
-        json_ok(&client, &format!("client {client_line}")),
-        json_ok(&server, &format!("server {server_line}")),
-        frames,
-    )
+    (c, s, frames)
 }
 
 const OFFER: u8 = MpBthFlags::OFFER.bits();

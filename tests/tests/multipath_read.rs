@@ -15,8 +15,7 @@ use std::{path::Path, time::Duration};
 use roce::wire::multipath::{MpBthFlags, PlacementFlags, placement};
 use roce_tests::{
     Loaded,
-    child::{args, finish_within, json_ok, spawn},
-    ecmp::Ecmp,
+    ecmp::{Ecmp, PairRun},
     require_root, roce_bin,
     rxe::Capture,
     tag,
@@ -116,25 +115,17 @@ fn read_run(net: &Ecmp, extra: &str, capture: usize) -> ReadRun {
         stats(&net.client.netns, &net.client.ifname),
     );
     let cap = Capture::start(&net.r1, &net.paths[capture], &pcap);
-    let server = spawn(
-        &net.client.netns,
-        &args(&format!("{line} -d {}", net.client.ifname)),
-    );
-    let client = spawn(
-        &net.server.netns,
-        &args(&format!(
-            "{line} -d {} {}",
-            net.server.ifname, net.client.ipv4
-        )),
-    );
-    let client = finish_within(client, Duration::from_secs(120), "reader");
-    let server = finish_within(server, Duration::from_secs(20), "responder");
+    // The reader (perf's client) behind the first router's four-way route for its READ
+    // responses: it runs on the server's end, the responder on the client's.
+    let (c, s) = net.roce_pair(&PairRun {
+        reversed: true,
+        limit: Duration::from_secs(120),
+        ..PairRun::new(&line, &line)
+    });
     let captured = cap.stop();
     let frames = read_responses(&captured.path);
     let dissected = roce_tests::rxe::dissect(&captured.path);
     let _ = std::fs::remove_file(&captured.path);
-    let c = json_ok(&client, &format!("reader {line}"));
-    let s = json_ok(&server, &format!("responder {line}"));
     assert_eq!(c["verified"], true, "the reader checked every byte: {c}");
     assert_eq!(s["verified"], true, "{s}");
     let per_path = net
