@@ -195,7 +195,10 @@ impl Qp {
         let ends = matches!(info.position, Position::Last | Position::Only);
         let needs_rwqe = want == PlacementFlags::SEND || (info.immediate && ends);
         let wqe_idx = t.ssn.value().wrapping_sub(self.recv_ssn) as usize;
-        if ahead >= 0 && needs_rwqe && !self.mp_rwqe_ready(wqe_idx, ctx) {
+        if ahead >= 0
+            && needs_rwqe
+            && !self.mp_rwqe_ready(wqe_idx, ahead.unsigned_abs() as usize, ctx)
+        {
             self.counters.out_of_buffer += 1;
             if ahead == 0 {
                 let timer = RnrTimer::new(self.attr.min_rnr_timer);
@@ -270,13 +273,32 @@ impl Qp {
         }
     }
 
-    /// Whether receive WQE `idx` (0: the next to complete) is posted; with a shared receive
-    /// queue only the next one can be taken (the QP holds one WQE of an SRQ at a time).
-    fn mp_rwqe_ready(&mut self, idx: usize, ctx: &mut Ctx<'_>) -> bool {
+    /// Whether receive WQE `idx` (0: the next to complete) is there for a packet `ahead`
+    /// PSNs beyond the expected one. A QP with its own receive queue has it if it is posted.
+    /// A QP on a shared receive queue takes WQEs from the SRQ for its messages in message
+    /// order, as far as `idx`, so a SEND that overtook earlier ones is placed too: message `k`
+    /// always gets the `k`-th WQE the QP took, as it would in order (rxe takes one when a
+    /// message's first packet arrives; here the earlier messages' WQEs are taken with it).
+    /// Each message has at least one packet, so a trailer naming a message further ahead
+    /// than its packet's PSN is refused, and a peer cannot take more of the SRQ than its
+    /// reassembly window holds; WQEs a QP took and never completed are flushed with it, as
+    /// rxe flushes the one it holds.
+    fn mp_rwqe_ready(&mut self, idx: usize, ahead: usize, ctx: &mut Ctx<'_>) -> bool {
         if idx == 0 {
             return self.fetch_rwqe(ctx);
         }
-        idx < self.rq.len()
+        if self.srq.is_none() {
+            return idx < self.rq.len();
+        }
+        if idx > ahead {
+            return false;
+        }
+        while self.rq.len() <= idx {
+            if !self.take_srq_wqe(ctx) {
+                return false;
+            }
+        }
+        true
     }
 
     /// Writes the packet's data where it belongs: a WRITE's at `va + offset` under its R_Key

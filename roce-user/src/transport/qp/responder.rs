@@ -705,6 +705,13 @@ impl Qp {
         if !self.rq.is_empty() {
             return true;
         }
+        self.take_srq_wqe(ctx)
+    }
+
+    /// Takes the next WQE of the QP's shared receive queue into its own queue, behind those it
+    /// holds, raising the SRQ's limit event when the take reached it. False when the QP has no
+    /// SRQ or the SRQ is empty.
+    pub(super) fn take_srq_wqe(&mut self, ctx: &mut Ctx<'_>) -> bool {
         let Some(id) = self.srq else { return false };
         let Some((wr, reached)) = ctx.srqs.take(id) else {
             return false;

@@ -1873,3 +1873,135 @@ fn a_read_stream_agreed_in_band_enters_selective_repeat() {
         "held from request {first_held} on, every one after it: {held:?}"
     );
 }
+
+/// A QP on a shared receive queue in selective repeat, over a link that reorders, duplicates
+/// and loses: a SEND that overtook earlier ones takes the SRQ's WQEs for the messages before
+/// it, in message order, and is placed at once, so message `k` still lands in the `k`-th WQE
+/// and completes in order (before, only the next WQE could be taken and every SEND beyond it
+/// was dropped and resent). Every receive completes once, in order, with its own bytes; the
+/// SRQ gives up exactly the WQEs used.
+#[test]
+fn srq_sends_that_overtook_earlier_ones_are_placed_in_their_own_wqes() {
+    const N: u64 = 60;
+    const L: u32 = 3000;
+    let link = Link {
+        loss: 0.01,
+        dup: 0.02,
+        reorder: 0.3,
+        reorder_jitter: Duration::from_micros(40),
+        ..Link::default()
+    };
+    for seed in [71, 72, 73] {
+        let mut p = Pair::new(seed, DeviceConfig::default(), link);
+        let cfg = RcConfig {
+            timeout: 4,
+            ..RcConfig::default()
+        };
+        let pda = p.a.alloc_pd().unwrap();
+        let cqa = p.a.create_cq(1024).unwrap();
+        let qa =
+            p.a.create_qp(QpInit {
+                cap: QpCap {
+                    max_send_wr: 1024,
+                    ..QpCap::default()
+                },
+                ..QpInit::new(QpType::Rc, pda, cqa)
+            })
+            .unwrap();
+        let pdb = p.b.alloc_pd().unwrap();
+        let cqb = p.b.create_cq(1024).unwrap();
+        let srq =
+            p.b.create_srq(
+                pdb,
+                SrqAttr {
+                    max_wr: 256,
+                    max_sge: 1,
+                    srq_limit: 0,
+                },
+            )
+            .unwrap();
+        let qb =
+            p.b.create_qp_with_srq(QpInit::new(QpType::Rc, pdb, cqb), Some(srq))
+                .unwrap();
+        for (d, q) in [(&mut p.a, qa), (&mut p.b, qb)] {
+            d.set_multipath(q, true).unwrap();
+            d.set_multipath_peer(q).unwrap();
+        }
+        let (psn_a, psn_b) = (
+            Psn::new(cfg.psn_a),
+            Psn::new(cfg.psn_a.wrapping_add(0x1000)),
+        );
+        bring_up(&mut p.a, qa, Side::A, qb, psn_a, psn_b, &cfg);
+        bring_up(&mut p.b, qb, Side::B, qa, psn_b, psn_a, &cfg);
+        let src: Vec<u8> = (0..(L as usize * N as usize) as u32)
+            .map(|i| (i.wrapping_mul(2_246_822_519) >> 9) as u8)
+            .collect();
+        let ma = p.a.reg_mr(pda, src.clone(), 0x1000, Access::all()).unwrap();
+        // More WQEs than messages: the SRQ must give up exactly one per message.
+        let mb =
+            p.b.reg_mr(
+                pdb,
+                vec![0; L as usize * (N as usize + 8)],
+                0x100_0000,
+                Access::LOCAL_WRITE,
+            )
+            .unwrap();
+        for k in 0..N + 8 {
+            let wr = RecvWr {
+                wr_id: 1000 + k,
+                sg_list: vec![Sge {
+                    addr: 0x100_0000 + k * u64::from(L),
+                    length: L,
+                    lkey: mb.lkey,
+                }],
+            };
+            p.b.post_srq_recv(srq, wr).unwrap();
+        }
+        for k in 0..N {
+            let sg = vec![Sge {
+                addr: 0x1000 + k * u64::from(L),
+                length: L,
+                lkey: ma.lkey,
+            }];
+            p.a.post_send(qa, SendWr::send(k, sg)).unwrap();
+        }
+        let (mut wa, mut wb) = (Vec::new(), Vec::new());
+        let done = p.drive_until(20_000_000, |p| {
+            wa.extend(core::iter::from_fn(|| p.a.poll_cq(cqa)).map(|w| (w.wr_id, w.status)));
+            wb.extend(
+                core::iter::from_fn(|| p.b.poll_cq(cqb)).map(|w| (w.wr_id, w.status, w.byte_len)),
+            );
+            wa.len() as u64 == N && wb.len() as u64 == N
+        });
+        assert!(
+            done,
+            "seed {seed}: {:?} a {} b {}",
+            p.stats,
+            wa.len(),
+            wb.len()
+        );
+        assert!(p.drive(1_000_000), "idle afterwards");
+        let want_a: Vec<(u64, WcStatus)> = (0..N).map(|k| (k, WcStatus::Success)).collect();
+        assert_eq!(wa, want_a, "seed {seed}: every SEND once, in order");
+        let want_b: Vec<(u64, WcStatus, u32)> =
+            (0..N).map(|k| (1000 + k, WcStatus::Success, L)).collect();
+        assert_eq!(
+            wb, want_b,
+            "seed {seed}: message k in the k-th WQE, in order"
+        );
+        let got = p.b.mrs().bytes(mb.lkey).unwrap();
+        assert_eq!(&got[..src.len()], &src[..], "seed {seed}: every byte");
+        assert!(
+            got[src.len()..].iter().all(|&b| b == 0),
+            "seed {seed}: the unused WQEs untouched"
+        );
+        let c = *p.b.qp(qb).unwrap().counters();
+        assert!(c.ooo_placed > 0, "seed {seed}: nothing placed out of order");
+        assert_eq!(
+            c.out_of_buffer, 0,
+            "seed {seed}: no SEND found its WQE missing"
+        );
+        let left = p.b.srq(srq).unwrap().len();
+        assert_eq!(left, 8, "seed {seed}: one WQE taken per message");
+    }
+}
