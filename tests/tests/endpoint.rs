@@ -36,6 +36,14 @@ fn pair_run(pair: &VethPair, args: &str, client_host: &str) -> (Value, Value) {
     c_args.extend(["-d".into(), pair.a.ifname.clone(), client_host.to_owned()]);
     let client = finish(spawn(&pair.a.netns, &c_args));
     let server = finish(server);
+    // A client that failed may have failed because the server did: show both.
+    assert!(
+        client.status.success(),
+        "client {c_args:?} failed: {}\nserver {s_args:?} ({}): {}",
+        roce_tests::output_text(&client),
+        server.status,
+        roce_tests::output_text(&server)
+    );
     (
         json_ok(&client, &format!("client {c_args:?}")),
         json_ok(&server, &format!("server {s_args:?}")),

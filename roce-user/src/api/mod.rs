@@ -411,7 +411,7 @@ impl Device {
         let auto_multi = !xsk_cfg.multi_buffer && needs_multi_buffer(info.mtu, xsk_cfg.frame_size);
         xsk_cfg.multi_buffer |= auto_multi;
         for q in 0..info.rx_queues.max(1) {
-            let queue = match XskQueue::open(&info.ifname, q, &xsk_cfg) {
+            let queue = match open_queue(&info.ifname, q, &xsk_cfg, &pins) {
                 // A kernel without AF_XDP multi-buffer (before 6.6) refuses XDP_USE_SG: serve
                 // the frames that fit, and let check_path_mtu refuse the larger path MTUs.
                 Err(e) if auto_multi && q == 0 => {
@@ -421,7 +421,7 @@ impl Device {
                         xsk_cfg.frame_size - XDP_PACKET_HEADROOM
                     );
                     xsk_cfg.multi_buffer = false;
-                    XskQueue::open(&info.ifname, q, &xsk_cfg)?
+                    open_queue(&info.ifname, q, &xsk_cfg, &pins)?
                 }
                 r => r?,
             };
@@ -1454,6 +1454,64 @@ fn last_words(
     }))
 }
 
+/// The longest [`open_queue`] waits for the kernel to let go of the AF_XDP socket of a
+/// process that has exited.
+const DEAD_SOCKET_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Binds an AF_XDP socket to queue `q` of `ifname`. A bind that finds the queue taken
+/// (`EBUSY`) while no live roce-xdp process holds the interface (see [`queue_taken`]) is
+/// tried again for up to [`DEAD_SOCKET_WAIT`]: the kernel releases an exited process's socket
+/// from its queue in a deferred work item that needs the RTNL lock (`xp_put_pool` schedules
+/// `xp_release_deferred`, which calls `xp_clear_dev`), so a server started right after the
+/// last one exited can find the queue still taken, the longer while the RTNL lock is busy
+/// (namespaces being torn down). (A CI run on Dec 6 saw a `roce perf` client find no server
+/// listening between two runs of one test; the server's output was not kept, so this is one
+/// way that can happen, not a proven cause.) Call it for every queue the device binds.
+fn open_queue(
+    ifname: &str,
+    q: u32,
+    cfg: &crate::xsk::XskConfig,
+    pins: &Pins,
+) -> Result<XskQueue, ApiError> {
+    let deadline = std::time::Instant::now() + DEAD_SOCKET_WAIT;
+    let mut waited = false;
+    loop {
+        match XskQueue::open(ifname, q, cfg) {
+            Err(crate::xsk::XskError::Setup { ref source, .. })
+                if source.raw_os_error() == Some(libc::EBUSY)
+                    && std::time::Instant::now() < deadline
+                    && live_holders(pins).is_empty() =>
+            {
+                if !waited {
+                    log::info!(
+                        "{ifname}: queue {q} is still taken by an exited process's socket; waiting for the kernel to release it"
+                    );
+                    waited = true;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+            }
+            r => return r.map_err(ApiError::from),
+        }
+    }
+}
+
+/// The live roce-xdp processes on the interface of `pins` other than this one: the holder of
+/// its roce_xdp and the owners of its QPNs.
+fn live_holders(pins: &Pins) -> Vec<u32> {
+    let me = std::process::id();
+    let mut holders: Vec<u32> = pins
+        .our_qps()
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(_, owner)| owner)
+        .chain(pins.load_info().ok().map(|i| i.loader_pid))
+        .filter(|&p| p != me && loader::process_alive(p))
+        .collect();
+    holders.sort_unstable();
+    holders.dedup();
+    holders
+}
+
 /// [`ApiError::QueueTaken`] for a socket bind that found its queue taken (`EBUSY`), naming the
 /// live roce-xdp processes on the interface (the holder of its roce_xdp and the owners of its
 /// QPNs); any other error as it is.
@@ -1470,21 +1528,10 @@ fn queue_taken(e: ApiError, pins: &Pins) -> ApiError {
     if source.raw_os_error() != Some(libc::EBUSY) {
         return e;
     }
-    let me = std::process::id();
-    let mut holders: Vec<u32> = pins
-        .our_qps()
-        .unwrap_or_default()
-        .into_iter()
-        .map(|(_, owner)| owner)
-        .chain(pins.load_info().ok().map(|i| i.loader_pid))
-        .filter(|&p| p != me && loader::process_alive(p))
-        .collect();
-    holders.sort_unstable();
-    holders.dedup();
     ApiError::QueueTaken {
         ifname: ifname.clone(),
         queue: *queue,
-        holders,
+        holders: live_holders(pins),
     }
 }
 
