@@ -86,7 +86,11 @@ const CMA_HDR_LEN: usize = 36;
 // ---------------------------------------------------------------------------------------
 
 /// An event channel: `struct rdma_event_channel` first (its `fd` is the eventfd), then the
-/// events waiting behind it.
+/// events waiting behind it. It lives in an `Arc` whose pointer is the program's
+/// `struct rdma_event_channel *`: the channel table ([`LIVE_CHANNELS`]) holds one count, and
+/// each `rdma_get_cm_event` under way holds another, so a channel destroyed while another
+/// thread waits on it (rping's main thread destroys its id and channel while its CM thread
+/// waits) stays in memory, its eventfd open, until that wait returns.
 #[repr(C)]
 struct ChanObj {
     ibv: sys::rdma_event_channel,
@@ -207,12 +211,13 @@ fn make_channel() -> *mut sys::rdma_event_channel {
     }
     // SAFETY: `fd` was just made and is owned by nothing else.
     let efd = unsafe { OwnedFd::from_raw_fd(fd) };
-    let c = Box::new(ChanObj {
+    let c = std::sync::Arc::new(ChanObj {
         ibv: sys::rdma_event_channel { fd },
         efd,
         queue: Mutex::new(VecDeque::new()),
     });
-    let c: *mut sys::rdma_event_channel = Box::into_raw(c).cast();
+    // The table's count; `rdma_destroy_event_channel` gives it up.
+    let c: *mut sys::rdma_event_channel = std::sync::Arc::into_raw(c).cast_mut().cast();
     lock(&LIVE_CHANNELS).insert(c as usize);
     c
 }
@@ -240,12 +245,14 @@ export!(
     /// `rdma_destroy_event_channel`: frees the channel and the events nobody took.
     fn rdma_destroy_event_channel(channel: *mut sys::rdma_event_channel) -> () {
         guard((), || {
-            if !live_channel(channel, "rdma_destroy_event_channel") {
+            if !lock(&LIVE_CHANNELS).remove(&(channel as usize)) {
+                let _ = live_channel(channel, "rdma_destroy_event_channel");
                 return;
             }
-            lock(&LIVE_CHANNELS).remove(&(channel as usize));
-            // SAFETY: made by `rdma_create_event_channel`, given up by the caller.
-            let c = unsafe { Box::from_raw(channel.cast::<ChanObj>()) };
+            // SAFETY: made by `rdma_create_event_channel` (`Arc::into_raw`); the table's
+            // count, given up once: the channel was in the table and is out of it now. A
+            // `rdma_get_cm_event` still waiting holds its own count.
+            let c = unsafe { std::sync::Arc::from_raw(channel.cast::<ChanObj>().cast_const()) };
             for e in lock(&c.queue).drain(..) {
                 // SAFETY: queued by `post_event` with `Box::into_raw`.
                 drop(unsafe { Box::from_raw(e as *mut EvObj) });
@@ -264,12 +271,32 @@ export!(
         event: *mut *mut sys::rdma_cm_event,
     ) -> c_int {
         guard(-1, || {
-            if event.is_null() || !live_channel(channel, "rdma_get_cm_event") {
+            let held = {
+                let live = lock(&LIVE_CHANNELS);
+                if event.is_null() || channel.is_null() || !live.contains(&(channel as usize)) {
+                    None
+                } else {
+                    let p = channel.cast::<ChanObj>().cast_const();
+                    // SAFETY: a channel in the table is an `Arc::into_raw` pointer whose
+                    // table count is still held (destroy takes it out under this lock first),
+                    // so the count can be raised; the `Arc` made below gives it back.
+                    unsafe { std::sync::Arc::increment_strong_count(p) };
+                    // SAFETY: the count just raised is this call's own.
+                    Some(unsafe { std::sync::Arc::from_raw(p) })
+                }
+            };
+            let Some(c) = held else {
+                // Says on stderr why, for a channel that is not (or no longer) ours.
+                if !event.is_null() {
+                    let _ = live_channel(channel, "rdma_get_cm_event");
+                }
                 set_errno(libc::EINVAL);
                 return -1;
-            }
-            // SAFETY: a live channel of ours (the rdma_cm contract).
-            let c = unsafe { &*channel.cast::<ChanObj>() };
+            };
+            // A wake-up whose event was withdrawn (its id destroyed) reads again; if the
+            // channel was destroyed meanwhile, that read waits for good, as a read on a
+            // channel's fd closed under it does with rdma-core (its fd stays open while this
+            // call holds the channel).
             loop {
                 let mut buf = [0u8; 8];
                 // SAFETY: reads 8 bytes into a local buffer from our eventfd.
