@@ -1459,14 +1459,17 @@ fn last_words(
 const DEAD_SOCKET_WAIT: std::time::Duration = std::time::Duration::from_secs(5);
 
 /// Binds an AF_XDP socket to queue `q` of `ifname`. A bind that finds the queue taken
-/// (`EBUSY`) while no live roce-xdp process holds the interface (see [`queue_taken`]) is
-/// tried again for up to [`DEAD_SOCKET_WAIT`]: the kernel releases an exited process's socket
-/// from its queue in a deferred work item that needs the RTNL lock (`xp_put_pool` schedules
+/// (`EBUSY`) while no other live process owns a QP on the interface ([`qp_owners`]) is tried
+/// again for up to [`DEAD_SOCKET_WAIT`]: the kernel releases an exited process's socket from
+/// its queue in a deferred work item that needs the RTNL lock (`xp_put_pool` schedules
 /// `xp_release_deferred`, which calls `xp_clear_dev`), so a server started right after the
 /// last one exited can find the queue still taken, the longer while the RTNL lock is busy
-/// (namespaces being torn down). (A CI run on Dec 6 saw a `roce perf` client find no server
-/// listening between two runs of one test; the server's output was not kept, so this is one
-/// way that can happen, not a proven cause.) Call it for every queue the device binds.
+/// (namespaces being torn down). A queue taken while another process owns QPs there fails at
+/// once. (CI runs on Dec 6 had `roce perf` servers refused this way right after the previous
+/// server exited: the wait then also required that the process that had loaded roce_xdp be
+/// gone, and the test that had loaded it was alive. The kernel here has no `xdp_diag`
+/// (`CONFIG_XDP_SOCKETS_DIAG` off), so which process holds a queue's socket cannot be asked.)
+/// Call it for every queue the device binds.
 fn open_queue(
     ifname: &str,
     q: u32,
@@ -1480,11 +1483,11 @@ fn open_queue(
             Err(crate::xsk::XskError::Setup { ref source, .. })
                 if source.raw_os_error() == Some(libc::EBUSY)
                     && std::time::Instant::now() < deadline
-                    && live_holders(pins).is_empty() =>
+                    && qp_owners(pins).is_empty() =>
             {
                 if !waited {
                     log::info!(
-                        "{ifname}: queue {q} is still taken by an exited process's socket; waiting for the kernel to release it"
+                        "{ifname}: queue {q} is taken while no other process owns a QP here: waiting for the kernel to release an exited process's socket"
                     );
                     waited = true;
                 }
@@ -1495,18 +1498,32 @@ fn open_queue(
     }
 }
 
-/// The live roce-xdp processes on the interface of `pins` other than this one: the holder of
-/// its roce_xdp and the owners of its QPNs.
-fn live_holders(pins: &Pins) -> Vec<u32> {
+/// The live processes other than this one that own QPNs on the interface of `pins`.
+fn qp_owners(pins: &Pins) -> Vec<u32> {
     let me = std::process::id();
-    let mut holders: Vec<u32> = pins
+    let mut owners: Vec<u32> = pins
         .our_qps()
         .unwrap_or_default()
         .into_iter()
         .map(|(_, owner)| owner)
-        .chain(pins.load_info().ok().map(|i| i.loader_pid))
         .filter(|&p| p != me && loader::process_alive(p))
         .collect();
+    owners.sort_unstable();
+    owners.dedup();
+    owners
+}
+
+/// The live roce-xdp processes on the interface of `pins` other than this one: the holder of
+/// its roce_xdp and the owners of its QPNs.
+fn live_holders(pins: &Pins) -> Vec<u32> {
+    let me = std::process::id();
+    let mut holders = qp_owners(pins);
+    holders.extend(
+        pins.load_info()
+            .ok()
+            .map(|i| i.loader_pid)
+            .filter(|&p| p != me && loader::process_alive(p)),
+    );
     holders.sort_unstable();
     holders.dedup();
     holders
