@@ -11,6 +11,10 @@ pub const PROG_ROCE_XDP: &str = "roce_xdp";
 pub const PROG_XDP_PASS: &str = "xdp_pass";
 /// See [`PROG_XDP_PASS`].
 pub const PROG_XDP_REDIRECT_BARE: &str = "xdp_redirect_bare";
+/// In the object of [`PROG_XDP_PASS`]: a program that only calls `bpf_xdp_adjust_meta`, which
+/// the loader loads (never attaches) to learn whether the kernel lets XDP programs write
+/// metadata before it loads `roce_xdp` (see [`FLAG_NO_STAMP`]).
+pub const PROG_XDP_META_PROBE: &str = "xdp_meta_probe";
 /// The XSKMAP of [`PROG_XDP_REDIRECT_BARE`], indexed by RX queue like [`MAP_XSKS`].
 pub const MAP_BARE_XSKS: &str = "BARE_XSKS";
 
@@ -58,6 +62,11 @@ pub const FLAG_DROP_FOREIGN: u32 = 1 << 0;
 /// the API or the drop-in libibverbs) and holds its XDP link instead of pinning it, so the
 /// kernel detaches the program when that process ends, even on SIGKILL.
 pub const FLAG_PROCESS_HELD: u32 = 1 << 1;
+/// Flag: stamp no arrival time into XDP metadata. Set by the loader where the kernel refuses
+/// XDP programs the `bpf_xdp_adjust_meta` helper (seen on a hardened 6.18 build: "program of
+/// this type cannot use helper bpf_xdp_adjust_meta#54"); user space then takes the time it
+/// got a frame as its arrival (`rx_no_stamp` counts those frames).
+pub const FLAG_NO_STAMP: u32 = 1 << 2;
 
 /// Capacity of [`MAP_XSKS`]: RX queues served.
 pub const MAX_QUEUES: u32 = 64;

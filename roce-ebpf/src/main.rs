@@ -45,8 +45,8 @@ use roce_common::{
     },
     log::{CODE_FALLBACK, CODE_FOREIGN_QP, level_of},
     maps::{
-        FLAG_DROP_FOREIGN, LoadInfo, MAX_QPS, MAX_QUEUES, MAX_STAT_PROCS, MAX_STAT_QPS, QpEntry,
-        QpStatsRecord, XskQueueRecord,
+        FLAG_DROP_FOREIGN, FLAG_NO_STAMP, LoadInfo, MAX_QPS, MAX_QUEUES, MAX_STAT_PROCS,
+        MAX_STAT_QPS, QpEntry, QpStatsRecord, XskQueueRecord,
     },
     multipath::{RESV7_TRAILER, SACK_TRAILER_LEN},
     opcode::{EXT_LEN_UNKNOWN, Opcode, XDP_NO_PAYLOAD, XDP_OPCODE_TABLE},
@@ -426,7 +426,12 @@ pub fn roce_xdp(ctx: XdpContext) -> u32 {
             }
             let ours = dest_qp < MAX_QPS && ROCE_QPS.get(dest_qp).is_some_and(|e| e.owner != 0);
             if ours {
-                stamp_arrival(&ctx);
+                // A constant the verifier sees (read-only data): where the loader set
+                // FLAG_NO_STAMP, the call is never explored, so a kernel that refuses
+                // bpf_xdp_adjust_meta still loads the program.
+                if ROCE_FLAGS.load() & FLAG_NO_STAMP == 0 {
+                    stamp_arrival(&ctx);
+                }
                 let queue = ctx.rx_queue_index();
                 match ROCE_XSKS.redirect(queue, u64::from(xdp_action::XDP_PASS)) {
                     Ok(action) if action == xdp_action::XDP_REDIRECT => {

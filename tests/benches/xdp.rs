@@ -29,8 +29,8 @@ use roce::loader::{EBPF_OBJECT, XDP_PASS_OBJECT};
 use roce_common::{
     log::{LogLevel, MAP_LOG_LEVEL},
     maps::{
-        MAP_BARE_XSKS, MAP_QPS, MAP_XSKS, PROG_ROCE_XDP, PROG_XDP_PASS, PROG_XDP_REDIRECT_BARE,
-        QpEntry,
+        GLOBAL_FLAGS, MAP_BARE_XSKS, MAP_QPS, MAP_XSKS, PROG_ROCE_XDP, PROG_XDP_PASS,
+        PROG_XDP_REDIRECT_BARE, QpEntry,
     },
     opcode::Opcode,
 };
@@ -41,8 +41,13 @@ const REPEAT: u32 = 200_000;
 /// Rounds of [`REPS`] runs per program and packet, the programs taking turns.
 const ROUNDS: usize = 3;
 
+/// Loads `progs` of `object`; roce_xdp with the flags the loader would give it (no arrival
+/// stamp where the kernel refuses `bpf_xdp_adjust_meta`).
 fn load(object: &[u8], progs: &[&str]) -> Ebpf {
-    let mut ebpf = EbpfLoader::new().load(object).expect("load object");
+    let mut ebpf = EbpfLoader::new()
+        .override_global(GLOBAL_FLAGS, &roce::loader::xdp_flags(false), false)
+        .load(object)
+        .expect("load object");
     for prog in progs {
         let p: &mut Xdp = ebpf.program_mut(prog).unwrap().try_into().unwrap();
         p.load().expect("verifier");
@@ -320,6 +325,11 @@ fn main() {
         !EBPF_OBJECT.is_empty() && !XDP_PASS_OBJECT.is_empty(),
         "built with AYA_BUILD_SKIP=1"
     );
+    if !roce::loader::kernel_allows_stamp() {
+        println!(
+            "this kernel refuses bpf_xdp_adjust_meta: roce_xdp runs without its arrival stamp"
+        );
+    }
     let mut roce = load(EBPF_OBJECT, &[PROG_ROCE_XDP]);
     let ab_object = std::env::var_os("ROCE_BENCH_XDP_AB")
         .map(|p| std::fs::read(&p).unwrap_or_else(|e| panic!("ROCE_BENCH_XDP_AB {p:?}: {e}")));

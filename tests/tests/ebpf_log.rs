@@ -22,7 +22,7 @@ use roce_common::{
     counters::{DropReason, XdpStats},
     impair::{ImpairConfig, ImpairStats, MAP_IMPAIR_CONFIG, PROB_ONE, PROG_ROCE_IMPAIR},
     log::{LOG_TARGET, LogLevel, MAP_LOG_LEVEL},
-    maps::{FLAG_DROP_FOREIGN, GLOBAL_FLAGS, MAP_QPS, PROG_ROCE_XDP, QpEntry},
+    maps::{GLOBAL_FLAGS, MAP_QPS, PROG_ROCE_XDP, QpEntry},
     opcode::Opcode,
 };
 use roce_tests::{Frame, Ip, require_root};
@@ -117,7 +117,7 @@ fn roce_xdp() -> Logged {
         "roce-user was built with AYA_BUILD_SKIP=1: no eBPF object to test"
     );
     let mut ebpf = EbpfLoader::new()
-        .override_global(GLOBAL_FLAGS, &FLAG_DROP_FOREIGN, true)
+        .override_global(GLOBAL_FLAGS, &roce::loader::xdp_flags(true), true)
         .load(EBPF_OBJECT)
         .expect("load roce_xdp");
     let prog: &mut Xdp = ebpf.program_mut(PROG_ROCE_XDP).unwrap().try_into().unwrap();

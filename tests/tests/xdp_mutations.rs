@@ -15,7 +15,7 @@ use aya::{
 use roce::loader::EBPF_OBJECT;
 use roce_common::{
     counters::XdpStats,
-    maps::{MAP_QPS, MAP_XDP_STATS, MAX_QPS, PROG_ROCE_XDP, QpEntry},
+    maps::{GLOBAL_FLAGS, MAP_QPS, MAP_XDP_STATS, MAX_QPS, PROG_ROCE_XDP, QpEntry},
 };
 use roce_tests::require_root;
 
@@ -133,7 +133,10 @@ fn mutated_rxe_packets_are_steered_exactly_when_well_formed_for_our_qps() {
     require_root();
     assert!(!EBPF_OBJECT.is_empty(), "built with AYA_BUILD_SKIP=1");
     let frames = capture_frames();
-    let mut ebpf = EbpfLoader::new().load(EBPF_OBJECT).expect("load roce_xdp");
+    let mut ebpf = EbpfLoader::new()
+        .override_global(GLOBAL_FLAGS, &roce::loader::xdp_flags(false), true)
+        .load(EBPF_OBJECT)
+        .expect("load roce_xdp");
     let prog: &mut Xdp = ebpf.program_mut(PROG_ROCE_XDP).unwrap().try_into().unwrap();
     prog.load().unwrap();
     // Half of the QPs in the captures are ours.

@@ -21,7 +21,7 @@ use super::Output;
 pub(crate) fn load(out: Output, iface: &str, opts: LoadOptions) -> anyhow::Result<()> {
     let r = loader::load(iface, &opts)?;
     let text = format!(
-        "roce_xdp attached to {} ({} mode, prog id {}, link id {}), RoCE port {}{}\npinned in {}\n",
+        "roce_xdp attached to {} ({} mode, prog id {}, link id {}), RoCE port {}{}{}\npinned in {}\n",
         r.ifname,
         r.mode.as_str(),
         r.prog_id,
@@ -31,6 +31,11 @@ pub(crate) fn load(out: Output, iface: &str, opts: LoadOptions) -> anyhow::Resul
             ", dropping foreign QPs"
         } else {
             ""
+        },
+        if r.arrival_stamp {
+            ""
+        } else {
+            ", no arrival stamps (the kernel refuses bpf_xdp_adjust_meta)"
         },
         r.pin_dir
     );

@@ -23,14 +23,15 @@ use roce_common::{
     counters::XdpStats,
     log::{LogLevel, MAP_LOG_LEVEL},
     maps::{
-        FLAG_DROP_FOREIGN, FLAG_PROCESS_HELD, GLOBAL_FLAGS, GLOBAL_UDP_PORT, LoadInfo,
-        MAP_DEV_STATS, MAP_INFO, MAP_QP_STATS, MAP_QPS, MAP_XDP_STATS, MAP_XSK_STATS, MAP_XSKS,
-        MODE_NATIVE, MODE_SKB, PROG_ROCE_XDP, QpEntry, QpStatsRecord, XskQueueRecord,
+        FLAG_DROP_FOREIGN, FLAG_NO_STAMP, FLAG_PROCESS_HELD, GLOBAL_FLAGS, GLOBAL_UDP_PORT,
+        LoadInfo, MAP_DEV_STATS, MAP_INFO, MAP_QP_STATS, MAP_QPS, MAP_XDP_STATS, MAP_XSK_STATS,
+        MAP_XSKS, MODE_NATIVE, MODE_SKB, PROG_ROCE_XDP, PROG_XDP_META_PROBE, QpEntry,
+        QpStatsRecord, XskQueueRecord,
     },
 };
 
 use super::{
-    EBPF_OBJECT,
+    EBPF_OBJECT, XDP_PASS_OBJECT,
     pins::{self, PIN_LINK, io_err, is_bpffs},
 };
 
@@ -324,6 +325,9 @@ pub struct LoadReport {
     pub port: u16,
     /// Whether foreign QPs are dropped.
     pub drop_foreign: bool,
+    /// Whether redirected frames carry their arrival time (false where the kernel refuses
+    /// `bpf_xdp_adjust_meta`: [`FLAG_NO_STAMP`]).
+    pub arrival_stamp: bool,
     /// Pin directory.
     pub pin_dir: String,
 }
@@ -374,6 +378,56 @@ fn load_with(
     })
 }
 
+/// Whether this kernel lets XDP programs call `bpf_xdp_adjust_meta`, which `roce_xdp` needs to
+/// stamp each redirected frame with its arrival time. Asked once per process by loading (never
+/// attaching) the object `xdp-pass`'s `xdp_meta_probe`. A kernel that refuses it (a hardened
+/// 6.18 build: "program of this type cannot use helper bpf_xdp_adjust_meta#54") gets
+/// `roce_xdp` with [`FLAG_NO_STAMP`] and a warning; any other failure of the probe (not root,
+/// no BPF) answers true and leaves the real load to report it.
+pub fn kernel_allows_stamp() -> bool {
+    static ALLOWS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ALLOWS.get_or_init(|| {
+        let refused = |e: &aya::programs::ProgramError| {
+            matches!(e, aya::programs::ProgramError::LoadError { verifier_log, .. }
+                if verifier_log.to_string().contains("bpf_xdp_adjust_meta"))
+        };
+        let Ok(mut ebpf) = EbpfLoader::new().load(XDP_PASS_OBJECT) else {
+            return true;
+        };
+        let Some(prog) = ebpf.program_mut(PROG_XDP_META_PROBE) else {
+            return true;
+        };
+        let Ok(prog): Result<&mut Xdp, _> = prog.try_into() else {
+            return true;
+        };
+        match prog.load() {
+            Err(e) if refused(&e) => {
+                log::warn!(
+                    "this kernel refuses XDP programs bpf_xdp_adjust_meta: roce_xdp stamps no \
+                     arrival times, and frames are timed when user space takes them"
+                );
+                false
+            }
+            _ => true,
+        }
+    })
+}
+
+/// The `FLAG_*` bits `roce_xdp` is loaded with: [`FLAG_DROP_FOREIGN`] as asked, and
+/// [`FLAG_NO_STAMP`] where [`kernel_allows_stamp`] says no. Also for tests and benches that
+/// load the object themselves.
+#[must_use]
+pub fn xdp_flags(drop_foreign: bool) -> u32 {
+    let mut flags = 0;
+    if drop_foreign {
+        flags |= FLAG_DROP_FOREIGN;
+    }
+    if !kernel_allows_stamp() {
+        flags |= FLAG_NO_STAMP;
+    }
+    flags
+}
+
 fn load_into(
     ifname: &str,
     ifindex: u32,
@@ -382,11 +436,7 @@ fn load_into(
     held: bool,
 ) -> Result<(LoadReport, Option<FdLink>), LoadError> {
     let port = u32::from(opts.port);
-    let flags = if opts.drop_foreign {
-        FLAG_DROP_FOREIGN
-    } else {
-        0
-    };
+    let flags = xdp_flags(opts.drop_foreign);
     let mut ebpf = EbpfLoader::new()
         .override_global(GLOBAL_UDP_PORT, &port, true)
         .override_global(GLOBAL_FLAGS, &flags, true)
@@ -478,6 +528,7 @@ fn load_into(
         link_id: kernel_link_id,
         port: opts.port,
         drop_foreign: opts.drop_foreign,
+        arrival_stamp: flags & FLAG_NO_STAMP == 0,
         pin_dir: dir.display().to_string(),
     };
     Ok((report, held_link))
@@ -561,6 +612,8 @@ pub struct Status {
     pub port: u32,
     /// Whether foreign QPs are dropped.
     pub drop_foreign: bool,
+    /// Whether redirected frames carry their arrival time ([`FLAG_NO_STAMP`] not set).
+    pub arrival_stamp: bool,
     /// PID of the loader.
     pub loader_pid: u32,
     /// How the program stays attached.
@@ -704,6 +757,7 @@ pub fn status() -> Result<Vec<Status>, LoadError> {
             link_id,
             port: info.port,
             drop_foreign: info.flags & FLAG_DROP_FOREIGN != 0,
+            arrival_stamp: info.flags & FLAG_NO_STAMP == 0,
             loader_pid: info.loader_pid,
             held: holder(&dir, &info),
             loaded_at: info.loaded_at,
