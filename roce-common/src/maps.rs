@@ -15,6 +15,9 @@ pub const PROG_XDP_REDIRECT_BARE: &str = "xdp_redirect_bare";
 /// the loader loads (never attaches) to learn whether the kernel lets XDP programs write
 /// metadata before it loads `roce_xdp` (see [`FLAG_NO_STAMP`]).
 pub const PROG_XDP_META_PROBE: &str = "xdp_meta_probe";
+/// In the object of [`PROG_XDP_PASS`]: a program that only calls `bpf_xdp_adjust_head`, loaded
+/// (never attached) where [`PROG_XDP_META_PROBE`] was refused (see [`FLAG_STAMP_HEAD`]).
+pub const PROG_XDP_HEAD_PROBE: &str = "xdp_head_probe";
 /// The XSKMAP of [`PROG_XDP_REDIRECT_BARE`], indexed by RX queue like [`MAP_XSKS`].
 pub const MAP_BARE_XSKS: &str = "BARE_XSKS";
 
@@ -64,9 +67,16 @@ pub const FLAG_DROP_FOREIGN: u32 = 1 << 0;
 pub const FLAG_PROCESS_HELD: u32 = 1 << 1;
 /// Flag: stamp no arrival time into XDP metadata. Set by the loader where the kernel refuses
 /// XDP programs the `bpf_xdp_adjust_meta` helper (seen on a hardened 6.18 build: "program of
-/// this type cannot use helper bpf_xdp_adjust_meta#54"); user space then takes the time it
-/// got a frame as its arrival (`rx_no_stamp` counts those frames).
+/// this type cannot use helper bpf_xdp_adjust_meta#54") and `bpf_xdp_adjust_head` too, so
+/// neither [`FLAG_STAMP_HEAD`] can carry it; user space then takes the time it got a frame as
+/// its arrival (`rx_no_stamp` counts those frames).
 pub const FLAG_NO_STAMP: u32 = 1 << 2;
+/// Flag: carry the arrival stamp in [`crate::stamp::STAMP_LEN`] bytes pushed in front of the
+/// frame (`bpf_xdp_adjust_head`) instead of in XDP metadata. Set by the loader where the kernel
+/// refuses `bpf_xdp_adjust_meta` but allows `bpf_xdp_adjust_head`; an AF_XDP socket of an
+/// interface loaded so strips the bytes before anything reads the frame, and a frame the
+/// program does not redirect after all gets them taken off again before the kernel sees it.
+pub const FLAG_STAMP_HEAD: u32 = 1 << 3;
 
 /// Capacity of [`MAP_XSKS`]: RX queues served.
 pub const MAX_QUEUES: u32 = 64;

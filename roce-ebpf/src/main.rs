@@ -30,7 +30,7 @@ use aya_ebpf::{
     Global,
     bindings::xdp_action,
     btf_maps::{Array, HashMap, PerCpuArray, XskMap},
-    helpers::generated::{bpf_ktime_get_ns, bpf_xdp_adjust_meta},
+    helpers::generated::{bpf_ktime_get_ns, bpf_xdp_adjust_head, bpf_xdp_adjust_meta},
     macros::{btf_map, xdp},
     programs::XdpContext,
 };
@@ -45,8 +45,8 @@ use roce_common::{
     },
     log::{CODE_FALLBACK, CODE_FOREIGN_QP, level_of},
     maps::{
-        FLAG_DROP_FOREIGN, FLAG_NO_STAMP, LoadInfo, MAX_QPS, MAX_QUEUES, MAX_STAT_PROCS,
-        MAX_STAT_QPS, QpEntry, QpStatsRecord, XskQueueRecord,
+        FLAG_DROP_FOREIGN, FLAG_NO_STAMP, FLAG_STAMP_HEAD, LoadInfo, MAX_QPS, MAX_QUEUES,
+        MAX_STAT_PROCS, MAX_STAT_QPS, QpEntry, QpStatsRecord, XskQueueRecord,
     },
     multipath::{RESV7_TRAILER, SACK_TRAILER_LEN},
     opcode::{EXT_LEN_UNKNOWN, Opcode, XDP_NO_PAYLOAD, XDP_OPCODE_TABLE},
@@ -379,6 +379,50 @@ fn stamp_arrival(ctx: &XdpContext) {
     let _ = (meta, word);
 }
 
+/// Pushes the arrival stamp in front of the frame (`FLAG_STAMP_HEAD`: the kernel refuses
+/// `bpf_xdp_adjust_meta`): moves the frame's start [`stamp::STAMP_LEN`] bytes into the headroom
+/// with `bpf_xdp_adjust_head` and writes the stamp there. Returns false, with the frame as it
+/// was, where the headroom has no room; a true return must be undone with [`pop_stamp`] if the
+/// frame then goes anywhere but an AF_XDP socket of this interface.
+#[inline(always)]
+fn push_stamp(ctx: &XdpContext) -> bool {
+    // SAFETY: `ctx.ctx` is the program's own context pointer; the helper only moves `data`
+    // within the frame's headroom, or fails and moves nothing.
+    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(stamp::STAMP_LEN as i32)) } != 0 {
+        return false;
+    }
+    let (data, end) = (ctx.data(), ctx.data_end());
+    if data + stamp::STAMP_LEN > end {
+        pop_stamp(ctx);
+        return false;
+    }
+    // SAFETY: the helper takes no arguments and only reads the clock.
+    let word = stamp::encode(unsafe { bpf_ktime_get_ns() });
+    #[cfg(target_arch = "bpf")]
+    // SAFETY: `data..data + STAMP_LEN` was checked to lie inside the packet, in the bytes the
+    // helper just took from the headroom; the asm stores 8 bytes there (one store, as in
+    // `stamp_arrival`) and touches nothing else.
+    unsafe {
+        core::arch::asm!(
+            "*(u64 *)({p} + 0) = {v}",
+            p = in(reg) data,
+            v = in(reg) word,
+            options(nostack, preserves_flags),
+        );
+    }
+    #[cfg(not(target_arch = "bpf"))]
+    let _ = (data, word);
+    true
+}
+
+/// Takes back what [`push_stamp`] put in front of the frame.
+#[inline(always)]
+fn pop_stamp(ctx: &XdpContext) {
+    // SAFETY: as in `push_stamp`; it moves `data` forward by what `push_stamp` moved it back,
+    // which the frame's length (at least an Ethernet header after the stamp) allows.
+    let _ = unsafe { bpf_xdp_adjust_head(ctx.ctx, stamp::STAMP_LEN as i32) };
+}
+
 /// The XDP entry point: classify, count once, act.
 #[xdp]
 pub fn roce_xdp(ctx: XdpContext) -> u32 {
@@ -426,10 +470,19 @@ pub fn roce_xdp(ctx: XdpContext) -> u32 {
             }
             let ours = dest_qp < MAX_QPS && ROCE_QPS.get(dest_qp).is_some_and(|e| e.owner != 0);
             if ours {
-                // A constant the verifier sees (read-only data): where the loader set
-                // FLAG_NO_STAMP, the call is never explored, so a kernel that refuses
-                // bpf_xdp_adjust_meta still loads the program.
-                if ROCE_FLAGS.load() & FLAG_NO_STAMP == 0 {
+                // Constants the verifier sees (read-only data): the helper a kernel refuses
+                // (FLAG_NO_STAMP, FLAG_STAMP_HEAD) sits on a path it never explores.
+                let flags = ROCE_FLAGS.load();
+                let head = flags & (FLAG_NO_STAMP | FLAG_STAMP_HEAD) == FLAG_STAMP_HEAD;
+                if head {
+                    if !push_stamp(&ctx) {
+                        // A socket of a head-stamped interface takes its first bytes for
+                        // the stamp: a frame without one must not reach it.
+                        stats.redirect_fallback_pass += 1;
+                        log_rare(&ctx, CODE_FALLBACK, at);
+                        return xdp_action::XDP_PASS;
+                    }
+                } else if flags & FLAG_NO_STAMP == 0 {
                     stamp_arrival(&ctx);
                 }
                 let queue = ctx.rx_queue_index();
@@ -439,6 +492,9 @@ pub fn roce_xdp(ctx: XdpContext) -> u32 {
                         action
                     }
                     _ => {
+                        if head {
+                            pop_stamp(&ctx);
+                        }
                         stats.redirect_fallback_pass += 1;
                         log_rare(&ctx, CODE_FALLBACK, at);
                         xdp_action::XDP_PASS

@@ -325,9 +325,11 @@ fn main() {
         !EBPF_OBJECT.is_empty() && !XDP_PASS_OBJECT.is_empty(),
         "built with AYA_BUILD_SKIP=1"
     );
-    if !roce::loader::kernel_allows_stamp() {
+    let stamp = roce::loader::stamp_mode();
+    if stamp != roce::loader::StampMode::Metadata {
         println!(
-            "this kernel refuses bpf_xdp_adjust_meta: roce_xdp runs without its arrival stamp"
+            "this kernel refuses bpf_xdp_adjust_meta: roce_xdp's arrival stamp is {stamp:?} \
+             (roce_common::maps::FLAG_STAMP_HEAD / FLAG_NO_STAMP)"
         );
     }
     let mut roce = load(EBPF_OBJECT, &[PROG_ROCE_XDP]);

@@ -182,8 +182,10 @@ fn frames_waiting_at_stop_reach_the_handler_in_the_drain() {
 /// veth and in generic (SKB) XDP: each stamp lies between the send and the receive, the
 /// stamps rise with the sequence, and no frame counts as unstamped (`rx_no_stamp`). Frames
 /// held on the RX ring for a while keep the time they arrived, not the time they were taken.
-/// Where the kernel refuses roce_xdp `bpf_xdp_adjust_meta`, every frame arrives unstamped and
-/// is counted so.
+/// Where the kernel refuses roce_xdp `bpf_xdp_adjust_meta`, the stamp comes in bytes pushed in
+/// front of the frame, which the socket strips (`FLAG_STAMP_HEAD`; the sequence check above
+/// reads the frame after them); where it refuses `bpf_xdp_adjust_head` too, every frame arrives
+/// unstamped and is counted so.
 #[test]
 fn received_frames_carry_their_arrival_stamp() {
     for mode in [AttachMode::Native, AttachMode::Skb] {
@@ -216,7 +218,7 @@ fn received_frames_carry_their_arrival_stamp() {
         // The frames wait on the ring: their stamps must say when they came, not now.
         std::thread::sleep(Duration::from_millis(20));
         let (mut seen, mut last) = (0, 0);
-        let stamps = roce::loader::kernel_allows_stamp();
+        let stamps = roce::loader::stamp_mode().stamps();
         let got = q.receive_stamped(N as u32, |frame, stamp, _tx| {
             assert_eq!(RoceTemplate::seq_of(frame), Some(seen));
             if !stamps {

@@ -100,7 +100,7 @@ fn multi_buffer_frames_cross_split_and_joined_byte_for_byte() {
         assert_eq!(s.rx_oversize + s.bad_ring_addr + s.tx_dropped, 0, "{s:?}");
         // Joined packets carry the arrival stamp of their first descriptor (where the kernel
         // lets roce_xdp write metadata; else every packet counts as unstamped).
-        if roce::loader::kernel_allows_stamp() {
+        if roce::loader::stamp_mode().stamps() {
             assert_eq!(s.rx_no_stamp, 0, "{s:?}");
         } else {
             assert_eq!(s.rx_no_stamp, s.rx_packets, "{s:?}");

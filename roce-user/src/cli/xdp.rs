@@ -32,10 +32,14 @@ pub(crate) fn load(out: Output, iface: &str, opts: LoadOptions) -> anyhow::Resul
         } else {
             ""
         },
-        if r.arrival_stamp {
-            ""
-        } else {
-            ", no arrival stamps (the kernel refuses bpf_xdp_adjust_meta)"
+        match r.arrival_stamp {
+            loader::StampMode::Metadata => "",
+            loader::StampMode::Head => {
+                ", arrival stamps in front of each frame (the kernel refuses bpf_xdp_adjust_meta)"
+            }
+            loader::StampMode::None => {
+                ", no arrival stamps (the kernel refuses bpf_xdp_adjust_meta and _head)"
+            }
         },
         r.pin_dir
     );

@@ -23,10 +23,10 @@ use roce_common::{
     counters::XdpStats,
     log::{LogLevel, MAP_LOG_LEVEL},
     maps::{
-        FLAG_DROP_FOREIGN, FLAG_NO_STAMP, FLAG_PROCESS_HELD, GLOBAL_FLAGS, GLOBAL_UDP_PORT,
-        LoadInfo, MAP_DEV_STATS, MAP_INFO, MAP_QP_STATS, MAP_QPS, MAP_XDP_STATS, MAP_XSK_STATS,
-        MAP_XSKS, MODE_NATIVE, MODE_SKB, PROG_ROCE_XDP, PROG_XDP_META_PROBE, QpEntry,
-        QpStatsRecord, XskQueueRecord,
+        FLAG_DROP_FOREIGN, FLAG_NO_STAMP, FLAG_PROCESS_HELD, FLAG_STAMP_HEAD, GLOBAL_FLAGS,
+        GLOBAL_UDP_PORT, LoadInfo, MAP_DEV_STATS, MAP_INFO, MAP_QP_STATS, MAP_QPS, MAP_XDP_STATS,
+        MAP_XSK_STATS, MAP_XSKS, MODE_NATIVE, MODE_SKB, PROG_ROCE_XDP, PROG_XDP_HEAD_PROBE,
+        PROG_XDP_META_PROBE, QpEntry, QpStatsRecord, XskQueueRecord,
     },
 };
 
@@ -325,9 +325,8 @@ pub struct LoadReport {
     pub port: u16,
     /// Whether foreign QPs are dropped.
     pub drop_foreign: bool,
-    /// Whether redirected frames carry their arrival time (false where the kernel refuses
-    /// `bpf_xdp_adjust_meta`: [`FLAG_NO_STAMP`]).
-    pub arrival_stamp: bool,
+    /// Where redirected frames carry their arrival time ([`stamp_mode`]).
+    pub arrival_stamp: StampMode,
     /// Pin directory.
     pub pin_dir: String,
 }
@@ -378,54 +377,100 @@ fn load_with(
     })
 }
 
-/// Whether this kernel lets XDP programs call `bpf_xdp_adjust_meta`, which `roce_xdp` needs to
-/// stamp each redirected frame with its arrival time. Asked once per process by loading (never
-/// attaching) the object `xdp-pass`'s `xdp_meta_probe`. A kernel that refuses it (a hardened
-/// 6.18 build: "program of this type cannot use helper bpf_xdp_adjust_meta#54") gets
-/// `roce_xdp` with [`FLAG_NO_STAMP`] and a warning; any other failure of the probe (not root,
-/// no BPF) answers true and leaves the real load to report it.
-pub fn kernel_allows_stamp() -> bool {
-    static ALLOWS: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ALLOWS.get_or_init(|| {
-        let refused = |e: &aya::programs::ProgramError| {
-            matches!(e, aya::programs::ProgramError::LoadError { verifier_log, .. }
-                if verifier_log.to_string().contains("bpf_xdp_adjust_meta"))
-        };
-        let Ok(mut ebpf) = EbpfLoader::new().load(XDP_PASS_OBJECT) else {
-            return true;
-        };
-        let Some(prog) = ebpf.program_mut(PROG_XDP_META_PROBE) else {
-            return true;
-        };
-        let Ok(prog): Result<&mut Xdp, _> = prog.try_into() else {
-            return true;
-        };
-        match prog.load() {
-            Err(e) if refused(&e) => {
-                log::warn!(
-                    "this kernel refuses XDP programs bpf_xdp_adjust_meta: roce_xdp stamps no \
-                     arrival times, and frames are timed when user space takes them"
-                );
-                false
-            }
-            _ => true,
+/// Where `roce_xdp` puts the arrival stamp of a frame it redirects, as the kernel allows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum StampMode {
+    /// In XDP metadata in front of the frame (`bpf_xdp_adjust_meta`): the default.
+    Metadata,
+    /// In bytes pushed in front of the frame (`bpf_xdp_adjust_head`), which the socket strips
+    /// ([`FLAG_STAMP_HEAD`]): where the kernel refuses the metadata helper.
+    Head,
+    /// None ([`FLAG_NO_STAMP`]): the kernel refuses both helpers.
+    None,
+}
+
+impl StampMode {
+    /// The mode of a program loaded with `flags` (from [`LoadInfo::flags`]).
+    #[must_use]
+    pub const fn of_flags(flags: u32) -> Self {
+        if flags & FLAG_NO_STAMP != 0 {
+            Self::None
+        } else if flags & FLAG_STAMP_HEAD != 0 {
+            Self::Head
+        } else {
+            Self::Metadata
         }
+    }
+
+    /// Whether frames carry a stamp at all.
+    #[must_use]
+    pub const fn stamps(self) -> bool {
+        !matches!(self, Self::None)
+    }
+}
+
+/// Where this kernel lets `roce_xdp` stamp each redirected frame with its arrival time. Asked
+/// once per process by loading (never attaching) the probes of the object `xdp-pass`:
+/// `xdp_meta_probe` (`bpf_xdp_adjust_meta`), then, if the kernel refuses that one (a hardened
+/// 6.18 build: "program of this type cannot use helper bpf_xdp_adjust_meta#54"),
+/// `xdp_head_probe` (`bpf_xdp_adjust_head`). Any other failure of a probe (not root, no BPF)
+/// counts as allowed and leaves the real load to report it.
+pub fn stamp_mode() -> StampMode {
+    static MODE: std::sync::OnceLock<StampMode> = std::sync::OnceLock::new();
+    *MODE.get_or_init(|| {
+        let mode = if !probe_refused(PROG_XDP_META_PROBE, "bpf_xdp_adjust_meta") {
+            StampMode::Metadata
+        } else if !probe_refused(PROG_XDP_HEAD_PROBE, "bpf_xdp_adjust_head") {
+            StampMode::Head
+        } else {
+            StampMode::None
+        };
+        match mode {
+            StampMode::Metadata => {}
+            StampMode::Head => log::info!(
+                "this kernel refuses XDP programs bpf_xdp_adjust_meta: roce_xdp pushes each \
+                 frame's arrival stamp in front of it instead, and the socket strips it"
+            ),
+            StampMode::None => log::warn!(
+                "this kernel refuses XDP programs bpf_xdp_adjust_meta and bpf_xdp_adjust_head: \
+                 roce_xdp stamps no arrival times, and frames are timed when user space takes them"
+            ),
+        }
+        mode
     })
 }
 
-/// The `FLAG_*` bits `roce_xdp` is loaded with: [`FLAG_DROP_FOREIGN`] as asked, and
-/// [`FLAG_NO_STAMP`] where [`kernel_allows_stamp`] says no. Also for tests and benches that
-/// load the object themselves.
+/// Whether loading `prog` of the object `xdp-pass` fails in the verifier for naming `helper`.
+fn probe_refused(prog: &str, helper: &str) -> bool {
+    let Ok(mut ebpf) = EbpfLoader::new().load(XDP_PASS_OBJECT) else {
+        return false;
+    };
+    let Some(p) = ebpf.program_mut(prog) else {
+        return false;
+    };
+    let Ok(p): Result<&mut Xdp, _> = p.try_into() else {
+        return false;
+    };
+    matches!(p.load(), Err(aya::programs::ProgramError::LoadError { verifier_log, .. })
+        if verifier_log.to_string().contains(helper))
+}
+
+/// The `FLAG_*` bits `roce_xdp` is loaded with: [`FLAG_DROP_FOREIGN`] as asked, and the
+/// stamp's carrier as [`stamp_mode`] finds it. Also for tests and benches that load the
+/// object themselves.
 #[must_use]
 pub fn xdp_flags(drop_foreign: bool) -> u32 {
     let mut flags = 0;
     if drop_foreign {
         flags |= FLAG_DROP_FOREIGN;
     }
-    if !kernel_allows_stamp() {
-        flags |= FLAG_NO_STAMP;
-    }
     flags
+        | match stamp_mode() {
+            StampMode::Metadata => 0,
+            StampMode::Head => FLAG_STAMP_HEAD,
+            StampMode::None => FLAG_NO_STAMP,
+        }
 }
 
 fn load_into(
@@ -528,7 +573,7 @@ fn load_into(
         link_id: kernel_link_id,
         port: opts.port,
         drop_foreign: opts.drop_foreign,
-        arrival_stamp: flags & FLAG_NO_STAMP == 0,
+        arrival_stamp: StampMode::of_flags(flags),
         pin_dir: dir.display().to_string(),
     };
     Ok((report, held_link))
@@ -612,8 +657,8 @@ pub struct Status {
     pub port: u32,
     /// Whether foreign QPs are dropped.
     pub drop_foreign: bool,
-    /// Whether redirected frames carry their arrival time ([`FLAG_NO_STAMP`] not set).
-    pub arrival_stamp: bool,
+    /// Where redirected frames carry their arrival time.
+    pub arrival_stamp: StampMode,
     /// PID of the loader.
     pub loader_pid: u32,
     /// How the program stays attached.
@@ -757,7 +802,7 @@ pub fn status() -> Result<Vec<Status>, LoadError> {
             link_id,
             port: info.port,
             drop_foreign: info.flags & FLAG_DROP_FOREIGN != 0,
-            arrival_stamp: info.flags & FLAG_NO_STAMP == 0,
+            arrival_stamp: StampMode::of_flags(info.flags),
             loader_pid: info.loader_pid,
             held: holder(&dir, &info),
             loaded_at: info.loaded_at,

@@ -243,6 +243,7 @@ pub struct RxBatch<'q> {
     stats: &'q mut XskStats,
     join: Option<&'q mut Join>,
     stage: Option<&'q mut Vec<u8>>,
+    stamp_head: bool,
 }
 
 impl RxBatch<'_> {
@@ -293,7 +294,29 @@ impl RxBatch<'_> {
                 continue;
             }
             let now = *now_ns.get_or_insert_with(monotonic_ns);
-            let stamp = self.read_stamp(idx, off, now);
+            // A packet's first descriptor (a later one of a multi-buffer packet carries none).
+            let first = self
+                .join
+                .as_deref()
+                .is_none_or(|j| j.len == 0 && !j.overflow && !j.broken);
+            let mut desc = desc;
+            let (off, stamp) = if self.stamp_head && first {
+                // FLAG_STAMP_HEAD: roce_xdp pushed the stamp in front of every frame it
+                // redirected here; take it off before anything reads the frame.
+                let Some(len) = desc.len.checked_sub(stamp::STAMP_LEN as u32) else {
+                    self.stats.bad_ring_addr += 1;
+                    self.book.free(idx);
+                    if let Some(join) = self.join.as_deref_mut() {
+                        join.skip_part(desc.options);
+                    }
+                    continue;
+                };
+                let stamp = self.read_stamp(idx, off + stamp::STAMP_LEN as u32, now);
+                desc.len = len;
+                (off + stamp::STAMP_LEN as u32, stamp)
+            } else {
+                (off, self.read_stamp(idx, off, now))
+            };
             // The packet's bytes: the frame itself, or (multi-buffer) the joined copy, whose
             // frames are already back in the pool.
             let (buf, frame, stamp): (&mut [u8], Option<FrameIdx>, Option<u64>) =
@@ -510,6 +533,9 @@ pub struct XskQueue {
     join: Option<Join>,
     stage: Option<Vec<u8>>,
     book: FrameBook,
+    /// Whether the interface's roce_xdp pushes each frame's arrival stamp in front of it
+    /// (`FLAG_STAMP_HEAD`), so that receive strips it; see [`XskQueue::set_stamp_head`].
+    stamp_head: bool,
 }
 
 // SAFETY: every pointer inside (UMEM area, ring mmaps) refers to memory owned by this value and
@@ -625,9 +651,20 @@ impl XskQueue {
             }),
             stage: cfg.multi_buffer.then(|| vec![0; MULTI_BUFFER_MAX_LEN]),
             book: FrameBook::new(area, cfg.frame_size, cfg.frame_count),
+            stamp_head: crate::loader::Pins::new(ifname).load_info().is_ok_and(|i| {
+                crate::loader::StampMode::of_flags(i.flags) == crate::loader::StampMode::Head
+            }),
         };
         q.refill();
         Ok(q)
+    }
+
+    /// Whether receive strips an arrival stamp from the front of each packet. [`XskQueue::open`]
+    /// sets it from the roce_xdp loaded on the interface (its `LoadInfo` flags); call this for a
+    /// socket fed by a program loaded without pins (tests, benches) with
+    /// `roce_common::maps::FLAG_STAMP_HEAD`.
+    pub fn set_stamp_head(&mut self, on: bool) {
+        self.stamp_head = on;
     }
 
     /// Opens one queue per RX queue of `ifname` (see [`rx_queue_count`]), for one engine each.
@@ -785,6 +822,7 @@ impl XskQueue {
             stats: &mut self.stats,
             join: self.join.as_mut(),
             stage: self.stage.as_mut(),
+            stamp_head: self.stamp_head,
         }
     }
 
