@@ -124,6 +124,16 @@ pub struct SwiftConfig {
     /// Default 0 (the paper: the first sample over the target cuts); 500 in the software
     /// profile ([`SwiftConfig::software`]).
     pub swift_persist: u32,
+    /// roce-xdp's addition, ms: where non-zero, the target is counted from the smallest RTT
+    /// sample of the last `swift_base_rtt_window` to `2·swift_base_rtt_window` ms (the path's
+    /// and both hosts' fixed delay, as LEDBAT's base delay, RFC 6817 §2.4.1), so the delay
+    /// that `swift_base_target` bounds is the queueing above it. The paper's Swift needs no
+    /// such base: it subtracts the hosts' delay with NIC timestamps ("remote queuing") and its
+    /// fabric's idle RTT is a few µs, but an idle software endpoint's round trip is anything
+    /// from 20 µs to 130 µs (on the VM of Dec 6, whose idle vCPUs halt), and a target below
+    /// it cuts forever: one flow held 130-143 Mb/s of a 200 Mb/s bottleneck there. Default 0
+    /// (the paper); 10000 in the software profile.
+    pub swift_base_rtt_window: u32,
 }
 
 impl Default for SwiftConfig {
@@ -141,12 +151,13 @@ impl Default for SwiftConfig {
             swift_init_cwnd: 16,
             swift_retx_reset: 5,
             swift_persist: 0,
+            swift_base_rtt_window: 0,
         }
     }
 }
 
 /// (name, min, max, unit) of every parameter, in declaration order.
-const RANGES: [(&str, u64, u64, &str); 12] = [
+const RANGES: [(&str, u64, u64, &str); 13] = [
     ("swift_base_target", 1, 1_000_000, "us"),
     ("swift_fs_range", 0, 1_000_000, "us"),
     ("swift_fs_min_cwnd", 1, 1_000_000, "/1000 packets"),
@@ -159,14 +170,15 @@ const RANGES: [(&str, u64, u64, &str); 12] = [
     ("swift_init_cwnd", 1, 65_536, "packets"),
     ("swift_retx_reset", 1, 1000, "timeouts"),
     ("swift_persist", 0, 1_000_000, "us"),
+    ("swift_base_rtt_window", 0, 3_600_000, "ms"),
 ];
 
 impl SwiftConfig {
     /// The parameter names, for help texts and `--cc-set NAME=VALUE`.
-    pub const NAMES: [&'static str; 12] = {
-        let mut n = [""; 12];
+    pub const NAMES: [&'static str; 13] = {
+        let mut n = [""; 13];
         let mut i = 0;
-        while i < 12 {
+        while i < 13 {
             n[i] = RANGES[i].0;
             i += 1;
         }
@@ -187,6 +199,7 @@ impl SwiftConfig {
             "swift_init_cwnd" => &mut self.swift_init_cwnd,
             "swift_retx_reset" => &mut self.swift_retx_reset,
             "swift_persist" => &mut self.swift_persist,
+            "swift_base_rtt_window" => &mut self.swift_base_rtt_window,
             _ => return None,
         })
     }
@@ -203,11 +216,13 @@ impl SwiftConfig {
     }
 
     /// Swift for an endpoint whose receiver is a thread on a shared host: [`Default`] with
-    /// `swift_persist` 500 µs, so that ACKs a scheduling stall delayed do not cut the window.
+    /// `swift_persist` 500 µs, so that ACKs a scheduling stall delayed do not cut the window,
+    /// and `swift_base_rtt_window` 10 s, so that the target sits over the hosts' own delay.
     #[must_use]
     pub fn software() -> Self {
         Self {
             swift_persist: 500,
+            swift_base_rtt_window: 10_000,
             ..Self::default()
         }
     }
@@ -299,6 +314,45 @@ pub struct Swift {
     persist: Duration,
     /// When the current run of samples over the target began (`None` after one under it).
     over_since: Option<Instant>,
+    /// The base RTT under the target (`swift_base_rtt_window`), if on.
+    base_rtt: Option<BaseRtt>,
+}
+
+/// The smallest RTT sample of a sliding window, kept as the minima of two consecutive spans of
+/// `span`: the current one and the one before, so an old minimum is forgotten after one to two
+/// spans (a path that got slower is followed) with two values of state.
+#[derive(Debug, Clone)]
+struct BaseRtt {
+    span: Duration,
+    started: Option<Instant>,
+    current: Option<Duration>,
+    previous: Option<Duration>,
+}
+
+impl BaseRtt {
+    /// Takes the sample `rtt` at `now`.
+    fn sample(&mut self, now: Instant, rtt: Duration) {
+        let started = *self.started.get_or_insert(now);
+        if now.saturating_duration_since(started) >= self.span {
+            // A span with no sample at all leaves nothing worth remembering.
+            self.previous = if now.saturating_duration_since(started) >= self.span * 2 {
+                None
+            } else {
+                self.current
+            };
+            self.current = None;
+            self.started = Some(now);
+        }
+        self.current = Some(self.current.map_or(rtt, |c| c.min(rtt)));
+    }
+
+    /// The base: the smallest sample of the two spans.
+    fn get(&self) -> Option<Duration> {
+        match (self.current, self.previous) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
 }
 
 /// α and β of the flow-based scaling (Swift §3.5), in ns.
@@ -344,10 +398,17 @@ impl Swift {
             stats: CcStats::default(),
             persist: Duration::from_micros(config.swift_persist.into()),
             over_since: None,
+            base_rtt: (config.swift_base_rtt_window > 0).then(|| BaseRtt {
+                span: Duration::from_millis(config.swift_base_rtt_window.into()),
+                started: None,
+                current: None,
+                previous: None,
+            }),
         }
     }
 
-    /// The target delay for the current window: `base_target + fs(cwnd)`.
+    /// The target delay for the current window: `base_target + fs(cwnd)`, over the base RTT
+    /// where `swift_base_rtt_window` is on.
     #[must_use]
     pub fn target_delay(&self) -> Duration {
         Duration::from_nanos(self.target_ns() as u64)
@@ -356,7 +417,12 @@ impl Swift {
     /// The target delay in ns, unrounded.
     fn target_ns(&self) -> f64 {
         let fs = (self.fs_alpha / self.cwnd.sqrt() + self.fs_beta).clamp(0.0, self.fs_range_ns);
-        self.base_target_ns + fs
+        let base = self
+            .base_rtt
+            .as_ref()
+            .and_then(BaseRtt::get)
+            .map_or(0.0, |b| b.as_nanos() as f64);
+        base + self.base_target_ns + fs
     }
 
     /// Whether a decrease is allowed at `now`: none in the last RTT (the latest sample).
@@ -379,10 +445,14 @@ impl Swift {
 
     /// An ACK at `now` acknowledged `acked` packets and gave the RTT sample `delay`
     /// (Algorithm 1, "On Receiving ACK"). With `swift_persist` non-zero, a sample over the
-    /// target cuts only when every sample since `swift_persist` ago was over it too.
+    /// target cuts only when every sample since `swift_persist` ago was over it too; with
+    /// `swift_base_rtt_window`, the sample first joins the base RTT under the target.
     pub fn on_ack(&mut self, now: Instant, delay: Duration, acked: u32) {
         self.stats.swift_rtt_samples += 1;
         self.retransmit_cnt = 0;
+        if let Some(b) = self.base_rtt.as_mut() {
+            b.sample(now, delay);
+        }
         let target = self.target_ns();
         self.rtt = Some(delay);
         let n = f64::from(acked);
@@ -628,7 +698,7 @@ mod tests {
     fn defaults_valid_and_set_checks_ranges_and_order() {
         let mut c = SwiftConfig::default();
         c.validate().unwrap();
-        assert_eq!(SwiftConfig::NAMES.len(), 12);
+        assert_eq!(SwiftConfig::NAMES.len(), 13);
         assert_eq!(c.get("swift_beta"), Some(800));
         c.set("swift_beta", 500).unwrap();
         assert_eq!(c.swift_beta, 500);
@@ -750,7 +820,10 @@ mod tests {
 
     #[test]
     fn with_swift_persist_a_late_batch_of_acks_does_not_cut_and_a_standing_queue_does() {
-        let cfg = SwiftConfig::software();
+        let cfg = SwiftConfig {
+            swift_base_rtt_window: 0, // persist alone: the base RTT has its own test
+            ..SwiftConfig::software()
+        };
         assert_eq!(cfg.swift_persist, 500);
         assert_eq!(SwiftConfig::profile("mlx5"), Some(SwiftConfig::default()));
         let mut s = Swift::new(&cfg);
@@ -782,6 +855,48 @@ mod tests {
         let mut p = Swift::new(&SwiftConfig::default());
         p.on_ack(us(1000), high, 1);
         assert_eq!(p.stats().swift_delay_decreases, 1);
+    }
+
+    /// `swift_base_rtt_window`: an idle round trip of 130 µs (over the 100 µs base target, as
+    /// on a VM whose idle vCPUs halt) cuts the paper's Swift on every RTT but grows the
+    /// software profile's window, whose target is base + 100 µs + fs(cwnd); a queue on top of
+    /// the base still cuts; and the base follows a path that got slower within two spans.
+    /// Targets by hand: α = 400/(√10 − 0.1) µs, fs(16) = α/4 − α/10 = 0.15·α ≈ 19.6 µs.
+    #[test]
+    fn the_software_profile_counts_its_target_from_the_smallest_recent_rtt() {
+        let alpha_us = 400.0 / (10f64.sqrt() - 0.1);
+        let cfg = SwiftConfig::software();
+        assert_eq!(cfg.swift_base_rtt_window, 10_000);
+        let mut s = Swift::new(&cfg);
+        let mut paper = Swift::new(&SwiftConfig::default());
+        for k in 0..100 {
+            s.on_ack(us(1000 + 10 * k), d(130), 1);
+            paper.on_ack(us(1000 + 10 * k), d(130), 1);
+        }
+        assert_eq!(s.stats().swift_delay_decreases, 0);
+        assert!(s.cwnd() > 16.0, "cwnd {}", s.cwnd());
+        assert!(paper.stats().swift_delay_decreases > 0);
+        assert!(paper.cwnd() < 16.0, "cwnd {}", paper.cwnd());
+        // The target: 130 + 100 + fs(cwnd) µs.
+        let fs = (alpha_us / s.cwnd().sqrt() - alpha_us / 10.0).clamp(0.0, 400.0);
+        let want = 230.0 + fs;
+        let got = s.target_delay().as_nanos() as f64 / 1000.0;
+        assert!((got - want).abs() < 0.01, "target {got} µs, want {want}");
+        // A standing queue of 600 µs over the base: cut once every sample was over it for
+        // swift_persist (500 µs).
+        for k in 0..=10 {
+            s.on_ack(us(3000 + 50 * k), d(730), 1);
+        }
+        assert_eq!(s.stats().swift_delay_decreases, 1);
+        // The path slows to 400 µs for good: after two spans of 10 s the base is 400 µs, and
+        // 400 µs samples grow the window again.
+        let w = s.cwnd();
+        for k in 0..=200 {
+            s.on_ack(us(10_000_000 + 100_000 * k), d(400), 1);
+        }
+        let got = s.target_delay().as_nanos() as f64 / 1000.0;
+        assert!(got > 500.0, "target {got} µs still under the new base");
+        assert!(s.cwnd() > w, "cwnd {} from {w}", s.cwnd());
     }
 
     #[test]

@@ -163,12 +163,14 @@ pub struct PerfArgs {
     /// (/1000 packets), swift_fs_max_cwnd (packets), swift_ai (/1000 packets per RTT),
     /// swift_beta (/1000), swift_max_mdf (/1000), swift_min_cwnd (/1000 packets),
     /// swift_max_cwnd, swift_init_cwnd (packets), swift_retx_reset (timeouts), swift_persist
-    /// (µs a delay must stay over the target before it cuts).
+    /// (µs a delay must stay over the target before it cuts), swift_base_rtt_window (ms over
+    /// which the smallest RTT is the base the target counts from; 0: none).
     #[arg(long = "cc-set", value_name = "NAME=VALUE")]
     pub cc_set: Vec<String>,
     /// The DCQCN and Swift defaults that `--cc-set` changes: `mlx5` (a ConnectX-5's firmware
     /// values, and the paper's Swift) or `software` (for endpoints on a busy host: DCQCN timers
-    /// longer than a scheduler time slice and hold_when_idle; Swift's swift_persist 500 µs;
+    /// longer than a scheduler time slice and hold_when_idle; Swift's swift_persist 500 µs and
+    /// swift_base_rtt_window 10 s;
     /// docs/cc-software.md lists what differs).
     #[arg(long = "cc-profile", value_name = "PROFILE", default_value = "mlx5",
           value_parser = clap::builder::PossibleValuesParser::new(roce::cc::DcqcnConfig::PROFILES))]
