@@ -54,8 +54,9 @@ pub fn xdp_meta_probe(ctx: XdpContext) -> u32 {
 /// The head probe: moves the frame's start 8 bytes into the headroom and back, and passes it.
 #[xdp]
 pub fn xdp_head_probe(ctx: XdpContext) -> u32 {
-    // SAFETY: as in `xdp_meta_probe`; the second call undoes the first where it succeeded.
+    // SAFETY: as in `xdp_meta_probe`: the helper moves `data` within the headroom, or fails.
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, -8) } == 0 {
+        // SAFETY: undoes the move that just succeeded.
         let _ = unsafe { bpf_xdp_adjust_head(ctx.ctx, 8) };
     }
     xdp_action::XDP_PASS
