@@ -21,6 +21,7 @@ pub mod cm_trace;
 pub mod devinfo;
 pub mod ecmp;
 pub mod engine;
+pub mod pcap;
 pub mod perftest_matrix;
 pub mod rdmacm;
 pub mod routed;

@@ -1000,38 +1000,16 @@ pub struct IcrcCheck {
 /// Checks the ICRC of every RoCE frame in `pcap` (see [`IcrcCheck`]).
 ///
 /// # Panics
-/// When the file is not a little-endian microsecond or nanosecond pcap with Ethernet frames.
+/// When the file is not a pcap of Ethernet frames ([`crate::pcap::for_each_frame`]).
 #[must_use]
 pub fn check_icrc(pcap: &Path) -> IcrcCheck {
-    let b = fs::read(pcap).expect("read pcap");
-    assert!(b.len() >= 24, "pcap too short");
-    let magic = u32::from_le_bytes(b[0..4].try_into().unwrap());
-    assert!(
-        magic == 0xa1b2_c3d4 || magic == 0xa1b2_3c4d,
-        "not a little-endian pcap: {magic:#x}"
-    );
-    assert_eq!(
-        u32::from_le_bytes(b[20..24].try_into().unwrap()),
-        1,
-        "not Ethernet"
-    );
     let mut c = IcrcCheck::default();
-    let mut off = 24;
-    let mut idx = 0;
-    while off + 16 <= b.len() {
-        let incl = u32::from_le_bytes(b[off + 8..off + 12].try_into().unwrap()) as usize;
-        let start = off + 16;
-        let end = (start + incl).min(b.len());
-        off = start + incl;
-        idx += 1;
-        let frame = &b[start..end];
-        match roce::wire::parse_frame(frame) {
-            Ok(f) if f.icrc_ok => c.good += 1,
-            Ok(_) => c.bad.push(idx),
-            Err(roce::wire::WireError::NotRoce(_)) => {}
-            Err(e) => c.unparsable.push((idx, e.to_string())),
-        }
-    }
+    crate::pcap::for_each_frame(pcap, |idx, frame| match roce::wire::parse_frame(frame) {
+        Ok(f) if f.icrc_ok => c.good += 1,
+        Ok(_) => c.bad.push(idx),
+        Err(roce::wire::WireError::NotRoce(_)) => {}
+        Err(e) => c.unparsable.push((idx, e.to_string())),
+    });
     c
 }
 

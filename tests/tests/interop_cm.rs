@@ -39,27 +39,16 @@ use roce_tests::{
     tag,
 };
 
-/// Every UD SEND_ONLY to QP1 in a little-endian Ethernet pcap: (source IP, 256-byte MAD).
+/// Every UD SEND_ONLY to QP1 in a capture: (source IP, 256-byte MAD).
 fn qp1_mads(pcap: &Path) -> Vec<(std::net::IpAddr, Vec<u8>)> {
-    let b = fs::read(pcap).expect("read pcap");
-    assert!(b.len() >= 24, "pcap too short");
     let mut out = Vec::new();
-    let mut off = 24;
-    while off + 16 <= b.len() {
-        let incl = u32::from_le_bytes(b[off + 8..off + 12].try_into().unwrap()) as usize;
-        let start = off + 16;
-        let end = (start + incl).min(b.len());
-        off = start + incl;
-        if let Ok(f) = roce::wire::parse_frame(&b[start..end])
-            && f.roce.bth.opcode == Opcode::UD_SEND_ONLY
-            && f.roce.bth.dest_qp == Qpn::GSI
-        {
-            assert!(f.icrc_ok, "a kernel MAD with a bad ICRC");
+    roce_tests::pcap::for_each_roce_frame(pcap, |f| {
+        if f.roce.bth.opcode == Opcode::UD_SEND_ONLY && f.roce.bth.dest_qp == Qpn::GSI {
             let deth = f.roce.deth.expect("UD has a DETH");
             assert_eq!(deth.qkey, QKey::GSI);
             out.push((f.src_ip(), f.payload.to_vec()));
         }
-    }
+    });
     out
 }
 

@@ -43,21 +43,10 @@ struct Seen {
     opcode: u8,
 }
 
-/// The RoCE frames of a classic little-endian pcap (what tcpdump -w writes), in order.
+/// The RoCE frames of a capture, in order.
 fn frames(pcap: &Path, client: Ipv4Addr) -> Vec<Seen> {
-    let b = std::fs::read(pcap).expect("read pcap");
-    assert!(b.len() >= 24, "pcap too short");
     let mut out = Vec::new();
-    let mut off = 24;
-    while off + 16 <= b.len() {
-        let incl = u32::from_le_bytes(b[off + 8..off + 12].try_into().unwrap()) as usize;
-        let start = off + 16;
-        let end = (start + incl).min(b.len());
-        off = start + incl;
-        let Ok(f) = roce::wire::parse_frame(&b[start..end]) else {
-            continue;
-        };
-        assert!(f.icrc_ok, "ICRC");
+    roce_tests::pcap::for_each_roce_frame(pcap, |f| {
         let from_client = f.ip.src_addr() == IpAddr::V4(client);
         let mad = (f.roce.bth.dest_qp.value() == 1 && f.payload.len() >= 256).then(|| {
             (
@@ -73,7 +62,7 @@ fn frames(pcap: &Path, client: Ipv4Addr) -> Vec<Seen> {
             resv7: f.roce.bth.resv7,
             opcode: f.roce.bth.opcode.0,
         });
-    }
+    });
     out
 }
 

@@ -17,24 +17,14 @@ use roce_tests::{
     tag,
 };
 
-/// The RoCE frames of a classic little-endian pcap (what tcpdump -w writes), in order: for
-/// each, whether it is a request (not a response or an acknowledgement) and its BTH `resv7`.
+/// The RoCE frames of a capture, in order: for each, whether it is a request (not a response
+/// or an acknowledgement) and its BTH `resv7`.
 fn roce_frames(pcap: &Path) -> Vec<(bool, u8)> {
-    let b = std::fs::read(pcap).expect("read pcap");
-    assert!(b.len() >= 24, "pcap too short");
     let mut out = Vec::new();
-    let mut off = 24;
-    while off + 16 <= b.len() {
-        let incl = u32::from_le_bytes(b[off + 8..off + 12].try_into().unwrap()) as usize;
-        let start = off + 16;
-        let end = (start + incl).min(b.len());
-        off = start + incl;
-        if let Ok(f) = roce::wire::parse_frame(&b[start..end]) {
-            assert!(f.icrc_ok, "ICRC");
-            let request = !f.roce.bth.opcode.info().is_some_and(|i| i.is_response());
-            out.push((request, f.roce.bth.resv7));
-        }
-    }
+    roce_tests::pcap::for_each_roce_frame(pcap, |f| {
+        let request = !f.roce.bth.opcode.info().is_some_and(|i| i.is_response());
+        out.push((request, f.roce.bth.resv7));
+    });
     out
 }
 

@@ -36,34 +36,23 @@ impl Drop for Impaired<'_> {
     }
 }
 
-/// The READ response frames of a classic little-endian pcap (what tcpdump -w writes): for
-/// each, its BTH `resv7` and, when it has the trailer bit, whether its placement trailer
-/// parses and says READ response.
+/// The READ response frames of a capture: for each, its BTH `resv7` and, when it has the
+/// trailer bit, whether its placement trailer parses and says READ response.
 fn read_responses(pcap: &Path) -> Vec<(u8, bool)> {
-    let b = std::fs::read(pcap).expect("read pcap");
-    assert!(b.len() >= 24, "pcap too short");
     let mut out = Vec::new();
-    let mut off = 24;
-    while off + 16 <= b.len() {
-        let incl = u32::from_le_bytes(b[off + 8..off + 12].try_into().unwrap()) as usize;
-        let start = off + 16;
-        let end = (start + incl).min(b.len());
-        off = start + incl;
-        if let Ok(f) = roce::wire::parse_frame(&b[start..end]) {
-            assert!(f.icrc_ok, "ICRC");
-            let is_resp = f
-                .roce
-                .bth
-                .opcode
-                .info()
-                .is_some_and(|i| i.operation == roce_common::opcode::Operation::ReadResponse);
-            if is_resp {
-                let t = placement::split(f.payload)
-                    .is_ok_and(|(_, t)| t.flags == PlacementFlags::READ_RESPONSE);
-                out.push((f.roce.bth.resv7, t));
-            }
+    roce_tests::pcap::for_each_roce_frame(pcap, |f| {
+        let is_resp = f
+            .roce
+            .bth
+            .opcode
+            .info()
+            .is_some_and(|i| i.operation == roce_common::opcode::Operation::ReadResponse);
+        if is_resp {
+            let t = placement::split(f.payload)
+                .is_ok_and(|(_, t)| t.flags == PlacementFlags::READ_RESPONSE);
+            out.push((f.roce.bth.resv7, t));
         }
-    }
+    });
     out
 }
 
