@@ -382,7 +382,8 @@ proptest! {
     /// A QP's kept header template writes the bytes a template built for the one frame writes
     /// (`emit_frame`), into buffers holding anything, with the payload copied by it or already
     /// in place anywhere, for frames of other lengths than the first, and after a change of
-    /// path (congestion control setting other ECN/DSCP bits, or another address vector). The
+    /// path (congestion control setting other ECN/DSCP bits, spraying another UDP source port,
+    /// or another address vector). The
     /// bytes themselves are pinned by the golden frames, the scapy tests and the Soft-RoCE
     /// captures.
     #[test]
@@ -418,11 +419,15 @@ proptest! {
         let mut a = vec![0u8; n.saturating_sub(short)];
         let mut b = a.clone();
         prop_assert_eq!(t.emit(&roce, &payload, &mut a), emit_frame(&p, &roce, &payload, &mut b));
-        // Another path, then the first one with the second one's ECN and DSCP.
+        // Another path, then the first one with the second one's ECN and DSCP, then with its
+        // UDP source port (a sprayed QP's next entropy: the port patched into the template),
+        // then back.
         let mut p2 = p;
         p2.ecn = q.ecn;
         p2.dscp = q.dscp;
-        for path in [q, p2, p] {
+        let mut p3 = p2;
+        p3.udp_src_port = q.udp_src_port;
+        for path in [q, p2, p3, p2, p] {
             let t = FrameTemplate::for_path(&mut slot, &path).unwrap();
             prop_assert_eq!(t.path(), &path);
             for (roce, payload) in [(&roce, &payload), (&roce2, &payload2)] {

@@ -539,11 +539,25 @@ impl FrameTemplate {
 
     /// The template in `slot` if it was built for `path`, else a new one put there. Call it
     /// for every packet, with the path the packet goes on (after congestion control set its
-    /// ECN and DSCP); it costs one comparison of paths when nothing changed. Errors as
-    /// [`Self::new`], leaving `slot` alone.
+    /// ECN and DSCP); it costs one comparison of paths when nothing changed, and two when
+    /// only the UDP source port did (a sprayed QP's entropy, issue 19: every packet's), whose
+    /// two bytes are then written into the template: the port is in no checksum the template
+    /// keeps (IPv4's covers the IP header only; the UDP checksum over IPv6 and the ICRC are
+    /// computed per frame). Errors as [`Self::new`], leaving `slot` alone.
     pub fn for_path<'a>(slot: &'a mut Option<Self>, path: &PathRepr) -> Result<&'a Self> {
-        if slot.as_ref().is_none_or(|t| t.path != *path) {
-            *slot = Some(Self::new(path)?);
+        match slot {
+            Some(t) if t.path == *path => {}
+            Some(t)
+                if PathRepr {
+                    udp_src_port: path.udp_src_port,
+                    ..t.path
+                } == *path =>
+            {
+                let at = usize::from(t.bth_off) - udp::HEADER_LEN;
+                t.hdrs[at..at + 2].copy_from_slice(&path.udp_src_port.to_be_bytes());
+                t.path.udp_src_port = path.udp_src_port;
+            }
+            _ => *slot = Some(Self::new(path)?),
         }
         // Never the error: `slot` was just filled (returning the borrow from the test above
         // is what the borrow checker refuses).
