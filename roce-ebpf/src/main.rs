@@ -355,28 +355,42 @@ fn stamp_arrival(ctx: &XdpContext) {
     if meta + stamp::STAMP_LEN > data {
         return;
     }
-    // SAFETY: the helper takes no arguments and only reads the clock.
-    let now = unsafe { bpf_ktime_get_ns() };
-    let word = stamp::encode(now);
-    // One 8-byte store, written as the instruction itself: Rust's `write_unaligned` becomes
-    // eight byte stores and their shifts on BPF (LLVM assumes no unaligned access there),
-    // while the verifier allows a packet store at any alignment where the CPU does
-    // (`check_pkt_ptr_alignment`: strict only without efficient unaligned access), and the
-    // verifier pointer arithmetic rules forbid testing the pointer's alignment first.
-    #[cfg(target_arch = "bpf")]
     // SAFETY: `meta..meta + STAMP_LEN` was checked to lie before `data`, inside the metadata
     // area the helper just reserved in the frame's headroom, which nothing else reads or
-    // writes during this program run; the asm stores 8 bytes there and touches nothing else.
+    // writes during this program run.
+    unsafe { store_stamp(meta) };
+}
+
+/// Reads the clock and writes the arrival stamp word (`roce_common::stamp::encode`) at `at`,
+/// for [`stamp_arrival`] and [`push_stamp`] once they have bounds-checked the spot.
+///
+/// One 8-byte store, written as the instruction itself: Rust's `write_unaligned` becomes
+/// eight byte stores and their shifts on BPF (LLVM assumes no unaligned access there), while
+/// the verifier allows a packet store at any alignment where the CPU does
+/// (`check_pkt_ptr_alignment`: strict only without efficient unaligned access), and the
+/// verifier's pointer arithmetic rules forbid testing the pointer's alignment first.
+///
+/// # Safety
+/// `at..at + STAMP_LEN` must lie inside the frame or its metadata, checked against
+/// `data_end` (or `data`) on this path so the verifier sees the check, and be bytes no one
+/// else reads or writes during this program run.
+#[inline(always)]
+unsafe fn store_stamp(at: usize) {
+    // SAFETY: the helper takes no arguments and only reads the clock.
+    let word = stamp::encode(unsafe { bpf_ktime_get_ns() });
+    #[cfg(target_arch = "bpf")]
+    // SAFETY: the caller checked `at..at + STAMP_LEN` (this function's contract); the asm
+    // stores 8 bytes there and touches nothing else.
     unsafe {
         core::arch::asm!(
             "*(u64 *)({p} + 0) = {v}",
-            p = in(reg) meta,
+            p = in(reg) at,
             v = in(reg) word,
             options(nostack, preserves_flags),
         );
     }
     #[cfg(not(target_arch = "bpf"))]
-    let _ = (meta, word);
+    let _ = (at, word);
 }
 
 /// Pushes the arrival stamp in front of the frame (`FLAG_STAMP_HEAD`: the kernel refuses
@@ -396,22 +410,9 @@ fn push_stamp(ctx: &XdpContext) -> bool {
         pop_stamp(ctx);
         return false;
     }
-    // SAFETY: the helper takes no arguments and only reads the clock.
-    let word = stamp::encode(unsafe { bpf_ktime_get_ns() });
-    #[cfg(target_arch = "bpf")]
     // SAFETY: `data..data + STAMP_LEN` was checked to lie inside the packet, in the bytes the
-    // helper just took from the headroom; the asm stores 8 bytes there (one store, as in
-    // `stamp_arrival`) and touches nothing else.
-    unsafe {
-        core::arch::asm!(
-            "*(u64 *)({p} + 0) = {v}",
-            p = in(reg) data,
-            v = in(reg) word,
-            options(nostack, preserves_flags),
-        );
-    }
-    #[cfg(not(target_arch = "bpf"))]
-    let _ = (data, word);
+    // helper just took from the headroom, which nothing else reads or writes in this run.
+    unsafe { store_stamp(data) };
     true
 }
 
