@@ -403,6 +403,17 @@ impl StampMode {
         }
     }
 
+    /// The `GLOBAL_FLAGS` bit that makes `roce_xdp` stamp this way (none for the default,
+    /// metadata); [`Self::of_flags`] reads it back.
+    #[must_use]
+    pub const fn flag(self) -> u32 {
+        match self {
+            Self::Metadata => 0,
+            Self::Head => FLAG_STAMP_HEAD,
+            Self::None => FLAG_NO_STAMP,
+        }
+    }
+
     /// Whether frames carry a stamp at all.
     #[must_use]
     pub const fn stamps(self) -> bool {
@@ -465,12 +476,7 @@ pub fn xdp_flags(drop_foreign: bool) -> u32 {
     if drop_foreign {
         flags |= FLAG_DROP_FOREIGN;
     }
-    flags
-        | match stamp_mode() {
-            StampMode::Metadata => 0,
-            StampMode::Head => FLAG_STAMP_HEAD,
-            StampMode::None => FLAG_NO_STAMP,
-        }
+    flags | stamp_mode().flag()
 }
 
 fn load_into(
