@@ -392,7 +392,7 @@ counter_struct! {
         tx_backpressure,
         /// Refills that found the free pool empty while the fill ring had room.
         fill_pool_empty,
-        /// Descriptors whose address was not a frame lent to the kernel (ignored).
+        /// RX descriptors the kernel never gives (an address not lent to it, a length past the frame, a packet shorter than its head stamp): ignored.
         bad_ring_addr,
         /// sendto() kicks of the TX ring because the kernel set need_wakeup.
         tx_kicks,

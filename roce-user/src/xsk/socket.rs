@@ -534,7 +534,8 @@ pub struct XskQueue {
     stage: Option<Vec<u8>>,
     book: FrameBook,
     /// Whether the interface's roce_xdp pushes each frame's arrival stamp in front of it
-    /// (`FLAG_STAMP_HEAD`), so that receive strips it; see [`XskQueue::set_stamp_head`].
+    /// (`FLAG_STAMP_HEAD`), so that receive strips it: [`XskQueue::open`] reads it from the
+    /// `LoadInfo` flags of the roce_xdp loaded on the interface (none found: no stamp in front).
     stamp_head: bool,
 }
 
@@ -657,14 +658,6 @@ impl XskQueue {
         };
         q.refill();
         Ok(q)
-    }
-
-    /// Whether receive strips an arrival stamp from the front of each packet. [`XskQueue::open`]
-    /// sets it from the roce_xdp loaded on the interface (its `LoadInfo` flags); call this for a
-    /// socket fed by a program loaded without pins (tests, benches) with
-    /// `roce_common::maps::FLAG_STAMP_HEAD`.
-    pub fn set_stamp_head(&mut self, on: bool) {
-        self.stamp_head = on;
     }
 
     /// Opens one queue per RX queue of `ifname` (see [`rx_queue_count`]), for one engine each.
