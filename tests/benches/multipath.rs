@@ -53,35 +53,6 @@ const SUBNET: u8 = 46;
 const MIB: u64 = 1 << 20;
 const SPRAY: &str = "--multipath --entropies 32";
 
-/// Removes `roce impair` from a path of the first router on drop.
-struct Impaired<'a>(&'a Ecmp, usize);
-
-impl Impaired<'_> {
-    /// Attaches `roce impair SETTINGS` to path `path`'s egress at the first router.
-    fn on<'a>(net: &'a Ecmp, path: usize, settings: &str) -> Impaired<'a> {
-        let o = Command::new(roce_bin())
-            .args(["--netns", &net.r1, "-j", "impair", "-i", &net.paths[path]])
-            .args(settings.split_whitespace())
-            .output()
-            .expect("roce impair");
-        assert!(
-            o.status.success(),
-            "roce impair {settings}: {}",
-            String::from_utf8_lossy(&o.stderr)
-        );
-        Impaired(net, path)
-    }
-}
-
-impl Drop for Impaired<'_> {
-    fn drop(&mut self) {
-        let _ = Command::new(roce_bin())
-            .args(["--netns", &self.0.r1, "impair", "-i", &self.0.paths[self.1]])
-            .arg("--off")
-            .output();
-    }
-}
-
 /// What one verified run measured.
 struct Run {
     /// Client goodput, MB/s (2^20), all QPs together.
@@ -275,7 +246,7 @@ fn main() {
             bottleneck as f64 / 1e6
         );
         bottlenecks.push(format!("path {p} {:.0} Mbit/s", bottleneck as f64 / 1e6));
-        let _b = Impaired::on(&net, p, &format!("--bottleneck {bottleneck}"));
+        let _b = net.impair(p, &format!("--bottleneck {bottleneck}"));
         eprintln!("four QPs, path {p} congested:");
         let (plain, sprayed) = pairs(&net, 4, 64 * MIB);
         t.row(
@@ -320,7 +291,7 @@ fn main() {
 
     // 2 and 3. One QP, 1 % loss on the probe path.
     {
-        let _l = Impaired::on(&net, path, "--drop 0.01");
+        let _l = net.impair(path, "--drop 0.01");
         eprintln!("one QP, 1 % loss on path {path}:");
         let (plain, sprayed) = pairs(&net, 1, 128 * MIB);
         let runs = (plain.as_slice(), sprayed.as_slice());

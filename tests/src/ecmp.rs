@@ -46,6 +46,37 @@ fn sysctl(netns: &str, key: &str) {
     run("ip", &["netns", "exec", netns, "sysctl", "-qw", key]).expect("sysctl");
 }
 
+/// One `roce` server and client pair for [`Ecmp::roce_pair`].
+#[derive(Clone, Copy, Debug)]
+pub struct PairRun<'a> {
+    /// The server's command line, without `-d` (added).
+    pub server_line: &'a str,
+    /// The client's command line, without `-d` and the server's address (added).
+    pub client_line: &'a str,
+    /// Serve on the client's end (behind the second router) and connect from the server's:
+    /// the client's packets then take the second router's route and the server's the first's.
+    pub reversed: bool,
+    /// How long to wait after starting the server before starting the client (zero: the
+    /// client's own connect retries are enough).
+    pub settle: Duration,
+    /// The longest the client may run.
+    pub limit: Duration,
+}
+
+impl<'a> PairRun<'a> {
+    /// `server_line` and `client_line` the usual way round, no settling, 60 s for the client.
+    #[must_use]
+    pub const fn new(server_line: &'a str, client_line: &'a str) -> Self {
+        Self {
+            server_line,
+            client_line,
+            reversed: false,
+            settle: Duration::ZERO,
+            limit: Duration::from_secs(60),
+        }
+    }
+}
+
 impl Ecmp {
     /// Builds the topology with namespaces and interfaces named from `prefix` (at most 9
     /// characters), addresses in `10.<subnet>.0.0/16`, `k` paths (at most 8), links of `mtu`
@@ -193,40 +224,7 @@ impl Ecmp {
             })
             .collect()
     }
-}
 
-/// One `roce` server and client pair for [`Ecmp::roce_pair`].
-#[derive(Clone, Copy, Debug)]
-pub struct PairRun<'a> {
-    /// The server's command line, without `-d` (added).
-    pub server_line: &'a str,
-    /// The client's command line, without `-d` and the server's address (added).
-    pub client_line: &'a str,
-    /// Serve on the client's end (behind the second router) and connect from the server's:
-    /// the client's packets then take the second router's route and the server's the first's.
-    pub reversed: bool,
-    /// How long to wait after starting the server before starting the client (zero: the
-    /// client's own connect retries are enough).
-    pub settle: Duration,
-    /// The longest the client may run.
-    pub limit: Duration,
-}
-
-impl<'a> PairRun<'a> {
-    /// `server_line` and `client_line` the usual way round, no settling, 60 s for the client.
-    #[must_use]
-    pub const fn new(server_line: &'a str, client_line: &'a str) -> Self {
-        Self {
-            server_line,
-            client_line,
-            reversed: false,
-            settle: Duration::ZERO,
-            limit: Duration::from_secs(60),
-        }
-    }
-}
-
-impl Ecmp {
     /// Runs `run`'s server and client (`roce` command lines, `-j` output), waits for the
     /// client at most `run.limit` and for the server 20 s more, and returns their JSON reports
     /// (client, server).
@@ -285,5 +283,47 @@ impl Ecmp {
         assert_eq!(s["verified"], true, "server {line}: {s}");
         assert_eq!(c["verified"], true, "client {line}: {c}");
         c
+    }
+
+    /// Attaches `roce impair SETTINGS` (e.g. `--drop 0.02`) to path `path`'s egress at the
+    /// first router; the returned guard takes it off again when dropped, failed test or not.
+    ///
+    /// # Panics
+    /// When `roce impair` fails.
+    #[must_use]
+    pub fn impair(&self, path: usize, settings: &str) -> PathImpairment<'_> {
+        let o = std::process::Command::new(crate::roce_bin())
+            .args(["--netns", &self.r1, "-j", "impair", "-i", &self.paths[path]])
+            .args(settings.split_whitespace())
+            .output()
+            .expect("roce impair");
+        assert!(
+            o.status.success(),
+            "roce impair {settings}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        PathImpairment { net: self, path }
+    }
+}
+
+/// `roce impair` on one path of the first router ([`Ecmp::impair`]), taken off on drop.
+#[derive(Debug)]
+pub struct PathImpairment<'a> {
+    net: &'a Ecmp,
+    path: usize,
+}
+
+impl Drop for PathImpairment<'_> {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new(crate::roce_bin())
+            .args([
+                "--netns",
+                &self.net.r1,
+                "impair",
+                "-i",
+                &self.net.paths[self.path],
+            ])
+            .arg("--off")
+            .output();
     }
 }

@@ -13,17 +13,6 @@ use serde_json::Value;
 /// Bytes each run writes, 64 KiB at a time.
 const BYTES: u64 = 32 << 20;
 
-/// Removes `roce impair` from the first router's path on drop.
-struct Impaired<'a>(&'a Ecmp, &'a str);
-
-impl Drop for Impaired<'_> {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(roce_bin())
-            .args(["--netns", &self.0.r1, "impair", "-i", self.1, "--off"])
-            .output();
-    }
-}
-
 /// One verified WRITE run from the client to the server, with `extra` perf flags; returns the
 /// packets each path carried and the client's transport counters moved.
 fn run(net: &Ecmp, extra: &str) -> (Vec<u64>, Value) {
@@ -92,15 +81,7 @@ fn one_qp_sprays_over_four_ecmp_paths_and_moves_off_a_lossy_one() {
     assert_eq!(c["entropy_retired"], 0, "no loss, nothing retired: {c}");
 
     // Path 0 drops 2 %: its entropies are retired as their packets are lost.
-    let lossy = net.paths[0].clone();
-    let o = std::process::Command::new(roce_bin())
-        .args([
-            "--netns", &net.r1, "-j", "impair", "-i", &lossy, "--drop", "0.02",
-        ])
-        .output()
-        .expect("roce impair");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let _impaired = Impaired(&net, &lossy);
+    let _impaired = net.impair(0, "--drop 0.02");
     let (moved, c) = run(&net, "--multipath --entropies 32");
     let total: u64 = moved.iter().sum();
     let share = moved[0] as f64 / total as f64;

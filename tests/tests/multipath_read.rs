@@ -25,17 +25,6 @@ use serde_json::Value;
 /// Bytes the run reads, 64 KiB at a time.
 const BYTES: u64 = 16 << 20;
 
-/// Removes `roce impair` from the first router's path on drop.
-struct Impaired<'a>(&'a Ecmp, &'a str);
-
-impl Drop for Impaired<'_> {
-    fn drop(&mut self) {
-        let _ = std::process::Command::new(roce_bin())
-            .args(["--netns", &self.0.r1, "impair", "-i", self.1, "--off"])
-            .output();
-    }
-}
-
 /// The READ response frames of a capture: for each, its BTH `resv7` and, when it has the
 /// trailer bit, whether its placement trailer parses and says READ response.
 fn read_responses(pcap: &Path) -> Vec<(u8, bool)> {
@@ -174,15 +163,7 @@ fn read_responses_are_sprayed_with_trailers_and_placed_out_of_order() {
 
     // That path drops 2 %: the plain reader goes back to the first missing response of a
     // READ and the responder sends the rest of it again.
-    let lossy = net.paths[path].clone();
-    let o = std::process::Command::new(roce_bin())
-        .args([
-            "--netns", &net.r1, "-j", "impair", "-i", &lossy, "--drop", "0.02",
-        ])
-        .output()
-        .expect("roce impair");
-    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
-    let _impaired = Impaired(&net, &lossy);
+    let _impaired = net.impair(path, "--drop 0.02");
     let clean = (path + 1) % 4;
     let gbn = read_run(&net, "", path);
     log("plain, 2 % loss", &gbn);
