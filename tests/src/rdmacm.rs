@@ -12,11 +12,25 @@ use crate::output_text as text;
 /// Runs `prog args` on end `end` through `roce exec`, line-buffered.
 #[must_use]
 pub fn ours(end: &VethEnd, prog: &str, args: &[String]) -> crate::child::Reaper {
-    let mut v: Vec<String> = ["exec", "-d", &end.ifname, "--", "stdbuf", "-oL", prog]
-        .map(String::from)
-        .to_vec();
+    exec_in(&end.netns, &end.ifname, &[], prog, args)
+}
+
+/// Runs `roce exec EXEC_FLAGS -d IFNAME -- stdbuf -oL prog args` in namespace `netns`
+/// (line-buffered, for the rdmacm-utils' progress lines); `exec_flags` e.g.
+/// `["--engine", "shared"]`.
+#[must_use]
+pub fn exec_in(
+    netns: &str,
+    ifname: &str,
+    exec_flags: &[&str],
+    prog: &str,
+    args: &[String],
+) -> crate::child::Reaper {
+    let mut v: Vec<String> = vec!["exec".into()];
+    v.extend(exec_flags.iter().map(|f| (*f).to_owned()));
+    v.extend(["-d", ifname, "--", "stdbuf", "-oL", prog].map(String::from));
     v.extend(args.iter().cloned());
-    crate::child::spawn(&end.netns, &v)
+    crate::child::spawn(netns, &v)
 }
 
 /// Runs a server on end A and its client on end B; the client is run again while the server

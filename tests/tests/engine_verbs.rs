@@ -21,7 +21,7 @@ use roce::api::{
     },
 };
 use roce_tests::{
-    child::{Reaper, finish_within, spawn},
+    child::{Reaper, finish_within},
     engine::{EMPTY, exec_shared, start_engine, wait_status},
     ipv4_gid_index, require_root, veth_pair,
 };
@@ -441,13 +441,7 @@ fn library_verbs_reach_only_the_callers_objects() {
 /// `roce exec --engine shared -d IF -- stdbuf -oL prog ARGS` in `ns` (line-buffered, for the
 /// rdmacm-utils' progress lines).
 fn exec_shared_cm(ns: &str, ifname: &str, prog: &str, args: &[String]) -> Reaper {
-    let mut v: Vec<String> = [
-        "exec", "--engine", "shared", "-d", ifname, "--", "stdbuf", "-oL", prog,
-    ]
-    .map(str::to_owned)
-    .to_vec();
-    v.extend(args.iter().cloned());
-    spawn(ns, &v)
+    roce_tests::rdmacm::exec_in(ns, ifname, &["--engine", "shared"], prog, args)
 }
 
 /// RDMA CM through the engine: the server and the client of Debian's rdmacm-utils (`rping`

@@ -65,11 +65,7 @@ use roce_tests::{
 
 /// Runs `prog args` through `roce exec` on the peer's veth, in its namespace, line-buffered.
 fn ours(peer: &Peer, prog: &str, args: &[String]) -> roce_tests::child::Reaper {
-    let mut v: Vec<String> = ["exec", "-d", &peer.ifname, "--", "stdbuf", "-oL", prog]
-        .map(String::from)
-        .to_vec();
-    v.extend(args.iter().cloned());
-    roce_tests::child::spawn(&peer.netns, &v)
+    rdmacm::exec_in(&peer.netns, &peer.ifname, &[], prog, args)
 }
 
 fn words(line: &str) -> Vec<String> {
