@@ -82,10 +82,10 @@ fn hinted_peers_send_trailers_from_the_first_packet_and_a_plain_peer_gets_none()
     let requests: Vec<u8> = frames.iter().filter(|f| f.0).map(|f| f.1).collect();
     assert!(requests.len() >= 2048, "{} requests", requests.len());
     assert!(requests.iter().all(|&r| r == OFFER), "offer bit only");
-    assert!(
-        frames.iter().filter(|f| !f.0).all(|f| f.1 == 0),
-        "plain ACKs"
-    );
+    // One path: the server's ACKs come back through the interface captured.
+    let acks: Vec<u8> = frames.iter().filter(|f| !f.0).map(|f| f.1).collect();
+    assert!(!acks.is_empty(), "no ACK captured");
+    assert!(acks.iter().all(|&r| r == 0), "plain ACKs: {acks:?}");
 
     // READs in selective repeat: the hint says the peer holds READ requests (`HOLD`), so
     // the client's READ requests go marked to be held from the first one, every byte checked.
@@ -106,10 +106,10 @@ fn hinted_peers_send_trailers_from_the_first_packet_and_a_plain_peer_gets_none()
         frames.iter().filter(|f| f.0).count(),
         "every READ request is held"
     );
-    assert!(
-        frames.iter().filter(|f| !f.0).all(|f| f.1 & hold != 0),
-        "the server holds"
-    );
+    // Every READ response (64 READs of 32 packets) came back through the one path captured.
+    let responses: Vec<u8> = frames.iter().filter(|f| !f.0).map(|f| f.1).collect();
+    assert!(responses.len() >= 2048, "{} responses", responses.len());
+    assert!(responses.iter().all(|&r| r & hold != 0), "the server holds");
 
     // roce pingpong: the hint in upper-case hex; the client's first SEND has its trailer.
     let pp = "pingpong -n 20 -s 4096 -m 2048 -c --multipath";
