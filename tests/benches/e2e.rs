@@ -15,7 +15,8 @@
 //!   program alone gets, before and after the engine), and eight programs at once through the
 //!   same two engines, their aggregate against one program's.
 //!
-//! Each figure is the median of REPS runs, with min and max. `ROCE_BENCH_E2E=engine` runs the
+//! Each figure is the median of REPS runs, with min and max. `ROCE_BENCH_E2E=pingpong` runs the
+//! ping-pong rows alone (under a minute); `ROCE_BENCH_E2E=engine` runs the
 //! engine rows alone (about 2 minutes).
 
 use std::{
@@ -206,6 +207,15 @@ fn main() {
     let mut table = String::from(
         "| measure | roce (median, min..max) | UDP baseline | ratio | target |\n|---|---|---|---|---|\n",
     );
+    if std::env::var("ROCE_BENCH_E2E").as_deref() == Ok("pingpong") {
+        pingpong_rows(&pair, &mut table, &mut rows);
+        for end in [&pair.a, &pair.b] {
+            let _ = loader::unload(&end.ifname);
+        }
+        print!("{table}");
+        write_rows(&rows);
+        return;
+    }
     for size in [64usize, 1024, 65536, 1 << 20] {
         let r: Vec<f64> = (0..REPS)
             .map(|_| {
@@ -299,36 +309,7 @@ fn main() {
             rows.push(json!({"name": format!("RSS per QP, {q} QPs"), "value": per_qp, "unit": "KiB", "baseline": null, "ratio": null, "target": target, "min": per_qp, "max": per_qp}));
         }
     }
-    let mut p50s = Vec::new();
-    let mut p99s = Vec::new();
-    let mut u50s = Vec::new();
-    let mut u99s = Vec::new();
-    for _ in 0..REPS {
-        let v = pair_json(&pair, "pingpong -s 64 -n 2000");
-        p50s.push(v["latency_us"]["p50"].as_f64().unwrap());
-        p99s.push(v["latency_us"]["p99"].as_f64().unwrap());
-        let (u50, u99) = udp_pingpong(&pair, 2000);
-        u50s.push(u50);
-        u99s.push(u99);
-    }
-    for (name, r, u) in [("ping-pong p50", p50s, u50s), ("ping-pong p99", p99s, u99s)] {
-        let ((rm, rmin, rmax), (um, _, _)) = (stats(r), stats(u));
-        let ratio = rm / um.max(1e-9);
-        let target = if name.ends_with("p50") {
-            "≤ 1.0x"
-        } else {
-            "-"
-        };
-        let met = if target == "-" {
-            ""
-        } else if ratio <= 1.0 {
-            " (met)"
-        } else {
-            " (NOT met)"
-        };
-        table.push_str(&format!("| {name} 64 B, µs | {rm:.1} ({rmin:.1}..{rmax:.1}) | {um:.1} | {ratio:.2}x | {target}{met} |\n"));
-        rows.push(json!({"name": format!("{name} 64 B"), "value": rm, "unit": "us", "baseline": um, "ratio": ratio, "target": target, "min": rmin, "max": rmax}));
-    }
+    pingpong_rows(&pair, &mut table, &mut rows);
     for end in [&pair.a, &pair.b] {
         let _ = loader::unload(&end.ifname);
     }
@@ -367,6 +348,42 @@ fn main() {
         "(median of {REPS}; veth MTU 3000, path MTU 2048; UDP datagrams carry min(size, 2048) bytes)"
     );
     write_rows(&rows);
+}
+
+/// The ping-pong rows: REPS runs each of `roce pingpong -s 64 -n 2000` and of a kernel UDP
+/// ping-pong of 64 bytes over `pair` (roce_xdp loaded on both ends), taking turns; p50 against
+/// issue 20's target of 0.9x the kernel's, p99 without a target.
+fn pingpong_rows(pair: &VethPair, table: &mut String, rows: &mut Vec<Value>) {
+    let mut p50s = Vec::new();
+    let mut p99s = Vec::new();
+    let mut u50s = Vec::new();
+    let mut u99s = Vec::new();
+    for _ in 0..REPS {
+        let v = pair_json(pair, "pingpong -s 64 -n 2000");
+        p50s.push(v["latency_us"]["p50"].as_f64().unwrap());
+        p99s.push(v["latency_us"]["p99"].as_f64().unwrap());
+        let (u50, u99) = udp_pingpong(pair, 2000);
+        u50s.push(u50);
+        u99s.push(u99);
+    }
+    for (name, r, u) in [("ping-pong p50", p50s, u50s), ("ping-pong p99", p99s, u99s)] {
+        let ((rm, rmin, rmax), (um, _, _)) = (stats(r), stats(u));
+        let ratio = rm / um.max(1e-9);
+        let target = if name.ends_with("p50") {
+            "≤ 0.9x"
+        } else {
+            "-"
+        };
+        let met = if target == "-" {
+            ""
+        } else if ratio <= 0.9 {
+            " (met)"
+        } else {
+            " (NOT met)"
+        };
+        table.push_str(&format!("| {name} 64 B, µs | {rm:.1} ({rmin:.1}..{rmax:.1}) | {um:.1} | {ratio:.2}x | {target}{met} |\n"));
+        rows.push(json!({"name": format!("{name} 64 B"), "value": rm, "unit": "us", "baseline": um, "ratio": ratio, "target": target, "min": rmin, "max": rmax}));
+    }
 }
 
 /// Writes `rows` to `$ROCE_BENCH_OUT/e2e.json` for `cargo xtask bench`, when it asks.
