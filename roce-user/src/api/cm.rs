@@ -503,7 +503,7 @@ impl Device {
     pub fn wait_cm_event(&self, timeout: Duration) -> Option<CmEvent> {
         let deadline = std::time::Instant::now() + timeout;
         loop {
-            self.drive();
+            self.drive_before_wait();
             let sh = self.gsi_shard();
             let mut dev = sh.lock();
             if let Some(g) = dev.gsi_mut()
@@ -516,10 +516,8 @@ impl Device {
             }
             let left = deadline.checked_duration_since(std::time::Instant::now())?;
             let step = left.min(Duration::from_millis(10));
-            let _ = sh
-                .progress
-                .wait_timeout(dev, step)
-                .unwrap_or_else(std::sync::PoisonError::into_inner);
+            self.app_blocks(sh);
+            drop(sh.wait_progress(dev, step));
         }
     }
 

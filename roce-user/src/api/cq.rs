@@ -28,11 +28,7 @@ impl Device {
                 return Some(wc);
             }
             let left = deadline.checked_duration_since(StdInstant::now())?;
-            dev = sh
-                .progress
-                .wait_timeout(dev, left.min(Duration::from_millis(50)))
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .0;
+            dev = sh.wait_progress(dev, left.min(Duration::from_millis(50)));
         }
     }
 
@@ -41,17 +37,14 @@ impl Device {
     /// call), at most [`INLINE_IDLE_TURN`] at a time.
     fn wait_cq_inline(sh: &Shared, inline: &Inline, cq: CqId, deadline: StdInstant) -> Option<Wc> {
         loop {
-            inline.turn();
+            inline.turn_before_wait();
             let mut dev = sh.lock();
             if let Some(wc) = dev.poll_cq(cq) {
                 return Some(wc);
             }
             let left = deadline.checked_duration_since(StdInstant::now())?;
-            drop(
-                sh.progress
-                    .wait_timeout(dev, left.min(INLINE_IDLE_TURN))
-                    .unwrap_or_else(std::sync::PoisonError::into_inner),
-            );
+            inline.app_blocks(sh);
+            drop(sh.wait_progress(dev, left.min(INLINE_IDLE_TURN)));
         }
     }
 
@@ -93,6 +86,9 @@ impl Device {
             if !wakers.iter().any(|w| w.will_wake(waker)) {
                 wakers.push(waker.clone());
             }
+            drop(wakers);
+            // The task sleeps until a turn wakes it.
+            self.app_blocks(sh);
         }
         drop(dev);
         n

@@ -55,7 +55,7 @@ use std::{
     os::fd::AsRawFd as _,
     sync::{
         Arc, Condvar, Mutex,
-        atomic::{AtomicBool, AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     time::Duration,
 };
@@ -199,9 +199,18 @@ pub const INLINE_IDLE_TURN: Duration = Duration::from_millis(1);
 /// a frame that just arrived to it.
 const INLINE_APP_POLLING: Duration = Duration::from_micros(10);
 
+/// While an application thread polls (turned this recently, and has not said it blocks:
+/// [`Inline::app_blocks`]), the helper thread of an inline device sleeps on the kicks only,
+/// so that arriving frames wake nobody, and looks again this often: the longest a frame
+/// waits when every application thread stops polling without blocking in a verb.
+const INLINE_APP_WATCH: Duration = Duration::from_micros(100);
+
 /// The helper thread of an inline device, until `stop`: the only thread that sleeps on the
-/// queues' sockets. It turns the engines when a frame arrives that no application thread is
-/// about to handle (none turned in the last [`INLINE_APP_POLLING`]), when a verb call could
+/// queues' sockets, and only while no application thread polls (none turned in the last
+/// [`INLINE_APP_WATCH`], or the last one blocked: [`Inline::app_blocks`]; else it sleeps on
+/// the kicks and looks again after [`INLINE_APP_WATCH`]). It turns the engines when a frame
+/// arrives that no application thread is about to handle (none turned in the last
+/// [`INLINE_APP_POLLING`]), when a verb call could
 /// not turn because another thread was (its kick, on a shard's eventfd), and every
 /// [`INLINE_IDLE_TURN`] for the timers. So the passive side of a WRITE or READ, whose program
 /// calls no verb while the data comes in (or spins on its buffer, as `ib_write_lat` does),
@@ -216,17 +225,37 @@ fn inline_helper(
     use std::os::fd::AsFd as _;
     let as_nanos = |d: Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
     let (idle, polling) = (as_nanos(INLINE_IDLE_TURN), as_nanos(INLINE_APP_POLLING));
+    let watch = as_nanos(INLINE_APP_WATCH);
     let wakes: Vec<_> = shards.iter().map(|s| s.wake.as_fd()).collect();
     while !stop.load(Ordering::Relaxed) {
-        let (arrived, kicked) =
-            match crate::xsk::RxWaiter::wait_any(waiters, &wakes, INLINE_IDLE_TURN) {
-                Ok(w) => w,
-                Err(e) => {
-                    log::debug!("inline helper: {e}");
-                    std::thread::sleep(INLINE_IDLE_TURN);
-                    (false, false)
-                }
-            };
+        // Watch (sleep on the kicks only) while an application thread polls: it takes the
+        // frames as they come, and a frame that wakes this thread costs the sender's kick a
+        // wake-up and this core a context switch. SeqCst against `Inline::app_blocks`.
+        inline.watching.store(true, Ordering::SeqCst);
+        let app_polling = inline
+            .clock
+            .now()
+            .as_nanos()
+            .saturating_sub(inline.last_app_turn.load(Ordering::SeqCst))
+            < watch;
+        if !app_polling {
+            inline.watching.store(false, Ordering::Relaxed);
+        }
+        let (socks, timeout) = if app_polling {
+            (&[][..], INLINE_APP_WATCH)
+        } else {
+            (waiters, INLINE_IDLE_TURN)
+        };
+        let waited = crate::xsk::RxWaiter::wait_any(socks, &wakes, timeout);
+        inline.watching.store(false, Ordering::Relaxed);
+        let (arrived, kicked) = match waited {
+            Ok(w) => w,
+            Err(e) => {
+                log::debug!("inline helper: {e}");
+                std::thread::sleep(INLINE_IDLE_TURN);
+                (false, false)
+            }
+        };
         if kicked {
             for sh in shards {
                 // Cleared before the turn, which then sees everything posted before the kick.
@@ -240,6 +269,10 @@ fn inline_helper(
         }
         let now = inline.clock.now().as_nanos();
         let since = |t: &AtomicU64| now.saturating_sub(t.load(Ordering::Relaxed));
+        if inline.kick_owed.load(Ordering::SeqCst) && since(&inline.last_app_turn) >= polling {
+            // An application thread's turn left frames unkicked and it has not turned since.
+            inline.helper_turn();
+        }
         if arrived {
             let app = since(&inline.last_app_turn);
             if app < polling {
@@ -391,6 +424,7 @@ impl Device {
             shards.push(Arc::new(Shared {
                 dev: Mutex::new(transport::Device::new(config)),
                 progress: Condvar::new(),
+                progress_sleepers: AtomicUsize::new(0),
                 events: Condvar::new(),
                 wakers: Mutex::new(Vec::new()),
                 wake,
@@ -462,6 +496,8 @@ impl Device {
                 clock: Clock::new(),
                 last_turn: AtomicU64::new(0),
                 last_app_turn: AtomicU64::new(0),
+                watching: AtomicBool::new(false),
+                kick_owed: AtomicBool::new(false),
             });
             let waiters = {
                 let engines = inline
@@ -1149,9 +1185,10 @@ impl Device {
     /// No such CQ.
     pub fn req_notify_cq(&self, cq: CqId, solicited_only: bool) -> Result<(), ApiError> {
         let (queue, raw) = self.split_cq(cq);
-        self.shard(queue)?
-            .lock()
-            .req_notify_cq(raw, solicited_only)?;
+        let sh = self.shard(queue)?;
+        sh.lock().req_notify_cq(raw, solicited_only)?;
+        // The caller is about to sleep until the event.
+        self.app_blocks(sh);
         Ok(())
     }
 
@@ -1187,7 +1224,7 @@ impl Device {
             other => other,
         };
         loop {
-            self.drive();
+            self.drive_before_wait();
             for (q, sh) in self.shards.iter().enumerate().skip(1) {
                 if let Some(e) = sh.lock().poll_event() {
                     return Some(api(q as u32, e));
@@ -1209,6 +1246,7 @@ impl Device {
             } else {
                 step
             };
+            self.app_blocks(sh);
             let _ = sh
                 .events
                 .wait_timeout(dev, step)
@@ -1239,11 +1277,25 @@ impl Device {
         self.inline.as_ref().is_some_and(|i| i.turn())
     }
 
+    /// [`Device::drive`] from a thread that sleeps next if the turn brings it nothing
+    /// ([`Inline::turn_before_wait`]).
+    pub(crate) fn drive_before_wait(&self) -> bool {
+        self.inline.as_ref().is_some_and(|i| i.turn_before_wait())
+    }
+
+    /// On an inline device, [`Inline::app_blocks`]: the calling thread is about to sleep
+    /// until the engines' turns bring it something.
+    pub(crate) fn app_blocks(&self, sh: &Shared) {
+        if let Some(i) = &self.inline {
+            i.app_blocks(sh);
+        }
+    }
+
     /// After a post to `sh`'s transport: sends it now with an engine turn on an inline device,
     /// else wakes the thread that will (the queue's engine thread, or an inline device's
     /// helper when another thread is turning and may have passed its transmit already).
     fn drive_or_kick(&self, sh: &Shared) {
-        if !self.drive() {
+        if !self.inline.as_ref().is_some_and(|i| i.turn_to_send()) {
             sh.kick();
         }
     }

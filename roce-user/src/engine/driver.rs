@@ -7,7 +7,7 @@ use std::{
     os::fd::AsFd as _,
     sync::{
         Arc, Condvar, Mutex, MutexGuard,
-        atomic::{AtomicU64, Ordering},
+        atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering},
     },
     task::Waker,
 };
@@ -28,8 +28,12 @@ use crate::{
 #[derive(Debug)]
 pub(crate) struct Shared {
     pub(crate) dev: Mutex<transport::Device>,
-    /// Signalled by the engines after input that may have completed work.
+    /// Signalled by the engines after input that may have completed work; wait on it with
+    /// [`Shared::wait_progress`].
     pub(crate) progress: Condvar,
+    /// Threads waiting on `progress` now: a turn with nothing to wake skips the notify's
+    /// futex call, one system call per turn on a polling thread's path.
+    pub(crate) progress_sleepers: AtomicUsize,
     /// Async waiters, woken with `progress`.
     pub(crate) wakers: Mutex<Vec<Waker>>,
     /// Signalled by the engines after a turn that left an event queued in the transport, for
@@ -126,8 +130,32 @@ impl Shared {
             .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
+    /// Sleeps on `progress` for at most `timeout`, holding `dev` (this transport's lock, in
+    /// which the caller found nothing to take) until the wait releases it; returns it again.
+    pub(crate) fn wait_progress<'a>(
+        &self,
+        dev: MutexGuard<'a, transport::Device>,
+        timeout: std::time::Duration,
+    ) -> MutexGuard<'a, transport::Device> {
+        // Counted under the lock: an engine changes the transport under it and reads the
+        // count after releasing it, so it sees this waiter whenever the change came after
+        // the caller's check.
+        self.progress_sleepers.fetch_add(1, Ordering::SeqCst);
+        let dev = self
+            .progress
+            .wait_timeout(dev, timeout)
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .0;
+        self.progress_sleepers.fetch_sub(1, Ordering::SeqCst);
+        dev
+    }
+
+    /// Call after a turn that may have completed work, with the transport's lock released:
+    /// wakes the threads in [`Shared::wait_progress`] and the async waiters.
     pub(crate) fn notify(&self) {
-        self.progress.notify_all();
+        if self.progress_sleepers.load(Ordering::SeqCst) > 0 {
+            self.progress.notify_all();
+        }
         let wakers = std::mem::take(
             &mut *self
                 .wakers
@@ -151,8 +179,15 @@ pub(crate) struct Inline {
     pub(crate) clock: Clock,
     /// [`Clock`] time of the last turn, by any thread.
     pub(crate) last_turn: AtomicU64,
-    /// [`Clock`] time of the last turn by an application thread (a verb call).
+    /// [`Clock`] time of the last turn by an application thread (a verb call); 0 once an
+    /// application thread is about to block ([`Inline::app_blocks`]).
     pub(crate) last_app_turn: AtomicU64,
+    /// Whether the helper thread sleeps on the kicks only, leaving arriving frames to an
+    /// application thread that polls (`api::inline_helper`).
+    pub(crate) watching: AtomicBool,
+    /// Whether an application thread's turn left frames in a TX ring unkicked
+    /// ([`Engine::turn_and_report_with`]): the next turn, of whichever thread, sends them.
+    pub(crate) kick_owed: AtomicBool,
 }
 
 impl std::fmt::Debug for Inline {
@@ -166,22 +201,57 @@ impl Inline {
     /// another thread is running them right now (then that thread's turn serves this caller
     /// too, or the caller kicks the helper). Returns whether it ran.
     pub(crate) fn turn(&self) -> bool {
-        self.run(true)
+        self.run(true, true)
+    }
+
+    /// [`Inline::turn`] right after a post: what the turn transmits is kicked at once.
+    pub(crate) fn turn_to_send(&self) -> bool {
+        self.run(true, false)
+    }
+
+    /// Call from an application thread about to sleep until something arrives (a CQ armed
+    /// for an event, a wait for a completion, a CM or async event, an async task's waker
+    /// registered): no application thread is taken to be polling any more, and a helper
+    /// that was leaving arriving frames to it is kicked (on `sh`, any of the device's
+    /// transports) to sleep on the sockets again, so the frame this thread waits for is
+    /// handled when it comes rather than at the helper's next look; so is a helper that
+    /// owes the TX rings a kick this thread's last turn left ([`Inline::kick_owed`]).
+    pub(crate) fn app_blocks(&self, sh: &Shared) {
+        // SeqCst against the helper's store of `watching` before its load of
+        // `last_app_turn`: either it sees this 0, or this sees it watching and kicks.
+        self.last_app_turn.store(0, Ordering::SeqCst);
+        if self.watching.load(Ordering::SeqCst) || self.kick_owed.load(Ordering::SeqCst) {
+            sh.kick();
+        }
+    }
+
+    /// [`Inline::turn`] from an application thread that sleeps next if the turn brings it
+    /// nothing (`wait_cq`, `wait_event`, `wait_cm_event`): it does not count as polling, so
+    /// the helper keeps sleeping on the sockets for it.
+    pub(crate) fn turn_before_wait(&self) -> bool {
+        self.run(false, false)
     }
 
     /// [`Inline::turn`] from the device's helper thread.
     pub(crate) fn helper_turn(&self) -> bool {
-        self.run(false)
+        self.run(false, false)
     }
 
-    fn run(&self, app: bool) -> bool {
+    /// One turn of every engine: `app` for an application thread's (counted as polling),
+    /// `defer_kick` to leave what a receiving turn transmits for the next turn's kick.
+    fn run(&self, app: bool, defer_kick: bool) -> bool {
         let Ok(mut engines) = self.engines.try_lock() else {
             return false;
         };
         let now = self.clock.now();
+        let mut owed = false;
         for e in engines.iter_mut() {
-            e.turn_and_report(now);
+            // An application thread's turn that received leaves its transmits for the
+            // thread's next verb call (its answer, most often), one kick for both.
+            e.turn_and_report_with(now, defer_kick);
+            owed |= e.kick_owed();
         }
+        self.kick_owed.store(owed, Ordering::SeqCst);
         self.last_turn.store(now.as_nanos(), Ordering::Relaxed);
         if app {
             self.last_app_turn.store(now.as_nanos(), Ordering::Relaxed);

@@ -209,6 +209,8 @@ pub struct Engine<H> {
     last_report: Instant,
     /// Whether frames moved since then ([`Engine::run`]).
     unreported: bool,
+    /// Whether frames wait in the TX ring for a kick ([`Engine::turn_and_report_with`]).
+    kick_owed: bool,
 }
 
 /// How often [`Engine::turn_and_report`] hands the counters over while its turns stay idle:
@@ -229,6 +231,7 @@ impl<H: Handler> Engine<H> {
             waits: 0,
             last_report: Instant::from_nanos(0),
             unreported: false,
+            kick_owed: false,
         }
     }
 
@@ -255,6 +258,13 @@ impl<H: Handler> Engine<H> {
     /// One turn: completions, refill, a receive batch through the handler, the handler's own
     /// transmits, and the flush to the TX ring. Returns the number of frames moved.
     pub fn turn(&mut self, now: Instant) -> u64 {
+        self.turn_with(now, false)
+    }
+
+    /// [`Engine::turn`]; with `defer_kick`, a turn that received frames leaves what it
+    /// transmits in the TX ring unkicked ([`XskQueue::stage_tx`]) until the next turn, and
+    /// [`Engine::kick_owed`] says so.
+    fn turn_with(&mut self, now: Instant, defer_kick: bool) -> u64 {
         self.turns += 1;
         let q = &mut self.queue;
         let h = &mut self.handler;
@@ -271,15 +281,34 @@ impl<H: Handler> Engine<H> {
             h.on_timeout(now);
         }
         q.with_tx_sink_limit(self.cfg.tx_per_turn as usize, |tx| h.poll_transmit(now, tx));
-        let sent = q.flush_tx();
+        let sent = q.stage_tx();
+        self.kick_owed = defer_kick && received > 0;
+        if !self.kick_owed {
+            q.kick_tx();
+        }
         u64::from(completed) + u64::from(received) + sent as u64
+    }
+
+    /// Whether the last turn left frames in the TX ring for the next one to kick.
+    #[must_use]
+    pub const fn kick_owed(&self) -> bool {
+        self.kick_owed
     }
 
     /// [`Engine::turn`] for a thread that drives the engine itself between other work (an
     /// inline device): also hands the queue's AF_XDP counters to the handler every 4096 turns
     /// and after an idle turn, at most every [`IDLE_REPORT_EVERY`].
     pub fn turn_and_report(&mut self, now: Instant) -> u64 {
-        let moved = self.turn(now);
+        self.turn_and_report_with(now, false)
+    }
+
+    /// [`Engine::turn_and_report`], the kick deferred as [`Engine::turn_with`] says: for an
+    /// application thread that polls and, having received, is likely to post at once (the
+    /// responder's ACK then leaves with the answer, one `sendto` for both: in copy mode each
+    /// kick runs the whole transmit path, the peer's XDP receive included). Whoever drives
+    /// the engine must turn again soon while [`Engine::kick_owed`].
+    pub fn turn_and_report_with(&mut self, now: Instant, defer_kick: bool) -> u64 {
+        let moved = self.turn_with(now, defer_kick);
         let idle_due =
             moved == 0 && now.saturating_duration_since(self.last_report) >= IDLE_REPORT_EVERY;
         if idle_due || self.turns.is_multiple_of(4096) {

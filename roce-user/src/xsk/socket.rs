@@ -876,6 +876,15 @@ impl XskQueue {
     /// Moves the backlog onto the TX ring and kicks the kernel if it asks for it. Call every
     /// turn after the handler ran. Returns the number of frames put on the ring.
     pub fn flush_tx(&mut self) -> usize {
+        let sent = self.stage_tx();
+        self.kick_tx();
+        sent
+    }
+
+    /// [`XskQueue::flush_tx`] without the kick: the backlog goes into the TX ring, and the
+    /// kernel sends it at the next [`XskQueue::kick_tx`] (a later flush's, in copy mode).
+    /// For a thread that expects to transmit again at once and sends both with one kick.
+    pub fn stage_tx(&mut self) -> usize {
         let want = self.backlog.q.len();
         let mut sent = 0;
         // As in `refill`: a short reservation (stale cached consumer head) is retried once.
@@ -896,7 +905,6 @@ impl XskQueue {
         if sent < want {
             self.stats.tx_ring_full += 1;
         }
-        self.kick_tx();
         sent
     }
 
