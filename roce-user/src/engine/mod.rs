@@ -302,11 +302,12 @@ impl<H: Handler> Engine<H> {
         self.turn_and_report_with(now, false)
     }
 
-    /// [`Engine::turn_and_report`], the kick deferred as [`Engine::turn_with`] says: for an
-    /// application thread that polls and, having received, is likely to post at once (the
-    /// responder's ACK then leaves with the answer, one `sendto` for both: in copy mode each
-    /// kick runs the whole transmit path, the peer's XDP receive included). Whoever drives
-    /// the engine must turn again soon while [`Engine::kick_owed`].
+    /// [`Engine::turn_and_report`]; with `defer_kick`, a turn that received leaves what it
+    /// transmits in the TX ring unkicked until the next turn. For an application thread that
+    /// polls and, having received, is likely to post at once (the responder's ACK then leaves
+    /// with the answer, one `sendto` for both: in copy mode each kick runs the whole transmit
+    /// path, the peer's XDP receive included). Whoever drives the engine must turn again soon
+    /// while [`Engine::kick_owed`].
     pub fn turn_and_report_with(&mut self, now: Instant, defer_kick: bool) -> u64 {
         let moved = self.turn_with(now, defer_kick);
         let idle_due =
