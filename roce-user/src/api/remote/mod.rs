@@ -301,19 +301,7 @@ impl EngineClient {
     /// The connection broke.
     pub fn status(&mut self) -> Result<EngineStatus, RemoteError> {
         match self.call("status", &Request::Status)? {
-            Value::Status {
-                clients,
-                qps,
-                pds,
-                cqs,
-                mrs,
-            } => Ok(EngineStatus {
-                clients,
-                qps,
-                pds,
-                cqs,
-                mrs,
-            }),
+            Value::Status(s) => Ok(s),
             _ => Err(self.unexpected()),
         }
     }

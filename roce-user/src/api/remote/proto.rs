@@ -23,6 +23,7 @@
 //! `EPROTONOSUPPORT`), the kind, the exact body length of that kind, enumerations (QP type and
 //! state), booleans (0 or 1), access flags (only the bits [`Access`] knows) and errnos.
 
+use super::EngineStatus;
 use crate::transport::{Access, Mtu, QpState, QpType, WcOpcode, WcStatus};
 
 /// The first two bytes of every frame: "RE" read as a little-endian u16.
@@ -371,19 +372,9 @@ pub enum Value {
         /// The engine's process id (for `roce engine --status` and for logs).
         pid: u32,
     },
-    /// To [`Request::Status`].
-    Status {
-        /// Connected programs, the asking one included.
-        clients: u32,
-        /// QPs alive in the engine's device, across all programs.
-        qps: u32,
-        /// Protection domains alive in the device.
-        pds: u32,
-        /// Completion queues alive in the device.
-        cqs: u32,
-        /// Memory regions registered in the device.
-        mrs: u32,
-    },
+    /// To [`Request::Status`]: the engine's connections and the objects alive in its
+    /// device, across all programs.
+    Status(EngineStatus),
     /// To [`Request::QueryGid`]: the 16 bytes of the GID.
     Gid([u8; 16]),
     /// To verbs with nothing to return.
@@ -806,13 +797,13 @@ pub fn encode_reply(out: &mut Vec<u8>, seq: u32, kind: u8, reply: &Reply) {
                     o.push(*version);
                     o.extend_from_slice(&pid.to_le_bytes());
                 }
-                Value::Status {
+                Value::Status(EngineStatus {
                     clients,
                     qps,
                     pds,
                     cqs,
                     mrs,
-                } => {
+                }) => {
                     for n in [clients, qps, pds, cqs, mrs] {
                         o.extend_from_slice(&n.to_le_bytes());
                     }
@@ -1188,13 +1179,13 @@ pub fn decode_reply(buf: &[u8]) -> Result<Option<(Frame<Reply>, usize)>, ProtoEr
             }
             K_STATUS => {
                 exact(k, rest, 20)?;
-                Value::Status {
+                Value::Status(EngineStatus {
                     clients: u32_at(rest, 0),
                     qps: u32_at(rest, 4),
                     pds: u32_at(rest, 8),
                     cqs: u32_at(rest, 12),
                     mrs: u32_at(rest, 16),
-                }
+                })
             }
             K_QUERY_GID => {
                 exact(k, rest, 16)?;
@@ -1452,12 +1443,14 @@ mod tests {
                 .prop_map(|(version, pid)| Value::Hello { version, pid })
                 .boxed(),
             K_STATUS => any::<[u32; 5]>()
-                .prop_map(|[clients, qps, pds, cqs, mrs]| Value::Status {
-                    clients,
-                    qps,
-                    pds,
-                    cqs,
-                    mrs,
+                .prop_map(|[clients, qps, pds, cqs, mrs]| {
+                    Value::Status(EngineStatus {
+                        clients,
+                        qps,
+                        pds,
+                        cqs,
+                        mrs,
+                    })
                 })
                 .boxed(),
             K_QUERY_GID => any::<[u8; 16]>().prop_map(Value::Gid).boxed(),

@@ -798,13 +798,13 @@ impl<'a> Connection<'a> {
             Request::Status => {
                 let r = dev.resources();
                 let n = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
-                Value::Status {
+                Value::Status(super::EngineStatus {
                     clients: self.engine.clients.load(Ordering::SeqCst),
                     qps: n(r.qps),
                     pds: n(r.pds),
                     cqs: n(r.cqs),
                     mrs: n(r.mrs),
-                }
+                })
             }
             Request::QueryGid { index } => {
                 let i = usize::try_from(index).map_err(|_| libc::EINVAL)?;
