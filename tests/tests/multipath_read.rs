@@ -178,10 +178,19 @@ fn read_responses_are_sprayed_with_trailers_and_placed_out_of_order() {
     let mp = read_run(&net, "--multipath --entropies 32", clean);
     log("multipath, 2 % loss", &mp);
     // Every path carries responses, none nearly all of them; the responder retires the
-    // entropies of the responses asked for again, so the lossy path keeps a small share.
+    // entropies of the responses asked for again, so the lossy path keeps a small share
+    // (some, but how few depends on how soon its entropies were retired: a CI run saw 1.8 %).
     let total: u64 = mp.per_path.iter().sum();
     for (i, &n) in mp.per_path.iter().enumerate() {
-        assert!(n * 40 >= total, "path {i} carried {n} of {total}");
+        if i == path {
+            assert!(
+                n > 0,
+                "the lossy path {i} carried nothing: {:?}",
+                mp.per_path
+            );
+        } else {
+            assert!(n * 40 >= total, "clean path {i} carried {n} of {total}");
+        }
         assert!(
             n * 10 <= total * 6,
             "path {i} carried most: {:?}",
