@@ -82,9 +82,10 @@ pub struct DcqcnConfig {
     /// Default on.
     pub np_enabled: bool,
     /// roce-xdp's addition, not an mlx5 knob: with the reaction point on, a loss the
-    /// transport detects (a retry, a replayed READ) cuts the rate as a CNP does
-    /// ([`super::ReactionPoint::on_loss`]), so that a QP backs off towards a peer or path
-    /// that marks nothing. Default off until it is measured against Soft-RoCE (the interop
+    /// transport detects cuts the rate as a CNP does, so that a QP backs off towards a peer
+    /// or path that marks nothing: a retry halves it ([`super::ReactionPoint::on_loss`]), a
+    /// replayed READ takes it to what the requester took in order before its gap
+    /// ([`super::ReactionPoint::on_loss_delivered`]). Default off until it is measured against Soft-RoCE (the interop
     /// matrix); `--cc-set loss_backoff=1` turns it on.
     pub loss_backoff: bool,
     /// roce-xdp's addition, not an mlx5 knob: a rate increase timer period (T) counts only if

@@ -4,6 +4,7 @@ use super::{
     CcAlgorithm, CcStats, DcqcnConfig, Instant, NotificationPoint, ReactionPoint, Stage, cnp_frame,
 };
 use crate::wire::{Ecn, PathRepr, Qpn, RoceRepr};
+use core::time::Duration;
 
 /// The congestion state of one QP as `roce stats -s` and JSON show it.
 #[derive(Debug, Clone, Copy, PartialEq, serde::Serialize)]
@@ -102,6 +103,12 @@ impl QpCongestion {
     /// replays a READ. See [`ReactionPoint::on_loss`].
     pub fn on_loss(&mut self, now: Instant) {
         self.rp.on_loss(now);
+    }
+
+    /// The responder replayed a READ whose requester had taken the responses up to the replay
+    /// in order, at `delivered_bps` over `feedback`: see [`ReactionPoint::on_loss_delivered`].
+    pub fn on_loss_delivered(&mut self, now: Instant, delivered_bps: u64, feedback: Duration) {
+        self.rp.on_loss_delivered(now, delivered_bps, feedback);
     }
 
     /// The earliest time a packet of `bytes` may be sent.

@@ -103,6 +103,11 @@ pub struct ReactionPoint {
     waiting: Option<u32>,
     /// The last cut was for a loss: increases stay additive until a CNP or line rate.
     loss_limited: bool,
+    /// Set by [`Self::on_loss_delivered`]: how long that loss took to show. While the QP is
+    /// loss limited, the increase timer runs at this period instead of `time_reset` and the
+    /// byte counter does not increase the rate (one additive step per feedback interval, as
+    /// TCP's congestion avoidance adds one segment per round trip, RFC 5681 §3.1).
+    loss_period: Option<Duration>,
     line_rate: u64,
     rate: u64,
     target: u64,
@@ -132,6 +137,10 @@ pub struct ReactionPoint {
     g: u32,
     initial_alpha: u32,
 }
+
+/// Longest increase period after a loss whose delivered rate is known
+/// ([`ReactionPoint::on_loss_delivered`]).
+pub const LOSS_PERIOD_MAX: Duration = Duration::from_millis(100);
 
 /// Most byte-counter increase events one [`ReactionPoint::on_sent`] call applies.
 const MAX_BYTE_EVENTS: u64 = 64;
@@ -166,6 +175,7 @@ impl ReactionPoint {
             paced: false,
             waiting: None,
             loss_limited: false,
+            loss_period: None,
             line_rate,
             rate: line_rate,
             target: line_rate,
@@ -223,15 +233,73 @@ impl ReactionPoint {
     /// starts at most one retry sequence per lost PSN (rxe `started_retry`), so one loss is
     /// one event.
     pub fn on_loss(&mut self, now: Instant) {
+        if self.loss_cut(now, self.rate / 2) {
+            self.loss_period = None;
+        }
+    }
+
+    /// As [`Self::on_loss`], for a loss whose sender knows what the receiver got before it: a
+    /// responder replaying a READ from PSN p knows that the requester took the responses from
+    /// the start of the episode up to p in order (it asks again from its first gap, rxe
+    /// `rxe_comp.c`), `delivered_bps` over `feedback`, the time from the first of them to the
+    /// request asking again. READ responses are never acknowledged, so this is the only
+    /// measure of the receiver's speed there is.
+    ///
+    /// The cut goes to seven eighths of the delivered rate when that is below the rate (as
+    /// TCP Westwood sets its window to the bandwidth it measured, Mascolo et al., MobiCom
+    /// 2001; the eighth less drains the queue that overflowed), else halves as
+    /// [`Self::on_loss`]. Only the first such cut may go below half the rate: a later
+    /// episode's measure can be low for reasons that are not the receiver's speed (the
+    /// requester waited for its ACK timer to ask again), and a QP already near the receiver's
+    /// speed needs no more than TCP's halving.
+    ///
+    /// Until the next CNP or line rate the target then increases once per feedback interval,
+    /// `feedback` clamped to `rpg_time_reset..=100 ms` (`LOSS_PERIOD_MAX`), by `rpg_ai_rate`
+    /// or a sixteenth of the rate, whichever is more, and not per byte counter event. DCQCN's
+    /// increase timer assumes a loop of microseconds; a receiver behind a 1000-frame tap queue
+    /// reports a loss tens of milliseconds late, and an increase per `rpg_time_reset` would take
+    /// the rate back over the receiver's before the next report. The sixteenth brings a rate
+    /// that a low measure cut too far back to the receiver's in tens of intervals, not
+    /// hundreds.
+    pub fn on_loss_delivered(&mut self, now: Instant, delivered_bps: u64, feedback: Duration) {
+        let to = if delivered_bps < self.rate {
+            delivered_bps - delivered_bps / 8
+        } else {
+            self.rate / 2
+        };
+        let to = if self.loss_period.is_some() && self.loss_limited {
+            to.max(self.rate / 2)
+        } else {
+            to
+        };
+        if self.loss_cut(now, to) {
+            self.loss_period =
+                Some(feedback.clamp(self.time_reset, LOSS_PERIOD_MAX.max(self.time_reset)));
+            self.timers[Timer::Increase as usize] = Some(now + self.increase_period());
+        }
+    }
+
+    /// The increase timer's period: `time_reset`, or the feedback interval of the last loss
+    /// while the QP is loss limited ([`Self::on_loss_delivered`]).
+    fn increase_period(&self) -> Duration {
+        match (self.loss_limited, self.loss_period) {
+            (true, Some(p)) => p,
+            _ => self.time_reset,
+        }
+    }
+
+    /// The cut both losses make, to `to` (at least `rpg_min_rate`); false if the loss is not
+    /// acted on (RP or `loss_backoff` off, or within `rate_reduce_monitor_period` of a cut).
+    fn loss_cut(&mut self, now: Instant, to: u64) -> bool {
         if !(self.enabled && self.loss_backoff && self.may_cut(now)) {
             self.stats.rp_loss_ignored += 1;
-            return;
+            return false;
         }
         self.stats.rp_loss_handled += 1;
         self.pacer.advance(now, self.rate);
         self.limited = true;
         self.loss_limited = true;
-        self.rate = (self.rate / 2).max(self.min_rate);
+        self.rate = to.max(self.min_rate);
         self.target = self.rate;
         self.timer_stage = 0;
         self.byte_stage = 0;
@@ -240,6 +308,7 @@ impl ReactionPoint {
         self.timers[Timer::Increase as usize] = Some(now + self.time_reset);
         self.period_start_bytes = self.bytes_sent;
         self.idle = false;
+        true
     }
 
     /// Whether `rate_reduce_monitor_period` has passed since the last cut.
@@ -251,6 +320,7 @@ impl ReactionPoint {
     /// The DCQCN reaction to a CNP.
     fn react(&mut self, now: Instant) {
         self.loss_limited = false;
+        self.loss_period = None;
         self.pacer.advance(now, self.rate);
         if !self.limited {
             self.limited = true;
@@ -289,7 +359,7 @@ impl ReactionPoint {
             .waiting
             .is_some_and(|b| self.pacer.next_send_time(end, b, self.rate) > end);
         let paced = core::mem::take(&mut self.paced) || held;
-        let allowed = u128::from(self.rate) * self.time_reset.as_nanos() / 8_000_000_000;
+        let allowed = u128::from(self.rate) * self.increase_period().as_nanos() / 8_000_000_000;
         paced || 2 * u128::from(sent) >= allowed
     }
 
@@ -334,6 +404,9 @@ impl ReactionPoint {
         };
         match phase {
             Phase::FastRecovery | Phase::Unlimited => {}
+            Phase::AdditiveIncrease if self.loss_period.is_some() => {
+                self.target = self.target.saturating_add(self.ai.max(self.rate / 16));
+            }
             Phase::AdditiveIncrease => self.target = self.target.saturating_add(self.ai),
             Phase::HyperIncrease => {
                 let stages = u64::from(lo - self.threshold);
@@ -347,6 +420,7 @@ impl ReactionPoint {
         if self.rate >= self.line_rate && self.target >= self.line_rate {
             self.limited = false;
             self.loss_limited = false;
+            self.loss_period = None;
             self.rate = self.line_rate;
             self.timers = [None; 2];
         }
@@ -362,11 +436,11 @@ impl ReactionPoint {
         }
         if self.timers[Timer::Increase as usize].is_none() {
             // Held idle ([`DcqcnConfig::hold_when_idle`]): sending starts a new period.
-            self.timers[Timer::Increase as usize] = Some(now + self.time_reset);
+            self.timers[Timer::Increase as usize] = Some(now + self.increase_period());
             self.period_start_bytes = self.bytes_sent - u64::from(bytes);
         }
         self.pacer.on_sent(now, bytes, self.rate);
-        if self.byte_reset == 0 {
+        if self.byte_reset == 0 || (self.loss_limited && self.loss_period.is_some()) {
             return;
         }
         self.byte_count += u64::from(bytes);
@@ -441,7 +515,7 @@ impl ReactionPoint {
                         self.timers[Timer::Increase as usize] = None;
                         continue;
                     }
-                    self.timers[Timer::Increase as usize] = Some(at + self.time_reset);
+                    self.timers[Timer::Increase as usize] = Some(at + self.increase_period());
                     self.timer_stage = self.timer_stage.saturating_add(1);
                     self.increase();
                     if !self.limited {
@@ -781,6 +855,62 @@ mod tests {
             assert!(!rp.is_limited());
             assert_eq!((rp.stats.rp_loss_handled, rp.stats.rp_loss_ignored), (0, 1));
         }
+    }
+
+    /// [`ReactionPoint::on_loss_delivered`], values by hand: 10 Gb/s, a replay showing the
+    /// receiver took 200 Mb/s over 40 ms: the rate goes to 7/8 of it, 175 Mb/s; one increase per
+    /// 40 ms of max(5 Mb/s, 175/16 = 10.9375 Mb/s): target 185.9375 Mb/s, rate
+    /// ⌈(185.9375 + 175)/2⌉ = 180.46875 Mb/s; the byte counter adds nothing meanwhile. A second
+    /// replay measuring 100 Mb/s cuts no lower than half: 90.234375 Mb/s.
+    #[test]
+    fn a_measured_loss_cuts_to_the_delivered_rate_and_increases_once_per_feedback_interval() {
+        let cfg = DcqcnConfig {
+            loss_backoff: true,
+            ..DcqcnConfig::default()
+        };
+        let ms = |v: u64| us(v * 1000);
+        let mut rp = ReactionPoint::new(&cfg, LINE, us(0));
+        rp.on_loss_delivered(ms(40), 200_000_000, Duration::from_millis(40));
+        assert_eq!((rp.rate_bps(), rp.target_bps()), (175_000_000, 175_000_000));
+        assert_eq!(rp.stage().phase, Phase::AdditiveIncrease);
+        assert_eq!(rp.poll_timeout(), Some(ms(80)));
+        // 1000 frames of 1082 bytes: 33 byte-counter events at 32767 bytes, none counted.
+        for _ in 0..1000 {
+            rp.on_sent(ms(50), 1082);
+        }
+        assert_eq!(rp.rate_bps(), 175_000_000);
+        rp.handle_timeout(ms(80));
+        assert_eq!(rp.target_bps(), 185_937_500);
+        assert_eq!(rp.rate_bps(), 180_468_750);
+        assert_eq!(rp.poll_timeout(), Some(ms(120)));
+        rp.on_loss_delivered(ms(100), 100_000_000, Duration::from_millis(20));
+        assert_eq!((rp.rate_bps(), rp.target_bps()), (90_234_375, 90_234_375));
+        assert_eq!(rp.poll_timeout(), Some(ms(120)));
+        assert_eq!(rp.stats.rp_loss_handled, 2);
+        // A CNP: DCQCN's own cut and timers from then on.
+        rp.on_cnp(ms(200));
+        assert_eq!(rp.loss_period, None);
+        assert_eq!(
+            rp.timers[Timer::Increase as usize],
+            Some(ms(200) + cfg.time_reset())
+        );
+
+        // Delivered at or above the rate: halve. The interval is clamped to
+        // rpg_time_reset..=LOSS_PERIOD_MAX.
+        let mut rp = ReactionPoint::new(&cfg, LINE, us(0));
+        rp.on_loss_delivered(us(10), 20_000_000_000, Duration::from_micros(1));
+        assert_eq!(rp.rate_bps(), LINE / 2);
+        assert_eq!(rp.poll_timeout(), Some(us(10) + cfg.time_reset()));
+        let mut rp = ReactionPoint::new(&cfg, LINE, us(0));
+        rp.on_loss_delivered(us(10), 100_000_000, Duration::from_secs(3));
+        assert_eq!(rp.rate_bps(), 87_500_000);
+        assert_eq!(rp.poll_timeout(), Some(us(10) + LOSS_PERIOD_MAX));
+
+        // Without loss_backoff: counted and ignored.
+        let mut rp = ReactionPoint::new(&DcqcnConfig::default(), LINE, us(0));
+        rp.on_loss_delivered(us(10), 100_000_000, Duration::from_millis(40));
+        assert_eq!(rp.rate_bps(), LINE);
+        assert_eq!((rp.stats.rp_loss_handled, rp.stats.rp_loss_ignored), (0, 1));
     }
 
     #[test]

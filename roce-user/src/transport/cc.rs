@@ -247,7 +247,34 @@ pub struct QpCc {
     carried: CcStats,
     /// Swift's window and RTT samples, when the QP runs Swift.
     swift: Option<SwiftState>,
+    /// The READ responses of the current episode: when and from which PSN the responder
+    /// began sending them (the first response, or the first after a pause of [`EPISODE_IDLE`], or the
+    /// replay after the last loss), and the latest PSN it has sent since ([`Qp::cc_on_replay`]).
+    resp_epoch: Option<RespEpoch>,
 }
+
+/// See [`QpCc::resp_epoch`].
+#[derive(Debug, Clone, Copy)]
+struct RespEpoch {
+    start: Instant,
+    first: Psn,
+    latest: Psn,
+    /// When the latest READ response left.
+    last_sent: Instant,
+}
+
+/// A pause in READ responses after which the next starts a new episode
+/// ([`Qp::cc_on_read_response`]): long enough for what was sent before it to have drained
+/// from any queue on the way.
+const EPISODE_IDLE: core::time::Duration = core::time::Duration::from_millis(500);
+
+/// Fewest READ responses the requester must have taken in order before a gap for the rate
+/// it took them at to count ([`Qp::cc_on_replay`]): fewer say more about timing than rate.
+const EPISODE_MIN_PSNS: u64 = 16;
+
+/// Bytes a READ response frame carries besides its payload, over IPv4 without AETH (MIDDLE):
+/// Ethernet 14, IPv4 20, UDP 8, BTH 12, ICRC 4.
+const READ_RESPONSE_OVERHEAD: u64 = 58;
 
 /// What a QP running Swift keeps.
 #[derive(Debug, Clone)]
@@ -269,6 +296,7 @@ impl QpCc {
             cnps_due: 0,
             wake: None,
             carried: CcStats::default(),
+            resp_epoch: None,
             swift: (config.algorithm == CcAlgorithm::Swift).then(|| SwiftState {
                 swift: Swift::new(&config.swift),
                 rtt: RttSampler::new(),
@@ -337,6 +365,58 @@ impl QpCc {
 
     fn on_loss(&mut self, now: Instant) {
         self.cc.on_loss(now);
+    }
+
+    /// The READ response `psn` left at `now`: see [`Qp::cc_on_read_response`].
+    fn on_read_response(&mut self, now: Instant, psn: Psn) {
+        let fresh = RespEpoch {
+            start: now,
+            first: psn,
+            latest: psn,
+            last_sent: now,
+        };
+        let e = self.resp_epoch.get_or_insert(fresh);
+        if now.saturating_duration_since(e.last_sent) > EPISODE_IDLE {
+            *e = fresh;
+        }
+        e.last_sent = now;
+        if psn.distance(e.latest) > 0 {
+            e.latest = psn;
+        }
+    }
+
+    /// A READ replayed from `psn` (the requester's first gap), its responses going again from
+    /// `from`, on a path MTU of `mtu` bytes: see [`Qp::cc_on_replay`].
+    fn on_replay(&mut self, now: Instant, psn: Psn, from: Psn, mtu: u32) {
+        if self
+            .resp_epoch
+            .is_some_and(|e| psn.distance(e.first) >= 0 && psn.distance(e.latest) > 0)
+        {
+            // A PSN not sent again yet in this episode: the requester's go-back-N asking again
+            // for the READs after the one it is missing, in the batch that started the episode
+            // (rxe retries every request from its first gap). One loss, already counted.
+            return;
+        }
+        let measured = self.resp_epoch.and_then(|e| {
+            let n = u64::try_from(psn.distance(e.first)).ok()?;
+            let took = now.saturating_duration_since(e.start);
+            (n >= EPISODE_MIN_PSNS && !took.is_zero()).then_some((n, took))
+        });
+        match measured {
+            Some((n, took)) => {
+                let frame = u64::from(mtu) + READ_RESPONSE_OVERHEAD;
+                let bits = u128::from(n * frame) * 8 * 1_000_000_000;
+                let bps = u64::try_from(bits / took.as_nanos().max(1)).unwrap_or(u64::MAX);
+                self.cc.on_loss_delivered(now, bps, took);
+            }
+            None => self.cc.on_loss(now),
+        }
+        self.resp_epoch = Some(RespEpoch {
+            start: now,
+            first: from,
+            latest: from.wrapping_sub(1),
+            last_sent: now,
+        });
     }
 
     /// `feedback`: the entropy of the packet, when the QP's multipath extension is on (the CNP
@@ -467,6 +547,32 @@ impl Qp {
                 self.attr.dest_qp_num,
                 feedback,
             );
+        }
+    }
+
+    /// Hook of the responder's replay of a READ from `psn`, the requester's first gap (it
+    /// asks again from there, rxe `rxe_comp.c`), its responses going again from `from`. READ
+    /// responses are never acknowledged: what the requester took in order before the gap,
+    /// since the episode began (`resp_epoch`), is the only measure of its speed. With at least
+    /// [`EPISODE_MIN_PSNS`] of them, the loss is [`QpCongestion::on_loss_delivered`] at
+    /// that rate over the episode's length; else a plain [`QpCongestion::on_loss`]. The
+    /// replay starts the next episode. A replay from a PSN the episode has not sent yet is no
+    /// new loss: rxe's retry asks again for every READ after its first gap, one request
+    /// each, and only the first names a loss.
+    pub(crate) fn cc_on_replay(&mut self, now: Instant, psn: Psn, from: Psn) {
+        let mtu = self.attr.path_mtu.bytes();
+        if let Some(c) = self.cc.as_deref_mut() {
+            c.on_replay(now, psn, from, mtu);
+        }
+    }
+
+    /// Hook of the responder sending the READ response `psn`: the first one, and the first
+    /// after the responder sent none for [`EPISODE_IDLE`], starts an episode
+    /// ([`Self::cc_on_replay`]). A shorter pause does not: the responses sent before it may
+    /// still be queued on their way, and the requester's speed over the episode counts them.
+    pub(crate) fn cc_on_read_response(&mut self, now: Instant, psn: Psn) {
+        if let Some(c) = self.cc.as_deref_mut() {
+            c.on_read_response(now, psn);
         }
     }
 
@@ -926,5 +1032,50 @@ mod tests {
             before.np_ecn_marked_roce_packets + 4
         );
         assert_eq!(s.p.b.cc_snapshots().len(), 1);
+    }
+
+    /// READ response episodes ([`Qp::cc_on_replay`]), values by hand: PSNs 100..=1099 leave
+    /// over 10 ms; a replay at 50 ms from PSN 600 says the requester took 500 frames of
+    /// 1024 + 58 bytes in 50 ms, 86.56 Mb/s, and the rate goes to 7/8 of it, 75.74 Mb/s. The
+    /// same retry's request for a later READ (PSN 800, not sent again yet) is no new loss.
+    /// The next replay, from PSN 700 at 150 ms after 600..=899 went again, measures 100 frames
+    /// in 100 ms, and cuts no lower than half (37.87 Mb/s); one right after it, 5 PSNs into
+    /// the new episode, is a plain loss (halving, 18.935 Mb/s). After a pause longer than
+    /// `EPISODE_IDLE` the next response starts an episode.
+    #[test]
+    fn replayed_reads_cut_the_rate_to_what_the_requester_took() {
+        let mut config = CcConfig::default();
+        config.set("loss_backoff", 1).unwrap();
+        let mut c = QpCc::new(&config);
+        let us = Instant::from_micros;
+        for i in 0..1000u32 {
+            c.on_read_response(us(u64::from(i) * 10), Psn::new(100 + i));
+        }
+        c.on_replay(us(50_000), Psn::new(600), Psn::new(600), 1024);
+        assert_eq!(c.snapshot().rate_bps, 75_740_000);
+        c.on_replay(us(50_010), Psn::new(800), Psn::new(800), 1024);
+        assert_eq!(c.snapshot().rate_bps, 75_740_000);
+        assert_eq!(
+            (c.stats().rp_loss_handled, c.stats().rp_loss_ignored),
+            (1, 0)
+        );
+        for i in 600..900u32 {
+            c.on_read_response(us(60_000 + u64::from(i)), Psn::new(i));
+        }
+        c.on_replay(us(150_000), Psn::new(700), Psn::new(700), 1024);
+        assert_eq!(c.snapshot().rate_bps, 37_870_000);
+        for i in 700..=720u32 {
+            c.on_read_response(us(150_100), Psn::new(i));
+        }
+        c.on_replay(us(150_200), Psn::new(705), Psn::new(705), 1024);
+        assert_eq!(c.snapshot().rate_bps, 18_935_000);
+        assert_eq!(c.stats().rp_loss_handled, 3);
+        c.on_read_response(us(150_300), Psn::new(705));
+        c.on_read_response(us(700_000), Psn::new(2000));
+        let e = c.resp_epoch.unwrap();
+        assert_eq!(
+            (e.start, e.first, e.latest),
+            (us(700_000), Psn::new(2000), Psn::new(2000))
+        );
     }
 }

@@ -847,6 +847,27 @@ impl Qp {
 
     // ---------------------------------------------------------------- output
 
+    /// [`Self::next_response`], telling congestion control when a READ response leaves
+    /// ([`Self::cc_on_read_response`]).
+    fn next_response_at(
+        &mut self,
+        now: Instant,
+        ctx: &mut Ctx<'_>,
+        tx: &mut TxBuf<'_>,
+    ) -> Option<OutPkt> {
+        let p = self.next_response(ctx, tx)?;
+        let is_read = p
+            .repr
+            .bth
+            .opcode
+            .info()
+            .is_some_and(|i| i.operation == Operation::ReadResponse);
+        if is_read {
+            self.cc_on_read_response(now, p.repr.bth.psn);
+        }
+        Some(p)
+    }
+
     /// The next packet to send. With `data_ok` false (the congestion-control pacer holds the
     /// QP back) only control packets (ACK/NAK) are returned, and not one for a PSN after a
     /// READ response or atomic ACK still owed (answers leave in PSN order); with `fresh_ok` false (the
@@ -874,7 +895,7 @@ impl Qp {
                 if !data_ok {
                     return None;
                 }
-                if let Some(p) = self.next_response(ctx, tx) {
+                if let Some(p) = self.next_response_at(now, ctx, tx) {
                     return Some(p);
                 }
             }
@@ -888,7 +909,7 @@ impl Qp {
             return None;
         }
         if self.state.responder_ready()
-            && let Some(p) = self.next_response(ctx, tx)
+            && let Some(p) = self.next_response_at(now, ctx, tx)
         {
             return Some(p);
         }

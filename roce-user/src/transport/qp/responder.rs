@@ -609,7 +609,7 @@ impl Qp {
                             *pending = true;
                             *restart = true;
                             *stop_psn = stop;
-                            self.cc_on_loss(now);
+                            self.cc_on_replay(now, psn, from);
                             if let Some((from, to)) = lost {
                                 self.mp_responses_lost(from, to, now);
                             }
