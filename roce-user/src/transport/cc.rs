@@ -551,7 +551,8 @@ impl Qp {
     }
 
     /// Hook of the responder's replay of a READ from `psn`, the requester's first gap (it
-    /// asks again from there, rxe `rxe_comp.c`), its responses going again from `from`. READ
+    /// asks again from there, rxe `rxe_comp.c`), its responses going again from `from`. Not
+    /// for placed (multipath) responses, whose requester asks for ranges out of order. READ
     /// responses are never acknowledged: what the requester took in order before the gap,
     /// since the episode began (`resp_epoch`), is the only measure of its speed. With at least
     /// [`EPISODE_MIN_PSNS`] of them, the loss is [`QpCongestion::on_loss_delivered`] at

@@ -609,7 +609,14 @@ impl Qp {
                             *pending = true;
                             *restart = true;
                             *stop_psn = stop;
-                            self.cc_on_replay(now, psn, from);
+                            if lost.is_some() {
+                                // Placed responses (multipath): the requester asks only for
+                                // what it misses, each range a loss of its own, and took
+                                // the others out of order: no measure of a rate in order.
+                                self.cc_on_loss(now);
+                            } else {
+                                self.cc_on_replay(now, psn, from);
+                            }
                             if let Some((from, to)) = lost {
                                 self.mp_responses_lost(from, to, now);
                             }
