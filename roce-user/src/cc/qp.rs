@@ -100,7 +100,8 @@ impl QpCongestion {
 
     /// The transport detected a loss on this QP: call when the requester starts a retry (go
     /// back N after a PSN sequence error NAK or the ACK timeout) and when the responder
-    /// replays a READ. See [`ReactionPoint::on_loss`].
+    /// replays a READ without a measure of what the requester took
+    /// ([`Self::on_loss_delivered`] with one). See [`ReactionPoint::on_loss`].
     pub fn on_loss(&mut self, now: Instant) {
         self.rp.on_loss(now);
     }

@@ -218,13 +218,14 @@ impl ReactionPoint {
     }
 
     /// Call when the transport detects a loss on this QP: the requester starts a retry (go
-    /// back N) or the responder replays a READ. roce-xdp's own addition to DCQCN, for a peer
+    /// back N) or the responder replays a READ (with a measure of what the requester took:
+    /// [`Self::on_loss_delivered`]). roce-xdp's own addition to DCQCN, for a peer
     /// that marks nothing (Linux Soft-RoCE) behind a path that marks nothing (a VM's tap, a
     /// software switch): such a peer never sends a CNP, and without a reaction to loss a burst
     /// to a slow receiver loops through drop, retry and replay at line rate.
     ///
-    /// With `loss_backoff` on (`DcqcnConfig::loss_backoff`, off by default), a loss (at most one per `rate_reduce_monitor_period`) halves
-    /// the rate and sets the target to the new rate, as TCP halves its window once per loss
+    /// With `loss_backoff` on (`DcqcnConfig::loss_backoff`, off by default), a loss (at most
+    /// one per `rate_reduce_monitor_period`) halves the rate and sets the target to the new rate, as TCP halves its window once per loss
     /// episode (RFC 5681 §3.1: multiplicative decrease by 1/2); until the next CNP, increases
     /// are additive only (`rpg_ai_rate` per timer or byte-counter event), never fast recovery
     /// back to the rate that lost packets, nor hyper increase. DCQCN's own cut would not do:

@@ -248,8 +248,9 @@ pub struct QpCc {
     /// Swift's window and RTT samples, when the QP runs Swift.
     swift: Option<SwiftState>,
     /// The READ responses of the current episode: when and from which PSN the responder
-    /// began sending them (the first response, or the first after a pause of [`EPISODE_IDLE`], or the
-    /// replay after the last loss), and the latest PSN it has sent since ([`Qp::cc_on_replay`]).
+    /// began sending them (the first response, the first after a pause of [`EPISODE_IDLE`],
+    /// or the replay after the last loss), and the latest PSN it has sent since
+    /// ([`Qp::cc_on_replay`]).
     resp_epoch: Option<RespEpoch>,
 }
 
@@ -578,8 +579,9 @@ impl Qp {
     }
 
     /// Hook of the requester's retry (go back N after a PSN sequence NAK or the ACK timeout)
-    /// and of the responder's replay of a READ: packets were lost, so the reaction point backs
-    /// off ([`QpCongestion::on_loss`]).
+    /// and of the responder's replay of placed (multipath) READ responses (a go-back-N replay
+    /// goes to [`Self::cc_on_replay`]): packets were lost, so the reaction point backs off
+    /// ([`QpCongestion::on_loss`]).
     pub(crate) fn cc_on_loss(&mut self, now: Instant) {
         if let Some(c) = self.cc.as_deref_mut() {
             c.on_loss(now);
