@@ -308,6 +308,12 @@ counter_struct! {
         rp_loss_ignored,
         /// roce-xdp: rate increase events not counted (hold_when_idle): a timer period in which the QP sent under half its rate with no frame held by the pacer (the timer then stops until it sends), and byte counter events after it.
         rp_increase_held,
+        /// roce-xdp: ACK-eliciting probes a READ responder sent to clock its responses (loss_backoff): zero-length RDMA WRITEs duplicating the last acknowledged PSN, after every 32 READ responses.
+        rp_probe_sent,
+        /// roce-xdp: probes the peer answered (each lets 32 more READ responses go).
+        rp_probe_answered,
+        /// roce-xdp: probes unanswered for 100 ms, counted lost (the first one unanswered turns the clock off for the QP).
+        rp_probe_lost,
         /// roce-xdp Swift: RTT samples taken from ACK timing and fed to the window.
         swift_rtt_samples,
         /// roce-xdp Swift: acknowledgements that gave no RTT sample because their packet was retransmitted (Karn's rule).

@@ -85,8 +85,12 @@ pub struct DcqcnConfig {
     /// transport detects cuts the rate as a CNP does, so that a QP backs off towards a peer
     /// or path that marks nothing: a retry halves it ([`super::ReactionPoint::on_loss`]), a
     /// replayed READ takes it to what the requester took in order before its gap
-    /// ([`super::ReactionPoint::on_loss_delivered`]). Default off until it is measured against Soft-RoCE (the interop
-    /// matrix); `--cc-set loss_backoff=1` turns it on.
+    /// ([`super::ReactionPoint::on_loss_delivered`]). A READ responder also clocks its
+    /// responses by ACK-eliciting probes, at most a window of frames past the newest the
+    /// peer answered (`transport/cc.rs`, `ReadClock`), so that the first burst of READs
+    /// does not overrun a slow receiver before any loss can tell. Default off (the CI
+    /// matrix and fault suites run without it; `cargo xtask bench interop` measured it);
+    /// `--cc-set loss_backoff=1` turns it on.
     pub loss_backoff: bool,
     /// roce-xdp's addition, not an mlx5 knob: a rate increase timer period (T) counts only if
     /// the QP sent at least half of what its rate allowed during it, or the pacer held a ready

@@ -27,6 +27,12 @@
 //! acknowledged PSN (`Qp::cc_on_ack`, the RTT sample), and the requester sends no new PSN
 //! while `Qp::cc_window` PSNs are unacknowledged (asking for an ACK every half window).
 //!
+//! With `loss_backoff` ([`DcqcnConfig::loss_backoff`]) a READ responder's QP also keeps an
+//! ACK clock for its responses (`ReadClock`): `Qp::poll_transmit` sends an ACK-eliciting
+//! probe after every few responses and holds the responses while a window of them is past
+//! the newest probe the peer answered; the completer hands it the peer's ACKs
+//! (`Qp::cc_on_peer_ack`).
+//!
 //! Time: the transport and `cc` share the core's one clock, [`crate::time::Instant`].
 
 use super::{Device, DeviceError, Instant, Path, Qp, QpType, Qpn};
@@ -252,6 +258,8 @@ pub struct QpCc {
     /// or the replay after the last loss), and the latest PSN it has sent since
     /// ([`Qp::cc_on_replay`]).
     resp_epoch: Option<RespEpoch>,
+    /// The ACK clock of the QP's READ responses, with `loss_backoff` ([`ReadClock`]).
+    clock: ReadClock,
 }
 
 /// See [`QpCc::resp_epoch`].
@@ -286,6 +294,195 @@ struct SwiftState {
     frame: u32,
 }
 
+/// READ responses between two ACK-eliciting probes ([`ReadClock`]) at the full window; an
+/// eighth of the window, at least 4, below it.
+pub(crate) const PROBE_EVERY: u32 = 32;
+
+/// The window of a READ responder ([`ReadClock`]), in response frames past the newest
+/// answered probe, at its start and at most: eight probes' worth. Four QPs stay within a
+/// 1000-frame queue (a tap's default `txqueuelen`), and one covers a round trip of 100 µs
+/// at 80 Gb/s with 4 KiB frames, or the 8 ms of the answers of Dec 6's TCG guest at its
+/// 23 MB/s. 128 held one QP's READs 7 % under what the guest took.
+pub(crate) const PROBE_WINDOW: u64 = 8 * PROBE_EVERY as u64;
+
+/// The smallest window ([`ReadClock`]).
+const WINDOW_MIN: u64 = 8;
+
+/// How long a probe may go unanswered before it counts as lost ([`ReadClock`]): longer than
+/// a full 1000-frame queue takes to drain into a slow software peer (40 ms into Dec 6's TCG
+/// guest). Fixed, as TCP's least retransmission timeout is: the answers of a software peer
+/// vary too much for an estimate from them (1.5 to 29 ms from that guest, where an RFC 6298
+/// timeout fired early, halved the window and held one QP's READs to half of rxe's speed).
+pub(crate) const PROBE_TIMEOUT: core::time::Duration = core::time::Duration::from_millis(100);
+
+/// Probe timeouts' worth of silence (no answer to any probe) after which a peer that
+/// answered probes before counts as no longer answering them ([`ReadClock`]).
+const SILENT_OFF: u32 = 3;
+
+/// Most probes unanswered at once.
+const PROBES_MAX: usize = 16;
+
+/// An ACK clock for READ responses, which the requester never acknowledges (with
+/// `loss_backoff`). The responder's QP sends an ACK-eliciting probe after every
+/// [`PROBE_EVERY`] responses (fewer under a smaller window): a zero-length RDMA WRITE ONLY
+/// duplicating the last PSN its peer has acknowledged. IBA Vol. 1 C9-105 has the peer's
+/// responder acknowledge a duplicate without executing it (rxe `duplicate_request`), and the
+/// answer can only leave after the probe arrived, behind the responses sent before it: it
+/// says they left every queue on the way. At most a window of response frames goes past the
+/// newest answered probe, so a burst of READs (perftest posts all of them at once) is
+/// clocked by the receiver from its first frame, before any loss could tell.
+///
+/// The window starts at [`PROBE_WINDOW`], its most. A loss halves it (a probe unanswered
+/// for [`PROBE_TIMEOUT`] that left after the last cut, or a replayed READ), down to
+/// [`WINDOW_MIN`], and each answer
+/// grows it back by one probe's spacing per window (TCP's congestion avoidance, RFC 5681).
+/// A window that followed the probes' round trips instead (TCP Vegas' rule, growing while
+/// they stayed within twice the smallest) held one QP's READs to 0.58x of rxe ↔ rxe against
+/// Dec 6's TCG guest, whose answers vary twentyfold with nothing queued.
+///
+/// The answers all look alike (the peer acknowledges its last PSN each time), so they are
+/// matched to the probes in order; a probe unanswered for [`PROBE_TIMEOUT`] counts as lost
+/// and frees the window behind it. A peer that answers no probe at all (the first times
+/// out), or stops answering (none for [`SILENT_OFF`] timeouts), turns the clock off for
+/// the QP.
+#[derive(Debug, Clone)]
+struct ReadClock {
+    /// READ response frames sent.
+    sent: u64,
+    /// Frames known to have left the way to the requester: `sent` when the newest answered
+    /// (or expired) probe left.
+    taken: u64,
+    /// Frames sent since the last probe.
+    since_probe: u32,
+    /// The window, in frames.
+    window: u64,
+    /// The probes not yet answered, oldest first: `sent` when each left, and when.
+    probes: std::collections::VecDeque<(u64, Instant)>,
+    /// Whether the peer ever answered a probe.
+    answered: bool,
+    /// When the first probe expired since the last answer.
+    silent_since: Option<Instant>,
+    /// `sent` when the window was last halved: a lost probe sent before it is part of the
+    /// loss that cut it (TCP halves once per window, RFC 5681).
+    cut_at: u64,
+    /// The peer answers no probes: no more, and no window.
+    off: bool,
+    /// Counters (`rp_probe_sent`, `rp_probe_answered`, `rp_probe_lost`).
+    probes_sent: u64,
+    probes_answered: u64,
+    probes_lost: u64,
+}
+
+impl Default for ReadClock {
+    fn default() -> Self {
+        Self {
+            sent: 0,
+            taken: 0,
+            since_probe: 0,
+            window: PROBE_WINDOW,
+            probes: std::collections::VecDeque::new(),
+            answered: false,
+            silent_since: None,
+            cut_at: 0,
+            off: false,
+            probes_sent: 0,
+            probes_answered: 0,
+            probes_lost: 0,
+        }
+    }
+}
+
+impl ReadClock {
+    /// Responses between two probes at the current window.
+    fn spacing(&self) -> u32 {
+        u32::try_from(self.window / 8)
+            .unwrap_or(PROBE_EVERY)
+            .clamp(4, PROBE_EVERY)
+    }
+
+    /// Whether a probe is due (and may be sent: `Qp::can_probe`).
+    fn probe_due(&self) -> bool {
+        !self.off && self.since_probe >= self.spacing() && self.probes.len() < PROBES_MAX
+    }
+
+    fn on_probe_sent(&mut self, now: Instant) {
+        self.probes_sent += 1;
+        self.since_probe = 0;
+        self.probes.push_back((self.sent, now));
+    }
+
+    fn on_response(&mut self) {
+        self.sent += 1;
+        self.since_probe = self.since_probe.saturating_add(1);
+    }
+
+    /// One probe's spacing per window: `spacing² / window` per answer.
+    fn step(&self) -> u64 {
+        let s = u64::from(self.spacing());
+        (s * s / self.window).max(1)
+    }
+
+    /// An acknowledgement from the peer's responder: the oldest probe is answered.
+    /// Returns whether one was waiting.
+    fn on_ack(&mut self) -> bool {
+        let Some((at, _)) = self.probes.pop_front() else {
+            return false;
+        };
+        self.taken = self.taken.max(at);
+        self.probes_answered += 1;
+        self.answered = true;
+        self.silent_since = None;
+        self.window = (self.window + self.step()).min(PROBE_WINDOW);
+        true
+    }
+
+    /// A loss: the window halves.
+    fn on_loss(&mut self) {
+        self.window = (self.window / 2).max(WINDOW_MIN);
+        self.cut_at = self.sent;
+    }
+
+    /// Expires probes unanswered for [`PROBE_TIMEOUT`]; returns how many.
+    fn expire(&mut self, now: Instant) -> u64 {
+        let mut n = 0;
+        let mut newest = None;
+        while let Some(&(at, t)) = self.probes.front()
+            && now.saturating_duration_since(t) >= PROBE_TIMEOUT
+        {
+            self.probes.pop_front();
+            n += 1;
+            newest = Some(at);
+            self.taken = self.taken.max(at);
+        }
+        let Some(at) = newest else {
+            return 0;
+        };
+        let since = *self.silent_since.get_or_insert(now);
+        if !self.answered
+            || now.saturating_duration_since(since) >= PROBE_TIMEOUT * (SILENT_OFF - 1)
+        {
+            // The peer does not answer duplicates, or no longer does (or the path drops
+            // them): no clock.
+            self.off = true;
+            self.probes.clear();
+            self.taken = self.sent;
+        } else if at > self.cut_at {
+            self.on_loss();
+        }
+        n
+    }
+
+    /// Whether another response frame may go: fewer than a window past the newest answered
+    /// probe.
+    fn window_open(&self) -> bool {
+        self.off || self.sent - self.taken < self.window
+    }
+
+    fn deadline(&self) -> Option<Instant> {
+        self.probes.front().map(|&(_, t)| t + PROBE_TIMEOUT)
+    }
+}
+
 impl QpCc {
     /// Fresh state with `config` (validated by the caller).
     #[must_use]
@@ -298,6 +495,7 @@ impl QpCc {
             wake: None,
             carried: CcStats::default(),
             resp_epoch: None,
+            clock: ReadClock::default(),
             swift: (config.algorithm == CcAlgorithm::Swift).then(|| SwiftState {
                 swift: Swift::new(&config.swift),
                 rtt: RttSampler::new(),
@@ -328,6 +526,9 @@ impl QpCc {
             s.add(&w.swift.stats());
             s.swift_rtt_skipped += w.rtt.skipped();
         }
+        s.rp_probe_sent += self.clock.probes_sent;
+        s.rp_probe_answered += self.clock.probes_answered;
+        s.rp_probe_lost += self.clock.probes_lost;
         s
     }
 
@@ -384,6 +585,21 @@ impl QpCc {
         if psn.distance(e.latest) > 0 {
             e.latest = psn;
         }
+        self.clock.on_response();
+    }
+
+    /// Whether the READ responses' ACK clock wants a probe now ([`ReadClock`]).
+    fn probe_due(&self) -> bool {
+        self.config.dcqcn.loss_backoff && self.clock.probe_due()
+    }
+
+    /// Whether the next READ response may leave: the clock's window is open, or the clock is
+    /// off (no `loss_backoff`, a peer that answers no probe) or cannot run now (`can_probe`
+    /// false: the QP's requester has requests unacknowledged, whose ACKs the probes' would be
+    /// mixed with, or the QP cannot send requests). Expires overdue probes first.
+    fn responses_ok(&mut self, now: Instant, can_probe: bool) -> bool {
+        self.clock.probes_lost += self.clock.expire(now);
+        !self.config.dcqcn.loss_backoff || !can_probe || self.clock.window_open()
     }
 
     /// A READ replayed from `psn` (the requester's first gap), its responses going again from
@@ -398,6 +614,7 @@ impl QpCc {
             // (rxe retries every request from its first gap). One loss, already counted.
             return;
         }
+        self.clock.on_loss();
         let measured = self.resp_epoch.and_then(|e| {
             let n = u64::try_from(psn.distance(e.first)).ok()?;
             let took = now.saturating_duration_since(e.start);
@@ -505,13 +722,14 @@ impl QpCc {
             .cc
             .poll_timeout()
             .map(|t| Instant::from_nanos(t.as_nanos().div_ceil(g).saturating_mul(g)));
-        match (t, self.wake) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [t, self.wake, self.clock.deadline()]
+            .into_iter()
+            .flatten()
+            .min()
     }
 
     fn handle_timeout(&mut self, now: Instant) {
+        self.clock.probes_lost += self.clock.expire(now);
         if self.cc.poll_timeout().is_some_and(|t| t <= now) {
             self.cc.handle_timeout(now);
         }
@@ -576,6 +794,32 @@ impl Qp {
         if let Some(c) = self.cc.as_deref_mut() {
             c.on_read_response(now, psn);
         }
+    }
+
+    /// Whether the ACK clock of the QP's READ responses wants a probe now ([`ReadClock`]).
+    pub(crate) fn cc_probe_due(&self) -> bool {
+        self.cc.as_deref().is_some_and(QpCc::probe_due)
+    }
+
+    /// Hook of `Qp::probe`: the probe left at `now`.
+    pub(crate) fn cc_on_probe_sent(&mut self, now: Instant) {
+        if let Some(c) = self.cc.as_deref_mut() {
+            c.clock.on_probe_sent(now);
+        }
+    }
+
+    /// Hook of [`Self::poll_transmit`]: whether a READ response may leave now, as far as the
+    /// ACK clock of [`ReadClock`] is concerned (the pacer is `data_ok`).
+    pub(crate) fn cc_responses_ok(&mut self, now: Instant, can_probe: bool) -> bool {
+        self.cc
+            .as_deref_mut()
+            .is_none_or(|c| c.responses_ok(now, can_probe))
+    }
+
+    /// Hook of the completer: an ACK from the peer's responder, which answers the oldest
+    /// probe still waiting, if any ([`ReadClock`]). Returns whether one was waiting.
+    pub(crate) fn cc_on_peer_ack(&mut self) -> bool {
+        self.cc.as_deref_mut().is_some_and(|c| c.clock.on_ack())
     }
 
     /// Hook of the requester's retry (go back N after a PSN sequence NAK or the ACK timeout)

@@ -847,6 +847,47 @@ impl Qp {
 
     // ---------------------------------------------------------------- output
 
+    /// Whether this QP may send an ACK-eliciting probe now (`transport/cc.rs`, `ReadClock`): it can send
+    /// requests (RTS), its peer has acknowledged every PSN it sent (the probe duplicates the
+    /// last one, and its ACK is then told apart from the ACKs of requests only by order) and
+    /// the multipath extension is off (placed responses are asked for again out of order).
+    fn can_probe(&self) -> bool {
+        self.state == QpState::Rts
+            && self.comp_psn == self.sent_psn
+            && self.next_psn == self.sent_psn
+            && !self.mp.is_on()
+            && self.attr.ah_attr.is_some()
+    }
+
+    /// Hook of [`Self::poll_transmit`], before each READ response: the ACK-eliciting probe
+    /// due after every 32 of them (`transport/cc.rs`, `ReadClock`), a zero-length RDMA WRITE ONLY
+    /// with AckReq at the PSN before `comp_psn`, which the peer has acknowledged. IBA Vol. 1
+    /// C9-105: a responder answers a duplicate SEND or WRITE with an ACK and does not execute
+    /// it (rxe `duplicate_request`, and `Qp::duplicate_request` here); with a DMA length of
+    /// zero there is nothing to execute or check (C9-88).
+    fn probe(&mut self, now: Instant, tx: &mut TxBuf<'_>) -> Option<OutPkt> {
+        if !self.cc_probe_due() || !self.can_probe() {
+            return None;
+        }
+        let opcode = Opcode::RC_RDMA_WRITE_ONLY;
+        let psn = self.comp_psn.wrapping_sub(1);
+        let mut repr = RoceRepr::new(BthRepr::new(opcode, self.attr.dest_qp_num, psn));
+        repr.reth = Some(RethRepr {
+            va: 0,
+            rkey: RKey::new(0),
+            dma_len: 0,
+        });
+        repr.bth.ack_req = true;
+        let (payload, _) = tx.payload(opcode, 0)?;
+        self.cc_on_probe_sent(now);
+        self.counters.sent_pkts += 1;
+        Some(OutPkt {
+            repr,
+            payload,
+            ud_path: None,
+        })
+    }
+
     /// [`Self::next_response`], telling congestion control when a READ response leaves
     /// ([`Self::cc_on_read_response`]).
     fn next_response_at(
@@ -895,6 +936,12 @@ impl Qp {
                 if !data_ok {
                     return None;
                 }
+                if let Some(p) = self.probe(now, tx) {
+                    return Some(p);
+                }
+                if !self.cc_responses_ok(now, self.can_probe()) {
+                    return None;
+                }
                 if let Some(p) = self.next_response_at(now, ctx, tx) {
                     return Some(p);
                 }
@@ -908,10 +955,15 @@ impl Qp {
         if self.state == QpState::Err || self.state == QpState::Reset {
             return None;
         }
-        if self.state.responder_ready()
-            && let Some(p) = self.next_response_at(now, ctx, tx)
-        {
-            return Some(p);
+        if self.state.responder_ready() {
+            if let Some(p) = self.probe(now, tx) {
+                return Some(p);
+            }
+            if self.cc_responses_ok(now, self.can_probe())
+                && let Some(p) = self.next_response_at(now, ctx, tx)
+            {
+                return Some(p);
+            }
         }
         if !self.state.requester_ready() && self.state != QpState::Sqe {
             return None;

@@ -157,7 +157,9 @@ pub struct PerfArgs {
     /// A congestion-control parameter under its mlx5 name, e.g. `--cc-set rpg_ai_rate=10`,
     /// `--cc-set min_time_between_cnps=50` (repeatable; also rp_enabled / np_enabled = 0|1, and
     /// loss_backoff=1: cut the rate on each loss, for peers and paths that mark nothing (a retry
-    /// halves it, a replayed READ takes it to the rate the requester took responses at);
+    /// halves it, a replayed READ takes it to the rate the requester took responses at), and
+    /// clock READ responses by the peer's answers to ACK-eliciting probes (counted in
+    /// rp_probe_sent / rp_probe_answered / rp_probe_lost);
     /// hold_when_idle=0|1: no rate increase for periods in which the QP sent less than half
     /// its rate while the pacer held nothing back, on in the software profile).
     /// With --cc swift: swift_base_target (µs), swift_fs_range (µs), swift_fs_min_cwnd

@@ -15,6 +15,20 @@ impl Qp {
             return;
         };
         let psn = pkt.repr.bth.psn;
+        if info.operation == Operation::Acknowledge
+            && pkt
+                .repr
+                .aeth
+                .is_some_and(|a| matches!(a.syndrome, AethSyndrome::Ack { .. }))
+            && self.comp_psn == self.sent_psn
+            && self.cc_on_peer_ack()
+        {
+            // The answer to a READ responder's probe (transport/cc.rs `ReadClock`): with
+            // nothing unacknowledged it acknowledges nothing new. Its PSN is the last the
+            // peer acknowledged, or, from rxe before it acknowledged any (its `ack_psn`
+            // starts at 0, rxe_resp.c `duplicate_request`), 0xffffff.
+            return;
+        }
         // A response for a PSN never sent is a ghost: drop it (rxe check_psn).
         if psn.distance(self.sent_psn) >= 0 {
             self.counters.rx_dropped += 1;
@@ -33,6 +47,9 @@ impl Qp {
                             // An old ACK (already covered): harmless, ignore.
                             return;
                         }
+                        // With requests unacknowledged it may also answer a READ
+                        // responder's probe (transport/cc.rs `ReadClock`).
+                        self.cc_on_peer_ack();
                         self.cc_on_ack(now, psn);
                         self.mp_on_cum_ack(psn);
                         self.ack_through(now, psn, ctx);

@@ -29,6 +29,7 @@ mod multipath;
 mod mw;
 mod pair;
 mod paths;
+mod read_clock;
 mod recv;
 mod requester;
 mod responder;
