@@ -103,8 +103,9 @@ pub struct ReactionPoint {
     waiting: Option<u32>,
     /// The last cut was for a loss: increases stay additive until a CNP or line rate.
     loss_limited: bool,
-    /// Set by [`Self::on_loss_delivered`]: how long that loss took to show. While the QP is
-    /// loss limited, the increase timer runs at this period instead of `time_reset` and the
+    /// Set by [`Self::on_loss_delivered`]: how long that loss took to show; `Some` only while
+    /// `loss_limited` (a CNP, line rate and [`Self::on_loss`] clear it). While it is set, the
+    /// increase timer runs at this period instead of `time_reset` and the
     /// byte counter does not increase the rate (one additive step per feedback interval, as
     /// TCP's congestion avoidance adds one segment per round trip, RFC 5681 §3.1).
     loss_period: Option<Duration>,
@@ -225,8 +226,9 @@ impl ReactionPoint {
     /// to a slow receiver loops through drop, retry and replay at line rate.
     ///
     /// With `loss_backoff` on (`DcqcnConfig::loss_backoff`, off by default), a loss (at most
-    /// one per `rate_reduce_monitor_period`) halves the rate and sets the target to the new rate, as TCP halves its window once per loss
-    /// episode (RFC 5681 §3.1: multiplicative decrease by 1/2); until the next CNP, increases
+    /// one per `rate_reduce_monitor_period`) halves the rate and sets the target to the new
+    /// rate, as TCP halves its window once per loss episode (RFC 5681 §3.1: multiplicative
+    /// decrease by 1/2); until the next CNP, increases
     /// are additive only (`rpg_ai_rate` per timer or byte-counter event), never fast recovery
     /// back to the rate that lost packets, nor hyper increase. DCQCN's own cut would not do:
     /// with mlx5's α timer (1 µs) α has decayed to nothing by the time a loss is detected,
@@ -268,7 +270,7 @@ impl ReactionPoint {
         } else {
             self.rate / 2
         };
-        let to = if self.loss_period.is_some() && self.loss_limited {
+        let to = if self.loss_period.is_some() {
             to.max(self.rate / 2)
         } else {
             to
@@ -283,10 +285,7 @@ impl ReactionPoint {
     /// The increase timer's period: `time_reset`, or the feedback interval of the last loss
     /// while the QP is loss limited ([`Self::on_loss_delivered`]).
     fn increase_period(&self) -> Duration {
-        match (self.loss_limited, self.loss_period) {
-            (true, Some(p)) => p,
-            _ => self.time_reset,
-        }
+        self.loss_period.unwrap_or(self.time_reset)
     }
 
     /// The cut both losses make, to `to` (at least `rpg_min_rate`); false if the loss is not
@@ -441,7 +440,7 @@ impl ReactionPoint {
             self.period_start_bytes = self.bytes_sent - u64::from(bytes);
         }
         self.pacer.on_sent(now, bytes, self.rate);
-        if self.byte_reset == 0 || (self.loss_limited && self.loss_period.is_some()) {
+        if self.byte_reset == 0 || self.loss_period.is_some() {
             return;
         }
         self.byte_count += u64::from(bytes);

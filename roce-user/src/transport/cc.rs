@@ -283,7 +283,11 @@ const EPISODE_MIN_PSNS: u64 = 16;
 
 /// Bytes a READ response frame carries besides its payload, over IPv4 without AETH (MIDDLE):
 /// Ethernet 14, IPv4 20, UDP 8, BTH 12, ICRC 4.
-const READ_RESPONSE_OVERHEAD: u64 = 58;
+const READ_RESPONSE_OVERHEAD: u64 = (crate::wire::ethernet::HEADER_LEN
+    + crate::wire::ipv4::HEADER_LEN
+    + crate::wire::udp::HEADER_LEN
+    + crate::wire::bth::HEADER_LEN
+    + roce_common::hdr::ICRC_LEN) as u64;
 
 /// What a QP running Swift keeps.
 #[derive(Debug, Clone)]
