@@ -18,7 +18,8 @@
 //!   (`tx_dropped`: what a receiver that cannot keep up costs), the retransmissions each side
 //!   saw, and the congestion control `roce perf` ran: its default (DCQCN, `mlx5` profile), or
 //!   the arguments in `ROCE_BENCH_INTEROP_CC` (e.g. `--cc swift --cc-profile software`).
-//!   `ROCE_BENCH_INTEROP_ONLY=a,b` keeps the rows whose name contains a or b.
+//!   `ROCE_BENCH_INTEROP_ONLY=a,b` keeps the rows whose name contains a or b, and
+//!   `ROCE_BENCH_CAPTURE=1` captures each run (`target/interop/bench-pcap/`, the last pass's).
 //!
 //! All figures are perftest's own (the perftest side's `BW average` and message rate), path MTU
 //! 1024. Under TCG the guest's CPU bounds both, so a ratio says whether roce-xdp is the
@@ -175,7 +176,7 @@ fn cc_sum(v: &serde_json::Value, name: &str) -> u64 {
 /// every `roce perf` command line.
 fn matrix_ours(peer: &Peer, only: &[String], extra: &[String]) -> Vec<MatrixRow> {
     let mut h = Harness::new(peer, &rxe::out_dir().join("bench-pcap"));
-    h.capture = false;
+    h.capture = std::env::var_os("ROCE_BENCH_CAPTURE").is_some();
     let mut rows: Vec<MatrixRow> = perftest_matrix::rows()
         .into_iter()
         .filter(|&(op, size, qps, gs)| {

@@ -140,8 +140,15 @@ pub fn scenario_args(
         ours.push("--multipath".into());
     }
     ours.extend(extra.iter().cloned());
+    // Extra arguments name the run apart (its capture is not the plain row's): the
+    // `--cc-set` values, `NAME=VALUE` as `NAME-VALUE`.
+    let suffix: String = extra
+        .iter()
+        .filter(|a| !a.starts_with("--"))
+        .map(|a| format!("-{}", a.replace(['=', ' ', '/'], "-")))
+        .collect();
     let name = format!(
-        "ib_{}_bw-server_{}-s{size}-q{qps}{}",
+        "ib_{}_bw-server_{}-s{size}-q{qps}{}{suffix}",
         op.name(),
         if guest_server { "rxe" } else { "roce" },
         if multipath { "-multipath" } else { "" }
