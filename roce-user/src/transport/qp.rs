@@ -847,10 +847,11 @@ impl Qp {
 
     // ---------------------------------------------------------------- output
 
-    /// Whether this QP may send an ACK-eliciting probe now (`transport/cc.rs`, `ReadClock`): it can send
-    /// requests (RTS), its peer has acknowledged every PSN it sent (the probe duplicates the
-    /// last one, and its ACK is then told apart from the ACKs of requests only by order) and
-    /// the multipath extension is off (placed responses are asked for again out of order).
+    /// Whether this QP may send an ACK-eliciting probe now (`transport/cc.rs`, `ReadClock`):
+    /// it can send requests (RTS), its peer has acknowledged every PSN it sent (the probe
+    /// duplicates the last one, and its answer is told apart from the ACKs of requests only
+    /// by order) and the multipath extension is off (placed responses are asked for again out
+    /// of order).
     fn can_probe(&self) -> bool {
         self.state == QpState::Rts
             && self.comp_psn == self.sent_psn
@@ -860,8 +861,8 @@ impl Qp {
     }
 
     /// Hook of [`Self::poll_transmit`], before each READ response: the ACK-eliciting probe
-    /// due after every 32 of them (`transport/cc.rs`, `ReadClock`), a zero-length RDMA WRITE ONLY
-    /// with AckReq at the PSN before `comp_psn`, which the peer has acknowledged. IBA Vol. 1
+    /// due after every 32 of them (`transport/cc.rs`, `ReadClock`), a zero-length RDMA WRITE
+    /// ONLY with AckReq at the PSN before `comp_psn`, which the peer has acknowledged. IBA Vol. 1
     /// C9-105: a responder answers a duplicate SEND or WRITE with an ACK and does not execute
     /// it (rxe `duplicate_request`, and `Qp::duplicate_request` here); with a DMA length of
     /// zero there is nothing to execute or check (C9-88).
