@@ -524,15 +524,22 @@ impl QpCc {
     /// The counters since the QP was created.
     #[must_use]
     pub fn stats(&self) -> CcStats {
+        let mut s = self.algorithm_stats();
+        s.rp_probe_sent += self.clock.probes_sent;
+        s.rp_probe_answered += self.clock.probes_answered;
+        s.rp_probe_lost += self.clock.probes_lost;
+        s
+    }
+
+    /// The counters of the algorithms' states since the QP was created: [`Self::stats`] but
+    /// the READ clock's, which a new state ([`Device::set_cc_param`]) takes over with the clock.
+    fn algorithm_stats(&self) -> CcStats {
         let mut s = self.carried;
         s.add(&self.cc.stats());
         if let Some(w) = &self.swift {
             s.add(&w.swift.stats());
             s.swift_rtt_skipped += w.rtt.skipped();
         }
-        s.rp_probe_sent += self.clock.probes_sent;
-        s.rp_probe_answered += self.clock.probes_answered;
-        s.rp_probe_lost += self.clock.probes_lost;
         s
     }
 
@@ -989,7 +996,10 @@ impl Device {
         let mut config = c.config;
         config.set(name, value)?;
         let mut fresh = QpCc::new(&config);
-        fresh.carried = c.stats();
+        fresh.carried = c.algorithm_stats();
+        // The READ clock measures the path, not the algorithm: it stays, with the probes
+        // still waiting for their answers.
+        fresh.clock = c.clock.clone();
         if let (Some(f), Some(old)) = (fresh.swift.as_mut(), c.swift.as_ref()) {
             // The samples of packets in flight stay valid; the window starts afresh.
             f.rtt = old.rtt.clone();
@@ -1023,7 +1033,8 @@ impl Device {
         let mut config = c.config;
         config.set_algorithm(algorithm);
         let mut fresh = QpCc::new(&config);
-        fresh.carried = c.stats();
+        fresh.carried = c.algorithm_stats();
+        fresh.clock = c.clock.clone();
         fresh.cnp = c.cnp;
         fresh.cnps_due = c.cnps_due;
         *c = fresh;

@@ -3,7 +3,7 @@
 //! requester and responder played by the test.
 
 use super::*;
-use crate::cc::CcStats;
+use crate::cc::{CcAlgorithm, CcStats};
 use crate::transport::cc::{PROBE_EVERY, PROBE_TIMEOUT, PROBE_WINDOW};
 
 /// A responder QP with `loss_backoff` on, MTU 256, asked for a READ of `frames` packets;
@@ -177,4 +177,24 @@ fn without_loss_backoff_there_are_no_probes() {
     let out = h.tx_paced();
     assert_eq!(out.len(), 600);
     assert!(out.iter().all(|(r, _)| !is_probe(r)));
+}
+
+#[test]
+fn a_parameter_change_keeps_the_clock_and_its_probes() {
+    let (mut h, first) = reading(1000);
+    assert_eq!(first.iter().filter(|(r, _)| is_probe(r)).count(), 8);
+    h.d.set_cc_param(h.qpn, "rpg_ai_rate", 10).unwrap();
+    h.d.set_cc_algorithm(h.qpn, CcAlgorithm::Dcqcn).unwrap();
+    // The probes sent before still wait for their answers, and the window stays where it was.
+    answer(&mut h, 0xff_ffff);
+    assert_eq!(
+        h.tx_paced().iter().filter(|(r, _)| !is_probe(r)).count(),
+        32
+    );
+    assert_eq!(h.c().rx_dropped, 0);
+    let s = h.cc();
+    assert_eq!(
+        (s.rp_probe_sent, s.rp_probe_answered, s.rp_probe_lost),
+        (9, 1, 0)
+    );
 }
