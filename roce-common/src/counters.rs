@@ -308,11 +308,11 @@ counter_struct! {
         rp_loss_ignored,
         /// roce-xdp: rate increase events not counted (hold_when_idle): a timer period in which the QP sent under half its rate with no frame held by the pacer (the timer then stops until it sends), and byte counter events after it.
         rp_increase_held,
-        /// roce-xdp: ACK-eliciting probes a READ responder sent to clock its responses (loss_backoff): zero-length RDMA WRITEs duplicating the last acknowledged PSN, after every 32 READ responses.
+        /// roce-xdp: ACK-eliciting probes a READ responder sent to clock its responses (loss_backoff): zero-length RDMA WRITEs duplicating the last acknowledged PSN, after every 32 READ responses (every eighth of the window, at least 4, once a loss has shrunk it).
         rp_probe_sent,
-        /// roce-xdp: probes the peer answered (each lets 32 more READ responses go).
+        /// roce-xdp: probes the peer answered (each frees the window behind it and grows it a little).
         rp_probe_answered,
-        /// roce-xdp: probes unanswered for 100 ms, counted lost (the first one unanswered turns the clock off for the QP).
+        /// roce-xdp: probes unanswered for 100 ms, counted lost: each halves the window, once per window; before any answer the first one lost turns the clock off for the QP, after one 300 ms without an answer does.
         rp_probe_lost,
         /// roce-xdp Swift: RTT samples taken from ACK timing and fed to the window.
         swift_rtt_samples,

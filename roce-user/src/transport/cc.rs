@@ -338,8 +338,8 @@ const PROBES_MAX: usize = 16;
 ///
 /// The window starts at [`PROBE_WINDOW`], its most. A loss halves it (a probe unanswered
 /// for [`PROBE_TIMEOUT`] that left after the last cut, or a replayed READ), down to
-/// [`WINDOW_MIN`], and each answer
-/// grows it back by one probe's spacing per window (TCP's congestion avoidance, RFC 5681).
+/// [`WINDOW_MIN`], and each answer grows it back by one probe's spacing per window (TCP's
+/// congestion avoidance, RFC 5681).
 /// A window that followed the probes' round trips instead (TCP Vegas' rule, growing while
 /// they stayed within twice the smallest) held one QP's READs to 0.58x of rxe ↔ rxe against
 /// Dec 6's TCG guest, whose answers vary twentyfold with nothing queued.
@@ -362,8 +362,6 @@ struct ReadClock {
     window: u64,
     /// The probes not yet answered, oldest first: `sent` when each left, and when.
     probes: std::collections::VecDeque<(u64, Instant)>,
-    /// Whether the peer ever answered a probe.
-    answered: bool,
     /// When the first probe expired since the last answer.
     silent_since: Option<Instant>,
     /// `sent` when the window was last halved: a lost probe sent before it is part of the
@@ -385,7 +383,6 @@ impl Default for ReadClock {
             since_probe: 0,
             window: PROBE_WINDOW,
             probes: std::collections::VecDeque::new(),
-            answered: false,
             silent_since: None,
             cut_at: 0,
             off: false,
@@ -434,7 +431,6 @@ impl ReadClock {
         };
         self.taken = self.taken.max(at);
         self.probes_answered += 1;
-        self.answered = true;
         self.silent_since = None;
         self.window = (self.window + self.step()).min(PROBE_WINDOW);
         true
@@ -446,23 +442,23 @@ impl ReadClock {
         self.cut_at = self.sent;
     }
 
-    /// Expires probes unanswered for [`PROBE_TIMEOUT`]; returns how many.
-    fn expire(&mut self, now: Instant) -> u64 {
-        let mut n = 0;
+    /// Expires (and counts as lost) the probes unanswered for [`PROBE_TIMEOUT`]. Call before
+    /// asking [`Self::window_open`] and at the QP's timeout.
+    fn expire(&mut self, now: Instant) {
         let mut newest = None;
         while let Some(&(at, t)) = self.probes.front()
             && now.saturating_duration_since(t) >= PROBE_TIMEOUT
         {
             self.probes.pop_front();
-            n += 1;
+            self.probes_lost += 1;
             newest = Some(at);
             self.taken = self.taken.max(at);
         }
         let Some(at) = newest else {
-            return 0;
+            return;
         };
         let since = *self.silent_since.get_or_insert(now);
-        if !self.answered
+        if self.probes_answered == 0
             || now.saturating_duration_since(since) >= PROBE_TIMEOUT * (SILENT_OFF - 1)
         {
             // The peer does not answer duplicates, or no longer does (or the path drops
@@ -473,7 +469,6 @@ impl ReadClock {
         } else if at > self.cut_at {
             self.on_loss();
         }
-        n
     }
 
     /// Whether another response frame may go: fewer than a window past the newest answered
@@ -609,7 +604,7 @@ impl QpCc {
     /// false: the QP's requester has requests unacknowledged, whose ACKs the probes' would be
     /// mixed with, or the QP cannot send requests). Expires overdue probes first.
     fn responses_ok(&mut self, now: Instant, can_probe: bool) -> bool {
-        self.clock.probes_lost += self.clock.expire(now);
+        self.clock.expire(now);
         !self.config.dcqcn.loss_backoff || !can_probe || self.clock.window_open()
     }
 
@@ -740,7 +735,7 @@ impl QpCc {
     }
 
     fn handle_timeout(&mut self, now: Instant) {
-        self.clock.probes_lost += self.clock.expire(now);
+        self.clock.expire(now);
         if self.cc.poll_timeout().is_some_and(|t| t <= now) {
             self.cc.handle_timeout(now);
         }
