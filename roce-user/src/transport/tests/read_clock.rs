@@ -11,6 +11,11 @@ use crate::transport::cc::{PROBE_EVERY, PROBE_TIMEOUT, PROBE_WINDOW};
 fn reading(frames: u32) -> (H, Vec<(RoceRepr, Vec<u8>)>) {
     let mut cc = CcConfig::default();
     cc.set("loss_backoff", 1).unwrap();
+    reading_with(cc, frames)
+}
+
+/// [`reading`] with the device's CC configuration `cc`.
+fn reading_with(cc: CcConfig, frames: u32) -> (H, Vec<(RoceRepr, Vec<u8>)>) {
     let cfg = RcConfig {
         mtu: Mtu::Mtu256,
         ..RcConfig::default()
@@ -160,21 +165,7 @@ fn a_peer_that_answers_no_probe_turns_the_clock_off() {
 
 #[test]
 fn without_loss_backoff_there_are_no_probes() {
-    let mut h = h_with(&RcConfig {
-        mtu: Mtu::Mtu256,
-        ..RcConfig::default()
-    });
-    let rkey = h.mr.rkey;
-    h.rx(
-        with_reth(
-            hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN),
-            BASE,
-            rkey,
-            600 * 256,
-        ),
-        &[],
-    );
-    let out = h.tx_paced();
+    let (_, out) = reading_with(CcConfig::default(), 600);
     assert_eq!(out.len(), 600);
     assert!(out.iter().all(|(r, _)| !is_probe(r)));
 }
