@@ -165,13 +165,6 @@ impl MatrixRow {
     }
 }
 
-/// Counter `name` summed over the QPs of a `roce perf` JSON report's `cc` array.
-fn cc_sum(v: &serde_json::Value, name: &str) -> u64 {
-    v["cc"]
-        .as_array()
-        .map_or(0, |qps| qps.iter().filter_map(|q| q[name].as_u64()).sum())
-}
-
 /// The `matrix` part's roce-xdp runs: [`REPS`] passes over the chosen rows, `extra` added to
 /// every `roce perf` command line.
 fn matrix_ours(peer: &Peer, only: &[String], extra: &[String]) -> Vec<MatrixRow> {
@@ -231,7 +224,10 @@ fn matrix_ours(peer: &Peer, only: &[String], extra: &[String]) -> Vec<MatrixRow>
             r.ours_dup
                 .push(rep.ours_ctr.get("duplicate_request").copied().unwrap_or(0));
             r.cuts.push(rep.ours.as_ref().map_or((0, 0), |v| {
-                (cc_sum(v, "rp_loss_handled"), cc_sum(v, "rp_cnp_handled"))
+                (
+                    perftest_matrix::cc_sum(v, "rp_loss_handled"),
+                    perftest_matrix::cc_sum(v, "rp_cnp_handled"),
+                )
             }));
             if !rep.ok() {
                 r.failures

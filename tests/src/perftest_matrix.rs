@@ -267,6 +267,15 @@ pub fn row_name(op: Op, size: u32, qps: u32, guest_server: bool) -> String {
     )
 }
 
+/// Counter `name` summed over the QPs of a `roce perf --json` report's `cc` array (0 where
+/// the report has none).
+#[must_use]
+pub fn cc_sum(report: &serde_json::Value, name: &str) -> u64 {
+    report["cc"]
+        .as_array()
+        .map_or(0, |qps| qps.iter().filter_map(|q| q[name].as_u64()).sum())
+}
+
 /// The words of a comma-separated filter variable (`ROCE_INTEROP_ONLY=a,b`); empty when unset.
 #[must_use]
 pub fn only(var: &str) -> Vec<String> {
@@ -289,6 +298,14 @@ pub fn chosen(only: &[String], name: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn cc_sum_adds_a_counter_over_the_qps() {
+        let v = serde_json::json!({"cc": [{"rp_probe_sent": 3}, {"rp_probe_sent": 4}, {}]});
+        assert_eq!(cc_sum(&v, "rp_probe_sent"), 7);
+        assert_eq!(cc_sum(&v, "rp_probe_lost"), 0);
+        assert_eq!(cc_sum(&serde_json::json!({}), "rp_probe_sent"), 0);
+    }
 
     #[test]
     fn the_matrix_has_52_rows_named_as_before() {

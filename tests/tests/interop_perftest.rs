@@ -97,13 +97,12 @@ fn table(rows: &[Row], reference: &References) -> String {
     s
 }
 
-/// A `roce perf` report's sum over its QPs of the congestion-control counter `name`.
+/// Our side's sum over its QPs of the congestion-control counter `name` (0 without a report).
 fn cc_sum(report: &SceneReport, name: &str) -> u64 {
-    report.ours.as_ref().map_or(0, |v| {
-        v["cc"]
-            .as_array()
-            .map_or(0, |qps| qps.iter().filter_map(|q| q[name].as_u64()).sum())
-    })
+    report
+        .ours
+        .as_ref()
+        .map_or(0, |v| perftest_matrix::cc_sum(v, name))
 }
 
 /// The ACK-eliciting probes our side sent (`loss_backoff`'s READ clock).
