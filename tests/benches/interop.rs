@@ -148,7 +148,8 @@ struct MatrixRow {
     rate: Vec<f64>,
     /// Drops on the guest's tap, into the guest, per run.
     tap_drops: Vec<i64>,
-    /// Requests the guest's rxe saw twice (roce-xdp resent them), per run.
+    /// Requests the guest's rxe saw twice (roce-xdp resent them), per run: its
+    /// `duplicate_request` less the READ clock's probes, duplicates by design.
     rxe_dup: Vec<i64>,
     /// Requests roce-xdp saw twice (rxe resent them), per run.
     ours_dup: Vec<i64>,
@@ -219,8 +220,14 @@ fn matrix_ours(peer: &Peer, only: &[String], extra: &[String]) -> Vec<MatrixRow>
             }
             r.tap_drops
                 .push(rep.other.get(&tap_key).copied().unwrap_or(0));
-            r.rxe_dup
-                .push(rep.rxe.get("duplicate_request").copied().unwrap_or(0));
+            let probes = rep
+                .ours
+                .as_ref()
+                .map_or(0, |v| perftest_matrix::cc_sum(v, "rp_probe_sent"));
+            r.rxe_dup.push(
+                rep.rxe.get("duplicate_request").copied().unwrap_or(0)
+                    - i64::try_from(probes).unwrap_or(0),
+            );
             r.ours_dup
                 .push(rep.ours_ctr.get("duplicate_request").copied().unwrap_or(0));
             r.cuts.push(rep.ours.as_ref().map_or((0, 0), |v| {
