@@ -88,9 +88,9 @@ pub struct DcqcnConfig {
     /// ([`super::ReactionPoint::on_loss_delivered`]). A READ responder also clocks its
     /// responses by ACK-eliciting probes, at most a window of frames past the newest the
     /// peer answered (`transport/cc.rs`, `ReadClock`), so that the first burst of READs
-    /// does not overrun a slow receiver before any loss can tell. Default off (the CI
-    /// matrix and fault suites run without it; `cargo xtask bench interop` measured it);
-    /// `--cc-set loss_backoff=1` turns it on.
+    /// does not overrun a slow receiver before any loss can tell. Off in the `mlx5` profile
+    /// (the default: a NIC does neither), on in the `software` one ([`Self::software`]);
+    /// `--cc-set loss_backoff=1` turns it on in either.
     pub loss_backoff: bool,
     /// roce-xdp's addition, not an mlx5 knob: a rate increase timer period (T) counts only if
     /// the QP sent at least half of what its rate allowed during it, or the pacer held a ready
@@ -306,7 +306,8 @@ impl DcqcnConfig {
 
     /// DCQCN for an endpoint whose NP and RP run in software threads on a shared host
     /// (docs/cc-software.md has the reasoning and the measurements): [`Default`] with
-    /// `rpg_time_reset` 300 → 1500 µs, `dce_tcp_rtt` 1 → 5 µs and [`Self::hold_when_idle`] on.
+    /// `rpg_time_reset` 300 → 1500 µs, `dce_tcp_rtt` 1 → 5 µs, and [`Self::hold_when_idle`]
+    /// and [`Self::loss_backoff`] on.
     ///
     /// A NIC serves its DCQCN timers within microseconds; a thread is served when the
     /// scheduler runs it, and on a busy core that is once per time slice (Linux EEVDF's base
@@ -327,12 +328,19 @@ impl DcqcnConfig {
     /// on a 200 Mb/s bottleneck split 161/43 Mb/s). At 5 µs they share it within a few percent
     /// and one flow still fills it; α remembering longer cuts too deep (at 20 µs one flow
     /// filled two thirds, at the paper's 55 µs two flows three quarters).
+    ///
+    /// `loss_backoff`: the peers of a software endpoint (Linux Soft-RoCE, another VM) and the
+    /// paths to them (a tap, a software bridge) mark nothing, so DCQCN alone never slows a
+    /// READ burst into a slow receiver; with it, the perftest matrix against Soft-RoCE lost
+    /// no frame at the guest's tap (docs/cc-software.md, "Why `loss_backoff`"). Towards a
+    /// path that marks, DCQCN converges before anything is lost and it does nothing.
     #[must_use]
     pub fn software() -> Self {
         Self {
             rpg_time_reset: 1500,
             dce_tcp_rtt: 5,
             hold_when_idle: true,
+            loss_backoff: true,
             ..Self::default()
         }
     }
@@ -388,7 +396,7 @@ mod tests {
                 sw.loss_backoff,
                 sw.hold_when_idle
             ),
-            (true, true, false, true)
+            (true, true, true, true)
         );
         assert!(!mlx5.hold_when_idle);
         // Still settable by the mlx5 names.

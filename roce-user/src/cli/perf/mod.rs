@@ -159,7 +159,7 @@ pub struct PerfArgs {
     /// loss_backoff=1: cut the rate on each loss, for peers and paths that mark nothing (a retry
     /// halves it, a replayed READ takes it to the rate the requester took responses at), and
     /// clock READ responses by the peer's answers to ACK-eliciting probes (counted in
-    /// rp_probe_sent / rp_probe_answered / rp_probe_lost);
+    /// rp_probe_sent / rp_probe_answered / rp_probe_lost), on in the software profile;
     /// hold_when_idle=0|1: no rate increase for periods in which the QP sent less than half
     /// its rate while the pacer held nothing back, on in the software profile).
     /// With --cc swift: swift_base_target (µs), swift_fs_range (µs), swift_fs_min_cwnd
@@ -172,9 +172,9 @@ pub struct PerfArgs {
     pub cc_set: Vec<String>,
     /// The DCQCN and Swift defaults that `--cc-set` changes: `mlx5` (a ConnectX-5's firmware
     /// values, and the paper's Swift) or `software` (for endpoints on a busy host: DCQCN timers
-    /// longer than a scheduler time slice and hold_when_idle; Swift's swift_persist 500 µs and
-    /// swift_base_rtt_window 10 s;
-    /// docs/cc-software.md lists what differs).
+    /// longer than a scheduler time slice, hold_when_idle and loss_backoff: the profile for
+    /// Soft-RoCE peers and VM taps; Swift's swift_persist 500 µs and swift_base_rtt_window
+    /// 10 s; docs/cc-software.md lists what differs).
     #[arg(long = "cc-profile", value_name = "PROFILE", default_value = "mlx5",
           value_parser = clap::builder::PossibleValuesParser::new(roce::cc::DcqcnConfig::PROFILES))]
     pub cc_profile: String,
