@@ -312,7 +312,7 @@ counter_struct! {
         rp_probe_sent,
         /// roce-xdp: probes the peer answered (each frees the window behind it and grows it a little).
         rp_probe_answered,
-        /// roce-xdp: probes unanswered for 100 ms, counted lost: each halves the window, once per window; before any answer the first one lost turns the clock off for the QP, after one 300 ms without an answer does.
+        /// roce-xdp: probes unanswered for 100 ms, counted lost: each halves the window, once per window; the first probe lost before the peer ever answered one turns the clock off for the QP, and once the peer has answered, 300 ms without an answer turns it off.
         rp_probe_lost,
         /// roce-xdp Swift: RTT samples taken from ACK timing and fed to the window.
         swift_rtt_samples,

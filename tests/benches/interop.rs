@@ -220,14 +220,7 @@ fn matrix_ours(peer: &Peer, only: &[String], extra: &[String]) -> Vec<MatrixRow>
             }
             r.tap_drops
                 .push(rep.other.get(&tap_key).copied().unwrap_or(0));
-            let probes = rep
-                .ours
-                .as_ref()
-                .map_or(0, |v| perftest_matrix::cc_sum(v, "rp_probe_sent"));
-            r.rxe_dup.push(
-                rep.rxe.get("duplicate_request").copied().unwrap_or(0)
-                    - i64::try_from(probes).unwrap_or(0),
-            );
+            r.rxe_dup.push(perftest_matrix::rxe_dups_less_probes(rep));
             r.ours_dup
                 .push(rep.ours_ctr.get("duplicate_request").copied().unwrap_or(0));
             r.cuts.push(rep.ours.as_ref().map_or((0, 0), |v| {

@@ -276,6 +276,19 @@ pub fn cc_sum(report: &serde_json::Value, name: &str) -> u64 {
         .map_or(0, |qps| qps.iter().filter_map(|q| q[name].as_u64()).sum())
 }
 
+/// The requests rxe counted as duplicates (`duplicate_request`) less the probes of our READ
+/// clock (`rp_probe_sent`, duplicates by design, transport/cc.rs `ReadClock`): what rxe saw
+/// resent by our side. Call it on a scenario's report wherever a table shows retransmissions.
+#[must_use]
+pub fn rxe_dups_less_probes(report: &SceneReport) -> i64 {
+    let probes = report
+        .ours
+        .as_ref()
+        .map_or(0, |v| cc_sum(v, "rp_probe_sent"));
+    report.rxe.get("duplicate_request").copied().unwrap_or(0)
+        - i64::try_from(probes).unwrap_or(i64::MAX)
+}
+
 /// The words of a comma-separated filter variable (`ROCE_INTEROP_ONLY=a,b`); empty when unset.
 #[must_use]
 pub fn only(var: &str) -> Vec<String> {

@@ -88,9 +88,7 @@ fn table(rows: &[Row], reference: &References) -> String {
                 .get("duplicate_request")
                 .copied()
                 .unwrap_or(0),
-            // rxe counts our READ clock's probes (duplicates by design) as duplicates too.
-            r.report.rxe.get("duplicate_request").copied().unwrap_or(0)
-                - i64::try_from(probes_sent(&r.report)).unwrap_or(0),
+            perftest_matrix::rxe_dups_less_probes(&r.report),
             r.report.icrc.good,
         );
     }
