@@ -394,25 +394,27 @@ impl Qp {
 
     /// Takes a responder resource slot: the oldest finished one is reused; if every slot is
     /// still answering, the peer exceeded max_dest_rd_atomic (NAK invalid request).
-    /// Makes room for one more READ/atomic responder resource (IBA 9.4.4 / C9-...: at most
-    /// `max_dest_rd_atomic` are kept). A full table gives up a finished resource first, else
-    /// the oldest one, as rxe's resource ring overwrites its oldest slot (rxe_resp.c
-    /// `free_rd_atomic_resource` on `res_head`). That is safe: a requester keeps at most
-    /// `max_rd_atomic <= max_dest_rd_atomic` READs/atomics outstanding and completes them in
-    /// order, so when a new one arrives the oldest is already complete at the requester even if
-    /// its responses are still being sent here (paced, or replayed for a duplicate request);
-    /// a requester that breaks the limit only loses responses it was not owed. Counted in
-    /// `rd_atomic_evicted`.
+    /// Makes room for one more READ/atomic responder resource (IBA 9.4.4: at most
+    /// `max_dest_rd_atomic` are kept). A full table gives up its oldest resource, as rxe's
+    /// resource ring overwrites its oldest slot (rxe_resp.c `free_rd_atomic_resource` on
+    /// `res_head`). That is safe: a requester keeps at most `max_rd_atomic <=
+    /// max_dest_rd_atomic` READs/atomics outstanding and completes them in order, so when a
+    /// new one arrives the oldest is already complete at the requester even if its responses
+    /// are still being sent here (paced, or replayed for a stale duplicate request); a
+    /// requester that breaks the limit only loses responses it was not owed. One whose
+    /// responses were still being sent is counted in `rd_atomic_evicted`.
+    ///
+    /// The resources are in PSN order (new ones are appended; a duplicate restarts one in
+    /// place), so the oldest is the first. Giving up a finished resource before an older one
+    /// still sending is wrong: "finished" means its responses left, not that they arrived,
+    /// and a stale duplicate of an older READ could then cost the requester the only copy of
+    /// a newer READ's lost responses, after which every retry of that READ found no resource
+    /// and was dropped (the release simulator's seed 101 stalled that way).
     fn take_resource_slot(&mut self) {
         if self.resources.len() < usize::from(self.attr.max_dest_rd_atomic) {
             return;
         }
-        let i = self
-            .resources
-            .iter()
-            .position(|r| !r.pending())
-            .unwrap_or(0);
-        if self.resources.remove(i).is_some_and(|r| r.pending()) {
+        if self.resources.pop_front().is_some_and(|r| r.pending()) {
             self.counters.rd_atomic_evicted += 1;
         }
     }

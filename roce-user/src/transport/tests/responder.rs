@@ -284,6 +284,38 @@ fn resp_resource_a_read_past_the_table_evicts_the_oldest() {
     assert_eq!(h.d.qp(h.qpn).unwrap().responder_resources(), 1);
 }
 
+/// A full table gives up its oldest resource even while that one is replaying responses
+/// for a stale duplicate and a newer one has finished sending: the newer READ's responses
+/// may have been lost, and the requester's retry of it must still find it.
+#[test]
+fn resp_resource_eviction_keeps_a_finished_newer_read_over_an_older_replay() {
+    let mut h = h_with(&RcConfig {
+        rd_atomic: 2,
+        ..RcConfig::default()
+    });
+    let rkey = h.mr.rkey;
+    let read = |psn: u32| with_reth(hdr(Opcode::RC_RDMA_READ_REQUEST, psn), BASE, rkey, 8);
+    h.rx(read(RQ_PSN), &[]);
+    h.rx(read(RQ_PSN + 1), &[]);
+    assert_eq!(h.tx().len(), 2, "both READs answered");
+    // A stale duplicate of the first READ: its responses are replayed (still pending when
+    // the next request arrives), while the second READ's responses have all left.
+    h.rx(read(RQ_PSN), &[]);
+    h.rx(read(RQ_PSN + 2), &[]);
+    assert_eq!(h.c().rd_atomic_evicted, 1, "the replay of the oldest gave way");
+    let psns: Vec<u32> = h.tx().iter().map(|(r, _)| r.bth.psn.value()).collect();
+    assert_eq!(psns, vec![RQ_PSN + 2]);
+    // The requester lost the second READ's response and asks again: it is still there.
+    h.rx(read(RQ_PSN + 1), &[]);
+    let out = h.tx();
+    assert_eq!(out.len(), 1, "{out:?}");
+    assert_eq!(
+        (out[0].0.bth.opcode, out[0].0.bth.psn.value()),
+        (Opcode::RC_RDMA_READ_RESPONSE_ONLY, RQ_PSN + 1)
+    );
+    assert_eq!(h.state(), QpState::Rts);
+}
+
 #[test]
 fn resp_length_checks_against_path_mtu() {
     let m = 1024usize;
