@@ -359,6 +359,8 @@ counter_struct! {
         qkey_viol_cntr,
         /// roce-xdp: asynchronous events lost because the bounded event queue was full.
         events_lost,
+        /// roce-xdp: ACKs not sent because a later cumulative ACK of the same receive batch stands for them (IBA 9.7.5.1 coalesced acknowledgements; at most 8 requests per ACK; DeviceConfig::coalesce_acks).
+        ack_coalesced,
     }
 }
 

@@ -200,6 +200,12 @@ pub struct DeviceConfig {
     /// packets over in selective-repeat mode ([`multipath::Entropies`]; docs/multipath.md,
     /// "Spraying"): default 8; 1 keeps every packet on the QP's own source port (one path).
     pub multipath_entropies: u8,
+    /// Whether an RC responder answers the AckReq requests of one QP that arrive in one
+    /// receive batch with one cumulative ACK for the newest, at most
+    /// [`qp::ACK_COALESCE_MAX`] of them per ACK (IBA Vol. 1 §9.7.5.1, coalesced
+    /// acknowledgements; counted in `ack_coalesced`). Default true. False answers every
+    /// AckReq with an ACK of its own, as rxe does.
+    pub coalesce_acks: bool,
 }
 
 impl Default for DeviceConfig {
@@ -226,6 +232,7 @@ impl Default for DeviceConfig {
             cc: CcConfig::default(),
             multipath: false,
             multipath_entropies: 8,
+            coalesce_acks: true,
         }
     }
 }
@@ -412,8 +419,13 @@ pub enum DropCounter {
 
 impl DropCounter {
     /// The device counters that do not mean a drop: totals and hand-overs.
-    const NOT_DROPS: [&'static str; 4] =
-        ["rcvd_pkts", "sent_pkts", "rx_other_queue", "events_lost"];
+    const NOT_DROPS: [&'static str; 5] = [
+        "rcvd_pkts",
+        "sent_pkts",
+        "rx_other_queue",
+        "events_lost",
+        "ack_coalesced",
+    ];
 
     /// The first drop counter that moved from `before` to `after`.
     #[must_use]
@@ -492,6 +504,8 @@ pub(crate) struct Ctx<'a> {
     pub events: &'a mut VecDeque<Event>,
     pub max_events: usize,
     pub counters: &'a mut DeviceCounters,
+    /// [`DeviceConfig::coalesce_acks`].
+    pub coalesce_acks: bool,
 }
 
 impl Ctx<'_> {
@@ -984,6 +998,7 @@ impl Device {
                 events,
                 max_events: config.max_events,
                 counters,
+                coalesce_acks: config.coalesce_acks,
             },
             sched,
         )
@@ -1301,6 +1316,7 @@ impl Device {
             events,
             max_events: config.max_events,
             counters,
+            coalesce_acks: config.coalesce_acks,
         };
         // What destroyed QPs owe goes first; a QP that has sent it is dropped.
         while let Some(qp) = closing.last_mut() {

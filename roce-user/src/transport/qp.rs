@@ -43,6 +43,15 @@ pub const MAX_PKT_PER_ACK: u32 = 64;
 /// queue merges a new answer with the newest queued one (a newer ACK or a NAK implies the
 /// ACKs before it), so it never drops a NAK (see `Qp::queue_ctrl` in qp/responder.rs).
 pub const MAX_PENDING_ACKS: usize = 16;
+/// The most AckReq requests one coalesced ACK stands for ([`super::DeviceConfig::coalesce_acks`]).
+///
+/// One ACK for a whole receive batch is one packet to lose: when it is lost with the
+/// requester's window full ([`MAX_UNACKED_PSNS`]), nothing moves until the ACK timeout, and
+/// the go-back-N that follows brings a window of duplicates. With a bound, a lost ACK holds
+/// back at most this many messages and the next one covers them (TCP acknowledges at least
+/// every second full segment for a like reason, RFC 9293 §3.8.6.3), and a requester that
+/// takes RTT samples from ACKs (Swift) still gets several per window.
+pub const ACK_COALESCE_MAX: u8 = 8;
 /// The most the local ACK timeout is doubled after consecutive timeouts (×16).
 ///
 /// `timeout` is the minimum a requester waits (ibv_modify_qp(3): "the minimum timeout that a
@@ -222,6 +231,10 @@ struct Ctrl {
     syndrome: AethSyndrome,
     psn: Psn,
     msn: Msn,
+    /// The AckReq requests this ACK answers when it may take in more of the same receive
+    /// batch (`Qp::queue_request_ack`); 0 for every other answer (NAKs, duplicates'
+    /// re-ACKs), which is never merged with a later request's ACK.
+    covers: u8,
 }
 
 /// Bytes of one responder resource (documented in [`Qp`]).

@@ -231,8 +231,7 @@ impl Qp {
         }
         self.resp_psn = psn.next();
         if bth.ack_req {
-            // Merged into the newest queued answer if the queue is full (`queue_ctrl`).
-            let _ = self.queue_ctrl(AethSyndrome::ACK_UNLIMITED, psn);
+            self.queue_request_ack(psn, ctx);
         }
         Ok(())
     }
@@ -831,10 +830,51 @@ impl Qp {
     /// (xsk/socket.rs `TxSink::send` runs the writer only then), so a built answer is not
     /// lost for want of a slot.
     pub(super) fn queue_ctrl(&mut self, syndrome: AethSyndrome, psn: Psn) -> bool {
+        self.queue_ctrl_covering(syndrome, psn, 0)
+    }
+
+    /// Acknowledges the request at `psn` that asked for it (BTH.AckReq) and was executed in
+    /// order; call it after the request moved the expected PSN on. With
+    /// [`super::super::DeviceConfig::coalesce_acks`] the ACK takes the place of a queued ACK
+    /// of the same kind, one that has not left yet because the device is still receiving
+    /// the batch both came in (IBA Vol. 1 §9.7.5.1: a responder may coalesce ACKs; an ACK
+    /// acknowledges every request up to its PSN, and carries the newest MSN). It merges only
+    /// with the newest queued answer when that is such an ACK for an earlier PSN standing for
+    /// fewer than [`super::ACK_COALESCE_MAX`] requests, and never while a READ response or
+    /// atomic ACK is owed (answers leave in PSN order, see [`Qp::poll_transmit`]). NAKs and
+    /// duplicates' re-ACKs (C9-105, one per duplicate: the READ clock matches its probes'
+    /// answers one by one) go through [`Self::queue_ctrl`] and never merge. Each merge is
+    /// counted in the device's `ack_coalesced`.
+    pub(super) fn queue_request_ack(&mut self, psn: Psn, ctx: &mut Ctx<'_>) {
+        let msn = self.msn;
+        let owed = self.resources.iter().any(Resource::pending);
+        if ctx.coalesce_acks
+            && !owed
+            && let Some(last) = self.ctrl.back_mut()
+            && (1..super::ACK_COALESCE_MAX).contains(&last.covers)
+            && last.syndrome.is_ack()
+            && psn.distance(last.psn) > 0
+        {
+            *last = Ctrl {
+                syndrome: AethSyndrome::ACK_UNLIMITED,
+                psn,
+                msn,
+                covers: last.covers + 1,
+            };
+            ctx.counters.ack_coalesced += 1;
+            return;
+        }
+        // Merged into the newest queued answer if the queue is full (`queue_ctrl`).
+        let _ = self.queue_ctrl_covering(AethSyndrome::ACK_UNLIMITED, psn, 1);
+    }
+
+    /// [`Self::queue_ctrl`] for an answer that stands for `covers` coalescible requests.
+    fn queue_ctrl_covering(&mut self, syndrome: AethSyndrome, psn: Psn, covers: u8) -> bool {
         let c = Ctrl {
             syndrome,
             psn,
             msn: self.msn,
+            covers,
         };
         if self.ctrl.len() < MAX_PENDING_ACKS {
             self.ctrl.push_back(c);
@@ -966,6 +1006,7 @@ impl Qp {
                             syndrome: AethSyndrome::Nak(NakCode::RemoteAccessError),
                             psn,
                             msn: self.msn,
+                            covers: 0,
                         };
                         self.enter_error(ctx);
                         return Some(self.ctrl_pkt(c, tx));

@@ -55,8 +55,23 @@ struct H {
     mtu: u32,
 }
 
+/// A QP brought up with `cfg` on a device that answers every AckReq with an ACK of its own,
+/// as rxe does, so that a rule test sees one answer per request however many it feeds before
+/// it looks ([`h_coalescing`] for the default device, which merges the ACKs of one batch).
 fn h_with(cfg: &RcConfig) -> H {
-    h_on(cfg, DeviceConfig::default())
+    h_on(
+        cfg,
+        DeviceConfig {
+            coalesce_acks: false,
+            ..DeviceConfig::default()
+        },
+    )
+}
+
+/// [`h`] on the default device: the ACKs of the requests fed between two looks at the
+/// transmit side (one receive batch) are coalesced ([`DeviceConfig::coalesce_acks`]).
+fn h_coalescing() -> H {
+    h_on(&RcConfig::default(), DeviceConfig::default())
 }
 
 /// [`h_with`] on a device made with `config`.

@@ -172,6 +172,17 @@ fn sim_corrupted_frames_fail_the_icrc_and_are_recovered_by_retransmission() {
 
 #[test]
 fn sim_send_burst_past_the_posted_receives_gets_the_rnr_nak_and_loses_nothing() {
+    send_burst_past_the_posted_receives(false);
+}
+
+/// The same burst with the default device, which coalesces the ACKs of one receive batch
+/// (`DeviceConfig::coalesce_acks`): the RNR NAK is still sent, and nothing is lost.
+#[test]
+fn sim_send_burst_with_coalesced_acks_gets_the_rnr_nak_and_loses_nothing() {
+    send_burst_past_the_posted_receives(true);
+}
+
+fn send_burst_past_the_posted_receives(coalesce_acks: bool) {
     // Issue 20: a burst of SENDs larger than the receives posted arrives before the responder
     // transmits anything, so its control queue fills with ACKs. The first SEND without a
     // receive WQE must still be answered with an RNR NAK (IBA: RNR NAK, class B), the
@@ -180,7 +191,14 @@ fn sim_send_burst_past_the_posted_receives_gets_the_rnr_nak_and_loses_nothing() 
     const N: u64 = 100;
     const POSTED: u64 = 40;
     const LEN: u32 = 64;
-    let mut p = Pair::new(11, DeviceConfig::default(), Link::default());
+    let mut p = Pair::new(
+        11,
+        DeviceConfig {
+            coalesce_acks,
+            ..DeviceConfig::default()
+        },
+        Link::default(),
+    );
     let cfg = RcConfig {
         // One transport retry would not be enough if the RNR NAK were lost: it would fail
         // after the ACK timeouts; RNR retries are unlimited.
@@ -248,10 +266,16 @@ fn sim_send_burst_past_the_posted_receives_gets_the_rnr_nak_and_loses_nothing() 
     let first_rnr = Psn::new(cfg.psn_a).wrapping_add(POSTED as u32);
     assert_eq!(rnr_naks().first(), Some(&first_rnr));
     let cb = *p.b.qp(b.qpn).unwrap().counters();
-    assert!(
-        cb.ack_deferred > 0,
-        "the burst filled the control queue: {cb:?}"
-    );
+    if coalesce_acks {
+        // The burst's ACKs were merged, at most ACK_COALESCE_MAX requests to one.
+        let coalesced = p.b.device_counters().ack_coalesced;
+        assert!(coalesced > 0, "the burst's ACKs were coalesced: {cb:?}");
+    } else {
+        assert!(
+            cb.ack_deferred > 0,
+            "the burst filled the control queue: {cb:?}"
+        );
+    }
     assert_eq!(cb.ack_queue_full, 0, "{cb:?}");
     // The application catches up; the requester's RNR retries then deliver the rest.
     post_recvs(&mut p, POSTED..N);

@@ -302,7 +302,11 @@ fn resp_resource_eviction_keeps_a_finished_newer_read_over_an_older_replay() {
     // the next request arrives), while the second READ's responses have all left.
     h.rx(read(RQ_PSN), &[]);
     h.rx(read(RQ_PSN + 2), &[]);
-    assert_eq!(h.c().rd_atomic_evicted, 1, "the replay of the oldest gave way");
+    assert_eq!(
+        h.c().rd_atomic_evicted,
+        1,
+        "the replay of the oldest gave way"
+    );
     let psns: Vec<u32> = h.tx().iter().map(|(r, _)| r.bth.psn.value()).collect();
     assert_eq!(psns, vec![RQ_PSN + 2]);
     // The requester lost the second READ's response and asks again: it is still there.
@@ -816,4 +820,146 @@ fn resp_answers_leave_in_psn_order_read_responses_before_the_ack_behind_them() {
             (Opcode::RC_ACKNOWLEDGE, RQ_PSN + 4),
         ]
     );
+}
+
+/// IBA 9.7.5.1 (coalesced acknowledgements): the requests of one receive batch that ask for
+/// an ACK are answered by one cumulative ACK for the newest, carrying the newest MSN.
+#[test]
+fn resp_coalesces_the_acks_of_one_batch() {
+    let mut h = h_coalescing();
+    for i in 0..3 {
+        h.recv(i, 64 * i, 64);
+    }
+    for i in 0..3 {
+        h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + i as u32), &[i as u8; 8]);
+    }
+    let out = h.tx();
+    assert_eq!(out.len(), 1, "one ACK for the batch: {out:?}");
+    let aeth = out[0].0.aeth.unwrap();
+    assert_eq!(
+        (aeth.syndrome, out[0].0.bth.psn.value(), aeth.msn),
+        (ACK, RQ_PSN + 2, Msn::new(3))
+    );
+    assert_eq!(h.d.device_counters().ack_coalesced, 2);
+    assert_eq!(h.wcs().len(), 3, "every message delivered");
+    // The next batch gets its own ACK.
+    let rkey = h.mr.rkey;
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN + 3), BASE, rkey, 4),
+        &[7; 4],
+    );
+    assert_eq!(h.acks(), vec![(ACK, RQ_PSN + 3)]);
+    assert_eq!(h.d.device_counters().ack_coalesced, 2);
+}
+
+/// One coalesced ACK stands for at most `ACK_COALESCE_MAX` requests, so that a lost ACK
+/// holds back few messages: 20 WRITEs in one batch are answered at the 8th, 16th and 20th.
+#[test]
+fn resp_coalesced_ack_covers_at_most_ack_coalesce_max_requests() {
+    let mut h = h_coalescing();
+    let rkey = h.mr.rkey;
+    let max = u32::from(crate::transport::qp::ACK_COALESCE_MAX);
+    assert_eq!(max, 8);
+    for i in 0..20 {
+        h.rx(
+            with_reth(
+                hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN + i),
+                BASE + 8 * u64::from(i),
+                rkey,
+                8,
+            ),
+            &[i as u8; 8],
+        );
+    }
+    assert_eq!(
+        h.acks(),
+        vec![(ACK, RQ_PSN + 7), (ACK, RQ_PSN + 15), (ACK, RQ_PSN + 19)]
+    );
+    assert_eq!(h.d.device_counters().ack_coalesced, 17);
+    assert_eq!(h.c().ack_deferred, 0, "the queue never filled");
+}
+
+/// NAKs and duplicates' re-ACKs are never merged with a later request's ACK, and a request's
+/// ACK is not merged into a NAK: each answer that says something of its own leaves.
+#[test]
+fn resp_coalescing_never_merges_naks_or_reacks() {
+    let mut h = h_coalescing();
+    for i in 0..4 {
+        h.recv(i, 64 * i, 64);
+    }
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[1; 8]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1), &[2; 8]);
+    // A duplicate of the first: re-ACKed with the PSN before the expected one (C9-105).
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[9; 8]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 2), &[3; 8]);
+    // A gap: NAKed, and the ACK of the request that fills it is an answer of its own.
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 4), &[5; 8]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 3), &[4; 8]);
+    assert_eq!(
+        h.acks(),
+        vec![
+            (ACK, RQ_PSN + 1),
+            (ACK, RQ_PSN + 1),
+            (ACK, RQ_PSN + 2),
+            (Nak(PsnSequenceError), RQ_PSN + 3),
+            (ACK, RQ_PSN + 3),
+        ]
+    );
+    assert_eq!(h.d.device_counters().ack_coalesced, 1);
+    assert_eq!(h.wcs().len(), 4);
+}
+
+/// While a READ response is owed the ACKs of the requests behind it are not merged (answers
+/// leave in PSN order; the READ's last response carries its own ACK).
+#[test]
+fn resp_coalescing_waits_for_a_read_response() {
+    let mut h = h_coalescing();
+    let rkey = h.mr.rkey;
+    h.set_mem(0, &[0xAB; 16]);
+    h.rx(
+        with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN), BASE + 64, rkey, 4),
+        &[1; 4],
+    );
+    h.rx(
+        with_reth(
+            hdr(Opcode::RC_RDMA_READ_REQUEST, RQ_PSN + 1),
+            BASE,
+            rkey,
+            16,
+        ),
+        &[],
+    );
+    h.rx(
+        with_reth(
+            hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN + 2),
+            BASE + 68,
+            rkey,
+            4,
+        ),
+        &[2; 4],
+    );
+    h.rx(
+        with_reth(
+            hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN + 3),
+            BASE + 72,
+            rkey,
+            4,
+        ),
+        &[3; 4],
+    );
+    let out: Vec<_> = h
+        .tx()
+        .into_iter()
+        .map(|(r, _)| (r.bth.opcode, r.bth.psn.value()))
+        .collect();
+    assert_eq!(
+        out,
+        vec![
+            (Opcode::RC_ACKNOWLEDGE, RQ_PSN),
+            (Opcode::RC_RDMA_READ_RESPONSE_ONLY, RQ_PSN + 1),
+            (Opcode::RC_ACKNOWLEDGE, RQ_PSN + 2),
+            (Opcode::RC_ACKNOWLEDGE, RQ_PSN + 3),
+        ]
+    );
+    assert_eq!(h.d.device_counters().ack_coalesced, 0);
 }
