@@ -709,6 +709,36 @@ fn stats_json(ifname: &str) -> Value {
     serde_json::from_slice(&o.stdout).unwrap()
 }
 
+/// The responder coalesces the ACKs of one receive batch (IBA 9.7.5.1, at most 8 requests per
+/// ACK; device counter `ack_coalesced`), and `roce perf --no-ack-coalescing` answers every
+/// AckReq with an ACK of its own as Soft-RoCE does. 64-byte WRITEs with 128 in flight arrive
+/// in batches, so the default merges many; the switch merges none. Both runs check every byte.
+#[test]
+fn perf_coalesces_acks_unless_told_not_to() {
+    let (pair, _l) = loaded_veth("ea", 103, 1500);
+    let host = pair.b.ipv4.to_string();
+    let coalesced = || stats_json(&pair.b.ifname)["device"]["ack_coalesced"].as_u64();
+    let before = coalesced().expect("device.ack_coalesced in roce stats");
+    let mut merged = Vec::new();
+    for args in [
+        "perf write -s 64 -n 20000 -t 128",
+        "perf write -s 64 -n 20000 -t 128 --no-ack-coalescing",
+    ] {
+        let (c, s) = pair_run(&pair, args, &host);
+        assert_eq!(c["verified"], true, "{args}: client {c}");
+        assert_eq!(s["verified"], true, "{args}: server {s}");
+        assert_eq!(c["messages"], 20000, "{args}: {c}");
+        let after = coalesced().expect("device.ack_coalesced");
+        merged.push(after - before - merged.iter().sum::<u64>());
+        println!("{args}: {} ACKs coalesced", merged[merged.len() - 1]);
+    }
+    assert!(merged[0] > 0, "the default coalesced no ACK: {merged:?}");
+    assert_eq!(
+        merged[1], 0,
+        "--no-ack-coalescing coalesced ACKs: {merged:?}"
+    );
+}
+
 /// `roce perf --sharded` on both ends of a two-queue veth pair: QP k lives on queue k mod 2
 /// (its QPN says so), sends on that queue and the peer receives it on the same queue, so both
 /// queues carry half the traffic, every frame reaches its owner's queue directly

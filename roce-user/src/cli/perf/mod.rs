@@ -206,6 +206,12 @@ pub struct PerfArgs {
     /// this matters with many QPs: 1024 QPs without it overrun the peer's receive ring.
     #[arg(long, value_name = "PKTS", default_value_t = roce::transport::DeviceConfig::default().max_inflight_pkts)]
     pub max_inflight: u32,
+    /// Answer every request that asks for an ACK (BTH AckReq) with an ACK of its own, as
+    /// Soft-RoCE does, instead of one cumulative ACK per QP for the requests of one receive
+    /// batch, at most 8 each (IBA 9.7.5.1; `DeviceConfig::coalesce_acks`, counted in the
+    /// device counter `ack_coalesced`).
+    #[arg(long)]
+    pub no_ack_coalescing: bool,
     /// One transport per RX queue of the interface, each driven by its own queue's engine
     /// thread (`DeviceOptions::sharded`): QP k lives on queue k mod queues, with a PD and CQ
     /// per queue. The --max-inflight budget applies per queue. For interfaces with several
@@ -427,6 +433,7 @@ fn check_engine_args(a: &PerfArgs) -> anyhow::Result<()> {
         (a.cc_profile != "mlx5", "--cc-profile"),
         (a.line_rate != 10_000_000_000, "--line-rate"),
         (a.max_inflight != d.max_inflight_pkts, "--max-inflight"),
+        (a.no_ack_coalescing, "--no-ack-coalescing"),
         (a.max_qp != d.max_qp, "--max-qp"),
         (a.max_mr != d.max_mr, "--max-mr"),
     ])

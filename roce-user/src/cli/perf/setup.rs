@@ -131,6 +131,7 @@ pub(super) fn open_device(
     opts.transport.multipath_entropies = a.entropies;
     opts.transport.max_qp = a.max_qp;
     opts.transport.max_inflight_pkts = a.max_inflight;
+    opts.transport.coalesce_acks = !a.no_ack_coalescing;
     opts.transport.max_mr = a.max_mr;
     opts.transport.max_qp_rd_atom = opts.transport.max_qp_rd_atom.max(a.max_rd_atomic);
     Ok(Device::open(&a.dev, &opts)?)
