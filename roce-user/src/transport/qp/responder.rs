@@ -391,8 +391,6 @@ impl Qp {
         Ok(())
     }
 
-    /// Takes a responder resource slot: the oldest finished one is reused; if every slot is
-    /// still answering, the peer exceeded max_dest_rd_atomic (NAK invalid request).
     /// Makes room for one more READ/atomic responder resource (IBA 9.4.4: at most
     /// `max_dest_rd_atomic` are kept). A full table gives up its oldest resource, as rxe's
     /// resource ring overwrites its oldest slot (rxe_resp.c `free_rd_atomic_resource` on
