@@ -12,7 +12,8 @@
 //!   ib_atomic_bw; 2 B, 4 KiB, 64 KiB, 1 MiB; 1 and 4 QPs; both directions: 52 rows, the CI
 //!   test's iterations), each run three times (the three passes over the matrix taking turns,
 //!   so a change in the machine's load hits every row alike), against three rxe ↔ rxe runs of
-//!   the same tool, size and QP count. The ratio is the median message rate's (perftest's own
+//!   the same tool, size and QP count with the second VM in roce-xdp's place and the guest in
+//!   its role (the guest's own result in both, `perftest_matrix::rxe_reference`). The ratio is the median message rate's (perftest's own
 //!   figure on the perftest side; 2-byte messages round to 0.00 MB/s), the target ≥ 1.0x. Each
 //!   row also shows the drops counted on the guest's tap on its way into the guest
 //!   (`tx_dropped`: what a receiver that cannot keep up costs), the retransmissions each side
@@ -164,6 +165,11 @@ impl MatrixRow {
     fn name(&self) -> String {
         perftest_matrix::row_name(self.op, self.size, self.qps, self.guest_server)
     }
+
+    /// The key of this row's rxe ↔ rxe runs: the second VM in our place, the guest in its role.
+    fn key(&self) -> (&'static str, u32, u32, bool) {
+        (self.op.name(), self.size, self.qps, self.guest_server)
+    }
 }
 
 /// The `matrix` part's roce-xdp runs: [`REPS`] passes over the chosen rows, `extra` added to
@@ -238,12 +244,12 @@ fn matrix_ours(peer: &Peer, only: &[String], extra: &[String]) -> Vec<MatrixRow>
     rows
 }
 
-/// rxe ↔ rxe runs of one tool, size and QP count: BW averages (MB/s), message rates (Mpps),
+/// rxe ↔ rxe runs of one row's tool, size, QP count and direction: BW averages (MB/s), message rates (Mpps),
 /// and why the runs that failed twice failed.
 type Refs = (Vec<f64>, Vec<f64>, Vec<String>);
 
-/// The `matrix` part's table and rows, against [`REPS`] rxe ↔ rxe runs per (tool, size, QPs)
-/// between `peer` and `second`.
+/// The `matrix` part's table and rows, against [`REPS`] rxe ↔ rxe runs per row (its tool, size, QPs
+/// and direction) between `peer` and `second`, the second in our place.
 fn matrix_table(
     peer: &Peer,
     second: &Peer,
@@ -251,15 +257,21 @@ fn matrix_table(
     cc: &str,
     text: &mut String,
 ) -> Vec<serde_json::Value> {
-    let mut refs: BTreeMap<(&'static str, u32, u32), Refs> = BTreeMap::new();
+    let mut refs: BTreeMap<(&'static str, u32, u32, bool), Refs> = BTreeMap::new();
     let mut port = 19900;
     for _ in 0..REPS {
         for r in &rows {
-            let e = refs.entry((r.op.name(), r.size, r.qps)).or_default();
+            let e = refs.entry(r.key()).or_default();
             if e.0.len() + e.2.len() >= REPS {
                 continue;
             }
-            match perftest_matrix::rxe_reference(peer, second, r.op, r.size, r.qps, &mut port) {
+            match perftest_matrix::rxe_reference(
+                peer,
+                second,
+                (r.op, r.size, r.qps),
+                r.guest_server,
+                &mut port,
+            ) {
                 Ok((bw, rate)) => {
                     e.0.push(bw);
                     e.1.push(rate);
@@ -276,10 +288,7 @@ fn matrix_table(
     let (mut met, mut measured) = (0, 0);
     for r in rows {
         let name = r.name();
-        let (rb, rate_ref, errs) = refs
-            .get(&(r.op.name(), r.size, r.qps))
-            .cloned()
-            .unwrap_or_default();
+        let (rb, rate_ref, errs) = refs.get(&r.key()).cloned().unwrap_or_default();
         let ((om, omin, omax), (orate, _, _)) = (stats(r.bw.clone()), stats(r.rate.clone()));
         let ((tm, tmin, tmax), (trate, _, _)) = (stats(rb), stats(rate_ref));
         let ratio = orate / trate;
@@ -324,7 +333,7 @@ fn matrix_table(
     }
     let _ = writeln!(
         text,
-        "({met} of {measured} rows at or above rxe↔rxe; median of {REPS} runs per row and of {REPS} rxe↔rxe runs per tool, size and QP count; path MTU 1024)"
+        "({met} of {measured} rows at or above rxe↔rxe; median of {REPS} runs per row and of {REPS} rxe↔rxe runs per row, the second VM in our place; path MTU 1024)"
     );
     json_rows
 }

@@ -63,6 +63,20 @@ pub struct Row {
     pub report: SceneReport,
 }
 
+impl Row {
+    /// Whether the guest was the server (the key of its rxe ↔ rxe [`References`]).
+    #[must_use]
+    pub fn guest_server(&self) -> bool {
+        self.server == "rxe"
+    }
+
+    /// This row's key in [`References`].
+    #[must_use]
+    pub fn reference_key(&self) -> (&'static str, u32, u32, bool) {
+        (self.op.name(), self.size, self.qps, self.guest_server())
+    }
+}
+
 /// The perftest command line of a row, without the server's address (the client adds it).
 #[must_use]
 pub fn tool(op: Op, size: u32, qps: u32, port: u16) -> String {
@@ -200,38 +214,50 @@ pub fn scenario_args(
     }
 }
 
-/// The rxe ↔ rxe reference of one row: the same tool, size, QP count and iterations between
-/// `server` and `client`, two rxe VMs on one bridge; perftest's (`BW average` MB/s, message
-/// rate Mpps). The message rate says more for 2-byte messages, whose bandwidth rounds to 0.00.
+/// The rxe ↔ rxe reference of one row: the same tool, size, QP count and iterations, with the
+/// second VM (`second`, [`Peer::boot_beside`]) in roce-xdp's place and `guest` in the role it
+/// has in the row: the server when `guest_server`, the client otherwise. Returns the result
+/// `guest` printed, as the row reads the guest's: perftest's (`BW average` MB/s, message rate
+/// Mpps). The message rate says more for 2-byte messages, whose bandwidth rounds to 0.00.
+///
+/// The roles matter: a Soft-RoCE guest under TCG sends and receives at different speeds, and
+/// a guest that has run a whole matrix is not the fresh second VM, so the reference keeps the
+/// guest on the same side as in the row rather than always making it the server.
 ///
 /// # Errors
 /// Both tries failed (see [`rxe::twice`]).
 pub fn rxe_reference(
-    server: &Peer,
-    client: &Peer,
-    op: Op,
-    size: u32,
-    qps: u32,
+    guest: &Peer,
+    second: &Peer,
+    (op, size, qps): (Op, u32, u32),
+    guest_server: bool,
     port: &mut u16,
 ) -> Result<(f64, f64), String> {
+    let (server, client) = if guest_server {
+        (guest, second)
+    } else {
+        (second, guest)
+    };
     rxe::twice(|| {
         *port += 1;
         let t = tool(op, size, qps, *port);
-        let out = rxe::rxe_pair(server, client, &t, *port, Duration::from_secs(120))?;
+        let (s, c) = rxe::rxe_pair_both(server, client, &t, *port, Duration::from_secs(120))?;
+        let out = if guest_server { s } else { c };
         let want = u64::from(iters(op, size)) * u64::from(qps);
         match rxe::perftest_bw_line(&out.out) {
             Some((_, it, _, bw, rate)) if it == want && rate > 0.0 => Ok((bw, rate)),
             other => Err(format!(
-                "rxe ↔ rxe ib_{}_bw -s {size} -q {qps}: result line {other:?}, want {want} iterations: {}",
+                "rxe ↔ rxe ib_{}_bw -s {size} -q {qps}, the guest the {}: result line {other:?}, want {want} iterations: {}",
                 op.name(),
+                if guest_server { "server" } else { "client" },
                 out.out
             )),
         }
     })
 }
 
-/// References keyed by (operation, size, QPs).
-pub type References = BTreeMap<(&'static str, u32, u32), Result<(f64, f64), String>>;
+/// References keyed by (operation, size, QPs, whether the guest is the server).
+pub type References = BTreeMap<(&'static str, u32, u32, bool), Result<(f64, f64), String>>;
 
 /// Every row of the matrix, in the order the test runs them: (operation, size, QPs, whether
 /// the guest is the server). Sizes 2 B, 4 KiB, 64 KiB and 1 MiB (atomics 8 B), 1 and 4 QPs,

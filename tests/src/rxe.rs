@@ -1751,7 +1751,8 @@ pub fn tool_pingpong_cmd(tool: &str, port: u16, size: u32, iters: u32, mtu: u32)
 /// in the guest; as a server it must listen on TCP `port`) on `server`, then the same `cmd`
 /// followed by the server guest's address on `client` (a VM from [`Peer::boot_beside`]). Call
 /// it after the scenarios it is a reference for, once the second VM is up; both tools read
-/// `$RXE_GID_INDEX` of their own guest. Returns the client's output.
+/// `$RXE_GID_INDEX` of their own guest. Returns the client's output ([`rxe_pair_both`] for
+/// the server's as well).
 ///
 /// # Errors
 /// When the server does not listen within 60 s, or either side fails or runs past `timeout`
@@ -1763,6 +1764,21 @@ pub fn rxe_pair(
     port: u16,
     timeout: Duration,
 ) -> Result<StepOut, String> {
+    rxe_pair_both(server, client, cmd, port, timeout).map(|(_, c)| c)
+}
+
+/// [`rxe_pair`], returning the server's output and the client's, for a reference that reads
+/// the result of the guest in a given role (perftest prints a bandwidth line on both sides).
+///
+/// # Errors
+/// As [`rxe_pair`].
+pub fn rxe_pair_both(
+    server: &Peer,
+    client: &Peer,
+    cmd: &str,
+    port: u16,
+    timeout: Duration,
+) -> Result<(StepOut, StepOut), String> {
     let s = server.spawn(cmd);
     if let Err(e) = server.try_wait_listen(port, &s, Duration::from_secs(60)) {
         let _ = server.wait_or_kill(&s, Duration::ZERO);
@@ -1780,7 +1796,7 @@ pub fn rxe_pair(
             tail(&s.out, 10)
         ));
     }
-    Ok(c)
+    Ok((s, c))
 }
 
 /// Checks that the rxe ↔ rxe references could be measured. A reference is a measurement of

@@ -3,8 +3,8 @@
 //! directions, 1 and 4 QPs, at 2 B, 4 KiB, 64 KiB and 1 MiB (atomics: 8 B), path MTU 1024. Every
 //! scenario is captured and checked (tshark, ICRC of every frame, counters of both sides), and
 //! the bandwidth is put next to rxe ↔ rxe measured in the same run: after the matrix a second VM
-//! boots on the same bridge and the two VMs run every row's tool, size and QP count against each
-//! other (`rxe::rxe_pair`).
+//! boots on the same bridge and takes roce-xdp's place in every row, the first guest keeping its
+//! role (`perftest_matrix::rxe_reference`).
 //!
 //! perftest 6.06 does no binary parameter negotiation (that came with 6.28): `roce perf`
 //! announces 6.06 too, so a newer perftest skips it towards us as it does towards any older
@@ -52,7 +52,7 @@ fn table(rows: &[Row], reference: &References) -> String {
             .and_then(|v| v["bw_mb_per_sec"].as_f64());
         let line = rxe::perftest_bw_line(&r.report.guest.out);
         let theirs = line.map(|x| x.3);
-        let refs = reference.get(&(r.op.name(), r.size, r.qps));
+        let refs = reference.get(&r.reference_key());
         let (refbw, ratio) = match (refs, line) {
             // Message rates: at one size their ratio is the bandwidths', with more digits.
             (Some(Ok((bw, rate))), Some(l)) => (format!("{bw:.2}"), format!("{:.2}", l.4 / rate)),
@@ -587,8 +587,9 @@ fn perftest_bandwidth_both_directions() {
         }
     }
     let drop_secs = t.elapsed().as_secs_f64();
-    // rxe ↔ rxe, every row's tool, size and QP count, in the same run: a second VM beside the
-    // first (ours is idle by now, its XDP program still on the bridge's other port).
+    // rxe ↔ rxe, every row's tool, size, QP count and direction, in the same run: a second VM
+    // beside the first in our place (ours is idle by now, its XDP program still on the
+    // bridge's other port).
     let t = Instant::now();
     let mut reference = References::new();
     // (Only drop-in rows, when ROCE_INTEROP_ONLY chose them: nothing to compare with rxe ↔ rxe.)
@@ -596,10 +597,15 @@ fn perftest_bandwidth_both_directions() {
         let second = Peer::boot_beside(&peer, &PeerOptions::default());
         let mut port = 19500;
         for r in &rows {
-            let key = (r.op.name(), r.size, r.qps);
-            reference
-                .entry(key)
-                .or_insert_with(|| rxe_reference(&peer, &second, r.op, r.size, r.qps, &mut port));
+            reference.entry(r.reference_key()).or_insert_with(|| {
+                rxe_reference(
+                    &peer,
+                    &second,
+                    (r.op, r.size, r.qps),
+                    r.guest_server(),
+                    &mut port,
+                )
+            });
         }
     }
     drop(h);
