@@ -95,6 +95,8 @@ fn rows(out: &str) -> Vec<Row> {
 struct Case {
     tool: &'static str,
     args: Vec<String>,
+    /// Options of `roce exec` for both ends (before `--`).
+    exec: Vec<String>,
     /// The message sizes the client must report (one row each), in order.
     sizes: Vec<u64>,
 }
@@ -104,12 +106,25 @@ impl Case {
         Self {
             tool,
             args: args.iter().map(|a| (*a).to_owned()).collect(),
+            exec: Vec::new(),
             sizes: sizes.to_vec(),
         }
     }
 
+    /// This case with `opts` given to `roce exec` at both ends.
+    fn exec(mut self, opts: &[&str]) -> Self {
+        self.exec = opts.iter().map(|a| (*a).to_owned()).collect();
+        self
+    }
+
     fn name(&self) -> String {
-        format!("{} {}", self.tool, self.args.join(" "))
+        let exec = self.exec.join(" ");
+        format!(
+            "{exec}{}{} {}",
+            if exec.is_empty() { "" } else { " " },
+            self.tool,
+            self.args.join(" ")
+        )
     }
 }
 
@@ -123,9 +138,9 @@ fn all_sizes() -> Vec<u64> {
 /// checking both ends exited 0 and every row (both ends) has a nonzero figure.
 fn run(pair: &VethPair, case: &Case, port: u16) -> Vec<Row> {
     let start = |end: &VethEnd, server: Option<&VethEnd>| {
-        let mut args: Vec<String> = ["exec", "-d", &end.ifname, "--", case.tool, "-d"]
-            .map(str::to_owned)
-            .to_vec();
+        let mut args: Vec<String> = vec!["exec".to_owned()];
+        args.extend(case.exec.iter().cloned());
+        args.extend(["-d", &end.ifname, "--", case.tool, "-d"].map(str::to_owned));
         args.push(format!("roce_{}", end.ifname));
         args.extend([
             "-x".to_owned(),
@@ -229,6 +244,54 @@ fn perftest_bw_over_rc_with_both_ends_on_the_library() {
         ]);
     }
     run_all(&pair, &cases, 19100);
+}
+
+/// `roce exec --no-ack-coalescing` (ROCE_ACK_COALESCING=0) reaches the library: ib_write_bw's
+/// 64-byte WRITEs, 128 in flight, reach the server in batches, whose AckReq requests its
+/// responder answers with coalesced ACKs by default (device counter `ack_coalesced`, read
+/// with `roce stats` on the interface, loaded beforehand so the counters outlive the
+/// programs) and with an ACK each with the switch. A wrong `ROCE_ACK_COALESCING` value is
+/// refused with a message naming it (the library's unit test `switches_come_from_the_environment`).
+#[test]
+fn ack_coalescing_is_switched_off_through_roce_exec() {
+    require_root();
+    require_libraries();
+    let pair = veth_pair("pv3", 187);
+    let _l = roce_tests::Loaded::on(&[&pair.a, &pair.b]);
+    let coalesced = || {
+        let o = roce_tests::roce(&[
+            "--netns",
+            &pair.a.netns,
+            "stats",
+            "-j",
+            "-i",
+            &pair.a.ifname,
+        ]);
+        assert!(o.status.success(), "{}", text(&o));
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).expect("roce stats -j");
+        v["device"]["ack_coalesced"]
+            .as_u64()
+            .expect("device.ack_coalesced in roce stats")
+    };
+    let args = ["-s", "64", "-n", "20000"];
+    let mut merged = Vec::new();
+    for (i, case) in [
+        Case::new("ib_write_bw", &args, &[64]),
+        Case::new("ib_write_bw", &args, &[64]).exec(&["--no-ack-coalescing"]),
+    ]
+    .iter()
+    .enumerate()
+    {
+        let before = coalesced();
+        let _ = run(&pair, case, 19170 + u16::try_from(i).expect("two cases"));
+        merged.push(coalesced() - before);
+        eprintln!("{}: {} ACKs coalesced", case.name(), merged[i]);
+    }
+    assert!(merged[0] > 0, "the default coalesced no ACK: {merged:?}");
+    assert_eq!(
+        merged[1], 0,
+        "--no-ack-coalescing coalesced ACKs: {merged:?}"
+    );
 }
 
 /// The latency tools over RC with one QP (perftest offers no more in a latency test) at their

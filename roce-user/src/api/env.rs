@@ -32,3 +32,9 @@ pub const CC_PROFILE_ENV: &str = "ROCE_CC_PROFILE";
 /// Whether every RC QP of the program offers the multipath extension (docs/multipath.md): `1`
 /// offers it, unset or `0` does not. `roce exec --multipath` sets it.
 pub const MULTIPATH_ENV: &str = "ROCE_MULTIPATH";
+
+/// Whether the responder of every RC QP of the program coalesces ACKs: `1` (the default, as
+/// unset or empty) answers the AckReq requests of a QP that arrive in one receive batch with
+/// one cumulative ACK (`DeviceConfig::coalesce_acks`); `0` answers each AckReq with an ACK of
+/// its own, as rxe does. `roce exec --no-ack-coalescing` sets it to `0`.
+pub const ACK_COALESCING_ENV: &str = "ROCE_ACK_COALESCING";

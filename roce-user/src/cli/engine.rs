@@ -100,6 +100,10 @@ pub struct EngineArgs {
     /// Do not serve: ask the engine of IFACE how many programs and QPs it has, and its pid.
     #[arg(long)]
     status: bool,
+    /// Answer every AckReq with an ACK of its own, as rxe does, instead of one cumulative ACK
+    /// for the requests of a QP that arrive together (every program's QPs).
+    #[arg(long)]
+    no_ack_coalescing: bool,
 }
 
 fn parse_linger(s: &str) -> Result<f64, String> {
@@ -151,6 +155,7 @@ pub fn run(out: Output, args: &EngineArgs, netns: Option<String>) -> anyhow::Res
     // responder resources per QP (128, what `roce perf` asks by default); a resource is held
     // only while a READ or atomic is being answered.
     opts.transport.max_qp_rd_atom = 128;
+    opts.transport.coalesce_acks = !args.no_ack_coalescing;
     let dev = match Device::open(&args.iface, &opts) {
         Ok(d) => d,
         Err(e) => {

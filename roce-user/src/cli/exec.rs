@@ -10,7 +10,10 @@ use std::{
 use anyhow::{Context as _, bail};
 
 use roce::{
-    api::env::{CC_ALGORITHM_ENV, CC_ENV, CC_PROFILE_ENV, DEVICES_ENV, ENGINE_ENV, MULTIPATH_ENV},
+    api::env::{
+        ACK_COALESCING_ENV, CC_ALGORITHM_ENV, CC_ENV, CC_PROFILE_ENV, DEVICES_ENV, ENGINE_ENV,
+        MULTIPATH_ENV,
+    },
     cc::CcAlgorithm,
 };
 
@@ -96,6 +99,12 @@ pub struct ExecArgs {
     /// does (sets ROCE_MULTIPATH=1).
     #[arg(long)]
     multipath: bool,
+    /// Answer every AckReq with an ACK of its own, as rxe does, instead of one cumulative ACK
+    /// for the requests of a QP that arrive together (sets ROCE_ACK_COALESCING=0). For a
+    /// program on its own engine (`--engine inline|threads`); a shared `roce engine` takes
+    /// its own `--no-ack-coalescing`.
+    #[arg(long)]
+    no_ack_coalescing: bool,
     /// The program and its arguments (after `--`).
     #[arg(
         required = true,
@@ -221,6 +230,9 @@ pub fn run(args: &ExecArgs) -> anyhow::Result<()> {
     }
     if args.multipath {
         cmd.env(MULTIPATH_ENV, "1");
+    }
+    if args.no_ack_coalescing {
+        cmd.env(ACK_COALESCING_ENV, "0");
     }
     let err = cmd.exec();
     Err(err).with_context(|| format!("cannot run {}", prog.to_string_lossy()))

@@ -136,16 +136,21 @@ fn cc_from_env(
 /// extension (`ROCE_MULTIPATH=1`).
 pub use roce::api::env::MULTIPATH_ENV;
 
-/// Whether [`MULTIPATH_ENV`]'s value asks for the multipath extension: `1` yes, unset, empty
-/// or `0` no. Call when the engine starts.
+/// The environment variable that turns the responder's ACK coalescing off
+/// (`ROCE_ACK_COALESCING=0`).
+pub use roce::api::env::ACK_COALESCING_ENV;
+
+/// A switch from the environment variable `name`: `1` on, `0` off, unset or empty `default`.
+/// Call when the engine starts.
 ///
 /// # Errors
 /// A message naming the variable for any other value.
-fn multipath_from_env(value: Option<&str>) -> Result<bool, String> {
+fn flag_from_env(name: &str, value: Option<&str>, default: bool) -> Result<bool, String> {
     match value.map(str::trim) {
-        None | Some("" | "0") => Ok(false),
+        None | Some("") => Ok(default),
+        Some("0") => Ok(false),
         Some("1") => Ok(true),
-        Some(other) => Err(format!("{MULTIPATH_ENV}: {other:?} is neither 0 nor 1")),
+        Some(other) => Err(format!("{name}: {other:?} is neither 0 nor 1")),
     }
 }
 
@@ -359,7 +364,10 @@ impl Verbs {
         )
         .map_err(refuse)?;
         opts.transport.multipath =
-            multipath_from_env(var(MULTIPATH_ENV).as_deref()).map_err(refuse)?;
+            flag_from_env(MULTIPATH_ENV, var(MULTIPATH_ENV).as_deref(), false).map_err(refuse)?;
+        opts.transport.coalesce_acks =
+            flag_from_env(ACK_COALESCING_ENV, var(ACK_COALESCING_ENV).as_deref(), true)
+                .map_err(refuse)?;
         let opened = Device::open(ifname, &opts).or_else(|e| match e {
             // A driver that refuses native XDP (veth above about 3.5 KB of MTU, some NICs):
             // a program cannot be given `roce load -m skb`'s flag, so fall back to generic
@@ -738,12 +746,25 @@ mod tests {
     }
 
     #[test]
-    fn multipath_comes_from_the_environment() {
-        assert_eq!(multipath_from_env(None), Ok(false));
-        assert_eq!(multipath_from_env(Some("0")), Ok(false));
-        assert_eq!(multipath_from_env(Some(" 1")), Ok(true));
-        let e = multipath_from_env(Some("yes")).unwrap_err();
+    fn switches_come_from_the_environment() {
+        let mp = |v| flag_from_env(MULTIPATH_ENV, v, false);
+        assert_eq!(mp(None), Ok(false));
+        assert_eq!(mp(Some("")), Ok(false));
+        assert_eq!(mp(Some("0")), Ok(false));
+        assert_eq!(mp(Some(" 1")), Ok(true));
+        let e = mp(Some("yes")).unwrap_err();
         assert!(e.starts_with(MULTIPATH_ENV) && e.contains("yes"), "{e}");
+        // Coalescing is on unless told otherwise.
+        let co = |v| flag_from_env(ACK_COALESCING_ENV, v, true);
+        assert_eq!(co(None), Ok(true));
+        assert_eq!(co(Some(" ")), Ok(true));
+        assert_eq!(co(Some("0")), Ok(false));
+        assert_eq!(co(Some("1")), Ok(true));
+        let e = co(Some("off")).unwrap_err();
+        assert!(
+            e.starts_with(ACK_COALESCING_ENV) && e.contains("off"),
+            "{e}"
+        );
     }
 
     #[test]
