@@ -104,6 +104,12 @@ pub struct EngineArgs {
     /// for the requests of a QP that arrive together (every program's QPs).
     #[arg(long)]
     no_ack_coalescing: bool,
+    /// Receive moderation in microseconds, as `roce perf --rx-usecs` (like `ethtool -C IFACE
+    /// rx-usecs N`): a frame that wakes an idle engine thread waits this long for the ones
+    /// that follow. 0 (the default): every frame at once.
+    #[arg(long, value_name = "USECS", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    rx_usecs: u32,
 }
 
 fn parse_linger(s: &str) -> Result<f64, String> {
@@ -156,6 +162,7 @@ pub fn run(out: Output, args: &EngineArgs, netns: Option<String>) -> anyhow::Res
     // only while a READ or atomic is being answered.
     opts.transport.max_qp_rd_atom = 128;
     opts.transport.coalesce_acks = !args.no_ack_coalescing;
+    opts.engine.rx_usecs = std::time::Duration::from_micros(u64::from(args.rx_usecs));
     let dev = match Device::open(&args.iface, &opts) {
         Ok(d) => d,
         Err(e) => {

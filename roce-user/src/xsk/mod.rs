@@ -69,7 +69,7 @@ mod umem;
 use std::{io, num::NonZeroU32};
 
 pub use socket::{
-    RxBatch, RxVerdict, RxWaiter, TxBatch, TxError, TxSink, XskQueue, rx_queue_count,
+    RxBatch, RxVerdict, RxWaiter, TxBatch, TxError, TxSink, Woken, XskQueue, rx_queue_count,
 };
 pub use stats::XskStats;
 pub use umem::{FrameAccounting, FrameIdx, FrameLoc};

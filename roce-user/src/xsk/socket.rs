@@ -938,6 +938,17 @@ impl XskQueue {
         timeout: Option<Duration>,
         wake: Option<std::os::fd::BorrowedFd<'_>>,
     ) -> Result<bool, XskError> {
+        self.wait_woken(timeout, wake).map(|w| w.socket || w.wake)
+    }
+
+    /// [`XskQueue::wait_with`], saying which of the two ended the wait (both `false`: the
+    /// timeout, or an interrupted wait). For a caller that treats a frame and a wake-up
+    /// differently (the engine's receive moderation, `EngineConfig::rx_usecs`).
+    pub fn wait_woken(
+        &self,
+        timeout: Option<Duration>,
+        wake: Option<std::os::fd::BorrowedFd<'_>>,
+    ) -> Result<Woken, XskError> {
         use std::os::fd::AsRawFd as _;
         let mut events = libc::POLLIN;
         if !self.backlog.q.is_empty() {
@@ -956,7 +967,14 @@ impl XskQueue {
             },
         ];
         let n = if wake.is_some() { 2 } else { 1 };
-        ppoll(&mut pfds[..n], timeout)
+        if !ppoll(&mut pfds[..n], timeout)? {
+            return Ok(Woken::default());
+        }
+        Ok(Woken {
+            rx: pfds[0].revents & libc::POLLIN != 0,
+            socket: pfds[0].revents != 0,
+            wake: n == 2 && pfds[1].revents != 0,
+        })
     }
 
     /// [`XskQueue::wait_with`] over several queues at once: returns when any of them has a
@@ -1061,6 +1079,18 @@ fn ppoll(pfds: &mut [libc::pollfd], timeout: Option<Duration>) -> Result<bool, X
         return Err(XskError::Poll(e));
     }
     Ok(rc > 0)
+}
+
+/// What ended an [`XskQueue::wait_woken`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Woken {
+    /// The RX ring has a frame.
+    pub rx: bool,
+    /// The socket is ready: a received frame, or transmit room for the backlog (or an error
+    /// condition, which the next ring operation reports).
+    pub socket: bool,
+    /// The wake descriptor became readable.
+    pub wake: bool,
 }
 
 /// A second descriptor of a queue's socket, for a thread that does not hold the queue and

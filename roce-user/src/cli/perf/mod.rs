@@ -212,6 +212,17 @@ pub struct PerfArgs {
     /// device counter `ack_coalesced`).
     #[arg(long)]
     pub no_ack_coalescing: bool,
+    /// Receive moderation, like a NIC's `ethtool -C IFACE rx-usecs N`: an idle engine thread
+    /// woken by a frame waits N microseconds more before it takes the frames, so that frames
+    /// arriving tens of microseconds apart cost one wake-up and their ACKs leave together
+    /// (`EngineConfig::rx_usecs`). Adds up to N µs to each answer at low rates; a busy engine
+    /// never waits. For a peer that shares this host's cores, such as a Soft-RoCE VM on the
+    /// same machine (BENCHMARKS.md, "Receive moderation"). 0 (the default): every frame at
+    /// once, at most 10,000 (the RX ring must hold what arrives meanwhile). Not with
+    /// `--inline` on the client, which runs no engine thread. roce-xdp's own flag.
+    #[arg(long, value_name = "USECS", default_value_t = 0,
+          value_parser = clap::value_parser!(u32).range(0..=10_000))]
+    pub rx_usecs: u32,
     /// One transport per RX queue of the interface, each driven by its own queue's engine
     /// thread (`DeviceOptions::sharded`): QP k lives on queue k mod queues, with a PD and CQ
     /// per queue. The --max-inflight budget applies per queue. For interfaces with several
@@ -367,6 +378,12 @@ impl Plan {
         if a.rdma_cm && a.lat {
             bail!("-R (RDMA CM) is for the bandwidth tests, not --lat");
         }
+        if a.rx_usecs != 0 && a.inline && client {
+            bail!(
+                "--rx-usecs moderates the engine threads, and --inline runs none on the client: \
+                 drop one of them"
+            );
+        }
         if a.lat
             && (a.qps != 1 || !matches!(a.op, PerfOp::Write | PerfOp::Send) || a.duration.is_some())
         {
@@ -434,6 +451,7 @@ fn check_engine_args(a: &PerfArgs) -> anyhow::Result<()> {
         (a.line_rate != 10_000_000_000, "--line-rate"),
         (a.max_inflight != d.max_inflight_pkts, "--max-inflight"),
         (a.no_ack_coalescing, "--no-ack-coalescing"),
+        (a.rx_usecs != 0, "--rx-usecs"),
         (a.max_qp != d.max_qp, "--max-qp"),
         (a.max_mr != d.max_mr, "--max-mr"),
     ])
@@ -562,10 +580,23 @@ mod tests {
             ("write -d x --engine --line-rate 1gbit", "--line-rate"),
             ("write -d x --engine --max-qp 4", "--max-qp"),
             ("write -d x --engine --trace t.csv", "--trace"),
+            ("write -d x --engine --rx-usecs 100", "--rx-usecs"),
         ] {
             let e = engine_args(args).expect_err(args).to_string();
             assert!(e.contains(named) && e.contains("engine's"), "{args}: {e}");
         }
+    }
+
+    #[test]
+    fn rx_moderation_needs_an_engine_thread() {
+        plan("write -d x --rx-usecs 400").unwrap();
+        plan("write -d x --rx-usecs 400 --inline").unwrap();
+        plan("write -d x --rx-usecs 400 10.0.0.1").unwrap();
+        let Err(e) = plan("write -d x --rx-usecs 400 --inline 10.0.0.1") else {
+            panic!("--rx-usecs with --inline on the client was accepted");
+        };
+        assert!(e.to_string().contains("--inline"), "{e}");
+        assert!(plan("write -d x --rx-usecs 10001").is_err());
     }
 
     #[test]

@@ -132,6 +132,7 @@ pub(super) fn open_device(
     opts.transport.max_qp = a.max_qp;
     opts.transport.max_inflight_pkts = a.max_inflight;
     opts.transport.coalesce_acks = !a.no_ack_coalescing;
+    opts.engine.rx_usecs = std::time::Duration::from_micros(u64::from(a.rx_usecs));
     opts.transport.max_mr = a.max_mr;
     opts.transport.max_qp_rd_atom = opts.transport.max_qp_rd_atom.max(a.max_rd_atomic);
     Ok(Device::open(&a.dev, &opts)?)
