@@ -346,6 +346,41 @@ mod tests {
         assert_eq!(cc_sum(&serde_json::json!({}), "rp_probe_sent"), 0);
     }
 
+    /// A scenario's report with rxe's `duplicate_request` delta (if any) and our JSON.
+    fn report(dups: Option<i64>, ours: Result<serde_json::Value, String>) -> SceneReport {
+        SceneReport {
+            name: "t".into(),
+            ours,
+            guest: rxe::StepOut {
+                rc: 0,
+                out: String::new(),
+            },
+            pcap: rxe::Dissection::default(),
+            icrc: rxe::IcrcCheck::default(),
+            rxe: dups
+                .map(|d| BTreeMap::from([("duplicate_request".to_owned(), d)]))
+                .unwrap_or_default(),
+            ours_ctr: BTreeMap::new(),
+            other: BTreeMap::new(),
+            counted_drops: 0,
+            failures: Vec::new(),
+            secs: 0.0,
+        }
+    }
+
+    #[test]
+    fn rxe_duplicates_leave_out_our_read_clock_probes() {
+        let cc = serde_json::json!({"cc": [{"rp_probe_sent": 3}, {"rp_probe_sent": 4}, {}]});
+        assert_eq!(rxe_dups_less_probes(&report(Some(10), Ok(cc.clone()))), 3);
+        // Our side failed (no JSON): nothing to take away.
+        assert_eq!(
+            rxe_dups_less_probes(&report(Some(10), Err("failed".into()))),
+            10
+        );
+        // rxe counted none: the probes show as a negative figure rather than vanish.
+        assert_eq!(rxe_dups_less_probes(&report(None, Ok(cc))), -7);
+    }
+
     #[test]
     fn the_matrix_has_52_rows_named_as_before() {
         let r = rows();
