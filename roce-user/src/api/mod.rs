@@ -1399,7 +1399,19 @@ impl Device {
             sh.kick();
         }
         for e in engines.drain(..) {
-            let _ = e.join();
+            match e.join() {
+                Ok(Ok((r, _))) => log::debug!(
+                    "engine for queue {} ({:?}) ended after {:?}: {} turns, {} waits, {} lengthened by rx-usecs",
+                    r.queue_id,
+                    r.mode,
+                    r.elapsed,
+                    r.turns,
+                    r.waits,
+                    r.moderated
+                ),
+                Ok(Err(err)) => log::warn!("engine ended with an error: {err}"),
+                Err(_) => log::warn!("engine thread panicked"),
+            }
         }
         if let Some(t) = self.inline_thread.take() {
             let _ = t.join();
