@@ -72,9 +72,20 @@ impl Row {
 
     /// This row's key in [`References`].
     #[must_use]
-    pub fn reference_key(&self) -> (&'static str, u32, u32, bool) {
-        (self.op.name(), self.size, self.qps, self.guest_server())
+    pub fn reference_key(&self) -> RowKey {
+        reference_key(self.op, self.size, self.qps, self.guest_server())
     }
+}
+
+/// The key of a row's rxe ↔ rxe references: (operation, size, QPs, whether the guest is the
+/// server). The direction is part of it because the reference keeps the guest in its role
+/// ([`rxe_reference`]).
+pub type RowKey = (&'static str, u32, u32, bool);
+
+/// A row's [`RowKey`]: build every key with this, so that the test and the bench agree.
+#[must_use]
+pub fn reference_key(op: Op, size: u32, qps: u32, guest_server: bool) -> RowKey {
+    (op.name(), size, qps, guest_server)
 }
 
 /// The perftest command line of a row, without the server's address (the client adds it).
@@ -256,8 +267,8 @@ pub fn rxe_reference(
     })
 }
 
-/// References keyed by (operation, size, QPs, whether the guest is the server).
-pub type References = BTreeMap<(&'static str, u32, u32, bool), Result<(f64, f64), String>>;
+/// References keyed by [`RowKey`].
+pub type References = BTreeMap<RowKey, Result<(f64, f64), String>>;
 
 /// Every row of the matrix, in the order the test runs them: (operation, size, QPs, whether
 /// the guest is the server). Sizes 2 B, 4 KiB, 64 KiB and 1 MiB (atomics 8 B), 1 and 4 QPs,

@@ -1751,8 +1751,8 @@ pub fn tool_pingpong_cmd(tool: &str, port: u16, size: u32, iters: u32, mtu: u32)
 /// in the guest; as a server it must listen on TCP `port`) on `server`, then the same `cmd`
 /// followed by the server guest's address on `client` (one of the two a VM from
 /// [`Peer::boot_beside`]). Call it after the scenarios it is a reference for, once the second
-/// VM is up; both tools read `$RXE_GID_INDEX` of their own guest. Returns the client's output ([`rxe_pair_both`] for
-/// the server's as well).
+/// VM is up; both tools read `$RXE_GID_INDEX` of their own guest. Returns the client's
+/// output ([`rxe_pair_both`] for the server's as well).
 ///
 /// # Errors
 /// When the server does not listen within 60 s, or either side fails or runs past `timeout`
