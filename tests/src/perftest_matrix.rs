@@ -35,17 +35,49 @@ impl Op {
 }
 
 /// Iterations per QP of a row (see the module docs of `interop_perftest.rs`; 1000 with
-/// `ROCE_INTEROP_FULL=1`).
+/// `ROCE_INTEROP_FULL=1`), times [`scale`].
 #[must_use]
 pub fn iters(op: Op, size: u32) -> u32 {
-    if rxe::full() {
-        return 1000;
-    }
-    match (op, size) {
-        (Op::Atomic, _) => 500,
-        (_, 0..=4096) => 1000,
-        (_, 4097..=65536) => 200,
-        _ => 8,
+    let base = if rxe::full() {
+        1000
+    } else {
+        match (op, size) {
+            (Op::Atomic, _) => 500,
+            (_, 0..=4096) => 1000,
+            (_, 4097..=65536) => 200,
+            _ => 8,
+        }
+    };
+    base * scale()
+}
+
+/// The variable that multiplies every row's iterations ([`scale`]).
+pub const SCALE_ENV: &str = "ROCE_INTEROP_SCALE";
+
+/// `ROCE_INTEROP_SCALE=N` (1 to 100, default 1): every row runs N times its iterations, on
+/// both sides and in the rxe ↔ rxe references alike. Longer runs average out the pauses of
+/// a TCG guest (10-25 ms at a time) that move a row of a second or two by tens of percent.
+///
+/// # Panics
+/// On any other value, naming the variable.
+#[must_use]
+pub fn scale() -> u32 {
+    parse_scale(std::env::var(SCALE_ENV).ok().as_deref()).unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// [`scale`]'s reading of the variable's value (`None` when unset).
+///
+/// # Errors
+/// Anything but empty or a whole number from 1 to 100, naming [`SCALE_ENV`].
+pub fn parse_scale(value: Option<&str>) -> Result<u32, String> {
+    match value {
+        None | Some("") => Ok(1),
+        Some(v) => match v.parse::<u32>() {
+            Ok(n @ 1..=100) => Ok(n),
+            _ => Err(format!(
+                "{SCALE_ENV}={v}: want a whole number from 1 to 100"
+            )),
+        },
     }
 }
 
@@ -252,7 +284,8 @@ pub fn rxe_reference(
     rxe::twice(|| {
         *port += 1;
         let t = tool(op, size, qps, *port);
-        let (s, c) = rxe::rxe_pair_both(server, client, &t, *port, Duration::from_secs(120))?;
+        let timeout = Duration::from_secs(120) * scale();
+        let (s, c) = rxe::rxe_pair_both(server, client, &t, *port, timeout)?;
         let out = if guest_server { s } else { c };
         let want = u64::from(iters(op, size)) * u64::from(qps);
         match rxe::perftest_bw_line(&out.out) {
@@ -390,6 +423,18 @@ mod tests {
         );
         // rxe counted none: the probes show as a negative figure rather than vanish.
         assert_eq!(rxe_dups_less_probes(&report(None, Ok(cc))), -7);
+    }
+
+    #[test]
+    fn scale_is_one_unless_set_to_a_whole_number_up_to_100() {
+        assert_eq!(parse_scale(None), Ok(1));
+        assert_eq!(parse_scale(Some("")), Ok(1));
+        assert_eq!(parse_scale(Some("4")), Ok(4));
+        assert_eq!(parse_scale(Some("100")), Ok(100));
+        for bad in ["0", "101", "-1", "2.5", "x"] {
+            let e = parse_scale(Some(bad)).unwrap_err();
+            assert!(e.starts_with(&format!("{SCALE_ENV}={bad}:")), "{e}");
+        }
     }
 
     #[test]

@@ -514,7 +514,8 @@ fn perftest_bandwidth_both_directions() {
     require_root();
     let started = Instant::now();
     let peer = Peer::boot(&tag("pf"), 63, &PeerOptions::default());
-    let h = Harness::new(&peer, &rxe::out_dir().join("pcap"));
+    let mut h = Harness::new(&peer, &rxe::out_dir().join("pcap"));
+    h.timeout *= perftest_matrix::scale();
     let mut rows = Vec::new();
     let mut port = 19300;
     // ROCE_INTEROP_ONLY=a,b runs only the scenarios whose name contains a or b (debugging).
