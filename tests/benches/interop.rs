@@ -1,26 +1,31 @@
 //! `cargo xtask bench interop`: roce-xdp against Linux Soft-RoCE in a VM, each figure next to
 //! rxe ↔ rxe measured in the same run (a second Soft-RoCE VM booted beside the first on the same
-//! bridge, `Peer::boot_beside`, once roce-xdp's runs are done). Needs root, the rxe-peer image
-//! (`$RXE_PEER_DIR/rootfs.img`, see docs/interop.md) and the release `roce` binary (xtask builds
-//! it; or set ROCE_BIN). xtask runs it only when the peer is available.
+//! bridge, `Peer::boot_beside`, at the start, and idle while roce-xdp runs, so that both kinds
+//! of run see the same host). Needs root, the rxe-peer image (`$RXE_PEER_DIR/rootfs.img`, see
+//! docs/interop.md) and the release `roce` binary (xtask builds it; or set ROCE_BIN). xtask
+//! runs it only when the peer is available.
 //!
 //! Two parts, chosen with `ROCE_BENCH_INTEROP=write|matrix|all` (default `all`):
 //! - `write` (about 3 minutes): ib_write_bw from the VM to roce-xdp, 64 KiB messages, 1 QP,
 //!   500 iterations, the median of three runs against the median of three rxe ↔ rxe runs.
-//! - `matrix` (issue 20; about 25 minutes on this project's 2-core VM): every row of
+//! - `matrix` (issue 20; about 35 minutes on this project's 2-core VM): every row of
 //!   `interop_perftest.rs`'s perftest matrix (ib_write_bw, ib_read_bw, ib_send_bw,
 //!   ib_atomic_bw; 2 B, 4 KiB, 64 KiB, 1 MiB; 1 and 4 QPs; both directions: 52 rows, the CI
 //!   test's iterations), each run three times (the three passes over the matrix taking turns,
 //!   so a change in the machine's load hits every row alike), against three rxe ↔ rxe runs of
 //!   the same tool, size and QP count with the second VM in roce-xdp's place and the guest in
-//!   its role (the guest's own result in both, `perftest_matrix::rxe_reference`). The ratio is the median message rate's (perftest's own
-//!   figure on the perftest side; 2-byte messages round to 0.00 MB/s), the target ≥ 1.0x. Each
-//!   row also shows the drops counted on the guest's tap on its way into the guest
+//!   its role (the guest's own result in both, `perftest_matrix::rxe_reference`), each right
+//!   after the row's roce-xdp run: a TCG guest's pace drifts between runs minutes apart (the
+//!   same row's references moved from 6.8 to 11.3 MB/s between two bench runs). The ratio
+//!   is the median message rate's (perftest's own figure on the perftest side; 2-byte
+//!   messages round to 0.00 MB/s), the target ≥ 1.0x. Each row also shows the drops counted on the guest's tap on its way into the guest
 //!   (`tx_dropped`: what a receiver that cannot keep up costs), the retransmissions each side
 //!   saw, and the congestion control `roce perf` ran: its default (DCQCN, `mlx5` profile), or
 //!   the arguments in `ROCE_BENCH_INTEROP_CC` (e.g. `--cc swift --cc-profile software`).
-//!   `ROCE_BENCH_INTEROP_ONLY=a,b` keeps the rows whose name contains a or b, and
-//!   `ROCE_BENCH_CAPTURE=1` captures each run (`target/interop/bench-pcap/`, the last pass's).
+//!   `ROCE_BENCH_INTEROP_ONLY=a,b` keeps the rows whose name contains a or b,
+//!   `ROCE_INTEROP_SCALE=N` runs N times the iterations on both sides (longer runs, steadier
+//!   medians; `perftest_matrix::scale`), and `ROCE_BENCH_CAPTURE=1` captures each run
+//!   (`target/interop/bench-pcap/`, the last pass's).
 //!
 //! All figures are perftest's own (the perftest side's `BW average` and message rate), path MTU
 //! 1024. Under TCG the guest's CPU bounds both, so a ratio says whether roce-xdp is the
@@ -167,16 +172,33 @@ impl MatrixRow {
     }
 
     /// The key of this row's rxe ↔ rxe runs: the second VM in our place, the guest in its role.
-    fn key(&self) -> (&'static str, u32, u32, bool) {
-        (self.op.name(), self.size, self.qps, self.guest_server)
+    fn key(&self) -> perftest_matrix::RowKey {
+        perftest_matrix::reference_key(self.op, self.size, self.qps, self.guest_server)
     }
 }
 
-/// The `matrix` part's roce-xdp runs: [`REPS`] passes over the chosen rows, `extra` added to
-/// every `roce perf` command line.
-fn matrix_ours(peer: &Peer, only: &[String], extra: &[String]) -> Vec<MatrixRow> {
+/// rxe ↔ rxe runs of one row's tool, size, QP count and direction: BW averages (MB/s),
+/// message rates (Mpps), and why the runs that failed twice failed.
+type Refs = (Vec<f64>, Vec<f64>, Vec<String>);
+
+/// What the `matrix` part measured: each row's roce-xdp runs, its rxe ↔ rxe references, and
+/// the seconds the two kinds of runs took.
+struct Matrix {
+    rows: Vec<MatrixRow>,
+    refs: BTreeMap<perftest_matrix::RowKey, Refs>,
+    ours_secs: f64,
+    refs_secs: f64,
+}
+
+/// The `matrix` part's runs: [`REPS`] passes over the chosen rows, `extra` added to every
+/// `roce perf` command line. Each row's roce-xdp run is followed at once by its rxe ↔ rxe run
+/// between `peer` and `second` (the second VM in our place, the guest in its role), so that a
+/// change in the guest's or the host's pace hits a row and its reference alike. `second` stays
+/// up, idle, while roce-xdp runs: the host is the same for both kinds of run.
+fn matrix_runs(peer: &Peer, second: &Peer, only: &[String], extra: &[String]) -> Matrix {
     let mut h = Harness::new(peer, &rxe::out_dir().join("bench-pcap"));
     h.capture = std::env::var_os("ROCE_BENCH_CAPTURE").is_some();
+    h.timeout *= perftest_matrix::scale();
     let mut rows: Vec<MatrixRow> = perftest_matrix::rows()
         .into_iter()
         .filter(|&(op, size, qps, gs)| {
@@ -196,11 +218,14 @@ fn matrix_ours(peer: &Peer, only: &[String], extra: &[String]) -> Vec<MatrixRow>
             failures: Vec::new(),
         })
         .collect();
+    let mut refs: BTreeMap<perftest_matrix::RowKey, Refs> = BTreeMap::new();
+    let (mut ours_secs, mut refs_secs) = (0.0, 0.0);
     let tap_key = format!("link.{}.tx_dropped", peer.tap);
-    let mut port = 19700;
+    let (mut port, mut ref_port) = (19700, 19900);
     for pass in 0..REPS {
         for r in &mut rows {
             port += 1;
+            let t = Instant::now();
             let row = perftest_matrix::scenario_args(
                 &h,
                 (r.op, r.size, r.qps),
@@ -209,6 +234,7 @@ fn matrix_ours(peer: &Peer, only: &[String], extra: &[String]) -> Vec<MatrixRow>
                 false,
                 extra,
             );
+            ours_secs += t.elapsed().as_secs_f64();
             let rep = &row.report;
             eprintln!(
                 "interop matrix pass {} {}: {}",
@@ -239,38 +265,15 @@ fn matrix_ours(peer: &Peer, only: &[String], extra: &[String]) -> Vec<MatrixRow>
                 r.failures
                     .push(format!("pass {}: {}", pass + 1, rep.failures.join("; ")));
             }
-        }
-    }
-    rows
-}
-
-/// rxe ↔ rxe runs of one row's tool, size, QP count and direction: BW averages (MB/s), message rates (Mpps),
-/// and why the runs that failed twice failed.
-type Refs = (Vec<f64>, Vec<f64>, Vec<String>);
-
-/// The `matrix` part's table and rows, against [`REPS`] rxe ↔ rxe runs per row (its tool, size, QPs
-/// and direction) between `peer` and `second`, the second in our place.
-fn matrix_table(
-    peer: &Peer,
-    second: &Peer,
-    rows: Vec<MatrixRow>,
-    cc: &str,
-    text: &mut String,
-) -> Vec<serde_json::Value> {
-    let mut refs: BTreeMap<(&'static str, u32, u32, bool), Refs> = BTreeMap::new();
-    let mut port = 19900;
-    for _ in 0..REPS {
-        for r in &rows {
+            // The reference of the same row, right after it.
+            let t = Instant::now();
             let e = refs.entry(r.key()).or_default();
-            if e.0.len() + e.2.len() >= REPS {
-                continue;
-            }
             match perftest_matrix::rxe_reference(
                 peer,
                 second,
                 (r.op, r.size, r.qps),
                 r.guest_server,
-                &mut port,
+                &mut ref_port,
             ) {
                 Ok((bw, rate)) => {
                     e.0.push(bw);
@@ -278,8 +281,25 @@ fn matrix_table(
                 }
                 Err(err) => e.2.push(err),
             }
+            refs_secs += t.elapsed().as_secs_f64();
         }
     }
+    Matrix {
+        rows,
+        refs,
+        ours_secs,
+        refs_secs,
+    }
+}
+
+/// The `matrix` part's table and rows: each row against its rxe ↔ rxe references.
+fn matrix_table(m: Matrix, cc: &str, text: &mut String) -> Vec<serde_json::Value> {
+    let Matrix {
+        rows,
+        refs,
+        ours_secs,
+        refs_secs,
+    } = m;
     let _ = writeln!(
         text,
         "| row | CC | perftest MB/s, roce-xdp side (min..max) | rxe↔rxe MB/s (min..max) | ratio (message rate) | target | tap drops into the guest | CC cuts for loss / CNP | resent by roce / by rxe | runs failed |\n|---|---|---|---|---|---|---|---|---|---|"
@@ -333,7 +353,9 @@ fn matrix_table(
     }
     let _ = writeln!(
         text,
-        "({met} of {measured} rows at or above rxe↔rxe; median of {REPS} runs per row and of {REPS} rxe↔rxe runs per row, the second VM in our place; path MTU 1024)"
+        "({met} of {measured} rows at or above rxe↔rxe; median of {REPS} runs per row and of {REPS} rxe↔rxe runs per row, each right after its row's run, the second VM in our place and idle during ours; path MTU 1024; iterations {}x the CI matrix's, {}; roce-xdp runs {ours_secs:.0} s, rxe↔rxe runs {refs_secs:.0} s)",
+        perftest_matrix::scale(),
+        perftest_matrix::SCALE_ENV
     );
     json_rows
 }
@@ -362,24 +384,23 @@ fn main() {
     };
     let started = Instant::now();
     let peer = Peer::boot(&roce_tests::tag("bi"), 66, &PeerOptions::default());
-    let ours_write = write.then(|| write_ours(&peer));
-    let ours_matrix = matrix.then(|| matrix_ours(&peer, &only, &cc_args));
-    let ours_secs = started.elapsed().as_secs_f64();
     let second = Peer::boot_beside(&peer, &PeerOptions::default());
     let mut text = String::new();
     let mut rows = Vec::new();
-    if let Some(ours) = ours_write {
+    if write {
+        let ours = write_ours(&peer);
         rows.push(write_row(&peer, &second, ours, &mut text));
     }
-    if let Some(m) = ours_matrix {
-        rows.extend(matrix_table(&peer, &second, m, &cc, &mut text));
+    if matrix {
+        let m = matrix_runs(&peer, &second, &only, &cc_args);
+        rows.extend(matrix_table(m, &cc, &mut text));
     }
     drop(second);
     drop(peer);
     let _ = writeln!(
         text,
-        "(roce-xdp runs {ours_secs:.0} s, rxe↔rxe runs {:.0} s, VM boots included)",
-        started.elapsed().as_secs_f64() - ours_secs
+        "(everything {:.0} s, the two VM boots included)",
+        started.elapsed().as_secs_f64()
     );
     print!("{text}");
     if let Some(dir) = std::env::var_os("ROCE_BENCH_OUT") {
