@@ -8,7 +8,7 @@
 //! Two parts, chosen with `ROCE_BENCH_INTEROP=write|matrix|all` (default `all`):
 //! - `write` (about 3 minutes): ib_write_bw from the VM to roce-xdp, 64 KiB messages, 1 QP,
 //!   500 iterations, the median of three runs against the median of three rxe ↔ rxe runs.
-//! - `matrix` (issue 20; about 35 minutes on this project's 2-core VM): every row of
+//! - `matrix` (issue 20; about 25 minutes on this project's 2-core VM): every row of
 //!   `interop_perftest.rs`'s perftest matrix (ib_write_bw, ib_read_bw, ib_send_bw,
 //!   ib_atomic_bw; 2 B, 4 KiB, 64 KiB, 1 MiB; 1 and 4 QPs; both directions: 52 rows, the CI
 //!   test's iterations), each run three times (the three passes over the matrix taking turns,
