@@ -287,6 +287,8 @@ counter_struct! {
         ooo_dropped_window,
         /// roce-xdp multipath: entropies (UDP source ports) the QP stopped spraying on because one of their packets was lost (a request, or a READ response its requester asked for again).
         entropy_retired,
+        /// roce-xdp: retransmission timeouts found spurious: after the replay the responder re-acknowledged a replayed request as a duplicate, so the original had arrived (RFC 3708's duplicate reports used as Eifel does, RFC 3522); the timeout's rate or window cut is undone.
+        spurious_timeouts,
     }
 }
 
@@ -306,6 +308,8 @@ counter_struct! {
         rp_loss_handled,
         /// roce-xdp: losses not acted on: within rate_reduce_monitor_period of the last cut, RP or loss_backoff off.
         rp_loss_ignored,
+        /// roce-xdp: loss cuts undone because the retransmission timeout that made them proved spurious (spurious_timeouts), with no other cut since.
+        rp_loss_undone,
         /// roce-xdp: rate increase events not counted (hold_when_idle): a timer period in which the QP sent under half its rate with no frame held by the pacer (the timer then stops until it sends), and byte counter events after it.
         rp_increase_held,
         /// roce-xdp: ACK-eliciting probes a READ responder sent to clock its responses (loss_backoff): zero-length RDMA WRITEs duplicating the last acknowledged PSN, after every 32 READ responses (every eighth of the window, at least 4, once a loss has shrunk it).
@@ -322,6 +326,8 @@ counter_struct! {
         swift_delay_decreases,
         /// roce-xdp Swift: window cuts for a loss (a NAK's retry or the retransmission timeout).
         swift_loss_decreases,
+        /// roce-xdp Swift: timeout cuts undone because the timeout proved spurious (spurious_timeouts), with no other cut since.
+        swift_loss_undone,
         /// roce-xdp Swift: cuts not made because the window was already cut within the last RTT, or the delay had not stayed over the target for swift_persist.
         swift_decreases_held,
     }

@@ -47,9 +47,10 @@ pub use config::{ConfigError, DcqcnConfig};
 pub use np::{NotificationPoint, cnp_frame};
 pub use pacing::Pacer;
 pub use qp::{CcSnapshot, QpCongestion};
-pub use rp::{Phase, ReactionPoint, Stage};
+pub use rp::{LossUndo, Phase, ReactionPoint, Stage};
 pub use swift::{
-    CcAlgorithm, RTT_SAMPLER_CAPACITY, RttSampler, Swift, SwiftConfig, flow_scaling_coefficients,
+    CcAlgorithm, RTT_SAMPLER_CAPACITY, RttSampler, Swift, SwiftConfig, SwiftUndo,
+    flow_scaling_coefficients,
 };
 pub use trace::{Trace, TraceError, TraceRow};
 

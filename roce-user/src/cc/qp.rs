@@ -1,7 +1,8 @@
 //! Everything congestion control keeps for one RC QP, behind the calls the transport makes.
 
 use super::{
-    CcAlgorithm, CcStats, DcqcnConfig, Instant, NotificationPoint, ReactionPoint, Stage, cnp_frame,
+    CcAlgorithm, CcStats, DcqcnConfig, Instant, LossUndo, NotificationPoint, ReactionPoint, Stage,
+    cnp_frame,
 };
 use crate::wire::{Ecn, PathRepr, Qpn, RoceRepr};
 use core::time::Duration;
@@ -102,8 +103,14 @@ impl QpCongestion {
     /// back N after a PSN sequence error NAK or the ACK timeout) and when the responder
     /// replays a READ without a measure of what the requester took
     /// ([`Self::on_loss_delivered`] with one). See [`ReactionPoint::on_loss`].
-    pub fn on_loss(&mut self, now: Instant) {
-        self.rp.on_loss(now);
+    /// Returns what the cut changed, if it cut ([`ReactionPoint::undo_loss`]).
+    pub fn on_loss(&mut self, now: Instant) -> Option<LossUndo> {
+        self.rp.on_loss(now)
+    }
+
+    /// The loss `undo` records proved spurious: see [`ReactionPoint::undo_loss`].
+    pub fn undo_loss(&mut self, now: Instant, undo: &LossUndo) -> bool {
+        self.rp.undo_loss(now, undo)
     }
 
     /// The responder replayed a READ whose requester had taken the responses up to the replay

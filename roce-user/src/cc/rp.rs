@@ -118,6 +118,9 @@ pub struct ReactionPoint {
     byte_stage: u32,
     byte_count: u64,
     last_cut: Option<Instant>,
+    /// Cuts made so far (CNPs and losses): a [`LossUndo`] applies only while no cut followed
+    /// the one it records.
+    cuts: u64,
     timers: [Option<Instant>; 2],
     pacer: Pacer,
     cnps: u64,
@@ -137,6 +140,22 @@ pub struct ReactionPoint {
     first_cnp_rate: u64,
     g: u32,
     initial_alpha: u32,
+}
+
+/// The state a loss cut changed ([`ReactionPoint::on_loss`]), to put back if the loss proves
+/// spurious ([`ReactionPoint::undo_loss`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LossUndo {
+    /// The cut's number ([`ReactionPoint`]'s count of cuts, this one included).
+    cut: u64,
+    rate: u64,
+    target: u64,
+    limited: bool,
+    loss_limited: bool,
+    loss_period: Option<Duration>,
+    timer_stage: u32,
+    byte_stage: u32,
+    last_cut: Option<Instant>,
 }
 
 /// Longest increase period after a loss whose delivered rate is known
@@ -186,6 +205,7 @@ impl ReactionPoint {
             byte_stage: 0,
             byte_count: 0,
             last_cut: None,
+            cuts: 0,
             timers: [None; 2],
             pacer: Pacer::new(now, burst_bytes),
             cnps: 0,
@@ -235,10 +255,51 @@ impl ReactionPoint {
     /// and fast recovery returns to the lossy rate within five timer periods. The transport
     /// starts at most one retry sequence per lost PSN (rxe `started_retry`), so one loss is
     /// one event.
-    pub fn on_loss(&mut self, now: Instant) {
-        if self.loss_cut(now, self.rate / 2) {
-            self.loss_period = None;
+    ///
+    /// Returns what the cut changed, if it cut: keep it while the loss may still prove
+    /// spurious, and give it to [`Self::undo_loss`] if it does.
+    pub fn on_loss(&mut self, now: Instant) -> Option<LossUndo> {
+        let undo = self.loss_cut(now, self.rate / 2)?;
+        self.loss_period = None;
+        Some(undo)
+    }
+
+    /// Puts back the rate, target and increase stage from before the loss cut `undo` records,
+    /// when the loss proved spurious: the transport's retransmission timeout fired while the
+    /// peer still had every packet (its ACKs were only late), which it learns when the peer
+    /// reports a replayed packet as a duplicate (RFC 3708). As the Eifel response restores
+    /// TCP's window after a spurious timeout (RFC 4015 §3), the QP goes back to where it was,
+    /// its increase timer starting a fresh period; a rate that has since grown past the one
+    /// recorded is kept. Does nothing, and returns false, if another cut (a CNP or a loss)
+    /// came after the recorded one: that one was a real signal.
+    pub fn undo_loss(&mut self, now: Instant, undo: &LossUndo) -> bool {
+        if undo.cut != self.cuts || self.rate >= undo.rate {
+            return false;
         }
+        self.stats.rp_loss_undone += 1;
+        self.pacer.advance(now, self.rate);
+        self.last_cut = undo.last_cut;
+        self.timer_stage = undo.timer_stage;
+        self.byte_stage = undo.byte_stage;
+        self.byte_count = 0;
+        self.period_start_bytes = self.bytes_sent;
+        self.idle = false;
+        if undo.limited {
+            self.rate = undo.rate;
+            self.target = undo.target.max(undo.rate);
+            self.loss_limited = undo.loss_limited;
+            self.loss_period = undo.loss_period;
+            self.timers[Timer::Increase as usize] = Some(now + self.increase_period());
+        } else {
+            self.limited = false;
+            self.loss_limited = false;
+            self.loss_period = None;
+            self.rate = self.line_rate;
+            self.target = self.line_rate;
+            self.timers[Timer::Increase as usize] = None;
+            self.pacer.fill(now);
+        }
+        true
     }
 
     /// As [`Self::on_loss`], for a loss whose sender knows what the receiver got before it: a
@@ -275,7 +336,7 @@ impl ReactionPoint {
         } else {
             to
         };
-        if self.loss_cut(now, to) {
+        if self.loss_cut(now, to).is_some() {
             self.loss_period =
                 Some(feedback.clamp(self.time_reset, LOSS_PERIOD_MAX.max(self.time_reset)));
             self.timers[Timer::Increase as usize] = Some(now + self.increase_period());
@@ -288,14 +349,27 @@ impl ReactionPoint {
         self.loss_period.unwrap_or(self.time_reset)
     }
 
-    /// The cut both losses make, to `to` (at least `rpg_min_rate`); false if the loss is not
-    /// acted on (RP or `loss_backoff` off, or within `rate_reduce_monitor_period` of a cut).
-    fn loss_cut(&mut self, now: Instant, to: u64) -> bool {
+    /// The cut both losses make, to `to` (at least `rpg_min_rate`), returning what it
+    /// changed; `None` if the loss is not acted on (RP or `loss_backoff` off, or within
+    /// `rate_reduce_monitor_period` of a cut).
+    fn loss_cut(&mut self, now: Instant, to: u64) -> Option<LossUndo> {
         if !(self.enabled && self.loss_backoff && self.may_cut(now)) {
             self.stats.rp_loss_ignored += 1;
-            return false;
+            return None;
         }
         self.stats.rp_loss_handled += 1;
+        self.cuts += 1;
+        let undo = LossUndo {
+            cut: self.cuts,
+            rate: self.rate,
+            target: self.target,
+            limited: self.limited,
+            loss_limited: self.loss_limited,
+            loss_period: self.loss_period,
+            timer_stage: self.timer_stage,
+            byte_stage: self.byte_stage,
+            last_cut: self.last_cut,
+        };
         self.pacer.advance(now, self.rate);
         self.limited = true;
         self.loss_limited = true;
@@ -308,7 +382,7 @@ impl ReactionPoint {
         self.timers[Timer::Increase as usize] = Some(now + self.time_reset);
         self.period_start_bytes = self.bytes_sent;
         self.idle = false;
-        true
+        Some(undo)
     }
 
     /// Whether `rate_reduce_monitor_period` has passed since the last cut.
@@ -319,6 +393,7 @@ impl ReactionPoint {
 
     /// The DCQCN reaction to a CNP.
     fn react(&mut self, now: Instant) {
+        self.cuts += 1;
         self.loss_limited = false;
         self.loss_period = None;
         self.pacer.advance(now, self.rate);

@@ -308,6 +308,8 @@ pub struct Swift {
     retransmit_cnt: u32,
     rtt: Option<Duration>,
     last_decrease: Option<Instant>,
+    /// Window cuts so far: a [`SwiftUndo`] applies only while no cut followed its own.
+    decreases: u64,
     last_sent: Option<Instant>,
     bytes_sent: u64,
     stats: CcStats,
@@ -316,6 +318,17 @@ pub struct Swift {
     over_since: Option<Instant>,
     /// The base RTT under the target (`swift_base_rtt_window`), if on.
     base_rtt: Option<BaseRtt>,
+}
+
+/// The window a timeout cut changed ([`Swift::on_timeout`]), to put back if the timeout
+/// proves spurious ([`Swift::undo_timeout`]).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct SwiftUndo {
+    /// The cut's number ([`Swift`]'s count of cuts, this one included).
+    decrease: u64,
+    cwnd: f64,
+    retransmit_cnt: u32,
+    last_decrease: Option<Instant>,
 }
 
 /// The smallest RTT sample of a sliding window, kept as the minima of two consecutive spans of
@@ -393,6 +406,7 @@ impl Swift {
             retransmit_cnt: 0,
             rtt: None,
             last_decrease: None,
+            decreases: 0,
             last_sent: None,
             bytes_sent: 0,
             stats: CcStats::default(),
@@ -438,6 +452,7 @@ impl Swift {
     }
 
     fn decrease_by(&mut self, now: Instant, factor: f64) {
+        self.decreases += 1;
         self.cwnd *= factor;
         self.clamp();
         self.last_decrease = Some(now);
@@ -495,11 +510,20 @@ impl Swift {
         }
     }
 
-    /// The retransmission timer fired and started a retry.
-    pub fn on_timeout(&mut self, now: Instant) {
+    /// The retransmission timer fired and started a retry. Returns what a cut changed, if
+    /// the timeout cut the window: keep it while the timeout may still prove spurious and
+    /// give it to [`Self::undo_timeout`] if it does.
+    pub fn on_timeout(&mut self, now: Instant) -> Option<SwiftUndo> {
+        let undo = SwiftUndo {
+            decrease: self.decreases + 1,
+            cwnd: self.cwnd,
+            retransmit_cnt: self.retransmit_cnt,
+            last_decrease: self.last_decrease,
+        };
         self.retransmit_cnt = self.retransmit_cnt.saturating_add(1);
         if self.retransmit_cnt >= self.retx_reset {
             self.stats.swift_loss_decreases += 1;
+            self.decreases += 1;
             self.cwnd = self.min_cwnd;
             self.last_decrease = Some(now);
         } else if self.can_decrease(now) {
@@ -507,7 +531,25 @@ impl Swift {
             self.decrease_by(now, 1.0 - self.max_mdf);
         } else {
             self.stats.swift_decreases_held += 1;
+            return None;
         }
+        Some(undo)
+    }
+
+    /// Puts back the window from before the timeout cut `undo` records, when the timeout
+    /// proved spurious (the peer reported a replayed packet as a duplicate, RFC 3708; the
+    /// Eifel response of RFC 4015 §3 restores TCP's window the same way). A window that has
+    /// since grown past the one recorded is kept. Does nothing, and returns false, if another
+    /// cut came after the recorded one.
+    pub fn undo_timeout(&mut self, undo: &SwiftUndo) -> bool {
+        if undo.decrease != self.decreases || self.cwnd >= undo.cwnd {
+            return false;
+        }
+        self.stats.swift_loss_undone += 1;
+        self.cwnd = undo.cwnd;
+        self.retransmit_cnt = undo.retransmit_cnt;
+        self.last_decrease = undo.last_decrease;
+        true
     }
 
     /// How many PSNs may be unacknowledged: `⌊cwnd⌋`, at least 1 (below one packet the

@@ -38,8 +38,8 @@
 use super::{Device, DeviceError, Instant, Path, Qp, QpType, Qpn};
 use crate::{
     cc::{
-        CcAlgorithm, CcSnapshot, CcStats, ConfigError, DcqcnConfig, QpCongestion, RttSampler,
-        Swift, SwiftConfig,
+        CcAlgorithm, CcSnapshot, CcStats, ConfigError, DcqcnConfig, LossUndo, QpCongestion,
+        RttSampler, Swift, SwiftConfig, SwiftUndo,
     },
     wire::{
         Ecn, IpPath, Psn, RoceRepr, emit_frame,
@@ -260,6 +260,17 @@ pub struct QpCc {
     resp_epoch: Option<RespEpoch>,
     /// The ACK clock of the QP's READ responses, with `loss_backoff` ([`ReadClock`]).
     clock: ReadClock,
+    /// What the last retransmission timeout's cuts changed, while the timeout may still prove
+    /// spurious ([`Qp::cc_undo_timeout`]).
+    timeout_undo: TimeoutUndo,
+}
+
+/// See [`QpCc::timeout_undo`]: the DCQCN rate cut and the Swift window cut of a
+/// retransmission timeout, each `None` when the timeout made none.
+#[derive(Debug, Clone, Copy, Default)]
+struct TimeoutUndo {
+    rate: Option<LossUndo>,
+    window: Option<SwiftUndo>,
 }
 
 /// See [`QpCc::resp_epoch`].
@@ -495,6 +506,7 @@ impl QpCc {
             carried: CcStats::default(),
             resp_epoch: None,
             clock: ReadClock::default(),
+            timeout_undo: TimeoutUndo::default(),
             swift: (config.algorithm == CcAlgorithm::Swift).then(|| SwiftState {
                 swift: Swift::new(&config.swift),
                 rtt: RttSampler::new(),
@@ -633,7 +645,9 @@ impl QpCc {
                 let bps = u64::try_from(bits / took.as_nanos().max(1)).unwrap_or(u64::MAX);
                 self.cc.on_loss_delivered(now, bps, took);
             }
-            None => self.cc.on_loss(now),
+            None => {
+                self.cc.on_loss(now);
+            }
         }
         self.resp_epoch = Some(RespEpoch {
             start: now,
@@ -828,10 +842,9 @@ impl Qp {
         self.cc.as_deref_mut().is_some_and(|c| c.clock.on_ack())
     }
 
-    /// Hook of the requester's retry (go back N after a PSN sequence NAK or the ACK timeout)
-    /// and of the responder's replay of placed (multipath) READ responses (a go-back-N replay
-    /// goes to [`Self::cc_on_replay`]): packets were lost, so the reaction point backs off
-    /// ([`QpCongestion::on_loss`]).
+    /// Hook of the responder's replay of placed (multipath) READ responses (a go-back-N replay
+    /// goes to [`Self::cc_on_replay`], the requester's retry to [`Self::cc_on_retry`]):
+    /// packets were lost, so the reaction point backs off ([`QpCongestion::on_loss`]).
     pub(crate) fn cc_on_loss(&mut self, now: Instant) {
         if let Some(c) = self.cc.as_deref_mut() {
             c.on_loss(now);
@@ -866,14 +879,48 @@ impl Qp {
     }
 
     /// Hook of the completer's retry: `timeout` when the retransmission timer started it, else
-    /// a NAK or a response past a gap did (Swift's fast recovery).
+    /// a NAK or a response past a gap did. Packets were lost, so the reaction point backs off
+    /// ([`QpCongestion::on_loss`]) and Swift cuts its window (fast recovery after a NAK,
+    /// [`Swift::on_timeout`] after the timeout).
+    ///
+    /// A timeout may prove spurious ([`Self::cc_undo_timeout`]), so what its cuts changed is
+    /// kept until the next timeout. A timeout that cut nothing (within
+    /// `rate_reduce_monitor_period` of the last cut, or within an RTT for Swift) keeps the
+    /// earlier one's: the undo applies only while no other cut came after the one recorded.
     pub(crate) fn cc_on_retry(&mut self, now: Instant, timeout: bool) {
-        if let Some(w) = self.cc.as_deref_mut().and_then(|c| c.swift.as_mut()) {
+        let Some(c) = self.cc.as_deref_mut() else {
+            return;
+        };
+        let rate = c.cc.on_loss(now);
+        let window = c.swift.as_mut().and_then(|w| {
             if timeout {
-                w.swift.on_timeout(now);
+                w.swift.on_timeout(now)
             } else {
                 w.swift.on_nak_loss(now);
+                None
             }
+        });
+        if timeout {
+            let u = &mut c.timeout_undo;
+            u.rate = rate.or(u.rate);
+            u.window = window.or(u.window);
+        }
+    }
+
+    /// Hook of the completer: the last retransmission timeout proved spurious (the peer
+    /// reported a packet the timeout replayed as a duplicate, so every packet had arrived).
+    /// Undoes its rate and window cuts, unless another cut came after them
+    /// ([`QpCongestion::undo_loss`], [`Swift::undo_timeout`]).
+    pub(crate) fn cc_undo_timeout(&mut self, now: Instant) {
+        let Some(c) = self.cc.as_deref_mut() else {
+            return;
+        };
+        let u = core::mem::take(&mut c.timeout_undo);
+        if let Some(r) = u.rate {
+            c.cc.undo_loss(now, &r);
+        }
+        if let (Some(w), Some(s)) = (u.window, c.swift.as_mut()) {
+            s.swift.undo_timeout(&w);
         }
     }
 

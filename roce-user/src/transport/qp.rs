@@ -245,7 +245,7 @@ pub const CTRL_SIZE: usize = core::mem::size_of::<Ctrl>();
 // The memory bound documented on [`Qp`], checked at compile time (64-bit targets).
 #[cfg(target_pointer_width = "64")]
 const _: () = {
-    assert!(core::mem::size_of::<Qp>() <= 1024);
+    assert!(core::mem::size_of::<Qp>() <= 1040);
     assert!(SEND_WQE_SIZE <= 136);
     assert!(core::mem::size_of::<RecvWr>() <= 32);
     assert!(core::mem::size_of::<QueuedRecvWr>() <= 32);
@@ -307,7 +307,7 @@ impl<'a> TxBuf<'a> {
 ///
 /// # Memory bound
 /// Measured on x86_64 (a `const` assertion below checks these limits at compile time):
-/// the fixed state is 888 B (152 B of it the transmit header template); a send WQE is 136 B
+/// the fixed state is 1040 B (152 B of it the transmit header template); a send WQE is 136 B
 /// with one SGE or none (held in place, `wr::SgList`), plus 16 B per SGE beyond one or its
 /// inline bytes (at most `max_inline_data`); a receive WQE 32 B with one SGE, plus 16 B per
 /// SGE beyond one; a responder resource at most 64 B; a queued control response 12 B. The
@@ -317,8 +317,8 @@ impl<'a> TxBuf<'a> {
 /// [`MAX_PENDING_ACKS`] control responses (beyond that a newer ACK or a NAK takes the place
 /// of the newest queued answer it implies, counted in `ack_deferred`). With the defaults (256 +
 /// 256 WRs of 4 SGEs, 16 resources) a QP holds at most 256 × 200 + 256 × 96 + 16 × 64 + 16 ×
-/// 12 + 888 ≈ 76 KiB; with perftest's (128 send and 512 receive WRs of one SGE) 128 × 136 +
-/// 512 × 32 + 16 × 64 + 16 × 12 + 888 ≈ 35 KiB, of which `ib_write_bw` uses the send queue
+/// 12 + 1040 ≈ 76 KiB; with perftest's (128 send and 512 receive WRs of one SGE) 128 × 136 +
+/// 512 × 32 + 16 × 64 + 16 × 12 + 1040 ≈ 35 KiB, of which `ib_write_bw` uses the send queue
 /// only (`hotpath qp_memory`: 20 KiB of heap per QP with it full, 3 KiB idle); nothing a peer
 /// sends can grow it.
 #[derive(Debug)]
@@ -343,6 +343,10 @@ pub struct Qp {
     rnr_left: u8,
     rnr_wait: bool,
     retry_guard: Option<Psn>,
+    /// One past the last PSN sent before the last retransmission timeout, whose replay (go
+    /// back N from `comp_psn` up to here) may prove needed or spurious
+    /// (`Qp::check_replayed`), until it is known which.
+    replayed: Option<Psn>,
     /// Doublings of the local ACK timeout since the QP was last idle (see
     /// [`MAX_TIMEOUT_BACKOFF`]).
     backoff: u8,
@@ -421,6 +425,7 @@ impl Qp {
             rnr_left: 0,
             rnr_wait: false,
             retry_guard: None,
+            replayed: None,
             backoff: 0,
             drained_reported: false,
             resp_psn: Psn::new(0),
@@ -584,6 +589,7 @@ impl Qp {
             self.next_psn = attr.sq_psn;
             self.sent_psn = attr.sq_psn;
             self.comp_psn = attr.sq_psn;
+            self.replayed = None;
         }
         if mask.contains(AttrMask::MAX_QP_RD_ATOMIC) {
             a.max_rd_atomic = attr.max_rd_atomic;
@@ -894,6 +900,9 @@ impl Qp {
         repr.bth.ack_req = true;
         let (payload, _) = tx.payload(opcode, 0)?;
         self.cc_on_probe_sent(now);
+        // The probe's answer re-acknowledges `comp_psn - 1` as a duplicate's would: it must
+        // not be taken for proof that a timeout was spurious (`Qp::check_replayed`).
+        self.replayed = None;
         self.counters.sent_pkts += 1;
         Some(OutPkt {
             repr,

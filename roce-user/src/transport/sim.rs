@@ -151,6 +151,8 @@ pub struct Pair {
     paths: Vec<Link>,
     /// What each path did.
     path_stats: Vec<LinkStats>,
+    /// Per side (A, B), when it takes in frames again ([`Self::pause`]).
+    paused: [Instant; 2],
 }
 
 impl core::fmt::Debug for Pair {
@@ -246,7 +248,26 @@ impl Pair {
             bottleneck_q: VecDeque::new(),
             paths: Vec::new(),
             path_stats: Vec::new(),
+            paused: [Instant::ZERO; 2],
         }
+    }
+
+    /// Stalls `side` until `until`, as a guest whose vCPU is not scheduled (or a process
+    /// descheduled): every frame that reaches it before then, those already on their way
+    /// included, is handled at `until`, in the order it arrived; it answers them only then.
+    pub fn pause(&mut self, side: Side, until: Instant) {
+        let to = u8::from(side == Side::B);
+        self.paused[usize::from(to)] = until;
+        let held: Vec<_> = core::mem::take(&mut self.queue)
+            .into_iter()
+            .map(|Reverse(mut p)| {
+                if p.to == to && p.at < until {
+                    p.at = until;
+                }
+                Reverse(p)
+            })
+            .collect();
+        self.queue = held.into();
     }
 
     /// Gives the pair several paths: from now on every frame takes
@@ -401,6 +422,7 @@ impl Pair {
                 at = at + Duration::from_nanos(j);
                 self.count(path, |s| s.reordered += 1);
             }
+            at = at.max(self.paused[usize::from(to)]);
             self.seq += 1;
             self.queue.push(Reverse(InFlight {
                 at,

@@ -43,6 +43,7 @@ impl Qp {
                 };
                 match aeth.syndrome {
                     AethSyndrome::Ack { .. } => {
+                        self.check_replayed(now, psn);
                         if d_comp < -1 {
                             // An old ACK (already covered): harmless, ignore.
                             return;
@@ -408,6 +409,40 @@ impl Qp {
         }
     }
 
+    /// Called for every ACK (AETH syndrome ACK) of `psn` before it is applied, while a
+    /// retransmission timeout's replay (`Qp::replayed`) is pending: decides whether the timeout
+    /// was spurious, the peer only late to acknowledge (a guest that paused longer than the
+    /// QP's `timeout`), so that its rate and window cuts are undone
+    /// ([`Qp::cc_undo_timeout`]; counted in `spurious_timeouts`).
+    ///
+    /// The proof is an ACK of `end - 1`, the last PSN sent before the timeout, that the
+    /// replayed packets cannot have caused: either it acknowledges nothing new (the peer
+    /// re-acknowledges every duplicate request with the last PSN it took, C9-105, and a
+    /// replayed packet reached it after it already had `end - 1`), or the replay has not sent
+    /// `end - 1` again yet. Either way the peer took the original of `end - 1`, and since a
+    /// go-back-N responder takes packets only in order, the originals of the whole range
+    /// (the duplicate reports of RFC 3708, which TCP uses to detect a spurious timeout as the
+    /// Eifel algorithm does with timestamps, RFC 3522). A replay that repaired a real loss
+    /// ends with the peer taking `end - 1` from it, after which no replayed packet follows:
+    /// no such ACK. An ACK past the range, or another go-back, ends the wait.
+    fn check_replayed(&mut self, now: Instant, psn: Psn) {
+        let Some(end) = self.replayed else {
+            return;
+        };
+        let last = end.wrapping_sub(1);
+        if psn.distance(last) > 0 {
+            self.replayed = None;
+            return;
+        }
+        let duplicate = psn.distance(self.comp_psn) < 0;
+        let not_resent = psn.distance(self.next_psn) >= 0;
+        if psn == last && (duplicate || not_resent) {
+            self.replayed = None;
+            self.counters.spurious_timeouts += 1;
+            self.cc_undo_timeout(now);
+        }
+    }
+
     /// Starts a retry from `comp_psn` if retries remain, else fails the head WR with
     /// RETRY_EXC_ERR (rxe_comp.c `COMPST_ERROR_RETRY`; retry_cnt 7 retries forever as in rxe).
     /// An `implied` retry (a NAK or a response past a gap) starts only once per `comp_psn`
@@ -437,7 +472,6 @@ impl Qp {
         self.counters.completer_retry_err += 1;
         // A retry means packets (or their ACKs) were lost: back off as after a CNP, so that a
         // peer or path that marks nothing still slows the QP down (issue: loss back-off).
-        self.cc_on_loss(now);
         self.cc_on_retry(now, !implied);
         // Selective repeat resends only what no SACK covered (qp/multipath.rs), and a READ
         // or atomic whose responses are missing is requested again.
@@ -445,6 +479,9 @@ impl Qp {
             self.mp_request_again();
         } else {
             self.go_back(self.comp_psn);
+            if !implied {
+                self.replayed = Some(self.sent_psn);
+            }
         }
         self.arm_retransmit(now, true);
         true
@@ -452,6 +489,7 @@ impl Qp {
 
     /// Rewinds the requester to resend from `psn` (go back N; rxe `req_retry`).
     pub(super) fn go_back(&mut self, psn: Psn) {
+        self.replayed = None;
         self.cc_on_go_back(psn, self.sent_psn);
         for (i, w) in self.sq.iter().enumerate() {
             let (Some(f), Some(l)) = (w.first_psn, w.last_psn()) else {

@@ -1,7 +1,10 @@
 //! Completer rules (reference §2 "Completer", rxe_comp.c): ACKs, NAKs, RNR NAKs, READ and
 //! atomic responses, retries and the local ACK timer.
 
+use super::sim::frame_opcode_psn;
 use super::*;
+use crate::cc::{CcAlgorithm, CcSnapshot, DcqcnConfig};
+use core::time::Duration;
 
 #[test]
 fn comp_ack_completes_every_covered_wr_in_order() {
@@ -285,6 +288,155 @@ fn comp_only_one_retry_sequence_at_a_time() {
     assert_eq!(h.wcs().len(), 3);
 }
 
+/// A QP with the software DCQCN profile (`loss_backoff` on) and a 4 ms local ACK timeout
+/// (`timeout` 10) that has sent four SENDs, `SQ_PSN..SQ_PSN + 3`, and whose timer fired: the
+/// replay is due, the rate halved for the loss.
+fn timed_out(swift: bool) -> H {
+    let mut cc = CcConfig {
+        dcqcn: DcqcnConfig::software(),
+        ..CcConfig::default()
+    };
+    if swift {
+        cc.set_algorithm(CcAlgorithm::Swift);
+    }
+    let mut h = h_on(
+        &RcConfig {
+            timeout: 10,
+            ..RcConfig::default()
+        },
+        DeviceConfig {
+            coalesce_acks: false,
+            cc,
+            ..DeviceConfig::default()
+        },
+    );
+    sends(&mut h, 4, 8);
+    assert_eq!(h.tx().len(), 4);
+    h.advance_to_timeout();
+    assert_eq!(h.c().local_ack_timeout_err, 1);
+    h
+}
+
+fn cc_of(h: &H) -> CcSnapshot {
+    h.d.qp(h.qpn).unwrap().congestion().unwrap().snapshot()
+}
+
+#[test]
+fn comp_timeout_proved_spurious_by_a_duplicate_report_undoes_its_rate_cut() {
+    let mut h = timed_out(false);
+    let line = CcConfig::default().line_rate_bps;
+    let cut = cc_of(&h);
+    assert_eq!((cut.rate_bps, cut.stats.rp_loss_handled), (line / 2, 1));
+    let replay: Vec<u32> = h.tx().iter().map(|(r, _)| r.bth.psn.value()).collect();
+    assert_eq!(replay, [SQ_PSN, SQ_PSN + 1, SQ_PSN + 2, SQ_PSN + 3]);
+    // The peer had paused: its ACK of the originals comes late, after the replay left, and
+    // proves nothing by itself (it could be for the replay).
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 3, ACK, 4), &[]);
+    assert_eq!(h.wcs().len(), 4);
+    assert_eq!(h.c().spurious_timeouts, 0);
+    assert_eq!(cc_of(&h).rate_bps, line / 2);
+    // Then the replayed packets reach it as duplicates, each re-acknowledged with the last
+    // PSN it took (C9-105): it had the original of SQ_PSN + 3.
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 3, ACK, 4), &[]);
+    assert_eq!(h.c().spurious_timeouts, 1);
+    let undone = cc_of(&h);
+    assert_eq!(
+        (undone.rate_bps, undone.limited, undone.stats.rp_loss_undone),
+        (line, false, 1),
+        "back to where the QP was before the timeout"
+    );
+    // The other duplicates' reports change nothing more.
+    for _ in 0..3 {
+        h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 3, ACK, 4), &[]);
+    }
+    assert_eq!(h.c().spurious_timeouts, 1);
+    assert_eq!(cc_of(&h).stats.rp_loss_undone, 1);
+    assert_eq!(h.c().local_ack_timeout_err, 1);
+}
+
+#[test]
+fn comp_timeout_proved_spurious_before_the_replay_left_skips_the_replay() {
+    let mut h = timed_out(false);
+    // The ACK of the last original comes before the replay could send it again.
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 3, ACK, 4), &[]);
+    assert_eq!(h.c().spurious_timeouts, 1);
+    assert_eq!(cc_of(&h).rate_bps, CcConfig::default().line_rate_bps);
+    assert_eq!(h.wcs().len(), 4);
+    assert!(h.tx().is_empty(), "nothing is left to replay");
+}
+
+#[test]
+fn comp_timeout_that_repaired_a_loss_keeps_its_rate_cut() {
+    let line = CcConfig::default().line_rate_bps;
+    // The tail was lost: the peer took SQ_PSN..SQ_PSN + 2 (their ACK lost), not SQ_PSN + 3.
+    // The replay's first three packets are duplicates to it (re-acknowledged with
+    // SQ_PSN + 2), the fourth is new.
+    let mut h = timed_out(false);
+    assert_eq!(h.tx().len(), 4);
+    for _ in 0..3 {
+        h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 2, ACK, 3), &[]);
+    }
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 3, ACK, 4), &[]);
+    assert_eq!(h.wcs().len(), 4);
+    // The head was lost: every replayed packet is new to the peer, each acknowledged once.
+    let mut g = timed_out(false);
+    assert_eq!(g.tx().len(), 4);
+    for i in 0..4 {
+        g.rx(
+            aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + i, ACK, i + 1),
+            &[],
+        );
+    }
+    assert_eq!(g.wcs().len(), 4);
+    for h in [&h, &g] {
+        assert_eq!(h.c().spurious_timeouts, 0);
+        let cc = cc_of(h);
+        assert_eq!((cc.rate_bps, cc.stats.rp_loss_undone), (line / 2, 0));
+    }
+    // New SENDs and their ACK end the wait: a later repeat of the old ACK proves nothing.
+    sends(&mut h, 1, 8);
+    assert_eq!(h.tx().len(), 1);
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 4, ACK, 5), &[]);
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 3, ACK, 4), &[]);
+    assert_eq!(h.c().spurious_timeouts, 0);
+}
+
+#[test]
+fn comp_spurious_timeout_after_a_cnp_keeps_the_cnps_cut() {
+    let mut h = timed_out(false);
+    let _ = h.tx();
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 3, ACK, 4), &[]);
+    // A CNP after the timeout's cut (past rate_reduce_monitor_period): a real signal.
+    h.now = h.now + Duration::from_millis(1);
+    h.rx(RoceRepr::cnp(Qpn::new(0)), &[]);
+    let after_cnp = cc_of(&h);
+    assert_eq!(after_cnp.stats.rp_cnp_handled, 1);
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 3, ACK, 4), &[]);
+    assert_eq!(h.c().spurious_timeouts, 1, "still counted");
+    let cc = cc_of(&h);
+    assert_eq!(cc.stats.rp_loss_undone, 0);
+    assert_eq!(cc.rate_bps, after_cnp.rate_bps);
+}
+
+#[test]
+fn comp_spurious_timeout_undoes_swifts_window_cut() {
+    let mut h = timed_out(true);
+    let window = |h: &H| cc_of(h).cwnd.unwrap();
+    let cut = window(&h);
+    assert_eq!(cc_of(&h).stats.swift_loss_decreases, 1);
+    let _ = h.tx();
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 3, ACK, 4), &[]);
+    let before_dup = window(&h);
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 3, ACK, 4), &[]);
+    assert_eq!(h.c().spurious_timeouts, 1);
+    assert_eq!(cc_of(&h).stats.swift_loss_undone, 1);
+    assert!(
+        window(&h) > cut.max(before_dup),
+        "{} restored over {cut} ({before_dup} after the ACK)",
+        window(&h)
+    );
+}
+
 #[test]
 fn comp_local_ack_timeout_0_disables_the_timer() {
     let mut h = h_with(&RcConfig {
@@ -532,4 +684,94 @@ fn reads_complete_against_a_slow_bursty_responder_without_a_retry_storm() {
         secs < 1.31 * 2.0,
         "{secs:.2} simulated s for 1.31 s of data ({sent} sent, {dropped} dropped, {retries} retries)"
     );
+}
+
+/// Sixteen 1 KiB SENDs from A to B over the simulator, with the software DCQCN profile and a
+/// 4 ms local ACK timeout (`timeout` 10), `setup` shaping the pair first. Returns A's QP
+/// counters and congestion state once every SEND has completed successfully on both sides.
+fn sends_over_the_sim(setup: impl FnOnce(&mut Pair)) -> (QpCounters, CcSnapshot) {
+    let cc = CcConfig {
+        dcqcn: DcqcnConfig::software(),
+        ..CcConfig::default()
+    };
+    let config = DeviceConfig {
+        cc,
+        ..DeviceConfig::default()
+    };
+    let mut p = Pair::new(7, config, Link::default());
+    let (a, b) = connect_rc(
+        &mut p,
+        &RcConfig {
+            timeout: 10,
+            ..RcConfig::default()
+        },
+    );
+    let ma =
+        p.a.reg_mr(a.pd, vec![7; 1 << 14], 0x1000, Access::LOCAL_WRITE);
+    let mb = p.b.reg_mr(b.pd, vec![0; 1 << 14], 0x1000, Access::all());
+    let (ma, mb) = (ma.unwrap(), mb.unwrap());
+    for i in 0..16u64 {
+        let sge = |lkey| {
+            vec![Sge {
+                addr: 0x1000 + i * 1024,
+                length: 1024,
+                lkey,
+            }]
+        };
+        let wr = RecvWr {
+            wr_id: i,
+            sg_list: sge(mb.lkey),
+        };
+        p.b.post_recv(b.qpn, wr).unwrap();
+        p.a.post_send(a.qpn, SendWr::send(i, sge(ma.lkey))).unwrap();
+    }
+    setup(&mut p);
+    assert!(p.drive(100_000), "the pair went idle");
+    let wa: Vec<_> = core::iter::from_fn(|| p.a.poll_cq(a.cq)).collect();
+    let wb: Vec<_> = core::iter::from_fn(|| p.b.poll_cq(b.cq)).collect();
+    for w in wa.iter().chain(&wb) {
+        assert_eq!(w.status, WcStatus::Success, "{w:?}");
+    }
+    assert_eq!((wa.len(), wb.len()), (16, 16));
+    let qp = p.a.qp(a.qpn).unwrap();
+    (*qp.counters(), qp.congestion().unwrap().snapshot())
+}
+
+/// A receiver that stalls for longer than the sender's local ACK timeout (rxe in a TCG guest
+/// whose one vCPU is busy elsewhere: BENCHMARKS.md's capture saw it pause its ACKs 81 ms
+/// against perftest's 67 ms timeout): the sender's timer fires and it replays; the receiver,
+/// waking, takes the originals, then reports every replayed packet as a duplicate. The
+/// timeout proves spurious and its rate cut is undone: the QP ends at the line rate.
+#[test]
+fn sim_receiver_pausing_longer_than_the_timeout_costs_no_rate() {
+    let line = CcConfig::default().line_rate_bps;
+    let (c, cc) = sends_over_the_sim(|p| p.pause(Side::B, Instant::from_nanos(10_000_000)));
+    assert_eq!(c.local_ack_timeout_err, 1);
+    assert_eq!(c.spurious_timeouts, 1);
+    assert_eq!((cc.stats.rp_loss_handled, cc.stats.rp_loss_undone), (1, 1));
+    assert_eq!((cc.rate_bps, cc.limited), (line, false));
+}
+
+/// The same SENDs with the last packet's first transmission lost instead (a tail loss: no
+/// later packet makes B send a NAK): the timeout is real, the replay repairs it, and the rate
+/// cut stays.
+#[test]
+fn sim_tail_loss_timeout_keeps_its_rate_cut() {
+    let line = CcConfig::default().line_rate_bps;
+    let (c, cc) = sends_over_the_sim(|p| {
+        let mut dropped = false;
+        p.filter = Some(Box::new(move |from, frame| {
+            let last = frame_opcode_psn(frame)
+                .is_some_and(|(_, psn)| psn == Psn::new(RcConfig::default().psn_a + 15));
+            if from == Side::A && last && !dropped {
+                dropped = true;
+                return false;
+            }
+            true
+        }));
+    });
+    assert_eq!(c.local_ack_timeout_err, 1);
+    assert_eq!(c.spurious_timeouts, 0);
+    assert_eq!((cc.stats.rp_loss_handled, cc.stats.rp_loss_undone), (1, 0));
+    assert!(cc.rate_bps < line, "{} stays cut", cc.rate_bps);
 }
