@@ -159,9 +159,10 @@ struct MatrixRow {
     rxe_dup: Vec<i64>,
     /// Requests roce-xdp saw twice (rxe resent them), per run.
     ours_dup: Vec<i64>,
-    /// The CC's rate cuts for losses and for CNPs (`rp_loss_handled`, `rp_cnp_handled`
-    /// summed over roce-xdp's QPs), per run.
-    cuts: Vec<(u64, u64)>,
+    /// The CC's rate cuts for losses, those of them undone because their timeout proved
+    /// spurious, and the cuts for CNPs (`rp_loss_handled`, `rp_loss_undone`,
+    /// `rp_cnp_handled` summed over roce-xdp's QPs), per run.
+    cuts: Vec<(u64, u64, u64)>,
     /// Why runs failed, if any did.
     failures: Vec<String>,
 }
@@ -255,9 +256,10 @@ fn matrix_runs(peer: &Peer, second: &Peer, only: &[String], extra: &[String]) ->
             r.rxe_dup.push(perftest_matrix::rxe_dups_less_probes(rep));
             r.ours_dup
                 .push(rep.ours_ctr.get("duplicate_request").copied().unwrap_or(0));
-            r.cuts.push(rep.ours.as_ref().map_or((0, 0), |v| {
+            r.cuts.push(rep.ours.as_ref().map_or((0, 0, 0), |v| {
                 (
                     perftest_matrix::cc_sum(v, "rp_loss_handled"),
+                    perftest_matrix::cc_sum(v, "rp_loss_undone"),
                     perftest_matrix::cc_sum(v, "rp_cnp_handled"),
                 )
             }));
@@ -302,7 +304,7 @@ fn matrix_table(m: Matrix, cc: &str, text: &mut String) -> Vec<serde_json::Value
     } = m;
     let _ = writeln!(
         text,
-        "| row | CC | perftest MB/s, roce-xdp side (min..max) | rxe↔rxe MB/s (min..max) | ratio (message rate) | target | tap drops into the guest | CC cuts for loss / CNP | resent by roce / by rxe | runs failed |\n|---|---|---|---|---|---|---|---|---|---|"
+        "| row | CC | perftest MB/s, roce-xdp side (min..max) | rxe↔rxe MB/s (min..max) | ratio (message rate) | target | tap drops into the guest | CC cuts for loss, undone, for CNP | resent by roce / by rxe | runs failed |\n|---|---|---|---|---|---|---|---|---|---|"
     );
     let mut json_rows = Vec::new();
     let (mut met, mut measured) = (0, 0);
@@ -347,7 +349,7 @@ fn matrix_table(m: Matrix, cc: &str, text: &mut String) -> Vec<serde_json::Value
             "value": orate, "unit": "Mpps", "baseline": trate, "ratio": ratio,
             "target": "≥ 1.0x", "bw_mb_per_sec": om, "min": omin, "max": omax,
             "baseline_bw_mb_per_sec": tm, "cc": cc, "tap_tx_dropped": r.tap_drops,
-            "cc_cuts_loss_cnp": r.cuts, "resent_by_roce": r.rxe_dup, "resent_by_rxe": r.ours_dup,
+            "cc_cuts_loss_undone_cnp": r.cuts, "resent_by_roce": r.rxe_dup, "resent_by_rxe": r.ours_dup,
             "failed_runs": r.failures.len(),
         }));
     }
