@@ -345,9 +345,12 @@ fn live_rows(
 const WIRE_FRAMES: u32 = 40_000;
 /// Wire runs per program, packet and round.
 const WIRE_REPS: usize = 5;
-/// Frames in flight between the sender and the receiving socket: a quarter of the receiving
-/// socket's fill ring, so that no redirect finds the ring empty.
-const WIRE_IN_FLIGHT: u32 = 1024;
+/// Frames in flight between the sender and the receiving socket: half of the 256-frame ring
+/// between a veth and its peer (`VETH_RING_SIZE`, drivers/net/veth.c), which drops what finds
+/// it full (1024 lost 781 of 40,000 frames on Dec 7, with the receiver's NAPI slow on a busy
+/// machine), and far below the receiving socket's fill ring (4096), so that no redirect
+/// finds the ring empty.
+const WIRE_IN_FLIGHT: u32 = 128;
 
 /// `prog`'s own cost per frame with the frames coming off the wire: the program attached
 /// (native XDP) to `ifname`, whose veth peer's AF_XDP socket `tx` sends [`WIRE_FRAMES`] copies
