@@ -158,6 +158,19 @@ pub struct LossUndo {
     last_cut: Option<Instant>,
 }
 
+impl LossUndo {
+    /// The record of two cuts in a row that one cause made (the doubled retransmission timer of
+    /// one stall): this one's state from before the first, valid while no cut follows
+    /// `later`.
+    #[must_use]
+    pub const fn followed_by(self, later: &Self) -> Self {
+        Self {
+            cut: later.cut,
+            ..self
+        }
+    }
+}
+
 /// Longest increase period after a loss whose delivered rate is known
 /// ([`ReactionPoint::on_loss_delivered`]).
 pub const LOSS_PERIOD_MAX: Duration = Duration::from_millis(100);

@@ -331,6 +331,18 @@ pub struct SwiftUndo {
     last_decrease: Option<Instant>,
 }
 
+impl SwiftUndo {
+    /// As `LossUndo::followed_by`: the window from before the first of two timeout cuts of one
+    /// stall, valid while no cut follows `later`.
+    #[must_use]
+    pub const fn followed_by(self, later: &Self) -> Self {
+        Self {
+            decrease: later.decrease,
+            ..self
+        }
+    }
+}
+
 /// The smallest RTT sample of a sliding window, kept as the minima of two consecutive spans of
 /// `span`: the current one and the one before, so an old minimum is forgotten after one to two
 /// spans (a path that got slower is followed) with two values of state.

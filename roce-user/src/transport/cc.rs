@@ -884,10 +884,12 @@ impl Qp {
     /// [`Swift::on_timeout`] after the timeout).
     ///
     /// A timeout may prove spurious ([`Self::cc_undo_timeout`]), so what its cuts changed is
-    /// kept until the next timeout. A timeout that cut nothing (within
-    /// `rate_reduce_monitor_period` of the last cut, or within an RTT for Swift) keeps the
-    /// earlier one's: the undo applies only while no other cut came after the one recorded.
-    pub(crate) fn cc_on_retry(&mut self, now: Instant, timeout: bool) {
+    /// kept until the next timeout. `again`: the timeout fired before what the last one
+    /// replayed was acknowledged (the doubled timer of one stall): the record keeps the state
+    /// from before the stall's first cut ([`LossUndo::followed_by`]), so that proof that the
+    /// stall was spurious undoes all of its cuts. Any other timeout replaces the record.
+    /// The undo applies only while no other cut came after the one recorded.
+    pub(crate) fn cc_on_retry(&mut self, now: Instant, timeout: bool, again: bool) {
         let Some(c) = self.cc.as_deref_mut() else {
             return;
         };
@@ -902,8 +904,18 @@ impl Qp {
         });
         if timeout {
             let u = &mut c.timeout_undo;
-            u.rate = rate.or(u.rate);
-            u.window = window.or(u.window);
+            if again {
+                u.rate = match (u.rate, rate) {
+                    (Some(e), Some(l)) => Some(e.followed_by(&l)),
+                    (e, l) => l.or(e),
+                };
+                u.window = match (u.window, window) {
+                    (Some(e), Some(l)) => Some(e.followed_by(&l)),
+                    (e, l) => l.or(e),
+                };
+            } else {
+                *u = TimeoutUndo { rate, window };
+            }
         }
     }
 

@@ -472,7 +472,11 @@ impl Qp {
         self.counters.completer_retry_err += 1;
         // A retry means packets (or their ACKs) were lost: back off as after a CNP, so that a
         // peer or path that marks nothing still slows the QP down (issue: loss back-off).
-        self.cc_on_retry(now, !implied);
+        // The timer fired again before the last timeout's range was acknowledged: one stall.
+        let again = self
+            .replayed
+            .is_some_and(|end| self.comp_psn.distance(end) < 0);
+        self.cc_on_retry(now, !implied, !implied && again);
         // Selective repeat resends only what no SACK covered (qp/multipath.rs), and a READ
         // or atomic whose responses are missing is requested again.
         if self.mp_on_timeout() {

@@ -861,8 +861,7 @@ impl Qp {
         // would have its whole READ answered again).
         self.retry_guard = Some(missing);
         self.counters.implied_nak_seq_err += 1;
-        self.cc_on_loss(now);
-        self.cc_on_retry(now, false);
+        self.cc_on_retry(now, false, false);
         self.mp_request_again();
     }
 

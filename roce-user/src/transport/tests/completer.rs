@@ -402,6 +402,79 @@ fn comp_timeout_that_repaired_a_loss_keeps_its_rate_cut() {
 }
 
 #[test]
+fn comp_spurious_stall_of_two_timeouts_undoes_both_cuts() {
+    let mut h = timed_out(false);
+    let line = CcConfig::default().line_rate_bps;
+    assert_eq!(h.tx().len(), 4);
+    // The peer is still stalled: the doubled timer fires too, and cuts again.
+    while h.c().local_ack_timeout_err < 2 {
+        h.advance_to_timeout();
+    }
+    assert_eq!(h.tx().len(), 4);
+    assert_eq!(cc_of(&h).stats.rp_loss_handled, 2);
+    assert!(cc_of(&h).rate_bps < line / 2);
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 3, ACK, 4), &[]);
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 3, ACK, 4), &[]);
+    assert_eq!(h.c().spurious_timeouts, 1);
+    let cc = cc_of(&h);
+    assert_eq!(
+        (cc.rate_bps, cc.limited, cc.stats.rp_loss_undone),
+        (line, false, 1),
+        "back to where the QP was before the stall"
+    );
+}
+
+#[test]
+fn comp_spurious_timeout_never_undoes_an_earlier_timeouts_cut() {
+    // A rate_reduce_monitor_period longer than the test, so that the second timeout cuts
+    // nothing of its own.
+    let mut dcqcn = DcqcnConfig::software();
+    dcqcn.rate_reduce_monitor_period = 131_071;
+    let mut h = h_on(
+        &RcConfig {
+            timeout: 10,
+            ..RcConfig::default()
+        },
+        DeviceConfig {
+            coalesce_acks: false,
+            cc: CcConfig {
+                dcqcn,
+                ..CcConfig::default()
+            },
+            ..DeviceConfig::default()
+        },
+    );
+    let line = CcConfig::default().line_rate_bps;
+    // A real loss: the first timeout's replay repairs it, each replayed SEND acknowledged once.
+    sends(&mut h, 2, 8);
+    assert_eq!(h.tx().len(), 2);
+    h.advance_to_timeout();
+    assert_eq!(h.tx().len(), 2);
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, ACK, 1), &[]);
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 1, ACK, 2), &[]);
+    assert_eq!(h.wcs().len(), 2);
+    // Later, a spurious timeout that cut nothing (within the monitor period).
+    sends(&mut h, 2, 8);
+    assert_eq!(h.tx().len(), 2);
+    // DCQCN's increase timer runs too (the rate grows back from the first cut meanwhile).
+    while h.c().local_ack_timeout_err < 2 {
+        h.advance_to_timeout();
+    }
+    assert_eq!(h.tx().len(), 2);
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 3, ACK, 4), &[]);
+    h.rx(aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN + 3, ACK, 4), &[]);
+    assert_eq!(h.c().spurious_timeouts, 1);
+    let cc = cc_of(&h);
+    assert_eq!((cc.stats.rp_loss_handled, cc.stats.rp_loss_ignored), (1, 1));
+    assert_eq!(cc.stats.rp_loss_undone, 0);
+    assert!(
+        cc.rate_bps < line,
+        "the first timeout's cut was for a real loss: {}",
+        cc.rate_bps
+    );
+}
+
+#[test]
 fn comp_spurious_timeout_after_a_cnp_keeps_the_cnps_cut() {
     let mut h = timed_out(false);
     let _ = h.tx();
