@@ -347,6 +347,10 @@ pub struct Qp {
     /// back N from `comp_psn` up to here) may prove needed or spurious
     /// (`Qp::check_replayed`), until it is known which.
     replayed: Option<Psn>,
+    /// A retransmission timeout's replay sends its first packet only, asking for an ACK, until
+    /// the peer answers (`Qp::retry`), as TCP resends one segment when its retransmission
+    /// timer expires (RFC 6298 §5.4, with the window of one segment of RFC 5681 §3.1).
+    replay_probe: bool,
     /// Doublings of the local ACK timeout since the QP was last idle (see
     /// [`MAX_TIMEOUT_BACKOFF`]).
     backoff: u8,
@@ -426,6 +430,7 @@ impl Qp {
             rnr_wait: false,
             retry_guard: None,
             replayed: None,
+            replay_probe: false,
             backoff: 0,
             drained_reported: false,
             resp_psn: Psn::new(0),
@@ -702,6 +707,7 @@ impl Qp {
         // peer that would take it for data.
         if !self.mp.is_on() && self.mp_tx.is_some() {
             self.mp_tx = None;
+            self.replayed = None;
             self.go_back(self.comp_psn);
         }
         d

@@ -34,6 +34,8 @@ impl Qp {
             self.counters.rx_dropped += 1;
             return;
         }
+        // The peer answers: a timeout's replay goes on past its first packet.
+        self.replay_probe = false;
         let d_comp = psn.distance(self.comp_psn);
         match info.operation {
             Operation::Acknowledge => {
@@ -401,6 +403,7 @@ impl Qp {
                 Timer::RnrRetry => {
                     if self.rnr_wait {
                         self.rnr_wait = false;
+                        self.replayed = None;
                         self.go_back(self.comp_psn);
                         self.arm_retransmit(now, true);
                     }
@@ -424,7 +427,7 @@ impl Qp {
     /// (the duplicate reports of RFC 3708, which TCP uses to detect a spurious timeout as the
     /// Eifel algorithm does with timestamps, RFC 3522). A replay that repaired a real loss
     /// ends with the peer taking `end - 1` from it, after which no replayed packet follows:
-    /// no such ACK. An ACK past the range, or another go-back, ends the wait.
+    /// no such ACK. An ACK past the range, another retry or an RNR retry ends the wait.
     fn check_replayed(&mut self, now: Instant, psn: Psn) {
         let Some(end) = self.replayed else {
             return;
@@ -477,6 +480,9 @@ impl Qp {
             .replayed
             .is_some_and(|end| self.comp_psn.distance(end) < 0);
         self.cc_on_retry(now, !implied, !implied && again);
+        // A new retry ends the wait for the last timeout's proof (`check_replayed`).
+        self.replayed = None;
+        self.replay_probe = false;
         // Selective repeat resends only what no SACK covered (qp/multipath.rs), and a READ
         // or atomic whose responses are missing is requested again.
         if self.mp_on_timeout() {
@@ -484,7 +490,13 @@ impl Qp {
         } else {
             self.go_back(self.comp_psn);
             if !implied {
+                // Only the first packet goes until the peer answers (`replay_probe`): a peer
+                // that only stalled (a guest descheduled past the QP's `timeout`) has every
+                // original and would take the rest of the replay as duplicates, each one to
+                // handle and acknowledge; one that lost it acknowledges it and the rest
+                // follows, an RTT later.
                 self.replayed = Some(self.sent_psn);
+                self.replay_probe = true;
             }
         }
         self.arm_retransmit(now, true);
@@ -493,7 +505,6 @@ impl Qp {
 
     /// Rewinds the requester to resend from `psn` (go back N; rxe `req_retry`).
     pub(super) fn go_back(&mut self, psn: Psn) {
-        self.replayed = None;
         self.cc_on_go_back(psn, self.sent_psn);
         for (i, w) in self.sq.iter().enumerate() {
             let (Some(f), Some(l)) = (w.first_psn, w.last_psn()) else {

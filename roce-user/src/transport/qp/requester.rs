@@ -468,6 +468,10 @@ impl Qp {
         if self.next_psn.distance(self.comp_psn) >= MAX_UNACKED_PSNS as i32 {
             return None;
         }
+        // A timeout's replay waits for the peer's answer to its first packet (`replay_probe`).
+        if self.replay_probe && self.next_psn != self.comp_psn {
+            return None;
+        }
         // Swift's window (transport/cc.rs): no more PSNs unacknowledged than it allows.
         if self
             .cc_window()
@@ -668,7 +672,8 @@ impl Qp {
             ),
             None => (MAX_PKT_PER_ACK, false),
         };
-        repr.bth.ack_req = last || is_read || fills || self.noack_pkts >= per_ack;
+        repr.bth.ack_req =
+            last || is_read || fills || self.replay_probe || self.noack_pkts >= per_ack;
         if repr.bth.ack_req {
             self.noack_pkts = 0;
         }
