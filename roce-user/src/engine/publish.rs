@@ -108,7 +108,14 @@ impl Publisher {
     /// and give it to [`Publisher::retire_qp`].
     pub(crate) fn last_record(qp: &transport::Qp) -> QpStatsRecord {
         let cc = qp.congestion().map(transport::QpCc::snapshot);
-        record(std::process::id(), qp.state(), *qp.counters(), cc)
+        let mut counters = *qp.counters();
+        // The ACKs and NAKs it still owes leave after it is destroyed
+        // (`Device::owes_transmit`), one frame each, counted by a QP no record shows any
+        // more: count them here, so that the interface's totals hold every frame that left
+        // (a capture of a drop-in `ibv_srq_pingpong`, whose 16 QPs owed re-ACKs of duplicates
+        // when destroyed, held one RoCE frame more than the two sides' counters).
+        counters.sent_pkts += qp.owed_frames();
+        record(std::process::id(), qp.state(), counters, cc)
     }
 
     /// Folds the last counters of destroyed QP `qpn` (`last`, from [`Publisher::last_record`])

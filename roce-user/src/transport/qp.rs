@@ -852,6 +852,13 @@ impl Qp {
         }
     }
 
+    /// The ACKs and NAKs queued to go, one frame each: what the QP still sends if it is
+    /// destroyed now ([`Self::into_closing`]).
+    #[must_use]
+    pub fn owed_frames(&self) -> u64 {
+        self.ctrl.len() as u64
+    }
+
     /// A QP being destroyed, kept only to send the ACKs and NAKs its responder still owes the
     /// peer (`Some`), or `None` when it owes nothing. Call from `Device::destroy_qp`.
     ///

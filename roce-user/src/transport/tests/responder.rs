@@ -963,3 +963,23 @@ fn resp_coalescing_waits_for_a_read_response() {
     );
     assert_eq!(h.d.device_counters().ack_coalesced, 0);
 }
+
+#[test]
+fn resp_a_destroyed_qp_sends_exactly_the_acks_it_owed() {
+    let mut h = h();
+    for i in 0..3 {
+        h.recv(i, i * 64, 64);
+    }
+    // Two SENDs and a duplicate of the first: two ACKs and the duplicate's re-ACK (C9-105),
+    // queued, not yet sent.
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[1; 4]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN + 1), &[1; 4]);
+    h.rx(hdr(Opcode::RC_SEND_ONLY, RQ_PSN), &[1; 4]);
+    let owed = h.d.qp(h.qpn).unwrap().owed_frames();
+    assert_eq!(owed, 3);
+    h.d.destroy_qp(h.qpn).unwrap();
+    assert!(h.d.owes_transmit());
+    let sent = h.acks();
+    assert_eq!(sent.len() as u64, owed, "{sent:?}");
+    assert!(!h.d.owes_transmit());
+}
