@@ -288,6 +288,22 @@ fn comp_only_one_retry_sequence_at_a_time() {
     assert_eq!(h.wcs().len(), 3);
 }
 
+/// A QP with congestion control `cc` and a 4 ms local ACK timeout (`timeout` 10), on a device
+/// that answers every AckReq ([`h_with`]).
+fn h_cc(cc: CcConfig) -> H {
+    h_on(
+        &RcConfig {
+            timeout: 10,
+            ..RcConfig::default()
+        },
+        DeviceConfig {
+            coalesce_acks: false,
+            cc,
+            ..DeviceConfig::default()
+        },
+    )
+}
+
 /// A QP with the software DCQCN profile (`loss_backoff` on) and a 4 ms local ACK timeout
 /// (`timeout` 10) that has sent four SENDs, `SQ_PSN..SQ_PSN + 3`, and whose timer fired: the
 /// replay is due, the rate halved for the loss.
@@ -299,17 +315,7 @@ fn timed_out(swift: bool) -> H {
     if swift {
         cc.set_algorithm(CcAlgorithm::Swift);
     }
-    let mut h = h_on(
-        &RcConfig {
-            timeout: 10,
-            ..RcConfig::default()
-        },
-        DeviceConfig {
-            coalesce_acks: false,
-            cc,
-            ..DeviceConfig::default()
-        },
-    );
+    let mut h = h_cc(cc);
     sends(&mut h, 4, 8);
     assert_eq!(h.tx().len(), 4);
     h.advance_to_timeout();
@@ -460,20 +466,10 @@ fn comp_spurious_timeout_never_undoes_an_earlier_timeouts_cut() {
     // nothing of its own.
     let mut dcqcn = DcqcnConfig::software();
     dcqcn.rate_reduce_monitor_period = 131_071;
-    let mut h = h_on(
-        &RcConfig {
-            timeout: 10,
-            ..RcConfig::default()
-        },
-        DeviceConfig {
-            coalesce_acks: false,
-            cc: CcConfig {
-                dcqcn,
-                ..CcConfig::default()
-            },
-            ..DeviceConfig::default()
-        },
-    );
+    let mut h = h_cc(CcConfig {
+        dcqcn,
+        ..CcConfig::default()
+    });
     let line = CcConfig::default().line_rate_bps;
     // A real loss: the first timeout's replay repairs it, each replayed SEND acknowledged once.
     sends(&mut h, 2, 8);
