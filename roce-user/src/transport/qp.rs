@@ -855,7 +855,7 @@ impl Qp {
     /// The ACKs and NAKs queued to go, one frame each: what the QP still sends if it is
     /// destroyed now ([`Self::into_closing`]).
     #[must_use]
-    pub fn owed_frames(&self) -> u64 {
+    pub(crate) fn owed_frames(&self) -> u64 {
         self.ctrl.len() as u64
     }
 
