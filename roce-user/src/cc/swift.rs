@@ -40,6 +40,8 @@
 //! RTT samples come from ACK timing ([`RttSampler`]): the requester records when it sent each
 //! new PSN; an ACK (or the first READ response, or an atomic ACK) for PSN `p` gives a sample
 //! for `p` if `p` was sent once only (Karn's rule: a retransmitted packet's ACK is ambiguous).
+//! The transport gives the ACK's arrival stamp as its time (`roce_xdp` stamps it at the driver
+//! hook), so the time the ACK then waits for the process is not in the sample.
 //!
 //! Deterministic and sans-I/O like the rest of `cc`: time is the caller's `now`; the window is
 //! an `f64` computed by the same operations everywhere.

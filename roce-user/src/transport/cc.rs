@@ -867,9 +867,11 @@ impl Qp {
         }
     }
 
-    /// Hook of the completer: a response (ACK, NAK, READ response, atomic ACK) at `now`
-    /// acknowledges every request PSN up to `psn`. Gives Swift its RTT sample
-    /// ([`RttSampler::on_ack`], [`Swift::on_ack`]).
+    /// Hook of the completer: a response (ACK, NAK, READ response, atomic ACK) that arrived at
+    /// `now` acknowledges every request PSN up to `psn`. Gives Swift its RTT sample
+    /// ([`RttSampler::on_ack`], [`Swift::on_ack`]). Pass the response's arrival stamp, not
+    /// the time it was handled: a batch this process got to late would otherwise carry its
+    /// wait into every sample.
     pub(crate) fn cc_on_ack(&mut self, now: Instant, psn: Psn) {
         if let Some(w) = self.cc.as_deref_mut().and_then(|c| c.swift.as_mut())
             && let Some((rtt, acked)) = w.rtt.on_ack(now, psn)

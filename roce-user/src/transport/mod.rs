@@ -1260,9 +1260,9 @@ impl Device {
         }
         qp.cc_on_packet(arrival, pkt.ce, pkt.udp_src_port);
         if mp == multipath::RxDecision::Trailer {
-            qp.handle_mp_packet(now, pkt, &mut ctx);
+            qp.handle_mp_packet(now, arrival, pkt, &mut ctx);
         } else if info.is_response() {
-            qp.handle_response(now, pkt, &mut ctx);
+            qp.handle_response(now, arrival, pkt, &mut ctx);
         } else {
             qp.handle_request(now, pkt, &mut ctx);
         }

@@ -4,8 +4,17 @@
 use super::*;
 
 impl Qp {
-    /// Handles a response packet (ACK/NAK, READ response, atomic ACK) for this QP.
-    pub(crate) fn handle_response(&mut self, now: Instant, pkt: &RxPkt<'_>, ctx: &mut Ctx<'_>) {
+    /// Handles a response packet (ACK/NAK, READ response, atomic ACK) for this QP, handled at
+    /// `now`, that arrived at `arrival` (its arrival stamp, at or before `now`): Swift's RTT
+    /// sample ends at the arrival, so the time the packet waited in the RX ring for this
+    /// process to get to it is not read as queueing in the network.
+    pub(crate) fn handle_response(
+        &mut self,
+        now: Instant,
+        arrival: Instant,
+        pkt: &RxPkt<'_>,
+        ctx: &mut Ctx<'_>,
+    ) {
         if !self.state.requester_ready() || self.qp_type != QpType::Rc {
             self.counters.rx_dropped += 1;
             return;
@@ -53,7 +62,7 @@ impl Qp {
                         // With requests unacknowledged it may also answer a READ
                         // responder's probe (transport/cc.rs `ReadClock`).
                         self.cc_on_peer_ack();
-                        self.cc_on_ack(now, psn);
+                        self.cc_on_ack(arrival, psn);
                         self.mp_on_cum_ack(psn);
                         self.ack_through(now, psn, ctx);
                     }
@@ -62,7 +71,7 @@ impl Qp {
                             return;
                         }
                         self.mp_on_cum_ack(psn.wrapping_sub(1));
-                        self.cc_on_ack(now, psn.wrapping_sub(1));
+                        self.cc_on_ack(arrival, psn.wrapping_sub(1));
                         if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
                             return;
                         }
@@ -73,7 +82,7 @@ impl Qp {
                             return;
                         }
                         self.mp_on_cum_ack(psn.wrapping_sub(1));
-                        self.cc_on_ack(now, psn.wrapping_sub(1));
+                        self.cc_on_ack(arrival, psn.wrapping_sub(1));
                         if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
                             return;
                         }
@@ -91,7 +100,7 @@ impl Qp {
                     self.arm_retransmit(now, true);
                     return;
                 }
-                self.cc_on_ack(now, psn);
+                self.cc_on_ack(arrival, psn);
                 // The responder executed the READ, so everything up to it arrived.
                 self.mp_on_cum_ack(psn);
                 if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
@@ -104,7 +113,7 @@ impl Qp {
                     self.counters.rx_dropped += 1;
                     return;
                 }
-                self.cc_on_ack(now, psn);
+                self.cc_on_ack(arrival, psn);
                 self.mp_on_cum_ack(psn);
                 if !self.ack_through(now, psn.wrapping_sub(1), ctx) {
                     return;

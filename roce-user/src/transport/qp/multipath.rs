@@ -77,8 +77,15 @@ impl Qp {
     /// [`RxDecision::Trailer`]): a request's placement trailer, or an ACK's SACK trailer.
     /// Call it from the device in place of `handle_request`/`handle_response`, after the
     /// frame, ICRC, P_Key and address checks. A trailer that does not parse, or a packet kind
-    /// not built yet, is dropped and counted in `rx_dropped`.
-    pub(crate) fn handle_mp_packet(&mut self, now: Instant, pkt: &RxPkt<'_>, ctx: &mut Ctx<'_>) {
+    /// not built yet, is dropped and counted in `rx_dropped`. `arrival` is the packet's
+    /// arrival stamp, for Swift's RTT sample (see `handle_response`).
+    pub(crate) fn handle_mp_packet(
+        &mut self,
+        now: Instant,
+        arrival: Instant,
+        pkt: &RxPkt<'_>,
+        ctx: &mut Ctx<'_>,
+    ) {
         let Some(info) = pkt.repr.bth.opcode.info() else {
             self.counters.rx_dropped += 1;
             return;
@@ -102,7 +109,7 @@ impl Qp {
                 payload: data,
                 ..*pkt
             };
-            self.handle_response(now, &plain, ctx);
+            self.handle_response(now, arrival, &plain, ctx);
             return;
         }
         if info.is_response() {
@@ -119,7 +126,7 @@ impl Qp {
                 payload: data,
                 ..*pkt
             };
-            self.handle_placed_read_response(now, &data_pkt, &t, ctx);
+            self.handle_placed_read_response(now, arrival, &data_pkt, &t, ctx);
             return;
         }
         let Ok((data, t)) = placement::split(pkt.payload) else {
@@ -643,10 +650,11 @@ impl Qp {
     /// but not past an earlier READ or atomic still waiting for its answer. A response
     /// [`READ_REORDER_PSNS`] past the first missing one of the oldest READ asks for the
     /// missing packets again (`mp_read_loss_check`; the range up to the next packet placed,
-    /// `read_request`). Call it from `handle_mp_packet`.
+    /// `read_request`). Call it from `handle_mp_packet`, with the packet's arrival stamp.
     pub(super) fn handle_placed_read_response(
         &mut self,
         now: Instant,
+        arrival: Instant,
         pkt: &RxPkt<'_>,
         t: &PlacementTrailer,
         ctx: &mut Ctx<'_>,
@@ -694,7 +702,7 @@ impl Qp {
             self.arm_retransmit(now, true);
             return;
         }
-        self.cc_on_ack(now, psn);
+        self.cc_on_ack(arrival, psn);
         // The responder executed the READ, so everything up to it arrived.
         self.mp_on_cum_ack(psn);
         // Acknowledged: the WRs before the READ, but not past an earlier READ or atomic still

@@ -327,6 +327,44 @@ fn cc_of(h: &H) -> CcSnapshot {
     h.d.qp(h.qpn).unwrap().congestion().unwrap().snapshot()
 }
 
+/// Issue 20: Swift's RTT sample ends at the response's arrival stamp, not when this process
+/// got to it. A SEND that left at 1 ms, whose ACK arrived at 1.1 ms but was handled in a batch
+/// at 5 ms, gives a 100 µs sample; the same ACK without a stamp (its handling time is its
+/// arrival) gives 4 ms, the process's wait read as queueing.
+#[test]
+fn comp_swift_rtt_sample_ends_at_the_acks_arrival() {
+    for (stamped, want_us) in [(true, 100u64), (false, 4_000)] {
+        let mut cc = CcConfig::default();
+        cc.set_algorithm(CcAlgorithm::Swift);
+        let mut h = h_cc(cc);
+        h.now = Instant::from_micros(1_000);
+        sends(&mut h, 1, 8);
+        assert_eq!(h.tx().len(), 1);
+        let handled = Instant::from_micros(5_000);
+        let arrival = if stamped {
+            Instant::from_micros(1_100)
+        } else {
+            handled
+        };
+        let mut repr = aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, ACK, 1);
+        repr.bth.dest_qp = h.qpn;
+        let pkt = RxPkt {
+            repr,
+            payload: &[],
+            ce: false,
+            ip: None,
+            udp_src_port: 0,
+        };
+        let addrs = Some((IpAddr::V4(ip(Side::A)), IpAddr::V4(ip(Side::B))));
+        h.d.handle_decoded_at(handled, arrival, &pkt, addrs);
+        h.now = handled;
+        assert_eq!(h.wcs().len(), 1, "stamped: {stamped}");
+        let cc = cc_of(&h);
+        assert_eq!(cc.rtt_ns, Some(want_us * 1_000), "stamped: {stamped}");
+        assert_eq!(cc.stats.swift_rtt_samples, 1, "stamped: {stamped}");
+    }
+}
+
 #[test]
 fn comp_timeout_replays_its_first_packet_until_the_peer_answers() {
     let mut h = timed_out(false);
