@@ -420,6 +420,8 @@ counter_struct! {
         tx_multi_buffer,
         /// Received packets without an arrival stamp from roce_xdp in front of them (metadata unsupported by the driver, or another program): their arrival time is when user space took them.
         rx_no_stamp,
+        /// Received packets whose arrival time roce_xdp did not read (`stamp::UNTIMED`: requests without a CE mark, whose arrival the transport does not use); they take the time user space took them.
+        rx_untimed,
     }
 }
 

@@ -450,16 +450,26 @@ pub const EXT_LEN_TABLE: [u8; 256] = {
 /// Bit of an [`XDP_OPCODE_TABLE`] entry set when the opcode carries no payload.
 pub const XDP_NO_PAYLOAD: u8 = 0x40;
 
+/// Bit of an [`XDP_OPCODE_TABLE`] entry set when the transport acts on a packet's arrival time
+/// whether or not it carries a CE mark: responses (ACK/NAK, READ responses, atomic ACKs: Swift's
+/// RTT sample ends at their arrival) and CNPs (the reaction point counts
+/// `rate_reduce_monitor_period` between arrivals). `roce_xdp` reads the clock for these and for
+/// CE-marked packets (the notification point's CNP interval); any other request gets
+/// [`crate::stamp::UNTIMED`], and no clock read.
+pub const XDP_TIMED: u8 = 0x80;
+
 /// The XDP program's opcode table: for each opcode byte, the extended-header length in the low
-/// six bits and [`XDP_NO_PAYLOAD`] for opcodes without a payload (ACKs, READ requests, atomics,
-/// CNPs), or [`EXT_LEN_UNKNOWN`] for opcodes not in the table. One load per packet.
+/// six bits, [`XDP_NO_PAYLOAD`] for opcodes without a payload (ACKs, READ requests, atomics,
+/// CNPs) and [`XDP_TIMED`] for responses and CNPs, or [`EXT_LEN_UNKNOWN`] for opcodes not in
+/// the table. One load per packet.
 pub const XDP_OPCODE_TABLE: [u8; 256] = {
     let mut t = [EXT_LEN_UNKNOWN; 256];
     let mut i = 0;
     while i < 256 {
         if let Some(info) = Opcode(i as u8).info() {
             let flag = if info.payload { 0 } else { XDP_NO_PAYLOAD };
-            t[i] = info.ext_len() as u8 | flag;
+            let timed = if info.is_request() { 0 } else { XDP_TIMED };
+            t[i] = info.ext_len() as u8 | flag | timed;
         }
         i += 1;
     }
@@ -479,6 +489,12 @@ mod table_tests {
                     assert!(info.ext_len() < 0x40);
                     assert_eq!((e & 0x3f) as usize, info.ext_len());
                     assert_eq!(e & XDP_NO_PAYLOAD == 0, info.payload);
+                    assert_eq!(
+                        e & XDP_TIMED != 0,
+                        info.is_response() || Opcode(i) == Opcode::CNP,
+                        "{i:#x}"
+                    );
+                    assert_ne!(e, EXT_LEN_UNKNOWN, "{i:#x}");
                 }
                 None => assert_eq!(e, EXT_LEN_UNKNOWN),
             }

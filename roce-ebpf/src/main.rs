@@ -5,7 +5,9 @@
 //! the QPs in `ROCE_QPS` go to the AF_XDP socket of their RX queue; malformed RoCE is dropped and
 //! counted under a stable reason; everything else goes on to the kernel untouched. A frame it
 //! redirects carries its arrival time in XDP metadata in front of it (`roce_common::stamp`),
-//! so that user space can act on when a packet arrived rather than when it got to it.
+//! so that user space can act on when a packet arrived rather than when it got to it; the
+//! clock is read only for the frames whose arrival the transport uses (CE-marked packets,
+//! responses, CNPs), the others carry `stamp::UNTIMED`.
 //!
 //! Every frame is counted once in `rx_packets` and once under exactly one verdict counter of
 //! `ROCE_XDP_STATS` (see `roce_common::counters::XdpStats`).
@@ -49,7 +51,7 @@ use roce_common::{
         MAX_STAT_PROCS, MAX_STAT_QPS, QpEntry, QpStatsRecord, XskQueueRecord,
     },
     multipath::{RESV7_TRAILER, SACK_TRAILER_LEN},
-    opcode::{EXT_LEN_UNKNOWN, Opcode, XDP_NO_PAYLOAD, XDP_OPCODE_TABLE},
+    opcode::{EXT_LEN_UNKNOWN, Opcode, XDP_NO_PAYLOAD, XDP_OPCODE_TABLE, XDP_TIMED},
     stamp,
 };
 use roce_ebpf::log::FrameRecord;
@@ -106,6 +108,9 @@ enum Class {
         dest_qp: u32,
         ce: bool,
         cnp: bool,
+        /// Whether the transport uses its arrival time (CE-marked, a response or a CNP:
+        /// `XDP_TIMED`), so its stamp reads the clock.
+        timed: bool,
         at: At,
     },
 }
@@ -291,6 +296,7 @@ fn classify(ctx: Bounds) -> Class {
         dest_qp,
         ce,
         cnp: bth.opcode == Opcode::CNP.0,
+        timed: ce || entry & XDP_TIMED != 0,
         at,
     }
 }
@@ -339,13 +345,14 @@ fn log_rare(ctx: &XdpContext, code: u32, at: At) {
     roce_ebpf::log::write(&rec);
 }
 
-/// Writes the arrival stamp (`roce_common::stamp`: the magic and `bpf_ktime_get_ns`) into
-/// [`stamp::STAMP_LEN`] bytes of XDP metadata in front of the frame. Call for a frame about to
-/// be redirected to an AF_XDP socket, which finds the stamp in front of the packet; two helper
-/// calls and one store. Where the driver supports no metadata, `bpf_xdp_adjust_meta` fails and
-/// nothing is written (user space then counts the frame in `rx_no_stamp`).
+/// Writes the arrival stamp (`roce_common::stamp`: the magic and `bpf_ktime_get_ns`, or
+/// `stamp::UNTIMED` where `timed` is false) into [`stamp::STAMP_LEN`] bytes of XDP metadata in
+/// front of the frame. Call for a frame about to be redirected to an AF_XDP socket, which finds
+/// the stamp in front of the packet; one helper call, the clock's if timed, and one store.
+/// Where the driver supports no metadata, `bpf_xdp_adjust_meta` fails and nothing is written
+/// (user space then counts the frame in `rx_no_stamp`).
 #[inline(always)]
-fn stamp_arrival(ctx: &XdpContext) {
+fn stamp_arrival(ctx: &XdpContext, timed: bool) {
     // SAFETY: `ctx.ctx` is the program's own context pointer; the helper only moves
     // `data_meta` within the frame's headroom, or fails.
     if unsafe { bpf_xdp_adjust_meta(ctx.ctx, -(stamp::STAMP_LEN as i32)) } != 0 {
@@ -358,11 +365,13 @@ fn stamp_arrival(ctx: &XdpContext) {
     // SAFETY: `meta..meta + STAMP_LEN` was checked to lie before `data`, inside the metadata
     // area the helper just reserved in the frame's headroom, which nothing else reads or
     // writes during this program run.
-    unsafe { store_stamp(meta) };
+    unsafe { store_stamp(meta, timed) };
 }
 
-/// Reads the clock and writes the arrival stamp word (`roce_common::stamp::encode`) at `at`,
-/// for [`stamp_arrival`] and [`push_stamp`] once they have bounds-checked the spot.
+/// Writes the arrival stamp word at `at`, for [`stamp_arrival`] and [`push_stamp`] once they
+/// have bounds-checked the spot: the clock's reading (`roce_common::stamp::encode`) where
+/// `timed`, else `stamp::UNTIMED` with no helper call (the clock costs as much as the parsing;
+/// see `roce_common::stamp`).
 ///
 /// One 8-byte store, written as the instruction itself: Rust's `write_unaligned` becomes
 /// eight byte stores and their shifts on BPF (LLVM assumes no unaligned access there), while
@@ -375,9 +384,13 @@ fn stamp_arrival(ctx: &XdpContext) {
 /// `data_end` (or `data`) on this path so the verifier sees the check, and be bytes no one
 /// else reads or writes during this program run.
 #[inline(always)]
-unsafe fn store_stamp(at: usize) {
-    // SAFETY: the helper takes no arguments and only reads the clock.
-    let word = stamp::encode(unsafe { bpf_ktime_get_ns() });
+unsafe fn store_stamp(at: usize, timed: bool) {
+    let word = if timed {
+        // SAFETY: the helper takes no arguments and only reads the clock.
+        stamp::encode(unsafe { bpf_ktime_get_ns() })
+    } else {
+        stamp::UNTIMED
+    };
     #[cfg(target_arch = "bpf")]
     // SAFETY: the caller checked `at..at + STAMP_LEN` (this function's contract); the asm
     // stores 8 bytes there and touches nothing else.
@@ -397,9 +410,10 @@ unsafe fn store_stamp(at: usize) {
 /// `bpf_xdp_adjust_meta`): moves the frame's start [`stamp::STAMP_LEN`] bytes into the headroom
 /// with `bpf_xdp_adjust_head` and writes the stamp there. Returns false, with the frame as it
 /// was, where the headroom has no room; a true return must be undone with [`pop_stamp`] if the
-/// frame then goes anywhere but an AF_XDP socket of this interface.
+/// frame then goes anywhere but an AF_XDP socket of this interface. `timed` as in
+/// [`store_stamp`].
 #[inline(always)]
-fn push_stamp(ctx: &XdpContext) -> bool {
+fn push_stamp(ctx: &XdpContext, timed: bool) -> bool {
     // SAFETY: `ctx.ctx` is the program's own context pointer; the helper only moves `data`
     // within the frame's headroom, or fails and moves nothing.
     if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(stamp::STAMP_LEN as i32)) } != 0 {
@@ -412,7 +426,7 @@ fn push_stamp(ctx: &XdpContext) -> bool {
     }
     // SAFETY: `data..data + STAMP_LEN` was checked to lie inside the packet, in the bytes the
     // helper just took from the headroom, which nothing else reads or writes in this run.
-    unsafe { store_stamp(data) };
+    unsafe { store_stamp(data, timed) };
     true
 }
 
@@ -459,6 +473,7 @@ pub fn roce_xdp(ctx: XdpContext) -> u32 {
             dest_qp,
             ce,
             cnp,
+            timed,
             at,
         } => {
             stats.roce_packets += 1;
@@ -476,7 +491,7 @@ pub fn roce_xdp(ctx: XdpContext) -> u32 {
                 let flags = ROCE_FLAGS.load();
                 let head = flags & (FLAG_NO_STAMP | FLAG_STAMP_HEAD) == FLAG_STAMP_HEAD;
                 if head {
-                    if !push_stamp(&ctx) {
+                    if !push_stamp(&ctx, timed) {
                         // A socket of a head-stamped interface takes its first bytes for
                         // the stamp: a frame without one must not reach it.
                         stats.redirect_fallback_pass += 1;
@@ -484,7 +499,7 @@ pub fn roce_xdp(ctx: XdpContext) -> u32 {
                         return xdp_action::XDP_PASS;
                     }
                 } else if flags & FLAG_NO_STAMP == 0 {
-                    stamp_arrival(&ctx);
+                    stamp_arrival(&ctx, timed);
                 }
                 let queue = ctx.rx_queue_index();
                 match ROCE_XSKS.redirect(queue, u64::from(xdp_action::XDP_PASS)) {

@@ -13,6 +13,8 @@
 //! attached in turn to one end of the bench's veth, fed by an AF_XDP socket on the other end,
 //! every frame read back from the receiving socket, the cost read from the kernel's BPF
 //! run-time statistics (`run_time_ns` / `run_cnt`, BPF_ENABLE_STATS on for the duration).
+//! Our QP's frames are two requests, whose arrival stamp carries no time (`stamp::UNTIMED`),
+//! and an ACK, for which roce_xdp reads the clock (`opcode::XDP_TIMED`).
 //!
 //! Each figure is the median of REPS runs of `repeat` iterations (the kernel reports the mean
 //! duration of one iteration); min and max are shown next to it.
@@ -568,6 +570,17 @@ fn main() {
                     ext: vec![],
                     frag: 0,
                 },
+                ..Frame::default()
+            },
+            "≤ 1.5x",
+        ),
+        (
+            // A response: roce_xdp reads the clock for its stamp (`opcode::XDP_TIMED`), where
+            // the two requests above carry `stamp::UNTIMED`.
+            "RoCE RC ACKNOWLEDGE, IPv4, our QP (its stamp reads the clock)",
+            Frame {
+                opcode: Opcode::RC_ACKNOWLEDGE,
+                payload: 0,
                 ..Frame::default()
             },
             "≤ 1.5x",

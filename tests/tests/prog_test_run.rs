@@ -716,8 +716,9 @@ fn udp_port_is_a_load_time_global() {
 /// CLOCK_MONOTONIC) in `STAMP_LEN` bytes of XDP metadata right in front of it
 /// (`roce_common::stamp`). BPF_PROG_TEST_RUN's output starts at `data_meta`, so for our QP it
 /// is the stamp followed by the unchanged frame; the redirect itself falls back to the kernel
-/// here (no socket in ROCE_XSKS), after the stamp was written. Frames the program passes or
-/// drops get no metadata.
+/// here (no socket in ROCE_XSKS), after the stamp was written. The clock is read for the
+/// frames whose arrival the transport uses (a response, a CE-marked request); an unmarked
+/// request gets `stamp::UNTIMED`. Frames the program passes or drops get no metadata.
 ///
 /// Where the kernel refuses XDP programs `bpf_xdp_adjust_meta` (a hardened 6.18 build), the
 /// test checks the fallback instead: the object stamping into metadata is refused for that
@@ -750,28 +751,57 @@ fn redirected_frames_carry_an_arrival_stamp_in_metadata() {
         assert_eq!(prog.stats().redirect_fallback_pass, 1);
         return;
     }
-    for _ in 0..3 {
-        let before = roce::xsk::monotonic_ns();
-        let (action, out) = prog.run_out(&frame);
-        let after = roce::xsk::monotonic_ns();
-        assert_eq!(action, XDP_PASS, "redirect without a socket falls back");
-        assert_eq!(
-            out.len(),
-            frame.len() + stamp::STAMP_LEN,
-            "metadata in front"
-        );
-        assert_eq!(
-            &out[stamp::STAMP_LEN..],
-            &frame[..],
-            "the frame is unchanged"
-        );
-        let word = u64::from_ne_bytes(out[..stamp::STAMP_LEN].try_into().unwrap());
-        assert_eq!(word >> stamp::STAMP_BITS, u64::from(stamp::STAMP_MAGIC));
-        let at = stamp::decode(word, after).expect("a valid stamp");
-        assert!(
-            before <= at && at <= after,
-            "stamp {at} outside the run [{before}, {after}]"
-        );
+    let ack = Frame {
+        opcode: Opcode::RC_ACKNOWLEDGE,
+        payload: 0,
+        ..Frame::default()
+    }
+    .build();
+    let ce = Frame {
+        ip: Ip::V4 {
+            options: 0,
+            tos: 0x3,
+            frag: 0x4000,
+            ihl: None,
+        },
+        ..Frame::default()
+    }
+    .build();
+    for (name, f, timed) in [
+        ("an ACK", &ack, true),
+        ("a CE-marked SEND", &ce, true),
+        ("an unmarked SEND", &frame, false),
+    ] {
+        for _ in 0..3 {
+            let before = roce::xsk::monotonic_ns();
+            let (action, out) = prog.run_out(f);
+            let after = roce::xsk::monotonic_ns();
+            assert_eq!(
+                action, XDP_PASS,
+                "{name}: redirect without a socket falls back"
+            );
+            assert_eq!(
+                out.len(),
+                f.len() + stamp::STAMP_LEN,
+                "{name}: metadata in front"
+            );
+            assert_eq!(
+                &out[stamp::STAMP_LEN..],
+                &f[..],
+                "{name}: the frame is unchanged"
+            );
+            let word = u64::from_ne_bytes(out[..stamp::STAMP_LEN].try_into().unwrap());
+            assert_eq!(word >> stamp::STAMP_BITS, u64::from(stamp::STAMP_MAGIC));
+            if !timed {
+                assert_eq!(word, stamp::UNTIMED, "{name}: no clock read");
+                continue;
+            }
+            let at = stamp::decode(word, after).expect("a valid stamp");
+            assert!(
+                before <= at && at <= after,
+                "{name}: stamp {at} outside the run [{before}, {after}]"
+            );
+        }
     }
     let foreign = Frame {
         dest_qp: FOREIGN,

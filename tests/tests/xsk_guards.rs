@@ -179,13 +179,15 @@ fn frames_waiting_at_stop_reach_the_handler_in_the_drain() {
 
 /// Issue 20: every frame roce_xdp redirects reaches the socket with its arrival stamp in front
 /// of it (XDP metadata, which copy-mode AF_XDP copies into the UMEM frame), in native XDP on
-/// veth and in generic (SKB) XDP: each stamp lies between the send and the receive, the
-/// stamps rise with the sequence, and no frame counts as unstamped (`rx_no_stamp`). Frames
-/// held on the RX ring for a while keep the time they arrived, not the time they were taken.
-/// Where the kernel refuses roce_xdp `bpf_xdp_adjust_meta`, the stamp comes in bytes pushed in
-/// front of the frame, which the socket strips (`FLAG_STAMP_HEAD`; the sequence check above
-/// reads the frame after them); where it refuses `bpf_xdp_adjust_head` too, every frame arrives
-/// unstamped and is counted so.
+/// veth and in generic (SKB) XDP. The clock is read for the frames whose arrival the transport
+/// uses: here the CE-marked ones, every other frame of the sequence, whose stamps lie between
+/// the send and the receive and rise with the sequence. The unmarked SENDs between them carry
+/// `stamp::UNTIMED` (no time, counted in `rx_untimed`), and no frame counts as unstamped
+/// (`rx_no_stamp`). Frames held on the RX ring for a while keep the time they arrived, not the
+/// time they were taken. Where the kernel refuses roce_xdp `bpf_xdp_adjust_meta`, the stamp
+/// comes in bytes pushed in front of the frame, which the socket strips (`FLAG_STAMP_HEAD`; the
+/// sequence check above reads the frame after them); where it refuses `bpf_xdp_adjust_head`
+/// too, every frame arrives unstamped and is counted so.
 #[test]
 fn received_frames_carry_their_arrival_stamp() {
     for mode in [AttachMode::Native, AttachMode::Skb] {
@@ -206,7 +208,14 @@ fn received_frames_carry_their_arrival_stamp() {
             let mut q = XskQueue::open(&b_if, 0, &XskConfig::default()).expect("open B");
             q.with_tx_sink(|tx| {
                 for seq in 0..N {
-                    tx.send(|buf| tmpl.write(buf, seq)).expect("room");
+                    tx.send(|buf| {
+                        let len = tmpl.write(buf, seq);
+                        if seq % 2 == 0 {
+                            mark_ce(buf);
+                        }
+                        len
+                    })
+                    .expect("room");
                 }
             });
             q.flush_tx();
@@ -230,6 +239,12 @@ fn received_frames_carry_their_arrival_stamp() {
                 seen += 1;
                 return RxVerdict::Recycle;
             }
+            if seen % 2 == 1 {
+                // An unmarked SEND: the transport takes no time from it.
+                assert_eq!(stamp, None, "{mode:?}: frame {seen} is untimed");
+                seen += 1;
+                return RxVerdict::Recycle;
+            }
             let at = stamp.unwrap_or_else(|| panic!("{mode:?}: frame {seen} has no stamp"));
             assert!(
                 (sent_from..=sent_by).contains(&at) && at >= last,
@@ -242,9 +257,23 @@ fn received_frames_carry_their_arrival_stamp() {
         });
         assert_eq!(u64::from(got), N);
         let s = q.stats();
-        let unstamped = if stamps { 0 } else { N };
-        assert_eq!((s.rx_packets, s.rx_no_stamp), (N, unstamped), "{mode:?}");
+        let (unstamped, untimed) = if stamps { (0, N / 2) } else { (N, 0) };
+        assert_eq!(
+            (s.rx_packets, s.rx_no_stamp, s.rx_untimed),
+            (N, unstamped, untimed),
+            "{mode:?}"
+        );
         drop(q);
         drop(prog);
     }
+}
+
+/// Marks the IPv4 frame in `buf` (no VLAN tag) Congestion Experienced and mends its header
+/// checksum; the ICRC masks the ECN bits, so it stays valid.
+fn mark_ce(buf: &mut [u8]) {
+    const IP: usize = 14;
+    buf[IP + 1] |= 0x3;
+    buf[IP + 10..IP + 12].fill(0);
+    let c = roce::wire::ipv4::checksum(&buf[IP..IP + 20]);
+    buf[IP + 10..IP + 12].copy_from_slice(&c.to_be_bytes());
 }

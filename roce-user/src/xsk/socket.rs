@@ -68,7 +68,7 @@ struct Join {
     /// One of its descriptors was unusable (counted in `bad_ring_addr`); the packet is dropped.
     broken: bool,
     /// The arrival stamp in front of the packet's first descriptor.
-    stamp: Option<u64>,
+    stamp: stamp::Arrival,
 }
 
 impl Join {
@@ -88,7 +88,7 @@ impl Join {
         self.len = 0;
         self.overflow = false;
         self.broken = false;
-        self.stamp = None;
+        self.stamp = stamp::Arrival::Missing;
     }
 }
 
@@ -266,7 +266,9 @@ impl RxBatch<'_> {
     /// [`RxBatch::for_each`] that also hands over each packet's arrival time: the stamp
     /// `roce_xdp` wrote in front of it ([`roce_common::stamp`]), in CLOCK_MONOTONIC
     /// nanoseconds ([`monotonic_ns`]), or `None` when the packet carries none (counted in
-    /// `rx_no_stamp`; the caller then takes its own clock reading as the arrival time). The
+    /// `rx_no_stamp`) or one without a time (`stamp::UNTIMED`, a request whose arrival the
+    /// transport does not use, counted in `rx_untimed`); the caller then takes its own clock
+    /// reading as the arrival time. The
     /// stamp is cleared as it is read, so the frame's next packet never shows it again.
     pub fn for_each_stamped(
         &mut self,
@@ -319,7 +321,7 @@ impl RxBatch<'_> {
             };
             // The packet's bytes: the frame itself, or (multi-buffer) the joined copy, whose
             // frames are already back in the pool.
-            let (buf, frame, stamp): (&mut [u8], Option<FrameIdx>, Option<u64>) =
+            let (buf, frame, stamp): (&mut [u8], Option<FrameIdx>, stamp::Arrival) =
                 match self.join.as_deref_mut() {
                     Some(join)
                         if desc.options & XDP_PKT_CONTD != 0
@@ -368,8 +370,10 @@ impl RxBatch<'_> {
             n += 1;
             self.stats.rx_packets += 1;
             self.stats.rx_bytes += buf.len() as u64;
-            if stamp.is_none() {
-                self.stats.rx_no_stamp += 1;
+            match stamp {
+                stamp::Arrival::At(_) => {}
+                stamp::Arrival::Untimed => self.stats.rx_untimed += 1,
+                stamp::Arrival::Missing => self.stats.rx_no_stamp += 1,
             }
             let mut sink = TxSink::new(
                 self.book,
@@ -378,7 +382,7 @@ impl RxBatch<'_> {
                 self.stage.as_deref_mut(),
                 usize::MAX,
             );
-            let verdict = handle(buf, stamp, &mut sink);
+            let verdict = handle(buf, stamp.time(), &mut sink);
             match (verdict, frame) {
                 (RxVerdict::Recycle, None) => {}
                 (RxVerdict::Transmit { len }, None) if len > 0 && len <= buf.len() => {
@@ -417,17 +421,22 @@ impl RxBatch<'_> {
 
     /// The arrival stamp in the [`stamp::STAMP_LEN`] bytes in front of the packet at `off` in
     /// frame `idx` (held by the application), decoded against `now_ns`; the bytes are cleared.
-    /// `None` when the frame has no room in front of the packet or the bytes hold no stamp.
-    fn read_stamp(&mut self, idx: FrameIdx, off: u32, now_ns: u64) -> Option<u64> {
+    /// [`stamp::Arrival::Missing`] when the frame has no room in front of the packet or the
+    /// bytes hold no stamp.
+    fn read_stamp(&mut self, idx: FrameIdx, off: u32, now_ns: u64) -> stamp::Arrival {
         const LEN: u32 = stamp::STAMP_LEN as u32;
-        let at = off.checked_sub(LEN)?;
+        let Some(at) = off.checked_sub(LEN) else {
+            return stamp::Arrival::Missing;
+        };
         // SAFETY: `reclaim` moved frame `idx` to the application and no other slice to it
         // exists (the packet's slice is made after this one is dropped, at the end of this
         // function); `at + LEN == off <= frame_size` lies inside the frame.
         let bytes = unsafe { self.book.bytes_mut_unchecked(idx, at, LEN) };
-        let word = u64::from_ne_bytes(bytes.try_into().ok()?);
+        let Ok(word) = <[u8; stamp::STAMP_LEN]>::try_from(&*bytes).map(u64::from_ne_bytes) else {
+            return stamp::Arrival::Missing;
+        };
         bytes.copy_from_slice(&stamp::CLEARED.to_ne_bytes());
-        stamp::decode(word, now_ns)
+        stamp::classify(word, now_ns)
     }
 
     /// Releases the handled descriptors to the kernel. Dropping the batch does the same.
@@ -648,7 +657,7 @@ impl XskQueue {
                 len: 0,
                 overflow: false,
                 broken: false,
-                stamp: None,
+                stamp: stamp::Arrival::Missing,
             }),
             stage: cfg.multi_buffer.then(|| vec![0; MULTI_BUFFER_MAX_LEN]),
             book: FrameBook::new(area, cfg.frame_size, cfg.frame_count),
@@ -1175,7 +1184,7 @@ mod tests {
             len: 0,
             overflow: false,
             broken: false,
-            stamp: None,
+            stamp: stamp::Arrival::Missing,
         }
     }
 
