@@ -528,12 +528,8 @@ impl Swift {
     /// the timeout cut the window: keep it while the timeout may still prove spurious and
     /// give it to [`Self::undo_timeout`] if it does.
     pub fn on_timeout(&mut self, now: Instant) -> Option<SwiftUndo> {
-        let undo = SwiftUndo {
-            decrease: self.decreases + 1,
-            cwnd: self.cwnd,
-            retransmit_cnt: self.retransmit_cnt,
-            last_decrease: self.last_decrease,
-        };
+        let (cwnd, retransmit_cnt, last_decrease) =
+            (self.cwnd, self.retransmit_cnt, self.last_decrease);
         self.retransmit_cnt = self.retransmit_cnt.saturating_add(1);
         if self.retransmit_cnt >= self.retx_reset {
             self.stats.swift_loss_decreases += 1;
@@ -547,7 +543,13 @@ impl Swift {
             self.stats.swift_decreases_held += 1;
             return None;
         }
-        Some(undo)
+        // Names the cut just made, so that a later one makes the record stale.
+        Some(SwiftUndo {
+            decrease: self.decreases,
+            cwnd,
+            retransmit_cnt,
+            last_decrease,
+        })
     }
 
     /// Puts back the window from before the timeout cut `undo` records, when the timeout

@@ -645,8 +645,10 @@ impl QpCc {
                 let bps = u64::try_from(bits / took.as_nanos().max(1)).unwrap_or(u64::MAX);
                 self.cc.on_loss_delivered(now, bps, took);
             }
+            // A READ replay's cut keeps no undo record: only ACKs prove a timeout spurious
+            // (`Qp::check_replayed`).
             None => {
-                self.cc.on_loss(now);
+                let _ = self.cc.on_loss(now);
             }
         }
         self.resp_epoch = Some(RespEpoch {

@@ -707,7 +707,9 @@ impl Qp {
         // peer that would take it for data.
         if !self.mp.is_on() && self.mp_tx.is_some() {
             self.mp_tx = None;
+            // Not a timeout's replay: nothing to prove spurious, no first packet to hold on.
             self.replayed = None;
+            self.replay_probe = false;
             self.go_back(self.comp_psn);
         }
         d
