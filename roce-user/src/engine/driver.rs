@@ -314,7 +314,8 @@ impl TransportHandler {
     /// and the name of the counter that counted it as dropped, if one did.
     ///
     /// `arrival` is when the frame arrived (its arrival stamp, see [`super::Clock::arrival`];
-    /// `now` for a frame without one): the transport's notification point decides CNPs by it.
+    /// `now` for a frame without one or with an untimed one): the transport's notification
+    /// and reaction points and Swift's RTT samples go by it.
     #[allow(clippy::too_many_arguments, reason = "the per-frame state of a batch")]
     fn route<'a>(
         &'a self,

@@ -1133,8 +1133,11 @@ impl Device {
     /// decides CNPs by `arrival` (DCQCN: at most one CNP per `min_time_between_cnps` of
     /// *arrivals*, as a NIC's NP sees them), so a batch handled late still yields one CNP per
     /// marked packet as the interval allows. The reaction point takes CNPs at `arrival` too
-    /// (`rate_reduce_monitor_period` between arrivals). Everything else runs at `now`, which
-    /// never goes backwards.
+    /// (`rate_reduce_monitor_period` between arrivals), and Swift's RTT sample of a response
+    /// ends at its `arrival` (`Qp::handle_response`). Everything else runs at `now`, which
+    /// never goes backwards. These three are the frames `roce_xdp` reads the clock for
+    /// (`roce_common::opcode::XDP_TIMED` and the CE mark); any other frame comes with
+    /// `arrival == now`.
     pub fn handle_packet_at(&mut self, now: Instant, arrival: Instant, frame: &mut [u8]) {
         self.counters.rcvd_pkts += 1;
         let parsed = crate::wire::parse_frame_in_place(frame);
