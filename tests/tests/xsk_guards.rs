@@ -271,9 +271,7 @@ fn received_frames_carry_their_arrival_stamp() {
 /// Marks the IPv4 frame in `buf` (no VLAN tag) Congestion Experienced and mends its header
 /// checksum; the ICRC masks the ECN bits, so it stays valid.
 fn mark_ce(buf: &mut [u8]) {
-    const IP: usize = 14;
-    buf[IP + 1] |= 0x3;
-    buf[IP + 10..IP + 12].fill(0);
-    let c = roce::wire::ipv4::checksum(&buf[IP..IP + 20]);
-    buf[IP + 10..IP + 12].copy_from_slice(&c.to_be_bytes());
+    let mut ip = roce::wire::ipv4::Packet::new_unchecked(&mut buf[14..34]);
+    ip.set_tos(ip.tos() | 0x3);
+    ip.fill_checksum();
 }

@@ -346,17 +346,8 @@ fn comp_swift_rtt_sample_ends_at_the_acks_arrival() {
         } else {
             handled
         };
-        let mut repr = aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, ACK, 1);
-        repr.bth.dest_qp = h.qpn;
-        let pkt = RxPkt {
-            repr,
-            payload: &[],
-            ce: false,
-            ip: None,
-            udp_src_port: 0,
-        };
-        let addrs = Some((IpAddr::V4(ip(Side::A)), IpAddr::V4(ip(Side::B))));
-        h.d.handle_decoded_at(handled, arrival, &pkt, addrs);
+        let repr = aeth_hdr(Opcode::RC_ACKNOWLEDGE, SQ_PSN, ACK, 1);
+        h.rx_arrived(handled, arrival, repr, &[], false);
         h.now = handled;
         assert_eq!(h.wcs().len(), 1, "stamped: {stamped}");
         let cc = cc_of(&h);

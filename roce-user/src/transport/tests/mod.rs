@@ -148,17 +148,30 @@ fn rnr(code: u8) -> AethSyndrome {
 }
 
 impl H {
-    fn rx(&mut self, mut repr: RoceRepr, payload: &[u8]) {
+    fn rx(&mut self, repr: RoceRepr, payload: &[u8]) {
+        self.rx_arrived(self.now, self.now, repr, payload, false);
+    }
+
+    /// [`H::rx`] for a packet handled at `handled` that arrived at `arrival` (its arrival
+    /// stamp; an unstamped packet arrives when it is handled) and carries a CE mark if `ce`.
+    fn rx_arrived(
+        &mut self,
+        handled: Instant,
+        arrival: Instant,
+        mut repr: RoceRepr,
+        payload: &[u8],
+        ce: bool,
+    ) {
         repr.bth.dest_qp = self.qpn;
         let pkt = RxPkt {
             repr,
             payload,
-            ce: false,
+            ce,
             ip: None,
             udp_src_port: 0,
         };
         let addrs = Some((IpAddr::V4(ip(Side::A)), IpAddr::V4(ip(Side::B))));
-        self.d.handle_decoded(self.now, &pkt, addrs);
+        self.d.handle_decoded_at(handled, arrival, &pkt, addrs);
     }
 
     fn tx(&mut self) -> Vec<(RoceRepr, Vec<u8>)> {

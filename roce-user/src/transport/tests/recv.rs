@@ -131,23 +131,14 @@ fn np_decides_cnps_by_arrival_time_not_by_handling_time() {
             .unwrap();
         let rkey = h.mr.rkey;
         let handled = Instant::from_micros(5_000);
-        let addrs = Some((IpAddr::V4(ip(Side::A)), IpAddr::V4(ip(Side::B))));
         for i in 0..8u32 {
-            let mut repr = with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN + i), BASE, rkey, 4);
-            repr.bth.dest_qp = h.qpn;
-            let pkt = RxPkt {
-                repr,
-                payload: &[1; 4],
-                ce: true,
-                ip: None,
-                udp_src_port: 0,
-            };
+            let repr = with_reth(hdr(Opcode::RC_RDMA_WRITE_ONLY, RQ_PSN + i), BASE, rkey, 4);
             let arrival = if stamped {
                 Instant::from_micros(1_000 + 10 * u64::from(i))
             } else {
                 handled
             };
-            h.d.handle_decoded_at(handled, arrival, &pkt, addrs);
+            h.rx_arrived(handled, arrival, repr, &[1; 4], true);
         }
         h.now = handled;
         let cnps = h
@@ -174,22 +165,14 @@ fn rp_takes_cnps_at_their_arrival_time() {
     for (stamped, handled_want) in [(true, 5u64), (false, 1)] {
         let mut h = h();
         let handled = Instant::from_micros(5_000);
-        let addrs = Some((IpAddr::V4(ip(Side::A)), IpAddr::V4(ip(Side::B))));
         let rate_before = h.d.qp(h.qpn).unwrap().congestion().unwrap().snapshot();
         for i in 0..5u64 {
-            let pkt = RxPkt {
-                repr: RoceRepr::cnp(h.qpn),
-                payload: &[0; 16],
-                ce: false,
-                ip: None,
-                udp_src_port: 0,
-            };
             let arrival = if stamped {
                 Instant::from_micros(1_000 + 50 * i)
             } else {
                 handled
             };
-            h.d.handle_decoded_at(handled, arrival, &pkt, addrs);
+            h.rx_arrived(handled, arrival, RoceRepr::cnp(h.qpn), &[0; 16], false);
         }
         let cc = h.d.qp(h.qpn).unwrap().congestion().unwrap();
         let s = cc.stats();
