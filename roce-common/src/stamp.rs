@@ -1,5 +1,6 @@
 //! The arrival stamp `roce_xdp` writes into the XDP metadata of every frame it redirects to an
-//! AF_XDP socket, and that user space reads in front of the received frame.
+//! AF_XDP socket, and that user space reads in front of the received frame (or, where the
+//! kernel allows no metadata, over the frame's destination address).
 //!
 //! Layout: [`STAMP_LEN`] bytes directly before the packet's first byte (the Ethernet header),
 //! one native-endian `u64`: [`STAMP_MAGIC`] in the top 16 bits, the low 48 bits of
@@ -17,6 +18,14 @@
 //! magic tells the two apart, and the reader clears it after reading (see [`CLEARED`]) so a
 //! stale stamp of an earlier packet in the same UMEM frame is never read twice.
 //!
+//! Where the kernel refuses XDP programs `bpf_xdp_adjust_meta` (`maps::FLAG_STAMP_HEAD`), the
+//! program writes the low [`STAMP_BITS`] bits of the same word over the frame's Ethernet
+//! destination address instead ([`STAMP_IN_PLACE_LEN`] bytes, [`in_place`]), and the socket
+//! writes its interface's address back after reading them: every frame `roce_xdp` redirects
+//! was sent to that address (a RoCE NIC takes only frames for its own), so nothing is lost, and
+//! no helper is called to make room. Every frame redirected so carries a stamp; there is no
+//! "missing" to tell apart and no magic in the frame.
+//!
 //! The clock is read only for the frames whose arrival time the transport uses: CE-marked
 //! packets (the notification point), CNPs (the reaction point) and responses (Swift's RTT
 //! samples); see `opcode::XDP_TIMED`. Any other frame gets [`UNTIMED`] in the same place,
@@ -27,6 +36,9 @@
 
 /// Bytes of metadata in front of the frame.
 pub const STAMP_LEN: usize = 8;
+/// Bytes of the frame a stamp written in place takes (`FLAG_STAMP_HEAD`): the Ethernet
+/// destination address, which holds the low [`STAMP_BITS`] bits of the word; see [`in_place`].
+pub const STAMP_IN_PLACE_LEN: usize = 6;
 /// The top 16 bits of a stamp ("RX").
 pub const STAMP_MAGIC: u16 = 0x5258;
 /// Bits of the nanosecond clock a stamp keeps.
@@ -50,6 +62,17 @@ pub const fn encode(ktime_ns: u64) -> u64 {
 /// reading the clock. (A clock reading whose low 48 bits are all ones, once in 78 hours for a
 /// nanosecond, reads as untimed: the frame then takes its handling time, as without a stamp.)
 pub const UNTIMED: u64 = encode(MASK);
+
+/// The stamp word of a frame whose stamp `roce_xdp` wrote in place (`FLAG_STAMP_HEAD`): its
+/// first [`STAMP_IN_PLACE_LEN`] bytes, the Ethernet destination address's place, hold the low
+/// [`STAMP_BITS`] bits of the clock's reading (or of [`UNTIMED`]) in native byte order, as a
+/// four-byte and a two-byte store left them. Give the result to [`classify`].
+#[must_use]
+pub const fn in_place(bytes: [u8; STAMP_IN_PLACE_LEN]) -> u64 {
+    let lo = u32::from_ne_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+    let hi = u16::from_ne_bytes([bytes[4], bytes[5]]);
+    encode((hi as u64) << 32 | lo as u64)
+}
 
 /// What the [`STAMP_LEN`] bytes in front of a received frame say about its arrival
 /// ([`classify`]).

@@ -4,7 +4,8 @@
 //! (a bounded chain of extension headers), UDP to the RoCE v2 port and the BTH. RoCE packets for
 //! the QPs in `ROCE_QPS` go to the AF_XDP socket of their RX queue; malformed RoCE is dropped and
 //! counted under a stable reason; everything else goes on to the kernel untouched. A frame it
-//! redirects carries its arrival time in XDP metadata in front of it (`roce_common::stamp`),
+//! redirects carries its arrival time in XDP metadata in front of it, or over its destination
+//! address where the kernel refuses the metadata helper (`roce_common::stamp`),
 //! so that user space can act on when a packet arrived rather than when it got to it; the
 //! clock is read only for the frames whose arrival the transport uses (CE-marked packets,
 //! responses, CNPs), the others carry `stamp::UNTIMED`.
@@ -32,7 +33,7 @@ use aya_ebpf::{
     Global,
     bindings::xdp_action,
     btf_maps::{Array, HashMap, PerCpuArray, XskMap},
-    helpers::generated::{bpf_ktime_get_ns, bpf_xdp_adjust_head, bpf_xdp_adjust_meta},
+    helpers::generated::{bpf_ktime_get_ns, bpf_xdp_adjust_meta},
     macros::{btf_map, xdp},
     programs::XdpContext,
 };
@@ -368,8 +369,8 @@ fn stamp_arrival(ctx: &XdpContext, timed: bool) {
     unsafe { store_stamp(meta, timed) };
 }
 
-/// Writes the arrival stamp word at `at`, for [`stamp_arrival`] and [`push_stamp`] once they
-/// have bounds-checked the spot: the clock's reading (`roce_common::stamp::encode`) where
+/// Writes the arrival stamp word at `at`, for [`stamp_arrival`] once it
+/// has bounds-checked the spot: the clock's reading (`roce_common::stamp::encode`) where
 /// `timed`, else `stamp::UNTIMED` with no helper call (the clock costs as much as the parsing;
 /// see `roce_common::stamp`).
 ///
@@ -406,36 +407,79 @@ unsafe fn store_stamp(at: usize, timed: bool) {
     let _ = (at, word);
 }
 
-/// Pushes the arrival stamp in front of the frame (`FLAG_STAMP_HEAD`: the kernel refuses
-/// `bpf_xdp_adjust_meta`): moves the frame's start [`stamp::STAMP_LEN`] bytes into the headroom
-/// with `bpf_xdp_adjust_head` and writes the stamp there. Returns false, with the frame as it
-/// was, where the headroom has no room; a true return must be undone with [`pop_stamp`] if the
-/// frame then goes anywhere but an AF_XDP socket of this interface. `timed` as in
-/// [`store_stamp`].
+/// Writes the arrival stamp over the frame's Ethernet destination address (`FLAG_STAMP_HEAD`:
+/// the kernel refuses `bpf_xdp_adjust_meta`): the low [`stamp::STAMP_BITS`] bits of the
+/// clock, or of `stamp::UNTIMED` where `timed` is false, in the address's six bytes, native
+/// byte order (`roce_common::stamp::in_place`). User space reads them and writes its
+/// interface's address back before anything parses the frame; a frame redirected here was
+/// sent to that address, as a RoCE NIC takes only frames for its own (or a group's, and
+/// roce-xdp joins none). No helper call: moving the frame with `bpf_xdp_adjust_head` to make
+/// room in front of it cost about 15 ns per frame on Dec 7's VM. Returns the address it
+/// overwrote, for [`restore_dst_mac`] if the frame then goes anywhere but an AF_XDP socket of
+/// this interface; `None`, with nothing written, where the frame is shorter than the address.
 #[inline(always)]
-fn push_stamp(ctx: &XdpContext, timed: bool) -> bool {
-    // SAFETY: `ctx.ctx` is the program's own context pointer; the helper only moves `data`
-    // within the frame's headroom, or fails and moves nothing.
-    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -(stamp::STAMP_LEN as i32)) } != 0 {
-        return false;
-    }
+fn stamp_dst_mac(ctx: &XdpContext, timed: bool) -> Option<(u32, u16)> {
     let (data, end) = (ctx.data(), ctx.data_end());
-    if data + stamp::STAMP_LEN > end {
-        pop_stamp(ctx);
-        return false;
+    if data + stamp::STAMP_IN_PLACE_LEN > end {
+        return None;
     }
-    // SAFETY: `data..data + STAMP_LEN` was checked to lie inside the packet, in the bytes the
-    // helper just took from the headroom, which nothing else reads or writes in this run.
-    unsafe { store_stamp(data, timed) };
-    true
+    let word = if timed {
+        // SAFETY: the helper takes no arguments and only reads the clock.
+        stamp::encode(unsafe { bpf_ktime_get_ns() })
+    } else {
+        stamp::UNTIMED
+    };
+    // SAFETY: `data..data + 6` was checked against `data_end` above, on this path, and the
+    // frame's bytes are this program's to read and write during the run.
+    Some(unsafe { swap_dst_mac(data, word as u32, (word >> 32) as u16) })
 }
 
-/// Takes back what [`push_stamp`] put in front of the frame.
+/// Puts back the destination address [`stamp_dst_mac`] overwrote.
 #[inline(always)]
-fn pop_stamp(ctx: &XdpContext) {
-    // SAFETY: as in `push_stamp`; it moves `data` forward by what `push_stamp` moved it back,
-    // which the frame's length (at least an Ethernet header after the stamp) allows.
-    let _ = unsafe { bpf_xdp_adjust_head(ctx.ctx, stamp::STAMP_LEN as i32) };
+fn restore_dst_mac(ctx: &XdpContext, (lo, hi): (u32, u16)) {
+    let (data, end) = (ctx.data(), ctx.data_end());
+    if data + stamp::STAMP_IN_PLACE_LEN > end {
+        return;
+    }
+    // SAFETY: as in `stamp_dst_mac`.
+    let _ = unsafe { swap_dst_mac(data, lo, hi) };
+}
+
+/// Reads the six bytes at `at` and writes `lo` (four bytes) and `hi` (two) there; returns
+/// what was there. One load and one store of each width, written as the instructions
+/// themselves for the reason [`store_stamp`] gives.
+///
+/// # Safety
+/// `at..at + 6` must lie inside the frame, checked against `data_end` on this path so the
+/// verifier sees the check, and be bytes no one else reads or writes during this run.
+#[inline(always)]
+unsafe fn swap_dst_mac(at: usize, lo: u32, hi: u16) -> (u32, u16) {
+    #[cfg(target_arch = "bpf")]
+    {
+        let (old_lo, old_hi): (u32, u16);
+        // SAFETY: the caller checked `at..at + 6` (this function's contract); the asm loads
+        // and stores those six bytes and touches nothing else.
+        unsafe {
+            core::arch::asm!(
+                "{ol} = *(u32 *)({p} + 0)",
+                "{oh} = *(u16 *)({p} + 4)",
+                "*(u32 *)({p} + 0) = {lo}",
+                "*(u16 *)({p} + 4) = {hi}",
+                p = in(reg) at,
+                lo = in(reg) lo,
+                hi = in(reg) hi,
+                ol = out(reg) old_lo,
+                oh = out(reg) old_hi,
+                options(nostack, preserves_flags),
+            );
+        }
+        (old_lo, old_hi)
+    }
+    #[cfg(not(target_arch = "bpf"))]
+    {
+        let _ = at;
+        (lo, hi)
+    }
 }
 
 /// The XDP entry point: classify, count once, act.
@@ -490,9 +534,11 @@ pub fn roce_xdp(ctx: XdpContext) -> u32 {
                 // (FLAG_NO_STAMP, FLAG_STAMP_HEAD) sits on a path it never explores.
                 let flags = ROCE_FLAGS.load();
                 let head = flags & (FLAG_NO_STAMP | FLAG_STAMP_HEAD) == FLAG_STAMP_HEAD;
+                let mut dst_mac = None;
                 if head {
-                    if !push_stamp(&ctx, timed) {
-                        // A socket of a head-stamped interface takes its first bytes for
+                    dst_mac = stamp_dst_mac(&ctx, timed);
+                    if dst_mac.is_none() {
+                        // A socket of a head-stamped interface takes the first bytes for
                         // the stamp: a frame without one must not reach it.
                         stats.redirect_fallback_pass += 1;
                         log_rare(&ctx, CODE_FALLBACK, at);
@@ -508,8 +554,8 @@ pub fn roce_xdp(ctx: XdpContext) -> u32 {
                         action
                     }
                     _ => {
-                        if head {
-                            pop_stamp(&ctx);
+                        if let Some(mac) = dst_mac {
+                            restore_dst_mac(&ctx, mac);
                         }
                         stats.redirect_fallback_pass += 1;
                         log_rare(&ctx, CODE_FALLBACK, at);

@@ -18,7 +18,7 @@
 use aya_ebpf::{
     bindings::xdp_action,
     btf_maps::XskMap,
-    helpers::generated::{bpf_xdp_adjust_head, bpf_xdp_adjust_meta},
+    helpers::generated::bpf_xdp_adjust_meta,
     macros::{btf_map, xdp},
     programs::XdpContext,
 };
@@ -48,17 +48,6 @@ pub fn xdp_meta_probe(ctx: XdpContext) -> u32 {
     // SAFETY: `ctx.ctx` is the program's own context pointer; the helper only moves
     // `data_meta` within the frame's headroom, or fails.
     let _ = unsafe { bpf_xdp_adjust_meta(ctx.ctx, -8) };
-    xdp_action::XDP_PASS
-}
-
-/// The head probe: moves the frame's start 8 bytes into the headroom and back, and passes it.
-#[xdp]
-pub fn xdp_head_probe(ctx: XdpContext) -> u32 {
-    // SAFETY: as in `xdp_meta_probe`: the helper moves `data` within the headroom, or fails.
-    if unsafe { bpf_xdp_adjust_head(ctx.ctx, -8) } == 0 {
-        // SAFETY: undoes the move that just succeeded.
-        let _ = unsafe { bpf_xdp_adjust_head(ctx.ctx, 8) };
-    }
     xdp_action::XDP_PASS
 }
 

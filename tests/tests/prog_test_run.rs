@@ -722,35 +722,15 @@ fn udp_port_is_a_load_time_global() {
 ///
 /// Where the kernel refuses XDP programs `bpf_xdp_adjust_meta` (a hardened 6.18 build), the
 /// test checks the fallback instead: the object stamping into metadata is refused for that
-/// helper, and the program as the loader loads it there (the stamp pushed in front of the
-/// frame, `FLAG_STAMP_HEAD`, or none) hands a frame whose redirect fell back to the kernel
-/// exactly as it came, with no metadata and no stamp left in front. (The pushed stamp on its
-/// way to a socket is `xsk_guards::received_frames_carry_their_arrival_stamp`.)
+/// helper, and the program as the loader loads it there (the stamp written over the frame's
+/// destination address, `FLAG_STAMP_HEAD`) hands a frame whose redirect fell back to the
+/// kernel exactly as it came, with no metadata and its own destination address back, timed
+/// or not. (The stamp on its way to a socket is
+/// `xsk_guards::received_frames_carry_their_arrival_stamp`.)
 #[test]
 fn redirected_frames_carry_an_arrival_stamp_in_metadata() {
     let prog = Prog::new(4791, FLAG_DROP_FOREIGN);
     let frame = Frame::default().build();
-    let mode = roce::loader::stamp_mode();
-    if mode != roce::loader::StampMode::Metadata {
-        eprintln!("this kernel refuses bpf_xdp_adjust_meta: checking roce_xdp's {mode:?} mode");
-        let mut ebpf = EbpfLoader::new()
-            .override_global(GLOBAL_FLAGS, &FLAG_DROP_FOREIGN, true)
-            .load(EBPF_OBJECT)
-            .expect("object");
-        let stamping: &mut Xdp = ebpf.program_mut(PROG_ROCE_XDP).unwrap().try_into().unwrap();
-        let refused = stamping
-            .load()
-            .expect_err("the kernel refuses the stamp as it refused the probe");
-        assert!(
-            format!("{refused:?}").contains("bpf_xdp_adjust_meta"),
-            "{refused:?}"
-        );
-        let (action, out) = prog.run_out(&frame);
-        assert_eq!(action, XDP_PASS, "redirect without a socket falls back");
-        assert_eq!(out, frame, "no metadata, no stamp in front");
-        assert_eq!(prog.stats().redirect_fallback_pass, 1);
-        return;
-    }
     let ack = Frame {
         opcode: Opcode::RC_ACKNOWLEDGE,
         payload: 0,
@@ -767,6 +747,36 @@ fn redirected_frames_carry_an_arrival_stamp_in_metadata() {
         ..Frame::default()
     }
     .build();
+    let mode = roce::loader::stamp_mode();
+    if mode != roce::loader::StampMode::Metadata {
+        eprintln!("this kernel refuses bpf_xdp_adjust_meta: checking roce_xdp's {mode:?} mode");
+        let mut ebpf = EbpfLoader::new()
+            .override_global(GLOBAL_FLAGS, &FLAG_DROP_FOREIGN, true)
+            .load(EBPF_OBJECT)
+            .expect("object");
+        let stamping: &mut Xdp = ebpf.program_mut(PROG_ROCE_XDP).unwrap().try_into().unwrap();
+        let refused = stamping
+            .load()
+            .expect_err("the kernel refuses the stamp as it refused the probe");
+        assert!(
+            format!("{refused:?}").contains("bpf_xdp_adjust_meta"),
+            "{refused:?}"
+        );
+        for (name, f) in [
+            ("an ACK", &ack),
+            ("a CE-marked SEND", &ce),
+            ("an unmarked SEND", &frame),
+        ] {
+            let (action, out) = prog.run_out(f);
+            assert_eq!(
+                action, XDP_PASS,
+                "{name}: redirect without a socket falls back"
+            );
+            assert_eq!(&out, f, "{name}: no metadata, its own destination address");
+        }
+        assert_eq!(prog.stats().redirect_fallback_pass, 3);
+        return;
+    }
     for (name, f, timed) in [
         ("an ACK", &ack, true),
         ("a CE-marked SEND", &ce, true),

@@ -86,23 +86,12 @@ fn echo_one_million_frames_byte_identical() {
     assert_eq!(rb.stats.tx_completed, FRAMES);
     assert_eq!(ra.stats.bad_ring_addr + rb.stats.bad_ring_addr, 0);
     // Every frame roce_xdp redirected came with its arrival stamp (XDP metadata, copy mode),
-    // or pushed in front of it where the kernel refuses the metadata helper (and stripped: the
-    // echoes above are byte-identical); where it refuses both, every one counts unstamped.
-    // The frames are unmarked SENDs, whose arrival the transport does not use: their stamps
-    // carry no time (`stamp::UNTIMED`, counted in `rx_untimed`).
-    let (unstamped, untimed) = if roce::loader::stamp_mode().stamps() {
-        (0, FRAMES)
-    } else {
-        (FRAMES, 0)
-    };
-    assert_eq!(
-        (ra.stats.rx_no_stamp, rb.stats.rx_no_stamp),
-        (unstamped, unstamped)
-    );
-    assert_eq!(
-        (ra.stats.rx_untimed, rb.stats.rx_untimed),
-        (untimed, untimed)
-    );
+    // or over its destination address where the kernel refuses the metadata helper (and the
+    // address put back: the echoes above are byte-identical). The frames are unmarked SENDs,
+    // whose arrival the transport does not use: their stamps carry no time
+    // (`stamp::UNTIMED`, counted in `rx_untimed`).
+    assert_eq!((ra.stats.rx_no_stamp, rb.stats.rx_no_stamp), (0, 0));
+    assert_eq!((ra.stats.rx_untimed, rb.stats.rx_untimed), (FRAMES, FRAMES));
     assert_eq!(ra.stats.rx_invalid_descs + ra.stats.tx_invalid_descs, 0);
     assert_eq!(a_xdp.redirected, FRAMES, "A's roce_xdp: {a_xdp:?}");
     assert_eq!(b_xdp.redirected, FRAMES, "B's roce_xdp: {b_xdp:?}");

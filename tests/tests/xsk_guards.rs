@@ -185,15 +185,15 @@ fn frames_waiting_at_stop_reach_the_handler_in_the_drain() {
 /// `stamp::UNTIMED` (no time, counted in `rx_untimed`), and no frame counts as unstamped
 /// (`rx_no_stamp`). Frames held on the RX ring for a while keep the time they arrived, not the
 /// time they were taken. Where the kernel refuses roce_xdp `bpf_xdp_adjust_meta`, the stamp
-/// comes in bytes pushed in front of the frame, which the socket strips (`FLAG_STAMP_HEAD`; the
-/// sequence check above reads the frame after them); where it refuses `bpf_xdp_adjust_head`
-/// too, every frame arrives unstamped and is counted so.
+/// comes over the frame's destination address, which the socket puts back
+/// (`FLAG_STAMP_HEAD`): every frame reaches the handler byte for byte as it was sent.
 #[test]
 fn received_frames_carry_their_arrival_stamp() {
     for mode in [AttachMode::Native, AttachMode::Skb] {
         let pair = Pair::new(1);
         let (a_if, b_if) = (pair.a().ifname.clone(), pair.b().ifname.clone());
         let tmpl = RoceTemplate::new(&pair.b_to_a(128));
+        let sent = tmpl.clone();
         let (prog, mut q) = pair
             .in_a(move || {
                 let mut prog = XdpProg::attach_mode(&a_if, &[QPN], mode);
@@ -227,18 +227,18 @@ fn received_frames_carry_their_arrival_stamp() {
         // The frames wait on the ring: their stamps must say when they came, not now.
         std::thread::sleep(Duration::from_millis(20));
         let (mut seen, mut last) = (0, 0);
-        let stamps = roce::loader::stamp_mode().stamps();
         let got = q.receive_stamped(N as u32, |frame, stamp, _tx| {
             assert_eq!(RoceTemplate::seq_of(frame), Some(seen));
-            if !stamps {
-                // The kernel refuses roce_xdp the metadata helper: no frame may claim a stamp.
-                assert_eq!(
-                    stamp, None,
-                    "{mode:?}: frame {seen} without FLAG_NO_STAMP's effect"
-                );
-                seen += 1;
-                return RxVerdict::Recycle;
+            let mut want = vec![0; 2048];
+            let len = sent.write(&mut want, seen);
+            if seen % 2 == 0 {
+                mark_ce(&mut want);
             }
+            assert_eq!(
+                frame,
+                &want[..len],
+                "{mode:?}: frame {seen} reaches the socket as it was sent"
+            );
             if seen % 2 == 1 {
                 // An unmarked SEND: the transport takes no time from it.
                 assert_eq!(stamp, None, "{mode:?}: frame {seen} is untimed");
@@ -257,10 +257,9 @@ fn received_frames_carry_their_arrival_stamp() {
         });
         assert_eq!(u64::from(got), N);
         let s = q.stats();
-        let (unstamped, untimed) = if stamps { (0, N / 2) } else { (N, 0) };
         assert_eq!(
             (s.rx_packets, s.rx_no_stamp, s.rx_untimed),
-            (N, unstamped, untimed),
+            (N, 0, N / 2),
             "{mode:?}"
         );
         drop(q);

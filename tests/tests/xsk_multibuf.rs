@@ -98,13 +98,9 @@ fn multi_buffer_frames_cross_split_and_joined_byte_for_byte() {
     assert_eq!(b_stats.tx_completed, FRAMES * 6);
     for s in [&ra.stats, &b_stats] {
         assert_eq!(s.rx_oversize + s.bad_ring_addr + s.tx_dropped, 0, "{s:?}");
-        // Joined packets carry the arrival stamp of their first descriptor (where the kernel
-        // lets roce_xdp write metadata; else every packet counts as unstamped).
-        if roce::loader::stamp_mode().stamps() {
-            assert_eq!(s.rx_no_stamp, 0, "{s:?}");
-        } else {
-            assert_eq!(s.rx_no_stamp, s.rx_packets, "{s:?}");
-        }
+        // Joined packets carry the arrival stamp of their first descriptor (in metadata, or
+        // over the destination address where the kernel refuses roce_xdp the metadata helper).
+        assert_eq!(s.rx_no_stamp, 0, "{s:?}");
         assert_eq!(
             s.rx_invalid_descs + s.tx_invalid_descs + s.rx_dropped,
             0,

@@ -35,11 +35,10 @@ pub(crate) fn load(out: Output, iface: &str, opts: LoadOptions) -> anyhow::Resul
         match r.arrival_stamp {
             loader::StampMode::Metadata => "",
             loader::StampMode::Head => {
-                ", arrival stamps in front of each frame (the kernel refuses bpf_xdp_adjust_meta)"
+                ", arrival stamps over each frame's destination address (the kernel refuses \
+                 bpf_xdp_adjust_meta)"
             }
-            loader::StampMode::None => {
-                ", no arrival stamps (the kernel refuses bpf_xdp_adjust_meta and _head)"
-            }
+            loader::StampMode::None => ", no arrival stamps",
         },
         r.pin_dir
     );

@@ -25,8 +25,8 @@ use roce_common::{
     maps::{
         FLAG_DROP_FOREIGN, FLAG_NO_STAMP, FLAG_PROCESS_HELD, FLAG_STAMP_HEAD, GLOBAL_FLAGS,
         GLOBAL_UDP_PORT, LoadInfo, MAP_DEV_STATS, MAP_INFO, MAP_QP_STATS, MAP_QPS, MAP_XDP_STATS,
-        MAP_XSK_STATS, MAP_XSKS, MODE_NATIVE, MODE_SKB, PROG_ROCE_XDP, PROG_XDP_HEAD_PROBE,
-        PROG_XDP_META_PROBE, QpEntry, QpStatsRecord, XskQueueRecord,
+        MAP_XSK_STATS, MAP_XSKS, MODE_NATIVE, MODE_SKB, PROG_ROCE_XDP, PROG_XDP_META_PROBE,
+        QpEntry, QpStatsRecord, XskQueueRecord,
     },
 };
 
@@ -383,10 +383,11 @@ fn load_with(
 pub enum StampMode {
     /// In XDP metadata in front of the frame (`bpf_xdp_adjust_meta`): the default.
     Metadata,
-    /// In bytes pushed in front of the frame (`bpf_xdp_adjust_head`), which the socket strips
+    /// Over the frame's Ethernet destination address, which the socket puts back
     /// ([`FLAG_STAMP_HEAD`]): where the kernel refuses the metadata helper.
     Head,
-    /// None ([`FLAG_NO_STAMP`]): the kernel refuses both helpers.
+    /// None ([`FLAG_NO_STAMP`]): a program loaded without stamps (the loader does not do
+    /// this; `cargo xtask bench xdp` does, to measure what the stamp costs).
     None,
 }
 
@@ -413,42 +414,27 @@ impl StampMode {
             Self::None => FLAG_NO_STAMP,
         }
     }
-
-    /// Whether frames carry a stamp at all.
-    #[must_use]
-    pub const fn stamps(self) -> bool {
-        !matches!(self, Self::None)
-    }
 }
 
 /// Where this kernel lets `roce_xdp` stamp each redirected frame with its arrival time. Asked
-/// once per process by loading (never attaching) the probes of the object `xdp-pass`:
-/// `xdp_meta_probe` (`bpf_xdp_adjust_meta`), then, if the kernel refuses that one (a hardened
-/// 6.18 build: "program of this type cannot use helper bpf_xdp_adjust_meta#54"),
-/// `xdp_head_probe` (`bpf_xdp_adjust_head`). Any other failure of a probe (not root, no BPF)
-/// counts as allowed and leaves the real load to report it.
+/// once per process by loading (never attaching) the probe `xdp_meta_probe` of the object
+/// `xdp-pass` (`bpf_xdp_adjust_meta`): allowed, in metadata; refused (a hardened 6.18 build:
+/// "program of this type cannot use helper bpf_xdp_adjust_meta#54"), over the destination
+/// address ([`StampMode::Head`], which needs no helper). Any other failure of the probe (not
+/// root, no BPF) counts as allowed and leaves the real load to report it.
 pub fn stamp_mode() -> StampMode {
     static MODE: std::sync::OnceLock<StampMode> = std::sync::OnceLock::new();
     *MODE.get_or_init(|| {
-        let mode = if !probe_refused(PROG_XDP_META_PROBE, "bpf_xdp_adjust_meta") {
-            StampMode::Metadata
-        } else if !probe_refused(PROG_XDP_HEAD_PROBE, "bpf_xdp_adjust_head") {
+        if probe_refused(PROG_XDP_META_PROBE, "bpf_xdp_adjust_meta") {
+            log::info!(
+                "this kernel refuses XDP programs bpf_xdp_adjust_meta: roce_xdp writes each \
+                 frame's arrival stamp over its destination address instead, and the socket \
+                 puts the interface's address back"
+            );
             StampMode::Head
         } else {
-            StampMode::None
-        };
-        match mode {
-            StampMode::Metadata => {}
-            StampMode::Head => log::info!(
-                "this kernel refuses XDP programs bpf_xdp_adjust_meta: roce_xdp pushes each \
-                 frame's arrival stamp in front of it instead, and the socket strips it"
-            ),
-            StampMode::None => log::warn!(
-                "this kernel refuses XDP programs bpf_xdp_adjust_meta and bpf_xdp_adjust_head: \
-                 roce_xdp stamps no arrival times, and frames are timed when user space takes them"
-            ),
+            StampMode::Metadata
         }
-        mode
     })
 }
 

@@ -243,7 +243,8 @@ pub struct RxBatch<'q> {
     stats: &'q mut XskStats,
     join: Option<&'q mut Join>,
     stage: Option<&'q mut Vec<u8>>,
-    stamp_head: bool,
+    /// See [`XskQueue::stamp_in_place`].
+    stamp_in_place: Option<[u8; 6]>,
 }
 
 impl RxBatch<'_> {
@@ -301,23 +302,22 @@ impl RxBatch<'_> {
                 .join
                 .as_deref()
                 .is_none_or(|j| j.len == 0 && !j.overflow && !j.broken);
-            let mut desc = desc;
-            let (off, stamp) = if self.stamp_head && first {
-                // FLAG_STAMP_HEAD: roce_xdp pushed the stamp in front of every frame it
-                // redirected here; take it off before anything reads the frame.
-                let Some(len) = desc.len.checked_sub(stamp::STAMP_LEN as u32) else {
-                    self.stats.bad_ring_addr += 1;
-                    self.book.free(idx);
-                    if let Some(join) = self.join.as_deref_mut() {
-                        join.skip_part(desc.options);
+            let stamp = match self.stamp_in_place {
+                Some(mac) if first => {
+                    // FLAG_STAMP_HEAD: roce_xdp wrote the stamp over the destination address
+                    // of every frame it redirected here; put the address back before anything
+                    // reads the frame.
+                    if desc.len < stamp::STAMP_IN_PLACE_LEN as u32 {
+                        self.stats.bad_ring_addr += 1;
+                        self.book.free(idx);
+                        if let Some(join) = self.join.as_deref_mut() {
+                            join.skip_part(desc.options);
+                        }
+                        continue;
                     }
-                    continue;
-                };
-                let stamp = self.read_stamp(idx, off + stamp::STAMP_LEN as u32, now);
-                desc.len = len;
-                (off + stamp::STAMP_LEN as u32, stamp)
-            } else {
-                (off, self.read_stamp(idx, off, now))
+                    self.read_stamp_in_place(idx, off, mac, now)
+                }
+                _ => self.read_stamp(idx, off, now),
             };
             // The packet's bytes: the frame itself, or (multi-buffer) the joined copy, whose
             // frames are already back in the pool.
@@ -439,6 +439,30 @@ impl RxBatch<'_> {
         stamp::classify(word, now_ns)
     }
 
+    /// The arrival stamp `roce_xdp` wrote over the destination address of the frame at `off`
+    /// of frame `idx` (`FLAG_STAMP_HEAD`, [`stamp::in_place`]), read at `now_ns`; writes `mac`,
+    /// the interface's address, back in its place. The caller checked that the frame holds
+    /// [`stamp::STAMP_IN_PLACE_LEN`] bytes.
+    fn read_stamp_in_place(
+        &mut self,
+        idx: FrameIdx,
+        off: u32,
+        mac: [u8; 6],
+        now_ns: u64,
+    ) -> stamp::Arrival {
+        const LEN: u32 = stamp::STAMP_IN_PLACE_LEN as u32;
+        // SAFETY: `reclaim` moved frame `idx` to the application and no other slice to it
+        // exists (the packet's slice is made after this one is dropped, at the end of this
+        // function); the caller checked `off + LEN <= off + desc.len <= frame_size`.
+        let bytes = unsafe { self.book.bytes_mut_unchecked(idx, off, LEN) };
+        let Ok(word) = <[u8; stamp::STAMP_IN_PLACE_LEN]>::try_from(&*bytes).map(stamp::in_place)
+        else {
+            return stamp::Arrival::Missing;
+        };
+        bytes.copy_from_slice(&mac);
+        stamp::classify(word, now_ns)
+    }
+
     /// Releases the handled descriptors to the kernel. Dropping the batch does the same.
     pub fn commit(mut self) {
         self.read.release();
@@ -542,10 +566,12 @@ pub struct XskQueue {
     join: Option<Join>,
     stage: Option<Vec<u8>>,
     book: FrameBook,
-    /// Whether the interface's roce_xdp pushes each frame's arrival stamp in front of it
-    /// (`FLAG_STAMP_HEAD`), so that receive strips it: [`XskQueue::open`] reads it from the
-    /// `LoadInfo` flags of the roce_xdp loaded on the interface (none found: no stamp in front).
-    stamp_head: bool,
+    /// The interface's address where its roce_xdp writes each frame's arrival stamp over the
+    /// frame's destination address (`FLAG_STAMP_HEAD`), which receive puts back: a frame
+    /// `roce_xdp` redirects was sent to this address, as a RoCE NIC takes only frames for its
+    /// own. [`XskQueue::open`] reads the mode from the `LoadInfo` flags of the roce_xdp loaded
+    /// on the interface (none found: no stamp in the frame) and the address from the kernel.
+    stamp_in_place: Option<[u8; 6]>,
 }
 
 // SAFETY: every pointer inside (UMEM area, ring mmaps) refers to memory owned by this value and
@@ -595,6 +621,14 @@ impl XskQueue {
             source: errno_to_io(&e),
         })?;
         info.set_queue(queue);
+        let in_place = crate::loader::Pins::new(ifname).load_info().is_ok_and(|i| {
+            crate::loader::StampMode::of_flags(i.flags) == crate::loader::StampMode::Head
+        });
+        let stamp_in_place = if in_place {
+            Some(interface_mac(ifname)?)
+        } else {
+            None
+        };
 
         let len = cfg.frame_size as usize * cfg.frame_count as usize;
         let area = UmemArea::new(len)?;
@@ -661,9 +695,7 @@ impl XskQueue {
             }),
             stage: cfg.multi_buffer.then(|| vec![0; MULTI_BUFFER_MAX_LEN]),
             book: FrameBook::new(area, cfg.frame_size, cfg.frame_count),
-            stamp_head: crate::loader::Pins::new(ifname).load_info().is_ok_and(|i| {
-                crate::loader::StampMode::of_flags(i.flags) == crate::loader::StampMode::Head
-            }),
+            stamp_in_place,
         };
         q.refill();
         Ok(q)
@@ -824,7 +856,7 @@ impl XskQueue {
             stats: &mut self.stats,
             join: self.join.as_mut(),
             stage: self.stage.as_mut(),
-            stamp_head: self.stamp_head,
+            stamp_in_place: self.stamp_in_place,
         }
     }
 
@@ -1062,6 +1094,21 @@ pub fn rx_queue_count(ifname: &str) -> Result<u32, XskError> {
         .and_then(|n| u32::try_from(n).ok())
         .filter(|n| *n > 0)
         .ok_or_else(|| fail(io::Error::other("no num_rx_queues in `ip -d -j link show`")))
+}
+
+/// The Ethernet address of `ifname` in the current network namespace, from the kernel's
+/// link-layer entry of the interface (`getifaddrs(3)`, answered over netlink in the calling
+/// thread's namespace). Read once when a socket opens ([`XskQueue::stamp_in_place`]).
+fn interface_mac(ifname: &str) -> Result<[u8; 6], XskError> {
+    let fail = |e: io::Error| XskError::Interface {
+        name: ifname.to_owned(),
+        source: e,
+    };
+    nix::ifaddrs::getifaddrs()
+        .map_err(|e| fail(io::Error::from(e)))?
+        .filter(|a| a.interface_name == ifname)
+        .find_map(|a| a.address?.as_link_addr()?.addr())
+        .ok_or_else(|| fail(io::Error::other("the interface has no Ethernet address")))
 }
 
 /// `ppoll(2)` on `pfds` (their fds borrowed by the caller for the call) for up to `timeout`
