@@ -13,7 +13,7 @@ pub const PROG_XDP_PASS: &str = "xdp_pass";
 pub const PROG_XDP_REDIRECT_BARE: &str = "xdp_redirect_bare";
 /// In the object of [`PROG_XDP_PASS`]: a program that only calls `bpf_xdp_adjust_meta`, which
 /// the loader loads (never attaches) to learn whether the kernel lets XDP programs write
-/// metadata before it loads `roce_xdp` (see [`FLAG_STAMP_HEAD`]).
+/// metadata before it loads `roce_xdp` (see [`FLAG_STAMP_IN_PLACE`]).
 pub const PROG_XDP_META_PROBE: &str = "xdp_meta_probe";
 /// The XSKMAP of [`PROG_XDP_REDIRECT_BARE`], indexed by RX queue like [`MAP_XSKS`].
 pub const MAP_BARE_XSKS: &str = "BARE_XSKS";
@@ -63,7 +63,7 @@ pub const FLAG_DROP_FOREIGN: u32 = 1 << 0;
 /// kernel detaches the program when that process ends, even on SIGKILL.
 pub const FLAG_PROCESS_HELD: u32 = 1 << 1;
 /// Flag: stamp no arrival time; user space then takes the time it got a frame as its arrival
-/// (`rx_no_stamp` counts those frames). The loader never sets it since [`FLAG_STAMP_HEAD`]
+/// (`rx_no_stamp` counts those frames). The loader never sets it since [`FLAG_STAMP_IN_PLACE`]
 /// needs no helper; `cargo xtask bench xdp` loads a copy of `roce_xdp` with it to measure
 /// what the stamp costs.
 pub const FLAG_NO_STAMP: u32 = 1 << 2;
@@ -76,8 +76,13 @@ pub const FLAG_NO_STAMP: u32 = 1 << 2;
 /// takes only frames for its own), and a frame the program does not redirect after all gets
 /// its address back before the kernel sees it. No helper call: this costs one load and one
 /// store of six bytes, where moving the frame to make room in front of it
-/// (`bpf_xdp_adjust_head`, this flag's way until Dec 7) cost about 15 ns per frame.
-pub const FLAG_STAMP_HEAD: u32 = 1 << 3;
+/// ([`FLAG_STAMP_PUSHED`]) cost about 15 ns per frame.
+pub const FLAG_STAMP_IN_PLACE: u32 = 1 << 4;
+/// Flag of a `roce_xdp` built before 2026-12-07, which pushed the arrival stamp in front of
+/// the frame with `bpf_xdp_adjust_head` where the kernel refused metadata. No build since sets
+/// it. Such a program can stay pinned across an upgrade; an AF_XDP socket refuses to open on
+/// its interface (its frames would start 8 bytes early) and says to load the program again.
+pub const FLAG_STAMP_PUSHED: u32 = 1 << 3;
 
 /// Capacity of [`MAP_XSKS`]: RX queues served.
 pub const MAX_QUEUES: u32 = 64;

@@ -18,7 +18,7 @@
 //! magic tells the two apart, and the reader clears it after reading (see [`CLEARED`]) so a
 //! stale stamp of an earlier packet in the same UMEM frame is never read twice.
 //!
-//! Where the kernel refuses XDP programs `bpf_xdp_adjust_meta` (`maps::FLAG_STAMP_HEAD`), the
+//! Where the kernel refuses XDP programs `bpf_xdp_adjust_meta` (`maps::FLAG_STAMP_IN_PLACE`), the
 //! program writes the low [`STAMP_BITS`] bits of the same word over the frame's Ethernet
 //! destination address instead ([`STAMP_IN_PLACE_LEN`] bytes, [`in_place`]), and the socket
 //! writes its interface's address back after reading them: every frame `roce_xdp` redirects
@@ -36,7 +36,7 @@
 
 /// Bytes of metadata in front of the frame.
 pub const STAMP_LEN: usize = 8;
-/// Bytes of the frame a stamp written in place takes (`FLAG_STAMP_HEAD`): the Ethernet
+/// Bytes of the frame a stamp written in place takes (`FLAG_STAMP_IN_PLACE`): the Ethernet
 /// destination address, which holds the low [`STAMP_BITS`] bits of the word; see [`in_place`].
 pub const STAMP_IN_PLACE_LEN: usize = 6;
 /// The top 16 bits of a stamp ("RX").
@@ -63,7 +63,7 @@ pub const fn encode(ktime_ns: u64) -> u64 {
 /// nanosecond, reads as untimed: the frame then takes its handling time, as without a stamp.)
 pub const UNTIMED: u64 = encode(MASK);
 
-/// The stamp word of a frame whose stamp `roce_xdp` wrote in place (`FLAG_STAMP_HEAD`): its
+/// The stamp word of a frame whose stamp `roce_xdp` wrote in place (`FLAG_STAMP_IN_PLACE`): its
 /// first [`STAMP_IN_PLACE_LEN`] bytes, the Ethernet destination address's place, hold the low
 /// [`STAMP_BITS`] bits of the clock's reading (or of [`UNTIMED`]) in native byte order, as a
 /// four-byte and a two-byte store left them. Give the result to [`classify`].

@@ -48,7 +48,7 @@ use roce_common::{
     },
     log::{CODE_FALLBACK, CODE_FOREIGN_QP, level_of},
     maps::{
-        FLAG_DROP_FOREIGN, FLAG_NO_STAMP, FLAG_STAMP_HEAD, LoadInfo, MAX_QPS, MAX_QUEUES,
+        FLAG_DROP_FOREIGN, FLAG_NO_STAMP, FLAG_STAMP_IN_PLACE, LoadInfo, MAX_QPS, MAX_QUEUES,
         MAX_STAT_PROCS, MAX_STAT_QPS, QpEntry, QpStatsRecord, XskQueueRecord,
     },
     multipath::{RESV7_TRAILER, SACK_TRAILER_LEN},
@@ -407,7 +407,7 @@ unsafe fn store_stamp(at: usize, timed: bool) {
     let _ = (at, word);
 }
 
-/// Writes the arrival stamp over the frame's Ethernet destination address (`FLAG_STAMP_HEAD`:
+/// Writes the arrival stamp over the frame's Ethernet destination address (`FLAG_STAMP_IN_PLACE`:
 /// the kernel refuses `bpf_xdp_adjust_meta`): the low [`stamp::STAMP_BITS`] bits of the
 /// clock, or of `stamp::UNTIMED` where `timed` is false, in the address's six bytes, native
 /// byte order (`roce_common::stamp::in_place`). User space reads them and writes its
@@ -531,9 +531,9 @@ pub fn roce_xdp(ctx: XdpContext) -> u32 {
             let ours = dest_qp < MAX_QPS && ROCE_QPS.get(dest_qp).is_some_and(|e| e.owner != 0);
             if ours {
                 // Constants the verifier sees (read-only data): the helper a kernel refuses
-                // (FLAG_NO_STAMP, FLAG_STAMP_HEAD) sits on a path it never explores.
+                // (FLAG_NO_STAMP, FLAG_STAMP_IN_PLACE) sits on a path it never explores.
                 let flags = ROCE_FLAGS.load();
-                let head = flags & (FLAG_NO_STAMP | FLAG_STAMP_HEAD) == FLAG_STAMP_HEAD;
+                let head = flags & (FLAG_NO_STAMP | FLAG_STAMP_IN_PLACE) == FLAG_STAMP_IN_PLACE;
                 let mut dst_mac = None;
                 if head {
                     dst_mac = stamp_dst_mac(&ctx, timed);

@@ -402,7 +402,7 @@ fn wire_ns_per_packet(
         // The bare program redirects every frame, also what the kernel itself sends on the
         // veth (IPv6 neighbour and multicast listener messages): count only the bench's own.
         // Its first six bytes are left out, where roce_xdp writes the stamp in place
-        // (`FLAG_STAMP_HEAD`) and this socket, set up by hand, does not restore them.
+        // (`FLAG_STAMP_IN_PLACE`) and this socket, set up by hand, does not restore them.
         rx.receive(u32::MAX, |buf, _| {
             if buf.len() == frame.len() && buf[6..] == frame[6..] {
                 got += 1;
@@ -515,7 +515,7 @@ fn main() {
     if stamp != roce::loader::StampMode::Metadata {
         println!(
             "this kernel refuses bpf_xdp_adjust_meta: roce_xdp's arrival stamp is {stamp:?} \
-             (roce_common::maps::FLAG_STAMP_HEAD / FLAG_NO_STAMP)"
+             (roce_common::maps::FLAG_STAMP_IN_PLACE / FLAG_NO_STAMP)"
         );
     }
     let mut roce = load(EBPF_OBJECT, &[PROG_ROCE_XDP]);

@@ -723,7 +723,7 @@ fn udp_port_is_a_load_time_global() {
 /// Where the kernel refuses XDP programs `bpf_xdp_adjust_meta` (a hardened 6.18 build), the
 /// test checks the fallback instead: the object stamping into metadata is refused for that
 /// helper, and the program as the loader loads it there (the stamp written over the frame's
-/// destination address, `FLAG_STAMP_HEAD`) hands a frame whose redirect fell back to the
+/// destination address, `FLAG_STAMP_IN_PLACE`) hands a frame whose redirect fell back to the
 /// kernel exactly as it came, with no metadata and its own destination address back, timed
 /// or not. (The stamp on its way to a socket is
 /// `xsk_guards::received_frames_carry_their_arrival_stamp`.)

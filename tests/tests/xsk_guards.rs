@@ -186,7 +186,7 @@ fn frames_waiting_at_stop_reach_the_handler_in_the_drain() {
 /// (`rx_no_stamp`). Frames held on the RX ring for a while keep the time they arrived, not the
 /// time they were taken. Where the kernel refuses roce_xdp `bpf_xdp_adjust_meta`, the stamp
 /// comes over the frame's destination address, which the socket puts back
-/// (`FLAG_STAMP_HEAD`): every frame reaches the handler byte for byte as it was sent.
+/// (`FLAG_STAMP_IN_PLACE`): every frame reaches the handler byte for byte as it was sent.
 #[test]
 fn received_frames_carry_their_arrival_stamp() {
     for mode in [AttachMode::Native, AttachMode::Skb] {
@@ -265,6 +265,36 @@ fn received_frames_carry_their_arrival_stamp() {
         drop(q);
         drop(prog);
     }
+}
+
+/// A `roce_xdp` pinned by a build from before the stamp went over the destination address
+/// (`FLAG_STAMP_PUSHED`: it pushes 8 bytes in front of each frame) can outlive an upgrade; a
+/// socket refuses its interface with an error that says to load the program again, rather
+/// than read every frame 8 bytes off.
+#[test]
+fn a_socket_refuses_a_program_that_pushes_its_stamp() {
+    let pair = Pair::new(1);
+    let a_if = pair.a().ifname.clone();
+    pair.in_a(move || {
+        let _prog = XdpProg::attach(&a_if, &[QPN]);
+        let path = roce::loader::pin_dir(&a_if).join(roce_common::maps::MAP_INFO);
+        let pin = aya::maps::MapData::from_pin(&path).expect("ROCE_INFO pin");
+        let mut info: aya::maps::Array<_, roce_common::maps::LoadInfo> =
+            aya::maps::Array::try_from(aya::maps::Map::Array(pin)).expect("ROCE_INFO");
+        let mut record = info.get(&0, 0).expect("load record");
+        record.flags |= roce_common::maps::FLAG_STAMP_PUSHED;
+        info.set(0, record, 0).expect("write the load record");
+        let Err(err) = XskQueue::open(&a_if, 0, &XskConfig::default()) else {
+            panic!("a socket opened on a program that pushes its stamp");
+        };
+        assert!(
+            matches!(err, roce::xsk::XskError::StaleProgram(ref i) if *i == a_if),
+            "{err}"
+        );
+        assert!(err.to_string().contains("roce load -i"), "{err}");
+    })
+    .join()
+    .expect("A");
 }
 
 /// Marks the IPv4 frame in `buf` (no VLAN tag) Congestion Experienced and mends its header

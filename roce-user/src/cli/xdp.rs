@@ -34,7 +34,7 @@ pub(crate) fn load(out: Output, iface: &str, opts: LoadOptions) -> anyhow::Resul
         },
         match r.arrival_stamp {
             loader::StampMode::Metadata => "",
-            loader::StampMode::Head => {
+            loader::StampMode::InPlace => {
                 ", arrival stamps over each frame's destination address (the kernel refuses \
                  bpf_xdp_adjust_meta)"
             }

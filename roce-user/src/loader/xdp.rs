@@ -23,7 +23,7 @@ use roce_common::{
     counters::XdpStats,
     log::{LogLevel, MAP_LOG_LEVEL},
     maps::{
-        FLAG_DROP_FOREIGN, FLAG_NO_STAMP, FLAG_PROCESS_HELD, FLAG_STAMP_HEAD, GLOBAL_FLAGS,
+        FLAG_DROP_FOREIGN, FLAG_NO_STAMP, FLAG_PROCESS_HELD, FLAG_STAMP_IN_PLACE, GLOBAL_FLAGS,
         GLOBAL_UDP_PORT, LoadInfo, MAP_DEV_STATS, MAP_INFO, MAP_QP_STATS, MAP_QPS, MAP_XDP_STATS,
         MAP_XSK_STATS, MAP_XSKS, MODE_NATIVE, MODE_SKB, PROG_ROCE_XDP, PROG_XDP_META_PROBE,
         QpEntry, QpStatsRecord, XskQueueRecord,
@@ -379,13 +379,13 @@ fn load_with(
 
 /// Where `roce_xdp` puts the arrival stamp of a frame it redirects, as the kernel allows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
+#[serde(rename_all = "snake_case")]
 pub enum StampMode {
     /// In XDP metadata in front of the frame (`bpf_xdp_adjust_meta`): the default.
     Metadata,
     /// Over the frame's Ethernet destination address, which the socket puts back
-    /// ([`FLAG_STAMP_HEAD`]): where the kernel refuses the metadata helper.
-    Head,
+    /// ([`FLAG_STAMP_IN_PLACE`]): where the kernel refuses the metadata helper.
+    InPlace,
     /// None ([`FLAG_NO_STAMP`]): a program loaded without stamps (the loader does not do
     /// this; `cargo xtask bench xdp` does, to measure what the stamp costs).
     None,
@@ -397,8 +397,8 @@ impl StampMode {
     pub const fn of_flags(flags: u32) -> Self {
         if flags & FLAG_NO_STAMP != 0 {
             Self::None
-        } else if flags & FLAG_STAMP_HEAD != 0 {
-            Self::Head
+        } else if flags & FLAG_STAMP_IN_PLACE != 0 {
+            Self::InPlace
         } else {
             Self::Metadata
         }
@@ -410,7 +410,7 @@ impl StampMode {
     pub const fn flag(self) -> u32 {
         match self {
             Self::Metadata => 0,
-            Self::Head => FLAG_STAMP_HEAD,
+            Self::InPlace => FLAG_STAMP_IN_PLACE,
             Self::None => FLAG_NO_STAMP,
         }
     }
@@ -420,7 +420,7 @@ impl StampMode {
 /// once per process by loading (never attaching) the probe `xdp_meta_probe` of the object
 /// `xdp-pass` (`bpf_xdp_adjust_meta`): allowed, in metadata; refused (a hardened 6.18 build:
 /// "program of this type cannot use helper bpf_xdp_adjust_meta#54"), over the destination
-/// address ([`StampMode::Head`], which needs no helper). Any other failure of the probe (not
+/// address ([`StampMode::InPlace`], which needs no helper). Any other failure of the probe (not
 /// root, no BPF) counts as allowed and leaves the real load to report it.
 pub fn stamp_mode() -> StampMode {
     static MODE: std::sync::OnceLock<StampMode> = std::sync::OnceLock::new();
@@ -431,7 +431,7 @@ pub fn stamp_mode() -> StampMode {
                  frame's arrival stamp over its destination address instead, and the socket \
                  puts the interface's address back"
             );
-            StampMode::Head
+            StampMode::InPlace
         } else {
             StampMode::Metadata
         }

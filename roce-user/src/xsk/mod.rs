@@ -259,6 +259,14 @@ pub enum XskError {
     /// poll(2) failed.
     #[error("failed to poll the AF_XDP socket: {0}")]
     Poll(#[source] io::Error),
+    /// The interface's `roce_xdp` was loaded by an older build whose frames this one cannot
+    /// read (`roce_common::maps::FLAG_STAMP_PUSHED`).
+    #[error(
+        "roce_xdp on {0} was loaded by an older roce-xdp, which pushes the arrival stamp in \
+         front of each frame; load it again with this build (`roce unload -i {0}`, then \
+         `roce load -i {0}`)"
+    )]
+    StaleProgram(String),
 }
 
 pub(crate) fn errno_to_io(e: &xdpilone::Errno) -> io::Error {

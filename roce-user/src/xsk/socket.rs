@@ -304,7 +304,7 @@ impl RxBatch<'_> {
                 .is_none_or(|j| j.len == 0 && !j.overflow && !j.broken);
             let stamp = match self.stamp_in_place {
                 Some(mac) if first => {
-                    // FLAG_STAMP_HEAD: roce_xdp wrote the stamp over the destination address
+                    // FLAG_STAMP_IN_PLACE: roce_xdp wrote the stamp over the destination address
                     // of every frame it redirected here; put the address back before anything
                     // reads the frame.
                     if desc.len < stamp::STAMP_IN_PLACE_LEN as u32 {
@@ -440,7 +440,7 @@ impl RxBatch<'_> {
     }
 
     /// The arrival stamp `roce_xdp` wrote over the destination address of the frame at `off`
-    /// of frame `idx` (`FLAG_STAMP_HEAD`, [`stamp::in_place`]), read at `now_ns`; writes `mac`,
+    /// of frame `idx` (`FLAG_STAMP_IN_PLACE`, [`stamp::in_place`]), read at `now_ns`; writes `mac`,
     /// the interface's address, back in its place. The caller checked that the frame holds
     /// [`stamp::STAMP_IN_PLACE_LEN`] bytes.
     fn read_stamp_in_place(
@@ -567,7 +567,7 @@ pub struct XskQueue {
     stage: Option<Vec<u8>>,
     book: FrameBook,
     /// The interface's address where its roce_xdp writes each frame's arrival stamp over the
-    /// frame's destination address (`FLAG_STAMP_HEAD`), which receive puts back: a frame
+    /// frame's destination address (`FLAG_STAMP_IN_PLACE`), which receive puts back: a frame
     /// `roce_xdp` redirects was sent to this address, as a RoCE NIC takes only frames for its
     /// own. [`XskQueue::open`] reads the mode from the `LoadInfo` flags of the roce_xdp loaded
     /// on the interface (none found: no stamp in the frame) and the address from the kernel.
@@ -621,14 +621,18 @@ impl XskQueue {
             source: errno_to_io(&e),
         })?;
         info.set_queue(queue);
-        let in_place = crate::loader::Pins::new(ifname).load_info().is_ok_and(|i| {
-            crate::loader::StampMode::of_flags(i.flags) == crate::loader::StampMode::Head
-        });
-        let stamp_in_place = if in_place {
-            Some(interface_mac(ifname)?)
-        } else {
-            None
-        };
+        let flags = crate::loader::Pins::new(ifname)
+            .load_info()
+            .map_or(0, |i| i.flags);
+        if flags & roce_common::maps::FLAG_STAMP_PUSHED != 0 {
+            return Err(XskError::StaleProgram(ifname.to_owned()));
+        }
+        let stamp_in_place =
+            if crate::loader::StampMode::of_flags(flags) == crate::loader::StampMode::InPlace {
+                Some(interface_mac(ifname)?)
+            } else {
+                None
+            };
 
         let len = cfg.frame_size as usize * cfg.frame_count as usize;
         let area = UmemArea::new(len)?;
