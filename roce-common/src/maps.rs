@@ -99,9 +99,17 @@ pub const FIRST_QPN: u32 = 17;
 pub struct QpEntry {
     /// PID of the owning process.
     pub owner: u32,
-    /// Reserved, zero.
+    /// `QP_FLAG_*` bits; other bits are reserved, zero.
     pub flags: u32,
 }
+
+/// [`QpEntry::flags`]: `roce_xdp` reads the clock for this QP's responses (ACKs, NAKs, READ
+/// responses, atomic ACKs) and stamps them with their arrival time, because its congestion
+/// control takes RTT samples from them (Swift). Without it a response carries
+/// `stamp::UNTIMED`: DCQCN and no CC use no response's arrival, and the clock costs as much
+/// as the rest of the program (`roce_common::stamp`). CE-marked packets and CNPs are timed
+/// for every QP.
+pub const QP_FLAG_TIME_RESPONSES: u32 = 1 << 0;
 
 /// [`LoadInfo::mode`]: native (driver) XDP.
 pub const MODE_NATIVE: u32 = 1;

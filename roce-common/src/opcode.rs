@@ -453,9 +453,10 @@ pub const XDP_NO_PAYLOAD: u8 = 0x40;
 /// Bit of an [`XDP_OPCODE_TABLE`] entry set when the transport acts on a packet's arrival time
 /// whether or not it carries a CE mark: responses (ACK/NAK, READ responses, atomic ACKs: Swift's
 /// RTT sample ends at their arrival) and CNPs (the reaction point counts
-/// `rate_reduce_monitor_period` between arrivals). `roce_xdp` reads the clock for these and for
-/// CE-marked packets (the notification point's CNP interval); any other request gets
-/// [`crate::stamp::UNTIMED`], and no clock read.
+/// `rate_reduce_monitor_period` between arrivals). `roce_xdp` reads the clock for CNPs, for
+/// responses to a QP whose `ROCE_QPS` entry has [`crate::maps::QP_FLAG_TIME_RESPONSES`] (its
+/// congestion control samples RTTs) and for CE-marked packets (the notification point's CNP
+/// interval); any other frame gets [`crate::stamp::UNTIMED`], and no clock read.
 pub const XDP_TIMED: u8 = 0x80;
 
 /// The XDP program's opcode table: for each opcode byte, the extended-header length in the low

@@ -27,8 +27,9 @@
 //! "missing" to tell apart and no magic in the frame.
 //!
 //! The clock is read only for the frames whose arrival time the transport uses: CE-marked
-//! packets (the notification point), CNPs (the reaction point) and responses (Swift's RTT
-//! samples); see `opcode::XDP_TIMED`. Any other frame gets [`UNTIMED`] in the same place,
+//! packets (the notification point), CNPs (the reaction point) and the responses of QPs whose
+//! congestion control samples RTTs from them (Swift; `maps::QP_FLAG_TIME_RESPONSES` in the
+//! QP's entry); see `opcode::XDP_TIMED`. Any other frame gets [`UNTIMED`] in the same place,
 //! which costs a store and no helper call: `bpf_ktime_get_ns` took 35-55 ns per frame on the
 //! wire on Dec 7's VM (the kernel's `ktime_get_mono_fast_ns`, its clocksource read through a
 //! retpoline, and every return through the SRSO safe-RET thunk), as much as all of

@@ -8,7 +8,8 @@
 //! address where the kernel refuses the metadata helper (`roce_common::stamp`),
 //! so that user space can act on when a packet arrived rather than when it got to it; the
 //! clock is read only for the frames whose arrival the transport uses (CE-marked packets,
-//! responses, CNPs), the others carry `stamp::UNTIMED`.
+//! CNPs, and the responses of QPs whose congestion control samples RTTs,
+//! `QP_FLAG_TIME_RESPONSES`), the others carry `stamp::UNTIMED`.
 //!
 //! Every frame is counted once in `rx_packets` and once under exactly one verdict counter of
 //! `ROCE_XDP_STATS` (see `roce_common::counters::XdpStats`).
@@ -49,7 +50,8 @@ use roce_common::{
     log::{CODE_FALLBACK, CODE_FOREIGN_QP, level_of},
     maps::{
         FLAG_DROP_FOREIGN, FLAG_NO_STAMP, FLAG_STAMP_IN_PLACE, LoadInfo, MAX_QPS, MAX_QUEUES,
-        MAX_STAT_PROCS, MAX_STAT_QPS, QpEntry, QpStatsRecord, XskQueueRecord,
+        MAX_STAT_PROCS, MAX_STAT_QPS, QP_FLAG_TIME_RESPONSES, QpEntry, QpStatsRecord,
+        XskQueueRecord,
     },
     multipath::{RESV7_TRAILER, SACK_TRAILER_LEN},
     opcode::{EXT_LEN_UNKNOWN, Opcode, XDP_NO_PAYLOAD, XDP_OPCODE_TABLE, XDP_TIMED},
@@ -109,9 +111,12 @@ enum Class {
         dest_qp: u32,
         ce: bool,
         cnp: bool,
-        /// Whether the transport uses its arrival time (CE-marked, a response or a CNP:
-        /// `XDP_TIMED`), so its stamp reads the clock.
+        /// Whether the transport uses its arrival time on every QP (CE-marked, or a CNP),
+        /// so its stamp reads the clock.
         timed: bool,
+        /// A response (`XDP_TIMED`, not a CNP): timed only for a QP whose congestion control
+        /// samples RTTs (`QP_FLAG_TIME_RESPONSES`).
+        response: bool,
         at: At,
     },
 }
@@ -297,7 +302,8 @@ fn classify(ctx: Bounds) -> Class {
         dest_qp,
         ce,
         cnp: bth.opcode == Opcode::CNP.0,
-        timed: ce || entry & XDP_TIMED != 0,
+        timed: ce || bth.opcode == Opcode::CNP.0,
+        response: entry & XDP_TIMED != 0 && bth.opcode != Opcode::CNP.0,
         at,
     }
 }
@@ -518,6 +524,7 @@ pub fn roce_xdp(ctx: XdpContext) -> u32 {
             ce,
             cnp,
             timed,
+            response,
             at,
         } => {
             stats.roce_packets += 1;
@@ -528,8 +535,13 @@ pub fn roce_xdp(ctx: XdpContext) -> u32 {
             if cnp {
                 stats.cnp += 1;
             }
-            let ours = dest_qp < MAX_QPS && ROCE_QPS.get(dest_qp).is_some_and(|e| e.owner != 0);
-            if ours {
+            let qp = if dest_qp < MAX_QPS {
+                ROCE_QPS.get(dest_qp).filter(|e| e.owner != 0)
+            } else {
+                None
+            };
+            if let Some(qp) = qp {
+                let timed = timed || (response && qp.flags & QP_FLAG_TIME_RESPONSES != 0);
                 // Constants the verifier sees (read-only data): the helper a kernel refuses
                 // (FLAG_NO_STAMP, FLAG_STAMP_IN_PLACE) sits on a path it never explores.
                 let flags = ROCE_FLAGS.load();

@@ -13,8 +13,9 @@
 //! attached in turn to one end of the bench's veth, fed by an AF_XDP socket on the other end,
 //! every frame read back from the receiving socket, the cost read from the kernel's BPF
 //! run-time statistics (`run_time_ns` / `run_cnt`, BPF_ENABLE_STATS on for the duration).
-//! Our QP's frames are two requests, whose arrival stamp carries no time (`stamp::UNTIMED`),
-//! and an ACK, for which roce_xdp reads the clock (`opcode::XDP_TIMED`).
+//! Our QPs' frames are two requests and an ACK to a DCQCN QP, whose arrival stamps carry no
+//! time (`stamp::UNTIMED`), and an ACK to a Swift QP, for which roce_xdp reads the clock
+//! (`opcode::XDP_TIMED` and the QP's `QP_FLAG_TIME_RESPONSES`).
 //!
 //! Each figure is the median of REPS runs of `repeat` iterations (the kernel reports the mean
 //! duration of one iteration); min and max are shown next to it.
@@ -37,13 +38,15 @@ use roce_common::{
     log::{LogLevel, MAP_LOG_LEVEL},
     maps::{
         FLAG_NO_STAMP, GLOBAL_FLAGS, MAP_BARE_XSKS, MAP_QPS, MAP_XSKS, PROG_ROCE_XDP,
-        PROG_XDP_PASS, PROG_XDP_REDIRECT_BARE, QpEntry,
+        PROG_XDP_PASS, PROG_XDP_REDIRECT_BARE, QP_FLAG_TIME_RESPONSES, QpEntry,
     },
     opcode::Opcode,
 };
 use roce_tests::{Frame, Ip, require_root};
 
 const REPS: usize = 9;
+/// The QP of the timed ACK row: its entry asks for timed responses, as a Swift QP's does.
+const SWIFT_QP: u32 = 0x12;
 const REPEAT: u32 = 200_000;
 /// Rounds of [`REPS`] runs per program and packet, the programs taking turns.
 const ROUNDS: usize = 3;
@@ -530,6 +533,12 @@ fn main() {
     {
         let mut qps: Array<_, QpEntry> = Array::try_from(ebpf.map_mut(MAP_QPS).unwrap()).unwrap();
         qps.set(0x11, QpEntry { owner: 1, flags: 0 }, 0).unwrap();
+        // A QP whose congestion control samples RTTs (Swift): its responses are timed.
+        let swift = QpEntry {
+            owner: 1,
+            flags: QP_FLAG_TIME_RESPONSES,
+        };
+        qps.set(SWIFT_QP, swift, 0).unwrap();
     }
     let mut pass = load(XDP_PASS_OBJECT, &[PROG_XDP_PASS, PROG_XDP_REDIRECT_BARE]);
     // A real AF_XDP socket (bound to queue 0 of a veth in a namespace made here) in the XSKS slot
@@ -584,12 +593,24 @@ fn main() {
             "≤ 1.5x",
         ),
         (
-            // A response: roce_xdp reads the clock for its stamp (`opcode::XDP_TIMED`), where
-            // the two requests above carry `stamp::UNTIMED`.
-            "RoCE RC ACKNOWLEDGE, IPv4, our QP (its stamp reads the clock)",
+            // A response to a QP whose CC does not sample RTTs (DCQCN, the default): its
+            // stamp carries `stamp::UNTIMED`, as the two requests above.
+            "RoCE RC ACKNOWLEDGE, IPv4, our DCQCN QP (untimed)",
             Frame {
                 opcode: Opcode::RC_ACKNOWLEDGE,
                 payload: 0,
+                ..Frame::default()
+            },
+            "≤ 1.5x",
+        ),
+        (
+            // A response to a Swift QP (`QP_FLAG_TIME_RESPONSES`): roce_xdp reads the clock
+            // for its stamp (`opcode::XDP_TIMED`).
+            "RoCE RC ACKNOWLEDGE, IPv4, our Swift QP (its stamp reads the clock)",
+            Frame {
+                opcode: Opcode::RC_ACKNOWLEDGE,
+                payload: 0,
+                dest_qp: SWIFT_QP,
                 ..Frame::default()
             },
             "≤ 1.5x",

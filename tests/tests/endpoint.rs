@@ -476,6 +476,53 @@ fn qpns_are_not_stolen() {
     );
 }
 
+/// Issue 20: a QP's `ROCE_QPS` entry asks `roce_xdp` to time its responses
+/// (`QP_FLAG_TIME_RESPONSES`) exactly while its congestion control samples RTTs from them:
+/// Swift from the device's options, then not after `set_cc_algorithm` to DCQCN, then again
+/// after switching back.
+#[test]
+fn qp_entries_ask_for_timed_responses_while_swift_runs() {
+    require_root();
+    let pair = veth("ts", 188, 1500);
+    let _l = Loaded::on(&[&pair.a]);
+    let pins = Pins::new(&pair.a.ifname);
+    let ns = pair.a.netns.clone();
+    let ifname = pair.a.ifname.clone();
+    let flags = netns::in_netns(&ns, move || {
+        let mut opts = DeviceOptions::default();
+        opts.transport
+            .cc
+            .set_algorithm(roce::cc::CcAlgorithm::Swift);
+        let dev = Device::open(&ifname, &opts).unwrap();
+        let pd = dev.alloc_pd().unwrap();
+        let cq = dev.create_cq(16).unwrap();
+        let init = QpInit {
+            pd,
+            qp_type: QpType::Rc,
+            send_cq: cq,
+            recv_cq: cq,
+            cap: QpCap {
+                max_send_wr: 4,
+                max_recv_wr: 4,
+                max_sge: 1,
+                max_inline_data: 0,
+            },
+            sq_sig_all: true,
+        };
+        let qpn = dev.create_qp(init).unwrap();
+        let flags = |pins: &Pins| pins.qps().unwrap().get(&qpn.value(), 0).unwrap().flags;
+        let mut seen = vec![flags(&pins)];
+        for algorithm in [roce::cc::CcAlgorithm::Dcqcn, roce::cc::CcAlgorithm::Swift] {
+            dev.set_cc_algorithm(qpn, algorithm).unwrap();
+            seen.push(flags(&pins));
+        }
+        seen
+    })
+    .unwrap();
+    let t = roce_common::maps::QP_FLAG_TIME_RESPONSES;
+    assert_eq!(flags, vec![t, 0, t], "Swift, DCQCN, Swift again");
+}
+
 /// One endpoint (this process, the verbs API) with QPs to two peers on a bridge, each a `roce
 /// perf write` server. The peer on C is killed mid-transfer: that QP ends in ERR with retry
 /// exceeded (its later WRs flushed); the QP to B keeps completing, and B verifies its data.

@@ -11,7 +11,7 @@ use roce_common::{
     counters::XdpStats,
     maps::{
         FLAG_DROP_FOREIGN, GLOBAL_FLAGS, GLOBAL_UDP_PORT, MAP_QPS, MAP_XDP_STATS, PROG_ROCE_XDP,
-        QpEntry,
+        QP_FLAG_TIME_RESPONSES, QpEntry,
     },
     opcode::Opcode,
     stamp,
@@ -48,6 +48,13 @@ impl Prog {
         let mut qps: Array<_, QpEntry> = Array::try_from(ebpf.map_mut(MAP_QPS).unwrap()).unwrap();
         qps.set(OURS, QpEntry { owner: 1, flags: 0 }, 0).unwrap();
         Self { ebpf }
+    }
+
+    /// Sets the `ROCE_QPS` entry flags of our QP (`QP_FLAG_*`).
+    fn set_qp_flags(&mut self, flags: u32) {
+        let mut qps: Array<_, QpEntry> =
+            Array::try_from(self.ebpf.map_mut(MAP_QPS).unwrap()).unwrap();
+        qps.set(OURS, QpEntry { owner: 1, flags }, 0).unwrap();
     }
 
     fn stats(&self) -> XdpStats {
@@ -717,8 +724,10 @@ fn udp_port_is_a_load_time_global() {
 /// (`roce_common::stamp`). BPF_PROG_TEST_RUN's output starts at `data_meta`, so for our QP it
 /// is the stamp followed by the unchanged frame; the redirect itself falls back to the kernel
 /// here (no socket in ROCE_XSKS), after the stamp was written. The clock is read for the
-/// frames whose arrival the transport uses (a response, a CE-marked request); an unmarked
-/// request gets `stamp::UNTIMED`. Frames the program passes or drops get no metadata.
+/// frames whose arrival the transport uses (a CE-marked request; a response to a QP whose
+/// congestion control samples RTTs, `QP_FLAG_TIME_RESPONSES`); an unmarked request, or a
+/// response to another QP, gets `stamp::UNTIMED`. Frames the program passes or drops get no
+/// metadata.
 ///
 /// Where the kernel refuses XDP programs `bpf_xdp_adjust_meta` (a hardened 6.18 build), the
 /// test checks the fallback instead: the object stamping into metadata is refused for that
@@ -729,7 +738,7 @@ fn udp_port_is_a_load_time_global() {
 /// `xsk_guards::received_frames_carry_their_arrival_stamp`.)
 #[test]
 fn redirected_frames_carry_an_arrival_stamp_in_metadata() {
-    let prog = Prog::new(4791, FLAG_DROP_FOREIGN);
+    let mut prog = Prog::new(4791, FLAG_DROP_FOREIGN);
     let frame = Frame::default().build();
     let ack = Frame {
         opcode: Opcode::RC_ACKNOWLEDGE,
@@ -762,6 +771,8 @@ fn redirected_frames_carry_an_arrival_stamp_in_metadata() {
             format!("{refused:?}").contains("bpf_xdp_adjust_meta"),
             "{refused:?}"
         );
+        // The ACK timed (a Swift QP), so that the clock's path restores the address too.
+        prog.set_qp_flags(QP_FLAG_TIME_RESPONSES);
         for (name, f) in [
             ("an ACK", &ack),
             ("a CE-marked SEND", &ce),
@@ -777,11 +788,20 @@ fn redirected_frames_carry_an_arrival_stamp_in_metadata() {
         assert_eq!(prog.stats().redirect_fallback_pass, 3);
         return;
     }
-    for (name, f, timed) in [
-        ("an ACK", &ack, true),
-        ("a CE-marked SEND", &ce, true),
-        ("an unmarked SEND", &frame, false),
+    // A response is timed only for a QP whose congestion control samples RTTs (Swift); a
+    // CE-marked packet for every QP.
+    for (name, f, qp_flags, timed) in [
+        ("an ACK to a DCQCN QP", &ack, 0, false),
+        ("an ACK to a Swift QP", &ack, QP_FLAG_TIME_RESPONSES, true),
+        ("a CE-marked SEND", &ce, 0, true),
+        (
+            "an unmarked SEND to a Swift QP",
+            &frame,
+            QP_FLAG_TIME_RESPONSES,
+            false,
+        ),
     ] {
+        prog.set_qp_flags(qp_flags);
         for _ in 0..3 {
             let before = roce::xsk::monotonic_ns();
             let (action, out) = prog.run_out(f);

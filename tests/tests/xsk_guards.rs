@@ -267,6 +267,84 @@ fn received_frames_carry_their_arrival_stamp() {
     }
 }
 
+/// Issue 20: a response's arrival is timed only for a QP whose congestion control samples RTTs
+/// from its responses (Swift; `QP_FLAG_TIME_RESPONSES` in its `ROCE_QPS` entry, which
+/// `api::Device` sets from the QP's algorithm): ACKs to a QP without the flag carry
+/// `stamp::UNTIMED` but for the CE-marked ones (the notification point's rule, for every QP),
+/// and the same ACKs after the flag is set all carry their arrival times.
+#[test]
+fn responses_are_timed_only_for_qps_that_sample_rtts() {
+    let pair = Pair::new(1);
+    let a_if = pair.a().ifname.clone();
+    // 62 bytes: a BTH, four bytes where an ACK has its AETH, the ICRC.
+    let tmpl = RoceTemplate::new(&pair.b_to_a(62));
+    let (prog, mut q) = pair
+        .in_a(move || {
+            let mut prog = XdpProg::attach(&a_if, &[QPN]);
+            let q = XskQueue::open(&a_if, 0, &XskConfig::default()).expect("open A");
+            prog.set_xsk(&q);
+            (prog, q)
+        })
+        .join()
+        .expect("A setup");
+    let mut redirected = 0;
+    for (flags, ce_every_other) in [
+        (0, true),
+        (roce_common::maps::QP_FLAG_TIME_RESPONSES, false),
+    ] {
+        prog.set_qp_flags(QPN, flags);
+        let (b_if, tmpl) = (pair.b().ifname.clone(), tmpl.clone());
+        let sent_from = monotonic_ns();
+        pair.in_b(move || {
+            let mut q = XskQueue::open(&b_if, 0, &XskConfig::default()).expect("open B");
+            q.with_tx_sink(|tx| {
+                for seq in 0..N {
+                    tx.send(|buf| {
+                        let len = tmpl.write(buf, seq);
+                        buf[42] = roce::wire::Opcode::RC_ACKNOWLEDGE.0;
+                        if ce_every_other && seq % 2 == 0 {
+                            mark_ce(buf);
+                        }
+                        len
+                    })
+                    .expect("room");
+                }
+            });
+            q.flush_tx();
+            settle(&mut q, XskQueue::tx_idle);
+        })
+        .join()
+        .expect("sender");
+        redirected += N;
+        await_redirected(&prog, redirected);
+        let sent_by = monotonic_ns();
+        let untimed_before = q.stats().rx_untimed;
+        let mut seen = 0;
+        let got = q.receive_stamped(N as u32, |_frame, stamp, _tx| {
+            let timed = !ce_every_other || seen % 2 == 0;
+            match stamp {
+                Some(at) => assert!(
+                    timed && (sent_from..=sent_by).contains(&at),
+                    "flags {flags}: ACK {seen} stamped {at}, sent in [{sent_from}, {sent_by}]"
+                ),
+                None => assert!(!timed, "flags {flags}: ACK {seen} has no time"),
+            }
+            seen += 1;
+            RxVerdict::Recycle
+        });
+        assert_eq!(u64::from(got), N);
+        let untimed = if ce_every_other { N / 2 } else { 0 };
+        assert_eq!(
+            q.stats().rx_untimed - untimed_before,
+            untimed,
+            "flags {flags}"
+        );
+        assert_eq!(q.stats().rx_no_stamp, 0);
+    }
+    drop(q);
+    drop(prog);
+}
+
 /// A `roce_xdp` pinned by a build from before the stamp went over the destination address
 /// (`FLAG_STAMP_PUSHED`: it pushes 8 bytes in front of each frame) can outlive an upgrade; a
 /// socket refuses its interface with an error that says to load the program again, rather

@@ -61,7 +61,7 @@ use std::{
 };
 
 use nix::sys::eventfd::{EfdFlags, EventFd};
-use roce_common::maps::{MAX_QPS, QpEntry};
+use roce_common::maps::{MAX_QPS, QP_FLAG_TIME_RESPONSES, QpEntry};
 
 pub use self::verbs_device::{CmDevice, VerbsDevice};
 pub use crate::transport::Event;
@@ -966,7 +966,8 @@ impl Device {
                         .unwrap_or(transport::Mtu::Mtu1024);
                     sh.lock().set_ud_mtu(qpn, mtu)?;
                 }
-                self.pins.add_qp(n, me)?;
+                let flags = qp_flags(sh.lock().qp(qpn));
+                self.pins.add_qp_flags(n, me, flags)?;
                 self.qpns
                     .lock()
                     .unwrap_or_else(std::sync::PoisonError::into_inner)
@@ -1350,7 +1351,15 @@ impl Device {
         qpn: Qpn,
         algorithm: crate::cc::CcAlgorithm,
     ) -> Result<(), ApiError> {
-        self.by_qpn(qpn).lock().set_cc_algorithm(qpn, algorithm)?;
+        let flags = {
+            let mut dev = self.by_qpn(qpn).lock();
+            dev.set_cc_algorithm(qpn, algorithm)?;
+            qp_flags(dev.qp(qpn))
+        };
+        // Swift samples RTTs from the QP's responses: roce_xdp stamps them with their arrival
+        // time only when asked (`QP_FLAG_TIME_RESPONSES`).
+        self.pins
+            .add_qp_flags(qpn.value(), std::process::id(), flags)?;
         Ok(())
     }
 
@@ -1623,5 +1632,15 @@ fn out_of_bounds(lkey: LKey, e: transport::OutOfRegion) -> ApiError {
         offset: e.offset,
         end: e.offset.saturating_add(e.len),
         len: e.region,
+    }
+}
+
+/// The `roce_xdp` entry flags of `qp` (`roce_common::maps::QP_FLAG_*`): whether its
+/// responses are to be timed ([`transport::Qp::samples_rtt`]).
+fn qp_flags(qp: Option<&transport::Qp>) -> u32 {
+    if qp.is_some_and(transport::Qp::samples_rtt) {
+        QP_FLAG_TIME_RESPONSES
+    } else {
+        0
     }
 }

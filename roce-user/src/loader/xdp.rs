@@ -884,7 +884,16 @@ impl Pins {
     /// # Errors
     /// Not loaded, a QPN outside the map, or the map update failed.
     pub fn add_qp(&self, qpn: u32, owner: u32) -> Result<(), LoadError> {
-        Ok(self.qps()?.set(qpn, QpEntry { owner, flags: 0 }, 0)?)
+        self.add_qp_flags(qpn, owner, 0)
+    }
+
+    /// [`Self::add_qp`] with `flags` (`roce_common::maps::QP_FLAG_*`); call it again to change
+    /// them for a QP already marked.
+    ///
+    /// # Errors
+    /// As [`Self::add_qp`].
+    pub fn add_qp_flags(&self, qpn: u32, owner: u32, flags: u32) -> Result<(), LoadError> {
+        Ok(self.qps()?.set(qpn, QpEntry { owner, flags }, 0)?)
     }
 
     /// Marks `qpn` as not ours.

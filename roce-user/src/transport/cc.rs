@@ -768,6 +768,15 @@ impl Qp {
         self.cc.as_deref()
     }
 
+    /// Whether this QP's congestion control takes RTT samples from its responses' arrival
+    /// (Swift, `Qp::cc_on_ack`): the QP's `roce_xdp` entry then asks for them to be
+    /// timed (`roce_common::maps::QP_FLAG_TIME_RESPONSES`). Read it after creating the QP and
+    /// after [`super::Device::set_cc_algorithm`].
+    #[must_use]
+    pub fn samples_rtt(&self) -> bool {
+        self.cc.as_deref().is_some_and(|c| c.swift.is_some())
+    }
+
     /// Hook of [`Device::handle_decoded`]: a packet (not a CNP) accepted for this QP, which
     /// arrived at `now` (its arrival stamp, [`Device::handle_packet_at`]: the NP's CNP
     /// interval counts arrivals, not handling).

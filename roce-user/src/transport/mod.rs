@@ -1136,8 +1136,8 @@ impl Device {
     /// (`rate_reduce_monitor_period` between arrivals), and Swift's RTT sample of a response
     /// ends at its `arrival` (`Qp::handle_response`). Everything else runs at `now`, which
     /// never goes backwards. These three are the frames `roce_xdp` reads the clock for
-    /// (`roce_common::opcode::XDP_TIMED` and the CE mark); any other frame comes with
-    /// `arrival == now`.
+    /// (`roce_common::opcode::XDP_TIMED` and the CE mark; a response only for a QP whose
+    /// entry asks for it, [`Qp::samples_rtt`]); any other frame comes with `arrival == now`.
     pub fn handle_packet_at(&mut self, now: Instant, arrival: Instant, frame: &mut [u8]) {
         self.counters.rcvd_pkts += 1;
         let parsed = crate::wire::parse_frame_in_place(frame);

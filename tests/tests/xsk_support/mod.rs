@@ -168,6 +168,14 @@ impl XdpProg {
             .expect("set XSKS entry");
     }
 
+    /// Sets the `ROCE_QPS` entry flags of `qpn` (`roce_common::maps::QP_FLAG_*`).
+    #[track_caller]
+    pub fn set_qp_flags(&self, qpn: u32, flags: u32) {
+        self.pins
+            .add_qp_flags(qpn, std::process::id(), flags)
+            .unwrap_or_else(|e| panic!("flags of QP {qpn}: {e}"));
+    }
+
     /// `ROCE_XDP_STATS` summed over CPUs.
     pub fn stats(&self) -> XdpStats {
         self.pins.xdp_stats().expect("ROCE_XDP_STATS")
