@@ -542,16 +542,16 @@ pub fn roce_xdp(ctx: XdpContext) -> u32 {
             };
             if let Some(qp) = qp {
                 let timed = timed || (response && qp.flags & QP_FLAG_TIME_RESPONSES != 0);
-                // Constants the verifier sees (read-only data): the helper a kernel refuses
-                // (FLAG_NO_STAMP, FLAG_STAMP_IN_PLACE) sits on a path it never explores.
+                // Constants the verifier sees (read-only data): the metadata helper a kernel
+                // refuses (FLAG_STAMP_IN_PLACE) sits on a path it never explores.
                 let flags = ROCE_FLAGS.load();
-                let head = flags & (FLAG_NO_STAMP | FLAG_STAMP_IN_PLACE) == FLAG_STAMP_IN_PLACE;
+                let in_place = flags & (FLAG_NO_STAMP | FLAG_STAMP_IN_PLACE) == FLAG_STAMP_IN_PLACE;
                 let mut dst_mac = None;
-                if head {
+                if in_place {
                     dst_mac = stamp_dst_mac(&ctx, timed);
                     if dst_mac.is_none() {
-                        // A socket of a head-stamped interface takes the first bytes for
-                        // the stamp: a frame without one must not reach it.
+                        // A socket of an interface stamped in place takes the first bytes
+                        // for the stamp: a frame without one must not reach it.
                         stats.redirect_fallback_pass += 1;
                         log_rare(&ctx, CODE_FALLBACK, at);
                         return xdp_action::XDP_PASS;
