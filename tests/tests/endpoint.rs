@@ -443,21 +443,7 @@ fn qpns_are_not_stolen() {
     let ifname = pair.a.ifname.clone();
     let qpns = netns::in_netns(&ns, move || {
         let dev = Device::open(&ifname, &DeviceOptions::default()).unwrap();
-        let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(16).unwrap();
-        let init = QpInit {
-            pd,
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            cap: QpCap {
-                max_send_wr: 4,
-                max_recv_wr: 4,
-                max_sge: 1,
-                max_inline_data: 0,
-            },
-            sq_sig_all: true,
-        };
+        let init = small_rc_qp(&dev);
         let a = dev.create_qp(init).unwrap();
         let b = dev.create_qp(init).unwrap();
         (a.value(), b.value())
@@ -474,6 +460,26 @@ fn qpns_are_not_stolen() {
         vec![(17, 1)],
         "the device released its QPNs on close"
     );
+}
+
+/// An RC QP's attributes with a PD and a CQ of `dev`, four WRs each way: for tests that only
+/// create QPs.
+fn small_rc_qp(dev: &Device) -> QpInit {
+    let pd = dev.alloc_pd().unwrap();
+    let cq = dev.create_cq(16).unwrap();
+    QpInit {
+        pd,
+        qp_type: QpType::Rc,
+        send_cq: cq,
+        recv_cq: cq,
+        cap: QpCap {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_sge: 1,
+            max_inline_data: 0,
+        },
+        sq_sig_all: true,
+    }
 }
 
 /// Issue 20: a QP's `ROCE_QPS` entry asks `roce_xdp` to time its responses
@@ -494,21 +500,7 @@ fn qp_entries_ask_for_timed_responses_while_swift_runs() {
             .cc
             .set_algorithm(roce::cc::CcAlgorithm::Swift);
         let dev = Device::open(&ifname, &opts).unwrap();
-        let pd = dev.alloc_pd().unwrap();
-        let cq = dev.create_cq(16).unwrap();
-        let init = QpInit {
-            pd,
-            qp_type: QpType::Rc,
-            send_cq: cq,
-            recv_cq: cq,
-            cap: QpCap {
-                max_send_wr: 4,
-                max_recv_wr: 4,
-                max_sge: 1,
-                max_inline_data: 0,
-            },
-            sq_sig_all: true,
-        };
+        let init = small_rc_qp(&dev);
         let qpn = dev.create_qp(init).unwrap();
         let flags = |pins: &Pins| pins.qps().unwrap().get(&qpn.value(), 0).unwrap().flags;
         let mut seen = vec![flags(&pins)];
